@@ -1,0 +1,8 @@
+//! The Qwasi engine: Qwen3.5/3.6 hybrid models (Gated DeltaNet + gated attention,
+//! MoE or dense MLP) loaded from safetensors and run on a backend.
+//!
+//! This crate knows nothing about WebAssembly or HTTP so it can be tested,
+//! benchmarked and embedded on its own.
+
+pub mod sampling;
+pub mod tokenizer;
