@@ -4,5 +4,14 @@
 //! This crate knows nothing about WebAssembly or HTTP so it can be tested,
 //! benchmarked and embedded on its own.
 
+pub mod backend;
+pub mod checkpoint;
+pub mod config;
+pub mod cpu;
+pub mod demo;
+pub mod generate;
+pub mod model;
 pub mod sampling;
+pub mod tensor;
 pub mod tokenizer;
+pub mod weights;

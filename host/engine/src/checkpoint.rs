@@ -1,0 +1,227 @@
+//! Reading a model directory's safetensors files: one shard or many through
+//! `model.safetensors.index.json`, memory-mapped, never copied whole.
+
+use crate::tensor::{Mat, Storage};
+use anyhow::{Context, Result, bail};
+use half::{bf16, f16};
+use memmap2::Mmap;
+use safetensors::{Dtype, SafeTensors};
+use std::collections::{BTreeSet, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// Prefixes under which the language model's tensors are stored: the
+/// multimodal checkpoint nests it, text-only checkpoints do not.
+const PREFIXES: &[&str] = &["model.language_model.", "model."];
+
+struct Entry {
+    file: usize,
+    dtype: Dtype,
+    shape: Vec<usize>,
+    /// Byte offset of the data within the mapped file.
+    offset: usize,
+}
+
+/// The tensors of a model directory, by full name.
+pub struct Checkpoint {
+    dir: PathBuf,
+    files: Vec<(PathBuf, Arc<Mmap>)>,
+    tensors: HashMap<String, Entry>,
+}
+
+/// Anything that can hand out a model's weights by (unprefixed) name:
+/// a checkpoint on disk, or generated weights.
+pub trait WeightSource {
+    /// A 2-D bf16 matrix `[rows, cols]`.
+    fn mat(&self, name: &str, rows: usize, cols: usize) -> Result<Mat>;
+    /// A 3-D bf16 tensor `[n, rows, cols]` as `n` matrices.
+    fn mats(&self, name: &str, n: usize, rows: usize, cols: usize) -> Result<Vec<Mat>>;
+    /// A small tensor of `len` elements (any float dtype) as f32; `shape` is what
+    /// the checkpoint must declare.
+    fn vector(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>>;
+    /// Whether the tensor exists.
+    fn has(&self, name: &str) -> bool;
+}
+
+impl Checkpoint {
+    pub fn open(dir: &Path) -> Result<Self> {
+        if !dir.is_dir() {
+            bail!("model directory {} does not exist", dir.display());
+        }
+        let index_path = dir.join("model.safetensors.index.json");
+        let single = dir.join("model.safetensors");
+        let shard_names: Vec<String> = if index_path.exists() {
+            let text = std::fs::read_to_string(&index_path)
+                .with_context(|| format!("cannot read {}", index_path.display()))?;
+            let index: serde_json::Value = serde_json::from_str(&text)
+                .with_context(|| format!("{} is not valid JSON", index_path.display()))?;
+            let map = index
+                .get("weight_map")
+                .and_then(|m| m.as_object())
+                .with_context(|| format!("{} has no `weight_map` object", index_path.display()))?;
+            let names: BTreeSet<String> = map
+                .values()
+                .map(|v| {
+                    v.as_str().map(str::to_owned).with_context(|| {
+                        format!("{}: weight_map values must be file names", index_path.display())
+                    })
+                })
+                .collect::<Result<_>>()?;
+            names.into_iter().collect()
+        } else if single.exists() {
+            vec!["model.safetensors".to_owned()]
+        } else {
+            bail!(
+                "no model.safetensors or model.safetensors.index.json in {}",
+                dir.display()
+            );
+        };
+
+        let mut files = Vec::new();
+        let mut tensors = HashMap::new();
+        for name in shard_names {
+            let path = dir.join(&name);
+            let file = std::fs::File::open(&path)
+                .with_context(|| format!("cannot open weight file {}", path.display()))?;
+            // SAFETY: the file is mapped read-only; like every mmap-based loader we
+            // assume nobody truncates model files while the server runs.
+            let map = unsafe { Mmap::map(&file) }
+                .with_context(|| format!("cannot memory-map {}", path.display()))?;
+            let parsed = SafeTensors::deserialize(&map)
+                .map_err(|e| anyhow::anyhow!("corrupt safetensors file {}: {e}", path.display()))?;
+            let base = map.as_ptr() as usize;
+            for (tensor_name, view) in parsed.tensors() {
+                let offset = view.data().as_ptr() as usize - base;
+                tensors.insert(
+                    tensor_name,
+                    Entry {
+                        file: files.len(),
+                        dtype: view.dtype(),
+                        shape: view.shape().to_vec(),
+                        offset,
+                    },
+                );
+            }
+            drop(parsed);
+            files.push((path, Arc::new(map)));
+        }
+        Ok(Checkpoint {
+            dir: dir.to_owned(),
+            files,
+            tensors,
+        })
+    }
+
+    /// Full name of a language-model tensor (`lm_head.weight` has no prefix).
+    fn find(&self, name: &str) -> Result<(&str, &Entry)> {
+        let candidates: Vec<String> = if name == "lm_head.weight" {
+            vec![name.to_owned()]
+        } else {
+            PREFIXES.iter().map(|p| format!("{p}{name}")).collect()
+        };
+        for c in &candidates {
+            if let Some((k, e)) = self.tensors.get_key_value(c.as_str()) {
+                return Ok((k.as_str(), e));
+            }
+        }
+        bail!(
+            "missing tensor {} in {}",
+            candidates.join(" / "),
+            self.dir.display()
+        )
+    }
+
+    fn file_of(&self, e: &Entry) -> &Path {
+        &self.files[e.file].0
+    }
+
+    fn check_shape(&self, full: &str, e: &Entry, want: &[usize]) -> Result<()> {
+        if e.shape != want {
+            bail!(
+                "tensor {full} in {} has shape {:?}, expected {:?}",
+                self.file_of(e).display(),
+                e.shape,
+                want
+            );
+        }
+        Ok(())
+    }
+
+    /// bf16 storage for a whole tensor: borrowed from the map when aligned.
+    fn bf16_storage(&self, full: &str, e: &Entry) -> Result<Arc<Storage>> {
+        if e.dtype != Dtype::BF16 {
+            bail!(
+                "tensor {full} in {} has unsupported dtype {:?} (weights must be BF16)",
+                self.file_of(e).display(),
+                e.dtype
+            );
+        }
+        let len: usize = e.shape.iter().product();
+        let map = &self.files[e.file].1;
+        if (map.as_ptr() as usize + e.offset) % 2 == 0 {
+            Ok(Arc::new(Storage::Mapped {
+                map: map.clone(),
+                offset: e.offset,
+                len,
+            }))
+        } else {
+            // Unaligned data (legal in safetensors, never written by the usual
+            // tools): copy this one tensor.
+            let bytes = &map[e.offset..e.offset + 2 * len];
+            let v = bytes
+                .chunks_exact(2)
+                .map(|b| bf16::from_le_bytes([b[0], b[1]]))
+                .collect();
+            Ok(Arc::new(Storage::Owned(v)))
+        }
+    }
+}
+
+impl WeightSource for Checkpoint {
+    fn mat(&self, name: &str, rows: usize, cols: usize) -> Result<Mat> {
+        let (full, e) = self.find(name)?;
+        self.check_shape(full, e, &[rows, cols])?;
+        Ok(Mat::new(rows, cols, self.bf16_storage(full, e)?, 0))
+    }
+
+    fn mats(&self, name: &str, n: usize, rows: usize, cols: usize) -> Result<Vec<Mat>> {
+        let (full, e) = self.find(name)?;
+        self.check_shape(full, e, &[n, rows, cols])?;
+        let all = Mat::new(n * rows, cols, self.bf16_storage(full, e)?, 0);
+        Ok(all.split_rows(n))
+    }
+
+    fn vector(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
+        let (full, e) = self.find(name)?;
+        self.check_shape(full, e, shape)?;
+        let len: usize = shape.iter().product();
+        let map = &self.files[e.file].1;
+        let width = match e.dtype {
+            Dtype::F32 => 4,
+            Dtype::BF16 | Dtype::F16 => 2,
+            other => bail!(
+                "tensor {full} in {} has unsupported dtype {other:?} (expected F32, BF16 or F16)",
+                self.file_of(e).display()
+            ),
+        };
+        let bytes = &map[e.offset..e.offset + width * len];
+        Ok(match e.dtype {
+            Dtype::F32 => bytes
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                .collect(),
+            Dtype::BF16 => bytes
+                .chunks_exact(2)
+                .map(|b| bf16::from_le_bytes([b[0], b[1]]).to_f32())
+                .collect(),
+            _ => bytes
+                .chunks_exact(2)
+                .map(|b| f16::from_le_bytes([b[0], b[1]]).to_f32())
+                .collect(),
+        })
+    }
+
+    fn has(&self, name: &str) -> bool {
+        self.find(name).is_ok()
+    }
+}

@@ -1,0 +1,101 @@
+//! The generation loop over any backend: prefill the prompt, then sample one
+//! token at a time until a stop token, the token limit or the context limit.
+
+use crate::backend::Backend;
+use crate::sampling::{Sampled, Sampler, SamplingParams};
+use anyhow::{Result, bail};
+use serde::Serialize;
+use std::ops::ControlFlow;
+
+#[derive(Clone, Debug)]
+pub struct GenerateRequest {
+    pub prompt: Vec<u32>,
+    pub max_tokens: usize,
+    /// Extra ids that end generation (besides the model's EOS ids).
+    pub stop_token_ids: Vec<u32>,
+    /// Keep generating through the model's EOS ids.
+    pub ignore_eos: bool,
+    pub sampling: SamplingParams,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FinishReason {
+    /// A stop or EOS token was sampled.
+    Stop,
+    /// `max_tokens` or the context length was reached.
+    Length,
+    /// The caller asked to stop.
+    Cancelled,
+}
+
+#[derive(Clone, Debug)]
+pub struct GenerateResult {
+    /// Generated tokens, without the stop token that ended generation.
+    pub tokens: Vec<u32>,
+    /// One entry per sampled token (the stop token included, last).
+    pub steps: Vec<Sampled>,
+    pub finish_reason: FinishReason,
+    /// The stop/EOS token that ended generation, if any.
+    pub stop_token: Option<u32>,
+}
+
+/// Runs one request. `on_token` sees every sampled token (a stop token too,
+/// with `is_stop` true) and may cancel by returning `Break`.
+pub fn generate<B: Backend>(
+    backend: &B,
+    req: &GenerateRequest,
+    mut on_token: impl FnMut(&Sampled, bool) -> ControlFlow<()>,
+) -> Result<GenerateResult> {
+    let cfg = backend.config();
+    if req.prompt.is_empty() {
+        bail!("the prompt must contain at least one token");
+    }
+    if req.prompt.len() >= cfg.max_position_embeddings {
+        bail!(
+            "the prompt has {} tokens but the model's context length is {}",
+            req.prompt.len(),
+            cfg.max_position_embeddings
+        );
+    }
+    req.sampling.validate(cfg.vocab_size)?;
+    let mut stops = req.stop_token_ids.clone();
+    if !req.ignore_eos {
+        stops.extend(&cfg.eos_token_ids);
+    }
+    let mut sampler = Sampler::new(req.sampling.clone());
+    let mut seq = backend.new_sequence();
+    let mut context = req.prompt.clone();
+    let mut result = GenerateResult {
+        tokens: Vec::new(),
+        steps: Vec::new(),
+        finish_reason: FinishReason::Length,
+        stop_token: None,
+    };
+    if req.max_tokens == 0 {
+        return Ok(result);
+    }
+    let mut logits = backend.forward(&mut seq, &req.prompt)?;
+    loop {
+        let s = sampler.sample(&logits, &context, req.prompt.len());
+        let is_stop = stops.contains(&s.token);
+        let flow = on_token(&s, is_stop);
+        result.steps.push(s.clone());
+        if is_stop {
+            result.finish_reason = FinishReason::Stop;
+            result.stop_token = Some(s.token);
+            break;
+        }
+        result.tokens.push(s.token);
+        context.push(s.token);
+        if flow.is_break() {
+            result.finish_reason = FinishReason::Cancelled;
+            break;
+        }
+        if result.tokens.len() >= req.max_tokens || context.len() >= cfg.max_position_embeddings {
+            break;
+        }
+        logits = backend.forward(&mut seq, &[s.token])?;
+    }
+    Ok(result)
+}

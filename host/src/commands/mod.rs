@@ -1,0 +1,16 @@
+//! One module per subcommand.
+
+pub mod generate;
+pub mod tokenize;
+
+use clap::Args as ClapArgs;
+use std::path::PathBuf;
+
+/// Options shared by every command that loads a model.
+#[derive(ClapArgs, Clone, Debug)]
+pub struct ModelArgs {
+    /// Model directory (config.json, *.safetensors, tokenizer.json). Without it,
+    /// the embedded demo model is used.
+    #[arg(long, value_name = "DIR")]
+    pub model: Option<PathBuf>,
+}
