@@ -1,0 +1,295 @@
+//! Service metrics: atomics only, rendered as Prometheus text (format 0.0.4).
+
+use super::SubmitError;
+use crate::generate::FinishReason;
+use std::fmt::Write;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::time::Duration;
+
+/// Buckets (seconds) for per-token latencies: 1 ms .. 10 s.
+const LATENCY_BUCKETS: &[f64] = &[
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+];
+
+/// Buckets (seconds) for whole requests: 10 ms .. 10 min.
+const DURATION_BUCKETS: &[f64] = &[
+    0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0,
+];
+
+/// A cumulative histogram over fixed buckets.
+struct Histogram {
+    bounds: &'static [f64],
+    /// One per bound, then +Inf; non-cumulative (summed when rendered).
+    counts: Vec<AtomicU64>,
+    sum_ns: AtomicU64,
+}
+
+impl Histogram {
+    fn new(bounds: &'static [f64]) -> Self {
+        Histogram {
+            bounds,
+            counts: (0..=bounds.len()).map(|_| AtomicU64::new(0)).collect(),
+            sum_ns: AtomicU64::new(0),
+        }
+    }
+
+    fn observe(&self, d: Duration) {
+        let s = d.as_secs_f64();
+        let i = self.bounds.iter().position(|&b| s <= b).unwrap_or(self.bounds.len());
+        self.counts[i].fetch_add(1, Relaxed);
+        self.sum_ns
+            .fetch_add(d.as_nanos().min(u64::MAX as u128) as u64, Relaxed);
+    }
+
+    fn render(&self, out: &mut String, name: &str, help: &str) {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
+        let mut cum = 0u64;
+        for (i, c) in self.counts.iter().enumerate() {
+            cum += c.load(Relaxed);
+            match self.bounds.get(i) {
+                Some(b) => {
+                    let _ = writeln!(out, "{name}_bucket{{le=\"{b}\"}} {cum}");
+                }
+                None => {
+                    let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {cum}");
+                }
+            }
+        }
+        let sum = self.sum_ns.load(Relaxed) as f64 / 1e9;
+        let _ = writeln!(out, "{name}_sum {sum}\n{name}_count {cum}");
+    }
+}
+
+/// HTTP statuses tracked by `record_http` (100..=599).
+const STATUSES: usize = 600;
+
+pub(super) struct Metrics {
+    http: Vec<AtomicU64>,
+    rejected_full: AtomicU64,
+    rejected_timeout: AtomicU64,
+    rejected_shutdown: AtomicU64,
+    prompt_tokens: AtomicU64,
+    completion_tokens: AtomicU64,
+    finished_stop: AtomicU64,
+    finished_length: AtomicU64,
+    finished_cancelled: AtomicU64,
+    failed: AtomicU64,
+    prefix_hits: AtomicU64,
+    prefix_misses: AtomicU64,
+    ttft: Histogram,
+    itl: Histogram,
+    queue_wait: Histogram,
+    duration: Histogram,
+    /// Exponential moving average of how long the worker spends on one
+    /// request, in microseconds (0 = no data yet); drives Retry-After.
+    avg_service_us: AtomicU64,
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        Metrics {
+            http: (0..STATUSES).map(|_| AtomicU64::new(0)).collect(),
+            rejected_full: AtomicU64::new(0),
+            rejected_timeout: AtomicU64::new(0),
+            rejected_shutdown: AtomicU64::new(0),
+            prompt_tokens: AtomicU64::new(0),
+            completion_tokens: AtomicU64::new(0),
+            finished_stop: AtomicU64::new(0),
+            finished_length: AtomicU64::new(0),
+            finished_cancelled: AtomicU64::new(0),
+            failed: AtomicU64::new(0),
+            prefix_hits: AtomicU64::new(0),
+            prefix_misses: AtomicU64::new(0),
+            ttft: Histogram::new(LATENCY_BUCKETS),
+            itl: Histogram::new(LATENCY_BUCKETS),
+            queue_wait: Histogram::new(DURATION_BUCKETS),
+            duration: Histogram::new(DURATION_BUCKETS),
+            avg_service_us: AtomicU64::new(0),
+        }
+    }
+
+    pub fn record_http(&self, status: u16) {
+        if let Some(c) = self.http.get(status as usize) {
+            c.fetch_add(1, Relaxed);
+        }
+    }
+
+    pub fn record_rejected(&self, e: &SubmitError) {
+        match e {
+            SubmitError::QueueFull { .. } => &self.rejected_full,
+            SubmitError::QueueTimeout => &self.rejected_timeout,
+            SubmitError::ShuttingDown => &self.rejected_shutdown,
+            _ => return,
+        }
+        .fetch_add(1, Relaxed);
+    }
+
+    pub fn add_prompt_tokens(&self, n: usize) {
+        self.prompt_tokens.fetch_add(n as u64, Relaxed);
+    }
+
+    pub fn add_completion_token(&self) {
+        self.completion_tokens.fetch_add(1, Relaxed);
+    }
+
+    /// The prefix cache's lookup result for one request (a hit reused at
+    /// least one token). Hook for the prefix cache, which calls it from
+    /// `Worker::lookup_prefix`; until it lands both counters stay 0.
+    #[allow(dead_code)]
+    pub fn record_prefix_lookup(&self, hit: bool) {
+        if hit { &self.prefix_hits } else { &self.prefix_misses }.fetch_add(1, Relaxed);
+    }
+
+    pub fn observe_ttft(&self, d: Duration) {
+        self.ttft.observe(d);
+    }
+
+    pub fn observe_itl(&self, d: Duration) {
+        self.itl.observe(d);
+    }
+
+    pub fn observe_queue_wait(&self, d: Duration) {
+        self.queue_wait.observe(d);
+    }
+
+    /// A started request ended. `total` counts from submit, `service` from
+    /// the worker starting it. `reason` is `None` for a failure.
+    pub fn record_end(&self, reason: Option<FinishReason>, total: Duration, service: Duration) {
+        match reason {
+            Some(FinishReason::Stop) => &self.finished_stop,
+            Some(FinishReason::Length) => &self.finished_length,
+            Some(FinishReason::Cancelled) => &self.finished_cancelled,
+            None => &self.failed,
+        }
+        .fetch_add(1, Relaxed);
+        self.duration.observe(total);
+        // Cancelled requests say little about how long requests take.
+        if reason != Some(FinishReason::Cancelled) {
+            let us = service.as_micros().min(u64::MAX as u128) as u64;
+            let old = self.avg_service_us.load(Relaxed);
+            let new = if old == 0 { us.max(1) } else { (old * 3 + us) / 4 };
+            self.avg_service_us.store(new.max(1), Relaxed);
+        }
+    }
+
+    /// Seconds until a queue slot is likely free: about one request's
+    /// service time, at least 1 s (and at most an hour).
+    pub fn retry_after_s(&self) -> u32 {
+        let us = self.avg_service_us.load(Relaxed);
+        us.div_ceil(1_000_000).clamp(1, 3600) as u32
+    }
+
+    pub fn completed(&self) -> u64 {
+        self.finished_stop.load(Relaxed) + self.finished_length.load(Relaxed)
+    }
+
+    pub fn cancelled(&self) -> u64 {
+        self.finished_cancelled.load(Relaxed)
+    }
+
+    pub fn failed(&self) -> u64 {
+        self.failed.load(Relaxed)
+    }
+
+    pub fn rejected(&self) -> u64 {
+        self.rejected_full.load(Relaxed)
+            + self.rejected_timeout.load(Relaxed)
+            + self.rejected_shutdown.load(Relaxed)
+    }
+
+    pub fn render(&self, queue_depth: usize, running: usize) -> String {
+        let mut out = String::with_capacity(8192);
+        let o = &mut out;
+        gauge(o, "qwasi_queue_depth", "Requests waiting in the queue.", queue_depth as u64);
+        gauge(o, "qwasi_requests_running", "Requests the device worker is running.", running as u64);
+
+        let _ = writeln!(
+            o,
+            "# HELP qwasi_requests_total Requests answered, by final HTTP status.\n\
+             # TYPE qwasi_requests_total counter"
+        );
+        for (status, c) in self.http.iter().enumerate() {
+            let v = c.load(Relaxed);
+            if v > 0 {
+                let _ = writeln!(o, "qwasi_requests_total{{status=\"{status}\"}} {v}");
+            }
+        }
+
+        let _ = writeln!(
+            o,
+            "# HELP qwasi_requests_rejected_total Requests refused by the queue, by reason.\n\
+             # TYPE qwasi_requests_rejected_total counter"
+        );
+        for (reason, c) in [
+            ("queue_full", &self.rejected_full),
+            ("queue_timeout", &self.rejected_timeout),
+            ("shutting_down", &self.rejected_shutdown),
+        ] {
+            let _ = writeln!(o, "qwasi_requests_rejected_total{{reason=\"{reason}\"}} {}", c.load(Relaxed));
+        }
+
+        let _ = writeln!(
+            o,
+            "# HELP qwasi_requests_finished_total Started requests that ended, by finish reason.\n\
+             # TYPE qwasi_requests_finished_total counter"
+        );
+        for (reason, c) in [
+            ("stop", &self.finished_stop),
+            ("length", &self.finished_length),
+            ("cancelled", &self.finished_cancelled),
+            ("failed", &self.failed),
+        ] {
+            let _ = writeln!(o, "qwasi_requests_finished_total{{reason=\"{reason}\"}} {}", c.load(Relaxed));
+        }
+
+        counter(o, "qwasi_prompt_tokens_total", "Prompt tokens processed.", &self.prompt_tokens);
+        counter(
+            o,
+            "qwasi_completion_tokens_total",
+            "Tokens generated (stop tokens included).",
+            &self.completion_tokens,
+        );
+        counter(
+            o,
+            "qwasi_prefix_cache_hits_total",
+            "Requests that resumed from a prefix-cache snapshot.",
+            &self.prefix_hits,
+        );
+        counter(
+            o,
+            "qwasi_prefix_cache_misses_total",
+            "Requests that found no usable prefix-cache snapshot.",
+            &self.prefix_misses,
+        );
+
+        self.ttft.render(
+            o,
+            "qwasi_time_to_first_token_seconds",
+            "Time from submit to the first sampled token.",
+        );
+        self.itl.render(
+            o,
+            "qwasi_inter_token_latency_seconds",
+            "Time between consecutive sampled tokens of a request.",
+        );
+        self.queue_wait.render(
+            o,
+            "qwasi_queue_wait_seconds",
+            "Time started requests waited in the queue.",
+        );
+        self.duration.render(
+            o,
+            "qwasi_request_duration_seconds",
+            "Time from submit to the end of started requests (any outcome).",
+        );
+        out
+    }
+}
+
+fn gauge(out: &mut String, name: &str, help: &str, v: u64) {
+    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
+}
+
+fn counter(out: &mut String, name: &str, help: &str, c: &AtomicU64) {
+    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {}", c.load(Relaxed));
+}
