@@ -1,0 +1,888 @@
+//! Routing and the endpoints, over the [`Host`] and [`Sink`] traits.
+
+use std::collections::HashMap;
+
+use serde_json::{Map, Value, json};
+
+use crate::chat::{self, Message, RenderOptions};
+use crate::error::ApiError;
+use crate::host::{
+    Event, FinishReason, GenerateRequest, Generation, Host, ModelInfo, Sink, TokenEvent, Usage,
+};
+use crate::params::{self, ChatRequest, Common, CompletionRequest, Prompt, TokenizeRequest};
+use crate::sse;
+use crate::stop::StopMatcher;
+use crate::think::{THINK_END, ThinkSplitter};
+use crate::tokens;
+
+/// Largest request body the guest reads.
+pub const MAX_BODY_BYTES: usize = 32 << 20;
+
+/// What the guest serves; `finish_reason` for a cancelled generation.
+pub const CANCELLED_FINISH_REASON: &str = "abort";
+
+#[derive(Debug, Clone)]
+pub struct HttpRequest {
+    pub method: String,
+    /// Path and query, as received.
+    pub path: String,
+    pub body: Vec<u8>,
+}
+
+/// Serves one request.
+pub fn handle<H: Host, S: Sink>(host: &H, req: &HttpRequest, sink: &mut S) {
+    if let Err(e) = route(host, req, sink) {
+        send_error(sink, &e);
+    }
+}
+
+pub fn send_error<S: Sink>(sink: &mut S, e: &ApiError) {
+    let body = e.body();
+    let mut headers = vec![
+        ("content-type", "application/json".to_string()),
+        ("content-length", body.len().to_string()),
+    ];
+    if let Some(s) = e.retry_after {
+        headers.push(("retry-after", s.to_string()));
+    }
+    if e.status == 405
+        && let Some(allow) = e.message.rsplit("use ").next()
+    {
+        headers.push(("allow", allow.to_string()));
+    }
+    if sink.start(e.status, &headers).is_ok() {
+        let _ = sink.write(&body);
+    }
+}
+
+pub fn send_json<S: Sink>(sink: &mut S, status: u16, v: &Value) {
+    let body = serde_json::to_vec(v).expect("JSON serialises");
+    let headers = [
+        ("content-type", "application/json".to_string()),
+        ("content-length", body.len().to_string()),
+    ];
+    if sink.start(status, &headers).is_ok() {
+        let _ = sink.write(&body);
+    }
+}
+
+fn route<H: Host, S: Sink>(host: &H, req: &HttpRequest, sink: &mut S) -> Result<(), ApiError> {
+    let path = req.path.split(['?', '#']).next().unwrap_or("");
+    let method = req.method.as_str();
+    let allow = |m: &str| {
+        if method == m {
+            Ok(())
+        } else {
+            Err(ApiError::method_not_allowed(method, path, m))
+        }
+    };
+    if req.body.len() > MAX_BODY_BYTES {
+        return Err(ApiError::too_large(MAX_BODY_BYTES));
+    }
+    match path {
+        "/v1/models" => {
+            allow("GET")?;
+            let info = host.model_info();
+            send_json(
+                sink,
+                200,
+                &json!({"object": "list", "data": [model_json(&info)]}),
+            );
+        }
+        p if p.starts_with("/v1/models/") => {
+            allow("GET")?;
+            let id = percent_decode(&p["/v1/models/".len()..]);
+            let info = host.model_info();
+            if id != info.id {
+                return Err(ApiError::model_not_found(&id));
+            }
+            send_json(sink, 200, &model_json(&info));
+        }
+        "/v1/completions" => {
+            allow("POST")?;
+            let body = params::parse_body(&req.body)?;
+            let info = host.model_info();
+            let r = params::parse_completion(&body, &info)?;
+            completions(host, &info, r, sink)?;
+        }
+        "/v1/chat/completions" => {
+            allow("POST")?;
+            let body = params::parse_body(&req.body)?;
+            let info = host.model_info();
+            let r = params::parse_chat(&body, &info)?;
+            chat_completions(host, &info, r, sink)?;
+        }
+        "/tokenize" => {
+            allow("POST")?;
+            let body = params::parse_body(&req.body)?;
+            let info = host.model_info();
+            let tokens = match params::parse_tokenize(&body, &info)? {
+                TokenizeRequest::Prompt(p) => encode(host, &p, "prompt")?,
+                TokenizeRequest::Messages(m, opts) => {
+                    encode(host, &chat::render(&m, opts), "messages")?
+                }
+            };
+            let count = tokens.len();
+            send_json(
+                sink,
+                200,
+                &json!({"tokens": tokens, "count": count, "max_model_len": info.context_length}),
+            );
+        }
+        "/detokenize" => {
+            allow("POST")?;
+            let body = params::parse_body(&req.body)?;
+            let info = host.model_info();
+            let ids = params::parse_detokenize(&body, &info)?;
+            let text = host
+                .decode(&ids, false)
+                .map_err(|e| ApiError::invalid_value("tokens", e))?;
+            send_json(sink, 200, &json!({"prompt": text}));
+        }
+        _ => return Err(ApiError::not_found(method, path)),
+    }
+    Ok(())
+}
+
+fn model_json(info: &ModelInfo) -> Value {
+    json!({
+        "id": info.id,
+        "object": "model",
+        "created": info.created,
+        "owned_by": "qwasi",
+        "root": info.id,
+        "parent": null,
+        "max_model_len": info.context_length,
+    })
+}
+
+fn percent_decode(s: &str) -> String {
+    let hex = |c: u8| (c as char).to_digit(16).map(|d| d as u8);
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%'
+            && i + 2 < b.len()
+            && let (Some(h), Some(l)) = (hex(b[i + 1]), hex(b[i + 2]))
+        {
+            out.push(h << 4 | l);
+            i += 3;
+            continue;
+        }
+        out.push(b[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+fn encode<H: Host>(host: &H, text: &str, param: &str) -> Result<Vec<u32>, ApiError> {
+    host.encode(text)
+        .map_err(|e| ApiError::invalid_value(param, format!("could not tokenize '{param}': {e}")))
+}
+
+/// The number of tokens to generate: the requested `max_tokens` checked
+/// against the context and the operator caps, or the default.
+pub fn token_budget(
+    info: &ModelInfo,
+    prompt_len: u32,
+    requested: Option<u32>,
+    default: Option<u32>,
+    max_param: &str,
+    prompt_param: &str,
+) -> Result<u32, ApiError> {
+    let ctx = info.context_length;
+    if info.max_prompt_tokens > 0 && prompt_len > info.max_prompt_tokens {
+        return Err(ApiError::context_length(
+            format!(
+                "The prompt has {prompt_len} tokens, but this server accepts at most {} prompt tokens.",
+                info.max_prompt_tokens
+            ),
+            prompt_param,
+        ));
+    }
+    if prompt_len >= ctx {
+        return Err(ApiError::context_length(
+            format!(
+                "This model's maximum context length is {ctx} tokens. However, your prompt has {prompt_len} tokens, \
+                 which leaves no room for the completion. Please reduce the length of the {prompt_param}."
+            ),
+            prompt_param,
+        ));
+    }
+    let room = ctx - prompt_len;
+    let cap = info.max_completion_tokens;
+    match requested {
+        Some(m) => {
+            if cap > 0 && m > cap {
+                return Err(ApiError::invalid_value(
+                    max_param,
+                    format!(
+                        "'{max_param}' is {m}, but this server allows at most {cap} completion tokens"
+                    ),
+                ));
+            }
+            if m > room {
+                return Err(ApiError::context_length(
+                    format!(
+                        "This model's maximum context length is {ctx} tokens. However, you requested {} tokens \
+                         ({prompt_len} in the {prompt_param}, {m} in the completion). Please reduce the length of the {prompt_param} or completion.",
+                        prompt_len as u64 + m as u64
+                    ),
+                    prompt_param,
+                ));
+            }
+            Ok(m)
+        }
+        None => {
+            let m = default.unwrap_or(room).min(room);
+            Ok(if cap > 0 { m.min(cap) } else { m })
+        }
+    }
+}
+
+fn generate_request(
+    common: &Common,
+    prompt: Vec<u32>,
+    max_tokens: u32,
+    snapshot_points: Vec<u32>,
+) -> GenerateRequest {
+    GenerateRequest {
+        prompt,
+        max_tokens,
+        stop_token_ids: common.stop_token_ids.clone(),
+        ignore_eos: common.ignore_eos,
+        sampling: common.sampling.clone(),
+        cache_salt: common.cache_salt.clone(),
+        snapshot_points,
+    }
+}
+
+// ---------------------------------------------------------------------------
+// The generation driver: engine events -> text pieces, shared by both endpoints
+// and both response modes.
+
+/// One generated token's logprob, ready for either format.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TokenLp {
+    pub token: String,
+    pub bytes: Vec<u8>,
+    pub logprob: f32,
+    pub top: Vec<(String, Vec<u8>, f32)>,
+    /// Char offset of the token in the choice's text.
+    pub offset: usize,
+}
+
+/// Text that became safe to emit after one event.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Piece {
+    pub reasoning: String,
+    pub content: String,
+    pub logprob: Option<TokenLp>,
+}
+
+impl Piece {
+    fn is_empty(&self) -> bool {
+        self.reasoning.is_empty() && self.content.is_empty() && self.logprob.is_none()
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Ended {
+    Finished { reason: &'static str, usage: Usage },
+    Failed(String),
+}
+
+pub struct Driver<'h, H: Host> {
+    host: &'h H,
+    stop: StopMatcher,
+    think: Option<ThinkSplitter>,
+    think_end_id: Option<u32>,
+    want_logprobs: bool,
+    prompt_tokens: u32,
+    tokens: u32,
+    /// Chars of generated text so far, plus the echoed prompt.
+    offset: usize,
+    spellings: HashMap<u32, (String, Vec<u8>)>,
+    pub ended: Option<Ended>,
+}
+
+impl<'h, H: Host> Driver<'h, H> {
+    pub fn new(
+        host: &'h H,
+        stops: Vec<String>,
+        thinking: bool,
+        want_logprobs: bool,
+        prompt_tokens: u32,
+        offset: usize,
+    ) -> Self {
+        let think_end_id = if thinking {
+            host.token_to_id(THINK_END)
+        } else {
+            None
+        };
+        Driver {
+            host,
+            stop: StopMatcher::new(stops),
+            think: thinking.then(ThinkSplitter::new),
+            think_end_id,
+            want_logprobs,
+            prompt_tokens,
+            tokens: 0,
+            offset,
+            spellings: HashMap::new(),
+            ended: None,
+        }
+    }
+
+    /// Whether output is in the reasoning part (thinking on, `</think>` not seen yet).
+    pub fn in_reasoning(&self) -> bool {
+        self.think.as_ref().is_some_and(|t| !t.in_content())
+    }
+
+    fn spelling(&mut self, id: u32) -> (String, Vec<u8>) {
+        if let Some(s) = self.spellings.get(&id) {
+            return s.clone();
+        }
+        let bytes = match self.host.id_to_token(id) {
+            Some(sp) => tokens::spelling_to_bytes(&sp),
+            None => self
+                .host
+                .decode(&[id], false)
+                .unwrap_or_default()
+                .into_bytes(),
+        };
+        let s = (String::from_utf8_lossy(&bytes).into_owned(), bytes);
+        self.spellings.insert(id, s.clone());
+        s
+    }
+
+    fn push_text(&mut self, text: &str, piece: &mut Piece) -> bool {
+        let r = self.stop.push(text);
+        self.split(&r.text, piece);
+        r.stopped
+    }
+
+    fn split(&mut self, text: &str, piece: &mut Piece) {
+        match &mut self.think {
+            Some(t) => {
+                let s = t.push(text);
+                piece.reasoning.push_str(&s.reasoning);
+                piece.content.push_str(&s.content);
+            }
+            None => piece.content.push_str(text),
+        }
+    }
+
+    /// Handles one event; returns what to emit. Sets `ended` at the end.
+    pub fn on_event(&mut self, ev: Event) -> Piece {
+        let mut piece = Piece::default();
+        if self.ended.is_some() {
+            return piece;
+        }
+        match ev {
+            Event::Token(TokenEvent { id, text, logprob }) => {
+                self.tokens += 1;
+                let text =
+                    if text.is_empty() && self.think_end_id == Some(id) && self.in_reasoning() {
+                        THINK_END.to_string()
+                    } else {
+                        text
+                    };
+                if self.want_logprobs
+                    && let Some(lp) = logprob
+                {
+                    let (token, bytes) = self.spelling(lp.token);
+                    let top = lp
+                        .top
+                        .iter()
+                        .map(|&(t, l)| {
+                            let (s, b) = self.spelling(t);
+                            (s, b, l)
+                        })
+                        .collect();
+                    piece.logprob = Some(TokenLp {
+                        token,
+                        bytes,
+                        logprob: lp.logprob,
+                        top,
+                        offset: self.offset,
+                    });
+                }
+                self.offset += text.chars().count();
+                if self.push_text(&text, &mut piece) {
+                    self.ended = Some(Ended::Finished {
+                        reason: "stop",
+                        // The engine's usage comes with `finished`, which a stop string pre-empts.
+                        usage: Usage {
+                            prompt_tokens: self.prompt_tokens,
+                            completion_tokens: self.tokens,
+                            cached_tokens: 0,
+                        },
+                    });
+                }
+            }
+            Event::Finished(f) => {
+                let stopped = self.push_text(&f.trailing_text, &mut piece);
+                if !stopped {
+                    let rest = self.stop.finish();
+                    self.split(&rest, &mut piece);
+                    if let Some(t) = &mut self.think {
+                        piece.reasoning.push_str(&t.finish().reasoning);
+                    }
+                }
+                let reason = match f.reason {
+                    _ if stopped => "stop",
+                    FinishReason::Stop => "stop",
+                    FinishReason::Length => "length",
+                    FinishReason::Cancelled => CANCELLED_FINISH_REASON,
+                };
+                self.ended = Some(Ended::Finished {
+                    reason,
+                    usage: f.usage,
+                });
+            }
+            Event::Failed(m) => self.ended = Some(Ended::Failed(m)),
+        }
+        piece
+    }
+}
+
+fn usage_json(u: &Usage) -> Value {
+    json!({
+        "prompt_tokens": u.prompt_tokens,
+        "completion_tokens": u.completion_tokens,
+        "total_tokens": u.prompt_tokens + u.completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": u.cached_tokens},
+    })
+}
+
+fn completion_logprobs(lps: &[TokenLp]) -> Value {
+    let top: Vec<Value> = lps
+        .iter()
+        .map(|l| {
+            Value::Object(
+                l.top
+                    .iter()
+                    .map(|(s, _, p)| (s.clone(), tokens::logprob_json(*p)))
+                    .collect::<Map<_, _>>(),
+            )
+        })
+        .collect();
+    json!({
+        "tokens": lps.iter().map(|l| l.token.clone()).collect::<Vec<_>>(),
+        "token_logprobs": lps.iter().map(|l| tokens::logprob_json(l.logprob)).collect::<Vec<_>>(),
+        "top_logprobs": top,
+        "text_offset": lps.iter().map(|l| l.offset).collect::<Vec<_>>(),
+    })
+}
+
+fn chat_logprobs(lps: &[TokenLp]) -> Value {
+    let content: Vec<Value> = lps
+        .iter()
+        .map(|l| {
+            json!({
+                "token": l.token,
+                "logprob": tokens::logprob_json(l.logprob),
+                "bytes": l.bytes,
+                "top_logprobs": l.top.iter().map(|(s, b, p)| json!({"token": s, "logprob": tokens::logprob_json(*p), "bytes": b})).collect::<Vec<_>>(),
+            })
+        })
+        .collect();
+    json!({"content": content, "refusal": null})
+}
+
+// ---------------------------------------------------------------------------
+// Endpoints.
+
+/// The format-specific half of a generation response.
+trait Format {
+    const OBJECT: &'static str;
+    const CHUNK_OBJECT: &'static str;
+    /// Stream chunks for a piece (`in_reasoning` tells an empty piece's channel).
+    fn chunks(&self, piece: &Piece, in_reasoning: bool) -> Vec<Value>;
+    fn first_chunk(&self) -> Option<Value>;
+    fn final_choice(&self, reason: &str) -> Value;
+    fn full_choice(&self, text: &Piece, lps: &[TokenLp], reason: &str) -> Value;
+}
+
+struct CompletionFormat {
+    echo: Option<String>,
+    logprobs: bool,
+}
+
+impl Format for CompletionFormat {
+    const OBJECT: &'static str = "text_completion";
+    const CHUNK_OBJECT: &'static str = "text_completion";
+
+    fn chunks(&self, piece: &Piece, _in_reasoning: bool) -> Vec<Value> {
+        let text = format!("{}{}", piece.reasoning, piece.content);
+        if text.is_empty() && piece.logprob.is_none() {
+            return vec![];
+        }
+        let lp = match (&piece.logprob, self.logprobs) {
+            (Some(l), true) => completion_logprobs(std::slice::from_ref(l)),
+            _ => Value::Null,
+        };
+        vec![json!({"index": 0, "text": text, "logprobs": lp, "finish_reason": null})]
+    }
+
+    fn first_chunk(&self) -> Option<Value> {
+        let echo = self.echo.as_ref().filter(|e| !e.is_empty())?;
+        Some(json!({"index": 0, "text": echo, "logprobs": null, "finish_reason": null}))
+    }
+
+    fn final_choice(&self, reason: &str) -> Value {
+        json!({"index": 0, "text": "", "logprobs": null, "finish_reason": reason})
+    }
+
+    fn full_choice(&self, out: &Piece, lps: &[TokenLp], reason: &str) -> Value {
+        let mut text = self.echo.clone().unwrap_or_default();
+        text.push_str(&out.reasoning);
+        text.push_str(&out.content);
+        let lp = if self.logprobs {
+            // Drop the logprobs of tokens cut off by a stop string.
+            let len = text.chars().count();
+            let kept: Vec<TokenLp> = lps.iter().filter(|l| l.offset < len).cloned().collect();
+            completion_logprobs(&kept)
+        } else {
+            Value::Null
+        };
+        json!({"index": 0, "text": text, "logprobs": lp, "finish_reason": reason})
+    }
+}
+
+struct ChatFormat {
+    thinking: bool,
+    logprobs: bool,
+}
+
+impl Format for ChatFormat {
+    const OBJECT: &'static str = "chat.completion";
+    const CHUNK_OBJECT: &'static str = "chat.completion.chunk";
+
+    fn chunks(&self, piece: &Piece, in_reasoning: bool) -> Vec<Value> {
+        let mut deltas = Vec::new();
+        if !piece.reasoning.is_empty() {
+            deltas.push(json!({"reasoning_content": piece.reasoning}));
+        }
+        if !piece.content.is_empty() {
+            deltas.push(json!({"content": piece.content}));
+        }
+        if deltas.is_empty() {
+            if piece.logprob.is_none() || !self.logprobs {
+                return vec![];
+            }
+            deltas.push(if in_reasoning {
+                json!({"reasoning_content": ""})
+            } else {
+                json!({"content": ""})
+            });
+        }
+        deltas
+            .into_iter()
+            .enumerate()
+            .map(|(i, d)| {
+                let lp = match (&piece.logprob, self.logprobs, i) {
+                    (Some(l), true, 0) => chat_logprobs(std::slice::from_ref(l)),
+                    _ => Value::Null,
+                };
+                json!({"index": 0, "delta": d, "logprobs": lp, "finish_reason": null})
+            })
+            .collect()
+    }
+
+    fn first_chunk(&self) -> Option<Value> {
+        Some(
+            json!({"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": null}),
+        )
+    }
+
+    fn final_choice(&self, reason: &str) -> Value {
+        json!({"index": 0, "delta": {}, "logprobs": null, "finish_reason": reason})
+    }
+
+    fn full_choice(&self, out: &Piece, lps: &[TokenLp], reason: &str) -> Value {
+        let mut message = json!({"role": "assistant", "content": out.content, "refusal": null});
+        if self.thinking {
+            message["reasoning_content"] = if out.reasoning.is_empty() {
+                Value::Null
+            } else {
+                Value::String(out.reasoning.clone())
+            };
+        }
+        let lp = if self.logprobs {
+            chat_logprobs(lps)
+        } else {
+            Value::Null
+        };
+        json!({"index": 0, "message": message, "logprobs": lp, "finish_reason": reason})
+    }
+}
+
+struct Meta {
+    id: String,
+    created: u64,
+    model: String,
+}
+
+fn meta<H: Host>(host: &H, prefix: &str, model: &str) -> Meta {
+    Meta {
+        id: format!("{prefix}{}", host.random_hex(16)),
+        created: host.now_unix(),
+        model: model.to_owned(),
+    }
+}
+
+fn completions<H: Host, S: Sink>(
+    host: &H,
+    info: &ModelInfo,
+    r: CompletionRequest,
+    sink: &mut S,
+) -> Result<(), ApiError> {
+    let (prompt_ids, prompt_text) = match &r.prompt {
+        Prompt::Text(t) => (encode(host, t, "prompt")?, Some(t.clone())),
+        Prompt::Tokens(ids) => (ids.clone(), None),
+    };
+    if prompt_ids.is_empty() {
+        return Err(ApiError::invalid_value(
+            "prompt",
+            "'prompt' must not be empty",
+        ));
+    }
+    let echo = if r.echo {
+        Some(match prompt_text {
+            Some(t) => t,
+            None => host
+                .decode(&prompt_ids, false)
+                .map_err(|e| ApiError::invalid_value("prompt", e))?,
+        })
+    } else {
+        None
+    };
+    let prompt_len = prompt_ids.len() as u32;
+    let max_tokens = token_budget(
+        info,
+        prompt_len,
+        r.common.max_tokens,
+        Some(params::DEFAULT_COMPLETION_MAX_TOKENS),
+        "max_tokens",
+        "prompt",
+    )?;
+    let offset = echo.as_ref().map_or(0, |e| e.chars().count());
+    let fmt = CompletionFormat {
+        echo,
+        logprobs: r.logprobs.is_some(),
+    };
+    let m = meta(host, "cmpl-", &r.common.model);
+    let driver = Driver::new(
+        host,
+        r.common.stop.clone(),
+        false,
+        r.logprobs.is_some(),
+        prompt_len,
+        offset,
+    );
+    let req = generate_request(&r.common, prompt_ids, max_tokens, vec![]);
+    run(host, req, driver, &fmt, &m, &r.common, sink)
+}
+
+/// Renders the conversation and tokenizes it message by message: every
+/// segment starts with the special `<|im_start|>` token, so the pieces
+/// concatenate to the tokenization of the whole text, and the message
+/// boundaries become prefix-cache snapshot points.
+pub fn tokenize_chat<H: Host>(
+    host: &H,
+    messages: &[Message],
+    opts: RenderOptions,
+) -> Result<(Vec<u32>, Vec<u32>), ApiError> {
+    let mut ids = Vec::new();
+    let mut points = Vec::new();
+    for seg in chat::render_segments(messages, opts) {
+        ids.extend(encode(host, &seg, "messages")?);
+        points.push(ids.len() as u32);
+    }
+    points.pop(); // the end of the prompt is snapshotted anyway
+    Ok((ids, points))
+}
+
+fn chat_completions<H: Host, S: Sink>(
+    host: &H,
+    info: &ModelInfo,
+    r: ChatRequest,
+    sink: &mut S,
+) -> Result<(), ApiError> {
+    let (prompt_ids, points) = tokenize_chat(host, &r.messages, r.render)?;
+    let prompt_len = prompt_ids.len() as u32;
+    let max_tokens = token_budget(
+        info,
+        prompt_len,
+        r.common.max_tokens,
+        None,
+        "max_tokens",
+        "messages",
+    )?;
+    let thinking = r.render.enable_thinking;
+    let fmt = ChatFormat {
+        thinking,
+        logprobs: r.logprobs,
+    };
+    let m = meta(host, "chatcmpl-", &r.common.model);
+    let driver = Driver::new(
+        host,
+        r.common.stop.clone(),
+        thinking,
+        r.logprobs,
+        prompt_len,
+        0,
+    );
+    let points: Vec<u32> = points
+        .into_iter()
+        .filter(|&p| p > 0 && p < prompt_len)
+        .collect();
+    let req = generate_request(&r.common, prompt_ids, max_tokens, points);
+    run(host, req, driver, &fmt, &m, &r.common, sink)
+}
+
+fn envelope(m: &Meta, object: &str, choices: Vec<Value>) -> Value {
+    json!({"id": m.id, "object": object, "created": m.created, "model": m.model, "choices": choices})
+}
+
+fn run<H: Host, F: Format, S: Sink>(
+    host: &H,
+    req: GenerateRequest,
+    mut driver: Driver<H>,
+    fmt: &F,
+    m: &Meta,
+    common: &Common,
+    sink: &mut S,
+) -> Result<(), ApiError> {
+    // echo with max_tokens = 0: nothing to generate.
+    let mut generation = if req.max_tokens == 0 {
+        driver.ended = Some(Ended::Finished {
+            reason: "length",
+            usage: Usage {
+                prompt_tokens: req.prompt.len() as u32,
+                ..Usage::default()
+            },
+        });
+        None
+    } else {
+        Some(host.generate(req).map_err(ApiError::from)?)
+    };
+    if common.stream {
+        stream(&mut generation, driver, fmt, m, common.include_usage, sink);
+        return Ok(());
+    }
+    let mut all = Piece::default();
+    let mut lps = Vec::new();
+    while driver.ended.is_none() {
+        let events = generation
+            .as_mut()
+            .map(|g| g.wait_next())
+            .unwrap_or_default();
+        if events.is_empty() {
+            driver.ended = Some(Ended::Failed(
+                "the generation ended without a finish event".into(),
+            ));
+        }
+        for ev in events {
+            let p = driver.on_event(ev);
+            all.reasoning.push_str(&p.reasoning);
+            all.content.push_str(&p.content);
+            lps.extend(p.logprob);
+            if driver.ended.is_some() {
+                break;
+            }
+        }
+    }
+    drop(generation); // Cancels the engine request when a stop string ended it.
+    match driver.ended.take().expect("ended") {
+        Ended::Failed(msg) => Err(ApiError::internal(format!("generation failed: {msg}"))),
+        Ended::Finished { reason, usage } => {
+            let mut v = envelope(m, F::OBJECT, vec![fmt.full_choice(&all, &lps, reason)]);
+            v["usage"] = usage_json(&usage);
+            send_json(sink, 200, &v);
+            Ok(())
+        }
+    }
+}
+
+fn stream<H: Host, F: Format, G: Generation, S: Sink>(
+    generation: &mut Option<G>,
+    mut driver: Driver<H>,
+    fmt: &F,
+    m: &Meta,
+    include_usage: bool,
+    sink: &mut S,
+) {
+    let headers = [
+        ("content-type", "text/event-stream".to_string()),
+        ("cache-control", "no-cache".to_string()),
+        ("x-accel-buffering", "no".to_string()),
+    ];
+    if sink.start(200, &headers).is_err() {
+        return;
+    }
+    let chunk = |choice: Value| {
+        let mut v = envelope(m, F::CHUNK_OBJECT, vec![choice]);
+        if include_usage {
+            v["usage"] = Value::Null;
+        }
+        v
+    };
+    let mut buf = Vec::new();
+    if let Some(first) = fmt.first_chunk() {
+        sse::push_event(&mut buf, &chunk(first));
+    }
+    loop {
+        if driver.ended.is_none() {
+            let events = generation
+                .as_mut()
+                .map(|g| g.wait_next())
+                .unwrap_or_default();
+            if events.is_empty() {
+                driver.ended = Some(Ended::Failed(
+                    "the generation ended without a finish event".into(),
+                ));
+            }
+            for ev in events {
+                let p = driver.on_event(ev);
+                if !p.is_empty() {
+                    for c in fmt.chunks(&p, driver.in_reasoning()) {
+                        sse::push_event(&mut buf, &chunk(c));
+                    }
+                }
+                if driver.ended.is_some() {
+                    break;
+                }
+            }
+        }
+        match &driver.ended {
+            None => {}
+            Some(Ended::Finished { reason, usage }) => {
+                *generation = None; // cancel at once after a stop string, before the last write
+                sse::push_event(&mut buf, &chunk(fmt.final_choice(reason)));
+                if include_usage {
+                    let mut v = envelope(m, F::CHUNK_OBJECT, vec![]);
+                    v["usage"] = usage_json(usage);
+                    sse::push_event(&mut buf, &v);
+                }
+                sse::push_done(&mut buf);
+            }
+            Some(Ended::Failed(msg)) => {
+                *generation = None;
+                let e = ApiError::internal(format!("generation failed: {msg}"));
+                sse::push_event(&mut buf, &e.to_json());
+                sse::push_done(&mut buf);
+            }
+        }
+        if !buf.is_empty() && sink.write(&buf).is_err() {
+            return; // client gone: dropping the generation cancels it
+        }
+        buf.clear();
+        if driver.ended.is_some() {
+            return;
+        }
+    }
+}

@@ -1,0 +1,808 @@
+//! Request bodies: parsing and validation, each error naming its parameter.
+
+use crate::chat::{Message, RenderOptions, parse_messages};
+use crate::error::ApiError;
+use crate::host::{ModelInfo, SamplingParams};
+use serde_json::{Map, Value};
+
+pub const MAX_STOP_STRINGS: usize = 4;
+pub const DEFAULT_COMPLETION_MAX_TOKENS: u32 = 16;
+
+/// Fields shared by `/v1/completions` and `/v1/chat/completions`.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Common {
+    pub model: String,
+    pub max_tokens: Option<u32>,
+    pub stop: Vec<String>,
+    pub stream: bool,
+    pub include_usage: bool,
+    pub sampling: SamplingParams,
+    pub ignore_eos: bool,
+    pub stop_token_ids: Vec<u32>,
+    pub cache_salt: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Prompt {
+    Text(String),
+    Tokens(Vec<u32>),
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct CompletionRequest {
+    pub common: Common,
+    pub prompt: Prompt,
+    pub echo: bool,
+    /// 0..=5 alternatives per token.
+    pub logprobs: Option<u32>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct ChatRequest {
+    pub common: Common,
+    pub messages: Vec<Message>,
+    pub logprobs: bool,
+    pub top_logprobs: u32,
+    pub render: RenderOptions,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum TokenizeRequest {
+    Prompt(String),
+    Messages(Vec<Message>, RenderOptions),
+}
+
+/// Parses a body as a JSON object.
+pub fn parse_body(body: &[u8]) -> Result<Map<String, Value>, ApiError> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Err(ApiError::malformed_json("the body is empty"));
+    }
+    match serde_json::from_slice::<Value>(body) {
+        Ok(Value::Object(m)) => Ok(m),
+        Ok(_) => Err(ApiError::invalid(
+            "invalid_json",
+            "The request body must be a JSON object.",
+        )),
+        Err(e) => Err(ApiError::malformed_json(e)),
+    }
+}
+
+/// Typed, named access to the fields of a request object. `null` counts as absent.
+pub struct Fields<'a>(pub &'a Map<String, Value>);
+
+impl<'a> Fields<'a> {
+    pub fn get(&self, name: &str) -> Option<&'a Value> {
+        self.0.get(name).filter(|v| !v.is_null())
+    }
+
+    pub fn bool(&self, name: &str) -> Result<Option<bool>, ApiError> {
+        match self.get(name) {
+            None => Ok(None),
+            Some(Value::Bool(b)) => Ok(Some(*b)),
+            Some(_) => Err(ApiError::invalid_type(name, "a boolean")),
+        }
+    }
+
+    pub fn str(&self, name: &str) -> Result<Option<&'a str>, ApiError> {
+        match self.get(name) {
+            None => Ok(None),
+            Some(Value::String(s)) => Ok(Some(s)),
+            Some(_) => Err(ApiError::invalid_type(name, "a string")),
+        }
+    }
+
+    /// A number in `[min, max]` (`min_open` excludes `min`).
+    pub fn num(
+        &self,
+        name: &str,
+        min: f64,
+        min_open: bool,
+        max: f64,
+    ) -> Result<Option<f64>, ApiError> {
+        let Some(v) = self.get(name) else {
+            return Ok(None);
+        };
+        let x = v
+            .as_f64()
+            .ok_or_else(|| ApiError::invalid_type(name, "a number"))?;
+        let low_ok = if min_open { x > min } else { x >= min };
+        if !low_ok || x > max {
+            let lo = if min_open { "(" } else { "[" };
+            return Err(ApiError::invalid_value(
+                name,
+                format!("'{name}' must be in {lo}{min}, {max}], got {x}"),
+            ));
+        }
+        Ok(Some(x))
+    }
+
+    /// An integer in `[min, max]`.
+    pub fn int(&self, name: &str, min: i64, max: i64) -> Result<Option<i64>, ApiError> {
+        let Some(v) = self.get(name) else {
+            return Ok(None);
+        };
+        let x = as_int(v).ok_or_else(|| ApiError::invalid_type(name, "an integer"))?;
+        if x < min || x > max {
+            return Err(ApiError::invalid_value(
+                name,
+                format!("'{name}' must be in [{min}, {max}], got {x}"),
+            ));
+        }
+        Ok(Some(x))
+    }
+}
+
+fn as_int(v: &Value) -> Option<i64> {
+    match v {
+        Value::Number(n) => n.as_i64().or_else(|| {
+            // Accept 16.0 but not 16.5; u64 beyond i64 saturates (caught by range checks).
+            n.as_u64().map(|_| i64::MAX).or_else(|| {
+                n.as_f64()
+                    .filter(|f| f.fract() == 0.0 && f.abs() < 9e15)
+                    .map(|f| f as i64)
+            })
+        }),
+        _ => None,
+    }
+}
+
+fn token_id(v: &Value, vocab: u32, param: &str) -> Result<u32, ApiError> {
+    let id = as_int(v)
+        .ok_or_else(|| ApiError::invalid_type(param, "an array of token ids (integers)"))?;
+    if id < 0 || id >= vocab as i64 {
+        return Err(ApiError::invalid_value(
+            param,
+            format!("'{param}' contains token id {id}, outside [0, {vocab})"),
+        ));
+    }
+    Ok(id as u32)
+}
+
+fn token_list(v: &Value, vocab: u32, param: &str) -> Result<Vec<u32>, ApiError> {
+    match v {
+        Value::Array(a) => a.iter().map(|x| token_id(x, vocab, param)).collect(),
+        _ => Err(ApiError::invalid_type(param, "an array of token ids")),
+    }
+}
+
+/// Checks the `model` field: required, and the served id.
+pub fn check_model(f: &Fields, info: &ModelInfo, required: bool) -> Result<String, ApiError> {
+    match f.str("model")? {
+        None if required => Err(ApiError::missing("model")),
+        None => Ok(info.id.clone()),
+        Some(m) if m == info.id => Ok(m.to_owned()),
+        Some(m) => Err(ApiError::model_not_found(m)),
+    }
+}
+
+fn parse_common(f: &Fields, info: &ModelInfo) -> Result<Common, ApiError> {
+    let model = check_model(f, info, true)?;
+    let mut c = Common {
+        model,
+        ..Default::default()
+    };
+
+    if let Some(n) = f.int("n", i64::MIN, i64::MAX)?
+        && n != 1
+    {
+        return Err(ApiError::unsupported(
+            "n",
+            format!("only n=1 is supported, got n={n}"),
+        ));
+    }
+    if let Some(n) = f.int("best_of", i64::MIN, i64::MAX)?
+        && n != 1
+    {
+        return Err(ApiError::unsupported(
+            "best_of",
+            "only best_of=1 is supported",
+        ));
+    }
+    c.stream = f.bool("stream")?.unwrap_or(false);
+    if let Some(opts) = f.get("stream_options") {
+        let obj = opts
+            .as_object()
+            .ok_or_else(|| ApiError::invalid_type("stream_options", "an object"))?;
+        if !c.stream {
+            return Err(ApiError::invalid_value(
+                "stream_options",
+                "'stream_options' is only allowed when 'stream' is true",
+            ));
+        }
+        match obj.get("include_usage") {
+            None | Some(Value::Null) => {}
+            Some(Value::Bool(b)) => c.include_usage = *b,
+            Some(_) => {
+                return Err(ApiError::invalid_type(
+                    "stream_options.include_usage",
+                    "a boolean",
+                ));
+            }
+        }
+    }
+    c.stop = match f.get("stop") {
+        None => Vec::new(),
+        Some(Value::String(s)) => vec![s.clone()],
+        Some(Value::Array(a)) => {
+            if a.len() > MAX_STOP_STRINGS {
+                return Err(ApiError::invalid_value(
+                    "stop",
+                    format!(
+                        "'stop' takes at most {MAX_STOP_STRINGS} strings, got {}",
+                        a.len()
+                    ),
+                ));
+            }
+            a.iter()
+                .map(|s| {
+                    s.as_str().map(str::to_owned).ok_or_else(|| {
+                        ApiError::invalid_type("stop", "a string or an array of strings")
+                    })
+                })
+                .collect::<Result<_, _>>()?
+        }
+        Some(_) => {
+            return Err(ApiError::invalid_type(
+                "stop",
+                "a string or an array of strings",
+            ));
+        }
+    };
+    if c.stop.iter().any(String::is_empty) {
+        return Err(ApiError::invalid_value(
+            "stop",
+            "stop strings must not be empty",
+        ));
+    }
+
+    let s = &mut c.sampling;
+    if let Some(t) = f.num("temperature", 0.0, false, 2.0)? {
+        s.temperature = t as f32;
+    }
+    if let Some(p) = f.num("top_p", 0.0, true, 1.0)? {
+        s.top_p = p as f32;
+    }
+    if let Some(k) = f.int("top_k", -1, u32::MAX as i64)? {
+        s.top_k = k.max(0) as u32; // -1 (vLLM's "off") = 0
+    }
+    if let Some(p) = f.num("min_p", 0.0, false, 1.0)? {
+        s.min_p = p as f32;
+    }
+    if let Some(seed) = f.get("seed") {
+        let x = match seed {
+            Value::Number(n) => n.as_u64().or_else(|| n.as_i64().map(|i| i as u64)),
+            _ => None,
+        };
+        s.seed = Some(x.ok_or_else(|| ApiError::invalid_type("seed", "an integer"))?);
+    }
+    if let Some(p) = f.num("presence_penalty", -2.0, false, 2.0)? {
+        s.presence_penalty = p as f32;
+    }
+    if let Some(p) = f.num("frequency_penalty", -2.0, false, 2.0)? {
+        s.frequency_penalty = p as f32;
+    }
+    if let Some(p) = f.num("repetition_penalty", 0.0, true, 2.0)? {
+        s.repetition_penalty = p as f32;
+    }
+    if let Some(lb) = f.get("logit_bias") {
+        let obj = lb.as_object().ok_or_else(|| {
+            ApiError::invalid_type("logit_bias", "an object mapping token ids to biases")
+        })?;
+        let mut out = Vec::with_capacity(obj.len());
+        for (k, v) in obj {
+            let id: u32 = k
+                .trim()
+                .parse()
+                .ok()
+                .filter(|id| *id < info.vocab_size)
+                .ok_or_else(|| {
+                    ApiError::invalid_value(
+                        "logit_bias",
+                        format!(
+                            "'logit_bias' key '{k}' is not a token id in [0, {})",
+                            info.vocab_size
+                        ),
+                    )
+                })?;
+            let b = v.as_f64().ok_or_else(|| {
+                ApiError::invalid_type("logit_bias", "an object whose values are numbers")
+            })?;
+            if !(-100.0..=100.0).contains(&b) {
+                return Err(ApiError::invalid_value(
+                    "logit_bias",
+                    format!("'logit_bias' for token {id} must be in [-100, 100], got {b}"),
+                ));
+            }
+            out.push((id, b as f32));
+        }
+        s.logit_bias = out;
+    }
+    c.ignore_eos = f.bool("ignore_eos")?.unwrap_or(false);
+    if let Some(v) = f.get("stop_token_ids") {
+        c.stop_token_ids = token_list(v, info.vocab_size, "stop_token_ids")?;
+    }
+    c.cache_salt = f.str("cache_salt")?.map(str::to_owned);
+    // `user` is accepted and ignored; so is anything unknown.
+    f.str("user")?;
+    Ok(c)
+}
+
+fn max_tokens(f: &Fields, name: &str, min: i64) -> Result<Option<u32>, ApiError> {
+    Ok(f.int(name, min, u32::MAX as i64)?.map(|x| x as u32))
+}
+
+pub fn parse_completion(
+    body: &Map<String, Value>,
+    info: &ModelInfo,
+) -> Result<CompletionRequest, ApiError> {
+    let f = Fields(body);
+    let mut common = parse_common(&f, info)?;
+    let echo = f.bool("echo")?.unwrap_or(false);
+    common.max_tokens = max_tokens(&f, "max_tokens", if echo { 0 } else { 1 })?;
+    let prompt = match f.get("prompt") {
+        None => return Err(ApiError::missing("prompt")),
+        Some(v) => parse_prompt(v, info.vocab_size)?,
+    };
+    let logprobs = f.int("logprobs", 0, 5)?.map(|x| x as u32);
+    if echo && logprobs.is_some() {
+        return Err(ApiError::unsupported(
+            "echo",
+            "'echo' together with 'logprobs' is not supported (prompt logprobs are not available)",
+        ));
+    }
+    if f.get("suffix")
+        .and_then(Value::as_str)
+        .is_some_and(|s| !s.is_empty())
+    {
+        return Err(ApiError::unsupported("suffix", "'suffix' is not supported"));
+    }
+    common.sampling.logprobs = logprobs;
+    Ok(CompletionRequest {
+        common,
+        prompt,
+        echo,
+        logprobs,
+    })
+}
+
+fn parse_prompt(v: &Value, vocab: u32) -> Result<Prompt, ApiError> {
+    const EXPECTED: &str = "a string, an array of one string, an array of token ids, or an array of one token-id array";
+    let p = match v {
+        Value::String(s) => Prompt::Text(s.clone()),
+        Value::Array(a) if a.is_empty() => {
+            return Err(ApiError::invalid_value(
+                "prompt",
+                "'prompt' must not be empty",
+            ));
+        }
+        Value::Array(a) => match &a[0] {
+            Value::String(_) | Value::Array(_) if a.len() > 1 => {
+                return Err(ApiError::unsupported(
+                    "prompt",
+                    format!(
+                        "batched prompts are not supported: got {} prompts, expected 1",
+                        a.len()
+                    ),
+                ));
+            }
+            Value::String(s) => Prompt::Text(s.clone()),
+            Value::Array(inner) => {
+                Prompt::Tokens(token_list(&Value::Array(inner.clone()), vocab, "prompt")?)
+            }
+            Value::Number(_) => Prompt::Tokens(token_list(v, vocab, "prompt")?),
+            _ => return Err(ApiError::invalid_type("prompt", EXPECTED)),
+        },
+        _ => return Err(ApiError::invalid_type("prompt", EXPECTED)),
+    };
+    match &p {
+        Prompt::Text(s) if s.is_empty() => Err(ApiError::invalid_value(
+            "prompt",
+            "'prompt' must not be empty",
+        )),
+        Prompt::Tokens(t) if t.is_empty() => Err(ApiError::invalid_value(
+            "prompt",
+            "'prompt' must not be empty",
+        )),
+        _ => Ok(p),
+    }
+}
+
+fn render_options(f: &Fields) -> Result<RenderOptions, ApiError> {
+    let mut r = RenderOptions::default();
+    if let Some(b) = f.bool("add_generation_prompt")? {
+        r.add_generation_prompt = b;
+    }
+    if let Some(k) = f.get("chat_template_kwargs") {
+        let obj = k
+            .as_object()
+            .ok_or_else(|| ApiError::invalid_type("chat_template_kwargs", "an object"))?;
+        match obj.get("enable_thinking") {
+            None | Some(Value::Null) => {}
+            Some(Value::Bool(b)) => r.enable_thinking = *b,
+            Some(_) => {
+                return Err(ApiError::invalid_type(
+                    "chat_template_kwargs.enable_thinking",
+                    "a boolean",
+                ));
+            }
+        }
+    }
+    Ok(r)
+}
+
+pub fn parse_chat(body: &Map<String, Value>, info: &ModelInfo) -> Result<ChatRequest, ApiError> {
+    let f = Fields(body);
+    let mut common = parse_common(&f, info)?;
+    let messages = parse_messages(f.get("messages"))?;
+    common.max_tokens = match max_tokens(&f, "max_completion_tokens", 1)? {
+        Some(m) => Some(m),
+        None => max_tokens(&f, "max_tokens", 1)?,
+    };
+    let logprobs = f.bool("logprobs")?.unwrap_or(false);
+    let top = f.int("top_logprobs", 0, 20)?;
+    if top.is_some_and(|t| t > 0) && !logprobs {
+        return Err(ApiError::invalid_value(
+            "top_logprobs",
+            "'top_logprobs' requires 'logprobs' to be true",
+        ));
+    }
+    let top_logprobs = top.unwrap_or(0) as u32;
+    if logprobs {
+        common.sampling.logprobs = Some(top_logprobs);
+    }
+    if let Some(tools) = f.get("tools")
+        && tools.as_array().is_none_or(|a| !a.is_empty())
+    {
+        return Err(ApiError::unsupported(
+            "tools",
+            "tool calling is not supported yet",
+        ));
+    }
+    if let Some(rf) = f.get("response_format") {
+        let t = rf.get("type").and_then(Value::as_str);
+        if t != Some("text") {
+            return Err(ApiError::unsupported(
+                "response_format",
+                "only response_format {\"type\": \"text\"} is supported",
+            ));
+        }
+    }
+    let mut render = render_options(&f)?;
+    render.add_generation_prompt = true;
+    Ok(ChatRequest {
+        common,
+        messages,
+        logprobs,
+        top_logprobs,
+        render,
+    })
+}
+
+pub fn parse_tokenize(
+    body: &Map<String, Value>,
+    info: &ModelInfo,
+) -> Result<TokenizeRequest, ApiError> {
+    let f = Fields(body);
+    check_model(&f, info, false)?;
+    match (f.get("prompt"), f.get("messages")) {
+        (Some(_), Some(_)) => Err(ApiError::invalid_value(
+            "prompt",
+            "give either 'prompt' or 'messages', not both",
+        )),
+        (Some(Value::String(s)), None) => Ok(TokenizeRequest::Prompt(s.clone())),
+        (Some(_), None) => Err(ApiError::invalid_type("prompt", "a string")),
+        (None, Some(m)) => Ok(TokenizeRequest::Messages(
+            parse_messages(Some(m))?,
+            render_options(&f)?,
+        )),
+        (None, None) => Err(ApiError::missing("prompt")),
+    }
+}
+
+pub fn parse_detokenize(body: &Map<String, Value>, info: &ModelInfo) -> Result<Vec<u32>, ApiError> {
+    let f = Fields(body);
+    check_model(&f, info, false)?;
+    match f.get("tokens") {
+        None => Err(ApiError::missing("tokens")),
+        Some(v) => token_list(v, info.vocab_size, "tokens"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    pub fn info() -> ModelInfo {
+        ModelInfo {
+            id: "qwen3.6".into(),
+            context_length: 4096,
+            vocab_size: 1000,
+            eos_token_ids: vec![2],
+            chat_template: None,
+            created: 1,
+            max_prompt_tokens: 0,
+            max_completion_tokens: 0,
+        }
+    }
+
+    fn completion(v: Value) -> Result<CompletionRequest, ApiError> {
+        parse_completion(v.as_object().unwrap(), &info())
+    }
+
+    fn chat(v: Value) -> Result<ChatRequest, ApiError> {
+        parse_chat(v.as_object().unwrap(), &info())
+    }
+
+    fn err_param(
+        r: Result<impl std::fmt::Debug, ApiError>,
+    ) -> (u16, Option<String>, Option<&'static str>) {
+        let e = r.unwrap_err();
+        (e.status, e.param, e.code)
+    }
+
+    #[test]
+    fn body_json() {
+        assert_eq!(parse_body(b"{").unwrap_err().code, Some("invalid_json"));
+        assert_eq!(parse_body(b"").unwrap_err().status, 400);
+        assert_eq!(parse_body(b"[1]").unwrap_err().code, Some("invalid_json"));
+        assert!(parse_body(b" {\"a\":1} ").is_ok());
+    }
+
+    #[test]
+    fn completion_full() {
+        let r = completion(json!({
+            "model": "qwen3.6", "prompt": "Hello", "max_tokens": 5, "temperature": 0.5, "top_p": 0.9,
+            "top_k": 40, "min_p": 0.05, "seed": 7, "presence_penalty": 0.1, "frequency_penalty": -0.2,
+            "repetition_penalty": 1.1, "logit_bias": {"5": 10, "7": -100}, "logprobs": 3, "ignore_eos": true,
+            "stop_token_ids": [9], "stop": ["\n", "END"], "n": 1, "stream": true,
+            "stream_options": {"include_usage": true}, "user": "u1", "unknown_field": {"x": 1}
+        }))
+        .unwrap();
+        assert_eq!(r.prompt, Prompt::Text("Hello".into()));
+        assert_eq!(r.common.max_tokens, Some(5));
+        let s = &r.common.sampling;
+        assert_eq!(
+            (s.temperature, s.top_p, s.top_k, s.min_p, s.seed),
+            (0.5, 0.9, 40, 0.05, Some(7))
+        );
+        assert_eq!(
+            (
+                s.presence_penalty,
+                s.frequency_penalty,
+                s.repetition_penalty
+            ),
+            (0.1, -0.2, 1.1)
+        );
+        assert_eq!(s.logit_bias, vec![(5, 10.0), (7, -100.0)]);
+        assert_eq!(s.logprobs, Some(3));
+        assert!(r.common.ignore_eos && r.common.stream && r.common.include_usage);
+        assert_eq!(r.common.stop, vec!["\n".to_string(), "END".to_string()]);
+        assert_eq!(r.common.stop_token_ids, vec![9]);
+    }
+
+    #[test]
+    fn completion_defaults_are_neutral() {
+        let r = completion(json!({"model": "qwen3.6", "prompt": "x"})).unwrap();
+        assert_eq!(r.common.sampling, SamplingParams::default());
+        assert_eq!(r.common.max_tokens, None);
+        assert!(!r.common.stream && !r.echo);
+    }
+
+    #[test]
+    fn prompt_forms() {
+        let p = |v: Value| completion(json!({"model": "qwen3.6", "prompt": v})).map(|r| r.prompt);
+        assert_eq!(p(json!(["a"])).unwrap(), Prompt::Text("a".into()));
+        assert_eq!(p(json!([1, 2, 3])).unwrap(), Prompt::Tokens(vec![1, 2, 3]));
+        assert_eq!(p(json!([[4, 5]])).unwrap(), Prompt::Tokens(vec![4, 5]));
+        assert_eq!(
+            err_param(p(json!(["a", "b"]))),
+            (400, Some("prompt".into()), Some("unsupported_parameter"))
+        );
+        assert_eq!(err_param(p(json!([[1], [2]]))).1.as_deref(), Some("prompt"));
+        assert_eq!(err_param(p(json!([1, 1000]))).2, Some("invalid_value"));
+        assert_eq!(err_param(p(json!([1, -1]))).2, Some("invalid_value"));
+        assert_eq!(err_param(p(json!([1, "a"]))).2, Some("invalid_type"));
+        assert_eq!(err_param(p(json!(""))).2, Some("invalid_value"));
+        assert_eq!(err_param(p(json!([]))).2, Some("invalid_value"));
+        assert_eq!(err_param(p(json!(5))).2, Some("invalid_type"));
+        assert_eq!(
+            err_param(completion(json!({"model": "qwen3.6"}))).2,
+            Some("missing_required_parameter")
+        );
+    }
+
+    #[test]
+    fn model_checks() {
+        assert_eq!(
+            err_param(completion(json!({"prompt": "x"}))),
+            (
+                400,
+                Some("model".into()),
+                Some("missing_required_parameter")
+            )
+        );
+        assert_eq!(
+            err_param(completion(json!({"model": "gpt-4", "prompt": "x"}))),
+            (404, Some("model".into()), Some("model_not_found"))
+        );
+        assert_eq!(
+            err_param(completion(json!({"model": 3, "prompt": "x"}))).2,
+            Some("invalid_type")
+        );
+    }
+
+    #[test]
+    fn ranges_and_types_name_the_param() {
+        let cases = [
+            ("temperature", json!(2.5), "invalid_value"),
+            ("temperature", json!(-0.1), "invalid_value"),
+            ("temperature", json!("hot"), "invalid_type"),
+            ("top_p", json!(0), "invalid_value"),
+            ("top_p", json!(1.5), "invalid_value"),
+            ("top_k", json!(-2), "invalid_value"),
+            ("top_k", json!(1.5), "invalid_type"),
+            ("min_p", json!(1.1), "invalid_value"),
+            ("presence_penalty", json!(3), "invalid_value"),
+            ("frequency_penalty", json!(-3), "invalid_value"),
+            ("repetition_penalty", json!(0), "invalid_value"),
+            ("logit_bias", json!({"5": 101}), "invalid_value"),
+            ("logit_bias", json!({"abc": 1}), "invalid_value"),
+            ("logit_bias", json!({"5000": 1}), "invalid_value"),
+            ("logit_bias", json!({"5": "x"}), "invalid_type"),
+            ("logit_bias", json!([1]), "invalid_type"),
+            ("logprobs", json!(6), "invalid_value"),
+            ("logprobs", json!(true), "invalid_type"),
+            ("max_tokens", json!(0), "invalid_value"),
+            ("max_tokens", json!(-5), "invalid_value"),
+            ("max_tokens", json!("10"), "invalid_type"),
+            ("n", json!(2), "unsupported_parameter"),
+            ("best_of", json!(3), "unsupported_parameter"),
+            ("stop", json!(["a", "b", "c", "d", "e"]), "invalid_value"),
+            ("stop", json!(5), "invalid_type"),
+            ("stop", json!([""]), "invalid_value"),
+            ("stream", json!("yes"), "invalid_type"),
+            (
+                "stream_options",
+                json!({"include_usage": true}),
+                "invalid_value",
+            ),
+            ("seed", json!("s"), "invalid_type"),
+            ("ignore_eos", json!(1), "invalid_type"),
+            ("stop_token_ids", json!([1000]), "invalid_value"),
+            ("echo", json!(1), "invalid_type"),
+            ("suffix", json!("x"), "unsupported_parameter"),
+            ("user", json!(5), "invalid_type"),
+        ];
+        for (name, value, code) in cases {
+            let mut body = json!({"model": "qwen3.6", "prompt": "x"});
+            body[name] = value.clone();
+            let e = completion(body).unwrap_err();
+            assert_eq!(
+                (e.status, e.param.as_deref(), e.code),
+                (400, Some(name), Some(code)),
+                "{name}={value}: {e:?}"
+            );
+            assert!(e.message.contains(name), "{name}: {}", e.message);
+        }
+    }
+
+    #[test]
+    fn misc_completion() {
+        // max_tokens 0 only with echo; echo + logprobs rejected; null = absent.
+        assert!(
+            completion(json!({"model": "qwen3.6", "prompt": "x", "echo": true, "max_tokens": 0}))
+                .is_ok()
+        );
+        assert_eq!(
+            err_param(completion(
+                json!({"model": "qwen3.6", "prompt": "x", "echo": true, "logprobs": 1})
+            ))
+            .1
+            .as_deref(),
+            Some("echo")
+        );
+        let r = completion(json!({"model": "qwen3.6", "prompt": "x", "temperature": null, "stop": "s", "top_k": -1, "seed": -1})).unwrap();
+        assert_eq!(r.common.sampling.temperature, 1.0);
+        assert_eq!(r.common.stop, vec!["s".to_string()]);
+        assert_eq!(r.common.sampling.top_k, 0);
+        assert_eq!(r.common.sampling.seed, Some(u64::MAX));
+        let r = completion(json!({"model": "qwen3.6", "prompt": "x", "max_tokens": 12.0})).unwrap();
+        assert_eq!(r.common.max_tokens, Some(12));
+    }
+
+    #[test]
+    fn chat_fields() {
+        let r = chat(json!({
+            "model": "qwen3.6", "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 10, "max_completion_tokens": 20, "logprobs": true, "top_logprobs": 4,
+            "chat_template_kwargs": {"enable_thinking": false}, "seed": 3
+        }))
+        .unwrap();
+        assert_eq!(r.common.max_tokens, Some(20));
+        assert!(r.logprobs);
+        assert_eq!(r.top_logprobs, 4);
+        assert_eq!(r.common.sampling.logprobs, Some(4));
+        assert!(!r.render.enable_thinking);
+        let r = chat(json!({"model": "qwen3.6", "messages": [{"role": "user", "content": "hi"}]}))
+            .unwrap();
+        assert!(r.render.enable_thinking);
+        assert_eq!(r.common.sampling.logprobs, None);
+        assert_eq!(r.common.max_tokens, None);
+
+        let base = || json!({"model": "qwen3.6", "messages": [{"role": "user", "content": "hi"}]});
+        let with = |k: &str, v: Value| {
+            let mut b = base();
+            b[k] = v;
+            chat(b).unwrap_err()
+        };
+        assert_eq!(
+            with("top_logprobs", json!(21)).param.as_deref(),
+            Some("top_logprobs")
+        );
+        assert_eq!(with("top_logprobs", json!(2)).code, Some("invalid_value"));
+        assert_eq!(with("logprobs", json!(2)).code, Some("invalid_type"));
+        assert_eq!(
+            with("tools", json!([{"type": "function"}]))
+                .param
+                .as_deref(),
+            Some("tools")
+        );
+        assert_eq!(
+            with("response_format", json!({"type": "json_object"}))
+                .param
+                .as_deref(),
+            Some("response_format")
+        );
+        assert_eq!(
+            with("chat_template_kwargs", json!({"enable_thinking": "no"}))
+                .param
+                .as_deref(),
+            Some("chat_template_kwargs.enable_thinking")
+        );
+        assert_eq!(
+            with("max_completion_tokens", json!(0)).param.as_deref(),
+            Some("max_completion_tokens")
+        );
+        assert_eq!(
+            with("messages", json!([])).param.as_deref(),
+            Some("messages")
+        );
+    }
+
+    #[test]
+    fn tokenize_detokenize() {
+        let t = |v: Value| parse_tokenize(v.as_object().unwrap(), &info());
+        assert_eq!(
+            t(json!({"prompt": "hi"})).unwrap(),
+            TokenizeRequest::Prompt("hi".into())
+        );
+        assert!(
+            matches!(t(json!({"messages": [{"role": "user", "content": "hi"}], "model": "qwen3.6"})).unwrap(), TokenizeRequest::Messages(m, o) if m.len() == 1 && o.add_generation_prompt)
+        );
+        assert_eq!(t(json!({})).unwrap_err().param.as_deref(), Some("prompt"));
+        assert_eq!(
+            t(json!({"prompt": 1})).unwrap_err().code,
+            Some("invalid_type")
+        );
+        assert_eq!(
+            t(json!({"prompt": "x", "model": "other"}))
+                .unwrap_err()
+                .status,
+            404
+        );
+        let d = |v: Value| parse_detokenize(v.as_object().unwrap(), &info());
+        assert_eq!(d(json!({"tokens": [1, 2]})).unwrap(), vec![1, 2]);
+        assert_eq!(
+            d(json!({"tokens": [1, 5000]}))
+                .unwrap_err()
+                .param
+                .as_deref(),
+            Some("tokens")
+        );
+        assert_eq!(
+            d(json!({})).unwrap_err().code,
+            Some("missing_required_parameter")
+        );
+    }
+}
