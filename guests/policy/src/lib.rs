@@ -1,0 +1,46 @@
+//! Qwasi's default request policy, a `qwasi:inference/policy` component.
+//!
+//! The logic lives in [`policy`] (plain Rust, unit-tested natively); this file
+//! only binds it to the WIT world, and only when building for wasm32.
+
+pub mod policy;
+
+#[cfg(target_arch = "wasm32")]
+mod component {
+    wit_bindgen::generate!({
+        world: "policy",
+        // A copy of ../../wit whose `inference` interface parses (the root
+        // file defines `model-info` twice); switch back to "../../wit" once fixed.
+        path: "wit",
+    });
+
+    use crate::policy;
+    use exports::qwasi::inference::admission::{Decision, Denial, Guest, RequestMeta};
+    use qwasi::inference::policy_config;
+
+    struct Component;
+
+    impl Guest for Component {
+        fn check(request: RequestMeta) -> Decision {
+            let settings = policy_config::settings();
+            let req = policy::Request {
+                method: &request.method,
+                path: &request.path,
+                headers: &request.headers,
+                remote_addr: &request.remote_addr,
+            };
+            // WIT 0.1.0 has no host-kept state, so there is no rate counter.
+            match policy::decide(&settings, &req, None) {
+                policy::Decision::Allow(caller) => Decision::Allow(caller),
+                policy::Decision::Deny(d) => Decision::Deny(Denial {
+                    status: d.status,
+                    code: d.code,
+                    message: d.message,
+                    retry_after: d.retry_after,
+                }),
+            }
+        }
+    }
+
+    export!(Component);
+}
