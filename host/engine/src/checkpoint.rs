@@ -63,7 +63,10 @@ impl Checkpoint {
                 .values()
                 .map(|v| {
                     v.as_str().map(str::to_owned).with_context(|| {
-                        format!("{}: weight_map values must be file names", index_path.display())
+                        format!(
+                            "{}: weight_map values must be file names",
+                            index_path.display()
+                        )
                     })
                 })
                 .collect::<Result<_>>()?;
@@ -158,7 +161,7 @@ impl Checkpoint {
         }
         let len: usize = e.shape.iter().product();
         let map = &self.files[e.file].1;
-        if (map.as_ptr() as usize + e.offset) % 2 == 0 {
+        if (map.as_ptr() as usize + e.offset).is_multiple_of(2) {
             Ok(Arc::new(Storage::Mapped {
                 map: map.clone(),
                 offset: e.offset,

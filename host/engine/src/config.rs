@@ -86,8 +86,7 @@ impl ModelConfig {
             .with_context(|| format!("cannot read {}", path.display()))?;
         let root: Value = serde_json::from_str(&text)
             .with_context(|| format!("{} is not valid JSON", path.display()))?;
-        let mut cfg =
-            Self::from_json(&root).with_context(|| format!("in {}", path.display()))?;
+        let mut cfg = Self::from_json(&root).with_context(|| format!("in {}", path.display()))?;
         let gen_path = dir.join("generation_config.json");
         if let Ok(gen_text) = std::fs::read_to_string(&gen_path) {
             let generation: Value = serde_json::from_str(&gen_text)
@@ -161,7 +160,9 @@ impl ModelConfig {
             );
         }
 
-        let rope = text.get("rope_parameters").or_else(|| text.get("rope_scaling"));
+        let rope = text
+            .get("rope_parameters")
+            .or_else(|| text.get("rope_scaling"));
         let rope_f = |key: &str| {
             rope.and_then(|r| r.get(key))
                 .or_else(|| text.get(key))
@@ -177,7 +178,7 @@ impl ModelConfig {
         let rope_theta = rope_f("rope_theta").unwrap_or(10_000_000.0);
         let partial = rope_f("partial_rotary_factor").unwrap_or(0.25);
         let rotary_dim = (head_dim as f64 * partial) as usize;
-        if rotary_dim % 2 != 0 || rotary_dim > head_dim {
+        if !rotary_dim.is_multiple_of(2) || rotary_dim > head_dim {
             bail!("partial_rotary_factor {partial} gives an invalid rotary dim {rotary_dim}");
         }
 
@@ -257,14 +258,20 @@ impl ModelConfig {
                 bail!("{name} must be positive");
             }
         }
-        if self.num_attention_heads % self.num_key_value_heads != 0 {
+        if !self
+            .num_attention_heads
+            .is_multiple_of(self.num_key_value_heads)
+        {
             bail!(
                 "num_attention_heads {} is not a multiple of num_key_value_heads {}",
                 self.num_attention_heads,
                 self.num_key_value_heads
             );
         }
-        if self.linear_num_value_heads % self.linear_num_key_heads != 0 {
+        if !self
+            .linear_num_value_heads
+            .is_multiple_of(self.linear_num_key_heads)
+        {
             bail!(
                 "linear_num_value_heads {} is not a multiple of linear_num_key_heads {}",
                 self.linear_num_value_heads,

@@ -20,7 +20,13 @@ pub fn config() -> ModelConfig {
         vocab_size: 248_320,
         hidden_size: 256,
         layer_kinds: (0..8)
-            .map(|i| if i % 4 == 3 { LayerKind::Full } else { LayerKind::Linear })
+            .map(|i| {
+                if i % 4 == 3 {
+                    LayerKind::Full
+                } else {
+                    LayerKind::Linear
+                }
+            })
             .collect(),
         rms_norm_eps: 1e-6,
         max_position_embeddings: 32_768,
@@ -77,9 +83,9 @@ impl Rng {
 impl RandomWeights {
     fn rng(&self, name: &str) -> Rng {
         // FNV-1a of the name, mixed with the model seed.
-        let h = name
-            .bytes()
-            .fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ b as u64).wrapping_mul(0x100_0000_01b3));
+        let h = name.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+            (h ^ b as u64).wrapping_mul(0x100_0000_01b3)
+        });
         Rng(h ^ self.seed)
     }
 
@@ -94,9 +100,17 @@ impl RandomWeights {
 impl WeightSource for RandomWeights {
     fn mat(&self, name: &str, rows: usize, cols: usize) -> Result<Mat> {
         // Embeddings get a larger scale so the tied lm_head has a wide logit spread.
-        let std = if name.starts_with("embed_tokens") { 0.5 } else { 1.0 / (cols as f32).sqrt() };
+        let std = if name.starts_with("embed_tokens") {
+            0.5
+        } else {
+            1.0 / (cols as f32).sqrt()
+        };
         let v = self.values(name, rows * cols, std);
-        Ok(Mat::from_vec(rows, cols, v.into_iter().map(bf16::from_f32).collect()))
+        Ok(Mat::from_vec(
+            rows,
+            cols,
+            v.into_iter().map(bf16::from_f32).collect(),
+        ))
     }
 
     fn mats(&self, name: &str, n: usize, rows: usize, cols: usize) -> Result<Vec<Mat>> {
@@ -107,7 +121,9 @@ impl WeightSource for RandomWeights {
         let n: usize = shape.iter().product();
         let mut r = self.rng(name);
         Ok(if name.ends_with("A_log") {
-            (0..n).map(|_| (1.0 + 7.5 * (r.uniform() + 1.0)).ln()).collect()
+            (0..n)
+                .map(|_| (1.0 + 7.5 * (r.uniform() + 1.0)).ln())
+                .collect()
         } else if name.ends_with("dt_bias") {
             (0..n).map(|_| 0.5 * r.uniform()).collect()
         } else if name.ends_with("conv1d.weight") {

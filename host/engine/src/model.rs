@@ -91,7 +91,10 @@ fn read_chat_template(dir: &Path) -> Result<Option<String>> {
             .with_context(|| format!("cannot read {}", tc.display()))?;
         let v: serde_json::Value = serde_json::from_str(&text)
             .with_context(|| format!("{} is not valid JSON", tc.display()))?;
-        return Ok(v.get("chat_template").and_then(|t| t.as_str()).map(str::to_owned));
+        return Ok(v
+            .get("chat_template")
+            .and_then(|t| t.as_str())
+            .map(str::to_owned));
     }
     Ok(None)
 }

@@ -8,7 +8,11 @@ use std::sync::Arc;
 /// Where a tensor's bf16 elements live.
 pub enum Storage {
     /// A memory-mapped file; `offset` is the byte offset of the tensor data.
-    Mapped { map: Arc<Mmap>, offset: usize, len: usize },
+    Mapped {
+        map: Arc<Mmap>,
+        offset: usize,
+        len: usize,
+    },
     Owned(Vec<bf16>),
 }
 

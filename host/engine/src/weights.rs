@@ -224,14 +224,12 @@ fn load_layer(cfg: &ModelConfig, src: &dyn WeightSource, i: usize) -> Result<Lay
             intermediate,
             shared_intermediate,
             ..
-        } => {
-            Mlp::Moe {
-                router: src.mat(&format!("{m}.gate.weight"), num_experts, h)?,
-                experts: experts(src, &m, num_experts, h, intermediate)?,
-                shared: dense(src, &format!("{m}.shared_expert"), h, shared_intermediate)?,
-                shared_gate: src.mat(&format!("{m}.shared_expert_gate.weight"), 1, h)?,
-            }
-        }
+        } => Mlp::Moe {
+            router: src.mat(&format!("{m}.gate.weight"), num_experts, h)?,
+            experts: experts(src, &m, num_experts, h, intermediate)?,
+            shared: dense(src, &format!("{m}.shared_expert"), h, shared_intermediate)?,
+            shared_gate: src.mat(&format!("{m}.shared_expert_gate.weight"), 1, h)?,
+        },
         MlpConfig::Dense { intermediate } => Mlp::Dense(dense(src, &m, h, intermediate)?),
     };
     Ok(Layer {

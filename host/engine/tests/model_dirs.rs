@@ -37,16 +37,21 @@ fn config_json() -> Value {
     })
 }
 
+/// Tensors by full name: dtype, shape, little-endian bytes.
+type Tensors = BTreeMap<String, (Dtype, Vec<usize>, Vec<u8>)>;
+
 /// Records every tensor the loader asks a [`RandomWeights`] for, so the same
 /// weights can be written to disk.
 struct Recorder {
     inner: RandomWeights,
-    seen: RefCell<BTreeMap<String, (Dtype, Vec<usize>, Vec<u8>)>>,
+    seen: RefCell<Tensors>,
 }
 
 impl Recorder {
     fn record(&self, name: &str, dtype: Dtype, shape: Vec<usize>, bytes: Vec<u8>) {
-        self.seen.borrow_mut().insert(name.to_owned(), (dtype, shape, bytes));
+        self.seen
+            .borrow_mut()
+            .insert(name.to_owned(), (dtype, shape, bytes));
     }
 }
 
@@ -77,19 +82,24 @@ impl WeightSource for Recorder {
     }
 }
 
-type Tensors = BTreeMap<String, (Dtype, Vec<usize>, Vec<u8>)>;
-
 /// Generates the tiny model's tensors with full on-disk names.
 fn tensors(cfg: &Value) -> (ModelConfig, Tensors) {
     let mc = ModelConfig::from_json(cfg).unwrap();
-    let rec = Recorder { inner: RandomWeights { seed: 7 }, seen: RefCell::new(BTreeMap::new()) };
+    let rec = Recorder {
+        inner: RandomWeights { seed: 7 },
+        seen: RefCell::new(BTreeMap::new()),
+    };
     Weights::load(&mc, &rec).unwrap();
     let named = rec
         .seen
         .into_inner()
         .into_iter()
         .map(|(k, v)| {
-            let full = if k == "lm_head.weight" { k } else { format!("model.language_model.{k}") };
+            let full = if k == "lm_head.weight" {
+                k
+            } else {
+                format!("model.language_model.{k}")
+            };
             (full, v)
         })
         .collect();
@@ -108,12 +118,19 @@ fn write_shard(path: &Path, tensors: &Tensors) {
 /// and MTP tensors that must be skipped.
 fn write_model(dir: &Path, cfg: &Value, mut t: Tensors) {
     std::fs::write(dir.join("config.json"), cfg.to_string()).unwrap();
-    t.insert("model.visual.patch_embed.proj.weight".into(), (Dtype::BF16, vec![2, 2], vec![0; 8]));
+    t.insert(
+        "model.visual.patch_embed.proj.weight".into(),
+        (Dtype::BF16, vec![2, 2], vec![0; 8]),
+    );
     t.insert("mtp.fc.weight".into(), (Dtype::F32, vec![3], vec![0; 12]));
     let mut a = Tensors::new();
     let mut b = Tensors::new();
     for (i, (k, v)) in t.into_iter().enumerate() {
-        if i % 2 == 0 { a.insert(k, v) } else { b.insert(k, v) };
+        if i % 2 == 0 {
+            a.insert(k, v)
+        } else {
+            b.insert(k, v)
+        };
     }
     write_shard(&dir.join("model-00001-of-00002.safetensors"), &a);
     write_shard(&dir.join("model-00002-of-00002.safetensors"), &b);
@@ -154,10 +171,17 @@ fn written_checkpoint_loads_and_computes_like_the_generated_weights() {
     assert_eq!(loaded.config, mc);
     assert!(loaded.tokenizer.is_none());
     let from_disk = CpuModel::new(loaded.config, loaded.weights);
-    let in_memory = CpuModel::new(mc.clone(), Weights::load(&mc, &RandomWeights { seed: 7 }).unwrap());
+    let in_memory = CpuModel::new(
+        mc.clone(),
+        Weights::load(&mc, &RandomWeights { seed: 7 }).unwrap(),
+    );
     let prompt = [1, 5, 9, 200, 7, 7, 3];
-    let a = from_disk.forward(&mut from_disk.new_sequence(), &prompt).unwrap();
-    let b = in_memory.forward(&mut in_memory.new_sequence(), &prompt).unwrap();
+    let a = from_disk
+        .forward(&mut from_disk.new_sequence(), &prompt)
+        .unwrap();
+    let b = in_memory
+        .forward(&mut in_memory.new_sequence(), &prompt)
+        .unwrap();
     assert_eq!(a, b);
 }
 
@@ -194,7 +218,11 @@ fn missing_directory_and_files() {
     assert!(msg.contains("model-00002-of-00002.safetensors"), "{msg}");
 
     let (dir, _, _) = valid_dir();
-    for f in ["model.safetensors.index.json", "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"] {
+    for f in [
+        "model.safetensors.index.json",
+        "model-00001-of-00002.safetensors",
+        "model-00002-of-00002.safetensors",
+    ] {
         std::fs::remove_file(dir.path().join(f)).unwrap();
     }
     let msg = load_err(dir.path());
@@ -208,7 +236,10 @@ fn unsupported_architecture() {
     cfg["architectures"] = json!(["LlamaForCausalLM"]);
     std::fs::write(dir.path().join("config.json"), cfg.to_string()).unwrap();
     let msg = load_err(dir.path());
-    assert!(msg.contains("unsupported architecture \"LlamaForCausalLM\""), "{msg}");
+    assert!(
+        msg.contains("unsupported architecture \"LlamaForCausalLM\""),
+        "{msg}"
+    );
 }
 
 #[test]
@@ -231,7 +262,10 @@ fn corrupt_safetensors_header() {
     bytes[8] = b'#'; // the JSON header's opening brace
     std::fs::write(&shard, &bytes).unwrap();
     let msg = load_err(dir.path());
-    assert!(msg.contains("corrupt safetensors file") && msg.contains("model-00001-of-00002"), "{msg}");
+    assert!(
+        msg.contains("corrupt safetensors file") && msg.contains("model-00001-of-00002"),
+        "{msg}"
+    );
 
     std::fs::write(&shard, b"short").unwrap();
     let msg = load_err(dir.path());
@@ -241,7 +275,9 @@ fn corrupt_safetensors_header() {
 fn rewrite(dir: &Path, t: Tensors) {
     for f in std::fs::read_dir(dir).unwrap() {
         let p = f.unwrap().path();
-        if p.extension().is_some_and(|e| e == "safetensors") || p.ends_with("model.safetensors.index.json") {
+        if p.extension().is_some_and(|e| e == "safetensors")
+            || p.ends_with("model.safetensors.index.json")
+        {
             std::fs::remove_file(p).unwrap();
         }
     }
@@ -255,7 +291,10 @@ fn missing_misshaped_and_wrong_dtype_tensors() {
     t.remove(name);
     rewrite(dir.path(), t);
     let msg = load_err(dir.path());
-    assert!(msg.contains("missing tensor") && msg.contains("layers.1.linear_attn.in_proj_qkv.weight"), "{msg}");
+    assert!(
+        msg.contains("missing tensor") && msg.contains("layers.1.linear_attn.in_proj_qkv.weight"),
+        "{msg}"
+    );
     assert!(msg.contains("layer 1"), "{msg}");
 
     let z = "model.language_model.layers.1.linear_attn.in_proj_z.weight";
@@ -265,12 +304,18 @@ fn missing_misshaped_and_wrong_dtype_tensors() {
     rewrite(dir.path(), t);
     let msg = load_err(dir.path());
     assert!(msg.contains(&format!("tensor {z}")), "{msg}");
-    assert!(msg.contains("has shape [32, 16], expected [16, 32]"), "{msg}");
+    assert!(
+        msg.contains("has shape [32, 16], expected [16, 32]"),
+        "{msg}"
+    );
 
     let (dir, _, mut t) = valid_dir();
     let e = t.get_mut(name).unwrap();
     e.0 = Dtype::F16;
     rewrite(dir.path(), t);
     let msg = load_err(dir.path());
-    assert!(msg.contains("unsupported dtype F16") && msg.contains(name), "{msg}");
+    assert!(
+        msg.contains("unsupported dtype F16") && msg.contains(name),
+        "{msg}"
+    );
 }

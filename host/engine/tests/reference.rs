@@ -10,7 +10,7 @@ use qwasi_engine::model::LoadedModel;
 use qwasi_engine::sampling::{SamplingParams, log_softmax};
 use serde::Deserialize;
 use std::ops::ControlFlow;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 #[derive(Deserialize)]
 struct Expected {
@@ -45,14 +45,21 @@ fn fixture_dirs() -> Vec<PathBuf> {
         .filter(|p| p.join("expected.json").exists())
         .collect();
     dirs.sort();
-    assert!(dirs.len() >= 3, "expected at least 3 fixtures in {}", root.display());
+    assert!(
+        dirs.len() >= 3,
+        "expected at least 3 fixtures in {}",
+        root.display()
+    );
     dirs
 }
 
-fn load(dir: &PathBuf) -> (CpuModel, Expected) {
+fn load(dir: &Path) -> (CpuModel, Expected) {
     let m = LoadedModel::from_dir(dir).unwrap_or_else(|e| panic!("{}: {e:#}", dir.display()));
     let text = std::fs::read_to_string(dir.join("expected.json")).unwrap();
-    (CpuModel::new(m.config, m.weights), serde_json::from_str(&text).unwrap())
+    (
+        CpuModel::new(m.config, m.weights),
+        serde_json::from_str(&text).unwrap(),
+    )
 }
 
 #[test]
@@ -60,13 +67,20 @@ fn greedy_generation_matches_transformers() {
     for dir in fixture_dirs() {
         let (model, expected) = load(&dir);
         for case in &expected.cases {
-            let label = format!("{}/{}", dir.file_name().unwrap().to_string_lossy(), case.name);
+            let label = format!(
+                "{}/{}",
+                dir.file_name().unwrap().to_string_lossy(),
+                case.name
+            );
             let req = GenerateRequest {
                 prompt: case.prompt_tokens.clone(),
                 max_tokens: case.generated.len(),
                 stop_token_ids: vec![],
                 ignore_eos: true,
-                sampling: SamplingParams { logprobs: Some(8), ..Default::default() },
+                sampling: SamplingParams {
+                    logprobs: Some(8),
+                    ..Default::default()
+                },
             };
             let out = generate(&model, &req, |_, _| ControlFlow::Continue(())).unwrap();
             let mut same = 0;
@@ -89,7 +103,10 @@ fn greedy_generation_matches_transformers() {
                 );
                 same += 1;
             }
-            assert!(same >= 24.min(case.generated.len()), "{label}: only {same} identical tokens");
+            assert!(
+                same >= 24.min(case.generated.len()),
+                "{label}: only {same} identical tokens"
+            );
             assert_eq!(case.generated.len(), case.steps.len());
         }
     }
@@ -117,14 +134,22 @@ fn first_token_logprobs_match_transformers() {
 }
 
 fn max_diff(a: &[f32], b: &[f32]) -> f32 {
-    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
 }
 
 #[test]
 fn chunked_prefill_equals_serial_recurrence_on_a_whole_model() {
     let dir = &fixture_dirs()[0];
     let (mut model, expected) = load(dir);
-    let prompt = &expected.cases.iter().max_by_key(|c| c.prompt_tokens.len()).unwrap().prompt_tokens;
+    let prompt = &expected
+        .cases
+        .iter()
+        .max_by_key(|c| c.prompt_tokens.len())
+        .unwrap()
+        .prompt_tokens;
     let mut seq = model.new_sequence();
     let chunked = model.forward_all(&mut seq, prompt).unwrap();
     model.gdn_prefill = GdnPrefill::Serial;
@@ -139,7 +164,12 @@ fn incremental_prefill_equals_one_pass() {
     // Splits inside a GDN chunk, at a chunk boundary, and token by token.
     let dir = &fixture_dirs()[0];
     let (model, expected) = load(dir);
-    let prompt = &expected.cases.iter().max_by_key(|c| c.prompt_tokens.len()).unwrap().prompt_tokens;
+    let prompt = &expected
+        .cases
+        .iter()
+        .max_by_key(|c| c.prompt_tokens.len())
+        .unwrap()
+        .prompt_tokens;
     let prompt = &prompt[..prompt.len().min(150)];
     let mut seq = model.new_sequence();
     let whole = model.forward(&mut seq, prompt).unwrap();

@@ -58,7 +58,11 @@ pub fn forward(
 ) -> Vec<f32> {
     let h = cfg.hidden_size;
     let t_len = x.len() / h;
-    let (nh, nkv, hd) = (cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim);
+    let (nh, nkv, hd) = (
+        cfg.num_attention_heads,
+        cfg.num_key_value_heads,
+        cfg.head_dim,
+    );
     let pos0 = cache.k.len() / (nkv * hd);
 
     let qg = linear(x, &w.q_proj);
@@ -102,7 +106,10 @@ pub fn forward(
         softmax(&mut scores);
         out.fill(0.0);
         for (s, p) in scores.iter().enumerate() {
-            for (o, vv) in out.iter_mut().zip(&vc[(s * nkv + kvh) * hd..(s * nkv + kvh + 1) * hd]) {
+            for (o, vv) in out
+                .iter_mut()
+                .zip(&vc[(s * nkv + kvh) * hd..(s * nkv + kvh + 1) * hd])
+            {
                 *o += p * vv;
             }
         }

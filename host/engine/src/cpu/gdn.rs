@@ -34,9 +34,7 @@ impl GdnState {
             conv: vec![0.0; cfg.linear_conv_dim() * (cfg.linear_conv_kernel - 1)],
             s: vec![
                 0.0;
-                cfg.linear_num_value_heads
-                    * cfg.linear_key_head_dim
-                    * cfg.linear_value_head_dim
+                cfg.linear_num_value_heads * cfg.linear_key_head_dim * cfg.linear_value_head_dim
             ],
         }
     }
@@ -61,7 +59,13 @@ pub fn forward(
     let z = linear(x, &w.in_proj_z);
     let a = linear(x, &w.in_proj_a);
     let b = linear(x, &w.in_proj_b);
-    causal_conv_silu(&mut qkv, &mut st.conv, &w.conv, conv_dim, cfg.linear_conv_kernel);
+    causal_conv_silu(
+        &mut qkv,
+        &mut st.conv,
+        &w.conv,
+        conv_dim,
+        cfg.linear_conv_kernel,
+    );
 
     // Split and normalise: q, k per key head; v per value head.
     let scale = 1.0 / (dk as f32).sqrt();
@@ -94,28 +98,27 @@ pub fn forward(
 
     // The recurrence, one task per value head (each owns its state matrix).
     let group = nv / nk;
-    let per_head: Vec<Vec<f32>> = st
-        .s
-        .par_chunks_mut(dk * dv)
-        .enumerate()
-        .map(|(hv, s)| {
-            let hk = hv / group;
-            let head = HeadInputs {
-                q: gather(&q, t_len, key_dim, hk * dk, dk),
-                k: gather(&k, t_len, key_dim, hk * dk, dk),
-                v: gather(&v, t_len, nv * dv, hv * dv, dv),
-                g: (0..t_len).map(|t| g[t * nv + hv]).collect(),
-                beta: (0..t_len).map(|t| beta[t * nv + hv]).collect(),
-                dk,
-                dv,
-            };
-            if mode == GdnPrefill::Serial || t_len == 1 {
-                recurrent(&head, s)
-            } else {
-                chunked(&head, s)
-            }
-        })
-        .collect();
+    let per_head: Vec<Vec<f32>> =
+        st.s.par_chunks_mut(dk * dv)
+            .enumerate()
+            .map(|(hv, s)| {
+                let hk = hv / group;
+                let head = HeadInputs {
+                    q: gather(&q, t_len, key_dim, hk * dk, dk),
+                    k: gather(&k, t_len, key_dim, hk * dk, dk),
+                    v: gather(&v, t_len, nv * dv, hv * dv, dv),
+                    g: (0..t_len).map(|t| g[t * nv + hv]).collect(),
+                    beta: (0..t_len).map(|t| beta[t * nv + hv]).collect(),
+                    dk,
+                    dv,
+                };
+                if mode == GdnPrefill::Serial || t_len == 1 {
+                    recurrent(&head, s)
+                } else {
+                    chunked(&head, s)
+                }
+            })
+            .collect();
 
     // Gated RMSNorm per head (plain weight), times silu(z); then out_proj.
     let mut o = vec![0f32; t_len * nv * dv];
@@ -201,7 +204,11 @@ fn recurrent(x: &HeadInputs, s: &mut [f32]) -> Vec<f32> {
                 *e += ki * d;
             }
         }
-        vec_mat(&x.q[t * dk..(t + 1) * dk], s, &mut out[t * dv..(t + 1) * dv]);
+        vec_mat(
+            &x.q[t * dk..(t + 1) * dk],
+            s,
+            &mut out[t * dv..(t + 1) * dv],
+        );
     }
     out
 }
@@ -220,12 +227,13 @@ fn chunked(x: &HeadInputs, s: &mut [f32]) -> Vec<f32> {
         let q = &x.q[c0 * dk..(c0 + n) * dk];
         let v = &x.v[c0 * dv..(c0 + n) * dv];
         let beta = &x.beta[c0..c0 + n];
-        let mut gc = vec![0f32; n];
-        let mut acc = 0.0;
-        for i in 0..n {
-            acc += x.g[c0 + i];
-            gc[i] = acc;
-        }
+        let gc: Vec<f32> = x.g[c0..c0 + n]
+            .iter()
+            .scan(0.0, |acc, g| {
+                *acc += g;
+                Some(*acc)
+            })
+            .collect();
         let ki = |i: usize| &k[i * dk..(i + 1) * dk];
 
         // A (strictly lower), then the forward substitution that makes
@@ -259,7 +267,10 @@ fn chunked(x: &HeadInputs, s: &mut [f32]) -> Vec<f32> {
                     continue;
                 }
                 let cv = tij * beta[j];
-                for (o, vv) in u[i * dv..(i + 1) * dv].iter_mut().zip(&v[j * dv..(j + 1) * dv]) {
+                for (o, vv) in u[i * dv..(i + 1) * dv]
+                    .iter_mut()
+                    .zip(&v[j * dv..(j + 1) * dv])
+                {
                     *o += cv * vv;
                 }
                 let ck = cv * gc[j].exp();
@@ -319,7 +330,9 @@ mod tests {
     use super::*;
 
     fn lcg(seed: &mut u64) -> f32 {
-        *seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        *seed = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
         ((*seed >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
     }
 
@@ -358,8 +371,16 @@ mod tests {
             let mut s1 = s0.clone();
             let a = recurrent(&x, &mut s0);
             let b = chunked(&x, &mut s1);
-            let err = a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max);
-            let serr = s0.iter().zip(&s1).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max);
+            let err = a
+                .iter()
+                .zip(&b)
+                .map(|(x, y)| (x - y).abs())
+                .fold(0.0, f32::max);
+            let serr = s0
+                .iter()
+                .zip(&s1)
+                .map(|(x, y)| (x - y).abs())
+                .fold(0.0, f32::max);
             assert!(err < 1e-4, "T={t_len}: output differs by {err}");
             assert!(serr < 1e-4, "T={t_len}: state differs by {serr}");
         }
@@ -384,7 +405,11 @@ mod tests {
         let mut s = vec![0f32; dk * dv];
         let mut split = chunked(&part(0..37), &mut s);
         split.extend(chunked(&part(37..100), &mut s));
-        let err = full.iter().zip(&split).map(|(a, b)| (a - b).abs()).fold(0.0, f32::max);
+        let err = full
+            .iter()
+            .zip(&split)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0, f32::max);
         assert!(err < 1e-4, "split differs by {err}");
     }
 }

@@ -20,7 +20,9 @@ pub fn forward(mlp: &Mlp, top_k: usize, x: &[f32], hidden: usize) -> Vec<f32> {
             let sg = linear(x, shared_gate);
             for t in 0..t_len {
                 let g = sigmoid(sg[t]);
-                out[t * hidden..(t + 1) * hidden].iter_mut().for_each(|v| *v *= g);
+                out[t * hidden..(t + 1) * hidden]
+                    .iter_mut()
+                    .for_each(|v| *v *= g);
             }
             let logits = linear(x, router);
             let routes = route(&logits, experts.len(), top_k);

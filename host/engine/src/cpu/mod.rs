@@ -61,7 +61,10 @@ impl CpuModel {
         let h = cfg.hidden_size;
         for &t in tokens {
             if t as usize >= cfg.vocab_size {
-                bail!("token id {t} is out of range (vocabulary size {})", cfg.vocab_size);
+                bail!(
+                    "token id {t} is out of range (vocabulary size {})",
+                    cfg.vocab_size
+                );
             }
         }
         if seq.pos + tokens.len() > cfg.max_position_embeddings {
@@ -77,7 +80,13 @@ impl CpuModel {
         };
         let mut x: Vec<f32> = tokens
             .iter()
-            .flat_map(|&t| self.weights.embed.row(t as usize).iter().map(|v| v.to_f32()))
+            .flat_map(|&t| {
+                self.weights
+                    .embed
+                    .row(t as usize)
+                    .iter()
+                    .map(|v| v.to_f32())
+            })
             .collect();
         for (layer, cache) in self.weights.layers.iter().zip(&mut seq.layers) {
             let mut n = x.clone();

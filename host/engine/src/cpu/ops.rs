@@ -60,13 +60,11 @@ pub fn matmul(x: &[f32], w: &Mat, out: &mut [f32]) {
     // Enough rows per task to amortise scheduling, few enough to balance.
     let block = (32_768 / cols.max(1)).clamp(1, 256);
     if tokens == 1 {
-        out.par_chunks_mut(block)
-            .enumerate()
-            .for_each(|(b, o)| {
-                for (i, y) in o.iter_mut().enumerate() {
-                    *y = dot_bf16(w.row(b * block + i), x);
-                }
-            });
+        out.par_chunks_mut(block).enumerate().for_each(|(b, o)| {
+            for (i, y) in o.iter_mut().enumerate() {
+                *y = dot_bf16(w.row(b * block + i), x);
+            }
+        });
         return;
     }
     // Row-major result per weight row ([rows, tokens]), transposed at the end.
