@@ -12,6 +12,7 @@ pub mod demo;
 pub mod generate;
 pub mod model;
 pub mod sampling;
+pub mod service;
 pub mod tensor;
 pub mod tokenizer;
 pub mod weights;

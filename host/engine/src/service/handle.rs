@@ -35,10 +35,6 @@ impl Stream {
         }
         self.notify.notify_waiters();
     }
-
-    pub fn terminal_pushed(&self) -> bool {
-        lock(&self.state).terminal_pushed
-    }
 }
 
 /// A started request. Dropping it cancels the request: the worker stops

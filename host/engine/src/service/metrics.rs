@@ -35,7 +35,11 @@ impl Histogram {
 
     fn observe(&self, d: Duration) {
         let s = d.as_secs_f64();
-        let i = self.bounds.iter().position(|&b| s <= b).unwrap_or(self.bounds.len());
+        let i = self
+            .bounds
+            .iter()
+            .position(|&b| s <= b)
+            .unwrap_or(self.bounds.len());
         self.counts[i].fetch_add(1, Relaxed);
         self.sum_ns
             .fetch_add(d.as_nanos().min(u64::MAX as u128) as u64, Relaxed);
@@ -137,7 +141,12 @@ impl Metrics {
     /// `Worker::lookup_prefix`; until it lands both counters stay 0.
     #[allow(dead_code)]
     pub fn record_prefix_lookup(&self, hit: bool) {
-        if hit { &self.prefix_hits } else { &self.prefix_misses }.fetch_add(1, Relaxed);
+        if hit {
+            &self.prefix_hits
+        } else {
+            &self.prefix_misses
+        }
+        .fetch_add(1, Relaxed);
     }
 
     pub fn observe_ttft(&self, d: Duration) {
@@ -167,7 +176,11 @@ impl Metrics {
         if reason != Some(FinishReason::Cancelled) {
             let us = service.as_micros().min(u64::MAX as u128) as u64;
             let old = self.avg_service_us.load(Relaxed);
-            let new = if old == 0 { us.max(1) } else { (old * 3 + us) / 4 };
+            let new = if old == 0 {
+                us.max(1)
+            } else {
+                (old * 3 + us) / 4
+            };
             self.avg_service_us.store(new.max(1), Relaxed);
         }
     }
@@ -200,8 +213,18 @@ impl Metrics {
     pub fn render(&self, queue_depth: usize, running: usize) -> String {
         let mut out = String::with_capacity(8192);
         let o = &mut out;
-        gauge(o, "qwasi_queue_depth", "Requests waiting in the queue.", queue_depth as u64);
-        gauge(o, "qwasi_requests_running", "Requests the device worker is running.", running as u64);
+        gauge(
+            o,
+            "qwasi_queue_depth",
+            "Requests waiting in the queue.",
+            queue_depth as u64,
+        );
+        gauge(
+            o,
+            "qwasi_requests_running",
+            "Requests the device worker is running.",
+            running as u64,
+        );
 
         let _ = writeln!(
             o,
@@ -225,7 +248,11 @@ impl Metrics {
             ("queue_timeout", &self.rejected_timeout),
             ("shutting_down", &self.rejected_shutdown),
         ] {
-            let _ = writeln!(o, "qwasi_requests_rejected_total{{reason=\"{reason}\"}} {}", c.load(Relaxed));
+            let _ = writeln!(
+                o,
+                "qwasi_requests_rejected_total{{reason=\"{reason}\"}} {}",
+                c.load(Relaxed)
+            );
         }
 
         let _ = writeln!(
@@ -239,10 +266,19 @@ impl Metrics {
             ("cancelled", &self.finished_cancelled),
             ("failed", &self.failed),
         ] {
-            let _ = writeln!(o, "qwasi_requests_finished_total{{reason=\"{reason}\"}} {}", c.load(Relaxed));
+            let _ = writeln!(
+                o,
+                "qwasi_requests_finished_total{{reason=\"{reason}\"}} {}",
+                c.load(Relaxed)
+            );
         }
 
-        counter(o, "qwasi_prompt_tokens_total", "Prompt tokens processed.", &self.prompt_tokens);
+        counter(
+            o,
+            "qwasi_prompt_tokens_total",
+            "Prompt tokens processed.",
+            &self.prompt_tokens,
+        );
         counter(
             o,
             "qwasi_completion_tokens_total",
@@ -291,5 +327,9 @@ fn gauge(out: &mut String, name: &str, help: &str, v: u64) {
 }
 
 fn counter(out: &mut String, name: &str, help: &str, c: &AtomicU64) {
-    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {}", c.load(Relaxed));
+    let _ = writeln!(
+        out,
+        "# HELP {name} {help}\n# TYPE {name} counter\n{name} {}",
+        c.load(Relaxed)
+    );
 }

@@ -89,7 +89,9 @@ pub struct SubmitOptions {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum SubmitError {
     /// The queue is full; retry after about this many seconds (>= 1).
-    QueueFull { retry_after_s: u32 },
+    QueueFull {
+        retry_after_s: u32,
+    },
     /// The request waited in the queue past `queue_timeout`.
     QueueTimeout,
     /// The service is draining (or stopped) and accepts no new requests.
@@ -140,7 +142,10 @@ impl fmt::Display for SubmitError {
                 "the server is at capacity (request queue full); retry after {retry_after_s} s"
             ),
             SubmitError::QueueTimeout => {
-                write!(f, "the request waited too long in the queue; try again later")
+                write!(
+                    f,
+                    "the request waited too long in the queue; try again later"
+                )
             }
             SubmitError::ShuttingDown => {
                 write!(f, "the server is shutting down and accepts no new requests")
@@ -364,7 +369,9 @@ impl EngineService {
                 },
                 queue::PushError::Draining => SubmitError::ShuttingDown,
                 queue::PushError::Closed => {
-                    return Err(SubmitError::Internal("the engine worker has stopped".into()));
+                    return Err(SubmitError::Internal(
+                        "the engine worker has stopped".into(),
+                    ));
                 }
             };
             metrics.record_rejected(&e);
@@ -401,7 +408,9 @@ impl EngineService {
         match started {
             Ok(()) => Ok(GenerationHandle::new(job)),
             // The worker dropped the job unstarted: it stopped.
-            Err(_) => Err(SubmitError::Internal("the engine worker has stopped".into())),
+            Err(_) => Err(SubmitError::Internal(
+                "the engine worker has stopped".into(),
+            )),
         }
     }
 

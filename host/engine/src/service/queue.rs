@@ -194,10 +194,12 @@ impl Queue {
         }
     }
 
-    /// Worker side: a started job ended (any way).
-    pub fn finish(&self) {
+    /// Worker side: a started job ended (any way); `publish` (pushing its
+    /// terminal event) runs while the slot is released, under the lock.
+    pub fn finish(&self, publish: impl FnOnce()) {
         let mut s = lock(&self.state);
         s.running = s.running.saturating_sub(1);
+        publish();
         self.mirror(&s);
         self.notify_if_idle(&s);
     }

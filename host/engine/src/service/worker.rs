@@ -38,8 +38,10 @@ pub(super) fn spawn<B: Backend + 'static>(
                 metrics,
             };
             while let Some(job) = queue.next() {
-                worker.run(&job);
-                queue.finish();
+                let terminal = worker.run(&job);
+                // Free the slot and publish the terminal event atomically, so
+                // whoever sees `Finished` also sees the slot free in `stats()`.
+                queue.finish(|| job.stream.push(terminal));
             }
         })
         .expect("cannot spawn the device worker thread");
@@ -72,44 +74,41 @@ struct Finish {
 }
 
 impl<B: Backend> Worker<B> {
-    /// Runs one started job to its terminal event. Never panics: a panic in
-    /// the backend (or anywhere in the request) becomes `Event::Failed`.
-    fn run(&self, job: &Arc<Job>) {
+    /// Runs one started job, streaming its tokens, and returns its terminal
+    /// event. Never panics: a panic in the backend (or anywhere in the
+    /// request) becomes `Event::Failed`.
+    fn run(&self, job: &Arc<Job>) -> Event {
         let started = Instant::now();
         self.metrics.observe_queue_wait(started - job.submitted);
         let outcome = catch_unwind(AssertUnwindSafe(|| self.generate(job)));
-        let reason = match outcome {
+        let (reason, terminal) = match outcome {
             Ok(Ok(f)) => {
                 let usage = Usage {
                     prompt_tokens: job.req.prompt.len() as u32,
                     completion_tokens: f.completion_tokens as u32,
                     cached_tokens: f.cached_tokens as u32,
                 };
-                job.stream.push(Event::Finished {
+                let ev = Event::Finished {
                     reason: f.reason,
                     usage,
                     stop_token: f.stop_token,
                     trailing_text: f.trailing_text,
-                });
-                Some(f.reason)
+                };
+                (Some(f.reason), ev)
             }
-            Ok(Err(e)) => {
-                job.stream.push(Event::Failed(format!("generation failed: {e:#}")));
-                None
-            }
+            Ok(Err(e)) => (None, Event::Failed(format!("generation failed: {e:#}"))),
             Err(panic) => {
                 let msg = panic
                     .downcast_ref::<&str>()
                     .map(|s| s.to_string())
                     .or_else(|| panic.downcast_ref::<String>().cloned())
                     .unwrap_or_else(|| "unknown panic".into());
-                job.stream.push(Event::Failed(format!("the engine panicked: {msg}")));
-                None
+                (None, Event::Failed(format!("the engine panicked: {msg}")))
             }
         };
-        debug_assert!(job.stream.terminal_pushed());
         self.metrics
             .record_end(reason, job.submitted.elapsed(), started.elapsed());
+        terminal
     }
 
     fn generate(&self, job: &Arc<Job>) -> Result<Finish> {
@@ -262,7 +261,11 @@ impl<'j, B: Backend> Running<'j, B> {
             stop_token,
             completion_tokens: self.sampled,
             cached_tokens: self.cached_tokens,
-            trailing_text: self.decoder.as_mut().map(|d| d.finish()).unwrap_or_default(),
+            trailing_text: self
+                .decoder
+                .as_mut()
+                .map(|d| d.finish())
+                .unwrap_or_default(),
         }
     }
 }
