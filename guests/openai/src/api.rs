@@ -824,16 +824,26 @@ fn stream<H: Host, F: Format, G: Generation, S: Sink>(
     if sink.start(200, &headers).is_err() {
         return;
     }
-    let chunk = |choice: Value| {
-        let mut v = envelope(m, F::CHUNK_OBJECT, vec![choice]);
-        if include_usage {
-            v["usage"] = Value::Null;
-        }
-        v
+    // Every chunk is the same envelope around one choice: serialise the
+    // envelope once and only the choice per token.
+    let envelope_json =
+        serde_json::to_string(&envelope(m, F::CHUNK_OBJECT, vec![])).expect("JSON serialises");
+    let head = envelope_json.strip_suffix("]}").expect("choices come last");
+    let tail = if include_usage {
+        "],\"usage\":null}"
+    } else {
+        "]}"
+    };
+    let push_chunk = |buf: &mut Vec<u8>, choice: Value| {
+        buf.extend_from_slice(b"data: ");
+        buf.extend_from_slice(head.as_bytes());
+        serde_json::to_writer(&mut *buf, &choice).expect("JSON serialises");
+        buf.extend_from_slice(tail.as_bytes());
+        buf.extend_from_slice(b"\n\n");
     };
     let mut buf = Vec::new();
     if let Some(first) = fmt.first_chunk() {
-        sse::push_event(&mut buf, &chunk(first));
+        push_chunk(&mut buf, first);
     }
     loop {
         if driver.ended.is_none() {
@@ -850,7 +860,7 @@ fn stream<H: Host, F: Format, G: Generation, S: Sink>(
                 let p = driver.on_event(ev);
                 if !p.is_empty() {
                     for c in fmt.chunks(&p, driver.in_reasoning()) {
-                        sse::push_event(&mut buf, &chunk(c));
+                        push_chunk(&mut buf, c);
                     }
                 }
                 if driver.ended.is_some() {
@@ -862,7 +872,7 @@ fn stream<H: Host, F: Format, G: Generation, S: Sink>(
             None => {}
             Some(Ended::Finished { reason, usage }) => {
                 *generation = None; // cancel at once after a stop string, before the last write
-                sse::push_event(&mut buf, &chunk(fmt.final_choice(reason)));
+                push_chunk(&mut buf, fmt.final_choice(reason));
                 if include_usage {
                     let mut v = envelope(m, F::CHUNK_OBJECT, vec![]);
                     v["usage"] = usage_json(usage);
