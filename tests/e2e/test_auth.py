@@ -17,7 +17,8 @@ def test_wrong_key_is_rejected(auth_server):
     e = ei.value
     assert e.status_code == 401
     assert e.code == "invalid_api_key"
-    assert e.message.startswith("Incorrect API key provided")
+    assert e.body["message"].startswith("Incorrect API key provided"), e.body
+    assert e.type == "authentication_error"
     assert "sk-wrong-e2e-key-000000000" not in e.message  # masked
     with pytest.raises(openai.AuthenticationError):
         client.chat.completions.create(model="any", messages=MESSAGES)
