@@ -10,7 +10,10 @@ pub mod config;
 pub mod cpu;
 pub mod demo;
 pub mod generate;
+#[cfg(any(feature = "cuda", feature = "hip"))]
+pub mod gpu;
 pub mod model;
+pub mod presets;
 pub mod sampling;
 pub mod service;
 pub mod tensor;

@@ -1,0 +1,259 @@
+//! The CUDA device layer: a primary context on GPU 0, the embedded kernel
+//! modules, device buffers, launches on the default stream, and cuBLAS GEMMs.
+
+use super::Arg;
+use anyhow::{Context, Result, bail};
+use cudarc::cublas::sys as cbs;
+use cudarc::driver::{CudaContext, result, sys};
+use std::collections::HashMap;
+use std::ffi::{CString, c_void};
+use std::sync::Arc;
+
+mod images {
+    include!(concat!(env!("OUT_DIR"), "/kernels_cuda.rs"));
+}
+
+/// Owned device memory; freed on drop.
+pub struct DBuf {
+    ptr: u64,
+    bytes: usize,
+    ctx: Arc<CudaContext>,
+}
+
+impl DBuf {
+    pub fn ptr(&self) -> u64 {
+        self.ptr
+    }
+    /// The address `off` bytes in.
+    pub fn at(&self, off: usize) -> u64 {
+        debug_assert!(off <= self.bytes);
+        self.ptr + off as u64
+    }
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+}
+
+impl Drop for DBuf {
+    fn drop(&mut self) {
+        if self.ptr != 0 {
+            let _ = self.ctx.bind_to_thread();
+            unsafe {
+                let _ = result::free_sync(self.ptr);
+            }
+        }
+    }
+}
+
+pub struct Device {
+    ctx: Arc<CudaContext>,
+    funcs: HashMap<String, sys::CUfunction>,
+    cublas: cbs::cublasHandle_t,
+    pub name: String,
+    /// `QWASI_GPU_DEBUG=1`: synchronise after every launch and name the failing kernel.
+    debug: bool,
+}
+
+// The raw handles are only used with the context bound, from one thread at a time
+// (the model serialises forward passes behind a mutex).
+unsafe impl Send for Device {}
+unsafe impl Sync for Device {}
+
+impl Device {
+    /// GPU 0, or a clear error when there is no CUDA driver or no GPU.
+    pub fn new() -> Result<Self> {
+        if !unsafe { sys::is_culib_present() } {
+            bail!(
+                "no CUDA driver found (libcuda.so could not be loaded); the cuda backend needs an NVIDIA GPU and driver"
+            );
+        }
+        let ctx =
+            CudaContext::new(0).map_err(|e| anyhow::anyhow!("cannot open CUDA device 0: {e:?}"))?;
+        ctx.bind_to_thread().map_err(|e| anyhow::anyhow!("{e:?}"))?;
+        let name = cudarc::driver::result::device::get_name(ctx.cu_device())
+            .unwrap_or_else(|_| "CUDA GPU".into());
+        let mut funcs = HashMap::new();
+        for (module, image) in images::MODULES {
+            // The driver wants the image in memory that stays valid during the call; the
+            // embedded bytes are 'static but may be unaligned, so copy to an aligned buffer.
+            let mut aligned = vec![0u64; image.len().div_ceil(8) + 1];
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    image.as_ptr(),
+                    aligned.as_mut_ptr() as *mut u8,
+                    image.len(),
+                );
+            }
+            let m = unsafe { result::module::load_data(aligned.as_ptr() as *const c_void) }
+                .map_err(|e| anyhow::anyhow!("loading kernel module {module}: {e:?}"))?;
+            for name in kernel_names(image) {
+                if let Ok(f) =
+                    unsafe { result::module::get_function(m, CString::new(name.clone()).unwrap()) }
+                {
+                    funcs.insert(name, f);
+                }
+            }
+        }
+        let cublas = cudarc::cublas::result::create_handle()
+            .map_err(|e| anyhow::anyhow!("cuBLAS: {e:?}"))?;
+        let debug = std::env::var_os("QWASI_GPU_DEBUG").is_some_and(|v| v != "0");
+        Ok(Device {
+            ctx,
+            funcs,
+            cublas,
+            name,
+            debug,
+        })
+    }
+
+    pub fn bind(&self) -> Result<()> {
+        self.ctx
+            .bind_to_thread()
+            .map_err(|e| anyhow::anyhow!("{e:?}"))
+    }
+
+    /// (free, total) device memory in bytes.
+    pub fn mem_info(&self) -> (usize, usize) {
+        result::mem_get_info().unwrap_or((0, 0))
+    }
+
+    pub fn alloc(&self, bytes: usize) -> Result<DBuf> {
+        let ptr = unsafe { result::malloc_sync(bytes.max(16)) }
+            .map_err(|e| anyhow::anyhow!("cudaMalloc of {bytes} bytes failed: {e:?}"))?;
+        Ok(DBuf {
+            ptr,
+            bytes,
+            ctx: self.ctx.clone(),
+        })
+    }
+
+    pub fn alloc_zeroed(&self, bytes: usize) -> Result<DBuf> {
+        let b = self.alloc(bytes)?;
+        unsafe { result::memset_d8_sync(b.ptr, 0, bytes.max(16)) }
+            .map_err(|e| anyhow::anyhow!("{e:?}"))?;
+        Ok(b)
+    }
+
+    pub fn upload<T: Copy>(&self, data: &[T]) -> Result<DBuf> {
+        let b = self.alloc(std::mem::size_of_val(data))?;
+        self.htod(b.ptr, data)?;
+        Ok(b)
+    }
+
+    pub fn htod<T: Copy>(&self, dst: u64, data: &[T]) -> Result<()> {
+        if data.is_empty() {
+            return Ok(());
+        }
+        unsafe { result::memcpy_htod_sync(dst, data) }
+            .map_err(|e| anyhow::anyhow!("copy to device: {e:?}"))
+    }
+
+    pub fn dtoh<T: Copy>(&self, dst: &mut [T], src: u64) -> Result<()> {
+        if dst.is_empty() {
+            return Ok(());
+        }
+        unsafe { result::memcpy_dtoh_sync(dst, src) }
+            .map_err(|e| anyhow::anyhow!("copy from device: {e:?}"))
+    }
+
+    pub fn dtod(&self, dst: u64, src: u64, bytes: usize) -> Result<()> {
+        if bytes == 0 {
+            return Ok(());
+        }
+        unsafe { result::memcpy_dtod_sync(dst, src, bytes) }
+            .map_err(|e| anyhow::anyhow!("device copy: {e:?}"))
+    }
+
+    pub fn sync(&self) -> Result<()> {
+        self.ctx
+            .synchronize()
+            .map_err(|e| anyhow::anyhow!("CUDA error: {e:?}"))
+    }
+
+    pub fn launch(
+        &self,
+        name: &str,
+        grid: (u32, u32, u32),
+        block: (u32, u32, u32),
+        smem: u32,
+        args: &[Arg],
+    ) -> Result<()> {
+        let f = *self
+            .funcs
+            .get(name)
+            .with_context(|| format!("kernel {name} not found in the embedded modules"))?;
+        if grid.0 == 0 || grid.1 == 0 || grid.2 == 0 {
+            return Ok(());
+        }
+        if smem > 48 * 1024 {
+            unsafe {
+                sys::cuFuncSetAttribute(
+                    f,
+                    sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    smem as i32,
+                );
+            }
+        }
+        let mut params: Vec<*mut c_void> = args.iter().map(Arg::addr).collect();
+        unsafe { result::launch_kernel(f, grid, block, smem, std::ptr::null_mut(), &mut params) }
+            .map_err(|e| anyhow::anyhow!("launching {name}: {e:?}"))?;
+        if self.debug {
+            self.sync().with_context(|| {
+                format!("kernel {name} grid {grid:?} block {block:?} smem {smem}")
+            })?;
+        }
+        Ok(())
+    }
+
+    /// `Y[T, R] = X[T, C] . W[R, C]^T` with bf16 X and W (row-major), f32 Y, f32 compute.
+    pub fn gemm_bf16(
+        &self,
+        x_bf16: u64,
+        w: u64,
+        y: u64,
+        t: usize,
+        r: usize,
+        c: usize,
+        accumulate: bool,
+    ) -> Result<()> {
+        let alpha = 1.0f32;
+        let beta = if accumulate { 1.0f32 } else { 0.0 };
+        unsafe {
+            cudarc::cublas::result::gemm_ex(
+                self.cublas,
+                cbs::cublasOperation_t::CUBLAS_OP_T,
+                cbs::cublasOperation_t::CUBLAS_OP_N,
+                r as i32,
+                t as i32,
+                c as i32,
+                &alpha as *const f32 as *const c_void,
+                w as *const c_void,
+                cbs::cudaDataType::CUDA_R_16BF,
+                c as i32,
+                x_bf16 as *const c_void,
+                cbs::cudaDataType::CUDA_R_16BF,
+                c as i32,
+                &beta as *const f32 as *const c_void,
+                y as *mut c_void,
+                cbs::cudaDataType::CUDA_R_32F,
+                r as i32,
+                cbs::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                cbs::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+            )
+        }
+        .map_err(|e| anyhow::anyhow!("cublasGemmEx {t}x{r}x{c}: {e:?}"))
+    }
+}
+
+impl Drop for Device {
+    fn drop(&mut self) {
+        let _ = self.ctx.bind_to_thread();
+        unsafe {
+            let _ = cudarc::cublas::result::destroy_handle(self.cublas);
+        }
+    }
+}
+
+fn kernel_names(_image: &[u8]) -> Vec<String> {
+    super::KERNELS.iter().map(|s| s.to_string()).collect()
+}

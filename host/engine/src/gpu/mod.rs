@@ -1,0 +1,81 @@
+//! GPU backends. One small device layer (alloc/free/copy/launch/module load,
+//! default stream) per vendor — [`cuda`] through cudarc's driver API and cuBLAS,
+//! [`hip`] a minimal dlopen binding to libamdhip64 (compile-checked) — and
+//! [`model::GpuModel`], the whole Qwen3.5/3.6 forward as a [`crate::backend::Backend`].
+//!
+//! Kernels live in `kernels/*.cu` (one source for nvcc and hipcc) and are
+//! embedded by `build.rs`.
+
+#[cfg(feature = "cuda")]
+pub mod cuda;
+#[cfg(feature = "hip")]
+pub mod hip;
+#[cfg(feature = "cuda")]
+pub mod model;
+#[cfg(feature = "cuda")]
+pub mod verify;
+
+/// A kernel argument, passed by address to the launch call.
+#[derive(Clone, Copy, Debug)]
+pub enum Arg {
+    /// A device pointer.
+    Ptr(u64),
+    I32(i32),
+    I64(i64),
+    U64(u64),
+    F32(f32),
+}
+
+impl Arg {
+    /// The address of the payload, as the driver's `void** kernelParams` wants it.
+    pub fn addr(&self) -> *mut std::ffi::c_void {
+        match self {
+            Arg::Ptr(v) | Arg::U64(v) => v as *const u64 as *mut _,
+            Arg::I32(v) => v as *const i32 as *mut _,
+            Arg::I64(v) => v as *const i64 as *mut _,
+            Arg::F32(v) => v as *const f32 as *mut _,
+        }
+    }
+}
+
+/// `usize` -> `Arg::I32` (shapes and strides fit in 32 bits).
+pub fn i(v: usize) -> Arg {
+    Arg::I32(i32::try_from(v).expect("kernel int argument overflows i32"))
+}
+pub fn f(v: f32) -> Arg {
+    Arg::F32(v)
+}
+
+/// Every kernel the model launches (each lives in one of the embedded modules).
+pub const KERNELS: &[&str] = &[
+    "embed_gather",
+    "rmsnorm",
+    "add_inplace",
+    "add_sigmoid_scaled",
+    "f32_to_bf16",
+    "silu_mul",
+    "gemv_bf16",
+    "gemm_tiled",
+    "gather_rows",
+    "scatter_add_rows",
+    "fill_uniform_bf16",
+    "fill_uniform_f32",
+    "fill_alog_f32",
+    "logits_stats",
+    "conv_silu",
+    "l2norm_heads",
+    "gdn_gates",
+    "gdn_recurrent",
+    "gated_rmsnorm",
+    "attn_prep",
+    "attn_partial",
+    "attn_combine",
+    "router_topk",
+    "moe_gemv_gate_up",
+    "moe_gemv_down",
+];
+
+#[cfg(feature = "hip")]
+fn cuda_free_kernel_names() -> &'static [&'static str] {
+    KERNELS
+}

@@ -1,0 +1,1180 @@
+//! The whole Qwen3.5/3.6 forward on one GPU: bf16 weights, f32 activations and
+//! accumulation, f32 GDN state, bf16 KV cache. Batch 1.
+//!
+//! Per layer: (1+w) RMSNorm -> one fused input projection (GEMV at T = 1,
+//! cuBLAS GEMM otherwise) -> GDN (conv + SiLU, L2 norm, gates, delta rule,
+//! gated norm) or attention (norms + partial RoPE + KV append, split-K causal
+//! attention, sigmoid gate) -> output projection -> residual; then the MoE
+//! (router softmax/top-k on the device, gated shared expert, routed experts:
+//! GEMVs over the k chosen experts at T = 1, per-expert GEMMs over grouped tokens
+//! otherwise) or dense SwiGLU MLP.
+
+use super::cuda::{DBuf, Device};
+use super::{Arg, f, i};
+use crate::backend::Backend;
+use crate::config::{LayerKind, MlpConfig, ModelConfig};
+use crate::weights::{Mixer, Mlp, Weights};
+use anyhow::{Context, Result, bail};
+use half::bf16;
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+/// How multi-token projections run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GemmPath {
+    /// cuBLAS bf16 x bf16 -> f32 (activations rounded to bf16 first).
+    Cublas,
+    /// The portable tiled kernel, f32 activations (exactly the CPU's precision).
+    Tiled,
+}
+
+struct DevMat {
+    buf: DBuf,
+    rows: usize,
+    cols: usize,
+}
+
+enum DMixer {
+    Gdn {
+        /// `[conv_dim + value_dim + 2 * nv, hidden]`: qkv | z | a | b.
+        in_proj: DevMat,
+        conv: DBuf,
+        a_log: DBuf,
+        dt_bias: DBuf,
+        norm: DBuf,
+        out_proj: DevMat,
+    },
+    Attn {
+        /// `[2 * nh * hd + 2 * nkv * hd, hidden]`: q|gate per head, k, v.
+        proj: DevMat,
+        q_norm: DBuf,
+        k_norm: DBuf,
+        o_proj: DevMat,
+    },
+}
+
+enum DMlp {
+    Moe {
+        /// `[E + 1 + 2 * Is, hidden]`: router | shared gate | shared gate_proj | shared up_proj.
+        input: DevMat,
+        /// `[E, 2I, hidden]` (gate rows then up rows per expert).
+        gate_up: DBuf,
+        /// `[E, hidden, I]`.
+        down: DBuf,
+        shared_down: DevMat,
+    },
+    Dense {
+        gate_up: DevMat,
+        down: DevMat,
+    },
+}
+
+struct DLayer {
+    input_norm: DBuf,
+    post_norm: DBuf,
+    mixer: DMixer,
+    mlp: DMlp,
+}
+
+pub struct GpuModel {
+    dev: Device,
+    cfg: ModelConfig,
+    embed: DevMat,
+    /// `None`: tied to the embedding.
+    lm_head: Option<DevMat>,
+    norm: DBuf,
+    layers: Vec<DLayer>,
+    scratch: Mutex<Scratch>,
+    /// KV capacity limit per sequence (tokens).
+    pub max_len: usize,
+    pub gemm: GemmPath,
+}
+
+/// Work buffers, grown on demand and reused across passes.
+#[derive(Default)]
+struct Scratch {
+    bufs: HashMap<&'static str, DBuf>,
+}
+
+impl Scratch {
+    fn get(&mut self, dev: &Device, name: &'static str, bytes: usize) -> Result<u64> {
+        let need = bytes.max(256);
+        if let Some(b) = self.bufs.get(name)
+            && b.bytes() >= need
+        {
+            return Ok(b.ptr());
+        }
+        self.bufs.remove(name);
+        let b = dev.alloc(need.next_power_of_two())?;
+        let p = b.ptr();
+        self.bufs.insert(name, b);
+        Ok(p)
+    }
+}
+
+/// A sequence's device state: per GDN layer the conv window and the f32 state,
+/// per attention layer a bf16 KV cache grown on demand (doubling) up to `max_len`.
+pub struct GpuSequence {
+    pos: usize,
+    cap: usize,
+    layers: Vec<SeqLayer>,
+}
+
+enum SeqLayer {
+    Gdn { conv: DBuf, s: DBuf },
+    Attn { k: DBuf, v: DBuf },
+}
+
+const F: usize = 4; // bytes per f32
+const B: usize = 2; // bytes per bf16
+
+fn mlp_dims(cfg: &ModelConfig) -> (usize, usize, usize, usize) {
+    match cfg.mlp {
+        MlpConfig::Moe {
+            num_experts,
+            top_k,
+            intermediate,
+            shared_intermediate,
+        } => (num_experts, top_k, intermediate, shared_intermediate),
+        MlpConfig::Dense { intermediate } => (0, 0, intermediate, 0),
+    }
+}
+
+impl GpuModel {
+    /// Uploads `weights` to GPU 0 (fused per-layer projections, contiguous experts).
+    pub fn new(cfg: ModelConfig, w: &Weights) -> Result<Self> {
+        let dev = Device::new()?;
+        let h = cfg.hidden_size;
+        let total = w.bytes_total();
+        eprintln!(
+            "[cuda] {}: uploading {:.2} GB of weights",
+            dev.name,
+            total as f64 / 1e9
+        );
+        let t0 = std::time::Instant::now();
+        let mat = |m: &crate::tensor::Mat| -> Result<DevMat> {
+            Ok(DevMat {
+                buf: dev.upload(m.data())?,
+                rows: m.rows,
+                cols: m.cols,
+            })
+        };
+        let cat = |ms: &[&crate::tensor::Mat]| -> Result<DevMat> {
+            let cols = ms[0].cols;
+            let rows: usize = ms.iter().map(|m| m.rows).sum();
+            let buf = dev.alloc(rows * cols * B)?;
+            let mut off = 0;
+            for m in ms {
+                assert_eq!(m.cols, cols);
+                dev.htod(buf.at(off), m.data())?;
+                off += m.rows * cols * B;
+            }
+            Ok(DevMat { buf, rows, cols })
+        };
+        let f32s = |v: &[f32]| dev.upload(v);
+        let mut layers = Vec::with_capacity(w.layers.len());
+        for (li, l) in w.layers.iter().enumerate() {
+            let mixer = match &l.mixer {
+                Mixer::Gdn(g) => DMixer::Gdn {
+                    in_proj: cat(&[&g.in_proj_qkv, &g.in_proj_z, &g.in_proj_a, &g.in_proj_b])?,
+                    conv: f32s(&g.conv)?,
+                    a_log: f32s(&g.a_log)?,
+                    dt_bias: f32s(&g.dt_bias)?,
+                    norm: f32s(&g.norm)?,
+                    out_proj: mat(&g.out_proj)?,
+                },
+                Mixer::Attention(a) => DMixer::Attn {
+                    proj: cat(&[&a.q_proj, &a.k_proj, &a.v_proj])?,
+                    q_norm: f32s(&a.q_norm)?,
+                    k_norm: f32s(&a.k_norm)?,
+                    o_proj: mat(&a.o_proj)?,
+                },
+            };
+            let mlp = match &l.mlp {
+                Mlp::Moe {
+                    router,
+                    experts,
+                    shared,
+                    shared_gate,
+                } => {
+                    let (e, _, inter, _) = mlp_dims(&cfg);
+                    let gate_up = dev.alloc(e * 2 * inter * h * B)?;
+                    let down = dev.alloc(e * h * inter * B)?;
+                    for (k, x) in experts.iter().enumerate() {
+                        let base = k * 2 * inter * h * B;
+                        dev.htod(gate_up.at(base), x.gate.data())?;
+                        dev.htod(gate_up.at(base + inter * h * B), x.up.data())?;
+                        dev.htod(down.at(k * h * inter * B), x.down.data())?;
+                    }
+                    DMlp::Moe {
+                        input: cat(&[router, shared_gate, &shared.gate, &shared.up])?,
+                        gate_up,
+                        down,
+                        shared_down: mat(&shared.down)?,
+                    }
+                }
+                Mlp::Dense(d) => DMlp::Dense {
+                    gate_up: cat(&[&d.gate, &d.up])?,
+                    down: mat(&d.down)?,
+                },
+            };
+            layers.push(DLayer {
+                input_norm: f32s(&l.input_norm)?,
+                post_norm: f32s(&l.post_norm)?,
+                mixer,
+                mlp,
+            });
+            if (li + 1) % 10 == 0 {
+                eprintln!("[cuda] uploaded {} / {} layers", li + 1, w.layers.len());
+            }
+        }
+        let embed = mat(&w.embed)?;
+        let lm_head = match &w.lm_head {
+            Some(m) => Some(mat(m)?),
+            None => None,
+        };
+        let norm = f32s(&w.norm)?;
+        dev.sync()?;
+        eprintln!(
+            "[cuda] weights on the GPU in {:.1} s",
+            t0.elapsed().as_secs_f64()
+        );
+        Ok(Self::assemble(dev, cfg, embed, lm_head, norm, layers))
+    }
+
+    fn assemble(
+        dev: Device,
+        cfg: ModelConfig,
+        embed: DevMat,
+        lm_head: Option<DevMat>,
+        norm: DBuf,
+        layers: Vec<DLayer>,
+    ) -> Self {
+        let gemm = match std::env::var("QWASI_GEMM").as_deref() {
+            Ok("tiled") => GemmPath::Tiled,
+            _ => GemmPath::Cublas,
+        };
+        GpuModel {
+            max_len: cfg.max_position_embeddings,
+            dev,
+            cfg,
+            embed,
+            lm_head,
+            norm,
+            layers,
+            scratch: Mutex::new(Scratch::default()),
+            gemm,
+        }
+    }
+
+    /// A model of `cfg`'s geometry with seeded random bf16 weights generated on
+    /// the GPU (no host copy): for speed and long-context runs without a checkpoint.
+    pub fn synthetic(cfg: ModelConfig, seed: u64) -> Result<Self> {
+        let dev = Device::new()?;
+        let h = cfg.hidden_size;
+        let mut counter = 0u64;
+        let mut next_seed = || {
+            counter += 1;
+            seed ^ counter.wrapping_mul(0x9E37_79B9_7F4A_7C15)
+        };
+        let t0 = std::time::Instant::now();
+        let fill_bf16 = |n: usize, scale: f32, s: u64| -> Result<DBuf> {
+            let b = dev.alloc(n * B)?;
+            let blocks = n.div_ceil(256).min(65_535 * 16) as u32;
+            dev.launch(
+                "fill_uniform_bf16",
+                (blocks, 1, 1),
+                (256, 1, 1),
+                0,
+                &[
+                    Arg::Ptr(b.ptr()),
+                    Arg::I64(n as i64),
+                    Arg::U64(s),
+                    f(scale),
+                    f(0.0),
+                ],
+            )?;
+            Ok(b)
+        };
+        let fill_f32 = |n: usize, scale: f32, offset: f32, s: u64| -> Result<DBuf> {
+            let b = dev.alloc(n * F)?;
+            let blocks = n.div_ceil(256).min(65_535 * 16) as u32;
+            dev.launch(
+                "fill_uniform_f32",
+                (blocks, 1, 1),
+                (256, 1, 1),
+                0,
+                &[
+                    Arg::Ptr(b.ptr()),
+                    Arg::I64(n as i64),
+                    Arg::U64(s),
+                    f(scale),
+                    f(offset),
+                ],
+            )?;
+            Ok(b)
+        };
+        // Uniform with standard deviation 1/sqrt(cols).
+        let unif = |cols: usize| (3.0f32).sqrt() / (cols as f32).sqrt();
+        let dmat = |rows: usize, cols: usize, s: u64| -> Result<DevMat> {
+            Ok(DevMat {
+                buf: fill_bf16(rows * cols, unif(cols), s)?,
+                rows,
+                cols,
+            })
+        };
+        let (e, _, inter, sh) = mlp_dims(&cfg);
+        let mut layers = Vec::new();
+        for kind in cfg.layer_kinds.clone() {
+            let mixer = match kind {
+                LayerKind::Linear => {
+                    let nv = cfg.linear_num_value_heads;
+                    let rows = cfg.linear_conv_dim() + cfg.linear_value_dim() + 2 * nv;
+                    let a_log = dev.alloc(nv * F)?;
+                    dev.launch(
+                        "fill_alog_f32",
+                        ((nv as u32).div_ceil(256), 1, 1),
+                        (256, 1, 1),
+                        0,
+                        &[
+                            Arg::Ptr(a_log.ptr()),
+                            Arg::I64(nv as i64),
+                            Arg::U64(next_seed()),
+                        ],
+                    )?;
+                    DMixer::Gdn {
+                        in_proj: dmat(rows, h, next_seed())?,
+                        conv: fill_f32(
+                            cfg.linear_conv_dim() * cfg.linear_conv_kernel,
+                            0.5,
+                            0.0,
+                            next_seed(),
+                        )?,
+                        a_log,
+                        dt_bias: fill_f32(nv, 0.5, 0.0, next_seed())?,
+                        norm: fill_f32(cfg.linear_value_head_dim, 0.1, 1.0, next_seed())?,
+                        out_proj: dmat(h, cfg.linear_value_dim(), next_seed())?,
+                    }
+                }
+                LayerKind::Full => {
+                    let (nh, nkv, hd) = (
+                        cfg.num_attention_heads,
+                        cfg.num_key_value_heads,
+                        cfg.head_dim,
+                    );
+                    DMixer::Attn {
+                        proj: dmat(2 * nh * hd + 2 * nkv * hd, h, next_seed())?,
+                        q_norm: fill_f32(hd, 0.1, 1.0, next_seed())?,
+                        k_norm: fill_f32(hd, 0.1, 1.0, next_seed())?,
+                        o_proj: dmat(h, nh * hd, next_seed())?,
+                    }
+                }
+            };
+            let mlp = match cfg.mlp {
+                MlpConfig::Moe { .. } => DMlp::Moe {
+                    input: dmat(e + 1 + 2 * sh, h, next_seed())?,
+                    gate_up: fill_bf16(e * 2 * inter * h, unif(h), next_seed())?,
+                    down: fill_bf16(e * h * inter, unif(inter), next_seed())?,
+                    shared_down: dmat(h, sh, next_seed())?,
+                },
+                MlpConfig::Dense { intermediate } => DMlp::Dense {
+                    gate_up: dmat(2 * intermediate, h, next_seed())?,
+                    down: dmat(h, intermediate, next_seed())?,
+                },
+            };
+            layers.push(DLayer {
+                input_norm: fill_f32(h, 0.1, 1.0, next_seed())?,
+                post_norm: fill_f32(h, 0.1, 1.0, next_seed())?,
+                mixer,
+                mlp,
+            });
+        }
+        let embed = DevMat {
+            buf: fill_bf16(cfg.vocab_size * h, 0.5 * 3f32.sqrt(), next_seed())?,
+            rows: cfg.vocab_size,
+            cols: h,
+        };
+        let lm_head = if cfg.tie_word_embeddings {
+            None
+        } else {
+            Some(dmat(cfg.vocab_size, h, next_seed())?)
+        };
+        let norm = fill_f32(h, 0.1, 1.0, next_seed())?;
+        dev.sync()?;
+        let (free, total) = dev.mem_info();
+        eprintln!(
+            "[cuda] {}: synthetic {}-layer model generated in {:.1} s; {:.1} GB of {:.1} GB free",
+            dev.name,
+            cfg.num_layers(),
+            t0.elapsed().as_secs_f64(),
+            free as f64 / 1e9,
+            total as f64 / 1e9
+        );
+        Ok(Self::assemble(dev, cfg, embed, lm_head, norm, layers))
+    }
+
+    pub fn device_name(&self) -> &str {
+        &self.dev.name
+    }
+
+    fn lm_head(&self) -> &DevMat {
+        self.lm_head.as_ref().unwrap_or(&self.embed)
+    }
+
+    /// `y[t, :] = W x[t, :]` for T rows of x (f32) into y (f32).
+    fn linear(
+        &self,
+        sc: &mut Scratch,
+        x: u64,
+        t: usize,
+        w: &DevMat,
+        y: u64,
+        accumulate: bool,
+    ) -> Result<()> {
+        self.linear_raw(sc, x, t, w.buf.ptr(), w.rows, w.cols, y, accumulate)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn linear_raw(
+        &self,
+        sc: &mut Scratch,
+        x: u64,
+        t: usize,
+        w: u64,
+        rows: usize,
+        cols: usize,
+        y: u64,
+        accumulate: bool,
+    ) -> Result<()> {
+        let d = &self.dev;
+        if t == 1 {
+            return d.launch(
+                "gemv_bf16",
+                ((rows as u32).div_ceil(8), t as u32, 1),
+                (256, 1, 1),
+                0,
+                &[
+                    Arg::Ptr(w),
+                    Arg::Ptr(x),
+                    Arg::Ptr(y),
+                    i(rows),
+                    i(cols),
+                    i(t),
+                    i(accumulate as usize),
+                ],
+            );
+        }
+        match self.gemm {
+            GemmPath::Tiled => d.launch(
+                "gemm_tiled",
+                ((rows as u32).div_ceil(64), (t as u32).div_ceil(64), 1),
+                (256, 1, 1),
+                0,
+                &[
+                    Arg::Ptr(x),
+                    Arg::Ptr(w),
+                    Arg::Ptr(y),
+                    i(t),
+                    i(rows),
+                    i(cols),
+                    i(accumulate as usize),
+                ],
+            ),
+            GemmPath::Cublas => {
+                let n = t * cols;
+                let xb = sc.get(d, "x_bf16", n * B)?;
+                d.launch(
+                    "f32_to_bf16",
+                    ((n as u32).div_ceil(256), 1, 1),
+                    (256, 1, 1),
+                    0,
+                    &[Arg::Ptr(x), Arg::Ptr(xb), Arg::I64(n as i64)],
+                )?;
+                d.gemm_bf16(xb, w, y, t, rows, cols, accumulate)
+            }
+        }
+    }
+
+    fn rmsnorm(
+        &self,
+        x: u64,
+        x_stride: usize,
+        w: &DBuf,
+        out: u64,
+        out_stride: usize,
+        rows: usize,
+        dim: usize,
+    ) -> Result<()> {
+        self.dev.launch(
+            "rmsnorm",
+            (rows as u32, 1, 1),
+            (256, 1, 1),
+            0,
+            &[
+                Arg::Ptr(x),
+                i(x_stride),
+                Arg::Ptr(w.ptr()),
+                Arg::Ptr(out),
+                i(out_stride),
+                i(rows),
+                i(dim),
+                f(self.cfg.rms_norm_eps),
+            ],
+        )
+    }
+
+    fn init_sequence(&self, seq: &mut GpuSequence) -> Result<()> {
+        if !seq.layers.is_empty() {
+            return Ok(());
+        }
+        let c = &self.cfg;
+        for kind in &c.layer_kinds {
+            seq.layers.push(match kind {
+                LayerKind::Linear => SeqLayer::Gdn {
+                    conv: self
+                        .dev
+                        .alloc_zeroed(c.linear_conv_dim() * (c.linear_conv_kernel - 1) * F)?,
+                    s: self.dev.alloc_zeroed(
+                        c.linear_num_value_heads
+                            * c.linear_key_head_dim
+                            * c.linear_value_head_dim
+                            * F,
+                    )?,
+                },
+                LayerKind::Full => SeqLayer::Attn {
+                    k: self.dev.alloc(256)?,
+                    v: self.dev.alloc(256)?,
+                },
+            });
+        }
+        seq.cap = 0;
+        Ok(())
+    }
+
+    /// Grows every KV cache of the sequence to hold `need` tokens.
+    fn reserve(&self, seq: &mut GpuSequence, need: usize) -> Result<()> {
+        if need <= seq.cap {
+            return Ok(());
+        }
+        let cap = need.max(seq.cap * 2).max(256).min(self.max_len.max(need));
+        let row = self.cfg.num_key_value_heads * self.cfg.head_dim * B;
+        for l in &mut seq.layers {
+            if let SeqLayer::Attn { k, v } = l {
+                let nk = self.dev.alloc(cap * row).context("growing the KV cache")?;
+                let nv = self.dev.alloc(cap * row).context("growing the KV cache")?;
+                self.dev.dtod(nk.ptr(), k.ptr(), seq.pos * row)?;
+                self.dev.dtod(nv.ptr(), v.ptr(), seq.pos * row)?;
+                *k = nk;
+                *v = nv;
+            }
+        }
+        seq.cap = cap;
+        Ok(())
+    }
+
+    /// Runs `tokens` and returns the final-normed hidden state of the last one (device f32 [H]).
+    fn run(&self, seq: &mut GpuSequence, tokens: &[u32], sc: &mut Scratch) -> Result<u64> {
+        let c = &self.cfg;
+        let d = &self.dev;
+        let t = tokens.len();
+        let h = c.hidden_size;
+        let pos0 = seq.pos;
+        self.init_sequence(seq)?;
+        self.reserve(seq, pos0 + t)?;
+
+        let tok = sc.get(d, "tokens", t * 4)?;
+        d.htod(tok, tokens)?;
+        let x = sc.get(d, "x", t * h * F)?;
+        let n = sc.get(d, "n", t * h * F)?;
+        let mixed = sc.get(d, "mixed", t * h * F)?;
+        d.launch(
+            "embed_gather",
+            (t as u32, 1, 1),
+            (256, 1, 1),
+            0,
+            &[
+                Arg::Ptr(self.embed.buf.ptr()),
+                Arg::Ptr(tok),
+                Arg::Ptr(x),
+                i(t),
+                i(h),
+            ],
+        )?;
+
+        let (nk, nv, dk, dv) = (
+            c.linear_num_key_heads,
+            c.linear_num_value_heads,
+            c.linear_key_head_dim,
+            c.linear_value_head_dim,
+        );
+        let (nh, nkv, hd) = (c.num_attention_heads, c.num_key_value_heads, c.head_dim);
+        let conv_dim = c.linear_conv_dim();
+        let key_dim = c.linear_key_dim();
+        let vdim = c.linear_value_dim();
+
+        for (layer, st) in self.layers.iter().zip(&mut seq.layers) {
+            self.rmsnorm(x, h, &layer.input_norm, n, h, t, h)?;
+            match (&layer.mixer, st) {
+                (
+                    DMixer::Gdn {
+                        in_proj,
+                        conv,
+                        a_log,
+                        dt_bias,
+                        norm,
+                        out_proj,
+                    },
+                    SeqLayer::Gdn { conv: cst, s },
+                ) => {
+                    let p = in_proj.rows;
+                    let proj = sc.get(d, "proj", t * p * F)?;
+                    self.linear(sc, n, t, in_proj, proj, false)?;
+                    d.launch(
+                        "conv_silu",
+                        ((conv_dim as u32).div_ceil(128), 1, 1),
+                        (128, 1, 1),
+                        0,
+                        &[
+                            Arg::Ptr(proj),
+                            i(p),
+                            Arg::Ptr(cst.ptr()),
+                            Arg::Ptr(conv.ptr()),
+                            i(t),
+                            i(conv_dim),
+                            i(c.linear_conv_kernel),
+                        ],
+                    )?;
+                    let rows_q = (t * nk) as u32;
+                    d.launch(
+                        "l2norm_heads",
+                        (rows_q.div_ceil(8), 1, 1),
+                        (256, 1, 1),
+                        0,
+                        &[
+                            Arg::Ptr(proj),
+                            i(t),
+                            i(nk),
+                            i(dk),
+                            i(p),
+                            f(1.0 / (dk as f32).sqrt()),
+                            f(1e-6),
+                        ],
+                    )?;
+                    d.launch(
+                        "l2norm_heads",
+                        (rows_q.div_ceil(8), 1, 1),
+                        (256, 1, 1),
+                        0,
+                        &[
+                            Arg::Ptr(proj + (key_dim * F) as u64),
+                            i(t),
+                            i(nk),
+                            i(dk),
+                            i(p),
+                            f(1.0),
+                            f(1e-6),
+                        ],
+                    )?;
+                    let g = sc.get(d, "g", t * nv * F)?;
+                    let beta = sc.get(d, "beta", t * nv * F)?;
+                    let a_off = conv_dim + vdim;
+                    d.launch(
+                        "gdn_gates",
+                        (((t * nv) as u32).div_ceil(256), 1, 1),
+                        (256, 1, 1),
+                        0,
+                        &[
+                            Arg::Ptr(proj),
+                            i(p),
+                            i(a_off),
+                            i(a_off + nv),
+                            Arg::Ptr(a_log.ptr()),
+                            Arg::Ptr(dt_bias.ptr()),
+                            Arg::Ptr(g),
+                            Arg::Ptr(beta),
+                            i(t),
+                            i(nv),
+                        ],
+                    )?;
+                    let o = sc.get(d, "gdn_o", t * vdim * F)?;
+                    let smem = ((dk * 32 + 2 * dk + 256) * F) as u32;
+                    d.launch(
+                        "gdn_recurrent",
+                        (nv as u32, (dv as u32).div_ceil(32), 1),
+                        (32, 8, 1),
+                        smem,
+                        &[
+                            Arg::Ptr(proj),
+                            i(p),
+                            i(nk),
+                            i(nv),
+                            i(dk),
+                            i(dv),
+                            Arg::Ptr(g),
+                            Arg::Ptr(beta),
+                            Arg::Ptr(s.ptr()),
+                            Arg::Ptr(o),
+                            i(t),
+                        ],
+                    )?;
+                    let o2 = sc.get(d, "gdn_o2", t * vdim * F)?;
+                    d.launch(
+                        "gated_rmsnorm",
+                        (((t * nv) as u32).div_ceil(8), 1, 1),
+                        (256, 1, 1),
+                        0,
+                        &[
+                            Arg::Ptr(o),
+                            Arg::Ptr(proj + (conv_dim * F) as u64),
+                            i(p),
+                            Arg::Ptr(norm.ptr()),
+                            Arg::Ptr(o2),
+                            i(t),
+                            i(nv),
+                            i(dv),
+                            f(c.rms_norm_eps),
+                        ],
+                    )?;
+                    self.linear(sc, o2, t, out_proj, mixed, false)?;
+                }
+                (
+                    DMixer::Attn {
+                        proj: pw,
+                        q_norm,
+                        k_norm,
+                        o_proj,
+                    },
+                    SeqLayer::Attn { k, v },
+                ) => {
+                    let p = pw.rows;
+                    let proj = sc.get(d, "proj", t * p * F)?;
+                    self.linear(sc, n, t, pw, proj, false)?;
+                    let q = sc.get(d, "q", t * nh * hd * F)?;
+                    d.launch(
+                        "attn_prep",
+                        (t as u32, (nh + nkv) as u32, 1),
+                        (256, 1, 1),
+                        0,
+                        &[
+                            Arg::Ptr(proj),
+                            i(p),
+                            Arg::Ptr(q_norm.ptr()),
+                            Arg::Ptr(k_norm.ptr()),
+                            Arg::Ptr(q),
+                            Arg::Ptr(k.ptr()),
+                            Arg::Ptr(v.ptr()),
+                            i(nh),
+                            i(nkv),
+                            i(hd),
+                            i(c.rotary_dim),
+                            i(pos0),
+                            f(c.rope_theta as f32),
+                            f(c.rms_norm_eps),
+                        ],
+                    )?;
+                    let lmax = pos0 + t;
+                    let queries = t * nh;
+                    let nsplit = if queries >= 128 {
+                        1
+                    } else {
+                        (264usize.div_ceil(queries)).min(lmax.div_ceil(256)).max(1)
+                    };
+                    let chunk = lmax.div_ceil(nsplit);
+                    let po = sc.get(d, "att_po", queries * nsplit * hd * F)?;
+                    let pml = sc.get(d, "att_pml", queries * nsplit * 2 * F)?;
+                    d.launch(
+                        "attn_partial",
+                        (queries as u32, nsplit as u32, 1),
+                        (128, 1, 1),
+                        0,
+                        &[
+                            Arg::Ptr(q),
+                            Arg::Ptr(k.ptr()),
+                            Arg::Ptr(v.ptr()),
+                            Arg::Ptr(po),
+                            Arg::Ptr(pml),
+                            i(nh),
+                            i(nkv),
+                            i(hd),
+                            i(pos0),
+                            i(chunk),
+                            i(nsplit),
+                            f(1.0 / (hd as f32).sqrt()),
+                        ],
+                    )?;
+                    let ao = sc.get(d, "att_o", queries * hd * F)?;
+                    d.launch(
+                        "attn_combine",
+                        (queries as u32, 1, 1),
+                        (256, 1, 1),
+                        0,
+                        &[
+                            Arg::Ptr(po),
+                            Arg::Ptr(pml),
+                            Arg::Ptr(proj),
+                            i(p),
+                            Arg::Ptr(ao),
+                            i(nh),
+                            i(hd),
+                            i(nsplit),
+                        ],
+                    )?;
+                    self.linear(sc, ao, t, o_proj, mixed, false)?;
+                }
+                _ => bail!("layer state does not match the layer kind"),
+            }
+            let nel = t * h;
+            d.launch(
+                "add_inplace",
+                ((nel as u32).div_ceil(256), 1, 1),
+                (256, 1, 1),
+                0,
+                &[Arg::Ptr(x), Arg::Ptr(mixed), Arg::I64(nel as i64)],
+            )?;
+            self.rmsnorm(x, h, &layer.post_norm, n, h, t, h)?;
+            match &layer.mlp {
+                DMlp::Dense { gate_up, down } => {
+                    let inter = down.cols;
+                    let gu = sc.get(d, "gu", t * 2 * inter * F)?;
+                    self.linear(sc, n, t, gate_up, gu, false)?;
+                    let act = sc.get(d, "act", t * inter * F)?;
+                    d.launch(
+                        "silu_mul",
+                        ((inter as u32).div_ceil(256), t as u32, 1),
+                        (256, 1, 1),
+                        0,
+                        &[
+                            Arg::Ptr(gu),
+                            i(2 * inter),
+                            i(0),
+                            i(inter),
+                            Arg::Ptr(act),
+                            i(inter),
+                            i(t),
+                        ],
+                    )?;
+                    self.linear(sc, act, t, down, x, true)?;
+                }
+                DMlp::Moe {
+                    input,
+                    gate_up,
+                    down,
+                    shared_down,
+                } => {
+                    let (e, k, inter, sh) = mlp_dims(c);
+                    let p = input.rows;
+                    let inp = sc.get(d, "moe_in", t * p * F)?;
+                    self.linear(sc, n, t, input, inp, false)?;
+                    // Shared expert, gated.
+                    let act_s = sc.get(d, "act_s", t * sh * F)?;
+                    d.launch(
+                        "silu_mul",
+                        ((sh as u32).div_ceil(256), t as u32, 1),
+                        (256, 1, 1),
+                        0,
+                        &[
+                            Arg::Ptr(inp),
+                            i(p),
+                            i(e + 1),
+                            i(e + 1 + sh),
+                            Arg::Ptr(act_s),
+                            i(sh),
+                            i(t),
+                        ],
+                    )?;
+                    self.linear(sc, act_s, t, shared_down, mixed, false)?;
+                    d.launch(
+                        "add_sigmoid_scaled",
+                        ((h as u32).div_ceil(256), t as u32, 1),
+                        (256, 1, 1),
+                        0,
+                        &[
+                            Arg::Ptr(x),
+                            Arg::Ptr(mixed),
+                            Arg::Ptr(inp + (e * F) as u64),
+                            i(p),
+                            i(t),
+                            i(h),
+                        ],
+                    )?;
+                    // Router.
+                    let idx = sc.get(d, "moe_idx", t * k * 4)?;
+                    let wts = sc.get(d, "moe_w", t * k * F)?;
+                    d.launch(
+                        "router_topk",
+                        (t as u32, 1, 1),
+                        (256, 1, 1),
+                        0,
+                        &[
+                            Arg::Ptr(inp),
+                            i(p),
+                            i(e),
+                            i(k),
+                            Arg::Ptr(idx),
+                            Arg::Ptr(wts),
+                        ],
+                    )?;
+                    if t == 1 {
+                        let gu = sc.get(d, "gu", k * 2 * inter * F)?;
+                        d.launch(
+                            "moe_gemv_gate_up",
+                            (((2 * inter) as u32).div_ceil(8), k as u32, 1),
+                            (256, 1, 1),
+                            0,
+                            &[
+                                Arg::Ptr(gate_up.ptr()),
+                                Arg::Ptr(n),
+                                Arg::Ptr(idx),
+                                Arg::Ptr(gu),
+                                i(2 * inter),
+                                i(h),
+                            ],
+                        )?;
+                        let act = sc.get(d, "act", k * inter * F)?;
+                        d.launch(
+                            "silu_mul",
+                            ((inter as u32).div_ceil(256), k as u32, 1),
+                            (256, 1, 1),
+                            0,
+                            &[
+                                Arg::Ptr(gu),
+                                i(2 * inter),
+                                i(0),
+                                i(inter),
+                                Arg::Ptr(act),
+                                i(inter),
+                                i(k),
+                            ],
+                        )?;
+                        d.launch(
+                            "moe_gemv_down",
+                            ((h as u32).div_ceil(8), 1, 1),
+                            (256, 1, 1),
+                            0,
+                            &[
+                                Arg::Ptr(down.ptr()),
+                                Arg::Ptr(act),
+                                Arg::Ptr(idx),
+                                Arg::Ptr(wts),
+                                Arg::Ptr(x),
+                                i(k),
+                                i(h),
+                                i(inter),
+                            ],
+                        )?;
+                    } else {
+                        self.moe_grouped(sc, t, e, k, inter, n, x, idx, wts, gate_up, down)?;
+                    }
+                }
+            }
+        }
+        // Final norm of the last token only.
+        let last = x + ((t - 1) * h * F) as u64;
+        let nf = sc.get(d, "final", h * F)?;
+        self.rmsnorm(last, h, &self.norm, nf, h, 1, h)?;
+        seq.pos += t;
+        Ok(nf)
+    }
+
+    /// Prefill experts: route on the device, copy the plan back, then per expert
+    /// gather its tokens, two GEMMs, and a weighted scatter-add into the residual.
+    #[allow(clippy::too_many_arguments)]
+    fn moe_grouped(
+        &self,
+        sc: &mut Scratch,
+        t: usize,
+        e: usize,
+        k: usize,
+        inter: usize,
+        n: u64,
+        x: u64,
+        idx: u64,
+        wts: u64,
+        gate_up: &DBuf,
+        down: &DBuf,
+    ) -> Result<()> {
+        let d = &self.dev;
+        let h = self.cfg.hidden_size;
+        let mut hidx = vec![0i32; t * k];
+        let mut hw = vec![0f32; t * k];
+        d.dtoh(&mut hidx, idx)?;
+        d.dtoh(&mut hw, wts)?;
+        let mut rows: Vec<Vec<(i32, f32)>> = vec![Vec::new(); e];
+        for (j, (&ex, &w)) in hidx.iter().zip(&hw).enumerate() {
+            if ex < 0 || ex as usize >= e {
+                bail!("router produced expert {ex} (of {e}): non-finite activations?");
+            }
+            rows[ex as usize].push(((j / k) as i32, w));
+        }
+        let mut plan_rows = Vec::with_capacity(t * k);
+        let mut plan_w = Vec::with_capacity(t * k);
+        let mut spans = Vec::new();
+        for (ex, r) in rows.iter().enumerate() {
+            if r.is_empty() {
+                continue;
+            }
+            spans.push((ex, plan_rows.len(), r.len()));
+            plan_rows.extend(r.iter().map(|p| p.0));
+            plan_w.extend(r.iter().map(|p| p.1));
+        }
+        let pr = sc.get(d, "plan_rows", plan_rows.len() * 4)?;
+        let pw = sc.get(d, "plan_w", plan_w.len() * F)?;
+        d.htod(pr, &plan_rows)?;
+        d.htod(pw, &plan_w)?;
+        let maxn = spans.iter().map(|s| s.2).max().unwrap_or(0);
+        let xe = sc.get(d, "xe", maxn * h * F)?;
+        let gu = sc.get(d, "gu", maxn * 2 * inter * F)?;
+        let act = sc.get(d, "act", maxn * inter * F)?;
+        let ye = sc.get(d, "ye", maxn * h * F)?;
+        for (ex, start, cnt) in spans {
+            let r = pr + (start * 4) as u64;
+            let w = pw + (start * F) as u64;
+            d.launch(
+                "gather_rows",
+                ((h as u32).div_ceil(256), cnt as u32, 1),
+                (256, 1, 1),
+                0,
+                &[Arg::Ptr(n), i(h), Arg::Ptr(r), i(cnt), i(h), Arg::Ptr(xe)],
+            )?;
+            self.linear_raw(
+                sc,
+                xe,
+                cnt,
+                gate_up.at(ex * 2 * inter * h * B),
+                2 * inter,
+                h,
+                gu,
+                false,
+            )?;
+            d.launch(
+                "silu_mul",
+                ((inter as u32).div_ceil(256), cnt as u32, 1),
+                (256, 1, 1),
+                0,
+                &[
+                    Arg::Ptr(gu),
+                    i(2 * inter),
+                    i(0),
+                    i(inter),
+                    Arg::Ptr(act),
+                    i(inter),
+                    i(cnt),
+                ],
+            )?;
+            self.linear_raw(
+                sc,
+                act,
+                cnt,
+                down.at(ex * h * inter * B),
+                h,
+                inter,
+                ye,
+                false,
+            )?;
+            d.launch(
+                "scatter_add_rows",
+                ((h as u32).div_ceil(256), cnt as u32, 1),
+                (256, 1, 1),
+                0,
+                &[
+                    Arg::Ptr(ye),
+                    Arg::Ptr(r),
+                    Arg::Ptr(w),
+                    i(cnt),
+                    i(h),
+                    Arg::Ptr(x),
+                ],
+            )?;
+        }
+        Ok(())
+    }
+
+    /// Greedy token and its log-probability computed on the device from the last
+    /// forward's logits buffer (no full copy): `(token, logprob)`.
+    pub fn forward_greedy(&self, seq: &mut GpuSequence, tokens: &[u32]) -> Result<(u32, f32)> {
+        let mut sc = self.scratch.lock().unwrap();
+        self.dev.bind()?;
+        let logits = self.logits_device(seq, tokens, &mut sc)?;
+        let st = sc.get(&self.dev, "stats", 16)?;
+        self.dev.launch(
+            "logits_stats",
+            (1, 1, 1),
+            (1024, 1, 1),
+            0,
+            &[Arg::Ptr(logits), i(self.cfg.vocab_size), Arg::Ptr(st)],
+        )?;
+        let mut out = [0f32; 3];
+        self.dev.dtoh(&mut out, st)?;
+        let tok = out[0].to_bits();
+        Ok((tok, -out[2]))
+    }
+
+    fn logits_device(
+        &self,
+        seq: &mut GpuSequence,
+        tokens: &[u32],
+        sc: &mut Scratch,
+    ) -> Result<u64> {
+        if tokens.is_empty() {
+            bail!("forward needs at least one token");
+        }
+        let c = &self.cfg;
+        for &t in tokens {
+            if t as usize >= c.vocab_size {
+                bail!(
+                    "token id {t} is out of range (vocabulary size {})",
+                    c.vocab_size
+                );
+            }
+        }
+        if seq.pos + tokens.len() > c.max_position_embeddings.min(self.max_len) {
+            bail!(
+                "sequence of {} tokens exceeds the context limit {}",
+                seq.pos + tokens.len(),
+                c.max_position_embeddings.min(self.max_len)
+            );
+        }
+        let nf = self.run(seq, tokens, sc)?;
+        let logits = sc.get(&self.dev, "logits", c.vocab_size * F)?;
+        self.linear(sc, nf, 1, self.lm_head(), logits, false)?;
+        Ok(logits)
+    }
+}
+
+impl Backend for GpuModel {
+    type Sequence = GpuSequence;
+
+    fn name(&self) -> &'static str {
+        "cuda"
+    }
+
+    fn config(&self) -> &ModelConfig {
+        &self.cfg
+    }
+
+    fn new_sequence(&self) -> GpuSequence {
+        GpuSequence {
+            pos: 0,
+            cap: 0,
+            layers: Vec::new(),
+        }
+    }
+
+    fn position(&self, seq: &GpuSequence) -> usize {
+        seq.pos
+    }
+
+    fn forward(&self, seq: &mut GpuSequence, tokens: &[u32]) -> Result<Vec<f32>> {
+        let mut sc = self.scratch.lock().unwrap();
+        self.dev.bind()?;
+        let logits = self.logits_device(seq, tokens, &mut sc)?;
+        let mut out = vec![0f32; self.cfg.vocab_size];
+        self.dev.dtoh(&mut out, logits)?;
+        Ok(out)
+    }
+}
+
+/// Host-side bf16 helper for tests.
+pub fn to_bf16(v: &[f32]) -> Vec<bf16> {
+    v.iter().map(|&x| bf16::from_f32(x)).collect()
+}

@@ -1,0 +1,220 @@
+// Elementwise ops, norms, the batch-1 GEMV, a portable tiled GEMM, and the
+// seeded weight generator. Activations f32, weights bf16, f32 accumulation.
+#include "compat.h"
+
+// out[t, :] = bf16 embedding row tokens[t], as f32.
+QW_KERNEL void embed_gather(const bf16_t* __restrict__ emb, const unsigned int* __restrict__ tokens,
+                            float* __restrict__ out, int T, int H) {
+    int t = blockIdx.x;
+    const bf16_t* row = emb + (size_t)tokens[t] * H;
+    for (int i = threadIdx.x; i < H; i += blockDim.x) out[(size_t)t * H + i] = bf2f(row[i]);
+}
+
+// out[r] = x[r] * rsqrt(mean(x[r]^2) + eps) * w   (w already holds 1+w for Qwen's norms).
+// One block per row; in/out rows have their own strides (may alias when equal).
+QW_KERNEL void QW_BOUNDS(256) rmsnorm(const float* x, int x_stride, const float* __restrict__ w,
+                                      float* out, int out_stride, int rows, int dim, float eps) {
+    __shared__ float scratch[32];
+    int r = blockIdx.x;
+    if (r >= rows) return;
+    const float* xr = x + (size_t)r * x_stride;
+    float ss = 0.f;
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) ss += xr[i] * xr[i];
+    ss = block_sum(ss, scratch);
+    float inv = rsqrtf(ss / dim + eps);
+    float* o = out + (size_t)r * out_stride;
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) o[i] = xr[i] * inv * w[i];
+}
+
+// x += y, n elements.
+QW_KERNEL void add_inplace(float* __restrict__ x, const float* __restrict__ y, long long n) {
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) x[i] += y[i];
+}
+
+// x[t, :] += sigmoid(g[t * g_stride]) * y[t, :]  (the shared expert's gate).
+QW_KERNEL void add_sigmoid_scaled(float* __restrict__ x, const float* __restrict__ y,
+                                  const float* __restrict__ g, int g_stride, int T, int H) {
+    int t = blockIdx.y;
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < H && t < T) x[(size_t)t * H + i] += sigmoid_f(g[(size_t)t * g_stride]) * y[(size_t)t * H + i];
+}
+
+QW_KERNEL void f32_to_bf16(const float* __restrict__ x, bf16_t* __restrict__ y, long long n) {
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] = f2bf(x[i]);
+}
+
+// out[r, i] = silu(in[r, gate_off + i]) * in[r, up_off + i], i < I.
+QW_KERNEL void silu_mul(const float* __restrict__ in, int in_stride, int gate_off, int up_off,
+                        float* __restrict__ out, int I, int rows) {
+    int r = blockIdx.y;
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < I && r < rows) {
+        const float* row = in + (size_t)r * in_stride;
+        out[(size_t)r * I + i] = silu_f(row[gate_off + i]) * row[up_off + i];
+    }
+}
+
+// Dot product of a bf16 row with an f32 vector by one warp; 16-byte loads when aligned.
+__device__ __forceinline__ float warp_dot(const bf16_t* __restrict__ w, const float* __restrict__ x, int n) {
+    int lane = threadIdx.x % WARP;
+    float acc = 0.f;
+    if (((n & 7) == 0) && ((((size_t)w) & 15) == 0) && ((((size_t)x) & 15) == 0)) {
+        const uint4* w4 = (const uint4*)w;
+        const float4* x4 = (const float4*)x;
+        int n8 = n >> 3;
+        for (int c = lane; c < n8; c += WARP) {
+            uint4 wv = w4[c];
+            float4 a = x4[2 * c], b = x4[2 * c + 1];
+            acc += bf_lo(wv.x) * a.x + bf_hi(wv.x) * a.y + bf_lo(wv.y) * a.z + bf_hi(wv.y) * a.w;
+            acc += bf_lo(wv.z) * b.x + bf_hi(wv.z) * b.y + bf_lo(wv.w) * b.z + bf_hi(wv.w) * b.w;
+        }
+    } else {
+        for (int c = lane; c < n; c += WARP) acc += bf2f(w[c]) * x[c];
+    }
+    return warp_sum(acc);
+}
+
+// y[t, r] (+)= W[r, :] . x[t, :] for t < T (T small: one weight pass per token;
+// memory-bound at T = 1). One warp per row, blockDim.x / WARP rows per block.
+QW_KERNEL void QW_BOUNDS(256) gemv_bf16(const bf16_t* __restrict__ W, const float* __restrict__ x,
+                                        float* __restrict__ y, int rows, int cols, int T, int accumulate) {
+    int r = blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WARP;
+    int t = blockIdx.y;
+    if (r >= rows) return;
+    float v = warp_dot(W + (size_t)r * cols, x + (size_t)t * cols, cols);
+    if (threadIdx.x % WARP == 0) {
+        float* o = y + (size_t)t * rows + r;
+        *o = accumulate ? *o + v : v;
+    }
+}
+
+// Portable tiled GEMM: Y[T, R] (+)= X[T, C] (f32) . W[R, C]^T (bf16), f32 math.
+// 64x64 output tile per 256-thread block, 4x4 per thread.
+#define GT 64
+#define GK 16
+QW_KERNEL void QW_BOUNDS(256) gemm_tiled(const float* __restrict__ X, const bf16_t* __restrict__ W,
+                                         float* __restrict__ Y, int T, int R, int C, int accumulate) {
+    __shared__ float xs[GK][GT + 1];
+    __shared__ float ws[GK][GT + 1];
+    int t0 = blockIdx.y * GT, r0 = blockIdx.x * GT;
+    int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
+    float acc[4][4];
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+#pragma unroll
+        for (int j = 0; j < 4; j++) acc[i][j] = 0.f;
+    for (int k0 = 0; k0 < C; k0 += GK) {
+        for (int e = threadIdx.x; e < GK * GT; e += 256) {
+            int row = e / GK, kk = e % GK;
+            int t = t0 + row, r = r0 + row, k = k0 + kk;
+            xs[kk][row] = (t < T && k < C) ? X[(size_t)t * C + k] : 0.f;
+            ws[kk][row] = (r < R && k < C) ? bf2f(W[(size_t)r * C + k]) : 0.f;
+        }
+        __syncthreads();
+#pragma unroll
+        for (int kk = 0; kk < GK; kk++) {
+            float a[4], b[4];
+#pragma unroll
+            for (int i = 0; i < 4; i++) a[i] = xs[kk][ty * 4 + i];
+#pragma unroll
+            for (int j = 0; j < 4; j++) b[j] = ws[kk][tx * 4 + j];
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+#pragma unroll
+                for (int j = 0; j < 4; j++) acc[i][j] += a[i] * b[j];
+        }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        int t = t0 + ty * 4 + i;
+        if (t >= T) continue;
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            int r = r0 + tx * 4 + j;
+            if (r < R) {
+                float* o = Y + (size_t)t * R + r;
+                *o = accumulate ? *o + acc[i][j] : acc[i][j];
+            }
+        }
+    }
+}
+
+// dst[i, :] = src[rows[i] * src_stride + (0..dim)]
+QW_KERNEL void gather_rows(const float* __restrict__ src, int src_stride, const int* __restrict__ rows,
+                           int n, int dim, float* __restrict__ dst) {
+    int i = blockIdx.y;
+    int d = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n && d < dim) dst[(size_t)i * dim + d] = src[(size_t)rows[i] * src_stride + d];
+}
+
+// dst[rows[i], :] += w[i] * src[i, :]   (rows distinct within one launch).
+QW_KERNEL void scatter_add_rows(const float* __restrict__ src, const int* __restrict__ rows,
+                                const float* __restrict__ w, int n, int dim, float* __restrict__ dst) {
+    int i = blockIdx.y;
+    int d = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n && d < dim) dst[(size_t)rows[i] * dim + d] += w[i] * src[(size_t)i * dim + d];
+}
+
+// Seeded weights generated on the device: splitmix64 of (seed, index) -> uniform
+// in [-1, 1) * scale + offset.
+__device__ __forceinline__ float hash_uniform(unsigned long long seed, unsigned long long i) {
+    unsigned long long z = seed + (i + 1) * 0x9E3779B97F4A7C15ull;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    return (float)(z >> 40) * (1.0f / 8388608.0f) - 1.0f;
+}
+
+QW_KERNEL void fill_uniform_bf16(bf16_t* __restrict__ p, long long n, unsigned long long seed, float scale, float offset) {
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    long long stride = (long long)gridDim.x * blockDim.x;
+    for (; i < n; i += stride) p[i] = f2bf(hash_uniform(seed, (unsigned long long)i) * scale + offset);
+}
+
+QW_KERNEL void fill_uniform_f32(float* __restrict__ p, long long n, unsigned long long seed, float scale, float offset) {
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    long long stride = (long long)gridDim.x * blockDim.x;
+    for (; i < n; i += stride) p[i] = hash_uniform(seed, (unsigned long long)i) * scale + offset;
+}
+
+// p[i] = log(1 + 7.5 (u + 1)) with u uniform in [-1, 1)  (A_log-like values).
+QW_KERNEL void fill_alog_f32(float* __restrict__ p, long long n, unsigned long long seed) {
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) p[i] = logf(1.f + 7.5f * (hash_uniform(seed, (unsigned long long)i) + 1.f));
+}
+
+// Greedy pick and log-softmax statistics of one logits row: out[0] = argmax (as
+// float bits of an int), out[1] = max, out[2] = log(sum(exp(x - max))).
+QW_KERNEL void QW_BOUNDS(1024) logits_stats(const float* __restrict__ x, int n, float* __restrict__ out) {
+    __shared__ float sv[32];
+    __shared__ int si[32];
+    __shared__ float scratch[32];
+    float best = -INFINITY;
+    int bi = 0x7fffffff;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        float v = x[i];
+        if (v > best) { best = v; bi = i; }
+    }
+    for (int m = WARP / 2; m > 0; m >>= 1) {
+        float ov = SHFL_XOR(best, m);
+        int oi = SHFL_XOR(bi, m);
+        if (ov > best || (ov == best && oi < bi)) { best = ov; bi = oi; }
+    }
+    int lane = threadIdx.x % WARP, w = threadIdx.x / WARP, nw = blockDim.x / WARP;
+    if (lane == 0) { sv[w] = best; si[w] = bi; }
+    __syncthreads();
+    best = sv[0]; bi = si[0];
+    for (int i = 1; i < nw; i++)
+        if (sv[i] > best || (sv[i] == best && si[i] < bi)) { best = sv[i]; bi = si[i]; }
+    float s = 0.f;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) s += expf(x[i] - best);
+    s = block_sum(s, scratch);
+    if (threadIdx.x == 0) {
+        out[0] = __int_as_float(bi);
+        out[1] = best;
+        out[2] = logf(s);
+    }
+}

@@ -1,0 +1,79 @@
+// Portability header: the CUDA/HIP common subset the Qwasi kernels are written in.
+// One source builds with nvcc (CUDA) and hipcc (HIP, RDNA wave32 or CDNA wave64).
+// bf16 is handled by hand with bit operations so no vendor bf16 header is needed
+// (ROCm 5.2 has no hip_bf16.h).
+#pragma once
+
+#if defined(__HIPCC__) || defined(__HIP_PLATFORM_AMD__) || defined(__HIP__)
+#include <hip/hip_runtime.h>
+#define QW_HIP 1
+// Every reduction in these kernels works on groups of 32 lanes, so they are also
+// correct on wave64 hardware (two independent groups per wavefront).
+#define WARP 32
+#define SHFL_XOR(v, m) __shfl_xor((v), (m), WARP)
+#else
+#include <cuda_runtime.h>
+#define QW_CUDA 1
+#define WARP 32
+#define SHFL_XOR(v, m) __shfl_xor_sync(0xffffffffu, (v), (m), WARP)
+#endif
+
+#define QW_KERNEL extern "C" __global__
+#define QW_BOUNDS(n) __launch_bounds__(n)
+
+typedef unsigned short bf16_t;
+
+__device__ __forceinline__ float bf2f(bf16_t x) {
+    return __uint_as_float(((unsigned int)x) << 16);
+}
+
+// Round to nearest even, NaN kept quiet.
+__device__ __forceinline__ bf16_t f2bf(float f) {
+    unsigned int u = __float_as_uint(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (bf16_t)0x7fc0;
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (bf16_t)(u >> 16);
+}
+
+// Low and high bf16 of a 32-bit word.
+__device__ __forceinline__ float bf_lo(unsigned int w) { return __uint_as_float(w << 16); }
+__device__ __forceinline__ float bf_hi(unsigned int w) { return __uint_as_float(w & 0xffff0000u); }
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int m = WARP / 2; m > 0; m >>= 1) v += SHFL_XOR(v, m);
+    return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+    for (int m = WARP / 2; m > 0; m >>= 1) v = fmaxf(v, SHFL_XOR(v, m));
+    return v;
+}
+
+// Sum over a block of blockDim.x threads (a multiple of WARP, at most 1024).
+__device__ __forceinline__ float block_sum(float v, float* scratch /* >= 32 floats */) {
+    int lane = threadIdx.x % WARP, w = threadIdx.x / WARP, nw = (blockDim.x + WARP - 1) / WARP;
+    v = warp_sum(v);
+    __syncthreads();
+    if (lane == 0) scratch[w] = v;
+    __syncthreads();
+    float t = 0.f;
+    for (int i = 0; i < nw; i++) t += scratch[i];
+    return t;
+}
+
+__device__ __forceinline__ float block_max(float v, float* scratch) {
+    int lane = threadIdx.x % WARP, w = threadIdx.x / WARP, nw = (blockDim.x + WARP - 1) / WARP;
+    v = warp_max(v);
+    __syncthreads();
+    if (lane == 0) scratch[w] = v;
+    __syncthreads();
+    float t = -INFINITY;
+    for (int i = 0; i < nw; i++) t = fmaxf(t, scratch[i]);
+    return t;
+}
+
+__device__ __forceinline__ float silu_f(float x) { return x / (1.f + expf(-x)); }
+__device__ __forceinline__ float sigmoid_f(float x) { return 1.f / (1.f + expf(-x)); }
+__device__ __forceinline__ float softplus_f(float x) { return x > 20.f ? x : log1pf(expf(x)); }
