@@ -16,6 +16,7 @@ use qwasi_engine::weights::Weights;
 use serde_json::json;
 use std::ops::ControlFlow;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 const EOS: u32 = 299;
@@ -52,6 +53,8 @@ fn model() -> Arc<CpuModel> {
 struct TestBackend {
     model: Arc<CpuModel>,
     delay: Duration,
+    /// Counts forward calls.
+    forwards: Arc<AtomicUsize>,
 }
 
 impl Backend for TestBackend {
@@ -69,6 +72,7 @@ impl Backend for TestBackend {
         self.model.position(seq)
     }
     fn forward(&self, seq: &mut CpuSequence, tokens: &[u32]) -> Result<Vec<f32>> {
+        self.forwards.fetch_add(1, Ordering::SeqCst);
         if !self.delay.is_zero() {
             std::thread::sleep(self.delay);
         }
@@ -99,6 +103,7 @@ fn service(delay_ms: u64, cfg: ServiceConfig) -> (EngineService, Arc<CpuModel>) 
     let backend = TestBackend {
         model: m.clone(),
         delay: Duration::from_millis(delay_ms),
+        forwards: Arc::default(),
     };
     (EngineService::start(backend, None, "tiny".into(), cfg), m)
 }
@@ -360,8 +365,14 @@ async fn waiting_past_the_timeout_answers_503() {
 
 #[tokio::test]
 async fn dropping_the_handle_cancels_within_a_step() {
-    const STEP: u64 = 40;
-    let (svc, _) = service(STEP, base_cfg());
+    const STEP: u64 = 100;
+    let forwards = Arc::new(AtomicUsize::new(0));
+    let backend = TestBackend {
+        model: model(),
+        delay: Duration::from_millis(STEP),
+        forwards: forwards.clone(),
+    };
+    let svc = EngineService::start(backend, None, "tiny".into(), base_cfg());
     let a = svc
         .submit(req(&[1, 2, 3], 1000), SubmitOptions::default())
         .await
@@ -374,13 +385,22 @@ async fn dropping_the_handle_cancels_within_a_step() {
     });
     until(|| svc.stats().queued == 1).await;
     let t = Instant::now();
+    let at_cancel = forwards.load(Ordering::SeqCst);
     drop(a);
     let (h, started_at) = b.await.unwrap();
     let mut h = h.unwrap();
     let latency = started_at - t;
-    // At most the decode step in flight, plus scheduling slack.
+    // A ran at most the decode step in flight after the cancel (B's prefill
+    // may have begun too) ...
+    let after = forwards.load(Ordering::SeqCst) - at_cancel;
     assert!(
-        latency < Duration::from_millis(STEP * 4),
+        after <= 1,
+        "{after} forward passes between the cancel and B's start"
+    );
+    // ... so B started within about one step (plus scheduling slack on a
+    // busy machine), not after A's 1000 tokens.
+    assert!(
+        latency < Duration::from_millis(STEP * 3),
         "the next request started {latency:?} after the cancel"
     );
     assert_eq!(tokens(&collect(&mut h).await).len(), 3);
@@ -721,6 +741,7 @@ async fn detokenized_text_matches_the_tokenizer() {
     let backend = TestBackend {
         model: model(),
         delay: Duration::ZERO,
+        forwards: Arc::default(),
     };
     let svc = EngineService::start(backend, Some(tok.clone()), "tiny".into(), base_cfg());
     let r = GenerateRequest {

@@ -460,12 +460,14 @@ struct Abandon<'a> {
 
 impl Drop for Abandon<'_> {
     fn drop(&mut self) {
-        if self.armed && self.job.abandon() {
-            self.queue.remove(&self.job);
+        if !self.armed {
+            return;
         }
-        // If the worker won the race the request already runs; `job` has no
-        // handle, so the worker sees it as cancelled at its first token.
-        if self.armed && !self.job.is_abandoned() {
+        if self.job.abandon() {
+            self.queue.remove(&self.job);
+        } else {
+            // The worker won the race: the request already runs but nobody
+            // will hold its handle, so it stops at its first token.
             self.job.cancel();
         }
     }

@@ -59,11 +59,10 @@ impl Job {
             return false;
         }
         if let Some(tx) = lock(&self.started_tx).take() {
-            // The receiver may be gone (submit dropped in the same instant);
-            // then nobody holds a handle and the first token cancels.
-            if tx.send(()).is_err() {
-                self.cancel();
-            }
+            // The receiver may be gone: either `submit` timed out in the same
+            // instant (it then sees `abandon` fail and returns the handle
+            // anyway) or `submit` was dropped (its guard cancels the job).
+            let _ = tx.send(());
         }
         true
     }
@@ -199,8 +198,8 @@ impl Queue {
     pub fn finish(&self, publish: impl FnOnce()) {
         let mut s = lock(&self.state);
         s.running = s.running.saturating_sub(1);
-        publish();
         self.mirror(&s);
+        publish();
         self.notify_if_idle(&s);
     }
 
