@@ -74,10 +74,6 @@ impl Job {
             .is_ok()
     }
 
-    pub fn is_abandoned(&self) -> bool {
-        self.state.load(Ordering::Acquire) == ABANDONED
-    }
-
     pub fn cancel(&self) {
         self.cancelled.store(true, Ordering::Release);
     }
