@@ -83,6 +83,9 @@ impl<B: Backend> Worker<B> {
         let outcome = catch_unwind(AssertUnwindSafe(|| self.generate(job)));
         let (reason, terminal) = match outcome {
             Ok(Ok(f)) => {
+                // Prefix cache: commit the request's new snapshots here when
+                // `f.reason` is Stop or Length; failure and cancellation
+                // leave the cache exactly as it was.
                 let usage = Usage {
                     prompt_tokens: job.req.prompt.len() as u32,
                     completion_tokens: f.completion_tokens as u32,
@@ -124,11 +127,13 @@ impl<B: Backend> Worker<B> {
     }
 
     /// Hook for the prefix cache: the deepest snapshot matching `prompt`
-    /// under `salt`, as (sequence resumed at that position, logits there
-    /// when the snapshot covers the whole prompt, tokens reused). Without a
-    /// cache: a fresh sequence, nothing reused, and no hit/miss recorded. A
-    /// request's own snapshots should be committed only once it finishes
-    /// successfully (see the design's prefix-cache section).
+    /// under `salt`, as a sequence resumed at that position plus the number
+    /// of prompt tokens it covers (`start` always runs at least the last
+    /// prompt token, so the prefill yields fresh logits). The cache would
+    /// record its hit/miss with `Metrics::record_prefix_lookup` here. Without
+    /// a cache: a fresh sequence, nothing reused, nothing recorded.
+    /// A request's own snapshots are to be committed in `run` only on
+    /// success (see the design's prefix-cache section).
     fn lookup_prefix(&self, _prompt: &[u32], _salt: Option<&str>) -> PrefixMatch<B::Sequence> {
         PrefixMatch {
             seq: self.backend.new_sequence(),
