@@ -2,6 +2,7 @@
 
 use crate::config::ModelConfig;
 use anyhow::Result;
+use std::any::Any;
 
 pub trait Backend: Send + Sync {
     /// A sequence's device-side state (KV cache, GDN states, position).
@@ -16,4 +17,38 @@ pub trait Backend: Send + Sync {
     /// Appends `tokens` (at least one) to the sequence and returns the logits
     /// (`vocab_size` f32) that predict the token after the last one.
     fn forward(&self, seq: &mut Self::Sequence, tokens: &[u32]) -> Result<Vec<f32>>;
+
+    /// Appends `tokens` (at least one) without computing logits (prefill
+    /// segments that end at a snapshot point). Same state as `forward`.
+    fn extend(&self, seq: &mut Self::Sequence, tokens: &[u32]) -> Result<()> {
+        self.forward(seq, tokens).map(|_| ())
+    }
+
+    /// Prefix cache: an immutable snapshot of `seq` at its current position
+    /// (recurrent states copied, KV pages shared copy-on-write), or `None`
+    /// when the backend does not support snapshots (the default; the prefix
+    /// cache is then simply never populated).
+    fn snapshot(&self, _seq: &Self::Sequence) -> Option<Box<dyn SeqSnapshot>> {
+        None
+    }
+
+    /// A new sequence resumed from a snapshot this backend made, or `None`
+    /// (not supported, or a snapshot of another backend).
+    fn restore(&self, _snap: &dyn SeqSnapshot) -> Option<Self::Sequence> {
+        None
+    }
+}
+
+/// A backend's immutable snapshot of a sequence at one position. The prefix
+/// cache stores these without knowing their layout; only the backend that
+/// made one can restore it (by downcasting `as_any`).
+pub trait SeqSnapshot: Any + Send + Sync {
+    /// Tokens covered.
+    fn position(&self) -> usize;
+    /// Bytes owned by this snapshot alone (recurrent + conv states).
+    fn private_bytes(&self) -> usize;
+    /// Shared, reference-counted pages it holds: `(page id, bytes)`. The
+    /// prefix cache counts a page held by several snapshots once.
+    fn pages(&self) -> Vec<(u64, usize)>;
+    fn as_any(&self) -> &dyn Any;
 }

@@ -13,6 +13,7 @@ pub mod generate;
 #[cfg(any(feature = "cuda", feature = "hip"))]
 pub mod gpu;
 pub mod model;
+pub mod prefix_cache;
 pub mod presets;
 pub mod sampling;
 pub mod service;

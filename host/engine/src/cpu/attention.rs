@@ -6,13 +6,158 @@ use super::ops::{dot, linear, rms_norm, sigmoid, softmax};
 use crate::config::ModelConfig;
 use crate::weights::AttentionWeights;
 use rayon::prelude::*;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
-/// KV cache of one attention layer: `[positions][kv_heads][head_dim]`, keys
-/// stored after norm and rotary embedding.
-#[derive(Clone, Default)]
+/// Tokens per KV page. 64 matches the GDN chunk, so a snapshot taken at a
+/// chunk boundary shares every page it covers and a request resuming from a
+/// snapshot inside a page copies at most 63 tokens' K/V of one page per layer
+/// (copy-on-write); pages are small enough that this copy is cheap and large
+/// enough that the per-page bookkeeping (one `Arc` per 64 tokens) is noise.
+pub const PAGE_TOKENS: usize = 64;
+
+/// Live-page accounting for one model's KV pages (tests check for leaks with it).
+#[derive(Default, Debug)]
+pub struct PageStats {
+    live_pages: AtomicUsize,
+    live_bytes: AtomicUsize,
+}
+
+impl PageStats {
+    /// KV pages currently allocated (held by sequences or snapshots).
+    pub fn live_pages(&self) -> usize {
+        self.live_pages.load(Ordering::SeqCst)
+    }
+    /// Bytes of those pages.
+    pub fn live_bytes(&self) -> usize {
+        self.live_bytes.load(Ordering::SeqCst)
+    }
+}
+
+static NEXT_PAGE_ID: AtomicU64 = AtomicU64::new(1);
+
+/// `PAGE_TOKENS` positions of one layer's K and V, `[token][kv_heads][head_dim]`
+/// each. Immutable while shared: writers go through `Arc::make_mut`, which
+/// copies a page that a snapshot (or another sequence) still references.
+pub struct KvPage {
+    /// Process-unique id (the prefix cache counts shared pages once by it).
+    id: u64,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    stats: Arc<PageStats>,
+}
+
+impl KvPage {
+    fn new(floats: usize, stats: Arc<PageStats>) -> Self {
+        Self::from_parts(vec![0.0; floats], vec![0.0; floats], stats)
+    }
+
+    fn from_parts(k: Vec<f32>, v: Vec<f32>, stats: Arc<PageStats>) -> Self {
+        stats.live_pages.fetch_add(1, Ordering::SeqCst);
+        stats
+            .live_bytes
+            .fetch_add((k.len() + v.len()) * 4, Ordering::SeqCst);
+        KvPage {
+            id: NEXT_PAGE_ID.fetch_add(1, Ordering::Relaxed),
+            k,
+            v,
+            stats,
+        }
+    }
+
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    pub fn bytes(&self) -> usize {
+        (self.k.len() + self.v.len()) * 4
+    }
+}
+
+impl Clone for KvPage {
+    /// A copy is a new page (new id, counted live).
+    fn clone(&self) -> Self {
+        Self::from_parts(self.k.clone(), self.v.clone(), self.stats.clone())
+    }
+}
+
+impl Drop for KvPage {
+    fn drop(&mut self) {
+        self.stats.live_pages.fetch_sub(1, Ordering::SeqCst);
+        self.stats
+            .live_bytes
+            .fetch_sub(self.bytes(), Ordering::SeqCst);
+    }
+}
+
+/// KV cache of one attention layer: positions `0..len` in fixed-size pages of
+/// `PAGE_TOKENS`, keys stored after norm and rotary embedding. Cloning shares
+/// the pages (reference counts); appending copies a shared tail page first.
+#[derive(Clone)]
 pub struct KvCache {
-    pub k: Vec<f32>,
-    pub v: Vec<f32>,
+    pages: Vec<Arc<KvPage>>,
+    len: usize,
+    /// Floats per position: `kv_heads * head_dim`.
+    row: usize,
+    stats: Arc<PageStats>,
+}
+
+impl KvCache {
+    pub fn new(cfg: &ModelConfig, stats: Arc<PageStats>) -> Self {
+        KvCache {
+            pages: Vec::new(),
+            len: 0,
+            row: cfg.num_key_value_heads * cfg.head_dim,
+            stats,
+        }
+    }
+
+    /// True when this cache's pages are counted by `stats`.
+    pub fn shares_stats(&self, stats: &Arc<PageStats>) -> bool {
+        Arc::ptr_eq(&self.stats, stats)
+    }
+
+    /// Positions held.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The pages covering `0..len` (the last one possibly partial).
+    pub fn pages(&self) -> &[Arc<KvPage>] {
+        &self.pages
+    }
+
+    /// Appends one position's `[kv_heads * head_dim]` key and value.
+    fn push(&mut self, k: &[f32], v: &[f32]) {
+        let (page, off) = (self.len / PAGE_TOKENS, self.len % PAGE_TOKENS);
+        if page == self.pages.len() {
+            self.pages.push(Arc::new(KvPage::new(
+                PAGE_TOKENS * self.row,
+                self.stats.clone(),
+            )));
+        }
+        // Copy-on-write: a page shared with a snapshot is copied before it changes.
+        let p = Arc::make_mut(&mut self.pages[page]);
+        p.k[off * self.row..(off + 1) * self.row].copy_from_slice(k);
+        p.v[off * self.row..(off + 1) * self.row].copy_from_slice(v);
+        self.len += 1;
+    }
+
+    #[inline]
+    fn k_at(&self, pos: usize) -> &[f32] {
+        let off = (pos % PAGE_TOKENS) * self.row;
+        &self.pages[pos / PAGE_TOKENS].k[off..off + self.row]
+    }
+
+    #[inline]
+    fn v_at(&self, pos: usize) -> &[f32] {
+        let off = (pos % PAGE_TOKENS) * self.row;
+        &self.pages[pos / PAGE_TOKENS].v[off..off + self.row]
+    }
 }
 
 /// Rotary embedding tables for the first `rotary_dim` dims (rotate-half pairs `(i, i + rotary_dim/2)`).
@@ -63,7 +208,7 @@ pub fn forward(
         cfg.num_key_value_heads,
         cfg.head_dim,
     );
-    let pos0 = cache.k.len() / (nkv * hd);
+    let pos0 = cache.len();
 
     let qg = linear(x, &w.q_proj);
     let mut k = linear(x, &w.k_proj);
@@ -88,12 +233,14 @@ pub fn forward(
             rope.apply(head, pos0 + t);
         }
     }
-    cache.k.extend_from_slice(&k);
-    cache.v.extend_from_slice(&v);
+    let row = nkv * hd;
+    for t in 0..t_len {
+        cache.push(&k[t * row..(t + 1) * row], &v[t * row..(t + 1) * row]);
+    }
 
     let scale = 1.0 / (hd as f32).sqrt();
     let group = nh / nkv;
-    let (kc, vc) = (&cache.k, &cache.v);
+    let kc: &KvCache = cache;
     let mut o = vec![0f32; t_len * nh * hd];
     o.par_chunks_mut(hd).enumerate().for_each(|(idx, out)| {
         let (t, head) = (idx / nh, idx % nh);
@@ -101,14 +248,14 @@ pub fn forward(
         let qv = &q[idx * hd..(idx + 1) * hd];
         let n = pos0 + t + 1; // causal: keys 0..=pos
         let mut scores: Vec<f32> = (0..n)
-            .map(|s| dot(qv, &kc[(s * nkv + kvh) * hd..(s * nkv + kvh + 1) * hd]) * scale)
+            .map(|s| dot(qv, &kc.k_at(s)[kvh * hd..(kvh + 1) * hd]) * scale)
             .collect();
         softmax(&mut scores);
         out.fill(0.0);
         for (s, p) in scores.iter().enumerate() {
             for (o, vv) in out
                 .iter_mut()
-                .zip(&vc[(s * nkv + kvh) * hd..(s * nkv + kvh + 1) * hd])
+                .zip(&kc.v_at(s)[kvh * hd..(kvh + 1) * hd])
             {
                 *o += p * vv;
             }

@@ -6,12 +6,14 @@ pub mod gdn;
 pub mod mlp;
 pub mod ops;
 
-use crate::backend::Backend;
+use crate::backend::{Backend, SeqSnapshot};
 use crate::config::{MlpConfig, ModelConfig};
 use crate::weights::{Mixer, Weights};
 use anyhow::{Result, bail};
-use attention::{KvCache, Rope};
+use attention::{KvCache, PageStats, Rope};
 use gdn::{GdnPrefill, GdnState};
+use std::any::Any;
+use std::sync::Arc;
 
 pub struct CpuModel {
     cfg: ModelConfig,
@@ -19,9 +21,12 @@ pub struct CpuModel {
     rope: Rope,
     /// How multi-token passes run the GDN recurrence (chunked unless a test asks).
     pub gdn_prefill: GdnPrefill,
+    /// Live KV pages of this model's sequences and snapshots.
+    pages: Arc<PageStats>,
 }
 
 /// One sequence's caches: GDN states for linear layers, KV for attention layers.
+/// Cloning copies the GDN states and shares the KV pages (copy-on-write).
 #[derive(Clone)]
 pub struct CpuSequence {
     pos: usize,
@@ -38,6 +43,52 @@ impl CpuSequence {
     pub fn position(&self) -> usize {
         self.pos
     }
+
+    /// Bytes of the GDN recurrent + conv states (copied by a snapshot).
+    fn state_bytes(&self) -> usize {
+        self.layers
+            .iter()
+            .map(|l| match l {
+                LayerCache::Gdn(st) => (st.conv.len() + st.s.len()) * 4,
+                LayerCache::Attention(_) => 0,
+            })
+            .sum()
+    }
+}
+
+/// A snapshot of a [`CpuSequence`]: its own copy of the GDN states and
+/// references to the KV pages covering `0..pos`. Never mutated: a sequence
+/// restored from it appends into copies of shared pages.
+pub struct CpuSnapshot {
+    seq: CpuSequence,
+    state_bytes: usize,
+}
+
+impl SeqSnapshot for CpuSnapshot {
+    fn position(&self) -> usize {
+        self.seq.pos
+    }
+
+    fn private_bytes(&self) -> usize {
+        self.state_bytes
+    }
+
+    fn pages(&self) -> Vec<(u64, usize)> {
+        self.seq
+            .layers
+            .iter()
+            .filter_map(|l| match l {
+                LayerCache::Attention(kv) => Some(kv.pages()),
+                LayerCache::Gdn(_) => None,
+            })
+            .flatten()
+            .map(|p| (p.id(), p.bytes()))
+            .collect()
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
 }
 
 impl CpuModel {
@@ -47,7 +98,13 @@ impl CpuModel {
             cfg,
             weights,
             gdn_prefill: GdnPrefill::Chunked,
+            pages: Arc::default(),
         }
+    }
+
+    /// Live KV pages (and their bytes) of this model's sequences and snapshots.
+    pub fn page_stats(&self) -> &PageStats {
+        &self.pages
     }
 
     pub fn weights(&self) -> &Weights {
@@ -136,7 +193,9 @@ impl Backend for CpuModel {
             .iter()
             .map(|l| match l.mixer {
                 Mixer::Gdn(_) => LayerCache::Gdn(GdnState::new(&self.cfg)),
-                Mixer::Attention(_) => LayerCache::Attention(KvCache::default()),
+                Mixer::Attention(_) => {
+                    LayerCache::Attention(KvCache::new(&self.cfg, self.pages.clone()))
+                }
             })
             .collect();
         CpuSequence { pos: 0, layers }
@@ -153,5 +212,30 @@ impl Backend for CpuModel {
         let x = self.hidden(seq, tokens)?;
         let h = self.cfg.hidden_size;
         Ok(ops::linear(&x[x.len() - h..], self.weights.lm_head()))
+    }
+
+    fn extend(&self, seq: &mut CpuSequence, tokens: &[u32]) -> Result<()> {
+        if tokens.is_empty() {
+            bail!("extend needs at least one token");
+        }
+        self.hidden(seq, tokens).map(|_| ())
+    }
+
+    fn snapshot(&self, seq: &CpuSequence) -> Option<Box<dyn SeqSnapshot>> {
+        Some(Box::new(CpuSnapshot {
+            state_bytes: seq.state_bytes(),
+            seq: seq.clone(),
+        }))
+    }
+
+    fn restore(&self, snap: &dyn SeqSnapshot) -> Option<CpuSequence> {
+        let snap = snap.as_any().downcast_ref::<CpuSnapshot>()?;
+        // Only a snapshot of this model's geometry (page accounting included).
+        let same = snap.seq.layers.len() == self.weights.layers.len()
+            && snap.seq.layers.iter().all(|l| match l {
+                LayerCache::Attention(kv) => kv.shares_stats(&self.pages),
+                LayerCache::Gdn(_) => true,
+            });
+        same.then(|| snap.seq.clone())
     }
 }

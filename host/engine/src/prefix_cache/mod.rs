@@ -1,0 +1,289 @@
+//! The prefix cache: per `cache_salt`, a radix tree (token ids) of immutable
+//! sequence snapshots, with transactional commits, a byte budget and LRU
+//! eviction of whole snapshots.
+//!
+//! * **Lookup** ([`PrefixCache::lookup`]) returns the deepest snapshot whose
+//!   tokens are a prefix of the prompt and strictly shorter than it (at least
+//!   one prompt token must run to produce logits), as a [`Lease`] that pins the
+//!   snapshot (never evicted while leased). Lookups change nothing else: the
+//!   LRU clock of the snapshot used is advanced only when the request commits.
+//! * **Transactions**: a request stages its new snapshots in a [`Staged`] list
+//!   and hands them to [`PrefixCache::commit`] only when it succeeds; a failed,
+//!   cancelled or timed-out request drops the list and the cache is exactly as
+//!   before (the dropped snapshots release their KV pages).
+//! * **Atomicity**: everything is behind one mutex; a snapshot is inserted
+//!   whole and never mutated afterwards (shared as `Arc<dyn SeqSnapshot>`), so
+//!   readers never see a half-written snapshot.
+//! * **Bytes**: each snapshot's private bytes (recurrent states) plus every
+//!   distinct KV page referenced by any snapshot, once (pages are counted by
+//!   id with a reference count inside the cache). Over the budget, the least
+//!   recently used unpinned snapshots are evicted; a page's memory is freed
+//!   when its last reference (cache or running sequence) goes.
+
+mod trie;
+
+use crate::backend::SeqSnapshot;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+/// Snapshots a request made, to be committed on success: `(tokens, snapshot)`
+/// where `tokens.len() == snapshot.position()`.
+pub type Staged = Vec<(Vec<u32>, Box<dyn SeqSnapshot>)>;
+
+/// One cached snapshot.
+struct Entry {
+    salt: Option<String>,
+    tokens: Vec<u32>,
+    snap: Arc<dyn SeqSnapshot>,
+    last_used: u64,
+    /// Leases held by running requests (never evicted while > 0).
+    pins: Arc<AtomicUsize>,
+}
+
+#[derive(Default)]
+struct Inner {
+    trees: HashMap<Option<String>, trie::Node>,
+    entries: HashMap<u64, Entry>,
+    /// Distinct pages held by the cache's snapshots: id -> (references, bytes).
+    pages: HashMap<u64, (usize, usize)>,
+    page_bytes: usize,
+    private_bytes: usize,
+    next_id: u64,
+    clock: u64,
+    evictions: u64,
+}
+
+/// A pinned snapshot handed to a request by [`PrefixCache::lookup`].
+pub struct Lease {
+    id: u64,
+    snap: Arc<dyn SeqSnapshot>,
+    pins: Arc<AtomicUsize>,
+}
+
+impl Lease {
+    pub fn snapshot(&self) -> &dyn SeqSnapshot {
+        &*self.snap
+    }
+
+    /// Tokens the snapshot covers.
+    pub fn position(&self) -> usize {
+        self.snap.position()
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        self.pins.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// Totals for metrics and tests.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CacheStats {
+    pub snapshots: usize,
+    /// Bytes held: private state bytes + distinct page bytes.
+    pub bytes: usize,
+    pub pages: usize,
+    pub evictions: u64,
+    pub budget: usize,
+}
+
+/// One entry in [`PrefixCache::dump`]: `(salt, tokens, position, private bytes)`.
+pub type DumpEntry = (Option<String>, Vec<u32>, usize, usize);
+
+pub struct PrefixCache {
+    budget: usize,
+    inner: Mutex<Inner>,
+}
+
+impl PrefixCache {
+    /// A cache holding at most `budget_bytes` (0 holds nothing).
+    pub fn new(budget_bytes: usize) -> Self {
+        PrefixCache {
+            budget: budget_bytes,
+            inner: Mutex::default(),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        // Every critical section leaves the maps consistent before it can panic.
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn budget(&self) -> usize {
+        self.budget
+    }
+
+    /// The deepest snapshot for `salt` whose tokens are a prefix of `prompt`
+    /// and shorter than it, pinned until the lease is dropped.
+    pub fn lookup(&self, salt: Option<&str>, prompt: &[u32]) -> Option<Lease> {
+        let inner = self.lock();
+        let tree = inner.trees.get(&salt.map(str::to_owned))?;
+        let (id, _) = tree.deepest(prompt, prompt.len().saturating_sub(1))?;
+        let e = &inner.entries[&id];
+        e.pins.fetch_add(1, Ordering::SeqCst);
+        Some(Lease {
+            id,
+            snap: e.snap.clone(),
+            pins: e.pins.clone(),
+        })
+    }
+
+    /// True if a snapshot at exactly `tokens` exists for `salt`.
+    pub fn contains(&self, salt: Option<&str>, tokens: &[u32]) -> bool {
+        let inner = self.lock();
+        inner
+            .trees
+            .get(&salt.map(str::to_owned))
+            .is_some_and(|t| t.get(tokens).is_some())
+    }
+
+    /// Commits a successful request: marks the snapshot it resumed from (if
+    /// any) as used, inserts its staged snapshots (an existing snapshot at
+    /// the same tokens is kept and the new one dropped), then evicts least
+    /// recently used unpinned snapshots until the cache fits its budget.
+    /// Returns how many snapshots were inserted.
+    pub fn commit(&self, salt: Option<&str>, used: Option<&Lease>, staged: Staged) -> usize {
+        let salt = salt.map(str::to_owned);
+        let mut inner = self.lock();
+        let inner = &mut *inner;
+        inner.clock += 1;
+        if let Some(l) = used
+            && let Some(e) = inner.entries.get_mut(&l.id)
+        {
+            e.last_used = inner.clock;
+        }
+        let mut inserted = 0;
+        for (tokens, snap) in staged {
+            debug_assert_eq!(tokens.len(), snap.position());
+            if tokens.is_empty() || tokens.len() != snap.position() {
+                continue;
+            }
+            let tree = inner.trees.entry(salt.clone()).or_default();
+            if let Some(id) = tree.get(&tokens) {
+                inner.entries.get_mut(&id).expect("indexed").last_used = inner.clock;
+                continue;
+            }
+            // A snapshot larger than the whole budget can never be held.
+            let own = snap.private_bytes() + snap.pages().iter().map(|p| p.1).sum::<usize>();
+            if own > self.budget {
+                continue;
+            }
+            inner.next_id += 1;
+            let id = inner.next_id;
+            tree.insert(&tokens, id);
+            inner.private_bytes += snap.private_bytes();
+            for (pid, bytes) in snap.pages() {
+                let slot = inner.pages.entry(pid).or_insert((0, bytes));
+                if slot.0 == 0 {
+                    inner.page_bytes += bytes;
+                }
+                slot.0 += 1;
+            }
+            inner.entries.insert(
+                id,
+                Entry {
+                    salt: salt.clone(),
+                    tokens,
+                    snap: Arc::from(snap),
+                    last_used: inner.clock,
+                    pins: Arc::default(),
+                },
+            );
+            inserted += 1;
+        }
+        Self::evict_to(inner, self.budget);
+        inserted
+    }
+
+    fn bytes(inner: &Inner) -> usize {
+        inner.private_bytes + inner.page_bytes
+    }
+
+    /// Evicts LRU unpinned snapshots until `bytes <= budget` (or none is evictable).
+    fn evict_to(inner: &mut Inner, budget: usize) {
+        while Self::bytes(inner) > budget {
+            let victim = inner
+                .entries
+                .iter()
+                .filter(|(_, e)| e.pins.load(Ordering::SeqCst) == 0)
+                .min_by_key(|(id, e)| (e.last_used, **id))
+                .map(|(id, _)| *id);
+            let Some(id) = victim else { break };
+            Self::remove(inner, id);
+            inner.evictions += 1;
+        }
+    }
+
+    fn remove(inner: &mut Inner, id: u64) {
+        let Some(e) = inner.entries.remove(&id) else {
+            return;
+        };
+        if let Some(tree) = inner.trees.get_mut(&e.salt) {
+            tree.remove(&e.tokens, id);
+            if tree.is_empty() {
+                inner.trees.remove(&e.salt);
+            }
+        }
+        inner.private_bytes -= e.snap.private_bytes();
+        for (pid, _) in e.snap.pages() {
+            if let Some(slot) = inner.pages.get_mut(&pid) {
+                slot.0 -= 1;
+                if slot.0 == 0 {
+                    inner.page_bytes -= slot.1;
+                    inner.pages.remove(&pid);
+                }
+            }
+        }
+    }
+
+    /// Drops every unpinned snapshot (not counted as evictions).
+    pub fn clear(&self) {
+        let mut inner = self.lock();
+        let ids: Vec<u64> = inner
+            .entries
+            .iter()
+            .filter(|(_, e)| e.pins.load(Ordering::SeqCst) == 0)
+            .map(|(id, _)| *id)
+            .collect();
+        for id in ids {
+            Self::remove(&mut inner, id);
+        }
+    }
+
+    pub fn stats(&self) -> CacheStats {
+        let inner = self.lock();
+        CacheStats {
+            snapshots: inner.entries.len(),
+            bytes: Self::bytes(&inner),
+            pages: inner.pages.len(),
+            evictions: inner.evictions,
+            budget: self.budget,
+        }
+    }
+
+    /// Every snapshot, sorted (for tests: compare the cache before and after).
+    pub fn dump(&self) -> Vec<DumpEntry> {
+        let inner = self.lock();
+        let mut v: Vec<DumpEntry> = inner
+            .entries
+            .values()
+            .map(|e| {
+                (
+                    e.salt.clone(),
+                    e.tokens.clone(),
+                    e.snap.position(),
+                    e.snap.private_bytes(),
+                )
+            })
+            .collect();
+        v.sort();
+        v
+    }
+
+    /// Radix-tree nodes over all salts (for structural checks).
+    pub fn node_count(&self) -> usize {
+        self.lock().trees.values().map(trie::Node::node_count).sum()
+    }
+}
