@@ -95,6 +95,7 @@ fn base_cfg() -> ServiceConfig {
         max_model_len: 0,
         max_prompt_tokens: 0,
         max_completion_tokens: 0,
+        ..ServiceConfig::default()
     }
 }
 

@@ -80,6 +80,7 @@ pub(super) struct Metrics {
     failed: AtomicU64,
     prefix_hits: AtomicU64,
     prefix_misses: AtomicU64,
+    prefix_tokens_saved: AtomicU64,
     ttft: Histogram,
     itl: Histogram,
     queue_wait: Histogram,
@@ -104,6 +105,7 @@ impl Metrics {
             failed: AtomicU64::new(0),
             prefix_hits: AtomicU64::new(0),
             prefix_misses: AtomicU64::new(0),
+            prefix_tokens_saved: AtomicU64::new(0),
             ttft: Histogram::new(LATENCY_BUCKETS),
             itl: Histogram::new(LATENCY_BUCKETS),
             queue_wait: Histogram::new(DURATION_BUCKETS),
@@ -137,9 +139,7 @@ impl Metrics {
     }
 
     /// The prefix cache's lookup result for one request (a hit reused at
-    /// least one token). Hook for the prefix cache, which calls it from
-    /// `Worker::lookup_prefix`; until it lands both counters stay 0.
-    #[allow(dead_code)]
+    /// least one token); only counted when the cache is on.
     pub fn record_prefix_lookup(&self, hit: bool) {
         if hit {
             &self.prefix_hits
@@ -147,6 +147,10 @@ impl Metrics {
             &self.prefix_misses
         }
         .fetch_add(1, Relaxed);
+    }
+
+    pub fn add_prefix_tokens_saved(&self, n: usize) {
+        self.prefix_tokens_saved.fetch_add(n as u64, Relaxed);
     }
 
     pub fn observe_ttft(&self, d: Duration) {
@@ -210,7 +214,12 @@ impl Metrics {
             + self.rejected_shutdown.load(Relaxed)
     }
 
-    pub fn render(&self, queue_depth: usize, running: usize) -> String {
+    pub fn render(
+        &self,
+        queue_depth: usize,
+        running: usize,
+        cache: Option<crate::prefix_cache::CacheStats>,
+    ) -> String {
         let mut out = String::with_capacity(8192);
         let o = &mut out;
         gauge(
@@ -296,6 +305,32 @@ impl Metrics {
             "qwasi_prefix_cache_misses_total",
             "Requests that found no usable prefix-cache snapshot.",
             &self.prefix_misses,
+        );
+        counter(
+            o,
+            "qwasi_prefix_cache_tokens_saved_total",
+            "Prompt tokens not computed because a snapshot covered them.",
+            &self.prefix_tokens_saved,
+        );
+        let c = cache.unwrap_or_default();
+        gauge(
+            o,
+            "qwasi_prefix_cache_bytes",
+            "Bytes held by prefix-cache snapshots (shared KV pages counted once).",
+            c.bytes as u64,
+        );
+        gauge(
+            o,
+            "qwasi_prefix_cache_snapshots",
+            "Snapshots in the prefix cache.",
+            c.snapshots as u64,
+        );
+        let _ = writeln!(
+            o,
+            "# HELP qwasi_prefix_cache_evictions_total Snapshots evicted to stay under the budget.\n\
+             # TYPE qwasi_prefix_cache_evictions_total counter\n\
+             qwasi_prefix_cache_evictions_total {}",
+            c.evictions
         );
 
         self.ttft.render(

@@ -38,6 +38,7 @@ use crate::config::ModelConfig;
 use crate::generate::{FinishReason, GenerateRequest};
 use crate::sampling::Sampled;
 use crate::tokenizer::Tokenizer;
+use crate::prefix_cache::{CacheStats, PrefixCache};
 use metrics::Metrics;
 use queue::{Job, Queue};
 use std::fmt;
@@ -60,7 +61,17 @@ pub struct ServiceConfig {
     pub max_prompt_tokens: usize,
     /// Largest `max_tokens` accepted; 0 = no cap.
     pub max_completion_tokens: usize,
+    /// Prefix-cache budget in bytes; 0 turns the prefix cache off.
+    pub prefix_cache_bytes: usize,
+    /// Snapshot every this many prompt tokens during a prefill (0 = only at
+    /// prompt ends, guest marks and generation ends). See docs/PREFIX_CACHE.md
+    /// for how the default was chosen.
+    pub snapshot_interval: usize,
 }
+
+/// Default [`ServiceConfig::snapshot_interval`], chosen by measurement on
+/// the demo model (docs/PREFIX_CACHE.md).
+pub const DEFAULT_SNAPSHOT_INTERVAL: usize = 1024;
 
 impl Default for ServiceConfig {
     fn default() -> Self {
@@ -70,6 +81,8 @@ impl Default for ServiceConfig {
             max_model_len: 0,
             max_prompt_tokens: 0,
             max_completion_tokens: 0,
+            prefix_cache_bytes: 0,
+            snapshot_interval: DEFAULT_SNAPSHOT_INTERVAL,
         }
     }
 }
@@ -77,9 +90,12 @@ impl Default for ServiceConfig {
 /// Per-request options besides the generation request itself.
 #[derive(Default, Clone, Debug)]
 pub struct SubmitOptions {
-    /// Isolates prefix-cache entries between tenants (used once the prefix
-    /// cache lands; a request only reuses snapshots made under the same salt).
+    /// Isolates prefix-cache entries between tenants: a request only reuses
+    /// snapshots made under the same salt.
     pub cache_salt: Option<String>,
+    /// Prompt positions worth snapshotting (message boundaries); positions
+    /// outside `1..prompt_len` are ignored.
+    pub snapshot_points: Vec<usize>,
     /// Fill [`Event::Token::text`] with UTF-8-complete text deltas
     /// (special tokens skipped). Without a tokenizer the text stays empty.
     pub detokenize: bool,
@@ -196,7 +212,7 @@ pub struct Usage {
     /// Every token the model sampled for the request, the stop token included
     /// (as vLLM counts).
     pub completion_tokens: u32,
-    /// Prompt tokens served from the prefix cache (0 until it lands).
+    /// Prompt tokens served from the prefix cache.
     pub cached_tokens: u32,
 }
 
@@ -230,6 +246,7 @@ pub struct EngineService {
 struct Inner {
     queue: Arc<Queue>,
     metrics: Arc<Metrics>,
+    cache: Option<Arc<PrefixCache>>,
     model_id: String,
     model_config: ModelConfig,
     cfg: ServiceConfig,
@@ -261,17 +278,22 @@ impl EngineService {
         };
         let queue = Arc::new(Queue::new(1));
         let metrics = Arc::new(Metrics::new());
+        let cache = (cfg.prefix_cache_bytes > 0)
+            .then(|| Arc::new(PrefixCache::new(cfg.prefix_cache_bytes)));
         worker::spawn(
             backend,
             tokenizer.clone(),
             context_limit,
             queue.clone(),
             metrics.clone(),
+            cache.clone(),
+            cfg.snapshot_interval,
         );
         EngineService {
             inner: Arc::new(Inner {
                 queue,
                 metrics,
+                cache,
                 model_id,
                 model_config,
                 cfg,
@@ -432,7 +454,18 @@ impl EngineService {
     /// Prometheus text exposition (format 0.0.4).
     pub fn metrics_text(&self) -> String {
         let q = &self.inner.queue;
-        self.inner.metrics.render(q.depth(), q.running())
+        self.inner
+            .metrics
+            .render(q.depth(), q.running(), self.prefix_cache_stats())
+    }
+
+    /// The prefix cache (`None` when it is off).
+    pub fn prefix_cache(&self) -> Option<&Arc<PrefixCache>> {
+        self.inner.cache.as_ref()
+    }
+
+    pub fn prefix_cache_stats(&self) -> Option<CacheStats> {
+        self.inner.cache.as_ref().map(|c| c.stats())
     }
 
     /// Refuse new submits with `ShuttingDown`; queued requests still run.

@@ -13,9 +13,11 @@ use super::queue::{Job, Queue};
 use super::{Event, Usage};
 use crate::backend::Backend;
 use crate::generate::FinishReason;
+use crate::prefix_cache::{Lease, PrefixCache, Staged};
 use crate::sampling::Sampler;
 use crate::tokenizer::{IncrementalDecoder, Tokenizer};
 use anyhow::Result;
+use std::collections::BTreeSet;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 use std::time::Instant;
@@ -26,6 +28,8 @@ pub(super) fn spawn<B: Backend + 'static>(
     context_limit: usize,
     queue: Arc<Queue>,
     metrics: Arc<Metrics>,
+    cache: Option<Arc<PrefixCache>>,
+    snapshot_interval: usize,
 ) {
     std::thread::Builder::new()
         .name("qwasi-device-worker".into())
@@ -36,6 +40,8 @@ pub(super) fn spawn<B: Backend + 'static>(
                 tokenizer,
                 context_limit,
                 metrics,
+                cache,
+                snapshot_interval,
             };
             while let Some(job) = queue.next() {
                 let terminal = worker.run(&job);
@@ -62,6 +68,10 @@ struct Worker<B: Backend> {
     tokenizer: Option<Tokenizer>,
     context_limit: usize,
     metrics: Arc<Metrics>,
+    /// The prefix cache (`None` when `prefix_cache_bytes` is 0).
+    cache: Option<Arc<PrefixCache>>,
+    /// Snapshot every this many prompt tokens during a prefill (0 = never).
+    snapshot_interval: usize,
 }
 
 /// How a request ended, when it did not fail.
@@ -71,6 +81,10 @@ struct Finish {
     completion_tokens: usize,
     cached_tokens: usize,
     trailing_text: String,
+    /// Snapshots to commit if the request succeeded (stop or length).
+    staged: Staged,
+    /// The snapshot it resumed from (pinned until the request ends).
+    lease: Option<Lease>,
 }
 
 impl<B: Backend> Worker<B> {
@@ -82,10 +96,17 @@ impl<B: Backend> Worker<B> {
         self.metrics.observe_queue_wait(started - job.submitted);
         let outcome = catch_unwind(AssertUnwindSafe(|| self.generate(job)));
         let (reason, terminal) = match outcome {
-            Ok(Ok(f)) => {
-                // Prefix cache: commit the request's new snapshots here when
-                // `f.reason` is Stop or Length; failure and cancellation
-                // leave the cache exactly as it was.
+            Ok(Ok(mut f)) => {
+                // Prefix cache: commit the request's new snapshots only on
+                // success; failure and cancellation (including a deadline,
+                // which cancels) drop them and leave the cache as it was.
+                let staged = std::mem::take(&mut f.staged);
+                if matches!(f.reason, FinishReason::Stop | FinishReason::Length)
+                    && let Some(cache) = &self.cache
+                {
+                    cache.commit(job.opts.cache_salt.as_deref(), f.lease.as_ref(), staged);
+                }
+                drop(f.lease.take());
                 let usage = Usage {
                     prompt_tokens: job.req.prompt.len() as u32,
                     completion_tokens: f.completion_tokens as u32,
@@ -126,18 +147,37 @@ impl<B: Backend> Worker<B> {
         }
     }
 
-    /// Hook for the prefix cache: the deepest snapshot matching `prompt`
-    /// under `salt`, as a sequence resumed at that position plus the number
-    /// of prompt tokens it covers (`start` always runs at least the last
-    /// prompt token, so the prefill yields fresh logits). The cache would
-    /// record its hit/miss with `Metrics::record_prefix_lookup` here. Without
-    /// a cache: a fresh sequence, nothing reused, nothing recorded.
-    /// A request's own snapshots are to be committed in `run` only on
-    /// success (see the design's prefix-cache section).
-    fn lookup_prefix(&self, _prompt: &[u32], _salt: Option<&str>) -> PrefixMatch<B::Sequence> {
-        PrefixMatch {
+    /// The deepest cached snapshot matching `prompt` under `salt`, as a
+    /// sequence resumed at that position plus the number of prompt tokens
+    /// it covers (always fewer than the prompt, so the prefill yields fresh
+    /// logits). Without a cache, or on a miss: a fresh sequence.
+    fn lookup_prefix(&self, prompt: &[u32], salt: Option<&str>) -> PrefixMatch<B::Sequence> {
+        let fresh = || PrefixMatch {
             seq: self.backend.new_sequence(),
             cached_tokens: 0,
+            lease: None,
+        };
+        let Some(cache) = &self.cache else {
+            return fresh();
+        };
+        let found = cache.lookup(salt, prompt).and_then(|lease| {
+            let seq = self.backend.restore(lease.snapshot())?;
+            Some((seq, lease))
+        });
+        match found {
+            Some((seq, lease)) if lease.position() > 0 && lease.position() < prompt.len() => {
+                self.metrics.record_prefix_lookup(true);
+                self.metrics.add_prefix_tokens_saved(lease.position());
+                PrefixMatch {
+                    seq,
+                    cached_tokens: lease.position(),
+                    lease: Some(lease),
+                }
+            }
+            _ => {
+                self.metrics.record_prefix_lookup(false);
+                fresh()
+            }
         }
     }
 }
@@ -145,6 +185,7 @@ impl<B: Backend> Worker<B> {
 struct PrefixMatch<S> {
     seq: S,
     cached_tokens: usize,
+    lease: Option<Lease>,
 }
 
 /// One request on the device: its sequence, sampler and stream state.
@@ -165,6 +206,8 @@ struct Running<'j, B: Backend> {
     sampled: usize,
     cached_tokens: usize,
     last_sample: Option<Instant>,
+    staged: Staged,
+    lease: Option<Lease>,
 }
 
 impl<'j, B: Backend> Running<'j, B> {
@@ -178,6 +221,8 @@ impl<'j, B: Backend> Running<'j, B> {
             completion_tokens: 0,
             cached_tokens: 0,
             trailing_text: String::new(),
+            staged: Vec::new(),
+            lease: None,
         };
         if req.max_tokens == 0 {
             return Ok(Err(early(FinishReason::Length)));
@@ -185,14 +230,54 @@ impl<'j, B: Backend> Running<'j, B> {
         if job.is_cancelled() {
             return Ok(Err(early(FinishReason::Cancelled)));
         }
+        let salt = job.opts.cache_salt.as_deref();
         let PrefixMatch {
             mut seq,
             cached_tokens,
-        } = w.lookup_prefix(&req.prompt, job.opts.cache_salt.as_deref());
-        // A snapshot must leave at least one prompt token to run, so the
-        // prefill yields the logits for the first sampled token.
-        let cached_tokens = cached_tokens.min(req.prompt.len() - 1);
-        let logits = w.backend.forward(&mut seq, &req.prompt[cached_tokens..])?;
+            lease,
+        } = w.lookup_prefix(&req.prompt, salt);
+        // The prefill runs prompt[cached..]; with a cache it is split at the
+        // snapshot points (every `snapshot_interval` tokens and the guest's
+        // marks) and a snapshot is staged at each cut and at the end.
+        let p = req.prompt.len();
+        let mut staged: Staged = Vec::new();
+        let mut cuts = BTreeSet::new();
+        if let Some(cache) = &w.cache {
+            cuts.extend(
+                job.opts
+                    .snapshot_points
+                    .iter()
+                    .copied()
+                    .filter(|&q| q > cached_tokens && q < p),
+            );
+            if w.snapshot_interval > 0 {
+                cuts.extend(
+                    (w.snapshot_interval..p)
+                        .step_by(w.snapshot_interval)
+                        .filter(|&q| q > cached_tokens),
+                );
+            }
+            // Skip cuts already cached: nothing to stage there.
+            cuts.retain(|&q| !cache.contains(salt, &req.prompt[..q]));
+        }
+        let mut at = cached_tokens;
+        for q in cuts {
+            if job.is_cancelled() {
+                return Ok(Err(early(FinishReason::Cancelled)));
+            }
+            w.backend.extend(&mut seq, &req.prompt[at..q])?;
+            at = q;
+            if let Some(snap) = w.backend.snapshot(&seq) {
+                staged.push((req.prompt[..q].to_vec(), snap));
+            }
+        }
+        let logits = w.backend.forward(&mut seq, &req.prompt[at..])?;
+        if let Some(cache) = &w.cache
+            && !cache.contains(salt, &req.prompt)
+            && let Some(snap) = w.backend.snapshot(&seq)
+        {
+            staged.push((req.prompt.clone(), snap));
+        }
         w.metrics.add_prompt_tokens(req.prompt.len());
         let mut stops = req.stop_token_ids.clone();
         if !req.ignore_eos {
@@ -215,6 +300,8 @@ impl<'j, B: Backend> Running<'j, B> {
             sampled: 0,
             cached_tokens,
             last_sample: None,
+            staged,
+            lease,
         }))
     }
 
@@ -235,6 +322,7 @@ impl<'j, B: Backend> Running<'j, B> {
         w.metrics.add_completion_token();
 
         if self.stops.contains(&s.token) {
+            self.stage_end(w);
             return Ok(Some(self.finish(FinishReason::Stop, Some(s.token))));
         }
         let text = match &mut self.decoder {
@@ -254,14 +342,35 @@ impl<'j, B: Backend> Running<'j, B> {
             return Ok(Some(self.finish(FinishReason::Cancelled, None)));
         }
         if self.generated >= req.max_tokens || self.context.len() >= w.context_limit {
+            self.stage_end(w);
             return Ok(Some(self.finish(FinishReason::Length, None)));
         }
         self.logits = w.backend.forward(&mut self.seq, &[token])?;
         Ok(None)
     }
 
+    /// Stages the end-of-generation snapshot (prompt + generated tokens the
+    /// sequence holds), so the next turn of a conversation hits it.
+    fn stage_end(&mut self, w: &Worker<B>) {
+        let Some(cache) = &w.cache else { return };
+        let pos = w.backend.position(&self.seq);
+        let prompt = self.job.req.prompt.len();
+        if pos <= prompt || pos > self.context.len() {
+            return;
+        }
+        let key = &self.context[..pos];
+        if cache.contains(self.job.opts.cache_salt.as_deref(), key) {
+            return;
+        }
+        if let Some(snap) = w.backend.snapshot(&self.seq) {
+            self.staged.push((key.to_vec(), snap));
+        }
+    }
+
     fn finish(&mut self, reason: FinishReason, stop_token: Option<u32>) -> Finish {
         Finish {
+            staged: std::mem::take(&mut self.staged),
+            lease: self.lease.take(),
             reason,
             stop_token,
             completion_tokens: self.sampled,

@@ -1,0 +1,564 @@
+//! The prefix cache over the real CPU model (a tiny seeded one): exactness of
+//! resumed requests against cold runs at many split points, transactions
+//! (failure, panic, cancellation leave the cache unchanged), eviction, salt
+//! isolation, concurrency, metrics, and page accounting (no leaks).
+
+use anyhow::{Result, bail};
+use qwasi_engine::backend::{Backend, SeqSnapshot};
+use qwasi_engine::config::ModelConfig;
+use qwasi_engine::cpu::attention::PAGE_TOKENS;
+use qwasi_engine::cpu::gdn::CHUNK;
+use qwasi_engine::cpu::{CpuModel, CpuSequence};
+use qwasi_engine::demo::RandomWeights;
+use qwasi_engine::generate::{FinishReason, GenerateRequest, generate};
+use qwasi_engine::prefix_cache::{DumpEntry, PrefixCache};
+use qwasi_engine::sampling::{Sampled, SamplingParams, log_softmax};
+use qwasi_engine::service::{
+    EngineService, Event, GenerationHandle, ServiceConfig, SubmitOptions, Usage,
+};
+use qwasi_engine::weights::Weights;
+use serde_json::json;
+use std::ops::ControlFlow;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::Duration;
+
+const VOCAB: u32 = 300;
+const LOGPROB_TOL: f32 = 1e-5;
+
+/// A tiny MoE model: vocab 300, hidden 32, 4 layers (3 GDN + 1 attention).
+fn model() -> Arc<CpuModel> {
+    let cfg = ModelConfig::from_json(&json!({
+        "architectures": ["Qwen3_5MoeForConditionalGeneration"],
+        "model_type": "qwen3_5_moe",
+        "text_config": {
+            "model_type": "qwen3_5_moe_text",
+            "vocab_size": VOCAB, "hidden_size": 32, "num_hidden_layers": 4,
+            "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 16,
+            "linear_num_key_heads": 1, "linear_num_value_heads": 2,
+            "linear_key_head_dim": 8, "linear_value_head_dim": 8, "linear_conv_kernel_dim": 4,
+            "num_experts": 4, "num_experts_per_tok": 2,
+            "moe_intermediate_size": 16, "shared_expert_intermediate_size": 24,
+            "rms_norm_eps": 1e-6, "max_position_embeddings": 4096,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 10000000.0, "partial_rotary_factor": 0.25},
+            "eos_token_id": 299
+        }
+    }))
+    .unwrap();
+    let weights = Weights::load(&cfg, &RandomWeights { seed: 11 }).unwrap();
+    Arc::new(CpuModel::new(cfg, weights))
+}
+
+/// The CPU model with snapshot support, failing on demand: when a forward
+/// would move the sequence past `fail_pos` it errors (or panics with
+/// `panic`); `delay` slows each forward (for cancellation tests).
+struct Faulty {
+    model: Arc<CpuModel>,
+    fail_pos: Arc<AtomicUsize>,
+    panic: Arc<AtomicBool>,
+    delay: Duration,
+    forwards: Arc<AtomicUsize>,
+}
+
+impl Faulty {
+    fn check(&self, seq: &CpuSequence, tokens: &[u32]) -> Result<()> {
+        self.forwards.fetch_add(1, Ordering::SeqCst);
+        if !self.delay.is_zero() {
+            std::thread::sleep(self.delay);
+        }
+        if seq.position() + tokens.len() > self.fail_pos.load(Ordering::SeqCst) {
+            if self.panic.load(Ordering::SeqCst) {
+                panic!("injected panic");
+            }
+            bail!("injected failure");
+        }
+        Ok(())
+    }
+}
+
+impl Backend for Faulty {
+    type Sequence = CpuSequence;
+    fn name(&self) -> &'static str {
+        "faulty"
+    }
+    fn config(&self) -> &ModelConfig {
+        self.model.config()
+    }
+    fn new_sequence(&self) -> CpuSequence {
+        self.model.new_sequence()
+    }
+    fn position(&self, seq: &CpuSequence) -> usize {
+        seq.position()
+    }
+    fn forward(&self, seq: &mut CpuSequence, tokens: &[u32]) -> Result<Vec<f32>> {
+        self.check(seq, tokens)?;
+        self.model.forward(seq, tokens)
+    }
+    fn extend(&self, seq: &mut CpuSequence, tokens: &[u32]) -> Result<()> {
+        self.check(seq, tokens)?;
+        self.model.extend(seq, tokens)
+    }
+    fn snapshot(&self, seq: &CpuSequence) -> Option<Box<dyn SeqSnapshot>> {
+        self.model.snapshot(seq)
+    }
+    fn restore(&self, snap: &dyn SeqSnapshot) -> Option<CpuSequence> {
+        self.model.restore(snap)
+    }
+}
+
+struct Harness {
+    svc: EngineService,
+    model: Arc<CpuModel>,
+    fail_pos: Arc<AtomicUsize>,
+    panic: Arc<AtomicBool>,
+    forwards: Arc<AtomicUsize>,
+}
+
+impl Harness {
+    fn new(cache_bytes: usize, interval: usize, delay_ms: u64) -> Self {
+        let model = model();
+        let fail_pos = Arc::new(AtomicUsize::new(usize::MAX));
+        let panic = Arc::new(AtomicBool::new(false));
+        let forwards = Arc::new(AtomicUsize::new(0));
+        let backend = Faulty {
+            model: model.clone(),
+            fail_pos: fail_pos.clone(),
+            panic: panic.clone(),
+            delay: Duration::from_millis(delay_ms),
+            forwards: forwards.clone(),
+        };
+        let cfg = ServiceConfig {
+            prefix_cache_bytes: cache_bytes,
+            snapshot_interval: interval,
+            ..ServiceConfig::default()
+        };
+        Harness {
+            svc: EngineService::start(backend, None, "tiny".into(), cfg),
+            model,
+            fail_pos,
+            panic,
+            forwards,
+        }
+    }
+
+    fn cache(&self) -> &PrefixCache {
+        self.svc.prefix_cache().expect("cache on")
+    }
+
+    fn dump(&self) -> Vec<DumpEntry> {
+        self.cache().dump()
+    }
+
+    async fn run(&self, r: &GenerateRequest, opts: SubmitOptions) -> Outcome {
+        let mut h = self.svc.submit(r.clone(), opts).await.unwrap();
+        collect(&mut h).await
+    }
+}
+
+/// Pseudo-random prompt tokens (no EOS), distinct per seed.
+fn prompt(len: usize, seed: u64) -> Vec<u32> {
+    let mut s = seed.wrapping_mul(0x9e3779b97f4a7c15).wrapping_add(1);
+    (0..len)
+        .map(|_| {
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((s >> 33) % (VOCAB as u64 - 1)) as u32
+        })
+        .collect()
+}
+
+fn req(prompt: &[u32], max_tokens: usize) -> GenerateRequest {
+    GenerateRequest {
+        prompt: prompt.to_vec(),
+        max_tokens,
+        stop_token_ids: vec![],
+        ignore_eos: true,
+        sampling: SamplingParams {
+            logprobs: Some(4),
+            ..Default::default()
+        },
+    }
+}
+
+fn salted(s: &str) -> SubmitOptions {
+    SubmitOptions {
+        cache_salt: Some(s.into()),
+        ..Default::default()
+    }
+}
+
+#[derive(Debug)]
+struct Outcome {
+    tokens: Vec<u32>,
+    steps: Vec<Sampled>,
+    end: Event,
+}
+
+impl Outcome {
+    fn usage(&self) -> Usage {
+        match &self.end {
+            Event::Finished { usage, .. } => *usage,
+            e => panic!("expected Finished, got {e:?}"),
+        }
+    }
+    fn reason(&self) -> Option<FinishReason> {
+        match &self.end {
+            Event::Finished { reason, .. } => Some(*reason),
+            _ => None,
+        }
+    }
+}
+
+async fn collect(h: &mut GenerationHandle) -> Outcome {
+    let all = async {
+        let mut out = Outcome {
+            tokens: vec![],
+            steps: vec![],
+            end: Event::Failed("none".into()),
+        };
+        loop {
+            h.wait().await;
+            for e in h.try_next() {
+                match e {
+                    Event::Token { id, logprob, .. } => {
+                        out.tokens.push(id);
+                        out.steps.extend(logprob);
+                    }
+                    end => {
+                        out.end = end;
+                        return out;
+                    }
+                }
+            }
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(120), all)
+        .await
+        .expect("request did not finish")
+}
+
+/// Same tokens; logprobs (chosen and top alternatives) within 1e-5.
+fn assert_same(label: &str, got: &Outcome, cold_tokens: &[u32], cold_steps: &[Sampled]) {
+    assert_eq!(got.tokens, cold_tokens, "{label}: tokens differ");
+    assert_eq!(got.steps.len(), cold_steps.len(), "{label}");
+    for (i, (a, b)) in got.steps.iter().zip(cold_steps).enumerate() {
+        assert_eq!(a.token, b.token, "{label}: step {i}");
+        assert!(
+            (a.logprob - b.logprob).abs() < LOGPROB_TOL,
+            "{label}: step {i}: logprob {} vs {}",
+            a.logprob,
+            b.logprob
+        );
+        for ((ta, la), (tb, lb)) in a.top.iter().zip(&b.top) {
+            assert_eq!(ta, tb, "{label}: step {i}: top ids");
+            assert!((la - lb).abs() < LOGPROB_TOL, "{label}: step {i}: top logprob");
+        }
+    }
+}
+
+fn cold(m: &CpuModel, r: &GenerateRequest) -> (Vec<u32>, Vec<Sampled>) {
+    let out = generate(m, r, |_, _| ControlFlow::Continue(())).unwrap();
+    (out.tokens, out.steps)
+}
+
+const MIB: usize = 1 << 20;
+
+#[tokio::test]
+async fn resumed_requests_match_cold_runs_at_many_split_points() {
+    let h = Harness::new(64 * MIB, 0, 0);
+    let full = prompt(300, 1);
+    let r = req(&full, 8);
+    let (cold_tokens, cold_steps) = cold(&h.model, &r);
+    // Inside a GDN chunk, at chunk/page boundaries (64, 128, 256) and ±1.
+    assert_eq!(CHUNK, 64);
+    assert_eq!(PAGE_TOKENS, 64);
+    for split in [1, 2, 37, 63, 64, 65, 100, 127, 128, 129, 200, 255, 256, 257, 299] {
+        h.cache().clear();
+        // Warm: a request whose prompt is the first `split` tokens.
+        let warm = h.run(&req(&full[..split], 1), SubmitOptions::default()).await;
+        assert_eq!(warm.usage().cached_tokens, 0);
+        assert_eq!(h.cache().stats().snapshots, 1, "split {split}");
+        let got = h.run(&r, SubmitOptions::default()).await;
+        assert_eq!(got.usage().cached_tokens as usize, split, "split {split}");
+        assert_same(&format!("split {split}"), &got, &cold_tokens, &cold_steps);
+    }
+}
+
+#[tokio::test]
+async fn snapshots_directly_on_the_model_are_copy_on_write() {
+    let m = model();
+    let toks = prompt(200, 2);
+    let mut seq = m.new_sequence();
+    m.forward(&mut seq, &toks[..100]).unwrap();
+    let snap = m.snapshot(&seq).unwrap();
+    assert_eq!(snap.position(), 100);
+    let pages_before = snap.pages();
+    // The running sequence continues past the snapshot (into its shared
+    // partial page): the snapshot must not change.
+    let a = m.forward(&mut seq, &toks[100..150]).unwrap();
+    assert_eq!(snap.pages(), pages_before);
+    let mut resumed = m.restore(&*snap).unwrap();
+    assert_eq!(resumed.position(), 100);
+    let b = m.forward(&mut resumed, &toks[100..150]).unwrap();
+    assert_eq!(a, b, "resumed sequence diverges");
+    // And again from the same snapshot.
+    let mut again = m.restore(&*snap).unwrap();
+    let c = m.forward(&mut again, &toks[100..150]).unwrap();
+    assert_eq!(a, c);
+    // A cold run agrees within tolerance (the split changes GDN chunking).
+    let mut coldseq = m.new_sequence();
+    let d = m.forward(&mut coldseq, &toks[..150]).unwrap();
+    let (la, ld) = (log_softmax(&a), log_softmax(&d));
+    let err = la.iter().zip(&ld).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max);
+    assert!(err < LOGPROB_TOL, "cold vs resumed logprobs differ by {err}");
+    drop((seq, resumed, again, coldseq, snap));
+    assert_eq!(m.page_stats().live_pages(), 0);
+    assert_eq!(m.page_stats().live_bytes(), 0);
+}
+
+#[tokio::test]
+async fn conversation_turns_hit_the_previous_turn_and_intervals_split_prefill() {
+    let h = Harness::new(64 * MIB, 64, 0);
+    let turn1 = prompt(150, 3);
+    let a = h.run(&req(&turn1, 6), SubmitOptions::default()).await;
+    assert_eq!(a.reason(), Some(FinishReason::Length));
+    // Snapshots at 64, 128 (interval), 150 (prompt end), 155 (generation end:
+    // the last sampled token is not run).
+    let positions: Vec<usize> = h.dump().iter().map(|e| e.2).collect();
+    assert_eq!(positions, vec![64, 128, 150, 155]);
+    // Next turn: prompt + answer + new tokens.
+    let mut turn2 = turn1.clone();
+    turn2.extend(&a.tokens);
+    turn2.extend(prompt(40, 4));
+    let r2 = req(&turn2, 6);
+    let b = h.run(&r2, SubmitOptions::default()).await;
+    assert_eq!(b.usage().cached_tokens, 155);
+    let (ct, cs) = cold(&h.model, &r2);
+    assert_same("turn 2", &b, &ct, &cs);
+    // Guest-marked points become snapshots too.
+    h.cache().clear();
+    let r3 = req(&prompt(90, 5), 1);
+    let opts = SubmitOptions {
+        snapshot_points: vec![10, 33, 500],
+        ..Default::default()
+    };
+    h.run(&r3, opts).await;
+    let positions: Vec<usize> = h.dump().iter().map(|e| e.2).collect();
+    assert_eq!(positions, vec![10, 33, 64, 90]);
+    let metrics = h.svc.metrics_text();
+    assert!(metrics.contains("qwasi_prefix_cache_hits_total 1\n"), "{metrics}");
+    assert!(metrics.contains("qwasi_prefix_cache_misses_total 2\n"), "{metrics}");
+    assert!(metrics.contains("qwasi_prefix_cache_tokens_saved_total 155\n"), "{metrics}");
+    assert!(metrics.contains("qwasi_prefix_cache_snapshots 4\n"), "{metrics}");
+    assert!(metrics.contains("qwasi_prefix_cache_evictions_total 0\n"), "{metrics}");
+    let bytes = h.cache().stats().bytes;
+    assert!(metrics.contains(&format!("qwasi_prefix_cache_bytes {bytes}\n")));
+}
+
+#[tokio::test]
+async fn a_b_a_sequences_do_not_cross_talk() {
+    let h = Harness::new(64 * MIB, 32, 0);
+    let shared = prompt(70, 6);
+    let mut pa = shared.clone();
+    pa.extend(prompt(50, 7));
+    let mut pb = shared.clone();
+    pb.extend(prompt(60, 8));
+    let (ra, rb) = (req(&pa, 10), req(&pb, 10));
+    let (cat, cas) = cold(&h.model, &ra);
+    let (cbt, cbs) = cold(&h.model, &rb);
+    let a1 = h.run(&ra, SubmitOptions::default()).await;
+    assert_same("A1", &a1, &cat, &cas);
+    let b = h.run(&rb, SubmitOptions::default()).await;
+    assert_eq!(b.usage().cached_tokens, 64, "B resumes from the shared interval snapshot");
+    assert_same("B", &b, &cbt, &cbs);
+    let a2 = h.run(&ra, SubmitOptions::default()).await;
+    assert!(a2.usage().cached_tokens >= 96, "{:?}", a2.usage());
+    assert_same("A2", &a2, &cat, &cas);
+    let b2 = h.run(&rb, SubmitOptions::default()).await;
+    assert_same("B2", &b2, &cbt, &cbs);
+}
+
+#[tokio::test]
+async fn failures_leave_the_cache_unchanged() {
+    let h = Harness::new(64 * MIB, 32, 0);
+    let base = prompt(100, 9);
+    h.run(&req(&base, 4), SubmitOptions::default()).await;
+    let before = h.dump();
+    let stats = h.cache().stats();
+    let nodes = h.cache().node_count();
+    let live = h.model.page_stats().live_pages();
+    assert!(!before.is_empty());
+    let mut longer = base.clone();
+    longer.extend(prompt(100, 10));
+    for panic in [false, true] {
+        h.panic.store(panic, Ordering::SeqCst);
+        // Mid-prefill: after the resumed prefix and two interval snapshots.
+        for fail_pos in [170, 200 + 3] {
+            h.fail_pos.store(fail_pos, Ordering::SeqCst);
+            let out = h.run(&req(&longer, 8), SubmitOptions::default()).await;
+            assert!(matches!(out.end, Event::Failed(_)), "{:?}", out.end);
+            assert_eq!(h.dump(), before, "panic={panic} fail_pos={fail_pos}");
+            assert_eq!(h.cache().stats(), stats);
+            assert_eq!(h.cache().node_count(), nodes);
+            assert_eq!(h.model.page_stats().live_pages(), live, "pages leaked");
+        }
+    }
+    h.fail_pos.store(usize::MAX, Ordering::SeqCst);
+    // The same request now succeeds and matches a cold run.
+    let r = req(&longer, 8);
+    let out = h.run(&r, SubmitOptions::default()).await;
+    assert!(out.usage().cached_tokens >= 96);
+    let (ct, cs) = cold(&h.model, &r);
+    assert_same("after failures", &out, &ct, &cs);
+    assert!(h.dump().len() > before.len());
+}
+
+#[tokio::test]
+async fn cancellation_leaves_the_cache_unchanged() {
+    let h = Harness::new(64 * MIB, 16, 5);
+    let base = prompt(40, 12);
+    h.run(&req(&base, 2), SubmitOptions::default()).await;
+    let before = h.dump();
+    let live = h.model.page_stats().live_pages();
+    let mut longer = base.clone();
+    longer.extend(prompt(200, 13));
+    // Cancelled during decode.
+    let mut hd = h
+        .svc
+        .submit(req(&longer, 1000), SubmitOptions::default())
+        .await
+        .unwrap();
+    hd.wait().await;
+    hd.cancel();
+    let out = collect(&mut hd).await;
+    assert_eq!(out.reason(), Some(FinishReason::Cancelled));
+    assert_eq!(h.dump(), before);
+    // Cancelled during a split prefill (dropping the handle cancels).
+    let f0 = h.forwards.load(Ordering::SeqCst);
+    let hp = h
+        .svc
+        .submit(req(&longer, 1000), SubmitOptions::default())
+        .await
+        .unwrap();
+    while h.forwards.load(Ordering::SeqCst) < f0 + 2 {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    drop(hp);
+    // The next request runs after it; the cache is as before.
+    let r = req(&base, 2);
+    let out = h.run(&r, SubmitOptions::default()).await;
+    assert_eq!(out.usage().cached_tokens, 32);
+    assert_eq!(h.dump(), before);
+    assert_eq!(h.model.page_stats().live_pages(), live);
+}
+
+#[tokio::test]
+async fn eviction_keeps_the_budget_and_frees_pages() {
+    // Measure one snapshot of a 64-token prompt, then allow about three.
+    let probe = Harness::new(64 * MIB, 0, 0);
+    probe.run(&req(&prompt(64, 20), 1), SubmitOptions::default()).await;
+    let one = probe.cache().stats().bytes;
+    drop(probe);
+    let h = Harness::new(3 * one + one / 2, 0, 0);
+    let prompts: Vec<Vec<u32>> = (0..6).map(|i| prompt(64, 30 + i)).collect();
+    for p in &prompts {
+        h.run(&req(p, 1), SubmitOptions::default()).await;
+        let s = h.cache().stats();
+        assert!(s.bytes <= s.budget, "{s:?}");
+    }
+    let s = h.cache().stats();
+    assert_eq!(s.snapshots, 3);
+    assert_eq!(s.evictions, 3);
+    // LRU: the last three are cached, the first three are not.
+    let keys: Vec<Vec<u32>> = h.dump().into_iter().map(|e| e.1).collect();
+    for (i, p) in prompts.iter().enumerate() {
+        assert_eq!(keys.contains(p), i >= 3, "prompt {i}");
+    }
+    // Using an old snapshot refreshes it: hit prompt 3, add one more; 4 goes.
+    let mut p3 = prompts[3].clone();
+    p3.push(5);
+    let out = h.run(&req(&p3, 1), SubmitOptions::default()).await;
+    assert_eq!(out.usage().cached_tokens, 64);
+    let keys: Vec<Vec<u32>> = h.dump().into_iter().map(|e| e.1).collect();
+    assert!(keys.contains(&prompts[3]));
+    assert!(!keys.contains(&prompts[4]));
+    // Clearing frees every page (nothing else holds any).
+    h.cache().clear();
+    assert_eq!(h.cache().stats().bytes, 0);
+    assert_eq!(h.cache().node_count(), 0);
+    assert_eq!(h.model.page_stats().live_pages(), 0);
+}
+
+#[tokio::test]
+async fn shared_pages_are_counted_once() {
+    let h = Harness::new(64 * MIB, 64, 0);
+    h.run(&req(&prompt(256, 40), 1), SubmitOptions::default()).await;
+    // Snapshots at 64, 128, 192, 256 share their leading pages.
+    let s = h.cache().stats();
+    assert_eq!(s.snapshots, 4);
+    assert_eq!(s.pages, 4, "one attention layer, four distinct pages");
+    assert_eq!(h.model.page_stats().live_pages(), 4);
+    let page_bytes = h.model.page_stats().live_bytes();
+    let private: usize = h.dump().iter().map(|e| e.3).sum();
+    assert_eq!(s.bytes, page_bytes + private);
+}
+
+#[tokio::test]
+async fn salts_isolate_tenants() {
+    let h = Harness::new(64 * MIB, 0, 0);
+    let base = prompt(80, 50);
+    let mut longer = base.clone();
+    longer.extend(prompt(20, 51));
+    h.run(&req(&base, 1), salted("a")).await;
+    let out = h.run(&req(&longer, 1), salted("b")).await;
+    assert_eq!(out.usage().cached_tokens, 0);
+    let out = h.run(&req(&longer, 1), SubmitOptions::default()).await;
+    assert_eq!(out.usage().cached_tokens, 0);
+    let out = h.run(&req(&longer, 1), salted("a")).await;
+    assert_eq!(out.usage().cached_tokens, 80);
+}
+
+#[tokio::test]
+async fn concurrent_requests_match_cold_runs() {
+    let h = Arc::new(Harness::new(64 * MIB, 32, 0));
+    let shared = prompt(50, 60);
+    let reqs: Vec<GenerateRequest> = (0..6)
+        .map(|i| {
+            let mut p = shared.clone();
+            p.extend(prompt(10 + 7 * i, 61 + (i as u64 % 3)));
+            req(&p, 6)
+        })
+        .collect();
+    let colds: Vec<_> = reqs.iter().map(|r| cold(&h.model, r)).collect();
+    for _round in 0..2 {
+        let mut tasks = Vec::new();
+        for r in &reqs {
+            let h = h.clone();
+            let r = r.clone();
+            tasks.push(tokio::spawn(async move {
+                h.run(&r, SubmitOptions::default()).await
+            }));
+        }
+        for (i, t) in tasks.into_iter().enumerate() {
+            let out = t.await.unwrap();
+            assert_same(&format!("request {i}"), &out, &colds[i].0, &colds[i].1);
+        }
+    }
+    let m = h.svc.metrics_text();
+    assert!(!m.contains("qwasi_prefix_cache_hits_total 0\n"), "{m}");
+    h.cache().clear();
+    assert_eq!(h.model.page_stats().live_pages(), 0);
+}
+
+#[tokio::test]
+async fn cache_off_and_backends_without_snapshots() {
+    let h = Harness::new(0, 64, 0);
+    assert!(h.svc.prefix_cache().is_none());
+    let r = req(&prompt(100, 70), 4);
+    let out = h.run(&r, SubmitOptions::default()).await;
+    assert_eq!(out.usage().cached_tokens, 0);
+    let (ct, cs) = cold(&h.model, &r);
+    assert_same("off", &out, &ct, &cs);
+    assert!(h.svc.metrics_text().contains("qwasi_prefix_cache_misses_total 0\n"));
+}
