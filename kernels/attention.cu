@@ -3,11 +3,17 @@
 // softmax per warp, and a combine step that applies the sigmoid output gate.
 #include "compat.h"
 
+__device__ __forceinline__ float kv_load(const bf16_t* p) { return bf2f(*p); }
+__device__ __forceinline__ float kv_load(const float* p) { return *p; }
+__device__ __forceinline__ void kv_store(bf16_t* p, float v) { *p = f2bf(v); }
+__device__ __forceinline__ void kv_store(float* p, float v) { *p = v; }
+
 // proj rows [T, stride]: per q head [query hd | gate hd] (nh heads), then k (nkv*hd),
 // then v (nkv*hd). grid (T, nh + nkv), block 256 (hd <= 256).
-QW_KERNEL void QW_BOUNDS(256) attn_prep(const float* __restrict__ proj, int stride,
+template <typename KV>
+__device__ __forceinline__ void attn_prep_impl(const float* __restrict__ proj, int stride,
                                         const float* __restrict__ qnorm, const float* __restrict__ knorm,
-                                        float* __restrict__ q_out, bf16_t* __restrict__ kc, bf16_t* __restrict__ vc,
+                                        float* __restrict__ q_out, KV* __restrict__ kc, KV* __restrict__ vc,
                                         int nh, int nkv, int hd, int rot, int pos0, float theta, float eps) {
     __shared__ float buf[256];
     __shared__ float scratch[32];
@@ -42,11 +48,20 @@ QW_KERNEL void QW_BOUNDS(256) attn_prep(const float* __restrict__ proj, int stri
             q_out[((size_t)t * nh + head) * hd + i] = y;
         } else {
             size_t at = ((size_t)(pos0 + t) * nkv + kvh) * hd + i;
-            kc[at] = f2bf(y);
-            vc[at] = f2bf(row[(size_t)2 * nh * hd + (size_t)nkv * hd + (size_t)kvh * hd + i]);
+            kv_store(kc + at, y);
+            kv_store(vc + at, row[(size_t)2 * nh * hd + (size_t)nkv * hd + (size_t)kvh * hd + i]);
         }
     }
 }
+
+#define ATTN_PREP(NAME, KV)                                                                                  \
+    QW_KERNEL void QW_BOUNDS(256) NAME(const float* __restrict__ proj, int stride, const float* __restrict__ qnorm, \
+                                       const float* __restrict__ knorm, float* __restrict__ q_out, KV* __restrict__ kc, \
+                                       KV* __restrict__ vc, int nh, int nkv, int hd, int rot, int pos0, float theta, \
+                                       float eps) {                                                          \
+        attn_prep_impl<KV>(proj, stride, qnorm, knorm, q_out, kc, vc, nh, nkv, hd, rot, pos0, theta, eps);   \
+    }
+
 
 #define ATT_WARPS 4
 #define ATT_MAXD 8  // head_dim <= 256
@@ -54,8 +69,9 @@ QW_KERNEL void QW_BOUNDS(256) attn_prep(const float* __restrict__ proj, int stri
 // grid (T * nh, nsplit), block ATT_WARPS * WARP. Query (t, head) attends to keys
 // [split * chunk, min(pos0 + t + 1, (split + 1) * chunk)). Writes the partial
 // (unnormalised o, running max m, sum l) for the combine step.
-QW_KERNEL void QW_BOUNDS(128) attn_partial(const float* __restrict__ q, const bf16_t* __restrict__ kc,
-                                           const bf16_t* __restrict__ vc, float* __restrict__ part_o,
+template <typename KV>
+__device__ __forceinline__ void attn_partial_impl(const float* __restrict__ q, const KV* __restrict__ kc,
+                                           const KV* __restrict__ vc, float* __restrict__ part_o,
                                            float* __restrict__ part_ml, int nh, int nkv, int hd,
                                            int pos0, int chunk, int nsplit, float scale) {
     __shared__ float wm[ATT_WARPS], wl[ATT_WARPS];
@@ -82,23 +98,23 @@ QW_KERNEL void QW_BOUNDS(128) attn_partial(const float* __restrict__ q, const bf
     }
     float m = -INFINITY, l = 0.f;
     for (int s = s0 + w; s < s1; s += ATT_WARPS) {
-        const bf16_t* kp = kc + ((size_t)s * nkv + kvh) * hd;
+        const KV* kp = kc + ((size_t)s * nkv + kvh) * hd;
         float dot = 0.f;
 #pragma unroll
         for (int j = 0; j < ATT_MAXD; j++) {
             int d = lane + j * WARP;
-            if (d < hd) dot += qv[j] * bf2f(kp[d]);
+            if (d < hd) dot += qv[j] * kv_load(kp + d);
         }
         dot = warp_sum(dot) * scale;
         float mn = fmaxf(m, dot);
         float corr = expf(m - mn);
         float p = expf(dot - mn);
         l = l * corr + p;
-        const bf16_t* vp = vc + ((size_t)s * nkv + kvh) * hd;
+        const KV* vp = vc + ((size_t)s * nkv + kvh) * hd;
 #pragma unroll
         for (int j = 0; j < ATT_MAXD; j++) {
             int d = lane + j * WARP;
-            if (d < hd) acc[j] = acc[j] * corr + p * bf2f(vp[d]);
+            if (d < hd) acc[j] = acc[j] * corr + p * kv_load(vp + d);
         }
         m = mn;
     }
@@ -121,6 +137,19 @@ QW_KERNEL void QW_BOUNDS(128) attn_partial(const float* __restrict__ q, const bf
     }
     if (threadIdx.x == 0) { part_ml[pidx * 2] = M; part_ml[pidx * 2 + 1] = Lsum; }
 }
+
+#define ATTN_PARTIAL(NAME, KV)                                                                               \
+    QW_KERNEL void QW_BOUNDS(128) NAME(const float* __restrict__ q, const KV* __restrict__ kc, const KV* __restrict__ vc, \
+                                       float* __restrict__ part_o, float* __restrict__ part_ml, int nh, int nkv, int hd, \
+                                       int pos0, int chunk, int nsplit, float scale) {                       \
+        attn_partial_impl<KV>(q, kc, vc, part_o, part_ml, nh, nkv, hd, pos0, chunk, nsplit, scale);          \
+    }
+
+// KV cache storage: f32 (default, exact vs the f32 references) or bf16 (half the bytes).
+ATTN_PREP(attn_prep_bf16, bf16_t)
+ATTN_PREP(attn_prep_f32, float)
+ATTN_PARTIAL(attn_partial_bf16, bf16_t)
+ATTN_PARTIAL(attn_partial_f32, float)
 
 // out[t, head, :] = (sum_s o_s e^{m_s - M}) / (sum_s l_s e^{m_s - M}) * sigmoid(gate).
 // grid T * nh, block 256.

@@ -33,7 +33,7 @@ fn main() {
                  scripts/install-gpu-toolchains.sh cuda"
             )
         });
-        let mut list = String::from("pub const MODULES: &[(&str, &[u8])] = &[\n");
+        let mut list = String::from("pub const MODULES: &[(&str, &[u8], &[&str])] = &[\n");
         for src in &sources {
             let stem = src.file_stem().unwrap().to_string_lossy().into_owned();
             let dst = out.join(format!("{stem}.fatbin"));
@@ -54,7 +54,8 @@ fn main() {
             .arg(src);
             run(cmd, "nvcc");
             list.push_str(&format!(
-                "    ({stem:?}, include_bytes!(concat!(env!(\"OUT_DIR\"), \"/{stem}.fatbin\"))),\n"
+                "    ({stem:?}, include_bytes!(concat!(env!(\"OUT_DIR\"), \"/{stem}.fatbin\")), &{:?}),\n",
+                kernel_names(src)
             ));
         }
         list.push_str("];\n");
@@ -69,7 +70,7 @@ fn main() {
                 panic!("feature `hip` needs hipcc: set HIPCC or run scripts/install-gpu-toolchains.sh hip")
             });
         let archs = std::env::var("QWASI_HIP_ARCHS").unwrap_or_else(|_| "gfx1030".into());
-        let mut list = String::from("pub const MODULES: &[(&str, &[u8])] = &[\n");
+        let mut list = String::from("pub const MODULES: &[(&str, &[u8], &[&str])] = &[\n");
         for src in &sources {
             let stem = src.file_stem().unwrap().to_string_lossy().into_owned();
             let dst = out.join(format!("{stem}.hsaco"));
@@ -81,12 +82,50 @@ fn main() {
             cmd.arg("-I").arg(&kernels).arg("-o").arg(&dst).arg(src);
             run(cmd, "hipcc");
             list.push_str(&format!(
-                "    ({stem:?}, include_bytes!(concat!(env!(\"OUT_DIR\"), \"/{stem}.hsaco\"))),\n"
+                "    ({stem:?}, include_bytes!(concat!(env!(\"OUT_DIR\"), \"/{stem}.hsaco\")), &{:?}),\n",
+                kernel_names(src)
             ));
         }
         list.push_str("];\n");
         std::fs::write(out.join("kernels_hip.rs"), list).unwrap();
     }
+}
+
+/// The `QW_KERNEL void [QW_BOUNDS(n)] name(` entry points of a kernel source.
+fn kernel_names(src: &Path) -> Vec<String> {
+    let text = std::fs::read_to_string(src).unwrap();
+    let mut names = Vec::new();
+    for line in text.lines() {
+        if line.trim_end().ends_with('\\') {
+            continue; // inside a #define
+        }
+        // Kernels instantiated by a macro: `ATTN_PREP(attn_prep_bf16, bf16_t)` at the line start.
+        if let Some((mac, args)) = line.split_once('(')
+            && !mac.is_empty()
+            && mac.chars().all(|c| c.is_ascii_uppercase() || c == '_')
+            && mac != "QW_KERNEL"
+            && line.trim_end().ends_with(')')
+            && !line.contains("#define")
+            && let Some((name, _)) = args.split_once(',')
+        {
+            names.push(name.trim().to_string());
+            continue;
+        }
+        let Some(rest) = line.trim_start().strip_prefix("QW_KERNEL void ") else { continue };
+        let rest = rest.trim_start();
+        let rest = match rest.strip_prefix("QW_BOUNDS(") {
+            Some(r) => r.split_once(')').map(|x| x.1).unwrap_or(r).trim_start(),
+            None => rest,
+        };
+        if let Some((name, _)) = rest.split_once('(')
+            && !name.contains(' ')
+            && !name.is_empty()
+            && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+        {
+            names.push(name.trim().to_string());
+        }
+    }
+    names
 }
 
 fn run(mut cmd: Command, what: &str) {

@@ -11,18 +11,22 @@ set -uo pipefail
 OUT=${OUT:-/tmp/qwasi-out}
 mkdir -p "$OUT"
 BIN=${QWASI_BIN:-target/release/qwasi}
+# The qwasi binary takes `verify ...`; the engine's light `gpu_verify` example takes the options directly.
+case "$BIN" in *gpu_verify) V="$BIN" ;; *) V="$BIN verify" ;; esac
 rc=0
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
-echo "== verify (cuBLAS prefill GEMMs)"
-$BIN verify --backend cuda --json "$OUT/verify-cublas.json" 2>&1 | tee "$OUT/verify-cublas.log" || rc=1
+echo "== verify (default: cuBLAS prefill GEMMs on split hi/lo bf16 activations)"
+QWASI_GPU_DEBUG=${QWASI_GPU_DEBUG:-1} $V --backend cuda --json "$OUT/verify-split.json" 2>&1 | tee "$OUT/verify-split.log" || rc=1
+echo "== info only: cuBLAS on bf16-rounded activations (QWASI_GEMM=bf16; expected to be less accurate)"
+QWASI_GEMM=bf16 $V --backend cuda 2>&1 | tee "$OUT/verify-bf16.log"
 echo "== verify (tiled f32-activation GEMM)"
-QWASI_GEMM=tiled $BIN verify --backend cuda --json "$OUT/verify-tiled.json" 2>&1 | tee "$OUT/verify-tiled.log" || rc=1
+QWASI_GEMM=tiled $V --backend cuda --json "$OUT/verify-tiled.json" 2>&1 | tee "$OUT/verify-tiled.log" || rc=1
 echo "== synthetic qwen3.6-35b-a3b smoke"
-$BIN verify --backend cuda --no-fixtures --synthetic qwen3.6-35b-a3b --prompt-len ${SMOKE_PROMPT:-1000} --gen-tokens 16 \
+$V --backend cuda --no-fixtures --synthetic qwen3.6-35b-a3b --prompt-len ${SMOKE_PROMPT:-1000} --gen-tokens 16 \
   --json "$OUT/smoke.json" 2>&1 | tee "$OUT/smoke.log" || rc=1
 if command -v compute-sanitizer >/dev/null && [ "${SANITIZE:-1}" = 1 ]; then
   echo "== compute-sanitizer memcheck (moe-flat)"
-  timeout 240 compute-sanitizer --tool memcheck --print-limit 20 $BIN verify --backend cuda \
+  timeout 240 compute-sanitizer --tool memcheck --print-limit 20 $V --backend cuda \
     --model tests/fixtures/models/moe-flat 2>&1 | tail -40 | tee "$OUT/sanitizer.log" || rc=1
 fi
 exit $rc

@@ -19,6 +19,7 @@ fn main() -> anyhow::Result<()> {
     let mut model: Option<PathBuf> = None;
     let mut no_fixtures = false;
     let mut o = VerifyOptions { fixtures: vec![], synthetic: None, layers: None, prompt_len: 300, gen_tokens: 16, json: None };
+    let mut compare: Option<PathBuf> = None;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         let mut val = || args.next().with_context(|| format!("{a} needs a value"));
@@ -26,6 +27,7 @@ fn main() -> anyhow::Result<()> {
             "--fixtures" => fixtures = val()?.into(),
             "--model" => model = Some(val()?.into()),
             "--no-fixtures" => no_fixtures = true,
+            "--compare" => compare = Some(val()?.into()),
             "--synthetic" => o.synthetic = Some(val()?),
             "--layers" => o.layers = Some(val()?.parse()?),
             "--prompt-len" => o.prompt_len = val()?.parse()?,
@@ -39,6 +41,10 @@ fn main() -> anyhow::Result<()> {
             }
             other => bail!("unknown argument {other}"),
         }
+    }
+    if let Some(dir) = compare {
+        let ok = qwasi_engine::gpu::verify::compare_transformers(&dir, o.json.as_deref())?;
+        std::process::exit(if ok { 0 } else { 1 });
     }
     if !no_fixtures {
         o.fixtures = match model {

@@ -73,7 +73,7 @@ impl Device {
         let name = cudarc::driver::result::device::get_name(ctx.cu_device())
             .unwrap_or_else(|_| "CUDA GPU".into());
         let mut funcs = HashMap::new();
-        for (module, image) in images::MODULES {
+        for (module, image, names) in images::MODULES {
             // The driver wants the image in memory that stays valid during the call; the
             // embedded bytes are 'static but may be unaligned, so copy to an aligned buffer.
             let mut aligned = vec![0u64; image.len().div_ceil(8) + 1];
@@ -86,12 +86,10 @@ impl Device {
             }
             let m = unsafe { result::module::load_data(aligned.as_ptr() as *const c_void) }
                 .map_err(|e| anyhow::anyhow!("loading kernel module {module}: {e:?}"))?;
-            for name in kernel_names(image) {
-                if let Ok(f) =
-                    unsafe { result::module::get_function(m, CString::new(name.clone()).unwrap()) }
-                {
-                    funcs.insert(name, f);
-                }
+            for name in names.iter() {
+                let f = unsafe { result::module::get_function(m, CString::new(*name).unwrap()) }
+                    .map_err(|e| anyhow::anyhow!("kernel {name} in module {module}: {e:?}"))?;
+                funcs.insert(name.to_string(), f);
             }
         }
         let cublas = cudarc::cublas::result::create_handle()
@@ -252,8 +250,4 @@ impl Drop for Device {
             let _ = cudarc::cublas::result::destroy_handle(self.cublas);
         }
     }
-}
-
-fn kernel_names(_image: &[u8]) -> Vec<String> {
-    super::KERNELS.iter().map(|s| s.to_string()).collect()
 }

@@ -101,13 +101,13 @@ impl HipDevice {
             check((api.init)(0), "hipInit")?;
             check((api.set_device)(0), "hipSetDevice")?;
             let mut funcs = HashMap::new();
-            for (_module, image) in images::MODULES {
+            for (_module, image, names) in images::MODULES {
                 let mut m: HipModule = std::ptr::null_mut();
                 check(
                     (api.module_load_data)(&mut m, image.as_ptr() as *const c_void),
                     "hipModuleLoadData",
                 )?;
-                for name in super::cuda_free_kernel_names() {
+                for name in names.iter() {
                     let mut f: HipFunction = std::ptr::null_mut();
                     let cname = CString::new(*name).unwrap();
                     if (api.module_get_function)(&mut f, m, cname.as_ptr()) == 0 {

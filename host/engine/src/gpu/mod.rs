@@ -46,36 +46,3 @@ pub fn f(v: f32) -> Arg {
     Arg::F32(v)
 }
 
-/// Every kernel the model launches (each lives in one of the embedded modules).
-pub const KERNELS: &[&str] = &[
-    "embed_gather",
-    "rmsnorm",
-    "add_inplace",
-    "add_sigmoid_scaled",
-    "f32_to_bf16",
-    "silu_mul",
-    "gemv_bf16",
-    "gemm_tiled",
-    "gather_rows",
-    "scatter_add_rows",
-    "fill_uniform_bf16",
-    "fill_uniform_f32",
-    "fill_alog_f32",
-    "logits_stats",
-    "conv_silu",
-    "l2norm_heads",
-    "gdn_gates",
-    "gdn_recurrent",
-    "gated_rmsnorm",
-    "attn_prep",
-    "attn_partial",
-    "attn_combine",
-    "router_topk",
-    "moe_gemv_gate_up",
-    "moe_gemv_down",
-];
-
-#[cfg(feature = "hip")]
-fn cuda_free_kernel_names() -> &'static [&'static str] {
-    KERNELS
-}

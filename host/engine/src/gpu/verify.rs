@@ -362,3 +362,115 @@ pub fn run_cli(o: &VerifyOptions) -> Result<bool> {
     println!("verify: {}", if all_pass { "PASS" } else { "FAIL" });
     Ok(all_pass)
 }
+
+#[derive(Deserialize)]
+struct RefFile {
+    layers: usize,
+    cases: Vec<RefCase>,
+}
+
+#[derive(Deserialize)]
+struct RefCase {
+    len: usize,
+    prompt: Vec<u32>,
+    generated: Vec<u32>,
+    margins: Vec<f32>,
+}
+
+#[derive(Serialize, Clone, Debug)]
+pub struct CompareReport {
+    pub layers: usize,
+    pub prompt_len: usize,
+    pub kl_ref_gpu: f64,
+    pub top1_agree: bool,
+    /// Max |logprob difference| over transformers' top-8 of the last prompt token.
+    pub max_dlogprob_top8: f32,
+    /// Teacher-forced greedy steps with transformers margin > 0.1, and how many agree.
+    pub decisive_steps: usize,
+    pub decisive_agree: usize,
+    /// Free-running greedy tokens identical to transformers.
+    pub greedy_same_prefix: usize,
+    pub greedy_len: usize,
+    /// transformers' top-1 margin at the first free-running difference.
+    pub greedy_diverged_margin: Option<f32>,
+    pub prefill_s: f64,
+    pub pass: bool,
+}
+
+/// Compares the GPU backend with a transformers float32 reference written by
+/// `scripts/device/compare_transformers.py` into `dir` (model/ + ref.json + logits_<len>.f32).
+pub fn compare_transformers(dir: &Path, json: Option<&Path>) -> Result<bool> {
+    let r: RefFile = serde_json::from_str(&std::fs::read_to_string(dir.join("ref.json"))?)?;
+    let t0 = Instant::now();
+    let m = LoadedModel::from_dir(&dir.join("model"))?;
+    let gpu = GpuModel::new(m.config, &m.weights)?;
+    drop(m.weights);
+    println!(
+        "[compare] {}-layer model loaded in {:.1} s (prefill GEMMs {:?}, KV cache {})",
+        r.layers,
+        t0.elapsed().as_secs_f64(),
+        gpu.gemm,
+        if gpu.kv_f32 { "f32" } else { "bf16" }
+    );
+    let mut reports = Vec::new();
+    let mut all = true;
+    for c in &r.cases {
+        let bytes = std::fs::read(dir.join(format!("logits_{}.f32", c.len)))?;
+        let reference: Vec<f32> = bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
+        let mut seq = gpu.new_sequence();
+        let t1 = Instant::now();
+        let mut g = gpu.forward(&mut seq, &c.prompt)?;
+        let prefill_s = t1.elapsed().as_secs_f64();
+        let (lr, lg) = (log_softmax(&reference), log_softmax(&g));
+        let k = kl(&lr, &lg);
+        let mut idx: Vec<usize> = (0..lr.len()).collect();
+        idx.sort_by(|&a, &b| lr[b].total_cmp(&lr[a]));
+        let max_d = idx[..8].iter().map(|&i| (lr[i] - lg[i]).abs()).fold(0.0, f32::max);
+        let top1 = argmax(&reference) == argmax(&g);
+        let (mut steps, mut agree, mut prefix, mut diverged) = (0, 0, 0, false);
+        let mut div_margin = None;
+        for (i, &tok) in c.generated.iter().enumerate() {
+            let same = argmax(&g) == tok;
+            if c.margins[i] > 0.1 {
+                steps += 1;
+                agree += same as usize;
+            }
+            if !diverged && same {
+                prefix += 1;
+            } else if !diverged {
+                diverged = true;
+                div_margin = Some(c.margins[i]);
+            }
+            if i + 1 < c.generated.len() {
+                g = gpu.forward(&mut seq, &[tok])?;
+            }
+        }
+        let pass = k <= 1e-2 && top1 && agree == steps;
+        all &= pass;
+        let rep = CompareReport {
+            layers: r.layers,
+            prompt_len: c.len,
+            kl_ref_gpu: k,
+            top1_agree: top1,
+            max_dlogprob_top8: max_d,
+            decisive_steps: steps,
+            decisive_agree: agree,
+            greedy_same_prefix: prefix,
+            greedy_len: c.generated.len(),
+            greedy_diverged_margin: div_margin,
+            prefill_s,
+            pass,
+        };
+        println!(
+            "[compare] len {:>6}: KL(hf||gpu) {:.2e}, top1 {}, max|dlogprob| top8 {:.2e}, teacher-forced top1 {}/{} \
+             (margin > 0.1), greedy identical {}/{} (hf margin at first difference {:?})  {}",
+            c.len, k, top1, max_d, agree, steps, prefix, c.generated.len(), div_margin, if pass { "PASS" } else { "FAIL" }
+        );
+        reports.push(rep);
+    }
+    if let Some(p) = json {
+        std::fs::write(p, serde_json::to_string_pretty(&serde_json::json!({"compare": reports, "pass": all}))?)?;
+    }
+    println!("compare: {}", if all { "PASS" } else { "FAIL" });
+    Ok(all)
+}

@@ -1,0 +1,164 @@
+#!/usr/bin/env python3
+"""Full-width, reduced-depth reference for the GPU backend (runs on the GPU machine).
+
+Builds a Qwen3.6-35B-A3B-width text model (hidden 2048, 256 experts top-8, GDN
+16/32 heads x 128, attention 16/2 x 256, vocab 248320) with N layers (default 8:
+attention at 3 and 7) and random weights rounded to bf16, writes it as a model
+directory (config.json + model.safetensors, fused experts), and runs
+transformers' Qwen3_5MoeForCausalLM in float32 (eager attention, TF32 off) on
+exactly those weights: last-token logits of seeded random prompts (1, 1K, 8K
+tokens by default) and 64 greedy tokens each (with each step's top-1 margin).
+
+    python3 scripts/device/compare_transformers.py OUTDIR [--layers 8] [--lens 1,1024,8192] [--gen 64]
+
+Then: gpu_verify --compare OUTDIR  (or qwasi verify --compare OUTDIR).
+Writes OUTDIR/model/{config.json,model.safetensors} and OUTDIR/ref.json,
+OUTDIR/logits_<len>.f32 (raw little-endian float32, vocab entries).
+"""
+
+import argparse
+import json
+import math
+import time
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+from transformers import Qwen3_5MoeForCausalLM, Qwen3_5MoeTextConfig
+
+
+def text_config(layers):
+    return dict(
+        vocab_size=248320,
+        hidden_size=2048,
+        num_hidden_layers=layers,
+        layer_types=["full_attention" if i % 4 == 3 else "linear_attention" for i in range(layers)],
+        num_attention_heads=16,
+        num_key_value_heads=2,
+        head_dim=256,
+        linear_num_key_heads=16,
+        linear_num_value_heads=32,
+        linear_key_head_dim=128,
+        linear_value_head_dim=128,
+        linear_conv_kernel_dim=4,
+        num_experts=256,
+        num_experts_per_tok=8,
+        moe_intermediate_size=512,
+        shared_expert_intermediate_size=512,
+        rms_norm_eps=1e-6,
+        max_position_embeddings=262144,
+        tie_word_embeddings=False,
+        attn_output_gate=True,
+        full_attention_interval=4,
+        rope_parameters={
+            "rope_type": "default",
+            "rope_theta": 10000000,
+            "partial_rotary_factor": 0.25,
+            "mrope_section": [11, 11, 10],
+            "mrope_interleaved": True,
+        },
+    )
+
+
+def init_value(name, shape, gen, hidden):
+    """As scripts/make_fixtures.py: spread values so greedy choices have margins."""
+    dev = "cuda"
+
+    def normal(std, mean=0.0):
+        return torch.randn(shape, generator=gen, device=dev, dtype=torch.float32) * std + mean
+
+    def uniform(lo, hi):
+        return torch.rand(shape, generator=gen, device=dev, dtype=torch.float32) * (hi - lo) + lo
+
+    if name.endswith("embed_tokens.weight"):
+        return normal(1.0)
+    if name == "lm_head.weight":
+        return normal(4.0 / math.sqrt(hidden))  # logits ~ N(0, 4^2), as the fixtures
+    if name.endswith("linear_attn.A_log"):
+        return uniform(1.0, 16.0).log()
+    if name.endswith("linear_attn.dt_bias"):
+        dt = uniform(math.log(1e-3), math.log(1e-1)).exp()
+        return dt + torch.log(-torch.expm1(-dt))
+    if name.endswith("linear_attn.norm.weight"):
+        return normal(0.1, 1.0)
+    if name.endswith("norm.weight"):
+        return normal(0.1)
+    if name.endswith("linear_attn.conv1d.weight"):
+        return normal(1.0 / math.sqrt(shape[-1]))
+    if name.endswith("mlp.gate.weight"):
+        return normal(2.5 / math.sqrt(hidden))
+    if name.endswith("mlp.experts.gate_up_proj") or name.endswith("mlp.experts.down_proj"):
+        return normal(1.0 / math.sqrt(shape[2]))
+    if name.endswith(".weight") and len(shape) == 2:
+        return normal(1.0 / math.sqrt(shape[1]))
+    raise ValueError(f"no init rule for {name} {shape}")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("out")
+    ap.add_argument("--layers", type=int, default=8)
+    ap.add_argument("--lens", default="1,1024,8192")
+    ap.add_argument("--gen", type=int, default=64)
+    ap.add_argument("--seed", type=int, default=4242)
+    a = ap.parse_args()
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    out = Path(a.out)
+    (out / "model").mkdir(parents=True, exist_ok=True)
+    t0 = time.time()
+    cfg = Qwen3_5MoeTextConfig(**text_config(a.layers))
+    with torch.device("cuda"):
+        model = Qwen3_5MoeForCausalLM._from_config(
+            cfg, dtype=torch.float32, attn_implementation="eager", experts_implementation="eager"
+        ).eval()
+    gen = torch.Generator(device="cuda").manual_seed(a.seed)
+    tensors = {}
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            v = init_value(name, tuple(p.shape), gen, 2048)
+            if name.endswith(("linear_attn.A_log", "linear_attn.dt_bias")):
+                tensors[name] = v.detach().cpu().contiguous()  # kept f32 in the checkpoint
+            else:
+                v = v.to(torch.bfloat16)
+                tensors[name] = v.detach().cpu().contiguous()
+                v = v.to(torch.float32)
+            p.copy_(v)
+    print(f"[ref] model built in {time.time() - t0:.1f} s", flush=True)
+    t0 = time.time()
+    save_file(tensors, str(out / "model" / "model.safetensors"), metadata={"format": "pt"})
+    del tensors
+    cd = text_config(a.layers)
+    cd.update({"architectures": ["Qwen3_5MoeForCausalLM"], "model_type": "qwen3_5_moe_text", "dtype": "bfloat16"})
+    (out / "model" / "config.json").write_text(json.dumps(cd, indent=2) + "\n")
+    print(f"[ref] saved in {time.time() - t0:.1f} s", flush=True)
+
+    g = torch.Generator().manual_seed(a.seed + 1)
+    cases = []
+    for L in [int(x) for x in a.lens.split(",") if x]:
+        ids = torch.randint(0, 248320, (1, L), generator=g)
+        t0 = time.time()
+        with torch.no_grad():
+            logits = model(input_ids=ids.cuda(), logits_to_keep=1, use_cache=False).logits[0, -1].float().cpu()
+        t_fwd = time.time() - t0
+        logits.numpy().astype("<f4").tofile(out / f"logits_{L}.f32")
+        t0 = time.time()
+        with torch.no_grad():
+            res = model.generate(
+                ids.cuda(), max_new_tokens=a.gen, do_sample=False, output_scores=True,
+                return_dict_in_generate=True, pad_token_id=0, eos_token_id=None,
+            )
+        toks = res.sequences[0, L:].tolist()
+        margins = []
+        for s in res.scores:
+            top2 = torch.topk(s[0].float(), 2).values
+            margins.append(float(top2[0] - top2[1]))
+        print(f"[ref] len {L}: forward {t_fwd:.1f} s, generate {time.time() - t0:.1f} s, "
+              f"first tokens {toks[:8]}", flush=True)
+        cases.append({"len": L, "prompt": ids[0].tolist(), "generated": toks, "margins": margins})
+        torch.cuda.empty_cache()
+    (out / "ref.json").write_text(json.dumps({"layers": a.layers, "cases": cases}))
+
+
+if __name__ == "__main__":
+    main()
