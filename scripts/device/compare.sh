@@ -5,7 +5,7 @@
 #      same bf16 weights: scripts/device/compare_transformers.py writes the model
 #      and the reference, then `verify --compare` runs the GPU backend on it.
 # $OUT gets: verify-{split,tiled,kvbf16}.json smoke.json compare-<kv>.json run.log
-# Env: LAYERS (8), LENS (1,1024,8192), GEN (64), KV_MODES ("f32 bf16"), SKIP_VERIFY.
+# Env: LAYERS (8), LENS (1,1024,8192), GEN (64), ATTN (eager; sdpa for >16K), KV_MODES ("f32 bf16"), SKIP_VERIFY.
 set -uo pipefail
 OUT=${OUT:-/tmp/qwasi-out}
 mkdir -p "$OUT"
@@ -22,7 +22,7 @@ rc=0
   echo "== transformers float32 reference (${LAYERS:-8} layers, full width)"
   W=${REF_DIR:-/tmp/qwasi-ref}
   PYTHONUNBUFFERED=1 python3 scripts/device/compare_transformers.py "$W" --layers ${LAYERS:-8} \
-    --lens ${LENS:-1,1024,8192} --gen ${GEN:-64} || rc=1
+    --lens ${LENS:-1,1024,8192} --gen ${GEN:-64} --attn ${ATTN:-eager} || rc=1
   for kv in ${KV_MODES:-f32 bf16}; do
     echo "== GPU backend (KV cache $kv) vs transformers"
     QWASI_KV=$kv $V --compare "$W" --json "$OUT/compare-$kv.json" || rc=1

@@ -101,6 +101,7 @@ def main():
     ap.add_argument("--lens", default="1,1024,8192")
     ap.add_argument("--gen", type=int, default=64)
     ap.add_argument("--seed", type=int, default=4242)
+    ap.add_argument("--attn", default="eager", help="eager, or sdpa for long prompts (memory)")
     a = ap.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
@@ -110,7 +111,7 @@ def main():
     cfg = Qwen3_5MoeTextConfig(**text_config(a.layers))
     with torch.device("cuda"):
         model = Qwen3_5MoeForCausalLM._from_config(
-            cfg, dtype=torch.float32, attn_implementation="eager", experts_implementation="eager"
+            cfg, dtype=torch.float32, attn_implementation=a.attn, experts_implementation="eager"
         ).eval()
     gen = torch.Generator(device="cuda").manual_seed(a.seed)
     tensors = {}

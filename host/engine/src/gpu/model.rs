@@ -11,7 +11,7 @@
 
 use super::cuda::{DBuf, Device};
 use super::{Arg, f, i};
-use crate::backend::Backend;
+use crate::backend::{Backend, SeqSnapshot};
 use crate::config::{LayerKind, MlpConfig, ModelConfig};
 use crate::weights::{Mixer, Mlp, Weights};
 use anyhow::{Context, Result, bail};
@@ -131,6 +131,9 @@ enum SeqLayer {
     Gdn { conv: DBuf, s: DBuf },
     Attn { k: DBuf, v: DBuf },
 }
+
+/// Longest token run one pass handles (longer prompts are split).
+const PREFILL_CHUNK: usize = 16_384;
 
 const F: usize = 4; // bytes per f32
 const B: usize = 2; // bytes per bf16
@@ -572,6 +575,10 @@ impl GpuModel {
         }
         seq.cap = 0;
         Ok(())
+    }
+
+    fn kv_row_bytes(&self) -> usize {
+        self.cfg.num_key_value_heads * self.cfg.head_dim * if self.kv_f32 { F } else { B }
     }
 
     /// Grows every KV cache of the sequence to hold `need` tokens.
@@ -1157,7 +1164,12 @@ impl GpuModel {
                 c.max_position_embeddings.min(self.max_len)
             );
         }
-        let nf = self.run(seq, tokens, sc)?;
+        // Long prompts run in chunks: bounded work buffers, and every grid's y
+        // dimension (tokens) stays under the 65,535 launch limit.
+        let mut nf = 0;
+        for chunk in tokens.chunks(PREFILL_CHUNK) {
+            nf = self.run(seq, chunk, sc)?;
+        }
         let logits = sc.get(&self.dev, "logits", c.vocab_size * F)?;
         self.linear(sc, nf, 1, self.lm_head(), logits, false)?;
         Ok(logits)
@@ -1194,6 +1206,104 @@ impl Backend for GpuModel {
         let mut out = vec![0f32; self.cfg.vocab_size];
         self.dev.dtoh(&mut out, logits)?;
         Ok(out)
+    }
+
+    fn extend(&self, seq: &mut GpuSequence, tokens: &[u32]) -> Result<()> {
+        if tokens.is_empty() {
+            bail!("extend needs at least one token");
+        }
+        let mut sc = self.scratch.lock().unwrap();
+        self.dev.bind()?;
+        for chunk in tokens.chunks(PREFILL_CHUNK) {
+            self.run(seq, chunk, &mut sc)?;
+        }
+        Ok(())
+    }
+
+    /// A full device copy of the sequence (GDN states and the KV prefix; no page
+    /// sharing yet). `None` when the copy cannot be allocated.
+    fn snapshot(&self, seq: &GpuSequence) -> Option<Box<dyn SeqSnapshot>> {
+        let _guard = self.scratch.lock().unwrap();
+        self.dev.bind().ok()?;
+        let row = self.kv_row_bytes();
+        let mut layers = Vec::with_capacity(seq.layers.len());
+        let mut bytes = 0;
+        for l in &seq.layers {
+            layers.push(match l {
+                SeqLayer::Gdn { conv, s } => {
+                    let c = self.dev.alloc(conv.bytes()).ok()?;
+                    let st = self.dev.alloc(s.bytes()).ok()?;
+                    self.dev.dtod(c.ptr(), conv.ptr(), conv.bytes()).ok()?;
+                    self.dev.dtod(st.ptr(), s.ptr(), s.bytes()).ok()?;
+                    bytes += conv.bytes() + s.bytes();
+                    SeqLayer::Gdn { conv: c, s: st }
+                }
+                SeqLayer::Attn { k, v } => {
+                    let n = seq.pos * row;
+                    let kk = self.dev.alloc(n).ok()?;
+                    let vv = self.dev.alloc(n).ok()?;
+                    self.dev.dtod(kk.ptr(), k.ptr(), n).ok()?;
+                    self.dev.dtod(vv.ptr(), v.ptr(), n).ok()?;
+                    bytes += 2 * n;
+                    SeqLayer::Attn { k: kk, v: vv }
+                }
+            });
+        }
+        Some(Box::new(GpuSnapshot { pos: seq.pos, kv_f32: self.kv_f32, layers, bytes }))
+    }
+
+    fn restore(&self, snap: &dyn SeqSnapshot) -> Option<GpuSequence> {
+        let snap = snap.as_any().downcast_ref::<GpuSnapshot>()?;
+        if snap.kv_f32 != self.kv_f32 || snap.layers.len() != self.cfg.num_layers() {
+            return None;
+        }
+        let _guard = self.scratch.lock().unwrap();
+        self.dev.bind().ok()?;
+        let row = self.kv_row_bytes();
+        let cap = snap.pos.max(256).min(self.max_len.max(snap.pos));
+        let mut layers = Vec::with_capacity(snap.layers.len());
+        for l in &snap.layers {
+            layers.push(match l {
+                SeqLayer::Gdn { conv, s } => {
+                    let c = self.dev.alloc(conv.bytes()).ok()?;
+                    let st = self.dev.alloc(s.bytes()).ok()?;
+                    self.dev.dtod(c.ptr(), conv.ptr(), conv.bytes()).ok()?;
+                    self.dev.dtod(st.ptr(), s.ptr(), s.bytes()).ok()?;
+                    SeqLayer::Gdn { conv: c, s: st }
+                }
+                SeqLayer::Attn { k, v } => {
+                    let kk = self.dev.alloc(cap * row).ok()?;
+                    let vv = self.dev.alloc(cap * row).ok()?;
+                    self.dev.dtod(kk.ptr(), k.ptr(), snap.pos * row).ok()?;
+                    self.dev.dtod(vv.ptr(), v.ptr(), snap.pos * row).ok()?;
+                    SeqLayer::Attn { k: kk, v: vv }
+                }
+            });
+        }
+        Some(GpuSequence { pos: snap.pos, cap, layers })
+    }
+}
+
+/// An immutable device copy of a sequence at one position.
+pub struct GpuSnapshot {
+    pos: usize,
+    kv_f32: bool,
+    layers: Vec<SeqLayer>,
+    bytes: usize,
+}
+
+impl SeqSnapshot for GpuSnapshot {
+    fn position(&self) -> usize {
+        self.pos
+    }
+    fn private_bytes(&self) -> usize {
+        self.bytes
+    }
+    fn pages(&self) -> Vec<(u64, usize)> {
+        Vec::new()
+    }
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
     }
 }
 

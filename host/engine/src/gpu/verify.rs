@@ -218,6 +218,9 @@ pub struct SmokeReport {
     pub top1_prefill_vs_decode_agree: bool,
     pub generated: Vec<u32>,
     pub decode_tokens_per_s: f64,
+    /// A snapshot taken after the prompt, restored, and decoded one token gives
+    /// the same logits as the original sequence (max |difference|).
+    pub snapshot_restore_max_diff: Option<f32>,
     pub pass: bool,
 }
 
@@ -251,13 +254,28 @@ pub fn smoke(
     let (pa, pb) = (log_softmax(&la), log_softmax(&lb));
     let k = kl(&pa, &pb);
     let agree = argmax(&la) == argmax(&lb);
+    // Snapshot after the prompt, restore, decode the first greedy token: must equal the original.
+    let first = argmax(&la);
+    let restored = match model.snapshot(&a) {
+        Some(snap) => {
+            let mut r = model.restore(snap.as_ref()).context("restore of a fresh snapshot failed")?;
+            Some(model.forward(&mut r, &[first])?)
+        }
+        None => None,
+    };
+    let mut snap_diff = None;
     let mut generated = Vec::new();
     let mut logits = la;
     let t1 = Instant::now();
-    for _ in 0..n_gen {
+    for i in 0..n_gen {
         let t = argmax(&logits);
         generated.push(t);
         logits = model.forward(&mut a, &[t])?;
+        if i == 0
+            && let Some(x) = &restored
+        {
+            snap_diff = Some(x.iter().zip(&logits).map(|(p, q)| (p - q).abs()).fold(0.0, f32::max));
+        }
     }
     let dt = t1.elapsed().as_secs_f64();
     let finite = finite && logits.iter().all(|v| v.is_finite());
@@ -272,7 +290,8 @@ pub fn smoke(
         top1_prefill_vs_decode_agree: agree,
         generated,
         decode_tokens_per_s: n_gen as f64 / dt.max(1e-9),
-        pass: finite && k < 1e-2,
+        snapshot_restore_max_diff: snap_diff,
+        pass: finite && k < 1e-2 && snap_diff == Some(0.0),
     })
 }
 
@@ -340,7 +359,7 @@ pub fn run_cli(o: &VerifyOptions) -> Result<bool> {
         println!(
             "synthetic {p} ({} layers): load {:.1} s, prefill {} tokens {:.3} s, finite {}, \
              KL(prefill || prefill[..-1]+decode) {:.2e}, top1 agree {}, decode {:.1} tok/s \
-             (correctness build: no graphs, full logits copied per token), tokens {:?}  {}",
+             (correctness build: no graphs, full logits copied per token), snapshot/restore max diff {:?}, tokens {:?}  {}",
             r.layers,
             r.load_s,
             r.prompt_len,
@@ -349,6 +368,7 @@ pub fn run_cli(o: &VerifyOptions) -> Result<bool> {
             r.kl_prefill_vs_decode,
             r.top1_prefill_vs_decode_agree,
             r.decode_tokens_per_s,
+            r.snapshot_restore_max_diff,
             r.generated,
             if r.pass { "PASS" } else { "FAIL" }
         );
