@@ -9,11 +9,15 @@ use crate::error::ApiError;
 use crate::host::{
     Event, FinishReason, GenerateRequest, Generation, Host, ModelInfo, Sink, TokenEvent, Usage,
 };
-use crate::params::{self, ChatRequest, Common, CompletionRequest, Prompt, TokenizeRequest};
+use crate::params::{
+    self, ChatRequest, Common, CompletionRequest, Prompt, TokenizeRequest, ToolChoice, Tools,
+};
 use crate::sse;
 use crate::stop::StopMatcher;
+use crate::template;
 use crate::think::{THINK_END, ThinkSplitter};
 use crate::tokens;
+use crate::toolcall::{self, Out, ToolParser};
 
 /// Largest request body the guest reads.
 pub const MAX_BODY_BYTES: usize = 32 << 20;
@@ -118,8 +122,9 @@ fn route<H: Host, S: Sink>(host: &H, req: &HttpRequest, sink: &mut S) -> Result<
             let info = host.model_info();
             let tokens = match params::parse_tokenize(&body, &info)? {
                 TokenizeRequest::Prompt(p) => encode(host, &p, "prompt")?,
-                TokenizeRequest::Messages(m, opts) => {
-                    encode(host, &chat::render(&m, opts), "messages")?
+                TokenizeRequest::Messages(m, opts, tools) => {
+                    let text = render_prompt(&info, &m, &tools, opts)?;
+                    encode(host, &text, "messages")?
                 }
             };
             let count = tokens.len();
@@ -279,18 +284,93 @@ pub struct Piece {
     pub reasoning: String,
     pub content: String,
     pub logprob: Option<TokenLp>,
+    /// `delta.tool_calls` entries.
+    pub tool_calls: Vec<Value>,
 }
 
 impl Piece {
     fn is_empty(&self) -> bool {
-        self.reasoning.is_empty() && self.content.is_empty() && self.logprob.is_none()
+        self.reasoning.is_empty()
+            && self.content.is_empty()
+            && self.logprob.is_none()
+            && self.tool_calls.is_empty()
     }
 }
 
 #[derive(Debug, Clone, PartialEq)]
 pub enum Ended {
-    Finished { reason: &'static str, usage: Usage },
+    Finished {
+        reason: &'static str,
+        usage: Usage,
+    },
     Failed(String),
+    /// The output broke the request's tool rules (`tool_choice`, ...).
+    Rejected(ApiError),
+}
+
+/// The error for output that breaks `tool_choice`/`parallel_tool_calls`/`tools`.
+pub fn tool_violation(message: impl Into<String>) -> ApiError {
+    ApiError::new(
+        500,
+        crate::error::SERVER_ERROR,
+        Some("tool_choice_violation"),
+        message,
+    )
+}
+
+/// Tool-call parsing and validation of one generation.
+struct ToolState {
+    parser: ToolParser,
+    cfg: Tools,
+    names: Vec<String>,
+    violation: Option<ApiError>,
+}
+
+impl ToolState {
+    fn check_start(&self, index: usize, name: &str) -> Result<(), ApiError> {
+        if !self
+            .cfg
+            .tools
+            .iter()
+            .any(|t| params::tool_name(t) == Some(name))
+        {
+            return Err(tool_violation(format!(
+                "the model called function '{name}', which is not in 'tools'"
+            )));
+        }
+        if let ToolChoice::Named(n) = &self.cfg.choice
+            && n != name
+        {
+            return Err(tool_violation(format!(
+                "tool_choice requires function '{n}', but the model called '{name}'"
+            )));
+        }
+        if index > 0 && !self.cfg.parallel {
+            return Err(tool_violation(
+                "parallel_tool_calls is false, but the model made more than one tool call",
+            ));
+        }
+        Ok(())
+    }
+
+    fn check_end(&self) -> Result<(), ApiError> {
+        if self.names.is_empty() {
+            match &self.cfg.choice {
+                ToolChoice::Required => {
+                    return Err(tool_violation(
+                        "tool_choice is 'required', but the model made no tool call",
+                    ));
+                }
+                ToolChoice::Named(n) => {
+                    return Err(tool_violation(format!(
+                        "tool_choice requires function '{n}', but the model made no tool call"
+                    )));
+                }
+                _ => {}
+            }
+        }
+        Ok(())
+    }
 }
 
 pub struct Driver<'h, H: Host> {
@@ -304,6 +384,7 @@ pub struct Driver<'h, H: Host> {
     /// Chars of generated text so far, plus the echoed prompt.
     offset: usize,
     spellings: HashMap<u32, (String, Vec<u8>)>,
+    tools: Option<ToolState>,
     pub ended: Option<Ended>,
 }
 
@@ -331,8 +412,67 @@ impl<'h, H: Host> Driver<'h, H> {
             tokens: 0,
             offset,
             spellings: HashMap::new(),
+            tools: None,
             ended: None,
         }
+    }
+
+    /// Parses the content for tool calls (when the request has tools and
+    /// `tool_choice` is not `none`).
+    pub fn with_tools(mut self, tools: &Tools) -> Self {
+        if tools.parse_calls() {
+            self.tools = Some(ToolState {
+                parser: ToolParser::new(toolcall::schemas(&tools.tools)),
+                cfg: tools.clone(),
+                names: Vec::new(),
+                violation: None,
+            });
+        }
+        self
+    }
+
+    /// Passes content through the tool-call parser.
+    fn content(&mut self, text: &str, piece: &mut Piece, fin: bool) {
+        let Some(ts) = &mut self.tools else {
+            piece.content.push_str(text);
+            return;
+        };
+        if ts.violation.is_some() {
+            return;
+        }
+        let mut outs = ts.parser.push(text);
+        if fin {
+            outs.extend(ts.parser.finish());
+        }
+        for o in outs {
+            match o {
+                Out::Text(t) => piece.content.push_str(&t),
+                Out::Start { index, name } => {
+                    if let Err(e) = ts.check_start(index, &name) {
+                        ts.violation = Some(e);
+                        return;
+                    }
+                    let id = format!("call_{}", self.host.random_hex(12));
+                    piece.tool_calls.push(json!({"index": index, "id": id, "type": "function", "function": {"name": name, "arguments": ""}}));
+                    ts.names.push(name);
+                }
+                Out::Args { index, fragment } => piece
+                    .tool_calls
+                    .push(json!({"index": index, "function": {"arguments": fragment}})),
+                Out::End { .. } => {}
+            }
+        }
+        if fin && let Err(e) = ts.check_end() {
+            ts.violation = Some(e);
+        }
+    }
+
+    fn take_violation(&mut self) -> Option<ApiError> {
+        self.tools.as_mut().and_then(|t| t.violation.take())
+    }
+
+    fn made_calls(&self) -> bool {
+        self.tools.as_ref().is_some_and(|t| !t.names.is_empty())
     }
 
     /// Whether output is in the reasoning part (thinking on, `</think>` not seen yet).
@@ -368,9 +508,9 @@ impl<'h, H: Host> Driver<'h, H> {
             Some(t) => {
                 let s = t.push(text);
                 piece.reasoning.push_str(&s.reasoning);
-                piece.content.push_str(&s.content);
+                self.content(&s.content, piece, false);
             }
-            None => piece.content.push_str(text),
+            None => self.content(text, piece, false),
         }
     }
 
@@ -443,6 +583,19 @@ impl<'h, H: Host> Driver<'h, H> {
                 });
             }
             Event::Failed(m) => self.ended = Some(Ended::Failed(m)),
+        }
+        if let Some(Ended::Finished { reason, .. }) = &mut self.ended {
+            let stop = *reason == "stop";
+            self.content("", &mut piece, true);
+            if stop
+                && self.made_calls()
+                && let Some(Ended::Finished { reason, .. }) = &mut self.ended
+            {
+                *reason = "tool_calls";
+            }
+        }
+        if let Some(e) = self.take_violation() {
+            self.ended = Some(Ended::Rejected(e));
         }
         piece
     }
@@ -569,6 +722,9 @@ impl Format for ChatFormat {
         if !piece.content.is_empty() {
             deltas.push(json!({"content": piece.content}));
         }
+        for c in &piece.tool_calls {
+            deltas.push(json!({"tool_calls": [c]}));
+        }
         if deltas.is_empty() {
             if piece.logprob.is_none() || !self.logprobs {
                 return vec![];
@@ -603,7 +759,16 @@ impl Format for ChatFormat {
     }
 
     fn full_choice(&self, out: &Piece, lps: &[TokenLp], reason: &str) -> Value {
-        let mut message = json!({"role": "assistant", "content": out.content, "refusal": null});
+        let calls = merge_tool_calls(&out.tool_calls);
+        let content = if out.content.is_empty() && !calls.is_empty() {
+            Value::Null
+        } else {
+            Value::String(out.content.clone())
+        };
+        let mut message = json!({"role": "assistant", "content": content, "refusal": null});
+        if !calls.is_empty() {
+            message["tool_calls"] = Value::Array(calls);
+        }
         if self.thinking {
             message["reasoning_content"] = if out.reasoning.is_empty() {
                 Value::Null
@@ -618,6 +783,27 @@ impl Format for ChatFormat {
         };
         json!({"index": 0, "message": message, "logprobs": lp, "finish_reason": reason})
     }
+}
+
+/// Whole tool calls from their stream deltas.
+fn merge_tool_calls(deltas: &[Value]) -> Vec<Value> {
+    let mut calls: Vec<Value> = Vec::new();
+    for d in deltas {
+        if d.get("id").is_some() {
+            let mut c = d.clone();
+            if let Some(o) = c.as_object_mut() {
+                o.remove("index");
+            }
+            calls.push(c);
+        } else if let (Some(last), Some(frag)) = (
+            calls.last_mut(),
+            d.pointer("/function/arguments").and_then(Value::as_str),
+        ) && let Some(Value::String(a)) = last.pointer_mut("/function/arguments")
+        {
+            a.push_str(frag);
+        }
+    }
+    calls
 }
 
 struct Meta {
@@ -687,19 +873,31 @@ fn completions<H: Host, S: Sink>(
     run(host, req, driver, &fmt, &m, &r.common, sink)
 }
 
-/// Renders the conversation and tokenizes it message by message: every
-/// segment starts with the special `<|im_start|>` token, so the pieces
-/// concatenate to the tokenization of the whole text, and the message
-/// boundaries become prefix-cache snapshot points.
-pub fn tokenize_chat<H: Host>(
-    host: &H,
+/// Renders a chat request's prompt (the model's template or the built-in).
+pub fn render_prompt(
+    info: &ModelInfo,
     messages: &[Message],
+    tools: &Tools,
     opts: RenderOptions,
-) -> Result<(Vec<u32>, Vec<u32>), ApiError> {
+) -> Result<String, ApiError> {
+    template::render(
+        info.chat_template.as_deref(),
+        messages,
+        &tools.rendered(),
+        opts,
+        &tools.kwargs,
+    )
+}
+
+/// Tokenizes a rendered prompt piece by piece: every segment starts with
+/// the special `<|im_start|>` token, so the pieces concatenate to the
+/// tokenization of the whole text, and the message boundaries become
+/// prefix-cache snapshot points.
+pub fn tokenize_chat<H: Host>(host: &H, text: &str) -> Result<(Vec<u32>, Vec<u32>), ApiError> {
     let mut ids = Vec::new();
     let mut points = Vec::new();
-    for seg in chat::render_segments(messages, opts) {
-        ids.extend(encode(host, &seg, "messages")?);
+    for seg in chat::segments(text) {
+        ids.extend(encode(host, seg, "messages")?);
         points.push(ids.len() as u32);
     }
     points.pop(); // the end of the prompt is snapshotted anyway
@@ -712,7 +910,8 @@ fn chat_completions<H: Host, S: Sink>(
     r: ChatRequest,
     sink: &mut S,
 ) -> Result<(), ApiError> {
-    let (prompt_ids, points) = tokenize_chat(host, &r.messages, r.render)?;
+    let text = render_prompt(info, &r.messages, &r.tools, r.render)?;
+    let (prompt_ids, points) = tokenize_chat(host, &text)?;
     let prompt_len = prompt_ids.len() as u32;
     let max_tokens = token_budget(
         info,
@@ -735,7 +934,8 @@ fn chat_completions<H: Host, S: Sink>(
         r.logprobs,
         prompt_len,
         0,
-    );
+    )
+    .with_tools(&r.tools);
     let points: Vec<u32> = points
         .into_iter()
         .filter(|&p| p > 0 && p < prompt_len)
@@ -790,6 +990,7 @@ fn run<H: Host, F: Format, S: Sink>(
             let p = driver.on_event(ev);
             all.reasoning.push_str(&p.reasoning);
             all.content.push_str(&p.content);
+            all.tool_calls.extend(p.tool_calls);
             lps.extend(p.logprob);
             if driver.ended.is_some() {
                 break;
@@ -799,6 +1000,7 @@ fn run<H: Host, F: Format, S: Sink>(
     drop(generation); // Cancels the engine request when a stop string ended it.
     match driver.ended.take().expect("ended") {
         Ended::Failed(msg) => Err(ApiError::internal(format!("generation failed: {msg}"))),
+        Ended::Rejected(e) => Err(e),
         Ended::Finished { reason, usage } => {
             let mut v = envelope(m, F::OBJECT, vec![fmt.full_choice(&all, &lps, reason)]);
             v["usage"] = usage_json(&usage);
@@ -883,6 +1085,11 @@ fn stream<H: Host, F: Format, G: Generation, S: Sink>(
             Some(Ended::Failed(msg)) => {
                 *generation = None;
                 let e = ApiError::internal(format!("generation failed: {msg}"));
+                sse::push_event(&mut buf, &e.to_json());
+                sse::push_done(&mut buf);
+            }
+            Some(Ended::Rejected(e)) => {
+                *generation = None;
                 sse::push_event(&mut buf, &e.to_json());
                 sse::push_done(&mut buf);
             }

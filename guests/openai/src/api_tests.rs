@@ -1073,3 +1073,194 @@ fn tokenize_and_detokenize() {
         "method_not_allowed",
     );
 }
+
+// ---------------------------------------------------------------------------
+// Tool calling.
+
+fn weather_tools() -> Value {
+    json!([{"type": "function", "function": {"name": "get_weather", "description": "Weather of a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+        "required": ["city"]}}}])
+}
+
+const CALL_TEXT: &str = "I will check.\n\n<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n<parameter=days>\n2\n</parameter>\n</function>\n</tool_call>";
+
+fn big_host(script_text: &str) -> FakeHost {
+    let mut h = FakeHost::new();
+    h.info.context_length = 100_000;
+    // One token per char, thinking off.
+    let mut evs: Vec<Event> = script_text.chars().map(|c| tok(&c.to_string())).collect();
+    evs.push(finished(FinishReason::Stop, 5, 5, 0));
+    h.with_script(vec![evs])
+}
+
+fn tool_req(extra: Value) -> Value {
+    let mut r = json!({"model": "qwen3.6", "messages": [{"role": "user", "content": "Weather in Paris?"}],
+        "tools": weather_tools(), "enable_thinking": false});
+    for (k, v) in extra.as_object().unwrap() {
+        r[k] = v.clone();
+    }
+    r
+}
+
+#[test]
+fn tool_call_non_stream() {
+    let h = big_host(CALL_TEXT);
+    let s = call(&h, "POST", "/v1/chat/completions", tool_req(json!({})));
+    let v = s.json();
+    let c = &v["choices"][0];
+    assert_eq!(c["finish_reason"], "tool_calls", "{v}");
+    assert_eq!(c["message"]["content"], "I will check.");
+    let calls = c["message"]["tool_calls"].as_array().unwrap();
+    assert_eq!(calls.len(), 1);
+    assert_eq!(calls[0]["id"], "call_abababababababababababab");
+    assert_eq!(calls[0]["type"], "function");
+    assert_eq!(calls[0]["function"]["name"], "get_weather");
+    let args: Value =
+        serde_json::from_str(calls[0]["function"]["arguments"].as_str().unwrap()).unwrap();
+    assert_eq!(args, json!({"city": "Paris", "days": 2}));
+    let prompt = dec(&h.request().prompt);
+    assert!(prompt.starts_with("<|im_start|>system\n# Tools\n\nYou have access to the following functions:\n\n<tools>\n{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", "), "{prompt}");
+    assert!(prompt.ends_with("<|im_start|>assistant\n<think>\n\n</think>\n\n"));
+}
+
+#[test]
+fn tool_call_stream_deltas() {
+    let h = big_host(CALL_TEXT);
+    let s = call(
+        &h,
+        "POST",
+        "/v1/chat/completions",
+        tool_req(json!({"stream": true})),
+    );
+    let ev = s.events();
+    let mut content = String::new();
+    let mut args = String::new();
+    let mut names = vec![];
+    for e in &ev {
+        let d = &e["choices"][0]["delta"];
+        if let Some(t) = d["content"].as_str() {
+            content.push_str(t);
+        }
+        if let Some(tc) = d["tool_calls"].as_array() {
+            assert_eq!(tc[0]["index"], 0);
+            if let Some(n) = tc[0]["function"]["name"].as_str() {
+                assert!(args.is_empty());
+                assert_eq!(tc[0]["type"], "function");
+                assert!(tc[0]["id"].as_str().unwrap().starts_with("call_"));
+                names.push(n.to_owned());
+            }
+            args.push_str(tc[0]["function"]["arguments"].as_str().unwrap());
+        }
+    }
+    assert_eq!(content, "I will check.");
+    assert_eq!(names, ["get_weather"]);
+    assert_eq!(args, r#"{"city": "Paris", "days": 2}"#);
+    assert_eq!(
+        ev.last().unwrap()["choices"][0]["finish_reason"],
+        "tool_calls"
+    );
+    // The name went out before the parameters were complete.
+    let name_at = ev
+        .iter()
+        .position(|e| e["choices"][0]["delta"]["tool_calls"][0]["function"]["name"].is_string())
+        .unwrap();
+    let args_at = ev
+        .iter()
+        .position(|e| {
+            e["choices"][0]["delta"]["tool_calls"][0]["function"]["arguments"]
+                .as_str()
+                .is_some_and(|a| !a.is_empty())
+        })
+        .unwrap();
+    assert!(name_at < args_at);
+}
+
+#[test]
+fn tool_choice_violations() {
+    // required, but no call.
+    let h = big_host("Just text.");
+    let s = call(
+        &h,
+        "POST",
+        "/v1/chat/completions",
+        tool_req(json!({"tool_choice": "required"})),
+    );
+    assert_error(&s, 500, "tool_choice_violation");
+    // Unknown function.
+    let h = big_host("<tool_call>\n<function=nope>\n</function>\n</tool_call>");
+    let s = call(&h, "POST", "/v1/chat/completions", tool_req(json!({})));
+    assert_error(&s, 500, "tool_choice_violation");
+    // Two calls with parallel_tool_calls false; streaming: an error event.
+    let two = format!("{CALL_TEXT}\n{}", &CALL_TEXT[15..]);
+    let h = big_host(&two);
+    let s = call(
+        &h,
+        "POST",
+        "/v1/chat/completions",
+        tool_req(json!({"parallel_tool_calls": false, "stream": true})),
+    );
+    let ev = s.events();
+    assert_eq!(ev.last().unwrap()["error"]["code"], "tool_choice_violation");
+    // tool_choice none: tools not rendered, markup is content.
+    let h = big_host(CALL_TEXT);
+    let s = call(
+        &h,
+        "POST",
+        "/v1/chat/completions",
+        tool_req(json!({"tool_choice": "none"})),
+    );
+    let v = s.json();
+    assert_eq!(v["choices"][0]["message"]["content"], CALL_TEXT);
+    assert!(!dec(&h.request().prompt).contains("<tools>"));
+    // Bad tool_choice requests are 400s.
+    let h = big_host("");
+    let s = call(
+        &h,
+        "POST",
+        "/v1/chat/completions",
+        tool_req(json!({"tool_choice": {"type": "function", "function": {"name": "x"}}})),
+    );
+    assert_error(&s, 400, "invalid_value");
+}
+
+#[test]
+fn tool_loop_prompt_is_byte_stable() {
+    // Turn N.
+    let h = big_host(CALL_TEXT);
+    let s = call(&h, "POST", "/v1/chat/completions", tool_req(json!({})));
+    let msg = s.json()["choices"][0]["message"].clone();
+    let prompt_n = dec(&h.request().prompt);
+    // Turn N+1: the assistant message as returned, then the tool result.
+    let h2 = big_host("Sunny.");
+    let mut req = tool_req(json!({}));
+    let mut m = msg.clone();
+    m.as_object_mut().unwrap().remove("reasoning_content");
+    req["messages"].as_array_mut().unwrap().push(m);
+    req["messages"].as_array_mut().unwrap().push(json!({"role": "tool", "tool_call_id": msg["tool_calls"][0]["id"], "content": "{\"sky\": \"sunny\"}"}));
+    let s = call(&h2, "POST", "/v1/chat/completions", req);
+    assert_eq!(s.json()["choices"][0]["message"]["content"], "Sunny.");
+    let prompt_n1 = dec(&h2.request().prompt);
+    let expect = format!(
+        "{prompt_n}{CALL_TEXT}<|im_end|>\n<|im_start|>user\n<tool_response>\n{{\"sky\": \"sunny\"}}\n</tool_response><|im_end|>\n"
+    );
+    assert!(prompt_n1.starts_with(&expect), "{prompt_n1:?}\n{expect:?}");
+}
+
+#[test]
+fn tokenize_chat_with_tools() {
+    let h = FakeHost::new();
+    let s = call(
+        &h,
+        "POST",
+        "/tokenize",
+        json!({"messages": [{"role": "user", "content": "hi"}], "tools": weather_tools(),
+            "chat_template_kwargs": {"enable_thinking": false}}),
+    );
+    let v = s.json();
+    let text = dec(&serde_json::from_value::<Vec<u32>>(v["tokens"].clone()).unwrap());
+    assert!(text.contains("<tools>\n{\"type\": \"function\""));
+    assert!(text.ends_with("<|im_start|>assistant\n<think>\n\n</think>\n\n"));
+    assert_eq!(v["count"], v["tokens"].as_array().unwrap().len());
+    assert_eq!(v["max_model_len"], 100);
+}

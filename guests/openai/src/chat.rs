@@ -9,13 +9,14 @@
 //! own jinja template (model-info.chat-template) will replace.
 
 use crate::error::ApiError;
-use serde_json::Value;
+use serde_json::{Map, Value};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Role {
     System,
     User,
     Assistant,
+    Tool,
 }
 
 impl Role {
@@ -24,8 +25,18 @@ impl Role {
             Role::System => "system",
             Role::User => "user",
             Role::Assistant => "assistant",
+            Role::Tool => "tool",
         }
     }
+}
+
+/// A tool call of an assistant message; `arguments` normalised to an object
+/// (a JSON-string `arguments` is parsed).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ToolCall {
+    pub id: Option<String>,
+    pub name: String,
+    pub arguments: Map<String, Value>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -34,6 +45,8 @@ pub struct Message {
     pub content: String,
     /// `reasoning_content` of an assistant turn, if the client sent it.
     pub reasoning: Option<String>,
+    pub tool_calls: Vec<ToolCall>,
+    pub tool_call_id: Option<String>,
 }
 
 impl Message {
@@ -42,7 +55,42 @@ impl Message {
             role,
             content: content.to_owned(),
             reasoning: None,
+            tool_calls: Vec::new(),
+            tool_call_id: None,
         }
+    }
+
+    /// The message as the template sees it (OpenAI shape, arguments as objects).
+    pub fn to_template_value(&self) -> Value {
+        let mut m = Map::new();
+        m.insert("role".into(), Value::String(self.role.as_str().into()));
+        m.insert("content".into(), Value::String(self.content.clone()));
+        if let Some(r) = &self.reasoning {
+            m.insert("reasoning_content".into(), Value::String(r.clone()));
+        }
+        if !self.tool_calls.is_empty() {
+            let calls = self
+                .tool_calls
+                .iter()
+                .map(|c| {
+                    let mut o = Map::new();
+                    if let Some(id) = &c.id {
+                        o.insert("id".into(), Value::String(id.clone()));
+                    }
+                    o.insert("type".into(), Value::String("function".into()));
+                    let mut f = Map::new();
+                    f.insert("name".into(), Value::String(c.name.clone()));
+                    f.insert("arguments".into(), Value::Object(c.arguments.clone()));
+                    o.insert("function".into(), Value::Object(f));
+                    Value::Object(o)
+                })
+                .collect();
+            m.insert("tool_calls".into(), Value::Array(calls));
+        }
+        if let Some(id) = &self.tool_call_id {
+            m.insert("tool_call_id".into(), Value::String(id.clone()));
+        }
+        Value::Object(m)
     }
 }
 
@@ -51,6 +99,7 @@ impl Message {
 pub struct RenderOptions {
     pub add_generation_prompt: bool,
     pub enable_thinking: bool,
+    pub preserve_thinking: bool,
 }
 
 impl Default for RenderOptions {
@@ -58,6 +107,7 @@ impl Default for RenderOptions {
         RenderOptions {
             add_generation_prompt: true,
             enable_thinking: true,
+            preserve_thinking: false,
         }
     }
 }
@@ -97,19 +147,12 @@ fn parse_message(i: usize, m: &Value) -> Result<Message, ApiError> {
             "system" | "developer" => Role::System,
             "user" => Role::User,
             "assistant" => Role::Assistant,
-            "tool" | "function" => {
-                return Err(ApiError::unsupported(
-                    &p("role"),
-                    format!(
-                        "'{r}' messages are not supported yet (tool calling is not implemented)"
-                    ),
-                ));
-            }
+            "tool" => Role::Tool,
             other => {
                 return Err(ApiError::invalid_value(
                     &p("role"),
                     format!(
-                        "unknown role '{other}'; expected system, developer, user or assistant"
+                        "unknown role '{other}'; expected system, developer, user, assistant or tool"
                     ),
                 ));
             }
@@ -128,16 +171,26 @@ fn parse_message(i: usize, m: &Value) -> Result<Message, ApiError> {
             ));
         }
     };
-    if role == Role::Assistant
-        && let Some(calls) = obj.get("tool_calls")
-        && !calls.is_null()
-        && calls.as_array().is_none_or(|a| !a.is_empty())
-    {
-        return Err(ApiError::unsupported(
-            &p("tool_calls"),
-            "tool calls are not supported yet",
-        ));
-    }
+    let tool_calls = match obj.get("tool_calls") {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::Array(a)) if role == Role::Assistant => a
+            .iter()
+            .enumerate()
+            .map(|(j, c)| parse_tool_call(&p(&format!("tool_calls[{j}]")), c))
+            .collect::<Result<_, _>>()?,
+        Some(Value::Array(a)) if a.is_empty() => Vec::new(),
+        Some(Value::Array(_)) => {
+            return Err(ApiError::invalid_value(
+                &p("tool_calls"),
+                "only assistant messages can have 'tool_calls'",
+            ));
+        }
+        Some(_) => return Err(ApiError::invalid_type(&p("tool_calls"), "an array")),
+    };
+    let tool_call_id = match obj.get("tool_call_id") {
+        Some(Value::String(s)) if role == Role::Tool => Some(s.clone()),
+        _ => None,
+    };
     let reasoning = match obj
         .get("reasoning_content")
         .or_else(|| obj.get("reasoning"))
@@ -151,6 +204,44 @@ fn parse_message(i: usize, m: &Value) -> Result<Message, ApiError> {
         role,
         content,
         reasoning,
+        tool_calls,
+        tool_call_id,
+    })
+}
+
+fn parse_tool_call(p: &str, c: &Value) -> Result<ToolCall, ApiError> {
+    let obj = c
+        .as_object()
+        .ok_or_else(|| ApiError::invalid_type(p, "a tool call object"))?;
+    let f = match obj.get("function") {
+        Some(Value::Object(f)) => f,
+        _ => return Err(ApiError::missing(&format!("{p}.function"))),
+    };
+    let name = match f.get("name") {
+        Some(Value::String(n)) if !n.is_empty() => n.clone(),
+        _ => return Err(ApiError::missing(&format!("{p}.function.name"))),
+    };
+    let ap = format!("{p}.function.arguments");
+    let arguments = match f.get("arguments") {
+        None | Some(Value::Null) => Map::new(),
+        Some(Value::Object(m)) => m.clone(),
+        Some(Value::String(s)) if s.trim().is_empty() => Map::new(),
+        Some(Value::String(s)) => match serde_json::from_str::<Value>(s) {
+            Ok(Value::Object(m)) => m,
+            _ => {
+                return Err(ApiError::invalid_value(
+                    &ap,
+                    "'arguments' must be a JSON object (or a string holding one)",
+                ));
+            }
+        },
+        Some(_) => return Err(ApiError::invalid_type(&ap, "an object or a JSON string")),
+    };
+    let id = obj.get("id").and_then(Value::as_str).map(str::to_owned);
+    Ok(ToolCall {
+        id,
+        name,
+        arguments,
     })
 }
 
@@ -190,20 +281,43 @@ fn parse_parts(i: usize, parts: &[Value]) -> Result<String, ApiError> {
     Ok(texts.join("\n"))
 }
 
-/// Renders a conversation to the prompt text the model sees.
-pub fn render(messages: &[Message], opts: RenderOptions) -> String {
-    render_segments(messages, opts).concat()
-}
-
-/// The rendered text in segments: one per message, then the generation
-/// prompt (if asked for). Every segment starts with `<|im_start|>`.
-pub fn render_segments(messages: &[Message], opts: RenderOptions) -> Vec<String> {
-    let mut segments = Vec::with_capacity(messages.len() + 1);
-    // Index of the last user message: assistant turns after it keep their reasoning.
-    let last_query = messages.iter().rposition(|m| m.role == Role::User);
+/// Renders a conversation to the prompt text the model sees, with the
+/// built-in Qwen3.6-format renderer (byte for byte what
+/// `tests/fixtures/chat/qwen3_6_format.jinja` produces).
+pub fn render(messages: &[Message], tools: &[Value], opts: RenderOptions) -> String {
+    let mut out = String::new();
+    let n = messages.len();
+    let last_query = messages
+        .iter()
+        .rposition(|m| {
+            m.role == Role::User
+                && !(m.content.starts_with("<tool_response>")
+                    && m.content.ends_with("</tool_response>"))
+        })
+        .unwrap_or(n.saturating_sub(1));
+    let first_system = messages.first().is_some_and(|m| m.role == Role::System);
+    if !tools.is_empty() {
+        out.push_str(
+            "<|im_start|>system\n# Tools\n\nYou have access to the following functions:\n\n<tools>",
+        );
+        for t in tools {
+            out.push('\n');
+            out.push_str(&to_json_py(t));
+        }
+        out.push_str(TOOLS_INSTRUCTIONS);
+        if first_system {
+            out.push_str("\n\n");
+            out.push_str(&messages[0].content);
+        }
+        out.push_str("<|im_end|>\n");
+    } else if first_system {
+        out.push_str("<|im_start|>system\n");
+        out.push_str(&messages[0].content);
+        out.push_str("<|im_end|>\n");
+    }
     for (i, m) in messages.iter().enumerate() {
-        let mut out = String::with_capacity(m.content.len() + 32);
         match m.role {
+            Role::System if i == 0 => {}
             Role::System | Role::User => {
                 out.push_str("<|im_start|>");
                 out.push_str(m.role.as_str());
@@ -213,30 +327,114 @@ pub fn render_segments(messages: &[Message], opts: RenderOptions) -> Vec<String>
             }
             Role::Assistant => {
                 let (reasoning, content) = assistant_parts(m);
-                out.push_str("<|im_start|>assistant\n");
-                let after_query = last_query.is_none_or(|q| i > q);
-                let is_last = i + 1 == messages.len();
-                if after_query && (is_last || !reasoning.is_empty()) {
-                    out.push_str("<think>\n");
+                if opts.preserve_thinking || i > last_query {
+                    out.push_str("<|im_start|>assistant\n<think>\n");
                     out.push_str(reasoning.trim_matches('\n'));
                     out.push_str("\n</think>\n\n");
                     out.push_str(content.trim_start_matches('\n'));
                 } else {
+                    out.push_str("<|im_start|>assistant\n");
                     out.push_str(content);
+                }
+                for (j, c) in m.tool_calls.iter().enumerate() {
+                    if j > 0 {
+                        out.push('\n');
+                    } else if !content.trim_start_matches('\n').is_empty() {
+                        out.push_str("\n\n");
+                    }
+                    render_call(&mut out, c);
                 }
                 out.push_str("<|im_end|>\n");
             }
+            Role::Tool => {
+                if i == 0 || messages[i - 1].role != Role::Tool {
+                    out.push_str("<|im_start|>user");
+                }
+                out.push_str("\n<tool_response>\n");
+                out.push_str(&m.content);
+                out.push_str("\n</tool_response>");
+                if i + 1 == n || messages[i + 1].role != Role::Tool {
+                    out.push_str("<|im_end|>\n");
+                }
+            }
         }
-        segments.push(out);
     }
     if opts.add_generation_prompt {
-        segments.push(if opts.enable_thinking {
-            "<|im_start|>assistant\n<think>\n".to_string()
+        out.push_str(if opts.enable_thinking {
+            "<|im_start|>assistant\n<think>\n"
         } else {
-            "<|im_start|>assistant\n<think>\n\n</think>\n\n".to_string()
+            "<|im_start|>assistant\n<think>\n\n</think>\n\n"
         });
     }
-    segments
+    out
+}
+
+const TOOLS_INSTRUCTIONS: &str = "\n</tools>\n\nTo call a function, reply with exactly this format and nothing after it:\n\n<tool_call>\n<function=example_function_name>\n<parameter=example_parameter_1>\nvalue_1\n</parameter>\n<parameter=example_parameter_2>\nA value\nthat may span\nseveral lines\n</parameter>\n</function>\n</tool_call>\n\n<IMPORTANT>\nReminder:\n- Each call is a <function=...></function> block inside <tool_call></tool_call> tags\n- Give every required parameter\n- Any reasoning about the call goes BEFORE the call, never after it\n- If no function fits, answer normally and do not mention the functions\n</IMPORTANT>";
+
+/// Appends a tool call in the Qwen3.6 XML format.
+pub fn render_call(out: &mut String, c: &ToolCall) {
+    out.push_str("<tool_call>\n<function=");
+    out.push_str(&c.name);
+    out.push_str(">\n");
+    for (k, v) in &c.arguments {
+        out.push_str("<parameter=");
+        out.push_str(k);
+        out.push_str(">\n");
+        match v {
+            Value::String(s) => out.push_str(s),
+            v => out.push_str(&to_json_py(v)),
+        }
+        out.push_str("\n</parameter>\n");
+    }
+    out.push_str("</function>\n</tool_call>");
+}
+
+/// Splits a rendered prompt into segments, each starting at `<|im_start|>`
+/// (the first may not), so they tokenize piecewise to the whole.
+pub fn segments(text: &str) -> Vec<&str> {
+    let mut out = Vec::new();
+    let mut start = 0;
+    for (i, _) in text.match_indices("<|im_start|>") {
+        if i > start {
+            out.push(&text[start..i]);
+            start = i;
+        }
+    }
+    if start < text.len() {
+        out.push(&text[start..]);
+    }
+    out
+}
+
+/// JSON the way Python's `json.dumps(ensure_ascii=False)` writes it (what
+/// transformers' `tojson` produces): `, ` and `: ` separators.
+pub fn to_json_py(v: &Value) -> String {
+    let mut out = Vec::new();
+    let mut ser = serde_json::Serializer::with_formatter(&mut out, PyFormatter);
+    serde::Serialize::serialize(v, &mut ser).expect("JSON serialises");
+    String::from_utf8(out).expect("UTF-8")
+}
+
+struct PyFormatter;
+
+impl serde_json::ser::Formatter for PyFormatter {
+    fn begin_array_value<W: ?Sized + std::io::Write>(
+        &mut self,
+        w: &mut W,
+        first: bool,
+    ) -> std::io::Result<()> {
+        if first { Ok(()) } else { w.write_all(b", ") }
+    }
+    fn begin_object_key<W: ?Sized + std::io::Write>(
+        &mut self,
+        w: &mut W,
+        first: bool,
+    ) -> std::io::Result<()> {
+        if first { Ok(()) } else { w.write_all(b", ") }
+    }
+    fn begin_object_value<W: ?Sized + std::io::Write>(&mut self, w: &mut W) -> std::io::Result<()> {
+        w.write_all(b": ")
+    }
 }
 
 /// (reasoning, content) of an assistant turn: `reasoning_content` if given,
@@ -275,7 +473,7 @@ mod tests {
     fn single_user_thinking_default() {
         let m = msgs(json!([{"role": "user", "content": "Hi"}]));
         assert_eq!(
-            render(&m, RenderOptions::default()),
+            render(&m, &[], RenderOptions::default()),
             "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n<think>\n"
         );
     }
@@ -289,9 +487,10 @@ mod tests {
         let opts = RenderOptions {
             add_generation_prompt: true,
             enable_thinking: false,
+            ..Default::default()
         };
         assert_eq!(
-            render(&m, opts),
+            render(&m, &[], opts),
             "<|im_start|>system\nYou are terse.<|im_end|>\n<|im_start|>user\n2+2?<|im_end|>\n\
              <|im_start|>assistant\n<think>\n\n</think>\n\n"
         );
@@ -306,7 +505,7 @@ mod tests {
             {"role": "user", "content": [{"type": "text", "text": "Part one"}, {"type": "text", "text": "part two"}]}
         ]));
         assert_eq!(
-            render(&m, RenderOptions::default()),
+            render(&m, &[], RenderOptions::default()),
             "<|im_start|>system\nBe nice.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n\
              <|im_start|>assistant\nHello!<|im_end|>\n<|im_start|>user\nPart one\npart two<|im_end|>\n\
              <|im_start|>assistant\n<think>\n"
@@ -322,16 +521,17 @@ mod tests {
         let opts = RenderOptions {
             add_generation_prompt: false,
             enable_thinking: true,
+            ..Default::default()
         };
         assert_eq!(
-            render(&m, opts),
+            render(&m, &[], opts),
             "<|im_start|>user\nQ<|im_end|>\n<|im_start|>assistant\n<think>\nR\n</think>\n\nA<|im_end|>\n"
         );
         // Last assistant turn without reasoning gets an empty think block.
         let m =
             msgs(json!([{"role": "user", "content": "Q"}, {"role": "assistant", "content": "A"}]));
         assert_eq!(
-            render(&m, opts),
+            render(&m, &[], opts),
             "<|im_start|>user\nQ<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\nA<|im_end|>\n"
         );
         // Null content on an assistant turn is allowed.
@@ -339,7 +539,7 @@ mod tests {
             json!([{"role": "user", "content": "Q"}, {"role": "assistant", "content": null}, {"role": "user", "content": "Q2"}]),
         );
         assert_eq!(
-            render(&m, opts),
+            render(&m, &[], opts),
             "<|im_start|>user\nQ<|im_end|>\n<|im_start|>assistant\n<|im_end|>\n<|im_start|>user\nQ2<|im_end|>\n"
         );
     }
@@ -378,8 +578,8 @@ mod tests {
             Some("invalid_type")
         );
         assert_eq!(
-            err(json!([{"role": "tool", "content": "x"}])).code,
-            Some("unsupported_parameter")
+            err(json!([{"role": "user", "content": "x", "tool_calls": [{}]}])).code,
+            Some("invalid_value")
         );
         assert_eq!(
             parse_messages(None).unwrap_err().code,

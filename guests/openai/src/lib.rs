@@ -12,8 +12,10 @@ pub mod host;
 pub mod params;
 pub mod sse;
 pub mod stop;
+pub mod template;
 pub mod think;
 pub mod tokens;
+pub mod toolcall;
 
 #[cfg(test)]
 mod api_tests;

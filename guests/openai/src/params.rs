@@ -44,12 +44,70 @@ pub struct ChatRequest {
     pub logprobs: bool,
     pub top_logprobs: u32,
     pub render: RenderOptions,
+    pub tools: Tools,
+}
+
+/// `tool_choice`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ToolChoice {
+    Auto,
+    None,
+    Required,
+    Named(String),
+}
+
+/// The tool side of a chat request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Tools {
+    /// The request's `tools`, as given (rendered into the prompt).
+    pub tools: Vec<Value>,
+    pub choice: ToolChoice,
+    pub parallel: bool,
+    /// `chat_template_kwargs`, all of them (for the jinja template).
+    pub kwargs: Map<String, Value>,
+}
+
+impl Default for Tools {
+    fn default() -> Self {
+        Tools {
+            tools: Vec::new(),
+            choice: ToolChoice::Auto,
+            parallel: true,
+            kwargs: Map::new(),
+        }
+    }
+}
+
+impl Tools {
+    /// Tools as rendered into the prompt: none for `tool_choice: none`, only
+    /// the named one for a named choice.
+    pub fn rendered(&self) -> Vec<Value> {
+        match &self.choice {
+            ToolChoice::None => vec![],
+            ToolChoice::Named(n) => self
+                .tools
+                .iter()
+                .filter(|t| tool_name(t) == Some(n.as_str()))
+                .cloned()
+                .collect(),
+            _ => self.tools.clone(),
+        }
+    }
+
+    /// Whether the output is parsed for tool calls.
+    pub fn parse_calls(&self) -> bool {
+        !self.tools.is_empty() && self.choice != ToolChoice::None
+    }
+}
+
+pub fn tool_name(t: &Value) -> Option<&str> {
+    t.get("function")?.get("name")?.as_str()
 }
 
 #[derive(Debug, Clone, PartialEq)]
 pub enum TokenizeRequest {
     Prompt(String),
-    Messages(Vec<Message>, RenderOptions),
+    Messages(Vec<Message>, RenderOptions, Tools),
 }
 
 /// Parses a body as a JSON object.
@@ -407,27 +465,131 @@ fn parse_prompt(v: &Value, vocab: u32) -> Result<Prompt, ApiError> {
     }
 }
 
-fn render_options(f: &Fields) -> Result<RenderOptions, ApiError> {
+fn render_options(f: &Fields) -> Result<(RenderOptions, Map<String, Value>), ApiError> {
     let mut r = RenderOptions::default();
     if let Some(b) = f.bool("add_generation_prompt")? {
         r.add_generation_prompt = b;
     }
+    if let Some(b) = f.bool("enable_thinking")? {
+        r.enable_thinking = b;
+    }
+    let mut kwargs = Map::new();
     if let Some(k) = f.get("chat_template_kwargs") {
         let obj = k
             .as_object()
             .ok_or_else(|| ApiError::invalid_type("chat_template_kwargs", "an object"))?;
-        match obj.get("enable_thinking") {
-            None | Some(Value::Null) => {}
-            Some(Value::Bool(b)) => r.enable_thinking = *b,
-            Some(_) => {
-                return Err(ApiError::invalid_type(
-                    "chat_template_kwargs.enable_thinking",
-                    "a boolean",
+        for (name, slot) in [
+            ("enable_thinking", &mut r.enable_thinking),
+            ("preserve_thinking", &mut r.preserve_thinking),
+        ] {
+            match obj.get(name) {
+                None | Some(Value::Null) => {}
+                Some(Value::Bool(b)) => *slot = *b,
+                Some(_) => {
+                    return Err(ApiError::invalid_type(
+                        &format!("chat_template_kwargs.{name}"),
+                        "a boolean",
+                    ));
+                }
+            }
+        }
+        kwargs = obj.clone();
+    }
+    Ok((r, kwargs))
+}
+
+fn parse_tools(f: &Fields) -> Result<Vec<Value>, ApiError> {
+    let Some(v) = f.get("tools") else {
+        return Ok(vec![]);
+    };
+    let arr = v
+        .as_array()
+        .ok_or_else(|| ApiError::invalid_type("tools", "an array of tool objects"))?;
+    for (i, t) in arr.iter().enumerate() {
+        let p = format!("tools[{i}]");
+        let o = t
+            .as_object()
+            .ok_or_else(|| ApiError::invalid_type(&p, "a tool object"))?;
+        match o.get("type").and_then(Value::as_str) {
+            Some("function") => {}
+            _ => {
+                return Err(ApiError::invalid_value(
+                    &format!("{p}.type"),
+                    "only tools of type 'function' are supported",
                 ));
             }
         }
+        let func = o
+            .get("function")
+            .and_then(Value::as_object)
+            .ok_or_else(|| ApiError::missing(&format!("{p}.function")))?;
+        match func.get("name") {
+            Some(Value::String(n)) if !n.is_empty() => {}
+            _ => return Err(ApiError::missing(&format!("{p}.function.name"))),
+        }
     }
-    Ok(r)
+    Ok(arr.clone())
+}
+
+fn parse_tool_choice(f: &Fields, tools: &[Value]) -> Result<ToolChoice, ApiError> {
+    let choice = match f.get("tool_choice") {
+        None => ToolChoice::Auto,
+        Some(Value::String(s)) => match s.as_str() {
+            "auto" => ToolChoice::Auto,
+            "none" => ToolChoice::None,
+            "required" => ToolChoice::Required,
+            other => {
+                return Err(ApiError::invalid_value(
+                    "tool_choice",
+                    format!(
+                        "unknown tool_choice '{other}'; expected 'auto', 'none', 'required' or a function"
+                    ),
+                ));
+            }
+        },
+        Some(Value::Object(o)) => match o
+            .get("function")
+            .and_then(|f| f.get("name"))
+            .and_then(Value::as_str)
+        {
+            Some(n) => ToolChoice::Named(n.to_owned()),
+            None => return Err(ApiError::missing("tool_choice.function.name")),
+        },
+        Some(_) => {
+            return Err(ApiError::invalid_type(
+                "tool_choice",
+                "a string or an object",
+            ));
+        }
+    };
+    match &choice {
+        ToolChoice::Required | ToolChoice::Named(_) if tools.is_empty() => Err(
+            ApiError::invalid_value("tool_choice", "'tool_choice' requires 'tools'"),
+        ),
+        ToolChoice::Named(n) if !tools.iter().any(|t| tool_name(t) == Some(n.as_str())) => {
+            Err(ApiError::invalid_value(
+                "tool_choice",
+                format!("tool_choice names function '{n}', which is not in 'tools'"),
+            ))
+        }
+        _ => Ok(choice),
+    }
+}
+
+fn parse_tool_side(f: &Fields) -> Result<(RenderOptions, Tools), ApiError> {
+    let (render, kwargs) = render_options(f)?;
+    let tools = parse_tools(f)?;
+    let choice = parse_tool_choice(f, &tools)?;
+    let parallel = f.bool("parallel_tool_calls")?.unwrap_or(true);
+    Ok((
+        render,
+        Tools {
+            tools,
+            choice,
+            parallel,
+            kwargs,
+        },
+    ))
 }
 
 pub fn parse_chat(body: &Map<String, Value>, info: &ModelInfo) -> Result<ChatRequest, ApiError> {
@@ -450,14 +612,6 @@ pub fn parse_chat(body: &Map<String, Value>, info: &ModelInfo) -> Result<ChatReq
     if logprobs {
         common.sampling.logprobs = Some(top_logprobs);
     }
-    if let Some(tools) = f.get("tools")
-        && tools.as_array().is_none_or(|a| !a.is_empty())
-    {
-        return Err(ApiError::unsupported(
-            "tools",
-            "tool calling is not supported yet",
-        ));
-    }
     if let Some(rf) = f.get("response_format") {
         let t = rf.get("type").and_then(Value::as_str);
         if t != Some("text") {
@@ -467,7 +621,7 @@ pub fn parse_chat(body: &Map<String, Value>, info: &ModelInfo) -> Result<ChatReq
             ));
         }
     }
-    let mut render = render_options(&f)?;
+    let (mut render, tools) = parse_tool_side(&f)?;
     render.add_generation_prompt = true;
     Ok(ChatRequest {
         common,
@@ -475,6 +629,7 @@ pub fn parse_chat(body: &Map<String, Value>, info: &ModelInfo) -> Result<ChatReq
         logprobs,
         top_logprobs,
         render,
+        tools,
     })
 }
 
@@ -491,10 +646,11 @@ pub fn parse_tokenize(
         )),
         (Some(Value::String(s)), None) => Ok(TokenizeRequest::Prompt(s.clone())),
         (Some(_), None) => Err(ApiError::invalid_type("prompt", "a string")),
-        (None, Some(m)) => Ok(TokenizeRequest::Messages(
-            parse_messages(Some(m))?,
-            render_options(&f)?,
-        )),
+        (None, Some(m)) => {
+            let messages = parse_messages(Some(m))?;
+            let (render, tools) = parse_tool_side(&f)?;
+            Ok(TokenizeRequest::Messages(messages, render, tools))
+        }
         (None, None) => Err(ApiError::missing("prompt")),
     }
 }
@@ -746,7 +902,11 @@ mod tests {
             with("tools", json!([{"type": "function"}]))
                 .param
                 .as_deref(),
-            Some("tools")
+            Some("tools[0].function")
+        );
+        assert_eq!(
+            with("tool_choice", json!("required")).param.as_deref(),
+            Some("tool_choice")
         );
         assert_eq!(
             with("response_format", json!({"type": "json_object"}))
@@ -778,7 +938,7 @@ mod tests {
             TokenizeRequest::Prompt("hi".into())
         );
         assert!(
-            matches!(t(json!({"messages": [{"role": "user", "content": "hi"}], "model": "qwen3.6"})).unwrap(), TokenizeRequest::Messages(m, o) if m.len() == 1 && o.add_generation_prompt)
+            matches!(t(json!({"messages": [{"role": "user", "content": "hi"}], "model": "qwen3.6"})).unwrap(), TokenizeRequest::Messages(m, o, _) if m.len() == 1 && o.add_generation_prompt)
         );
         assert_eq!(t(json!({})).unwrap_err().param.as_deref(), Some("prompt"));
         assert_eq!(
