@@ -1264,3 +1264,28 @@ fn tokenize_chat_with_tools() {
     assert_eq!(v["count"], v["tokens"].as_array().unwrap().len());
     assert_eq!(v["max_model_len"], 100);
 }
+
+#[test]
+fn model_template_renders_through_minijinja() {
+    let req = tool_req(json!({}));
+    let h = big_host(CALL_TEXT);
+    call(&h, "POST", "/v1/chat/completions", req.clone());
+    let builtin = dec(&h.request().prompt);
+    let mut h = big_host(CALL_TEXT);
+    h.info.chat_template = Some(
+        include_str!("../../../tests/fixtures/chat/qwen3_6_format.jinja").to_owned()
+            + "{# the model's own #}",
+    );
+    call(&h, "POST", "/v1/chat/completions", req);
+    assert_eq!(dec(&h.request().prompt), builtin);
+    // A template that raises: a clear 400.
+    h.info.chat_template = Some("{{ raise_exception('System message must come first') }}".into());
+    let s = call(&h, "POST", "/v1/chat/completions", tool_req(json!({})));
+    let v = assert_error(&s, 400, "chat_template_error");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("System message must come first")
+    );
+}

@@ -576,6 +576,11 @@ fn parse_tool_choice(f: &Fields, tools: &[Value]) -> Result<ToolChoice, ApiError
     }
 }
 
+#[cfg(test)]
+pub fn parse_tool_side_for_tests(f: &Fields) -> Result<(RenderOptions, Tools), ApiError> {
+    parse_tool_side(f)
+}
+
 fn parse_tool_side(f: &Fields) -> Result<(RenderOptions, Tools), ApiError> {
     let (render, kwargs) = render_options(f)?;
     let tools = parse_tools(f)?;

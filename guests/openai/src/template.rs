@@ -23,14 +23,175 @@ pub fn render(
 
 mod jinja {
     use super::*;
+    use minijinja::value::Kwargs;
+    use minijinja::{Environment, Error, ErrorKind};
+
+    fn tojson(v: minijinja::Value, kwargs: Kwargs) -> Result<minijinja::Value, Error> {
+        let json = serde_json::to_value(&v)
+            .map_err(|e| Error::new(ErrorKind::InvalidOperation, e.to_string()))?;
+        let indent: Option<usize> = kwargs.get("indent")?;
+        let _: Option<bool> = kwargs.get("ensure_ascii")?;
+        let _: Option<bool> = kwargs.get("sort_keys")?;
+        kwargs.assert_all_used()?;
+        let text = match indent {
+            None => chat::to_json_py(&json),
+            Some(n) => {
+                let pad = " ".repeat(n);
+                let mut out = Vec::new();
+                let fmt = serde_json::ser::PrettyFormatter::with_indent(pad.as_bytes());
+                let mut ser = serde_json::Serializer::with_formatter(&mut out, fmt);
+                serde::Serialize::serialize(&json, &mut ser)
+                    .map_err(|e| Error::new(ErrorKind::InvalidOperation, e.to_string()))?;
+                String::from_utf8(out).expect("UTF-8")
+            }
+        };
+        Ok(minijinja::Value::from_safe_string(text))
+    }
+
+    fn raise_exception(msg: String) -> Result<minijinja::Value, Error> {
+        Err(Error::new(ErrorKind::InvalidOperation, msg))
+    }
 
     pub fn render(
-        _template: &str,
+        template: &str,
         messages: &[Message],
         tools: &[Value],
         opts: RenderOptions,
-        _kwargs: &Map<String, Value>,
+        kwargs: &Map<String, Value>,
     ) -> Result<String, ApiError> {
-        Ok(chat::render(messages, tools, opts))
+        let mut env = Environment::new();
+        env.set_syntax(
+            minijinja::syntax::SyntaxConfig::builder()
+                .trim_blocks(true)
+                .lstrip_blocks(true)
+                .build()
+                .expect("default delimiters"),
+        );
+        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        env.add_filter("tojson", tojson);
+        env.add_function("raise_exception", raise_exception);
+        let tmpl = env.template_from_str(template).map_err(|e| {
+            ApiError::internal(format!("the model's chat template does not compile: {e}"))
+        })?;
+        let mut ctx = kwargs.clone();
+        ctx.insert(
+            "messages".into(),
+            Value::Array(messages.iter().map(Message::to_template_value).collect()),
+        );
+        ctx.insert(
+            "tools".into(),
+            if tools.is_empty() {
+                Value::Null
+            } else {
+                Value::Array(tools.to_vec())
+            },
+        );
+        ctx.insert("documents".into(), Value::Null);
+        ctx.insert(
+            "add_generation_prompt".into(),
+            Value::Bool(opts.add_generation_prompt),
+        );
+        ctx.insert("enable_thinking".into(), Value::Bool(opts.enable_thinking));
+        ctx.insert(
+            "preserve_thinking".into(),
+            Value::Bool(opts.preserve_thinking),
+        );
+        tmpl.render(minijinja::value::Serde(&ctx)).map_err(|e| {
+            let mut msg = e.to_string();
+            if let Some(d) = e.detail()
+                && !msg.contains(d)
+            {
+                msg = format!("{msg}: {d}");
+            }
+            ApiError::invalid(
+                "chat_template_error",
+                format!("the chat template could not render this conversation: {msg}"),
+            )
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::chat::parse_messages;
+    use crate::params::{Fields, parse_tool_side_for_tests};
+
+    const TEMPLATE: &str = include_str!("../../../tests/fixtures/chat/qwen3_6_format.jinja");
+
+    fn fixtures() -> Vec<(String, Value)> {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/fixtures/chat");
+        let mut out: Vec<(String, Value)> = std::fs::read_dir(dir)
+            .unwrap()
+            .filter_map(|e| {
+                let p = e.unwrap().path();
+                (p.extension()? == "json").then(|| {
+                    let v = serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
+                    (p.file_name().unwrap().to_string_lossy().into_owned(), v)
+                })
+            })
+            .collect();
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        assert!(
+            out.len() >= 8,
+            "fixtures missing: run scripts/make_chat_fixtures.py"
+        );
+        out
+    }
+
+    #[test]
+    fn fixtures_builtin_and_jinja_match_transformers() {
+        for (name, fx) in fixtures() {
+            let req = fx["request"].as_object().unwrap();
+            let messages = parse_messages(req.get("messages")).unwrap();
+            let (opts, tools) = parse_tool_side_for_tests(&Fields(req)).unwrap();
+            let expected = fx["expected"].as_str().unwrap();
+            let builtin = render(None, &messages, &tools.rendered(), opts, &tools.kwargs).unwrap();
+            assert_eq!(builtin, expected, "built-in renderer, fixture {name}");
+            let jinja = render(
+                Some(TEMPLATE),
+                &messages,
+                &tools.rendered(),
+                opts,
+                &tools.kwargs,
+            )
+            .unwrap();
+            assert_eq!(jinja, expected, "minijinja, fixture {name}");
+        }
+    }
+
+    #[test]
+    fn template_errors_are_clear() {
+        let m = vec![Message::new(crate::chat::Role::User, "hi")];
+        let e = render(
+            Some("{{ raise_exception('nope') }}"),
+            &m,
+            &[],
+            RenderOptions::default(),
+            &Map::new(),
+        )
+        .unwrap_err();
+        assert_eq!(e.status, 400);
+        assert!(e.message.contains("nope"), "{}", e.message);
+        let e = render(
+            Some("{% if %}"),
+            &m,
+            &[],
+            RenderOptions::default(),
+            &Map::new(),
+        )
+        .unwrap_err();
+        assert_eq!(e.status, 500);
+        // Python string methods and tojson the transformers way.
+        let out = render(
+            Some("{{ '  a,b '.strip().split(',') | tojson }}{{ messages[0].content.startswith('h') }}{{ {'k': 'é<'} | tojson }}{{ x | length }}"),
+            &m,
+            &[],
+            RenderOptions::default(),
+            &serde_json::from_str(r#"{"x": [1, 2]}"#).unwrap(),
+        )
+        .unwrap();
+        // Booleans print the Python way, as in jinja2.
+        assert_eq!(out, r#"["a", "b"]True{"k": "é<"}2"#);
     }
 }
