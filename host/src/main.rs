@@ -1,6 +1,8 @@
 //! `qwasi`: the command-line entry point.
 
 mod commands;
+mod runtime;
+mod server;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
@@ -18,6 +20,14 @@ enum Command {
     Generate(commands::generate::Args),
     /// Print the token ids of TEXT as a JSON array.
     Tokenize(commands::tokenize::Args),
+    /// Run the HTTP server in the foreground (SIGINT/SIGTERM drain gracefully).
+    Serve(commands::serve::Args),
+    /// Start the HTTP server in the background and wait until it is ready.
+    Start(commands::daemon::StartArgs),
+    /// Show a background server's state and health as JSON (non-zero exit when not healthy).
+    Status(commands::daemon::StatusArgs),
+    /// Stop a background server gracefully (drain, then exit).
+    Stop(commands::daemon::StopArgs),
 }
 
 fn main() -> ExitCode {
@@ -25,6 +35,10 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Generate(a) => commands::generate::run(a),
         Command::Tokenize(a) => commands::tokenize::run(a),
+        Command::Serve(a) => commands::serve::run(a),
+        Command::Start(a) => commands::daemon::start(a),
+        Command::Status(a) => commands::daemon::status(a),
+        Command::Stop(a) => commands::daemon::stop(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

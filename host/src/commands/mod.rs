@@ -1,6 +1,9 @@
 //! One module per subcommand.
 
+pub mod daemon;
 pub mod generate;
+pub mod serve;
+pub mod state;
 pub mod tokenize;
 
 use clap::Args as ClapArgs;

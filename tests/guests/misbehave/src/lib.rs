@@ -12,7 +12,7 @@
 #[cfg(target_arch = "wasm32")]
 mod guest {
     wit_bindgen::generate!({
-        path: "../../../guests/openai/wit",
+        path: "../../../wit",
         world: "qwasi:inference/api",
         with: {
             "wasi:io/poll@0.2.12": wasip2::io::poll,
@@ -25,7 +25,9 @@ mod guest {
 
     use qwasi::inference::inference;
     use qwasi::inference::types::{Event, GenerateError, GenerateRequest, SamplingParams};
-    use wasip2::http::types::{Fields, IncomingRequest, OutgoingBody, OutgoingResponse, ResponseOutparam};
+    use wasip2::http::types::{
+        Fields, IncomingRequest, OutgoingBody, OutgoingResponse, ResponseOutparam,
+    };
 
     struct Guest;
 
@@ -45,7 +47,8 @@ mod guest {
     }
 
     fn generate(out: ResponseOutparam, n: u32) {
-        let prompt = qwasi::inference::tokenizer::encode("Hello, world").unwrap_or_else(|_| vec![1, 2, 3]);
+        let prompt =
+            qwasi::inference::tokenizer::encode("Hello, world").unwrap_or_else(|_| vec![1, 2, 3]);
         let req = GenerateRequest {
             prompt,
             max_tokens: n,
@@ -73,11 +76,18 @@ mod guest {
                     GenerateError::QueueFull(s) => (429, "queue_full".to_string(), Some(s)),
                     GenerateError::QueueTimeout => (503, "queue_timeout".into(), None),
                     GenerateError::ShuttingDown => (503, "service_shutting_down".into(), None),
-                    GenerateError::ContextLengthExceeded(m) => (400, format!("context_length_exceeded: {m}"), None),
-                    GenerateError::InvalidRequest(m) => (400, format!("invalid_request: {m}"), None),
+                    GenerateError::ContextLengthExceeded(m) => {
+                        (400, format!("context_length_exceeded: {m}"), None)
+                    }
+                    GenerateError::InvalidRequest(m) => {
+                        (400, format!("invalid_request: {m}"), None)
+                    }
                     GenerateError::Internal(m) => (500, format!("internal: {m}"), None),
                 };
-                let headers: Vec<(&str, String)> = retry.map(|s| ("retry-after", s.to_string())).into_iter().collect();
+                let headers: Vec<(&str, String)> = retry
+                    .map(|s| ("retry-after", s.to_string()))
+                    .into_iter()
+                    .collect();
                 respond(out, status, &headers, &code);
                 return;
             }
@@ -99,7 +109,8 @@ mod guest {
                     }
                     Event::Finished(f) => {
                         let _ = s.blocking_write_and_flush(
-                            format!("\nfinished {:?} {}\n", f.reason, f.usage.completion_tokens).as_bytes(),
+                            format!("\nfinished {:?} {}\n", f.reason, f.usage.completion_tokens)
+                                .as_bytes(),
                         );
                         break 'outer;
                     }

@@ -1,0 +1,448 @@
+//! `qwasi serve`: the HTTP server in the foreground.
+
+use super::ModelArgs;
+use super::state::{self, StateFile};
+use crate::runtime::{self, Runtime, RuntimeConfig, Shared};
+use crate::server::{self, AppState, ServerConfig};
+use anyhow::{Context, Result, bail};
+use qwasi_engine::cpu::CpuModel;
+use qwasi_engine::model::LoadedModel;
+use qwasi_engine::service::{EngineService, ServiceConfig};
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+#[derive(clap::Args, Clone, Debug)]
+pub struct Args {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+    /// Port to listen on (0 = any free port; the banner prints it).
+    #[arg(long, default_value_t = 8000)]
+    pub port: u16,
+    /// API key clients must send (`Authorization: Bearer KEY`); repeat or
+    /// separate with commas for several.
+    #[arg(
+        long,
+        env = "QWASI_API_KEY",
+        value_delimiter = ',',
+        hide_env_values = true
+    )]
+    pub api_key: Vec<String>,
+    /// Allow listening on a non-loopback address without an API key.
+    #[arg(long)]
+    pub allow_unauthenticated: bool,
+    /// Requests that may wait for the engine; beyond it: 429 queue_full.
+    #[arg(long, default_value_t = 64)]
+    pub max_queue: usize,
+    /// How long a request may wait in the queue before 503 queue_timeout (0 = forever).
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    pub queue_timeout: Duration,
+    /// Wall-clock limit for a whole request, streamed response included.
+    #[arg(long, default_value = "600s", value_parser = parse_duration)]
+    pub request_timeout: Duration,
+    /// Longest prompt + completion (0 = the model's context length).
+    #[arg(long, default_value_t = 0)]
+    pub max_model_len: usize,
+    /// Longest prompt accepted, in tokens (0 = no cap).
+    #[arg(long, default_value_t = 0)]
+    pub max_prompt_tokens: usize,
+    /// Largest max_tokens accepted (0 = no cap).
+    #[arg(long, default_value_t = 0)]
+    pub max_completion_tokens: usize,
+    /// API guest component (wasi:http incoming-handler, qwasi:inference/api)
+    /// instead of the bundled OpenAI guest.
+    #[arg(long, value_name = "FILE")]
+    pub guest: Option<PathBuf>,
+    /// Policy guest component (qwasi:inference/policy) instead of the bundled
+    /// API-key policy.
+    #[arg(long, value_name = "FILE")]
+    pub policy: Option<PathBuf>,
+    /// Extra KEY=VALUE settings for the policy guest (repeatable).
+    #[arg(long, value_name = "KEY=VALUE")]
+    pub policy_setting: Vec<String>,
+    /// Linear-memory cap per guest instance (e.g. 64MiB, 1GiB).
+    #[arg(long, default_value = "64MiB", value_parser = parse_size)]
+    pub guest_memory: usize,
+    /// WebAssembly execution time allowed per request (0 = unlimited).
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    pub guest_cpu_limit: Duration,
+    /// Directory for compiled guests (default: ~/.cache/qwasi/components).
+    #[arg(long, value_name = "DIR")]
+    pub compile_cache: Option<PathBuf>,
+    /// Compile the guests at every start instead of caching them.
+    #[arg(long)]
+    pub no_compile_cache: bool,
+    /// How long a graceful shutdown waits for running and queued requests.
+    #[arg(long, default_value = "120s", value_parser = parse_duration)]
+    pub drain_timeout: Duration,
+    /// Compute backend.
+    #[arg(long, default_value = "cpu")]
+    pub backend: String,
+    /// CPU threads for the cpu backend (default: all cores).
+    #[arg(long)]
+    pub threads: Option<usize>,
+    /// Record this server in DIR (for `qwasi status` / `qwasi stop`).
+    #[arg(long, value_name = "DIR")]
+    pub state_dir: Option<PathBuf>,
+    /// Prefix-cache budget in MiB (host memory on the cpu backend; 0 = off).
+    #[arg(long, default_value_t = 1024)]
+    pub prefix_cache_mib: usize,
+    /// Snapshot every N prompt tokens during long prefills (0 = only at
+    /// prompt ends, message boundaries and generation ends).
+    #[arg(long, default_value_t = qwasi_engine::service::DEFAULT_SNAPSHOT_INTERVAL)]
+    pub snapshot_interval: usize,
+}
+
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let (num, unit) = match s.find(|c: char| !(c.is_ascii_digit() || c == '.')) {
+        Some(i) => (&s[..i], s[i..].trim()),
+        None => (s, "s"),
+    };
+    let v: f64 = num
+        .parse()
+        .map_err(|_| format!("invalid duration {s:?} (e.g. 30s, 500ms, 2m)"))?;
+    let secs = match unit {
+        "ms" => v / 1e3,
+        "s" | "sec" => v,
+        "m" | "min" => v * 60.0,
+        "h" => v * 3600.0,
+        _ => {
+            return Err(format!(
+                "invalid duration unit in {s:?} (use ms, s, m or h)"
+            ));
+        }
+    };
+    if !secs.is_finite() || secs < 0.0 {
+        return Err(format!("invalid duration {s:?}"));
+    }
+    Ok(Duration::from_secs_f64(secs))
+}
+
+pub fn parse_size(s: &str) -> Result<usize, String> {
+    let s = s.trim();
+    let i = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let v: usize = s[..i]
+        .parse()
+        .map_err(|_| format!("invalid size {s:?} (e.g. 64MiB)"))?;
+    let mult = match s[i..].trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kib" | "kb" => 1 << 10,
+        "m" | "mib" | "mb" => 1 << 20,
+        "g" | "gib" | "gb" => 1 << 30,
+        u => return Err(format!("invalid size unit {u:?} (use KiB, MiB or GiB)")),
+    };
+    v.checked_mul(mult)
+        .ok_or_else(|| format!("size {s:?} is too large"))
+}
+
+fn is_loopback(host: &str) -> bool {
+    host == "localhost" || host.parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback())
+}
+
+/// Checks that need no model: refuse an unauthenticated public bind, an
+/// unknown backend.
+pub fn preflight(a: &Args) -> Result<()> {
+    let keys: Vec<&String> = a.api_key.iter().filter(|k| !k.is_empty()).collect();
+    if !is_loopback(&a.host) && keys.is_empty() && !a.allow_unauthenticated && a.policy.is_none() {
+        bail!(
+            "refusing to listen on {} without an API key: anyone who can reach this address could use the server. \
+             Pass --api-key KEY (or set QWASI_API_KEY), or --allow-unauthenticated if that is really intended",
+            a.host
+        );
+    }
+    match a.backend.as_str() {
+        "cpu" => {}
+        "cuda" | "hip" => bail!(
+            "backend {:?} is not available in this build yet (available: cpu)",
+            a.backend
+        ),
+        other => bail!("unknown backend {other:?} (available: cpu)"),
+    }
+    if a.threads == Some(0) {
+        bail!("--threads must be at least 1");
+    }
+    for s in &a.policy_setting {
+        if !s.contains('=') {
+            bail!("--policy-setting {s:?} is not KEY=VALUE");
+        }
+    }
+    Ok(())
+}
+
+fn read_component(path: &PathBuf, what: &str) -> Result<Vec<u8>> {
+    std::fs::read(path).with_context(|| format!("cannot read the {what} {}", path.display()))
+}
+
+pub fn run(a: Args) -> Result<()> {
+    preflight(&a)?;
+    if let Some(n) = a.threads {
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(n)
+            .build_global()
+            .context("cannot configure the CPU thread pool")?;
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("qwasi-http")
+        .build()
+        .context("cannot start the async runtime")?;
+    rt.block_on(serve(a))
+}
+
+async fn serve(a: Args) -> Result<()> {
+    let addr_text = format!("{}:{}", a.host, a.port);
+    let listener = tokio::net::TcpListener::bind(&addr_text)
+        .await
+        .with_context(|| format!("cannot listen on {addr_text}"))?;
+    let local: SocketAddr = listener.local_addr()?;
+    let model_label = match &a.model.model {
+        Some(d) => d.display().to_string(),
+        None => qwasi_engine::demo::DEMO_MODEL_ID.to_string(),
+    };
+    let state = AppState::new(
+        ServerConfig {
+            request_timeout: a.request_timeout,
+        },
+        model_label,
+    );
+    let state_file = match &a.state_dir {
+        Some(dir) => {
+            let sf = StateFile::new(dir, &a.host, local.port());
+            sf.write(&state::Record {
+                pid: std::process::id(),
+                host: a.host.clone(),
+                port: local.port(),
+                url: format!("http://{}", state::connect_addr(&a.host, local.port())),
+                started_at: SystemTime::now()
+                    .duration_since(UNIX_EPOCH)
+                    .unwrap_or_default()
+                    .as_secs(),
+                log_file: sf.log_path().display().to_string(),
+                model: a.model.model.as_ref().map(|m| m.display().to_string()),
+            })?;
+            Some(sf)
+        }
+        None => None,
+    };
+
+    // Serve /health and /ready (503 "loading") while the model loads.
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(server::serve(listener, state.clone(), async move {
+        let _ = stop_rx.await;
+    }));
+    let mut signals = Signals::new()?;
+
+    eprintln!("qwasi: loading {} ...", state.model_label);
+    let load = {
+        let a = a.clone();
+        tokio::task::spawn_blocking(move || load(&a))
+    };
+    let loaded = tokio::select! {
+        r = load => r.context("model loading panicked")?,
+        _ = signals.recv() => {
+            eprintln!("qwasi: interrupted while loading");
+            if let Some(sf) = &state_file { sf.remove(); }
+            return Ok(());
+        }
+    };
+    let (runtime, banner) = match loaded {
+        Ok(x) => x,
+        Err(e) => {
+            state.set_failed();
+            if let Some(sf) = &state_file {
+                sf.remove();
+            }
+            return Err(e);
+        }
+    };
+    state.set_ready(Arc::new(runtime));
+    println!("{banner}");
+    println!("qwasi: listening on http://{local}");
+    use std::io::Write;
+    let _ = std::io::stdout().flush();
+
+    // Run until SIGINT/SIGTERM, then drain.
+    signals.recv().await;
+    eprintln!(
+        "qwasi: shutting down: refusing new requests, finishing {} in flight (up to {:.0} s)",
+        state.in_flight(),
+        a.drain_timeout.as_secs_f64()
+    );
+    state.begin_drain();
+    tokio::select! {
+        _ = state.drained() => eprintln!("qwasi: drained; exiting"),
+        _ = tokio::time::sleep(a.drain_timeout) => eprintln!("qwasi: drain timeout; exiting with {} requests in flight", state.in_flight()),
+        _ = signals.recv() => eprintln!("qwasi: second signal; exiting now"),
+    }
+    let _ = stop_tx.send(());
+    let _ = tokio::time::timeout(Duration::from_secs(1), server).await;
+    if let Some(sf) = &state_file {
+        sf.remove();
+    }
+    Ok(())
+}
+
+/// Loads the model, starts the engine and compiles the guests (blocking).
+fn load(a: &Args) -> Result<(Runtime, String)> {
+    let t0 = std::time::Instant::now();
+    let model = LoadedModel::load(a.model.model.as_deref())?;
+    let LoadedModel {
+        id,
+        config,
+        weights,
+        tokenizer,
+        chat_template,
+        is_demo,
+    } = model;
+    let vocab_size = config.vocab_size as u32;
+    let eos_token_ids = config.eos_token_ids.clone();
+    let backend = CpuModel::new(config, weights);
+    let service = EngineService::start(
+        backend,
+        tokenizer.clone(),
+        id.clone(),
+        ServiceConfig {
+            max_queue: a.max_queue,
+            queue_timeout: a.queue_timeout,
+            max_model_len: a.max_model_len,
+            max_prompt_tokens: a.max_prompt_tokens,
+            max_completion_tokens: a.max_completion_tokens,
+            prefix_cache_bytes: a.prefix_cache_mib << 20,
+            snapshot_interval: a.snapshot_interval,
+        },
+    );
+    let model_info = runtime::bindings::api::qwasi::inference::types::ModelInfo {
+        id: id.clone(),
+        context_length: service.max_model_len() as u32,
+        vocab_size,
+        eos_token_ids,
+        chat_template,
+        created: SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_secs(),
+        max_prompt_tokens: a.max_prompt_tokens as u32,
+        max_completion_tokens: a.max_completion_tokens as u32,
+    };
+    let load_s = t0.elapsed().as_secs_f64();
+
+    let t1 = std::time::Instant::now();
+    let api_wasm = match &a.guest {
+        Some(p) => read_component(p, "API guest")?,
+        None => runtime::bundled::OPENAI
+            .context("this build has no bundled OpenAI guest; pass --guest FILE")?
+            .to_vec(),
+    };
+    let keys: Vec<String> = a
+        .api_key
+        .iter()
+        .filter(|k| !k.is_empty())
+        .cloned()
+        .collect();
+    let policy_wasm = match &a.policy {
+        Some(p) => Some(read_component(p, "policy guest")?),
+        None if !keys.is_empty() => Some(
+            runtime::bundled::POLICY
+                .context("this build has no bundled policy guest, which --api-key needs; pass --policy FILE")?
+                .to_vec(),
+        ),
+        None => None,
+    };
+    let mut policy_settings: Vec<(String, String)> = keys
+        .iter()
+        .map(|k| ("api-key".to_string(), k.clone()))
+        .collect();
+    for s in &a.policy_setting {
+        let (k, v) = s.split_once('=').expect("checked in preflight");
+        policy_settings.push((k.to_string(), v.to_string()));
+    }
+    let cfg = RuntimeConfig {
+        memory_limit: a.guest_memory,
+        guest_cpu_limit: a.guest_cpu_limit,
+        cache_dir: if a.no_compile_cache {
+            None
+        } else {
+            a.compile_cache.clone().or_else(runtime::default_cache_dir)
+        },
+        policy_settings,
+        guest_stderr: true,
+    };
+    let shared = Arc::new(Shared {
+        service,
+        tokenizer,
+        model_id: id.clone(),
+        model_info,
+    });
+    let runtime = Runtime::new(cfg, shared, &api_wasm, policy_wasm.as_deref())?;
+    let guests_s = t1.elapsed().as_secs_f64();
+
+    let mut banner = format!("qwasi {}: serving model {id}", env!("CARGO_PKG_VERSION"));
+    if is_demo {
+        banner.push_str(" (demo model: text is meaningless)");
+    }
+    banner.push_str(&format!(
+        "\nqwasi: backend {}, model loaded in {load_s:.1} s, guests ready in {guests_s:.2} s; API guest: {}, policy: {}",
+        a.backend,
+        a.guest.as_ref().map(|p| p.display().to_string()).unwrap_or_else(|| "bundled OpenAI".into()),
+        match (&a.policy, keys.is_empty()) {
+            (Some(p), _) => p.display().to_string(),
+            (None, false) => format!("bundled (API key required, {} key(s))", keys.len()),
+            (None, true) => "none (no API key: unauthenticated)".into(),
+        }
+    ));
+    Ok((runtime, banner))
+}
+
+/// SIGINT / SIGTERM.
+struct Signals {
+    int: tokio::signal::unix::Signal,
+    term: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    fn new() -> Result<Self> {
+        use tokio::signal::unix::{SignalKind, signal};
+        Ok(Signals {
+            int: signal(SignalKind::interrupt())?,
+            term: signal(SignalKind::terminate())?,
+        })
+    }
+
+    async fn recv(&mut self) {
+        tokio::select! {
+            _ = self.int.recv() => {}
+            _ = self.term.recv() => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_and_sizes() {
+        assert_eq!(parse_duration("30s").unwrap(), Duration::from_secs(30));
+        assert_eq!(parse_duration("500ms").unwrap(), Duration::from_millis(500));
+        assert_eq!(parse_duration("2m").unwrap(), Duration::from_secs(120));
+        assert_eq!(parse_duration("7").unwrap(), Duration::from_secs(7));
+        assert!(parse_duration("x").is_err());
+        assert_eq!(parse_size("64MiB").unwrap(), 64 << 20);
+        assert_eq!(parse_size("1g").unwrap(), 1 << 30);
+        assert!(parse_size("12 parsecs").is_err());
+    }
+
+    #[test]
+    fn loopback() {
+        assert!(is_loopback("127.0.0.1"));
+        assert!(is_loopback("::1"));
+        assert!(is_loopback("localhost"));
+        assert!(!is_loopback("0.0.0.0"));
+        assert!(!is_loopback("10.1.2.3"));
+    }
+}

@@ -1,0 +1,335 @@
+//! The HTTP front end: hyper 1 over TCP (TCP_NODELAY). `/health`, `/ready` and
+//! `/metrics` are answered natively; every other request goes through the
+//! policy guest (when one is configured) and then a fresh instance of the API
+//! guest (`wasi:http/incoming-handler`), whose response streams back.
+
+mod guest;
+pub mod metrics;
+
+use crate::runtime::Runtime;
+use bytes::Bytes;
+use http::{Request, Response, StatusCode, header};
+use http_body_util::combinators::UnsyncBoxBody;
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::TokioIo;
+use metrics::HostMetrics;
+use serde_json::json;
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+use tokio::net::TcpListener;
+use tokio::sync::Notify;
+
+pub type Body = UnsyncBoxBody<Bytes, wasmtime_wasi_http::Error>;
+
+#[derive(Clone, Debug)]
+pub struct ServerConfig {
+    /// Wall-clock limit for one request, response body included.
+    pub request_timeout: Duration,
+}
+
+/// Lifecycle of the server, as `/ready` and `/health` report it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Phase {
+    Loading = 0,
+    Ready = 1,
+    Draining = 2,
+    Failed = 3,
+}
+
+impl Phase {
+    fn name(self) -> &'static str {
+        match self {
+            Phase::Loading => "loading",
+            Phase::Ready => "ready",
+            Phase::Draining => "draining",
+            Phase::Failed => "failed",
+        }
+    }
+}
+
+pub struct AppState {
+    pub cfg: ServerConfig,
+    runtime: OnceLock<Arc<Runtime>>,
+    phase: AtomicU8,
+    /// API requests in flight (until their response body ends).
+    active: AtomicUsize,
+    idle: Notify,
+    pub metrics: HostMetrics,
+    started: Instant,
+    /// Model id, known before the model has loaded.
+    pub model_label: String,
+}
+
+impl AppState {
+    pub fn new(cfg: ServerConfig, model_label: String) -> Arc<Self> {
+        Arc::new(AppState {
+            cfg,
+            runtime: OnceLock::new(),
+            phase: AtomicU8::new(Phase::Loading as u8),
+            active: AtomicUsize::new(0),
+            idle: Notify::new(),
+            metrics: HostMetrics::default(),
+            started: Instant::now(),
+            model_label,
+        })
+    }
+
+    pub fn phase(&self) -> Phase {
+        match self.phase.load(Ordering::SeqCst) {
+            0 => Phase::Loading,
+            1 => Phase::Ready,
+            2 => Phase::Draining,
+            _ => Phase::Failed,
+        }
+    }
+
+    pub fn set_ready(&self, runtime: Arc<Runtime>) {
+        let _ = self.runtime.set(runtime);
+        self.phase.store(Phase::Ready as u8, Ordering::SeqCst);
+    }
+
+    pub fn set_failed(&self) {
+        self.phase.store(Phase::Failed as u8, Ordering::SeqCst);
+    }
+
+    pub fn runtime(&self) -> Option<&Arc<Runtime>> {
+        self.runtime.get()
+    }
+
+    /// Stops admitting requests (503 `service_shutting_down`); running and
+    /// queued ones finish.
+    pub fn begin_drain(&self) {
+        self.phase.store(Phase::Draining as u8, Ordering::SeqCst);
+        if let Some(rt) = self.runtime() {
+            rt.shared.service.begin_drain();
+        }
+    }
+
+    pub fn in_flight(&self) -> usize {
+        self.active.load(Ordering::SeqCst)
+    }
+
+    /// Resolves once no API request is in flight and the engine is idle.
+    pub async fn drained(&self) {
+        loop {
+            let notified = self.idle.notified();
+            let mut notified = std::pin::pin!(notified);
+            notified.as_mut().enable();
+            if self.in_flight() == 0 {
+                break;
+            }
+            notified.await;
+        }
+        if let Some(rt) = self.runtime() {
+            rt.shared.service.drained().await;
+        }
+    }
+
+    fn enter(self: &Arc<Self>) -> ActiveGuard {
+        self.active.fetch_add(1, Ordering::SeqCst);
+        ActiveGuard(self.clone())
+    }
+}
+
+/// Counts an API request as in flight while alive.
+pub struct ActiveGuard(Arc<AppState>);
+
+impl Drop for ActiveGuard {
+    fn drop(&mut self) {
+        if self.0.active.fetch_sub(1, Ordering::SeqCst) == 1 {
+            self.0.idle.notify_waiters();
+        }
+    }
+}
+
+/// Accepts connections until `shutdown` resolves.
+pub async fn serve(
+    listener: TcpListener,
+    state: Arc<AppState>,
+    shutdown: impl Future<Output = ()>,
+) {
+    let mut shutdown = std::pin::pin!(shutdown);
+    loop {
+        let (stream, remote) = tokio::select! {
+            r = listener.accept() => match r {
+                Ok(x) => x,
+                Err(e) => {
+                    eprintln!("qwasi: accept failed: {e}");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            _ = &mut shutdown => return,
+        };
+        let _ = stream.set_nodelay(true);
+        let state = state.clone();
+        tokio::spawn(async move {
+            let io = TokioIo::new(stream);
+            let svc = service_fn(move |req| {
+                let state = state.clone();
+                async move { Ok::<_, Infallible>(route(state, req, remote).await) }
+            });
+            let _ = hyper::server::conn::http1::Builder::new()
+                .keep_alive(true)
+                .serve_connection(io, svc)
+                .await;
+        });
+    }
+}
+
+async fn route(state: Arc<AppState>, req: Request<Incoming>, remote: SocketAddr) -> Response<Body> {
+    let native = req.method() == http::Method::GET || req.method() == http::Method::HEAD;
+    match (native, req.uri().path()) {
+        (true, "/health") => health(&state),
+        (true, "/ready") => ready(&state),
+        (true, "/metrics") => metrics_response(&state),
+        _ => {
+            let resp = api(&state, req, remote).await;
+            if let Some(rt) = state.runtime() {
+                rt.shared.service.record_http(resp.status().as_u16());
+            }
+            resp
+        }
+    }
+}
+
+async fn api(state: &Arc<AppState>, req: Request<Incoming>, remote: SocketAddr) -> Response<Body> {
+    match state.phase() {
+        Phase::Ready => {}
+        Phase::Loading => {
+            return error_response(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "the model is still loading; retry shortly",
+                "model_loading",
+                Some(1),
+            );
+        }
+        Phase::Draining => {
+            return error_response(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "the server is shutting down and accepts no new requests",
+                "service_shutting_down",
+                None,
+            );
+        }
+        Phase::Failed => {
+            return error_response(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "the server failed to start",
+                "service_unavailable",
+                None,
+            );
+        }
+    }
+    let runtime = state.runtime().expect("ready implies a runtime").clone();
+    let active = state.enter();
+    guest::handle(state, runtime, req, remote, active).await
+}
+
+fn json_response(status: StatusCode, v: serde_json::Value) -> Response<Body> {
+    let mut r = Response::new(full(format!("{v}\n")));
+    *r.status_mut() = status;
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static("application/json"),
+    );
+    r
+}
+
+pub fn full(s: impl Into<Bytes>) -> Body {
+    Full::new(s.into())
+        .map_err(|never| match never {})
+        .boxed_unsync()
+}
+
+/// An OpenAI-style error object.
+pub fn error_response(
+    status: StatusCode,
+    message: &str,
+    code: &str,
+    retry_after: Option<u32>,
+) -> Response<Body> {
+    let kind = match status.as_u16() {
+        401 | 403 => "authentication_error",
+        429 => "rate_limit_error",
+        s if s >= 500 => "server_error",
+        _ => "invalid_request_error",
+    };
+    let mut r = json_response(
+        status,
+        json!({"error": {"message": message, "type": kind, "param": null, "code": code}}),
+    );
+    if let Some(s) = retry_after {
+        r.headers_mut()
+            .insert(header::RETRY_AFTER, header::HeaderValue::from(s));
+    }
+    r
+}
+
+fn queue_json(state: &AppState) -> serde_json::Value {
+    match state.runtime() {
+        Some(rt) => {
+            let s = rt.shared.service.stats();
+            json!({
+                "queued": s.queued,
+                "running": s.running,
+                "capacity": s.capacity,
+                "draining": s.draining,
+                "completed": s.completed,
+                "cancelled": s.cancelled,
+                "failed": s.failed,
+                "rejected": s.rejected,
+            })
+        }
+        None => serde_json::Value::Null,
+    }
+}
+
+fn health(state: &AppState) -> Response<Body> {
+    json_response(
+        StatusCode::OK,
+        json!({
+            "status": "ok",
+            "state": state.phase().name(),
+            "model": state.model_label,
+            "pid": std::process::id(),
+            "version": env!("CARGO_PKG_VERSION"),
+            "uptime_s": state.started.elapsed().as_secs_f64(),
+            "requests_in_flight": state.in_flight(),
+            "queue": queue_json(state),
+        }),
+    )
+}
+
+fn ready(state: &AppState) -> Response<Body> {
+    let phase = state.phase();
+    let status = if phase == Phase::Ready {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    json_response(
+        status,
+        json!({"ready": phase == Phase::Ready, "state": phase.name(), "model": state.model_label}),
+    )
+}
+
+fn metrics_response(state: &AppState) -> Response<Body> {
+    let mut text = match state.runtime() {
+        Some(rt) => rt.shared.service.metrics_text(),
+        None => String::new(),
+    };
+    state.metrics.render(&mut text, state);
+    let mut r = Response::new(full(text));
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+    );
+    r
+}
