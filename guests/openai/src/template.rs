@@ -193,5 +193,15 @@ mod tests {
         .unwrap();
         // Booleans print the Python way, as in jinja2.
         assert_eq!(out, r#"["a", "b"]True{"k": "é<"}2"#);
+        // Macros and loop controls (jinja2.ext.loopcontrols, which transformers enables).
+        let out = render(
+            Some("{% macro c(x) %}[{{ x }}]{% endmacro %}{% for m in messages %}{% if loop.first %}{% continue %}{% endif %}{{ c(m.role) }}{% break %}{% endfor %}{{ tools is none }}"),
+            &[Message::new(crate::chat::Role::System, "s"), m[0].clone(), m[0].clone()],
+            &[],
+            RenderOptions::default(),
+            &Map::new(),
+        )
+        .unwrap();
+        assert_eq!(out, "[user]True");
     }
 }
