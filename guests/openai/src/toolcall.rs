@@ -133,6 +133,7 @@ pub struct ToolParser {
     calls: usize,
     name: String,
     params: usize,
+    markup_chars: usize,
 }
 
 impl ToolParser {
@@ -145,7 +146,19 @@ impl ToolParser {
             calls: 0,
             name: String::new(),
             params: 0,
+            markup_chars: 0,
         }
+    }
+
+    /// Drops `n` bytes of call markup from the buffer.
+    fn consume(&mut self, n: usize) {
+        self.markup_chars += self.buf[..n].chars().filter(|c| !c.is_whitespace()).count();
+        self.buf.drain(..n);
+    }
+
+    /// Non-whitespace chars consumed as call markup (for the no-loss check).
+    pub fn markup_chars(&self) -> usize {
+        self.markup_chars
     }
 
     /// Calls started so far.
@@ -222,7 +235,7 @@ impl ToolParser {
                         Ok(Some(n)) => {
                             let name = after[..n].trim().to_owned();
                             let consumed = self.buf.len() - after.len() + n + 1;
-                            self.buf.drain(..consumed);
+                            self.consume(consumed);
                             self.ws.clear();
                             self.name = name.clone();
                             self.params = 0;
@@ -269,7 +282,7 @@ impl ToolParser {
                         .map(String::as_str);
                     let value = typed_value(v, ty);
                     let consumed = skip + PARAM_OPEN.len() + n + 1 + end + PARAM_CLOSE.len();
-                    self.buf.drain(..consumed);
+                    self.consume(consumed);
                     let mut frag = String::from(if self.params == 0 { "{" } else { ", " });
                     frag.push_str(&serde_json::to_string(&key).expect("JSON"));
                     frag.push_str(": ");
@@ -282,7 +295,7 @@ impl ToolParser {
                     true
                 } else if let Some(after) = trimmed.strip_prefix(FN_CLOSE) {
                     let consumed = self.buf.len() - after.len();
-                    self.buf.drain(..consumed);
+                    self.consume(consumed);
                     self.close_args(out);
                     self.state = State::AfterFunction;
                     true
@@ -297,7 +310,7 @@ impl ToolParser {
                 let trimmed = self.buf.trim_start();
                 if let Some(after) = trimmed.strip_prefix(CALL_CLOSE) {
                     let consumed = self.buf.len() - after.len();
-                    self.buf.drain(..consumed);
+                    self.consume(consumed);
                     out.push(Out::End {
                         index: self.calls - 1,
                     });
@@ -384,7 +397,7 @@ impl ToolParser {
         let Some((name, args)) = parsed else {
             return self.malformed(out);
         };
-        self.buf.drain(..end + CALL_CLOSE.len());
+        self.consume(end + CALL_CLOSE.len());
         self.ws.clear();
         let index = self.calls;
         self.calls += 1;

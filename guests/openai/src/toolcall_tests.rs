@@ -188,10 +188,14 @@ proptest! {
         for c in &whole.1 {
             prop_assert!(serde_json::from_str::<Map<String, Value>>(&c.arguments).is_ok(), "{:?}", c);
         }
-        // Non-whitespace text outside the consumed markup is never lost.
+        // No text is lost: the content plus the markup consumed into calls
+        // accounts for every non-whitespace char of the input.
         let nonws = |s: &str| s.chars().filter(|c| !c.is_whitespace()).count();
-        let markup: usize = whole.1.iter().map(|c| nonws(&c.name)).sum();
-        prop_assert!(nonws(&whole.0) + markup <= nonws(&text));
+        let mut p = ToolParser::new(Schemas::new());
+        let mut outs = p.push(&text);
+        outs.extend(p.finish());
+        let (content, _) = collect(outs);
+        prop_assert_eq!(nonws(&content) + p.markup_chars(), nonws(&text));
     }
 
     #[test]
