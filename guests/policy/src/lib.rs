@@ -9,9 +9,7 @@ pub mod policy;
 mod component {
     wit_bindgen::generate!({
         world: "policy",
-        // A copy of ../../wit whose `inference` interface parses (the root
-        // file defines `model-info` twice); switch back to "../../wit" once fixed.
-        path: "wit",
+        path: "../../wit",
     });
 
     use crate::policy;
