@@ -20,6 +20,8 @@ enum Command {
     Generate(commands::generate::Args),
     /// Print the token ids of TEXT as a JSON array.
     Tokenize(commands::tokenize::Args),
+    /// Check a GPU backend against the reference fixtures (and a synthetic smoke test).
+    Verify(commands::verify::Args),
     /// Run the HTTP server in the foreground (SIGINT/SIGTERM drain gracefully).
     Serve(commands::serve::Args),
     /// Start the HTTP server in the background and wait until it is ready.
@@ -35,6 +37,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Generate(a) => commands::generate::run(a),
         Command::Tokenize(a) => commands::tokenize::run(a),
+        Command::Verify(a) => commands::verify::run(a),
         Command::Serve(a) => commands::serve::run(a),
         Command::Start(a) => commands::daemon::start(a),
         Command::Status(a) => commands::daemon::status(a),

@@ -1,12 +1,14 @@
-//! `qwasi generate`: one completion on the CPU reference backend.
+//! `qwasi generate`: one completion on the CPU reference backend, or on the GPU
+//! (`--backend cuda`, also with `--synthetic PRESET` random weights and `--layers N`).
 
 use super::ModelArgs;
 use anyhow::{Result, bail};
+use qwasi_engine::backend::Backend;
 use qwasi_engine::cpu::CpuModel;
 use qwasi_engine::generate::{GenerateRequest, generate};
 use qwasi_engine::model::LoadedModel;
 use qwasi_engine::sampling::SamplingParams;
-use qwasi_engine::tokenizer::IncrementalDecoder;
+use qwasi_engine::tokenizer::{IncrementalDecoder, Tokenizer};
 use serde_json::json;
 use std::io::Write;
 use std::ops::ControlFlow;
@@ -17,7 +19,11 @@ pub struct Args {
     #[command(flatten)]
     model: ModelArgs,
     /// Prompt text (encoded with the model's tokenizer; no chat template applied).
-    #[arg(long, conflicts_with = "prompt_tokens", required_unless_present = "prompt_tokens")]
+    #[arg(
+        long,
+        conflicts_with = "prompt_tokens",
+        required_unless_present = "prompt_tokens"
+    )]
     prompt: Option<String>,
     /// Prompt as comma-separated token ids, e.g. 1,2,3.
     #[arg(long, value_delimiter = ',')]
@@ -56,26 +62,121 @@ pub struct Args {
     /// Print one JSON object instead of streaming text.
     #[arg(long)]
     json: bool,
-    /// Compute backend.
+    /// Compute backend: cpu, or cuda (builds with `--features cuda`).
     #[arg(long, default_value = "cpu")]
     backend: String,
+    /// Seeded random weights of a built-in geometry generated on the GPU (e.g.
+    /// qwen3.6-35b-a3b), instead of --model; needs --backend cuda.
+    #[arg(long, value_name = "PRESET", conflicts_with = "model")]
+    synthetic: Option<String>,
+    /// Run only the first N layers (reduced depth).
+    #[arg(long)]
+    layers: Option<usize>,
 }
 
 pub fn run(a: Args) -> Result<()> {
-    if a.backend != "cpu" {
-        bail!("backend {:?} is not available in this build (available: cpu)", a.backend);
-    }
     let t_load = Instant::now();
-    let model = LoadedModel::load(a.model.model.as_deref())?;
+    if let Some(preset) = a.synthetic.clone() {
+        return run_synthetic(&a, &preset, t_load);
+    }
+    let mut model = LoadedModel::load(a.model.model.as_deref())?;
     if model.is_demo && !a.json {
         eprintln!("note: using the embedded demo model (random weights: its text is meaningless)");
     }
-    let prompt = match (&a.prompt, &a.prompt_tokens) {
-        (Some(text), _) => model.tokenizer()?.encode(text)?,
+    if let Some(n) = a.layers {
+        model.config = qwasi_engine::presets::with_layers(model.config, n)?;
+        model.weights.layers.truncate(n);
+    }
+    let prompt = prompt_ids(&a, model.tokenizer.as_ref())?;
+    let tokenizer = model.tokenizer.clone();
+    let LoadedModel {
+        config, weights, ..
+    } = model;
+    match a.backend.as_str() {
+        "cpu" => {
+            let load_s = t_load.elapsed().as_secs_f64();
+            drive(
+                &CpuModel::new(config, weights),
+                &a,
+                tokenizer,
+                prompt,
+                load_s,
+            )
+        }
+        "cuda" => run_cuda(&a, config, weights, tokenizer, prompt, t_load),
+        other => bail!("unknown backend {other:?} (available: cpu, cuda)"),
+    }
+}
+
+fn prompt_ids(a: &Args, tokenizer: Option<&Tokenizer>) -> Result<Vec<u32>> {
+    Ok(match (&a.prompt, &a.prompt_tokens) {
+        (Some(text), _) => match tokenizer {
+            Some(t) => t.encode(text)?,
+            None => bail!("this model has no tokenizer.json; pass --prompt-tokens"),
+        },
         (None, Some(ids)) => ids.clone(),
         (None, None) => bail!("pass --prompt TEXT or --prompt-tokens IDS"),
-    };
+    })
+}
+
+#[cfg(feature = "cuda")]
+fn run_cuda(
+    a: &Args,
+    config: qwasi_engine::config::ModelConfig,
+    weights: qwasi_engine::weights::Weights,
+    tokenizer: Option<Tokenizer>,
+    prompt: Vec<u32>,
+    t_load: Instant,
+) -> Result<()> {
+    let gpu = qwasi_engine::gpu::model::GpuModel::new(config, &weights)?;
+    drop(weights);
     let load_s = t_load.elapsed().as_secs_f64();
+    drive(&gpu, a, tokenizer, prompt, load_s)
+}
+
+#[cfg(not(feature = "cuda"))]
+fn run_cuda(
+    _a: &Args,
+    _config: qwasi_engine::config::ModelConfig,
+    _weights: qwasi_engine::weights::Weights,
+    _tokenizer: Option<Tokenizer>,
+    _prompt: Vec<u32>,
+    _t_load: Instant,
+) -> Result<()> {
+    bail!("backend \"cuda\" is not available in this build (rebuild with `--features cuda`)")
+}
+
+#[cfg(feature = "cuda")]
+fn run_synthetic(a: &Args, preset: &str, t_load: Instant) -> Result<()> {
+    if a.backend != "cuda" {
+        bail!("--synthetic needs --backend cuda");
+    }
+    let mut cfg = qwasi_engine::presets::by_name(preset)?;
+    if let Some(n) = a.layers {
+        cfg = qwasi_engine::presets::with_layers(cfg, n)?;
+    }
+    if !a.json {
+        eprintln!("note: synthetic {preset} with random weights (its text is meaningless)");
+    }
+    let tokenizer = Tokenizer::qwen36().ok();
+    let prompt = prompt_ids(a, tokenizer.as_ref())?;
+    let gpu = qwasi_engine::gpu::model::GpuModel::synthetic(cfg, 0x5157_4153_4931)?;
+    let load_s = t_load.elapsed().as_secs_f64();
+    drive(&gpu, a, tokenizer, prompt, load_s)
+}
+
+#[cfg(not(feature = "cuda"))]
+fn run_synthetic(_a: &Args, _preset: &str, _t_load: Instant) -> Result<()> {
+    bail!("--synthetic needs the cuda backend (rebuild with `--features cuda`)")
+}
+
+fn drive<B: Backend>(
+    backend: &B,
+    a: &Args,
+    tokenizer: Option<Tokenizer>,
+    prompt: Vec<u32>,
+    load_s: f64,
+) -> Result<()> {
     let req = GenerateRequest {
         prompt: prompt.clone(),
         max_tokens: a.max_tokens,
@@ -94,15 +195,12 @@ pub fn run(a: Args) -> Result<()> {
             logprobs: a.logprobs,
         },
     };
-    let tokenizer = model.tokenizer.clone();
-    let LoadedModel { config, weights, .. } = model;
-    let backend = CpuModel::new(config, weights);
     let mut decoder = tokenizer.clone().map(|t| IncrementalDecoder::new(t, true));
     let mut text = String::new();
     let stream = !a.json;
     let start = Instant::now();
     let mut first_token_s = None;
-    let out = generate(&backend, &req, |s, is_stop| {
+    let out = generate(backend, &req, |s, is_stop| {
         first_token_s.get_or_insert(start.elapsed().as_secs_f64());
         if !is_stop && let Some(d) = decoder.as_mut() {
             let piece = d.push(s.token);

@@ -5,6 +5,7 @@ pub mod generate;
 pub mod serve;
 pub mod state;
 pub mod tokenize;
+pub mod verify;
 
 use clap::Args as ClapArgs;
 use std::path::PathBuf;
