@@ -111,7 +111,9 @@ fn kernel_names(src: &Path) -> Vec<String> {
             names.push(name.trim().to_string());
             continue;
         }
-        let Some(rest) = line.trim_start().strip_prefix("QW_KERNEL void ") else { continue };
+        let Some(rest) = line.trim_start().strip_prefix("QW_KERNEL void ") else {
+            continue;
+        };
         let rest = rest.trim_start();
         let rest = match rest.strip_prefix("QW_BOUNDS(") {
             Some(r) => r.split_once(')').map(|x| x.1).unwrap_or(r).trim_start(),

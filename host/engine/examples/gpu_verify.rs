@@ -7,7 +7,9 @@
 
 #[cfg(not(feature = "cuda"))]
 fn main() {
-    eprintln!("gpu_verify: built without the cuda feature; skipping (no GPU backend in this build)");
+    eprintln!(
+        "gpu_verify: built without the cuda feature; skipping (no GPU backend in this build)"
+    );
 }
 
 #[cfg(feature = "cuda")]
@@ -18,7 +20,14 @@ fn main() -> anyhow::Result<()> {
     let mut fixtures = PathBuf::from("tests/fixtures/models");
     let mut model: Option<PathBuf> = None;
     let mut no_fixtures = false;
-    let mut o = VerifyOptions { fixtures: vec![], synthetic: None, layers: None, prompt_len: 300, gen_tokens: 16, json: None };
+    let mut o = VerifyOptions {
+        fixtures: vec![],
+        synthetic: None,
+        layers: None,
+        prompt_len: 300,
+        gen_tokens: 16,
+        json: None,
+    };
     let mut compare: Option<PathBuf> = None;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {

@@ -45,4 +45,3 @@ pub fn i(v: usize) -> Arg {
 pub fn f(v: f32) -> Arg {
     Arg::F32(v)
 }
-

@@ -587,7 +587,8 @@ impl GpuModel {
             return Ok(());
         }
         let cap = need.max(seq.cap * 2).max(256).min(self.max_len.max(need));
-        let row = self.cfg.num_key_value_heads * self.cfg.head_dim * if self.kv_f32 { F } else { B };
+        let row =
+            self.cfg.num_key_value_heads * self.cfg.head_dim * if self.kv_f32 { F } else { B };
         for l in &mut seq.layers {
             if let SeqLayer::Attn { k, v } = l {
                 let nk = self.dev.alloc(cap * row).context("growing the KV cache")?;
@@ -781,7 +782,11 @@ impl GpuModel {
                     self.linear(sc, n, t, pw, proj, false)?;
                     let q = sc.get(d, "q", t * nh * hd * F)?;
                     d.launch(
-                        if self.kv_f32 { "attn_prep_f32" } else { "attn_prep_bf16" },
+                        if self.kv_f32 {
+                            "attn_prep_f32"
+                        } else {
+                            "attn_prep_bf16"
+                        },
                         (t as u32, (nh + nkv) as u32, 1),
                         (256, 1, 1),
                         0,
@@ -813,7 +818,11 @@ impl GpuModel {
                     let po = sc.get(d, "att_po", queries * nsplit * hd * F)?;
                     let pml = sc.get(d, "att_pml", queries * nsplit * 2 * F)?;
                     d.launch(
-                        if self.kv_f32 { "attn_partial_f32" } else { "attn_partial_bf16" },
+                        if self.kv_f32 {
+                            "attn_partial_f32"
+                        } else {
+                            "attn_partial_bf16"
+                        },
                         (queries as u32, nsplit as u32, 1),
                         (128, 1, 1),
                         0,
@@ -1249,7 +1258,12 @@ impl Backend for GpuModel {
                 }
             });
         }
-        Some(Box::new(GpuSnapshot { pos: seq.pos, kv_f32: self.kv_f32, layers, bytes }))
+        Some(Box::new(GpuSnapshot {
+            pos: seq.pos,
+            kv_f32: self.kv_f32,
+            layers,
+            bytes,
+        }))
     }
 
     fn restore(&self, snap: &dyn SeqSnapshot) -> Option<GpuSequence> {
@@ -1280,7 +1294,11 @@ impl Backend for GpuModel {
                 }
             });
         }
-        Some(GpuSequence { pos: snap.pos, cap, layers })
+        Some(GpuSequence {
+            pos: snap.pos,
+            cap,
+            layers,
+        })
     }
 }
 

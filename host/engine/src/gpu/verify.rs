@@ -258,7 +258,9 @@ pub fn smoke(
     let first = argmax(&la);
     let restored = match model.snapshot(&a) {
         Some(snap) => {
-            let mut r = model.restore(snap.as_ref()).context("restore of a fresh snapshot failed")?;
+            let mut r = model
+                .restore(snap.as_ref())
+                .context("restore of a fresh snapshot failed")?;
             Some(model.forward(&mut r, &[first])?)
         }
         None => None,
@@ -274,7 +276,12 @@ pub fn smoke(
         if i == 0
             && let Some(x) = &restored
         {
-            snap_diff = Some(x.iter().zip(&logits).map(|(p, q)| (p - q).abs()).fold(0.0, f32::max));
+            snap_diff = Some(
+                x.iter()
+                    .zip(&logits)
+                    .map(|(p, q)| (p - q).abs())
+                    .fold(0.0, f32::max),
+            );
         }
     }
     let dt = t1.elapsed().as_secs_f64();
@@ -316,7 +323,15 @@ pub fn run_cli(o: &VerifyOptions) -> Result<bool> {
     if !o.fixtures.is_empty() {
         println!(
             "{:<12} {:<7} {:>5} {:>9} {:>10} {:>10} {:>10} {:>10} {:>8}  verdict",
-            "fixture", "case", "len", "top1", "|dlp| hf", "|dlp| cpu", "KL first", "KL max", "greedy"
+            "fixture",
+            "case",
+            "len",
+            "top1",
+            "|dlp| hf",
+            "|dlp| cpu",
+            "KL first",
+            "KL max",
+            "greedy"
         );
         for dir in &o.fixtures {
             for r in verify_fixture(dir, &tol)? {
@@ -436,7 +451,10 @@ pub fn compare_transformers(dir: &Path, json: Option<&Path>) -> Result<bool> {
     let mut all = true;
     for c in &r.cases {
         let bytes = std::fs::read(dir.join(format!("logits_{}.f32", c.len)))?;
-        let reference: Vec<f32> = bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
+        let reference: Vec<f32> = bytes
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect();
         let mut seq = gpu.new_sequence();
         let t1 = Instant::now();
         let mut g = gpu.forward(&mut seq, &c.prompt)?;
@@ -445,7 +463,10 @@ pub fn compare_transformers(dir: &Path, json: Option<&Path>) -> Result<bool> {
         let k = kl(&lr, &lg);
         let mut idx: Vec<usize> = (0..lr.len()).collect();
         idx.sort_by(|&a, &b| lr[b].total_cmp(&lr[a]));
-        let max_d = idx[..8].iter().map(|&i| (lr[i] - lg[i]).abs()).fold(0.0, f32::max);
+        let max_d = idx[..8]
+            .iter()
+            .map(|&i| (lr[i] - lg[i]).abs())
+            .fold(0.0, f32::max);
         let top1 = argmax(&reference) == argmax(&g);
         let (mut steps, mut agree, mut prefix, mut diverged) = (0, 0, 0, false);
         let mut div_margin = None;
@@ -484,12 +505,24 @@ pub fn compare_transformers(dir: &Path, json: Option<&Path>) -> Result<bool> {
         println!(
             "[compare] len {:>6}: KL(hf||gpu) {:.2e}, top1 {}, max|dlogprob| top8 {:.2e}, teacher-forced top1 {}/{} \
              (margin > 0.1), greedy identical {}/{} (hf margin at first difference {:?})  {}",
-            c.len, k, top1, max_d, agree, steps, prefix, c.generated.len(), div_margin, if pass { "PASS" } else { "FAIL" }
+            c.len,
+            k,
+            top1,
+            max_d,
+            agree,
+            steps,
+            prefix,
+            c.generated.len(),
+            div_margin,
+            if pass { "PASS" } else { "FAIL" }
         );
         reports.push(rep);
     }
     if let Some(p) = json {
-        std::fs::write(p, serde_json::to_string_pretty(&serde_json::json!({"compare": reports, "pass": all}))?)?;
+        std::fs::write(
+            p,
+            serde_json::to_string_pretty(&serde_json::json!({"compare": reports, "pass": all}))?,
+        )?;
     }
     println!("compare: {}", if all { "PASS" } else { "FAIL" });
     Ok(all)
