@@ -222,10 +222,18 @@ fn request_timeout_stops_a_spinning_guest_without_a_cpu_limit() {
     let r = s.get("/loop");
     assert_eq!(r.status, 504, "{r:?}");
     assert_eq!(r.error_code(), "request_timeout");
-    assert!(t0.elapsed() >= Duration::from_millis(380), "{:?}", t0.elapsed());
+    assert!(
+        t0.elapsed() >= Duration::from_millis(380),
+        "{:?}",
+        t0.elapsed()
+    );
     assert!(t0.elapsed() < Duration::from_secs(3), "{:?}", t0.elapsed());
     assert_eq!(s.get("/ok").status, 200);
-    assert!(s.get("/metrics").body.contains("qwasi_request_timeouts_total 1"));
+    assert!(
+        s.get("/metrics")
+            .body
+            .contains("qwasi_request_timeouts_total 1")
+    );
 }
 
 #[test]
