@@ -16,6 +16,7 @@ pub mod model;
 pub mod prefix_cache;
 pub mod presets;
 pub mod sampling;
+pub mod scripted;
 pub mod service;
 pub mod tensor;
 pub mod tokenizer;

@@ -95,6 +95,9 @@ pub struct Args {
     /// prompt ends, message boundaries and generation ends).
     #[arg(long, default_value_t = qwasi_engine::service::DEFAULT_SNAPSHOT_INTERVAL)]
     pub snapshot_interval: usize,
+    /// Testing: force the model's output to the turns of a JSON file, one per request.
+    #[arg(long, value_name = "FILE", hide = true)]
+    pub scripted_turns: Option<PathBuf>,
 }
 
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
@@ -301,7 +304,11 @@ fn load(a: &Args) -> Result<(Runtime, String)> {
     } = model;
     let vocab_size = config.vocab_size as u32;
     let eos_token_ids = config.eos_token_ids.clone();
-    let backend = CpuModel::new(config, weights);
+    let backend = qwasi_engine::scripted::Scripted::wrap(
+        CpuModel::new(config, weights),
+        a.scripted_turns.as_deref(),
+        tokenizer.as_ref(),
+    )?;
     let service = EngineService::start(
         backend,
         tokenizer.clone(),

@@ -1,0 +1,263 @@
+//! A scripted token source for end-to-end tests (`qwasi serve --scripted-turns FILE`).
+//!
+//! [`ScriptedBackend`] implements [`Backend`] without a model: each request
+//! (each fresh sequence) takes the next *turn* of a script, the turn's text
+//! tokenized with the model's real tokenizer, and `forward` returns logits
+//! that force exactly those tokens, then an end-of-sequence token. The
+//! tokenizer, engine service, sampling, guests and HTTP are all real, so a
+//! test can drive a whole agent loop with known model output.
+//!
+//! The file is JSON: an array of turns, each a string or `{"text": "..."}`,
+//! used one per request, in order.
+
+use std::collections::VecDeque;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+
+use anyhow::{Context, Result, anyhow, bail};
+
+use crate::backend::{Backend, SeqSnapshot};
+use crate::config::ModelConfig;
+use crate::tokenizer::Tokenizer;
+
+pub struct ScriptedBackend {
+    config: ModelConfig,
+    turns: Mutex<VecDeque<Arc<Vec<u32>>>>,
+    eos: u32,
+}
+
+pub struct ScriptedSequence {
+    position: usize,
+    /// The turn this sequence replays (taken at its first forward).
+    turn: Option<Arc<Vec<u32>>>,
+    /// Tokens of the turn forced so far.
+    next: usize,
+}
+
+impl ScriptedBackend {
+    /// Turns given as texts, tokenized with `tokenizer`.
+    pub fn new(config: ModelConfig, tokenizer: &Tokenizer, texts: &[String]) -> Result<Self> {
+        let eos = *config
+            .eos_token_ids
+            .first()
+            .ok_or_else(|| anyhow!("the model has no end-of-sequence token"))?;
+        let turns = texts
+            .iter()
+            .map(|t| tokenizer.encode(t).map(Arc::new))
+            .collect::<Result<VecDeque<_>>>()?;
+        for t in &turns {
+            if let Some(&bad) = t.iter().find(|&&id| id as usize >= config.vocab_size) {
+                bail!("scripted token {bad} is outside the vocabulary");
+            }
+        }
+        Ok(ScriptedBackend {
+            config,
+            turns: Mutex::new(turns),
+            eos,
+        })
+    }
+
+    /// Reads the script file (a JSON array of strings or `{"text": ...}`).
+    pub fn from_file(path: &Path, config: ModelConfig, tokenizer: &Tokenizer) -> Result<Self> {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read the scripted turns {}", path.display()))?;
+        Self::new(config, tokenizer, &parse_turns(&text)?)
+    }
+
+    fn take_turn(&self) -> Result<Arc<Vec<u32>>> {
+        self.turns
+            .lock()
+            .map_err(|_| anyhow!("scripted turns poisoned"))?
+            .pop_front()
+            .ok_or_else(|| anyhow!("the scripted turns are used up"))
+    }
+}
+
+pub fn parse_turns(json: &str) -> Result<Vec<String>> {
+    let v: serde_json::Value = serde_json::from_str(json).context("scripted turns: bad JSON")?;
+    let arr = v
+        .as_array()
+        .ok_or_else(|| anyhow!("scripted turns: expected a JSON array"))?;
+    arr.iter()
+        .map(|t| match t {
+            serde_json::Value::String(s) => Ok(s.clone()),
+            serde_json::Value::Object(o) => o
+                .get("text")
+                .and_then(|x| x.as_str())
+                .map(str::to_owned)
+                .ok_or_else(|| anyhow!("scripted turns: an object turn needs \"text\"")),
+            _ => bail!("scripted turns: each turn is a string or {{\"text\": ...}}"),
+        })
+        .collect()
+}
+
+impl Backend for ScriptedBackend {
+    type Sequence = ScriptedSequence;
+
+    fn name(&self) -> &'static str {
+        "scripted"
+    }
+
+    fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+
+    fn new_sequence(&self) -> ScriptedSequence {
+        ScriptedSequence {
+            position: 0,
+            turn: None,
+            next: 0,
+        }
+    }
+
+    fn position(&self, seq: &ScriptedSequence) -> usize {
+        seq.position
+    }
+
+    fn extend(&self, seq: &mut ScriptedSequence, tokens: &[u32]) -> Result<()> {
+        if seq.turn.is_none() {
+            seq.turn = Some(self.take_turn()?);
+        }
+        seq.position += tokens.len();
+        Ok(())
+    }
+
+    fn forward(&self, seq: &mut ScriptedSequence, tokens: &[u32]) -> Result<Vec<f32>> {
+        self.extend(seq, tokens)?;
+        let turn = seq.turn.as_ref().expect("taken by extend");
+        let id = turn.get(seq.next).copied().unwrap_or(self.eos);
+        seq.next += 1;
+        let mut logits = vec![-1.0e9f32; self.config.vocab_size];
+        logits[id as usize] = 0.0;
+        Ok(logits)
+    }
+}
+
+/// A backend, or (with a script) the scripted backend in its place: lets
+/// `serve` switch with one line while keeping its backend type.
+#[allow(clippy::large_enum_variant)] // chosen once per server
+pub enum Scripted<B: Backend> {
+    Real(B),
+    Script(ScriptedBackend),
+}
+
+#[allow(clippy::large_enum_variant)]
+pub enum ScriptedSeq<S> {
+    Real(S),
+    Script(ScriptedSequence),
+}
+
+impl<B: Backend> Scripted<B> {
+    /// `inner`, or the scripted backend over `inner`'s config when `turns` is given.
+    pub fn wrap(inner: B, turns: Option<&Path>, tokenizer: Option<&Tokenizer>) -> Result<Self> {
+        match turns {
+            None => Ok(Scripted::Real(inner)),
+            Some(path) => {
+                let tok = tokenizer.ok_or_else(|| anyhow!("--scripted-turns needs a tokenizer"))?;
+                Ok(Scripted::Script(ScriptedBackend::from_file(
+                    path,
+                    inner.config().clone(),
+                    tok,
+                )?))
+            }
+        }
+    }
+}
+
+impl<B: Backend> Backend for Scripted<B> {
+    type Sequence = ScriptedSeq<B::Sequence>;
+
+    fn name(&self) -> &'static str {
+        match self {
+            Scripted::Real(b) => b.name(),
+            Scripted::Script(s) => s.name(),
+        }
+    }
+
+    fn config(&self) -> &ModelConfig {
+        match self {
+            Scripted::Real(b) => b.config(),
+            Scripted::Script(s) => s.config(),
+        }
+    }
+
+    fn new_sequence(&self) -> Self::Sequence {
+        match self {
+            Scripted::Real(b) => ScriptedSeq::Real(b.new_sequence()),
+            Scripted::Script(s) => ScriptedSeq::Script(s.new_sequence()),
+        }
+    }
+
+    fn position(&self, seq: &Self::Sequence) -> usize {
+        match (self, seq) {
+            (Scripted::Real(b), ScriptedSeq::Real(q)) => b.position(q),
+            (Scripted::Script(s), ScriptedSeq::Script(q)) => s.position(q),
+            _ => unreachable!("a sequence of the other backend"),
+        }
+    }
+
+    fn forward(&self, seq: &mut Self::Sequence, tokens: &[u32]) -> Result<Vec<f32>> {
+        match (self, seq) {
+            (Scripted::Real(b), ScriptedSeq::Real(q)) => b.forward(q, tokens),
+            (Scripted::Script(s), ScriptedSeq::Script(q)) => s.forward(q, tokens),
+            _ => bail!("a sequence of the other backend"),
+        }
+    }
+
+    fn extend(&self, seq: &mut Self::Sequence, tokens: &[u32]) -> Result<()> {
+        match (self, seq) {
+            (Scripted::Real(b), ScriptedSeq::Real(q)) => b.extend(q, tokens),
+            (Scripted::Script(s), ScriptedSeq::Script(q)) => s.extend(q, tokens),
+            _ => bail!("a sequence of the other backend"),
+        }
+    }
+
+    fn snapshot(&self, seq: &Self::Sequence) -> Option<Box<dyn SeqSnapshot>> {
+        match (self, seq) {
+            (Scripted::Real(b), ScriptedSeq::Real(q)) => b.snapshot(q),
+            _ => None,
+        }
+    }
+
+    fn restore(&self, snap: &dyn SeqSnapshot) -> Option<Self::Sequence> {
+        match self {
+            Scripted::Real(b) => b.restore(snap).map(ScriptedSeq::Real),
+            Scripted::Script(_) => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn forces_each_turn_then_eos() {
+        let tok = crate::tokenizer::Tokenizer::qwen36().unwrap();
+        let mut config = crate::demo::config();
+        config.vocab_size = tok.vocab_size();
+        let b = ScriptedBackend::new(config, &tok, &["Hi there".into(), "Bye".into()]).unwrap();
+        let argmax = |l: &[f32]| {
+            l.iter()
+                .enumerate()
+                .max_by(|a, b| a.1.total_cmp(b.1))
+                .unwrap()
+                .0 as u32
+        };
+        for text in ["Hi there", "Bye"] {
+            let mut s = b.new_sequence();
+            let mut out = vec![];
+            let mut id = argmax(&b.forward(&mut s, &[1, 2, 3]).unwrap());
+            while id != b.eos {
+                out.push(id);
+                id = argmax(&b.forward(&mut s, &[id]).unwrap());
+            }
+            assert_eq!(tok.decode(&out, false).unwrap(), text);
+        }
+        assert!(b.forward(&mut b.new_sequence(), &[1]).is_err());
+        assert_eq!(
+            parse_turns(r#"["a", {"text": "b"}]"#).unwrap(),
+            vec!["a".to_string(), "b".to_string()]
+        );
+    }
+}
