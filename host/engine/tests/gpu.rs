@@ -1,0 +1,25 @@
+//! The GPU backend against the reference fixtures (feature `cuda`). Where there is
+//! no CUDA driver or GPU, the test says so and passes (CI has no GPU); on a GPU
+//! machine it requires every fixture case to PASS `verify`'s tolerances.
+
+#![cfg(feature = "cuda")]
+
+use qwasi_engine::gpu::cuda::Device;
+use qwasi_engine::gpu::verify::{Tolerances, fixture_dirs, verify_fixture};
+use std::path::PathBuf;
+
+#[test]
+fn gpu_matches_fixtures() {
+    if let Err(e) = Device::new() {
+        eprintln!("SKIPPED gpu_matches_fixtures: {e:#}");
+        return;
+    }
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/models");
+    let dirs = fixture_dirs(&root).unwrap();
+    assert!(!dirs.is_empty());
+    for dir in dirs {
+        for r in verify_fixture(&dir, &Tolerances::default()).unwrap() {
+            assert!(r.pass, "{r:?}");
+        }
+    }
+}
