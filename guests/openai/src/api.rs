@@ -385,6 +385,8 @@ pub struct Driver<'h, H: Host> {
     offset: usize,
     spellings: HashMap<u32, (String, Vec<u8>)>,
     tools: Option<ToolState>,
+    /// Special tokens spelled out when tools are parsed (`<tool_call>`, `</tool_call>`).
+    markup_ids: Vec<(u32, &'static str)>,
     pub ended: Option<Ended>,
 }
 
@@ -413,6 +415,7 @@ impl<'h, H: Host> Driver<'h, H> {
             offset,
             spellings: HashMap::new(),
             tools: None,
+            markup_ids: Vec::new(),
             ended: None,
         }
     }
@@ -421,6 +424,10 @@ impl<'h, H: Host> Driver<'h, H> {
     /// `tool_choice` is not `none`).
     pub fn with_tools(mut self, tools: &Tools) -> Self {
         if tools.parse_calls() {
+            self.markup_ids = [toolcall::CALL_OPEN, toolcall::CALL_CLOSE]
+                .into_iter()
+                .filter_map(|t| Some((self.host.token_to_id(t)?, t)))
+                .collect();
             self.tools = Some(ToolState {
                 parser: ToolParser::new(toolcall::schemas(&tools.tools)),
                 cfg: tools.clone(),
@@ -526,6 +533,12 @@ impl<'h, H: Host> Driver<'h, H> {
                 let text =
                     if text.is_empty() && self.think_end_id == Some(id) && self.in_reasoning() {
                         THINK_END.to_string()
+                    } else if text.is_empty()
+                        && let Some(&(_, tag)) = self.markup_ids.iter().find(|(i, _)| *i == id)
+                    {
+                        // The engine leaves special tokens' text out; the
+                        // tool-call tags are markup the parser needs.
+                        tag.to_string()
                     } else {
                         text
                     };

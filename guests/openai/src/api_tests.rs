@@ -10,10 +10,17 @@ use crate::host::*;
 use crate::sse;
 use crate::tokens::byte_to_char;
 
-const SPECIALS: [&str; 4] = ["<|im_start|>", "<|im_end|>", "<think>", "</think>"];
+const SPECIALS: [&str; 6] = [
+    "<|im_start|>",
+    "<|im_end|>",
+    "<think>",
+    "</think>",
+    "<tool_call>",
+    "</tool_call>",
+];
 const THINK_END_ID: u32 = 4;
 
-/// A byte tokenizer (id = 100 + byte) with four special tokens (ids 1..=4),
+/// A byte tokenizer (id = 100 + byte) with six special tokens (ids 1..=6),
 /// and a scripted engine.
 struct FakeHost {
     info: ModelInfo,
@@ -85,7 +92,7 @@ fn dec(ids: &[u32]) -> String {
     let mut bytes = Vec::new();
     for &id in ids {
         match id {
-            1..=4 => bytes.extend_from_slice(SPECIALS[id as usize - 1].as_bytes()),
+            1..=6 => bytes.extend_from_slice(SPECIALS[id as usize - 1].as_bytes()),
             100..=355 => bytes.push((id - 100) as u8),
             _ => {}
         }
@@ -136,13 +143,13 @@ impl Host for FakeHost {
     }
     fn id_to_token(&self, id: u32) -> Option<String> {
         match id {
-            1..=4 => Some(SPECIALS[id as usize - 1].to_string()),
+            1..=6 => Some(SPECIALS[id as usize - 1].to_string()),
             100..=355 => Some(byte_to_char((id - 100) as u8).to_string()),
             _ => None,
         }
     }
     fn is_special(&self, id: u32) -> bool {
-        (1..=4).contains(&id)
+        (1..=6).contains(&id)
     }
     fn generate(&self, request: GenerateRequest) -> Result<FakeGeneration, GenerateError> {
         self.requests.borrow_mut().push(request);
@@ -1088,8 +1095,26 @@ const CALL_TEXT: &str = "I will check.\n\n<tool_call>\n<function=get_weather>\n<
 fn big_host(script_text: &str) -> FakeHost {
     let mut h = FakeHost::new();
     h.info.context_length = 100_000;
-    // One token per char, thinking off.
-    let mut evs: Vec<Event> = script_text.chars().map(|c| tok(&c.to_string())).collect();
+    // One token per char (the tool-call tags one special token each, with
+    // empty text, as the engine sends special tokens), thinking off.
+    let mut evs = Vec::new();
+    let mut rest = script_text;
+    while let Some(c) = rest.chars().next() {
+        if let Some(i) = [4usize, 5]
+            .into_iter()
+            .find(|&i| rest.starts_with(SPECIALS[i]))
+        {
+            evs.push(Event::Token(TokenEvent {
+                id: i as u32 + 1,
+                text: String::new(),
+                logprob: None,
+            }));
+            rest = &rest[SPECIALS[i].len()..];
+            continue;
+        }
+        evs.push(tok(&c.to_string()));
+        rest = &rest[c.len_utf8()..];
+    }
     evs.push(finished(FinishReason::Stop, 5, 5, 0));
     h.with_script(vec![evs])
 }
@@ -1211,7 +1236,13 @@ fn tool_choice_violations() {
         tool_req(json!({"tool_choice": "none"})),
     );
     let v = s.json();
-    assert_eq!(v["choices"][0]["message"]["content"], CALL_TEXT);
+    // (Special tokens' text is left out, as without tools.)
+    assert_eq!(
+        v["choices"][0]["message"]["content"],
+        CALL_TEXT
+            .replace("<tool_call>", "")
+            .replace("</tool_call>", "")
+    );
     assert!(!dec(&h.request().prompt).contains("<tools>"));
     // Bad tool_choice requests are 400s.
     let h = big_host("");
