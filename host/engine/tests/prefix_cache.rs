@@ -252,7 +252,10 @@ fn assert_same(label: &str, got: &Outcome, cold_tokens: &[u32], cold_steps: &[Sa
         );
         for ((ta, la), (tb, lb)) in a.top.iter().zip(&b.top) {
             assert_eq!(ta, tb, "{label}: step {i}: top ids");
-            assert!((la - lb).abs() < LOGPROB_TOL, "{label}: step {i}: top logprob");
+            assert!(
+                (la - lb).abs() < LOGPROB_TOL,
+                "{label}: step {i}: top logprob"
+            );
         }
     }
 }
@@ -273,10 +276,14 @@ async fn resumed_requests_match_cold_runs_at_many_split_points() {
     // Inside a GDN chunk, at chunk/page boundaries (64, 128, 256) and ±1.
     assert_eq!(CHUNK, 64);
     assert_eq!(PAGE_TOKENS, 64);
-    for split in [1, 2, 37, 63, 64, 65, 100, 127, 128, 129, 200, 255, 256, 257, 299] {
+    for split in [
+        1, 2, 37, 63, 64, 65, 100, 127, 128, 129, 200, 255, 256, 257, 299,
+    ] {
         h.cache().clear();
         // Warm: a request whose prompt is the first `split` tokens.
-        let warm = h.run(&req(&full[..split], 1), SubmitOptions::default()).await;
+        let warm = h
+            .run(&req(&full[..split], 1), SubmitOptions::default())
+            .await;
         assert_eq!(warm.usage().cached_tokens, 0);
         assert_eq!(h.cache().stats().snapshots, 1, "split {split}");
         let got = h.run(&r, SubmitOptions::default()).await;
@@ -310,8 +317,15 @@ async fn snapshots_directly_on_the_model_are_copy_on_write() {
     let mut coldseq = m.new_sequence();
     let d = m.forward(&mut coldseq, &toks[..150]).unwrap();
     let (la, ld) = (log_softmax(&a), log_softmax(&d));
-    let err = la.iter().zip(&ld).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max);
-    assert!(err < LOGPROB_TOL, "cold vs resumed logprobs differ by {err}");
+    let err = la
+        .iter()
+        .zip(&ld)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max);
+    assert!(
+        err < LOGPROB_TOL,
+        "cold vs resumed logprobs differ by {err}"
+    );
     drop((seq, resumed, again, coldseq, snap));
     assert_eq!(m.page_stats().live_pages(), 0);
     assert_eq!(m.page_stats().live_bytes(), 0);
@@ -347,11 +361,26 @@ async fn conversation_turns_hit_the_previous_turn_and_intervals_split_prefill() 
     let positions: Vec<usize> = h.dump().iter().map(|e| e.2).collect();
     assert_eq!(positions, vec![10, 33, 64, 90]);
     let metrics = h.svc.metrics_text();
-    assert!(metrics.contains("qwasi_prefix_cache_hits_total 1\n"), "{metrics}");
-    assert!(metrics.contains("qwasi_prefix_cache_misses_total 2\n"), "{metrics}");
-    assert!(metrics.contains("qwasi_prefix_cache_tokens_saved_total 155\n"), "{metrics}");
-    assert!(metrics.contains("qwasi_prefix_cache_snapshots 4\n"), "{metrics}");
-    assert!(metrics.contains("qwasi_prefix_cache_evictions_total 0\n"), "{metrics}");
+    assert!(
+        metrics.contains("qwasi_prefix_cache_hits_total 1\n"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("qwasi_prefix_cache_misses_total 2\n"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("qwasi_prefix_cache_tokens_saved_total 155\n"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("qwasi_prefix_cache_snapshots 4\n"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("qwasi_prefix_cache_evictions_total 0\n"),
+        "{metrics}"
+    );
     let bytes = h.cache().stats().bytes;
     assert!(metrics.contains(&format!("qwasi_prefix_cache_bytes {bytes}\n")));
 }
@@ -370,7 +399,11 @@ async fn a_b_a_sequences_do_not_cross_talk() {
     let a1 = h.run(&ra, SubmitOptions::default()).await;
     assert_same("A1", &a1, &cat, &cas);
     let b = h.run(&rb, SubmitOptions::default()).await;
-    assert_eq!(b.usage().cached_tokens, 64, "B resumes from the shared interval snapshot");
+    assert_eq!(
+        b.usage().cached_tokens,
+        64,
+        "B resumes from the shared interval snapshot"
+    );
     assert_same("B", &b, &cbt, &cbs);
     let a2 = h.run(&ra, SubmitOptions::default()).await;
     assert!(a2.usage().cached_tokens >= 96, "{:?}", a2.usage());
@@ -457,7 +490,9 @@ async fn cancellation_leaves_the_cache_unchanged() {
 async fn eviction_keeps_the_budget_and_frees_pages() {
     // Measure one snapshot of a 64-token prompt, then allow about three.
     let probe = Harness::new(64 * MIB, 0, 0);
-    probe.run(&req(&prompt(64, 20), 1), SubmitOptions::default()).await;
+    probe
+        .run(&req(&prompt(64, 20), 1), SubmitOptions::default())
+        .await;
     let one = probe.cache().stats().bytes;
     drop(probe);
     let h = Harness::new(3 * one + one / 2, 0, 0);
@@ -493,7 +528,8 @@ async fn eviction_keeps_the_budget_and_frees_pages() {
 #[tokio::test]
 async fn shared_pages_are_counted_once() {
     let h = Harness::new(64 * MIB, 64, 0);
-    h.run(&req(&prompt(256, 40), 1), SubmitOptions::default()).await;
+    h.run(&req(&prompt(256, 40), 1), SubmitOptions::default())
+        .await;
     // Snapshots at 64, 128, 192, 256 share their leading pages.
     let s = h.cache().stats();
     assert_eq!(s.snapshots, 4);
@@ -560,5 +596,9 @@ async fn cache_off_and_backends_without_snapshots() {
     assert_eq!(out.usage().cached_tokens, 0);
     let (ct, cs) = cold(&h.model, &r);
     assert_same("off", &out, &ct, &cs);
-    assert!(h.svc.metrics_text().contains("qwasi_prefix_cache_misses_total 0\n"));
+    assert!(
+        h.svc
+            .metrics_text()
+            .contains("qwasi_prefix_cache_misses_total 0\n")
+    );
 }

@@ -124,7 +124,12 @@ struct Timed {
     usage: Usage,
 }
 
-async fn timed(svc: &EngineService, prompt: Vec<u32>, max_tokens: usize, salt: &str) -> Result<Timed> {
+async fn timed(
+    svc: &EngineService,
+    prompt: Vec<u32>,
+    max_tokens: usize,
+    salt: &str,
+) -> Result<Timed> {
     let req = GenerateRequest {
         prompt,
         max_tokens,
@@ -284,7 +289,11 @@ fn prefix_cache(a: &Args) -> Result<()> {
                     .flat_map(|(x, y)| {
                         std::iter::once((x.logprob - y.logprob).abs()).chain(
                             x.top.iter().zip(&y.top).map(|(p, q)| {
-                                if p.0 == q.0 { (p.1 - q.1).abs() } else { f32::INFINITY }
+                                if p.0 == q.0 {
+                                    (p.1 - q.1).abs()
+                                } else {
+                                    f32::INFINITY
+                                }
                             }),
                         )
                     })
@@ -332,7 +341,12 @@ fn prefix_cache(a: &Args) -> Result<()> {
         let mut bytes = 0;
         for run in 0..a.runs {
             let seed = 0x5eed_0000 + run as u64;
-            let r = rt.block_on(timed(&svc, tokens(longest, seed, vocab), 1, &format!("s{run}")))?;
+            let r = rt.block_on(timed(
+                &svc,
+                tokens(longest, seed, vocab),
+                1,
+                &format!("s{run}"),
+            ))?;
             t.push(ms(r.ttft));
             let s = svc.prefix_cache_stats().unwrap_or_default();
             if run == 0 {

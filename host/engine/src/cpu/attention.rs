@@ -253,10 +253,7 @@ pub fn forward(
         softmax(&mut scores);
         out.fill(0.0);
         for (s, p) in scores.iter().enumerate() {
-            for (o, vv) in out
-                .iter_mut()
-                .zip(&kc.v_at(s)[kvh * hd..(kvh + 1) * hd])
-            {
+            for (o, vv) in out.iter_mut().zip(&kc.v_at(s)[kvh * hd..(kvh + 1) * hd]) {
                 *o += p * vv;
             }
         }

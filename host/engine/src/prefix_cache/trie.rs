@@ -66,10 +66,7 @@ impl Node {
         let mut node = self;
         let mut depth = 0;
         let mut best = None;
-        loop {
-            let Some(&first) = key.get(depth) else {
-                break;
-            };
+        while let Some(&first) = key.get(depth) {
             let Some(child) = node.children.get(&first) else {
                 break;
             };
