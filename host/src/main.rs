@@ -30,6 +30,8 @@ enum Command {
     Status(commands::daemon::StatusArgs),
     /// Stop a background server gracefully (drain, then exit).
     Stop(commands::daemon::StopArgs),
+    /// Run an engine benchmark and write a JSON report (e.g. --workload prefix-cache).
+    Bench(commands::bench::Args),
 }
 
 fn main() -> ExitCode {
@@ -42,6 +44,7 @@ fn main() -> ExitCode {
         Command::Start(a) => commands::daemon::start(a),
         Command::Status(a) => commands::daemon::status(a),
         Command::Stop(a) => commands::daemon::stop(a),
+        Command::Bench(a) => commands::bench::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,5 +1,6 @@
 //! One module per subcommand.
 
+pub mod bench;
 pub mod daemon;
 pub mod generate;
 pub mod serve;
