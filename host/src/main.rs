@@ -8,7 +8,11 @@ use clap::{Parser, Subcommand};
 use std::process::ExitCode;
 
 #[derive(Parser)]
-#[command(name = "qwasi", version, about = "Qwen3.6 inference server with WebAssembly guests")]
+#[command(
+    name = "qwasi",
+    version,
+    about = "Qwen3.6 inference server with WebAssembly guests"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

@@ -12,14 +12,22 @@ fn qwasi(args: &[&str]) -> Output {
 }
 
 fn json_of(out: &Output) -> Value {
-    assert!(out.status.success(), "stderr: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "stderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     serde_json::from_slice(&out.stdout).expect("stdout is one JSON value")
 }
 
 #[test]
 fn generate_on_the_demo_model_prints_text() {
     let out = qwasi(&["generate", "--prompt", "hi", "--max-tokens", "8"]);
-    assert!(out.status.success(), "stderr: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "stderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(!String::from_utf8_lossy(&out.stdout).trim().is_empty());
     assert!(String::from_utf8_lossy(&out.stderr).contains("demo model"));
 }
@@ -27,14 +35,27 @@ fn generate_on_the_demo_model_prints_text() {
 #[test]
 fn generate_json_with_logprobs_is_deterministic() {
     let args = [
-        "generate", "--prompt", "Hello, world", "--max-tokens", "6", "--ignore-eos", "--logprobs", "3",
+        "generate",
+        "--prompt",
+        "Hello, world",
+        "--max-tokens",
+        "6",
+        "--ignore-eos",
+        "--logprobs",
+        "3",
         "--json",
     ];
     let a = json_of(&qwasi(&args));
     let b = json_of(&qwasi(&args));
-    assert_eq!(a["tokens"], b["tokens"], "greedy decoding must be deterministic");
+    assert_eq!(
+        a["tokens"], b["tokens"],
+        "greedy decoding must be deterministic"
+    );
     // The prompt is encoded exactly as `qwasi tokenize` encodes it.
-    assert_eq!(a["prompt_tokens"], json_of(&qwasi(&["tokenize", "Hello, world"])));
+    assert_eq!(
+        a["prompt_tokens"],
+        json_of(&qwasi(&["tokenize", "Hello, world"]))
+    );
     assert_eq!(a["tokens"].as_array().unwrap().len(), 6);
     assert_eq!(a["finish_reason"], "length");
     let lps = a["logprobs"].as_array().unwrap();
@@ -53,8 +74,19 @@ fn generate_json_with_logprobs_is_deterministic() {
 #[test]
 fn seeded_sampling_repeats() {
     let args = [
-        "generate", "--prompt-tokens", "9707,11,1879", "--max-tokens", "8", "--ignore-eos",
-        "--temperature", "1.0", "--top-p", "0.9", "--seed", "42", "--json",
+        "generate",
+        "--prompt-tokens",
+        "9707,11,1879",
+        "--max-tokens",
+        "8",
+        "--ignore-eos",
+        "--temperature",
+        "1.0",
+        "--top-p",
+        "0.9",
+        "--seed",
+        "42",
+        "--json",
     ];
     let a = json_of(&qwasi(&args));
     let b = json_of(&qwasi(&args));
@@ -66,7 +98,12 @@ fn seeded_sampling_repeats() {
 fn tokenize_prints_ids() {
     let out = qwasi(&["tokenize", "<|im_start|>user\nhi<|im_end|>"]);
     let ids = json_of(&out);
-    let ids: Vec<u64> = ids.as_array().unwrap().iter().map(|v| v.as_u64().unwrap()).collect();
+    let ids: Vec<u64> = ids
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_u64().unwrap())
+        .collect();
     assert_eq!(ids.first(), Some(&248045));
     assert_eq!(ids.last(), Some(&248046));
 }
@@ -74,14 +111,33 @@ fn tokenize_prints_ids() {
 #[test]
 fn bad_model_directory_is_a_one_line_error() {
     let dir = tempfile::tempdir().unwrap();
-    std::fs::write(dir.path().join("config.json"), r#"{"architectures": ["GPT2LMHeadModel"]}"#).unwrap();
-    let out = qwasi(&["generate", "--model", dir.path().to_str().unwrap(), "--prompt-tokens", "1"]);
+    std::fs::write(
+        dir.path().join("config.json"),
+        r#"{"architectures": ["GPT2LMHeadModel"]}"#,
+    )
+    .unwrap();
+    let out = qwasi(&[
+        "generate",
+        "--model",
+        dir.path().to_str().unwrap(),
+        "--prompt-tokens",
+        "1",
+    ]);
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(err.trim_end().lines().count(), 1, "{err}");
-    assert!(err.starts_with("error: ") && err.contains("unsupported architecture"), "{err}");
+    assert!(
+        err.starts_with("error: ") && err.contains("unsupported architecture"),
+        "{err}"
+    );
 
-    let out = qwasi(&["generate", "--model", "/no/such/dir", "--prompt-tokens", "1"]);
+    let out = qwasi(&[
+        "generate",
+        "--model",
+        "/no/such/dir",
+        "--prompt-tokens",
+        "1",
+    ]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(err.trim_end().lines().count(), 1, "{err}");
     assert!(err.contains("/no/such/dir"), "{err}");
