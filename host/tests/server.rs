@@ -366,3 +366,69 @@ fn openai_guest_maps_a_full_queue_to_429() {
         t0.elapsed()
     );
 }
+
+/// Waits out the last seconds of a wall-clock minute, so that a test's few
+/// requests fall into one fixed 60 s rate-limit window.
+fn avoid_minute_boundary() {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    if secs % 60 >= 50 {
+        std::thread::sleep(Duration::from_secs(61 - secs % 60));
+    }
+}
+
+#[test]
+fn rate_limit_per_api_key_through_host_counters() {
+    let s = Server::start(&[
+        "--api-key",
+        "a:ka",
+        "--api-key",
+        "b:kb",
+        "--policy-setting",
+        "max-requests-per-minute=2",
+    ]);
+    avoid_minute_boundary();
+    let models = |key: &str| {
+        let auth = format!("Bearer {key}");
+        request(
+            &s.addr,
+            "GET",
+            "/v1/models",
+            &[("Authorization", &auth)],
+            "",
+        )
+    };
+    for _ in 0..2 {
+        let r = models("ka");
+        assert_eq!(r.status, 200, "{r:?}");
+    }
+    let r = models("ka");
+    assert_eq!(r.status, 429, "{r:?}");
+    assert_eq!(r.error_code(), "rate_limit_exceeded", "{r:?}");
+    let retry: u32 = r
+        .header("retry-after")
+        .expect("Retry-After")
+        .parse()
+        .unwrap();
+    assert!((1..=60).contains(&retry), "{r:?}");
+    // Another key has its own counter.
+    for _ in 0..2 {
+        let r = models("kb");
+        assert_eq!(r.status, 200, "{r:?}");
+    }
+    assert_eq!(models("kb").status, 429);
+}
+
+#[test]
+fn rate_limit_without_api_keys_is_per_client_ip() {
+    // A --policy-setting alone loads the bundled policy.
+    let s = Server::start(&["--policy-setting", "max-requests-per-minute=1"]);
+    avoid_minute_boundary();
+    assert_eq!(s.get("/v1/models").status, 200);
+    let r = s.get("/v1/models");
+    assert_eq!(r.status, 429, "{r:?}");
+    assert_eq!(r.error_code(), "rate_limit_exceeded", "{r:?}");
+    assert!(r.header("retry-after").is_some(), "{r:?}");
+}

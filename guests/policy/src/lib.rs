@@ -14,9 +14,19 @@ mod component {
 
     use crate::policy;
     use exports::qwasi::inference::admission::{Decision, Denial, Guest, RequestMeta};
-    use qwasi::inference::policy_config;
+    use qwasi::inference::{policy_config, policy_state};
 
     struct Component;
+
+    /// The host-kept counters of `policy-state`, shared by all instances.
+    struct HostCounter;
+
+    impl policy::RateCounter for HostCounter {
+        fn incr(&self, key: &str, window_secs: u32) -> (u64, u32) {
+            let c = policy_state::incr(key, window_secs);
+            (c.count, c.reset_after)
+        }
+    }
 
     impl Guest for Component {
         fn check(request: RequestMeta) -> Decision {
@@ -27,8 +37,7 @@ mod component {
                 headers: &request.headers,
                 remote_addr: &request.remote_addr,
             };
-            // WIT 0.1.0 has no host-kept state, so there is no rate counter.
-            match policy::decide(&settings, &req, None) {
+            match policy::decide(&settings, &req, Some(&HostCounter)) {
                 policy::Decision::Allow(caller) => Decision::Allow(caller),
                 policy::Decision::Deny(d) => Decision::Deny(Denial {
                     status: d.status,

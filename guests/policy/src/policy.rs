@@ -8,8 +8,8 @@
 //!   returned with `allow` for quotas and cache isolation.
 //! - `max-requests-per-minute` (per caller; `0` = off). Enforcing it needs a
 //!   counter shared by all instances (every request gets a fresh guest
-//!   instance): see [`RateCounter`]. The WIT contract 0.1.0 offers no such
-//!   state, so the component validates the setting but cannot enforce it.
+//!   instance): see [`RateCounter`], backed by the host's `policy-state`
+//!   interface (WIT 0.1.1) in the component.
 //!
 //! A malformed setting makes every request fail closed with 500
 //! `policy_misconfigured` rather than silently running without auth.
@@ -61,8 +61,7 @@ pub enum Decision {
 
 /// A fixed-window counter kept by the host and shared by all instances.
 ///
-/// This is the shape of the `policy-state` interface the WIT contract would
-/// need for per-caller rate limits (see the crate README).
+/// The component backs it with the host's `policy-state.incr` (WIT 0.1.1).
 pub trait RateCounter {
     /// Atomically adds one to `key`'s counter in the current window of
     /// `window_secs` seconds; returns the new count and the whole seconds

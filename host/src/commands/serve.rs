@@ -353,9 +353,9 @@ fn load(a: &Args) -> Result<(Runtime, String)> {
         .collect();
     let policy_wasm = match &a.policy {
         Some(p) => Some(read_component(p, "policy guest")?),
-        None if !keys.is_empty() => Some(
+        None if !keys.is_empty() || !a.policy_setting.is_empty() => Some(
             runtime::bundled::POLICY
-                .context("this build has no bundled policy guest, which --api-key needs; pass --policy FILE")?
+                .context("this build has no bundled policy guest, which --api-key and --policy-setting need; pass --policy FILE")?
                 .to_vec(),
         ),
         None => None,
@@ -399,6 +399,9 @@ fn load(a: &Args) -> Result<(Runtime, String)> {
         match (&a.policy, keys.is_empty()) {
             (Some(p), _) => p.display().to_string(),
             (None, false) => format!("bundled (API key required, {} key(s))", keys.len()),
+            (None, true) if !a.policy_setting.is_empty() => {
+                "bundled (no API key: unauthenticated, settings applied)".into()
+            }
             (None, true) => "none (no API key: unauthenticated)".into(),
         }
     ));

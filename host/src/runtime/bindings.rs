@@ -20,7 +20,7 @@ pub mod api {
 }
 
 /// The `policy` world: the guest exports `admission.check` and imports
-/// `policy-config`.
+/// `policy-config` and `policy-state`.
 pub mod policy {
     wasmtime::component::bindgen!({
         path: "../wit",

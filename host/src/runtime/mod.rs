@@ -60,6 +60,8 @@ pub struct Runtime {
     pub engine: Engine,
     api: ProxyPre<HostState>,
     policy: Option<bindings::policy::PolicyPre<PolicyState>>,
+    /// `policy-state` counters, shared by all policy instances.
+    policy_counters: Arc<policy::Counters>,
     pub shared: Arc<Shared>,
     cfg: RuntimeConfig,
 }
@@ -113,6 +115,11 @@ impl Runtime {
                     |s| s,
                 )
                 .map_err(anyhow::Error::from)?;
+                bindings::policy::qwasi::inference::policy_state::add_to_linker::<_, HasSelf<_>>(
+                    &mut linker,
+                    |s| s,
+                )
+                .map_err(anyhow::Error::from)?;
                 let pre = linker
                     .instantiate_pre(&component)
                     .map_err(anyhow::Error::from)
@@ -128,6 +135,7 @@ impl Runtime {
             engine,
             api,
             policy,
+            policy_counters: Arc::default(),
             shared,
             cfg,
         })
@@ -187,6 +195,7 @@ impl Runtime {
             limits: self.limits(),
             cpu: CpuMeter::new(self.cfg.guest_cpu_limit),
             settings: self.cfg.policy_settings.clone(),
+            counters: self.policy_counters.clone(),
         };
         let mut store = Store::new(&self.engine, state);
         store.limiter(|s| &mut s.limits);
