@@ -147,6 +147,32 @@ fn is_loopback(host: &str) -> bool {
     host == "localhost" || host.parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback())
 }
 
+#[cfg(feature = "cuda")]
+const AVAILABLE_BACKENDS: &str = "cpu, cuda";
+#[cfg(not(feature = "cuda"))]
+const AVAILABLE_BACKENDS: &str = "cpu";
+
+/// Starts the engine service on `backend` (wrapped for `--scripted-turns`).
+fn start_service<B: qwasi_engine::backend::Backend + 'static>(
+    backend: B,
+    a: &Args,
+    tokenizer: &Option<qwasi_engine::tokenizer::Tokenizer>,
+    id: &str,
+    config: ServiceConfig,
+) -> Result<EngineService> {
+    let backend = qwasi_engine::scripted::Scripted::wrap(
+        backend,
+        a.scripted_turns.as_deref(),
+        tokenizer.as_ref(),
+    )?;
+    Ok(EngineService::start(
+        backend,
+        tokenizer.clone(),
+        id.to_owned(),
+        config,
+    ))
+}
+
 /// Checks that need no model: refuse an unauthenticated public bind, an
 /// unknown backend.
 pub fn preflight(a: &Args) -> Result<()> {
@@ -160,11 +186,13 @@ pub fn preflight(a: &Args) -> Result<()> {
     }
     match a.backend.as_str() {
         "cpu" => {}
+        "cuda" if cfg!(feature = "cuda") => {}
         "cuda" | "hip" => bail!(
-            "backend {:?} is not available in this build yet (available: cpu)",
-            a.backend
+            "backend {:?} is not available in this build (available: {}; build with `--features cuda` for cuda)",
+            a.backend,
+            AVAILABLE_BACKENDS
         ),
-        other => bail!("unknown backend {other:?} (available: cpu)"),
+        other => bail!("unknown backend {other:?} (available: {AVAILABLE_BACKENDS})"),
     }
     if a.threads == Some(0) {
         bail!("--threads must be at least 1");
@@ -304,25 +332,30 @@ fn load(a: &Args) -> Result<(Runtime, String)> {
     } = model;
     let vocab_size = config.vocab_size as u32;
     let eos_token_ids = config.eos_token_ids.clone();
-    let backend = qwasi_engine::scripted::Scripted::wrap(
-        CpuModel::new(config, weights),
-        a.scripted_turns.as_deref(),
-        tokenizer.as_ref(),
-    )?;
-    let service = EngineService::start(
-        backend,
-        tokenizer.clone(),
-        id.clone(),
-        ServiceConfig {
-            max_queue: a.max_queue,
-            queue_timeout: a.queue_timeout,
-            max_model_len: a.max_model_len,
-            max_prompt_tokens: a.max_prompt_tokens,
-            max_completion_tokens: a.max_completion_tokens,
-            prefix_cache_bytes: a.prefix_cache_mib << 20,
-            snapshot_interval: a.snapshot_interval,
-        },
-    );
+    let service_config = ServiceConfig {
+        max_queue: a.max_queue,
+        queue_timeout: a.queue_timeout,
+        max_model_len: a.max_model_len,
+        max_prompt_tokens: a.max_prompt_tokens,
+        max_completion_tokens: a.max_completion_tokens,
+        prefix_cache_bytes: a.prefix_cache_mib << 20,
+        snapshot_interval: a.snapshot_interval,
+    };
+    let service = match a.backend.as_str() {
+        #[cfg(feature = "cuda")]
+        "cuda" => {
+            let gpu = qwasi_engine::gpu::model::GpuModel::new(config, &weights)?;
+            drop(weights);
+            start_service(gpu, a, &tokenizer, &id, service_config)?
+        }
+        _ => start_service(
+            CpuModel::new(config, weights),
+            a,
+            &tokenizer,
+            &id,
+            service_config,
+        )?,
+    };
     let model_info = runtime::bindings::api::qwasi::inference::types::ModelInfo {
         id: id.clone(),
         context_length: service.max_model_len() as u32,
