@@ -1,6 +1,8 @@
 //! The engine service over the real CPU model (a tiny seeded one): streaming,
 //! queueing, cancellation, drain, failure isolation, metrics and validation.
 
+mod common;
+
 use anyhow::{Result, bail};
 use qwasi_engine::backend::Backend;
 use qwasi_engine::config::ModelConfig;
@@ -13,7 +15,6 @@ use qwasi_engine::service::{
 };
 use qwasi_engine::tokenizer::Tokenizer;
 use qwasi_engine::weights::Weights;
-use serde_json::json;
 use std::ops::ControlFlow;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -27,23 +28,7 @@ const ERROR_TOKEN: u32 = 43;
 
 /// A tiny MoE model: vocab 300, hidden 32, 4 layers (3 GDN + 1 attention).
 fn model() -> Arc<CpuModel> {
-    let cfg = ModelConfig::from_json(&json!({
-        "architectures": ["Qwen3_5MoeForConditionalGeneration"],
-        "model_type": "qwen3_5_moe",
-        "text_config": {
-            "model_type": "qwen3_5_moe_text",
-            "vocab_size": 300, "hidden_size": 32, "num_hidden_layers": 4,
-            "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 16,
-            "linear_num_key_heads": 1, "linear_num_value_heads": 2,
-            "linear_key_head_dim": 8, "linear_value_head_dim": 8, "linear_conv_kernel_dim": 4,
-            "num_experts": 4, "num_experts_per_tok": 2,
-            "moe_intermediate_size": 16, "shared_expert_intermediate_size": 24,
-            "rms_norm_eps": 1e-6, "max_position_embeddings": 4096,
-            "rope_parameters": {"rope_type": "default", "rope_theta": 10000000.0, "partial_rotary_factor": 0.25},
-            "eos_token_id": EOS
-        }
-    }))
-    .unwrap();
+    let cfg = ModelConfig::from_json(&common::tiny_moe_config(EOS)).unwrap();
     let weights = Weights::load(&cfg, &RandomWeights { seed: 7 }).unwrap();
     Arc::new(CpuModel::new(cfg, weights))
 }
