@@ -1,0 +1,40 @@
+//! `qwasi-guest-sdk`: the pieces every Qwasi guest needs, so that a new API
+//! or policy guest is about a page of code.
+//!
+//! * [`http`]: the request (method, path, query, headers, body with a size
+//!   limit, JSON parsing) and the response side ([`http::Output`]: JSON and
+//!   error responses).
+//! * [`stream`]: a batching writer for server-sent events and NDJSON.
+//! * [`inference`]: the `qwasi:inference` types as plain Rust, the
+//!   [`inference::Engine`] trait over the imports, and [`inference::Run`],
+//!   which turns engine events into text deltas (stop strings, usage,
+//!   finish reason).
+//! * [`chat`]: the Qwen3.6 (ChatML) prompt format.
+//! * [`error`]: OpenAI-style JSON errors.
+//! * [`policy`]: settings, bearer tokens and denials for admission policies.
+//! * [`testing`]: a scripted [`inference::Engine`] and a recording
+//!   [`http::Output`] for native unit tests of a guest.
+//!
+//! Everything above is plain Rust and unit-tested natively. The component
+//! glue exists only on wasm32 and behind a feature naming the world:
+//! `api` ([`export_http!`], `api::HostEngine`, `api::WasiOutput`) or
+//! `policy` ([`export_policy!`], `policy_host::settings`, `policy_host::incr`).
+//! A component enables exactly one of them.
+
+pub mod chat;
+pub mod error;
+pub mod http;
+pub mod inference;
+pub mod policy;
+pub mod stream;
+pub mod testing;
+pub mod time;
+
+#[cfg(all(target_arch = "wasm32", feature = "api"))]
+pub mod api;
+#[cfg(all(target_arch = "wasm32", feature = "policy"))]
+pub mod policy_host;
+
+pub use error::ApiError;
+pub use http::{Disconnected, Output, Request};
+pub use stream::{Framing, StreamWriter};
