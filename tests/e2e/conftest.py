@@ -183,3 +183,25 @@ def model_id(client) -> str:
     models = client.models.list().data
     assert len(models) == 1, models
     return models[0].id
+
+
+_built_examples: dict[str, Path] = {}
+
+
+def example_wasm(package: str, artifact: str) -> Path:
+    """Builds an example guest of the guests workspace (examples/*) for
+    wasm32-wasip2 and returns its component. One cargo invocation per package:
+    features unify within an invocation, and each example enables the SDK
+    feature of its own world (`api` or `policy`). A no-op when up to date."""
+    if package not in _built_examples:
+        cmd = ["cargo", "build", "--manifest-path", str(REPO / "guests/Cargo.toml"),
+               "--target", "wasm32-wasip2", "--release", "--quiet", "-p", package]
+        env = {k: v for k, v in os.environ.items()
+               if not (k.startswith("CARGO_") and k != "CARGO_HOME") and k != "RUSTFLAGS"}
+        r = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
+        if r.returncode != 0:
+            pytest.fail(f"{shlex.join(cmd)} failed:\n{r.stderr}", pytrace=False)
+        wasm = REPO / "guests/target/wasm32-wasip2/release" / f"{artifact}.wasm"
+        assert wasm.exists(), f"{shlex.join(cmd)} did not produce {wasm}"
+        _built_examples[package] = wasm
+    return _built_examples[package]

@@ -208,6 +208,8 @@ pub fn tokenize_chat<E: Engine>(engine: &E, text: &str) -> Result<(Vec<u32>, Vec
 #[derive(Debug, Clone, Default)]
 pub struct ThinkSplitter {
     in_answer: bool,
+    /// The answer's leading newlines (after `</think>`) are not sent yet.
+    answer_started: bool,
     held: String,
 }
 
@@ -223,17 +225,15 @@ impl ThinkSplitter {
     /// Returns (reasoning, answer) text of this delta.
     pub fn push(&mut self, text: &str) -> (String, String) {
         if self.in_answer {
-            return (String::new(), text.to_owned());
+            return (String::new(), self.answer(text));
         }
         self.held.push_str(text);
         if let Some(i) = self.held.find(THINK_END) {
             self.in_answer = true;
-            let answer = self.held[i + THINK_END.len()..]
-                .trim_start_matches('\n')
-                .to_owned();
+            let rest = self.held[i + THINK_END.len()..].to_owned();
             let mut reasoning = std::mem::take(&mut self.held);
             reasoning.truncate(i);
-            return (reasoning, answer);
+            return (reasoning, self.answer(&rest));
         }
         // Hold back a possible start of `</think>`.
         let keep = (1..THINK_END.len())
@@ -242,6 +242,15 @@ impl ThinkSplitter {
             .unwrap_or(0);
         let rest = self.held.split_off(self.held.len() - keep);
         (std::mem::replace(&mut self.held, rest), String::new())
+    }
+
+    fn answer(&mut self, text: &str) -> String {
+        if self.answer_started {
+            return text.to_owned();
+        }
+        let t = text.trim_start_matches('\n');
+        self.answer_started = !t.is_empty();
+        t.to_owned()
     }
 
     /// The end: what is still held back is reasoning.
@@ -364,7 +373,9 @@ mod tests {
         let mut s = ThinkSplitter::new();
         assert_eq!(s.push("reason"), ("reason".into(), "".into()));
         assert_eq!(s.push("ing</th"), ("ing".into(), "".into()));
-        assert_eq!(s.push("ink>\n\nAns"), ("".into(), "Ans".into()));
+        assert_eq!(s.push("ink>\n"), ("".into(), "".into()));
+        assert_eq!(s.push("\nAns"), ("".into(), "Ans".into()));
+        assert_eq!(s.push("\n"), ("".into(), "\n".into()));
         assert!(s.in_answer());
         assert_eq!(s.push("wer</think>"), ("".into(), "wer</think>".into()));
         let mut s = ThinkSplitter::new();
