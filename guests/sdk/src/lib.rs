@@ -18,8 +18,8 @@
 //! Everything above is plain Rust and unit-tested natively. The component
 //! glue exists only on wasm32 and behind a feature naming the world:
 //! `api` ([`export_http!`], `api::HostEngine`, `api::WasiOutput`) or
-//! `policy` ([`export_policy!`], `policy_host::settings`, `policy_host::incr`).
-//! A component enables exactly one of them.
+//! `policy` ([`export_policy!`], `policy_host::settings`,
+//! `policy_host::HostCounter`). A component enables the one of its world.
 
 pub mod chat;
 pub mod error;
