@@ -4,6 +4,10 @@
 //! * `guests/policy` → `qwasi_policy_guest.wasm` (the default admission policy)
 //! * `tests/guests/misbehave` → a test-only guest (trap / infinite loop / memory
 //!   bomb); its path is exported to tests as `QWASI_TEST_GUEST_MISBEHAVE`.
+//! * `examples/batch-complete` → the example command component (`qwasi run`);
+//!   its path is exported to tests as `QWASI_EXAMPLE_BATCH_COMPLETE`, and the
+//!   bundled OpenAI guest's as `QWASI_TEST_GUEST_OPENAI` (tests mount and
+//!   hot-reload it from a file).
 //!
 //! The guests are built by a nested `cargo` with its own target directory
 //! (`guests/target`, `tests/guests/target`; override with
@@ -43,12 +47,27 @@ const GUESTS: &[Guest] = &[
     },
 ];
 
-const TEST_GUEST: Guest = Guest {
-    name: "MISBEHAVE",
-    manifest: "tests/guests/misbehave/Cargo.toml",
-    artifact: "qwasi_test_misbehave",
-    target_dir: "tests/guests/target",
-};
+/// Only needed by host/tests (a failure is a warning): env var, guest.
+const TEST_GUESTS: &[(&str, Guest)] = &[
+    (
+        "QWASI_TEST_GUEST_MISBEHAVE",
+        Guest {
+            name: "MISBEHAVE",
+            manifest: "tests/guests/misbehave/Cargo.toml",
+            artifact: "qwasi_test_misbehave",
+            target_dir: "tests/guests/target",
+        },
+    ),
+    (
+        "QWASI_EXAMPLE_BATCH_COMPLETE",
+        Guest {
+            name: "BATCH_COMPLETE",
+            manifest: "examples/batch-complete/Cargo.toml",
+            artifact: "batch_complete",
+            target_dir: "guests/target",
+        },
+    ),
+];
 
 fn main() {
     let manifest_dir = PathBuf::from(env::var("CARGO_MANIFEST_DIR").unwrap());
@@ -63,6 +82,7 @@ fn main() {
         "tests/guests/Cargo.toml",
         "tests/guests/Cargo.lock",
         "tests/guests/misbehave",
+        "examples/batch-complete",
     ] {
         println!("cargo:rerun-if-changed={}", root.join(p).display());
     }
@@ -85,9 +105,15 @@ fn main() {
                     dest.display().to_string()
                 )
                 .unwrap();
+                if g.name == "OPENAI" {
+                    println!("cargo:rustc-env=QWASI_TEST_GUEST_OPENAI={}", dest.display());
+                }
             }
             Err(e) if allow_missing => {
                 println!("cargo:warning=guest {} not embedded: {e}", g.manifest);
+                if g.name == "OPENAI" {
+                    println!("cargo:rustc-env=QWASI_TEST_GUEST_OPENAI=");
+                }
                 writeln!(module, "pub const {}: Option<&[u8]> = None;", g.name).unwrap();
             }
             Err(e) => panic!(
@@ -99,22 +125,18 @@ fn main() {
     }
     std::fs::write(out_dir.join("guests.rs"), module).unwrap();
 
-    // The test guest is only needed by host/tests; a failure is a warning.
-    match build_guest(&root, &TEST_GUEST) {
-        Ok(wasm) => {
-            let dest = out_dir.join(format!("{}.wasm", TEST_GUEST.artifact));
-            std::fs::copy(&wasm, &dest).unwrap();
-            println!(
-                "cargo:rustc-env=QWASI_TEST_GUEST_MISBEHAVE={}",
-                dest.display()
-            );
-        }
-        Err(e) => {
-            println!(
-                "cargo:warning=test guest {} not built: {e}",
-                TEST_GUEST.manifest
-            );
-            println!("cargo:rustc-env=QWASI_TEST_GUEST_MISBEHAVE=");
+    // The test guests are only needed by host/tests; a failure is a warning.
+    for (var, g) in TEST_GUESTS {
+        match build_guest(&root, g) {
+            Ok(wasm) => {
+                let dest = out_dir.join(format!("{}.wasm", g.artifact));
+                std::fs::copy(&wasm, &dest).unwrap();
+                println!("cargo:rustc-env={var}={}", dest.display());
+            }
+            Err(e) => {
+                println!("cargo:warning=test guest {} not built: {e}", g.manifest);
+                println!("cargo:rustc-env={var}=");
+            }
         }
     }
 }

@@ -36,11 +36,23 @@ enum Command {
     Stop(commands::daemon::StopArgs),
     /// Run an engine benchmark and write a JSON report (e.g. --workload prefix-cache).
     Bench(commands::bench::Args),
+    /// Run a command component (qwasi:inference/command world) on the engine:
+    /// `qwasi run job.wasm -- ARGS...`; its exit code is qwasi's.
+    Run(commands::run::Args),
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
+        Command::Run(a) => match commands::run::run(a) {
+            Ok(code) => {
+                use std::io::Write;
+                let _ = std::io::stdout().flush();
+                // Exit at once: the engine's threads need no orderly shutdown.
+                std::process::exit(code);
+            }
+            Err(e) => Err(e),
+        },
         Command::Generate(a) => commands::generate::run(a),
         Command::Tokenize(a) => commands::tokenize::run(a),
         Command::Verify(a) => commands::verify::run(a),

@@ -2,14 +2,14 @@
 
 use super::ModelArgs;
 use super::state::{self, StateFile};
-use crate::runtime::{self, Runtime, RuntimeConfig, Shared};
+use crate::runtime::{self, GuestSource, Mount, Runtime, RuntimeConfig, Shared};
 use crate::server::{self, AppState, ServerConfig};
 use anyhow::{Context, Result, bail};
 use qwasi_engine::cpu::CpuModel;
 use qwasi_engine::model::LoadedModel;
 use qwasi_engine::service::{EngineService, ServiceConfig};
 use std::net::{IpAddr, SocketAddr};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -54,9 +54,18 @@ pub struct Args {
     #[arg(long, default_value_t = 0)]
     pub max_completion_tokens: usize,
     /// API guest component (wasi:http incoming-handler, qwasi:inference/api)
-    /// instead of the bundled OpenAI guest.
-    #[arg(long, value_name = "FILE")]
-    pub guest: Option<PathBuf>,
+    /// mounted at PREFIX (longest matching path prefix wins); a plain FILE is
+    /// mounted at / instead of the bundled OpenAI guest. Repeatable; the files
+    /// are watched and reloaded when they change.
+    #[arg(long, value_name = "[PREFIX=]FILE")]
+    pub guest: Vec<String>,
+    /// Don't mount the bundled OpenAI guest at / (paths no --guest matches get 404).
+    #[arg(long)]
+    pub no_default_guest: bool,
+    /// How often guest files are checked for changes (0 = don't watch; SIGHUP
+    /// and POST /admin/reload still reload).
+    #[arg(long, default_value = "1s", value_parser = parse_duration)]
+    pub watch_interval: Duration,
     /// Policy guest component (qwasi:inference/policy) instead of the bundled
     /// API-key policy.
     #[arg(long, value_name = "FILE")]
@@ -155,16 +164,13 @@ const AVAILABLE_BACKENDS: &str = "cpu";
 /// Starts the engine service on `backend` (wrapped for `--scripted-turns`).
 fn start_service<B: qwasi_engine::backend::Backend + 'static>(
     backend: B,
-    a: &Args,
+    scripted_turns: Option<&Path>,
     tokenizer: &Option<qwasi_engine::tokenizer::Tokenizer>,
     id: &str,
     config: ServiceConfig,
 ) -> Result<EngineService> {
-    let backend = qwasi_engine::scripted::Scripted::wrap(
-        backend,
-        a.scripted_turns.as_deref(),
-        tokenizer.as_ref(),
-    )?;
+    let backend =
+        qwasi_engine::scripted::Scripted::wrap(backend, scripted_turns, tokenizer.as_ref())?;
     Ok(EngineService::start(
         backend,
         tokenizer.clone(),
@@ -184,16 +190,7 @@ pub fn preflight(a: &Args) -> Result<()> {
             a.host
         );
     }
-    match a.backend.as_str() {
-        "cpu" => {}
-        "cuda" if cfg!(feature = "cuda") => {}
-        "cuda" | "hip" => bail!(
-            "backend {:?} is not available in this build (available: {}; build with `--features cuda` for cuda)",
-            a.backend,
-            AVAILABLE_BACKENDS
-        ),
-        other => bail!("unknown backend {other:?} (available: {AVAILABLE_BACKENDS})"),
-    }
+    check_backend(&a.backend)?;
     if a.threads == Some(0) {
         bail!("--threads must be at least 1");
     }
@@ -202,11 +199,83 @@ pub fn preflight(a: &Args) -> Result<()> {
             bail!("--policy-setting {s:?} is not KEY=VALUE");
         }
     }
+    // Fail before loading the model when a guest file can't be read.
+    let files = mounts(a)?
+        .into_iter()
+        .filter_map(|m| m.source.file().map(|f| ("API guest", f.to_path_buf())))
+        .chain(a.policy.iter().map(|p| ("policy guest", p.clone())));
+    for (what, file) in files {
+        std::fs::File::open(&file)
+            .with_context(|| format!("cannot read the {what} {}", file.display()))?;
+    }
     Ok(())
 }
 
-fn read_component(path: &PathBuf, what: &str) -> Result<Vec<u8>> {
-    std::fs::read(path).with_context(|| format!("cannot read the {what} {}", path.display()))
+/// Refuses a backend this build can't run.
+pub fn check_backend(backend: &str) -> Result<()> {
+    match backend {
+        "cpu" => Ok(()),
+        "cuda" if cfg!(feature = "cuda") => Ok(()),
+        "cuda" | "hip" => bail!(
+            "backend {backend:?} is not available in this build (available: {AVAILABLE_BACKENDS}; build with `--features cuda` for cuda)"
+        ),
+        other => bail!("unknown backend {other:?} (available: {AVAILABLE_BACKENDS})"),
+    }
+}
+
+/// Parses one `--guest` value: `PREFIX=FILE`, or `FILE` (mounted at `/`).
+pub fn parse_guest(value: &str) -> Result<(String, PathBuf)> {
+    if let Some((prefix, file)) = value.split_once('=')
+        && prefix.starts_with('/')
+        && !Path::new(value).exists()
+    {
+        if file.is_empty() {
+            bail!("--guest {value:?}: no file after {prefix}=");
+        }
+        let prefix = runtime::normalize_prefix(prefix)
+            .map_err(|e| anyhow::anyhow!("--guest {value:?}: {e}"))?;
+        return Ok((prefix, PathBuf::from(file)));
+    }
+    if value.is_empty() {
+        bail!("--guest needs a FILE or PREFIX=FILE");
+    }
+    Ok(("/".into(), PathBuf::from(value)))
+}
+
+/// The API guests to mount: every `--guest`, plus the bundled OpenAI guest at
+/// `/` unless a guest is mounted there or `--no-default-guest`.
+pub fn mounts(a: &Args) -> Result<Vec<Mount>> {
+    let mut mounts: Vec<Mount> = Vec::new();
+    for g in &a.guest {
+        let (prefix, file) = parse_guest(g)?;
+        if let Some(m) = mounts.iter().find(|m| m.prefix == prefix) {
+            bail!(
+                "two API guests are mounted at {prefix} ({} and {})",
+                m.source.describe(),
+                file.display()
+            );
+        }
+        mounts.push(Mount {
+            prefix,
+            source: GuestSource::File(file),
+        });
+    }
+    if !a.no_default_guest && !mounts.iter().any(|m| m.prefix == "/") {
+        match runtime::bundled::OPENAI {
+            Some(bytes) => mounts.push(Mount {
+                prefix: "/".into(),
+                source: GuestSource::Bundled("OpenAI guest", bytes),
+            }),
+            None if mounts.is_empty() => {
+                bail!("this build has no bundled OpenAI guest; pass --guest FILE")
+            }
+            None => {}
+        }
+    }
+    if mounts.is_empty() {
+        bail!("no API guest to serve: --no-default-guest needs at least one --guest PREFIX=FILE");
+    }
+    Ok(mounts)
 }
 
 pub fn run(a: Args) -> Result<()> {
@@ -238,6 +307,13 @@ async fn serve(a: Args) -> Result<()> {
     let state = AppState::new(
         ServerConfig {
             request_timeout: a.request_timeout,
+            admin_keys: a
+                .api_key
+                .iter()
+                .filter(|k| !k.is_empty())
+                .cloned()
+                .collect(),
+            loopback: is_loopback(&a.host),
         },
         model_label,
     );
@@ -267,6 +343,7 @@ async fn serve(a: Args) -> Result<()> {
         let _ = stop_rx.await;
     }));
     let mut signals = Signals::new()?;
+    spawn_sighup_reloader(state.clone())?;
 
     eprintln!("qwasi: loading {} ...", state.model_label);
     let load = {
@@ -291,7 +368,11 @@ async fn serve(a: Args) -> Result<()> {
             return Err(e);
         }
     };
-    state.set_ready(Arc::new(runtime));
+    let runtime = Arc::new(runtime);
+    state.set_ready(runtime.clone());
+    if !a.watch_interval.is_zero() {
+        spawn_watcher(&runtime, a.watch_interval);
+    }
     println!("{banner}");
     println!("qwasi: listening on http://{local}");
     use std::io::Write;
@@ -318,10 +399,26 @@ async fn serve(a: Args) -> Result<()> {
     Ok(())
 }
 
-/// Loads the model, starts the engine and compiles the guests (blocking).
-fn load(a: &Args) -> Result<(Runtime, String)> {
+/// The engine service and what guests see of it.
+pub struct StartedEngine {
+    pub shared: Arc<Shared>,
+    pub id: String,
+    pub is_demo: bool,
+    pub load_s: f64,
+}
+
+/// Loads the model and starts the engine service on `backend` (blocking);
+/// `serve` and `run` share it.
+pub fn start_engine(
+    model: Option<&Path>,
+    backend: &str,
+    service_config: ServiceConfig,
+    scripted_turns: Option<&Path>,
+) -> Result<StartedEngine> {
     let t0 = std::time::Instant::now();
-    let model = LoadedModel::load(a.model.model.as_deref())?;
+    let max_prompt_tokens = service_config.max_prompt_tokens as u32;
+    let max_completion_tokens = service_config.max_completion_tokens as u32;
+    let model = LoadedModel::load(model)?;
     let LoadedModel {
         id,
         config,
@@ -332,25 +429,16 @@ fn load(a: &Args) -> Result<(Runtime, String)> {
     } = model;
     let vocab_size = config.vocab_size as u32;
     let eos_token_ids = config.eos_token_ids.clone();
-    let service_config = ServiceConfig {
-        max_queue: a.max_queue,
-        queue_timeout: a.queue_timeout,
-        max_model_len: a.max_model_len,
-        max_prompt_tokens: a.max_prompt_tokens,
-        max_completion_tokens: a.max_completion_tokens,
-        prefix_cache_bytes: a.prefix_cache_mib << 20,
-        snapshot_interval: a.snapshot_interval,
-    };
-    let service = match a.backend.as_str() {
+    let service = match backend {
         #[cfg(feature = "cuda")]
         "cuda" => {
             let gpu = qwasi_engine::gpu::model::GpuModel::new(config, &weights)?;
             drop(weights);
-            start_service(gpu, a, &tokenizer, &id, service_config)?
+            start_service(gpu, scripted_turns, &tokenizer, &id, service_config)?
         }
         _ => start_service(
             CpuModel::new(config, weights),
-            a,
+            scripted_turns,
             &tokenizer,
             &id,
             service_config,
@@ -366,31 +454,62 @@ fn load(a: &Args) -> Result<(Runtime, String)> {
             .duration_since(UNIX_EPOCH)
             .unwrap_or_default()
             .as_secs(),
-        max_prompt_tokens: a.max_prompt_tokens as u32,
-        max_completion_tokens: a.max_completion_tokens as u32,
+        max_prompt_tokens,
+        max_completion_tokens,
     };
     let load_s = t0.elapsed().as_secs_f64();
+    let shared = Arc::new(Shared {
+        service,
+        tokenizer,
+        model_id: id.clone(),
+        model_info,
+    });
+    Ok(StartedEngine {
+        shared,
+        id,
+        is_demo,
+        load_s,
+    })
+}
+
+/// Loads the model, starts the engine and compiles the guests (blocking).
+fn load(a: &Args) -> Result<(Runtime, String)> {
+    let service_config = ServiceConfig {
+        max_queue: a.max_queue,
+        queue_timeout: a.queue_timeout,
+        max_model_len: a.max_model_len,
+        max_prompt_tokens: a.max_prompt_tokens,
+        max_completion_tokens: a.max_completion_tokens,
+        prefix_cache_bytes: a.prefix_cache_mib << 20,
+        snapshot_interval: a.snapshot_interval,
+    };
+    let StartedEngine {
+        shared,
+        id,
+        is_demo,
+        load_s,
+    } = start_engine(
+        a.model.model.as_deref(),
+        &a.backend,
+        service_config,
+        a.scripted_turns.as_deref(),
+    )?;
 
     let t1 = std::time::Instant::now();
-    let api_wasm = match &a.guest {
-        Some(p) => read_component(p, "API guest")?,
-        None => runtime::bundled::OPENAI
-            .context("this build has no bundled OpenAI guest; pass --guest FILE")?
-            .to_vec(),
-    };
+    let mounts = mounts(a)?;
     let keys: Vec<String> = a
         .api_key
         .iter()
         .filter(|k| !k.is_empty())
         .cloned()
         .collect();
-    let policy_wasm = match &a.policy {
-        Some(p) => Some(read_component(p, "policy guest")?),
-        None if !keys.is_empty() || !a.policy_setting.is_empty() => Some(
+    let policy = match &a.policy {
+        Some(p) => Some(GuestSource::File(p.clone())),
+        None if !keys.is_empty() || !a.policy_setting.is_empty() => Some(GuestSource::Bundled(
+            "policy guest",
             runtime::bundled::POLICY
-                .context("this build has no bundled policy guest, which --api-key and --policy-setting need; pass --policy FILE")?
-                .to_vec(),
-        ),
+                .context("this build has no bundled policy guest, which --api-key and --policy-setting need; pass --policy FILE")?,
+        )),
         None => None,
     };
     let mut policy_settings: Vec<(String, String)> = keys
@@ -412,13 +531,12 @@ fn load(a: &Args) -> Result<(Runtime, String)> {
         policy_settings,
         guest_stderr: true,
     };
-    let shared = Arc::new(Shared {
-        service,
-        tokenizer,
-        model_id: id.clone(),
-        model_info,
-    });
-    let runtime = Runtime::new(cfg, shared, &api_wasm, policy_wasm.as_deref())?;
+    let mount_list = mounts
+        .iter()
+        .map(|m| format!("{} = {}", m.prefix, m.source.describe()))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let runtime = Runtime::new(cfg, shared, mounts, policy)?;
     let guests_s = t1.elapsed().as_secs_f64();
 
     let mut banner = format!("qwasi {}: serving model {id}", env!("CARGO_PKG_VERSION"));
@@ -426,9 +544,8 @@ fn load(a: &Args) -> Result<(Runtime, String)> {
         banner.push_str(" (demo model: text is meaningless)");
     }
     banner.push_str(&format!(
-        "\nqwasi: backend {}, model loaded in {load_s:.1} s, guests ready in {guests_s:.2} s; API guest: {}, policy: {}",
+        "\nqwasi: backend {}, model loaded in {load_s:.1} s, guests ready in {guests_s:.2} s; API guests: {mount_list}; policy: {}",
         a.backend,
-        a.guest.as_ref().map(|p| p.display().to_string()).unwrap_or_else(|| "bundled OpenAI".into()),
         match (&a.policy, keys.is_empty()) {
             (Some(p), _) => p.display().to_string(),
             (None, false) => format!("bundled (API key required, {} key(s))", keys.len()),
@@ -439,6 +556,37 @@ fn load(a: &Args) -> Result<(Runtime, String)> {
         }
     ));
     Ok((runtime, banner))
+}
+
+/// Polls the guest files every `interval` and reloads the ones that changed.
+fn spawn_watcher(runtime: &Arc<Runtime>, interval: Duration) {
+    let weak = Arc::downgrade(runtime);
+    tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(interval).await;
+            let Some(rt) = weak.upgrade() else { break };
+            let _ = tokio::task::spawn_blocking(move || rt.poll_files()).await;
+        }
+    });
+}
+
+/// SIGHUP reloads every file-backed guest (the default action, exiting, is
+/// replaced from the start, so a SIGHUP while loading is just ignored).
+fn spawn_sighup_reloader(state: Arc<AppState>) -> Result<()> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut hup = signal(SignalKind::hangup())?;
+    tokio::spawn(async move {
+        while hup.recv().await.is_some() {
+            match state.runtime().cloned() {
+                Some(rt) => {
+                    eprintln!("qwasi: SIGHUP: reloading the guests");
+                    let _ = tokio::task::spawn_blocking(move || rt.reload_all("SIGHUP")).await;
+                }
+                None => eprintln!("qwasi: SIGHUP ignored: still loading"),
+            }
+        }
+    });
+    Ok(())
 }
 
 /// SIGINT / SIGTERM.
@@ -478,6 +626,29 @@ mod tests {
         assert_eq!(parse_size("64MiB").unwrap(), 64 << 20);
         assert_eq!(parse_size("1g").unwrap(), 1 << 30);
         assert!(parse_size("12 parsecs").is_err());
+    }
+
+    #[test]
+    fn guest_flags() {
+        assert_eq!(
+            parse_guest("/v1=a.wasm").unwrap(),
+            ("/v1".to_string(), PathBuf::from("a.wasm"))
+        );
+        assert_eq!(
+            parse_guest("/api/=dir/o=k.wasm").unwrap(),
+            ("/api".to_string(), PathBuf::from("dir/o=k.wasm"))
+        );
+        assert_eq!(
+            parse_guest("guest.wasm").unwrap(),
+            ("/".to_string(), PathBuf::from("guest.wasm"))
+        );
+        // Not a prefix: the whole value is the file.
+        assert_eq!(
+            parse_guest("a=b.wasm").unwrap(),
+            ("/".to_string(), PathBuf::from("a=b.wasm"))
+        );
+        assert!(parse_guest("/v1=").is_err());
+        assert!(parse_guest("").is_err());
     }
 
     #[test]

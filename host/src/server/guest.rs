@@ -1,5 +1,7 @@
-//! One API request through the guests: policy check, then a fresh API-guest
-//! instance running `wasi:http/incoming-handler.handle` in its own task.
+//! One API request through the guests: policy check, then a fresh instance of
+//! the API guest mounted at the longest matching path prefix, running
+//! `wasi:http/incoming-handler.handle` in its own task. Each request holds the
+//! guest version it started with, so a reload never affects it.
 //!
 //! The task is aborted (and its store, with any `generation` resource,
 //! dropped so the engine cancels at once) when the client goes away: hyper
@@ -74,9 +76,10 @@ pub async fn handle(
         .unwrap_or_else(|| "/".into());
 
     // 1. Admission.
-    let caller = match rt.policy_pre() {
+    let caller = match rt.policy().map(|slot| slot.current()) {
         None => None,
-        Some(pre) => {
+        Some(policy_version) => {
+            let pre = policy_version.policy();
             let meta = RequestMeta {
                 method: method.clone(),
                 path: path.clone(),
@@ -121,7 +124,18 @@ pub async fn handle(
         }
     };
 
-    // 2. The API guest, in its own task.
+    // 2. The API guest mounted at the longest matching prefix, in its own task.
+    let Some(guest_version) = rt.route(req.uri().path()).map(|slot| slot.current()) else {
+        return error_response(
+            StatusCode::NOT_FOUND,
+            &format!(
+                "Invalid URL ({method} {}): no API is mounted at this path",
+                req.uri().path()
+            ),
+            "not_found",
+            None,
+        );
+    };
     let mut store = rt.api_store(caller);
     let (tx, rx) = tokio::sync::oneshot::channel();
     let resources = (|| {
@@ -142,11 +156,10 @@ pub async fn handle(
         }
     };
     let task_state = state.clone();
-    let task_rt = rt.clone();
     let task = tokio::spawn(async move {
         let run = async {
             let t0 = std::time::Instant::now();
-            let proxy = task_rt.api_pre().instantiate_async(&mut store).await?;
+            let proxy = guest_version.api().instantiate_async(&mut store).await?;
             let m = &task_state.metrics;
             HostMetrics::inc(&m.guest_instances);
             m.guest_instantiate_us.fetch_add(

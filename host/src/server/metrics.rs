@@ -69,6 +69,37 @@ impl HostMetrics {
             "Policy guest failures (trap or timeout).",
             get(&self.policy_errors),
         );
+        if let Some(rt) = state.runtime() {
+            let escape = |v: &str| v.replace('\\', "\\\\").replace('"', "\\\"");
+            let _ = writeln!(
+                out,
+                "# HELP qwasi_guest_reloads_total Reloads of file-backed guests (mount prefix or \"policy\") by result.\n\
+                 # TYPE qwasi_guest_reloads_total counter"
+            );
+            for slot in rt.slots().filter(|s| s.source.file().is_some()) {
+                let g = escape(&slot.name);
+                for (result, c) in [("ok", &slot.reloads_ok), ("error", &slot.reloads_err)] {
+                    let _ = writeln!(
+                        out,
+                        "qwasi_guest_reloads_total{{guest=\"{g}\",result=\"{result}\"}} {}",
+                        get(c)
+                    );
+                }
+            }
+            let _ = writeln!(
+                out,
+                "# HELP qwasi_guest_version Version of each guest now serving (1 at start, +1 per reload).\n\
+                 # TYPE qwasi_guest_version gauge"
+            );
+            for slot in rt.slots() {
+                let _ = writeln!(
+                    out,
+                    "qwasi_guest_version{{guest=\"{}\"}} {}",
+                    escape(&slot.name),
+                    slot.current().version
+                );
+            }
+        }
         let _ = writeln!(
             out,
             "# HELP qwasi_http_requests_in_flight API requests in flight.\n\

@@ -1,7 +1,8 @@
-//! The HTTP front end: hyper 1 over TCP (TCP_NODELAY). `/health`, `/ready` and
-//! `/metrics` are answered natively; every other request goes through the
-//! policy guest (when one is configured) and then a fresh instance of the API
-//! guest (`wasi:http/incoming-handler`), whose response streams back.
+//! The HTTP front end: hyper 1 over TCP (TCP_NODELAY). `/health`, `/ready`,
+//! `/metrics` and `POST /admin/reload` are answered natively; every other
+//! request goes through the policy guest (when one is configured) and then a
+//! fresh instance of the API guest mounted at the longest matching path
+//! prefix (`wasi:http/incoming-handler`), whose response streams back.
 
 mod guest;
 pub mod metrics;
@@ -30,6 +31,12 @@ pub type Body = UnsyncBoxBody<Bytes, wasmtime_wasi_http::Error>;
 pub struct ServerConfig {
     /// Wall-clock limit for one request, response body included.
     pub request_timeout: Duration,
+    /// The configured API keys (`secret` or `id:secret`): `POST /admin/reload`
+    /// needs one as a bearer token.
+    pub admin_keys: Vec<String>,
+    /// The server listens on a loopback address only: without API keys,
+    /// `POST /admin/reload` is allowed (from anyone who can connect).
+    pub loopback: bool,
 }
 
 /// Lifecycle of the server, as `/ready` and `/health` report it.
@@ -183,12 +190,16 @@ pub async fn serve(
     }
 }
 
+/// The path of the native reload endpoint.
+pub const ADMIN_RELOAD: &str = "/admin/reload";
+
 async fn route(state: Arc<AppState>, req: Request<Incoming>, remote: SocketAddr) -> Response<Body> {
     let native = req.method() == http::Method::GET || req.method() == http::Method::HEAD;
     match (native, req.uri().path()) {
         (true, "/health") => health(&state),
         (true, "/ready") => ready(&state),
         (true, "/metrics") => metrics_response(&state),
+        (_, ADMIN_RELOAD) => admin_reload(&state, &req).await,
         _ => {
             let resp = api(&state, req, remote).await;
             if let Some(rt) = state.runtime() {
@@ -230,6 +241,151 @@ async fn api(state: &Arc<AppState>, req: Request<Incoming>, remote: SocketAddr) 
     let runtime = state.runtime().expect("ready implies a runtime").clone();
     let active = state.enter();
     guest::handle(state, runtime, req, remote, active).await
+}
+
+/// `POST /admin/reload`: recompiles and swaps every file-backed guest whose
+/// file changed; answers each guest's outcome.
+async fn admin_reload(state: &Arc<AppState>, req: &Request<Incoming>) -> Response<Body> {
+    if req.method() != http::Method::POST {
+        let mut r = error_response(
+            StatusCode::METHOD_NOT_ALLOWED,
+            &format!("{} {ADMIN_RELOAD} is not allowed; use POST", req.method()),
+            "method_not_allowed",
+            None,
+        );
+        r.headers_mut()
+            .insert(header::ALLOW, header::HeaderValue::from_static("POST"));
+        return r;
+    }
+    if let Some(r) = admin_denial(&state.cfg, req.headers()) {
+        return r;
+    }
+    let Some(rt) = state.runtime().cloned() else {
+        return error_response(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the server is still loading; retry shortly",
+            "model_loading",
+            Some(1),
+        );
+    };
+    let outcomes = match tokio::task::spawn_blocking(move || rt.reload_all(ADMIN_RELOAD)).await {
+        Ok(o) => o,
+        Err(e) => {
+            return error_response(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                &format!("the reload failed: {e}"),
+                "internal_error",
+                None,
+            );
+        }
+    };
+    let failed: Vec<String> = outcomes
+        .iter()
+        .filter_map(|o| {
+            o.error
+                .as_ref()
+                .map(|e| format!("reloading {} failed: {e}", o.guest))
+        })
+        .collect();
+    if failed.is_empty() {
+        json_response(
+            StatusCode::OK,
+            json!({"object": "reload", "ok": true, "guests": outcomes}),
+        )
+    } else {
+        json_response(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            json!({
+                "object": "reload",
+                "ok": false,
+                "guests": outcomes,
+                "error": {
+                    "message": failed.join("; "),
+                    "type": "invalid_request_error",
+                    "param": null,
+                    "code": "guest_reload_failed",
+                },
+            }),
+        )
+    }
+}
+
+/// The secret part of a configured key, as the bundled policy reads it:
+/// `id:secret` when the id is `[A-Za-z0-9._@-]{1,64}` and the secret is not
+/// empty, else the whole value.
+fn key_secret(value: &str) -> &str {
+    let value = value.trim();
+    match value.split_once(':') {
+        Some((id, secret))
+            if !id.is_empty()
+                && id.len() <= 64
+                && id
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"._@-".contains(&b))
+                && !secret.is_empty() =>
+        {
+            secret
+        }
+        _ => value,
+    }
+}
+
+/// Compares two byte strings in time independent of where they differ.
+fn same_secret(a: &[u8], b: &[u8]) -> bool {
+    use sha2::{Digest, Sha256};
+    let (x, y) = (Sha256::digest(a), Sha256::digest(b));
+    x.iter()
+        .zip(y.iter())
+        .fold(0u8, |acc, (p, q)| acc | (p ^ q))
+        == 0
+}
+
+/// Who may call the admin endpoints: a bearer token equal to a configured API
+/// key; without keys, anyone on a loopback-only server. The refusal, if any.
+fn admin_denial(cfg: &ServerConfig, headers: &http::HeaderMap) -> Option<Response<Body>> {
+    let keys: Vec<&str> = cfg
+        .admin_keys
+        .iter()
+        .map(|k| key_secret(k))
+        .filter(|k| !k.is_empty())
+        .collect();
+    if keys.is_empty() {
+        if cfg.loopback {
+            return None;
+        }
+        return Some(error_response(
+            StatusCode::FORBIDDEN,
+            "the admin endpoints are disabled: the server listens on a non-loopback address \
+             without an API key (start it with --api-key to use them)",
+            "admin_disabled",
+            None,
+        ));
+    }
+    let token = headers
+        .get_all(header::AUTHORIZATION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .find_map(|v| {
+            let (scheme, token) = v.trim().split_once(char::is_whitespace)?;
+            scheme
+                .eq_ignore_ascii_case("bearer")
+                .then(|| token.trim().to_string())
+        });
+    match token {
+        Some(t) if keys.iter().any(|k| same_secret(k.as_bytes(), t.as_bytes())) => None,
+        Some(_) => Some(error_response(
+            StatusCode::UNAUTHORIZED,
+            "Incorrect API key provided for the admin endpoint.",
+            "invalid_api_key",
+            None,
+        )),
+        None => Some(error_response(
+            StatusCode::UNAUTHORIZED,
+            "The admin endpoint needs an API key: send Authorization: Bearer YOUR_KEY.",
+            "invalid_api_key",
+            None,
+        )),
+    }
 }
 
 fn json_response(status: StatusCode, v: serde_json::Value) -> Response<Body> {
@@ -332,4 +488,38 @@ fn metrics_response(state: &AppState) -> Response<Body> {
         header::HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
     );
     r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{ServerConfig, admin_denial, key_secret};
+    use std::time::Duration;
+
+    #[test]
+    fn admin_keys() {
+        assert_eq!(key_secret("ops:sk-1"), "sk-1");
+        assert_eq!(key_secret("sk-plain"), "sk-plain");
+        assert_eq!(key_secret("bad id:x"), "bad id:x");
+        let cfg = |keys: &[&str], loopback| ServerConfig {
+            request_timeout: Duration::from_secs(1),
+            admin_keys: keys.iter().map(|k| k.to_string()).collect(),
+            loopback,
+        };
+        let headers = |auth: &str| {
+            let mut h = http::HeaderMap::new();
+            h.insert(http::header::AUTHORIZATION, auth.parse().unwrap());
+            h
+        };
+        let status =
+            |c: &ServerConfig, h: &http::HeaderMap| admin_denial(c, h).map(|r| r.status().as_u16());
+        assert_eq!(status(&cfg(&[], true), &http::HeaderMap::new()), None);
+        assert_eq!(status(&cfg(&[], false), &http::HeaderMap::new()), Some(403));
+        let keyed = cfg(&["ops:sk-1", "sk-2"], false);
+        assert_eq!(status(&keyed, &http::HeaderMap::new()), Some(401));
+        assert_eq!(status(&keyed, &headers("Bearer sk-3")), Some(401));
+        assert_eq!(status(&keyed, &headers("Bearer ops:sk-1")), Some(401));
+        assert_eq!(status(&keyed, &headers("Basic sk-1")), Some(401));
+        assert_eq!(status(&keyed, &headers("Bearer sk-1")), None);
+        assert_eq!(status(&keyed, &headers("bearer  sk-2 ")), None);
+    }
 }

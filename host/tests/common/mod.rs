@@ -323,3 +323,36 @@ pub fn free_port() -> u16 {
         .unwrap()
         .port()
 }
+
+/// A copy of the bundled OpenAI guest (host/build.rs).
+pub fn openai_guest() -> String {
+    let p = env!("QWASI_TEST_GUEST_OPENAI");
+    assert!(!p.is_empty(), "the bundled OpenAI guest was not built");
+    p.to_string()
+}
+
+/// The example command component examples/batch-complete (host/build.rs).
+pub fn batch_complete() -> String {
+    let p = env!("QWASI_EXAMPLE_BATCH_COMPLETE");
+    assert!(
+        !p.is_empty(),
+        "examples/batch-complete was not built (see the build warnings)"
+    );
+    p.to_string()
+}
+
+/// Replaces `dest` atomically: writes a temporary file next to it, then renames.
+pub fn replace_file(dest: &std::path::Path, bytes: &[u8]) {
+    let tmp = dest.with_extension(format!("tmp{}", std::process::id()));
+    std::fs::write(&tmp, bytes).unwrap();
+    std::fs::rename(&tmp, dest).unwrap();
+}
+
+/// The value of a Prometheus sample line `name` (exact, labels included).
+pub fn metric(server: &Server, name: &str) -> Option<f64> {
+    server.get("/metrics").body.lines().find_map(|l| {
+        l.strip_prefix(name)
+            .and_then(|rest| rest.strip_prefix(' '))
+            .and_then(|v| v.trim().parse().ok())
+    })
+}
