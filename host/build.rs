@@ -6,8 +6,8 @@
 //!   bomb); its path is exported to tests as `QWASI_TEST_GUEST_MISBEHAVE`.
 //! * `examples/batch-complete` → the example command component (`qwasi run`);
 //!   its path is exported to tests as `QWASI_EXAMPLE_BATCH_COMPLETE`, and the
-//!   bundled OpenAI guest's as `QWASI_TEST_GUEST_OPENAI` (tests mount and
-//!   hot-reload it from a file).
+//!   bundled guests' as `QWASI_TEST_GUEST_OPENAI` and `QWASI_TEST_GUEST_POLICY`
+//!   (tests mount and hot-reload them from files).
 //!
 //! The guests are built by a nested `cargo` with its own target directory
 //! (`guests/target`, `tests/guests/target`; override with
@@ -105,15 +105,15 @@ fn main() {
                     dest.display().to_string()
                 )
                 .unwrap();
-                if g.name == "OPENAI" {
-                    println!("cargo:rustc-env=QWASI_TEST_GUEST_OPENAI={}", dest.display());
-                }
+                println!(
+                    "cargo:rustc-env=QWASI_TEST_GUEST_{}={}",
+                    g.name,
+                    dest.display()
+                );
             }
             Err(e) if allow_missing => {
                 println!("cargo:warning=guest {} not embedded: {e}", g.manifest);
-                if g.name == "OPENAI" {
-                    println!("cargo:rustc-env=QWASI_TEST_GUEST_OPENAI=");
-                }
+                println!("cargo:rustc-env=QWASI_TEST_GUEST_{}=", g.name);
                 writeln!(module, "pub const {}: Option<&[u8]> = None;", g.name).unwrap();
             }
             Err(e) => panic!(

@@ -292,3 +292,60 @@ fn admin_reload_is_refused_on_a_public_bind_without_keys() {
     assert_eq!(r.error_code(), "admin_disabled");
     assert_eq!(r.json()["error"]["type"], "authentication_error");
 }
+
+#[test]
+fn policy_file_reloads_too() {
+    let dir = tempfile::tempdir().unwrap();
+    let policy = dir.path().join("policy.wasm");
+    let original = read(&policy_guest());
+    std::fs::write(&policy, &original).unwrap();
+    let s = Server::start(&[
+        "--guest",
+        &misbehave_guest(),
+        "--policy",
+        policy.to_str().unwrap(),
+        "--api-key",
+        "sk-p",
+        "--watch-interval",
+        "100ms",
+    ]);
+    let get = |key: Option<&str>| {
+        let h = key.map(|k| format!("Bearer {k}"));
+        let headers: Vec<(&str, &str)> = h.iter().map(|v| ("Authorization", v.as_str())).collect();
+        request(&s.addr, "GET", "/x", &headers, "").status
+    };
+    assert_eq!((get(None), get(Some("sk-p"))), (401, 200));
+
+    // A component of the wrong world is refused; the policy keeps enforcing.
+    replace_file(&policy, &read(&misbehave_guest()));
+    wait_until("the reload error counted", Duration::from_secs(30), || {
+        metric(
+            &s,
+            "qwasi_guest_reloads_total{guest=\"policy\",result=\"error\"}",
+        ) == Some(1.0)
+    });
+    assert!(
+        s.log_text()
+            .contains("imports something the host does not provide"),
+        "{}",
+        s.log_text()
+    );
+    assert_eq!((get(None), get(Some("sk-p"))), (401, 200));
+
+    // A new build of the policy (other bytes) is swapped in.
+    replace_file(&policy, &with_custom_section(&original, "v2"));
+    wait_until("policy version 2", Duration::from_secs(30), || {
+        metric(&s, "qwasi_guest_version{guest=\"policy\"}") == Some(2.0)
+    });
+    assert_eq!((get(None), get(Some("sk-p"))), (401, 200));
+    let r = admin(&s, Some("sk-p"));
+    assert_eq!(r.status, 200, "{r:?}");
+    let guests = r.json()["guests"].as_array().unwrap().clone();
+    assert_eq!(guests.len(), 2, "{guests:?}");
+    assert!(
+        guests
+            .iter()
+            .all(|g| g["result"] == "unchanged" && (g["guest"] == "/" || g["guest"] == "policy")),
+        "{guests:?}"
+    );
+}

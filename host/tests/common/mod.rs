@@ -331,6 +331,39 @@ pub fn openai_guest() -> String {
     p.to_string()
 }
 
+/// A copy of the bundled policy guest (host/build.rs).
+pub fn policy_guest() -> String {
+    let p = env!("QWASI_TEST_GUEST_POLICY");
+    assert!(!p.is_empty(), "the bundled policy guest was not built");
+    p.to_string()
+}
+
+/// `wasm` with a custom section appended: the same component, other bytes
+/// (a "new version" that behaves the same).
+pub fn with_custom_section(wasm: &[u8], tag: &str) -> Vec<u8> {
+    fn leb(mut n: usize, out: &mut Vec<u8>) {
+        loop {
+            let b = (n & 0x7f) as u8;
+            n >>= 7;
+            if n == 0 {
+                out.push(b);
+                return;
+            }
+            out.push(b | 0x80);
+        }
+    }
+    let name = "qwasi-test";
+    let mut payload = Vec::new();
+    leb(name.len(), &mut payload);
+    payload.extend_from_slice(name.as_bytes());
+    payload.extend_from_slice(tag.as_bytes());
+    let mut out = wasm.to_vec();
+    out.push(0);
+    leb(payload.len(), &mut out);
+    out.extend_from_slice(&payload);
+    out
+}
+
 /// The example command component examples/batch-complete (host/build.rs).
 pub fn batch_complete() -> String {
     let p = env!("QWASI_EXAMPLE_BATCH_COMPLETE");
