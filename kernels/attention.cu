@@ -14,8 +14,10 @@ template <typename KV>
 __device__ __forceinline__ void attn_prep_impl(const float* __restrict__ proj, int stride,
                                         const float* __restrict__ qnorm, const float* __restrict__ knorm,
                                         float* __restrict__ q_out, KV* __restrict__ kc, KV* __restrict__ vc,
-                                        int nh, int nkv, int hd, int rot, int pos0, float theta, float eps) {
+                                        int nh, int nkv, int hd, int rot, int pos0, const int* pos_dev,
+                                        float theta, float eps) {
     __shared__ float buf[256];
+    if (pos_dev) pos0 = *pos_dev;
     __shared__ float scratch[32];
     int t = blockIdx.x, head = blockIdx.y;
     int i = threadIdx.x;
@@ -57,9 +59,9 @@ __device__ __forceinline__ void attn_prep_impl(const float* __restrict__ proj, i
 #define ATTN_PREP(NAME, KV)                                                                                  \
     QW_KERNEL void QW_BOUNDS(256) NAME(const float* __restrict__ proj, int stride, const float* __restrict__ qnorm, \
                                        const float* __restrict__ knorm, float* __restrict__ q_out, KV* __restrict__ kc, \
-                                       KV* __restrict__ vc, int nh, int nkv, int hd, int rot, int pos0, float theta, \
-                                       float eps) {                                                          \
-        attn_prep_impl<KV>(proj, stride, qnorm, knorm, q_out, kc, vc, nh, nkv, hd, rot, pos0, theta, eps);   \
+                                       KV* __restrict__ vc, int nh, int nkv, int hd, int rot, int pos0,           \
+                                       const int* pos_dev, float theta, float eps) {                         \
+        attn_prep_impl<KV>(proj, stride, qnorm, knorm, q_out, kc, vc, nh, nkv, hd, rot, pos0, pos_dev, theta, eps); \
     }
 
 
@@ -73,8 +75,11 @@ template <typename KV>
 __device__ __forceinline__ void attn_partial_impl(const float* __restrict__ q, const KV* __restrict__ kc,
                                            const KV* __restrict__ vc, float* __restrict__ part_o,
                                            float* __restrict__ part_ml, int nh, int nkv, int hd,
-                                           int pos0, int chunk, int nsplit, float scale) {
+                                           int pos0, const int* pos_dev, int chunk, int nsplit, float scale) {
     __shared__ float wm[ATT_WARPS], wl[ATT_WARPS];
+    if (pos_dev) pos0 = *pos_dev;
+    // chunk <= 0: split the longest query's keys evenly (the position is only known on the device).
+    if (chunk <= 0) chunk = (pos0 + (int)gridDim.x / nh + nsplit - 1) / nsplit;
     __shared__ float wacc[ATT_WARPS][256];
     int qi = blockIdx.x, split = blockIdx.y;
     int t = qi / nh, head = qi % nh;
@@ -141,8 +146,8 @@ __device__ __forceinline__ void attn_partial_impl(const float* __restrict__ q, c
 #define ATTN_PARTIAL(NAME, KV)                                                                               \
     QW_KERNEL void QW_BOUNDS(128) NAME(const float* __restrict__ q, const KV* __restrict__ kc, const KV* __restrict__ vc, \
                                        float* __restrict__ part_o, float* __restrict__ part_ml, int nh, int nkv, int hd, \
-                                       int pos0, int chunk, int nsplit, float scale) {                       \
-        attn_partial_impl<KV>(q, kc, vc, part_o, part_ml, nh, nkv, hd, pos0, chunk, nsplit, scale);          \
+                                       int pos0, const int* pos_dev, int chunk, int nsplit, float scale) {   \
+        attn_partial_impl<KV>(q, kc, vc, part_o, part_ml, nh, nkv, hd, pos0, pos_dev, chunk, nsplit, scale); \
     }
 
 // KV cache storage: f32 (default, exact vs the f32 references) or bf16 (half the bytes).

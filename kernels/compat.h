@@ -11,11 +11,13 @@
 // correct on wave64 hardware (two independent groups per wavefront).
 #define WARP 32
 #define SHFL_XOR(v, m) __shfl_xor((v), (m), WARP)
+#define QW_SYNCWARP() __builtin_amdgcn_wave_barrier()
 #else
 #include <cuda_runtime.h>
 #define QW_CUDA 1
 #define WARP 32
 #define SHFL_XOR(v, m) __shfl_xor_sync(0xffffffffu, (v), (m), WARP)
+#define QW_SYNCWARP() __syncwarp()
 #endif
 
 #define QW_KERNEL extern "C" __global__

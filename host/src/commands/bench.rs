@@ -24,10 +24,15 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+mod speed;
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Workload {
     /// TTFT cold vs cached prefix + new tokens; exactness; snapshot-interval sweep.
     PrefixCache,
+    /// GPU batch-1 speed: TTFT and greedy decode at several prompt lengths
+    /// (`--backend cuda --synthetic PRESET`), against the bandwidth floor.
+    Speed,
 }
 
 #[derive(clap::Args)]
@@ -42,9 +47,9 @@ pub struct Args {
     /// New tokens after the prefix.
     #[arg(long, default_value_t = 256)]
     new_tokens: usize,
-    /// Runs per measurement (the median is reported).
-    #[arg(long, default_value_t = 3)]
-    runs: usize,
+    /// Runs per measurement (the median is reported; default 3, speed: 5).
+    #[arg(long)]
+    runs: Option<usize>,
     /// Snapshot intervals to sweep (0 = none) on a cold prompt of the
     /// longest prefix + new tokens; empty to skip.
     #[arg(long, value_delimiter = ',', default_value = "0,256,512,1024,2048")]
@@ -52,9 +57,12 @@ pub struct Args {
     /// Prefix-cache budget for the runs.
     #[arg(long, default_value_t = 4096)]
     prefix_cache_mib: usize,
-    /// Where to write the JSON report.
-    #[arg(long, default_value = "benchmarks/prefix-cache-cpu.json")]
-    out: PathBuf,
+    /// Where to write the JSON report (default benchmarks/prefix-cache-cpu.json,
+    /// speed: benchmarks/speed-<backend>.json).
+    #[arg(long)]
+    out: Option<PathBuf>,
+    #[command(flatten)]
+    speed: speed::SpeedArgs,
     /// CPU threads (default: all cores).
     #[arg(long)]
     threads: Option<usize>,
@@ -69,6 +77,13 @@ pub fn run(a: Args) -> Result<()> {
     }
     match a.workload {
         Workload::PrefixCache => prefix_cache(&a),
+        Workload::Speed => speed::run(
+            &a.speed,
+            a.runs.unwrap_or(5),
+            a.out
+                .clone()
+                .unwrap_or_else(|| format!("benchmarks/speed-{}.json", a.speed.backend).into()),
+        ),
     }
 }
 
@@ -218,7 +233,12 @@ fn commit() -> String {
 }
 
 fn prefix_cache(a: &Args) -> Result<()> {
-    if a.runs == 0 || a.prefixes.is_empty() {
+    let runs = a.runs.unwrap_or(3);
+    let out = a
+        .out
+        .clone()
+        .unwrap_or_else(|| PathBuf::from("benchmarks/prefix-cache-cpu.json"));
+    if runs == 0 || a.prefixes.is_empty() {
         bail!("--runs and --prefixes must be non-empty");
     }
     let started = Instant::now();
@@ -247,7 +267,7 @@ fn prefix_cache(a: &Args) -> Result<()> {
     let default_interval = ServiceConfig::default().snapshot_interval;
     eprintln!(
         "bench prefix-cache: model {model_id}, prefixes {:?} + {} new tokens, {} runs, on {}",
-        a.prefixes, a.new_tokens, a.runs, machine["cpu"]
+        a.prefixes, a.new_tokens, runs, machine["cpu"]
     );
 
     // 1. TTFT cold vs cached, and exactness.
@@ -258,7 +278,7 @@ fn prefix_cache(a: &Args) -> Result<()> {
     for &len in &a.prefixes {
         let (mut cold, mut cached, mut warm) = (vec![], vec![], vec![]);
         let mut exact = json!(null);
-        for run in 0..a.runs {
+        for run in 0..runs {
             let seed = (len as u64) << 8 | run as u64;
             let prefix = tokens(len, seed, vocab);
             let mut full = prefix.clone();
@@ -339,7 +359,7 @@ fn prefix_cache(a: &Args) -> Result<()> {
         let mut t = vec![];
         let mut snaps = 0;
         let mut bytes = 0;
-        for run in 0..a.runs {
+        for run in 0..runs {
             let seed = 0x5eed_0000 + run as u64;
             let r = rt.block_on(timed(
                 &svc,
@@ -376,7 +396,7 @@ fn prefix_cache(a: &Args) -> Result<()> {
         "command": std::env::args().collect::<Vec<_>>().join(" "),
         "machine": machine,
         "config": {
-            "runs": a.runs,
+            "runs": runs,
             "snapshot_interval": default_interval,
             "prefix_cache_mib": a.prefix_cache_mib,
             "kv_page_tokens": qwasi_engine::cpu::attention::PAGE_TOKENS,
@@ -393,12 +413,12 @@ fn prefix_cache(a: &Args) -> Result<()> {
         "wall_s": started.elapsed().as_secs_f64(),
     });
     let text = serde_json::to_string_pretty(&report)? + "\n";
-    if let Some(dir) = a.out.parent().filter(|d| !d.as_os_str().is_empty()) {
+    if let Some(dir) = out.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir)?;
     }
-    std::fs::write(&a.out, &text).with_context(|| format!("writing {}", a.out.display()))?;
+    std::fs::write(&out, &text).with_context(|| format!("writing {}", out.display()))?;
     println!("{text}");
-    eprintln!("wrote {}", a.out.display());
+    eprintln!("wrote {}", out.display());
     if !exact_all {
         bail!("exactness check failed: cached and cold requests differ");
     }

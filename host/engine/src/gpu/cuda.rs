@@ -1,5 +1,6 @@
 //! The CUDA device layer: a primary context on GPU 0, the embedded kernel
-//! modules, device buffers, launches on the default stream, and cuBLAS GEMMs.
+//! modules, device buffers, launches on one stream (capturable into CUDA
+//! graphs), cuBLAS GEMMs, and an optional per-kernel event profile.
 
 use super::Arg;
 use anyhow::{Context, Result, bail};
@@ -49,9 +50,44 @@ pub struct Device {
     ctx: Arc<CudaContext>,
     funcs: HashMap<String, sys::CUfunction>,
     cublas: cbs::cublasHandle_t,
+    /// Every launch and GEMM goes here. A blocking stream: the synchronous
+    /// copies (legacy default stream) stay ordered with it.
+    stream: sys::CUstream,
     pub name: String,
+    pub sm_count: u32,
     /// `QWASI_GPU_DEBUG=1`: synchronise after every launch and name the failing kernel.
-    debug: bool,
+    pub debug: bool,
+    /// `QWASI_GPU_PROFILE=1`: an event pair around every launch (see [`Device::take_profile`]).
+    profile: Option<std::sync::Mutex<Vec<Timing>>>,
+}
+
+/// A profiled launch: kernel name, start and end events.
+type Timing = (&'static str, sys::CUevent, sys::CUevent);
+
+/// An instantiated CUDA graph (one captured decode step).
+pub struct Graph {
+    exec: sys::CUgraphExec,
+    graph: sys::CUgraph,
+}
+
+impl Drop for Graph {
+    fn drop(&mut self) {
+        unsafe {
+            sys::cuGraphExecDestroy(self.exec);
+            sys::cuGraphDestroy(self.graph);
+        }
+    }
+}
+
+// Only used from the thread that holds the model's lock, with the context bound.
+unsafe impl Send for Graph {}
+
+fn check(r: sys::CUresult, what: &str) -> Result<()> {
+    if r == sys::CUresult::CUDA_SUCCESS {
+        Ok(())
+    } else {
+        bail!("{what}: {r:?}")
+    }
 }
 
 // The raw handles are only used with the context bound, from one thread at a time
@@ -94,14 +130,104 @@ impl Device {
         }
         let cublas = cudarc::cublas::result::create_handle()
             .map_err(|e| anyhow::anyhow!("cuBLAS: {e:?}"))?;
-        let debug = std::env::var_os("QWASI_GPU_DEBUG").is_some_and(|v| v != "0");
+        let mut stream: sys::CUstream = std::ptr::null_mut();
+        check(
+            unsafe { sys::cuStreamCreate(&mut stream, 0) },
+            "creating a CUDA stream",
+        )?;
+        unsafe { cbs::cublasSetStream_v2(cublas, stream as cbs::cudaStream_t) }
+            .result()
+            .map_err(|e| anyhow::anyhow!("cuBLAS stream: {e:?}"))?;
+        let mut sms = 0i32;
+        check(
+            unsafe {
+                sys::cuDeviceGetAttribute(
+                    &mut sms,
+                    sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+                    ctx.cu_device(),
+                )
+            },
+            "device attribute",
+        )?;
+        let env_on = |k: &str| std::env::var_os(k).is_some_and(|v| v != "0");
         Ok(Device {
             ctx,
             funcs,
             cublas,
+            stream,
             name,
-            debug,
+            sm_count: sms.max(1) as u32,
+            debug: env_on("QWASI_GPU_DEBUG"),
+            profile: env_on("QWASI_GPU_PROFILE").then(Default::default),
         })
+    }
+
+    /// Starts recording this thread's launches into a graph instead of running them.
+    pub fn begin_capture(&self) -> Result<()> {
+        check(
+            unsafe {
+                sys::cuStreamBeginCapture_v2(
+                    self.stream,
+                    sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+                )
+            },
+            "beginning graph capture",
+        )
+    }
+
+    /// Ends the capture begun by [`Device::begin_capture`] and instantiates it.
+    pub fn end_capture(&self) -> Result<Graph> {
+        let mut graph: sys::CUgraph = std::ptr::null_mut();
+        check(
+            unsafe { sys::cuStreamEndCapture(self.stream, &mut graph) },
+            "ending graph capture",
+        )?;
+        let mut exec: sys::CUgraphExec = std::ptr::null_mut();
+        let r = unsafe { sys::cuGraphInstantiateWithFlags(&mut exec, graph, 0) };
+        if r != sys::CUresult::CUDA_SUCCESS {
+            unsafe { sys::cuGraphDestroy(graph) };
+            bail!("instantiating a CUDA graph: {r:?}");
+        }
+        Ok(Graph { exec, graph })
+    }
+
+    pub fn launch_graph(&self, g: &Graph) -> Result<()> {
+        check(
+            unsafe { sys::cuGraphLaunch(g.exec, self.stream) },
+            "launching a CUDA graph",
+        )?;
+        if self.debug {
+            self.sync().context("CUDA graph")?;
+        }
+        Ok(())
+    }
+
+    /// Per-kernel GPU time since the last call, `(name, launches, ms)` by total
+    /// time, when `QWASI_GPU_PROFILE=1` (empty otherwise). Synchronises.
+    pub fn take_profile(&self) -> Vec<(&'static str, usize, f64)> {
+        let Some(p) = &self.profile else {
+            return Vec::new();
+        };
+        let _ = self.sync();
+        let mut agg: HashMap<&'static str, (usize, f64)> = HashMap::new();
+        for (name, a, b) in p.lock().unwrap().drain(..) {
+            let mut ms = 0f32;
+            unsafe {
+                sys::cuEventElapsedTime_v2(&mut ms, a, b);
+                sys::cuEventDestroy_v2(a);
+                sys::cuEventDestroy_v2(b);
+            }
+            let e = agg.entry(name).or_default();
+            e.0 += 1;
+            e.1 += ms as f64;
+        }
+        let mut v: Vec<_> = agg.into_iter().map(|(k, (n, t))| (k, n, t)).collect();
+        v.sort_by(|a, b| b.2.total_cmp(&a.2));
+        v
+    }
+
+    pub fn profiling(&self) -> bool {
+        self.profile.is_some()
     }
 
     pub fn bind(&self) -> Result<()> {
@@ -170,7 +296,7 @@ impl Device {
 
     pub fn launch(
         &self,
-        name: &str,
+        name: &'static str,
         grid: (u32, u32, u32),
         block: (u32, u32, u32),
         smem: u32,
@@ -193,8 +319,22 @@ impl Device {
             }
         }
         let mut params: Vec<*mut c_void> = args.iter().map(Arg::addr).collect();
-        unsafe { result::launch_kernel(f, grid, block, smem, std::ptr::null_mut(), &mut params) }
+        let events = self.profile.as_ref().map(|_| {
+            let mut ev = [std::ptr::null_mut(); 2];
+            for e in &mut ev {
+                unsafe {
+                    sys::cuEventCreate(e, 0);
+                }
+            }
+            unsafe { sys::cuEventRecord(ev[0], self.stream) };
+            ev
+        });
+        unsafe { result::launch_kernel(f, grid, block, smem, self.stream, &mut params) }
             .map_err(|e| anyhow::anyhow!("launching {name}: {e:?}"))?;
+        if let (Some(ev), Some(p)) = (events, &self.profile) {
+            unsafe { sys::cuEventRecord(ev[1], self.stream) };
+            p.lock().unwrap().push((name, ev[0], ev[1]));
+        }
         if self.debug {
             self.sync().with_context(|| {
                 format!("kernel {name} grid {grid:?} block {block:?} smem {smem}")
@@ -204,6 +344,7 @@ impl Device {
     }
 
     /// `Y[T, R] = X[T, C] . W[R, C]^T` with bf16 X and W (row-major), f32 Y, f32 compute.
+    #[allow(clippy::too_many_arguments)]
     pub fn gemm_bf16(
         &self,
         x_bf16: u64,
@@ -248,6 +389,7 @@ impl Drop for Device {
         let _ = self.ctx.bind_to_thread();
         unsafe {
             let _ = cudarc::cublas::result::destroy_handle(self.cublas);
+            sys::cuStreamDestroy_v2(self.stream);
         }
     }
 }

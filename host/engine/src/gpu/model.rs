@@ -9,6 +9,8 @@
 //! GEMVs over the k chosen experts at T = 1, per-expert GEMMs over grouped tokens
 //! otherwise) or dense SwiGLU MLP.
 
+mod decode;
+
 use super::cuda::{DBuf, Device};
 use super::{Arg, f, i};
 use crate::backend::{Backend, SeqSnapshot};
@@ -88,6 +90,10 @@ pub struct GpuModel {
     norm: DBuf,
     layers: Vec<DLayer>,
     scratch: Mutex<Scratch>,
+    /// Buffers and graph of the fused decode step (`decode.rs`); `None` until the first step.
+    decode: Mutex<Option<decode::DecodeState>>,
+    /// `false` with `QWASI_DECODE=unfused`: single tokens take the prefill kernels.
+    fused_decode: bool,
     /// KV capacity limit per sequence (tokens).
     pub max_len: usize,
     pub gemm: GemmPath,
@@ -122,6 +128,8 @@ impl Scratch {
 /// A sequence's device state: per GDN layer the conv window and the f32 state,
 /// per attention layer a bf16 KV cache grown on demand (doubling) up to `max_len`.
 pub struct GpuSequence {
+    /// Unique per sequence: a captured decode graph is valid for one sequence's buffers.
+    id: u64,
     pos: usize,
     cap: usize,
     layers: Vec<SeqLayer>,
@@ -274,6 +282,8 @@ impl GpuModel {
             norm,
             layers,
             scratch: Mutex::new(Scratch::default()),
+            decode: Mutex::new(None),
+            fused_decode: std::env::var("QWASI_DECODE").as_deref() != Ok("unfused"),
             gemm,
             kv_f32: std::env::var("QWASI_KV").as_deref() != Ok("bf16"),
         }
@@ -521,6 +531,7 @@ impl GpuModel {
         }
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn rmsnorm(
         &self,
         x: u64,
@@ -803,6 +814,7 @@ impl GpuModel {
                             i(hd),
                             i(c.rotary_dim),
                             i(pos0),
+                            Arg::Ptr(0),
                             f(c.rope_theta as f32),
                             f(c.rms_norm_eps),
                         ],
@@ -836,6 +848,7 @@ impl GpuModel {
                             i(nkv),
                             i(hd),
                             i(pos0),
+                            Arg::Ptr(0),
                             i(chunk),
                             i(nsplit),
                             f(1.0 / (hd as f32).sqrt()),
@@ -1133,6 +1146,13 @@ impl GpuModel {
     pub fn forward_greedy(&self, seq: &mut GpuSequence, tokens: &[u32]) -> Result<(u32, f32)> {
         let mut sc = self.scratch.lock().unwrap();
         self.dev.bind()?;
+        if tokens.len() == 1 && self.fused_decode {
+            self.check_tokens(seq, tokens)?;
+            let (_, st) = self.decode_step(seq, tokens[0])?;
+            let mut out = [0f32; 3];
+            self.dev.dtoh(&mut out, st)?;
+            return Ok((out[0].to_bits(), -out[2]));
+        }
         let logits = self.logits_device(seq, tokens, &mut sc)?;
         let st = sc.get(&self.dev, "stats", 16)?;
         self.dev.launch(
@@ -1154,6 +1174,23 @@ impl GpuModel {
         tokens: &[u32],
         sc: &mut Scratch,
     ) -> Result<u64> {
+        self.check_tokens(seq, tokens)?;
+        if tokens.len() == 1 && self.fused_decode {
+            return Ok(self.decode_step(seq, tokens[0])?.0);
+        }
+        let c = &self.cfg;
+        // Long prompts run in chunks: bounded work buffers, and every grid's y
+        // dimension (tokens) stays under the 65,535 launch limit.
+        let mut nf = 0;
+        for chunk in tokens.chunks(PREFILL_CHUNK) {
+            nf = self.run(seq, chunk, sc)?;
+        }
+        let logits = sc.get(&self.dev, "logits", c.vocab_size * F)?;
+        self.linear(sc, nf, 1, self.lm_head(), logits, false)?;
+        Ok(logits)
+    }
+
+    fn check_tokens(&self, seq: &GpuSequence, tokens: &[u32]) -> Result<()> {
         if tokens.is_empty() {
             bail!("forward needs at least one token");
         }
@@ -1173,15 +1210,7 @@ impl GpuModel {
                 c.max_position_embeddings.min(self.max_len)
             );
         }
-        // Long prompts run in chunks: bounded work buffers, and every grid's y
-        // dimension (tokens) stays under the 65,535 launch limit.
-        let mut nf = 0;
-        for chunk in tokens.chunks(PREFILL_CHUNK) {
-            nf = self.run(seq, chunk, sc)?;
-        }
-        let logits = sc.get(&self.dev, "logits", c.vocab_size * F)?;
-        self.linear(sc, nf, 1, self.lm_head(), logits, false)?;
-        Ok(logits)
+        Ok(())
     }
 }
 
@@ -1198,6 +1227,7 @@ impl Backend for GpuModel {
 
     fn new_sequence(&self) -> GpuSequence {
         GpuSequence {
+            id: next_sequence_id(),
             pos: 0,
             cap: 0,
             layers: Vec::new(),
@@ -1295,6 +1325,7 @@ impl Backend for GpuModel {
             });
         }
         Some(GpuSequence {
+            id: next_sequence_id(),
             pos: snap.pos,
             cap,
             layers,
@@ -1323,6 +1354,11 @@ impl SeqSnapshot for GpuSnapshot {
     fn as_any(&self) -> &dyn std::any::Any {
         self
     }
+}
+
+fn next_sequence_id() -> u64 {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
 }
 
 /// Host-side bf16 helper for tests.

@@ -1,0 +1,597 @@
+//! The batch-1 decode step: fused kernels (`kernels/decode.cu`) over buffers
+//! of fixed addresses, with the token id and position read from device memory,
+//! so after one eager step the whole step is captured once as a CUDA graph and
+//! replayed: one launch per token instead of ~300.
+//!
+//! Per layer: GDN = norm+in_proj GEMV, conv/L2/gates prep, recurrence, gated
+//! norm+out_proj GEMV+residual (4 kernels); attention = norm+proj GEMV, q/k
+//! norm+RoPE+KV append, split-K attention, combine+gate, o_proj GEMV+residual
+//! (5); MoE = norm+router/shared GEMV, routed gate/up (router top-k recomputed
+//! per block), routed+shared down+residual (3). Then norm+lm_head GEMV and a
+//! two-stage argmax/log-sum-exp.
+
+use super::super::cuda::{DBuf, Graph};
+use super::{B, DMixer, DMlp, F, GpuModel, GpuSequence, SeqLayer, mlp_dims};
+use crate::gpu::{Arg, f, i};
+use anyhow::{Result, bail};
+
+/// Blocks of `argmax_partial`.
+const ARGMAX_BLOCKS: usize = 512;
+/// Most key-length splits of decode attention.
+const MAX_SPLIT: usize = 64;
+
+/// Device buffers of the decode step (fixed addresses, so graphs stay valid)
+/// and the captured graph of the last sequence shape.
+pub(super) struct DecodeState {
+    /// `[token u32, position i32]`, written by the host before each step.
+    step: DBuf,
+    x: DBuf,
+    n: DBuf,
+    proj: DBuf,
+    q: DBuf,
+    att_po: DBuf,
+    att_pml: DBuf,
+    att_o: DBuf,
+    gdn_o: DBuf,
+    g: DBuf,
+    beta: DBuf,
+    idx: DBuf,
+    wts: DBuf,
+    act: DBuf,
+    logits: DBuf,
+    part: DBuf,
+    /// `[token (int bits), max, log-sum-exp]` of the last step's logits.
+    stats: DBuf,
+    graph: Option<((u64, usize), Graph)>,
+    graphs_ok: bool,
+}
+
+impl GpuModel {
+    fn decode_state(&self) -> Result<DecodeState> {
+        let c = &self.cfg;
+        let d = &self.dev;
+        let h = c.hidden_size;
+        let (e, k, inter, sh) = mlp_dims(c);
+        let (nh, hd) = (c.num_attention_heads, c.head_dim);
+        let proj_rows = self
+            .layers
+            .iter()
+            .map(|l| match &l.mixer {
+                DMixer::Gdn { in_proj, .. } => in_proj.rows,
+                DMixer::Attn { proj, .. } => proj.rows,
+            })
+            .chain(self.layers.iter().map(|l| match &l.mlp {
+                DMlp::Moe { input, .. } => input.rows,
+                DMlp::Dense { gate_up, .. } => gate_up.rows,
+            }))
+            .max()
+            .unwrap_or(0);
+        let act = (k.max(1) * inter).max(inter);
+        let _ = (e, sh);
+        Ok(DecodeState {
+            step: d.alloc_zeroed(16)?,
+            x: d.alloc(h * F)?,
+            n: d.alloc(h * F)?,
+            proj: d.alloc(proj_rows * F)?,
+            q: d.alloc(nh * hd * F)?,
+            att_po: d.alloc(nh * MAX_SPLIT * hd * F)?,
+            att_pml: d.alloc(nh * MAX_SPLIT * 2 * F)?,
+            att_o: d.alloc(nh * hd * F)?,
+            gdn_o: d.alloc(c.linear_value_dim().max(1) * F)?,
+            g: d.alloc(c.linear_num_value_heads.max(1) * F)?,
+            beta: d.alloc(c.linear_num_value_heads.max(1) * F)?,
+            idx: d.alloc(k.max(1) * 4)?,
+            wts: d.alloc(k.max(1) * F)?,
+            act: d.alloc(act * F)?,
+            logits: d.alloc(c.vocab_size * F)?,
+            part: d.alloc(ARGMAX_BLOCKS * 3 * F)?,
+            stats: d.alloc(16)?,
+            graph: None,
+            graphs_ok: std::env::var("QWASI_GRAPHS").as_deref() != Ok("0")
+                && !d.debug
+                && !d.profiling(),
+        })
+    }
+
+    /// Key-length splits of decode attention for a KV capacity (fixed per graph).
+    fn decode_splits(cap: usize) -> usize {
+        (cap / 512).clamp(1, MAX_SPLIT)
+    }
+
+    /// Grid of a row-per-warp GEMV: one row per warp, or a grid-stride loop
+    /// over a few waves of blocks for very tall matrices (the lm_head).
+    fn gemv_grid(&self, rows: usize) -> u32 {
+        let blocks = rows.div_ceil(8);
+        let wave = self.dev.sm_count as usize * 8;
+        (if blocks > 4 * wave { wave } else { blocks }) as u32
+    }
+
+    /// Appends `token` and leaves its logits in the decode buffers and the
+    /// greedy statistics in `stats`. Returns the logits' device address.
+    pub(super) fn decode_step(&self, seq: &mut GpuSequence, token: u32) -> Result<(u64, u64)> {
+        self.init_sequence(seq)?;
+        self.reserve(seq, seq.pos + 1)?;
+        let mut guard = self.decode.lock().unwrap();
+        if guard.is_none() {
+            *guard = Some(self.decode_state()?);
+        }
+        let ds = guard.as_mut().unwrap();
+        let step = [token, seq.pos as u32];
+        self.dev.htod(ds.step.ptr(), &step)?;
+        let key = (seq.id, seq.cap);
+        match &ds.graph {
+            Some((k, g)) if *k == key => self.dev.launch_graph(g)?,
+            _ => {
+                ds.graph = None;
+                self.decode_kernels(seq, ds)?;
+                if ds.graphs_ok {
+                    // Record the same launches (nothing runs during capture).
+                    self.dev.begin_capture()?;
+                    let recorded = self.decode_kernels(seq, ds);
+                    let graph = self.dev.end_capture();
+                    match (recorded, graph) {
+                        (Ok(()), Ok(g)) => ds.graph = Some((key, g)),
+                        (r, g) => {
+                            eprintln!(
+                                "[cuda] decode graphs disabled: {:#}",
+                                r.err().or(g.err()).unwrap()
+                            );
+                            ds.graphs_ok = false;
+                        }
+                    }
+                }
+            }
+        }
+        seq.pos += 1;
+        Ok((ds.logits.ptr(), ds.stats.ptr()))
+    }
+
+    /// Launches one decode step's kernels (eagerly or into a capture).
+    fn decode_kernels(&self, seq: &GpuSequence, ds: &DecodeState) -> Result<()> {
+        let c = &self.cfg;
+        let d = &self.dev;
+        let h = c.hidden_size;
+        let eps = c.rms_norm_eps;
+        let x = ds.x.ptr();
+        let tok = ds.step.ptr();
+        let pos = ds.step.ptr() + 4;
+        d.launch(
+            "embed_gather",
+            (1, 1, 1),
+            (256, 1, 1),
+            0,
+            &[
+                Arg::Ptr(self.embed.buf.ptr()),
+                Arg::Ptr(tok),
+                Arg::Ptr(x),
+                i(1),
+                i(h),
+            ],
+        )?;
+        let (nk, nv, dk, dv) = (
+            c.linear_num_key_heads,
+            c.linear_num_value_heads,
+            c.linear_key_head_dim,
+            c.linear_value_head_dim,
+        );
+        let (nh, nkv, hd) = (c.num_attention_heads, c.num_key_value_heads, c.head_dim);
+        let conv_dim = c.linear_conv_dim();
+        let vdim = c.linear_value_dim();
+        let proj = ds.proj.ptr();
+        let norm_gemv = |w: u64, rows: usize, norm: u64, y: u64, n_out: u64| {
+            d.launch(
+                "dec_norm_gemv",
+                (self.gemv_grid(rows), 1, 1),
+                (256, 1, 1),
+                (h * F) as u32,
+                &[
+                    Arg::Ptr(w),
+                    Arg::Ptr(x),
+                    Arg::Ptr(norm),
+                    f(eps),
+                    Arg::Ptr(y),
+                    Arg::Ptr(n_out),
+                    i(rows),
+                    i(h),
+                ],
+            )
+        };
+        for (layer, st) in self.layers.iter().zip(&seq.layers) {
+            match (&layer.mixer, st) {
+                (
+                    DMixer::Gdn {
+                        in_proj,
+                        conv,
+                        a_log,
+                        dt_bias,
+                        norm,
+                        out_proj,
+                    },
+                    SeqLayer::Gdn { conv: cst, s },
+                ) => {
+                    let p = in_proj.rows;
+                    norm_gemv(in_proj.buf.ptr(), p, layer.input_norm.ptr(), proj, 0)?;
+                    let blocks = 2 * nk + vdim.div_ceil(128);
+                    d.launch(
+                        "dec_gdn_prep",
+                        (blocks as u32, 1, 1),
+                        (128, 1, 1),
+                        0,
+                        &[
+                            Arg::Ptr(proj),
+                            Arg::Ptr(cst.ptr()),
+                            Arg::Ptr(conv.ptr()),
+                            i(c.linear_conv_kernel),
+                            Arg::Ptr(a_log.ptr()),
+                            Arg::Ptr(dt_bias.ptr()),
+                            Arg::Ptr(ds.g.ptr()),
+                            Arg::Ptr(ds.beta.ptr()),
+                            i(nk),
+                            i(nv),
+                            i(dk),
+                            i(dv),
+                            i(conv_dim + vdim),
+                            f(1.0 / (dk as f32).sqrt()),
+                        ],
+                    )?;
+                    let smem = ((dk * 32 + 2 * dk + 256) * F) as u32;
+                    d.launch(
+                        "gdn_recurrent",
+                        (nv as u32, (dv as u32).div_ceil(32), 1),
+                        (32, 8, 1),
+                        smem,
+                        &[
+                            Arg::Ptr(proj),
+                            i(p),
+                            i(nk),
+                            i(nv),
+                            i(dk),
+                            i(dv),
+                            Arg::Ptr(ds.g.ptr()),
+                            Arg::Ptr(ds.beta.ptr()),
+                            Arg::Ptr(s.ptr()),
+                            Arg::Ptr(ds.gdn_o.ptr()),
+                            i(1),
+                        ],
+                    )?;
+                    d.launch(
+                        "dec_gdn_out_gemv",
+                        (self.gemv_grid(h), 1, 1),
+                        (256, 1, 1),
+                        (vdim * F) as u32,
+                        &[
+                            Arg::Ptr(out_proj.buf.ptr()),
+                            Arg::Ptr(ds.gdn_o.ptr()),
+                            Arg::Ptr(proj + (conv_dim * F) as u64),
+                            Arg::Ptr(norm.ptr()),
+                            f(eps),
+                            Arg::Ptr(x),
+                            i(h),
+                            i(nv),
+                            i(dv),
+                        ],
+                    )?;
+                }
+                (
+                    DMixer::Attn {
+                        proj: pw,
+                        q_norm,
+                        k_norm,
+                        o_proj,
+                    },
+                    SeqLayer::Attn { k, v },
+                ) => {
+                    let p = pw.rows;
+                    norm_gemv(pw.buf.ptr(), p, layer.input_norm.ptr(), proj, 0)?;
+                    d.launch(
+                        if self.kv_f32 {
+                            "attn_prep_f32"
+                        } else {
+                            "attn_prep_bf16"
+                        },
+                        (1, (nh + nkv) as u32, 1),
+                        (256, 1, 1),
+                        0,
+                        &[
+                            Arg::Ptr(proj),
+                            i(p),
+                            Arg::Ptr(q_norm.ptr()),
+                            Arg::Ptr(k_norm.ptr()),
+                            Arg::Ptr(ds.q.ptr()),
+                            Arg::Ptr(k.ptr()),
+                            Arg::Ptr(v.ptr()),
+                            i(nh),
+                            i(nkv),
+                            i(hd),
+                            i(c.rotary_dim),
+                            i(0),
+                            Arg::Ptr(pos),
+                            f(c.rope_theta as f32),
+                            f(eps),
+                        ],
+                    )?;
+                    let nsplit = Self::decode_splits(seq.cap);
+                    d.launch(
+                        if self.kv_f32 {
+                            "attn_partial_f32"
+                        } else {
+                            "attn_partial_bf16"
+                        },
+                        (nh as u32, nsplit as u32, 1),
+                        (128, 1, 1),
+                        0,
+                        &[
+                            Arg::Ptr(ds.q.ptr()),
+                            Arg::Ptr(k.ptr()),
+                            Arg::Ptr(v.ptr()),
+                            Arg::Ptr(ds.att_po.ptr()),
+                            Arg::Ptr(ds.att_pml.ptr()),
+                            i(nh),
+                            i(nkv),
+                            i(hd),
+                            i(0),
+                            Arg::Ptr(pos),
+                            i(0),
+                            i(nsplit),
+                            f(1.0 / (hd as f32).sqrt()),
+                        ],
+                    )?;
+                    d.launch(
+                        "attn_combine",
+                        (nh as u32, 1, 1),
+                        (256, 1, 1),
+                        0,
+                        &[
+                            Arg::Ptr(ds.att_po.ptr()),
+                            Arg::Ptr(ds.att_pml.ptr()),
+                            Arg::Ptr(proj),
+                            i(p),
+                            Arg::Ptr(ds.att_o.ptr()),
+                            i(nh),
+                            i(hd),
+                            i(nsplit),
+                        ],
+                    )?;
+                    self.dec_gemv(o_proj.buf.ptr(), ds.att_o.ptr(), x, h, nh * hd, true)?;
+                }
+                _ => bail!("layer state does not match the layer kind"),
+            }
+            match &layer.mlp {
+                DMlp::Moe {
+                    input,
+                    gate_up,
+                    down,
+                    shared_down,
+                } => {
+                    let (e, k, inter, sh) = mlp_dims(c);
+                    norm_gemv(
+                        input.buf.ptr(),
+                        input.rows,
+                        layer.post_norm.ptr(),
+                        proj,
+                        ds.n.ptr(),
+                    )?;
+                    d.launch(
+                        "dec_moe_gate_up",
+                        (inter.div_ceil(8) as u32, k as u32, 1),
+                        (256, 1, 1),
+                        (h * F) as u32,
+                        &[
+                            Arg::Ptr(gate_up.ptr()),
+                            Arg::Ptr(ds.n.ptr()),
+                            Arg::Ptr(proj),
+                            i(e),
+                            i(k),
+                            Arg::Ptr(ds.idx.ptr()),
+                            Arg::Ptr(ds.wts.ptr()),
+                            Arg::Ptr(ds.act.ptr()),
+                            i(inter),
+                            i(h),
+                        ],
+                    )?;
+                    d.launch(
+                        "dec_moe_down",
+                        (self.gemv_grid(h), 1, 1),
+                        (256, 1, 1),
+                        ((k * inter + sh) * F) as u32,
+                        &[
+                            Arg::Ptr(down.ptr()),
+                            Arg::Ptr(shared_down.buf.ptr()),
+                            Arg::Ptr(ds.act.ptr()),
+                            Arg::Ptr(ds.idx.ptr()),
+                            Arg::Ptr(ds.wts.ptr()),
+                            Arg::Ptr(proj),
+                            i(e),
+                            i(k),
+                            i(inter),
+                            i(sh),
+                            Arg::Ptr(x),
+                            i(h),
+                        ],
+                    )?;
+                }
+                DMlp::Dense { gate_up, down } => {
+                    let inter = down.cols;
+                    norm_gemv(
+                        gate_up.buf.ptr(),
+                        gate_up.rows,
+                        layer.post_norm.ptr(),
+                        proj,
+                        0,
+                    )?;
+                    d.launch(
+                        "silu_mul",
+                        ((inter as u32).div_ceil(256), 1, 1),
+                        (256, 1, 1),
+                        0,
+                        &[
+                            Arg::Ptr(proj),
+                            i(2 * inter),
+                            i(0),
+                            i(inter),
+                            Arg::Ptr(ds.act.ptr()),
+                            i(inter),
+                            i(1),
+                        ],
+                    )?;
+                    self.dec_gemv(down.buf.ptr(), ds.act.ptr(), x, h, inter, true)?;
+                }
+            }
+        }
+        let head = self.lm_head();
+        norm_gemv(
+            head.buf.ptr(),
+            head.rows,
+            self.norm.ptr(),
+            ds.logits.ptr(),
+            0,
+        )?;
+        d.launch(
+            "argmax_partial",
+            (ARGMAX_BLOCKS as u32, 1, 1),
+            (256, 1, 1),
+            0,
+            &[
+                Arg::Ptr(ds.logits.ptr()),
+                i(c.vocab_size),
+                Arg::Ptr(ds.part.ptr()),
+            ],
+        )?;
+        d.launch(
+            "argmax_final",
+            (1, 1, 1),
+            (256, 1, 1),
+            0,
+            &[
+                Arg::Ptr(ds.part.ptr()),
+                i(ARGMAX_BLOCKS),
+                Arg::Ptr(ds.stats.ptr()),
+                Arg::Ptr(0),
+            ],
+        )
+    }
+
+    /// `y (+)= W x` for one token with x staged in shared memory.
+    fn dec_gemv(
+        &self,
+        w: u64,
+        x: u64,
+        y: u64,
+        rows: usize,
+        cols: usize,
+        accumulate: bool,
+    ) -> Result<()> {
+        self.dev.launch(
+            "dec_gemv",
+            (self.gemv_grid(rows), 1, 1),
+            (256, 1, 1),
+            (cols * F) as u32,
+            &[
+                Arg::Ptr(w),
+                Arg::Ptr(x),
+                Arg::Ptr(y),
+                i(rows),
+                i(cols),
+                i(accumulate as usize),
+            ],
+        )
+    }
+}
+
+const _: () = assert!(B == 2);
+
+/// Bytes one decode step must move at a context of `ctx` tokens, by part.
+#[derive(Clone, Copy, Debug, serde::Serialize)]
+pub struct StepBytes {
+    /// Weights read: every dense matrix and norm, the k routed experts of each
+    /// MoE layer, the lm_head and one embedding row.
+    pub weights: usize,
+    /// KV cache read by the attention layers.
+    pub kv: usize,
+    /// GDN recurrent state read and written.
+    pub state: usize,
+}
+
+impl StepBytes {
+    pub fn total(&self) -> usize {
+        self.weights + self.kv + self.state
+    }
+}
+
+impl GpuModel {
+    /// The least traffic of one decode step at context `ctx` (the bandwidth floor).
+    pub fn step_bytes(&self, ctx: usize) -> StepBytes {
+        let c = &self.cfg;
+        let h = c.hidden_size;
+        let (_, k, inter, _) = mlp_dims(c);
+        let mut weights = h * B + self.lm_head().rows * h * B + h * F;
+        let mut kv = 0;
+        let mut state = 0;
+        let kv_row = c.num_key_value_heads * c.head_dim * if self.kv_f32 { F } else { B };
+        for l in &self.layers {
+            weights += 2 * h * F;
+            weights += match &l.mixer {
+                DMixer::Gdn {
+                    in_proj, out_proj, ..
+                } => {
+                    state += 2
+                        * c.linear_num_value_heads
+                        * c.linear_key_head_dim
+                        * c.linear_value_head_dim
+                        * F;
+                    (in_proj.rows * in_proj.cols + out_proj.rows * out_proj.cols) * B
+                }
+                DMixer::Attn { proj, o_proj, .. } => {
+                    kv += 2 * ctx * kv_row;
+                    (proj.rows * proj.cols + o_proj.rows * o_proj.cols) * B
+                }
+            };
+            weights += match &l.mlp {
+                DMlp::Moe {
+                    input, shared_down, ..
+                } => {
+                    (input.rows * input.cols
+                        + shared_down.rows * shared_down.cols
+                        + k * 3 * inter * h)
+                        * B
+                }
+                DMlp::Dense { gate_up, down } => {
+                    (gate_up.rows * gate_up.cols + down.rows * down.cols) * B
+                }
+            };
+        }
+        StepBytes { weights, kv, state }
+    }
+
+    /// Device-to-device copy bandwidth (bytes read + written per second) over
+    /// `bytes`-sized buffers: the practical ceiling of memory-bound kernels.
+    pub fn copy_bandwidth(&self, bytes: usize) -> Result<f64> {
+        let d = &self.dev;
+        d.bind()?;
+        let a = d.alloc_zeroed(bytes)?;
+        let b = d.alloc(bytes)?;
+        d.dtod(b.ptr(), a.ptr(), bytes)?;
+        d.sync()?;
+        let mut best = f64::MAX;
+        for _ in 0..5 {
+            let t = std::time::Instant::now();
+            d.dtod(b.ptr(), a.ptr(), bytes)?;
+            d.sync()?;
+            best = best.min(t.elapsed().as_secs_f64());
+        }
+        Ok(2.0 * bytes as f64 / best)
+    }
+
+    /// `(used, total)` device memory in bytes (the whole device, this process included).
+    pub fn memory_used(&self) -> (usize, usize) {
+        let _ = self.dev.bind();
+        let (free, total) = self.dev.mem_info();
+        (total - free, total)
+    }
+
+    /// Per-kernel GPU time since the last call when `QWASI_GPU_PROFILE=1`.
+    pub fn take_profile(&self) -> Vec<(&'static str, usize, f64)> {
+        let _ = self.dev.bind();
+        self.dev.take_profile()
+    }
+}

@@ -1,0 +1,298 @@
+//! `qwasi bench --workload speed --backend cuda --synthetic qwen3.6-35b-a3b`:
+//! batch-1 time to first token and greedy decode rate at several prompt
+//! lengths on the GPU, each against the bandwidth floor of a decode step, with
+//! the correctness check of the same build (the reference fixtures) in the
+//! same report.
+//!
+//! Per prompt length L (prompt token i = 1 + (i * 1000003 + L * 7919) mod
+//! (vocab - 1), the formula `scripts/device/hf_bench.py` uses too): warm-ups
+//! and timed runs of a cold prefill (TTFT = prompt in, first greedy token out;
+//! prompts longer than `--ttft-max` are timed once), then the prompt's end is
+//! snapshotted and each run restores it and decodes `--decode-tokens` greedy
+//! tokens; every run must produce the same tokens, and the first 16 must equal
+//! the argmax of the full logits copied to the host.
+
+use anyhow::{Result, bail};
+use serde_json::{Value, json};
+use std::path::{Path, PathBuf};
+
+#[derive(clap::Args)]
+pub struct SpeedArgs {
+    /// Backend of the speed workload (cuda).
+    #[arg(long, default_value = "cuda")]
+    pub backend: String,
+    /// Seeded random weights of this geometry, generated on the GPU.
+    #[arg(long, value_name = "PRESET", default_value = "qwen3.6-35b-a3b")]
+    synthetic: String,
+    /// Keep only the first N layers.
+    #[arg(long)]
+    layers: Option<usize>,
+    /// Prompt lengths.
+    #[arg(long, value_delimiter = ',', default_value = "512,8192")]
+    lens: Vec<usize>,
+    /// Greedy tokens decoded per run.
+    #[arg(long, default_value_t = 128)]
+    decode_tokens: usize,
+    /// Untimed runs before the timed ones.
+    #[arg(long, default_value_t = 2)]
+    warmups: usize,
+    /// Prompts longer than this get one timed prefill (no warm-up).
+    #[arg(long, default_value_t = 16_384)]
+    ttft_max: usize,
+    /// Reference fixtures checked first (skipped when the directory is missing).
+    #[arg(long, default_value = "tests/fixtures/models")]
+    fixtures: PathBuf,
+    /// Write each prompt's last-token logits (f32 LE) as DIR/qwasi_logits_<L>.f32.
+    #[arg(long, value_name = "DIR")]
+    dump_logits: Option<PathBuf>,
+}
+
+/// Prompt token `i` of a length-`len` benchmark prompt.
+pub fn prompt(len: usize, vocab: usize) -> Vec<u32> {
+    (0..len)
+        .map(|i| (1 + (i * 1_000_003 + len * 7919) % (vocab - 1)) as u32)
+        .collect()
+}
+
+fn stats(v: &[f64]) -> Value {
+    let mut s = v.to_vec();
+    s.sort_by(f64::total_cmp);
+    let med = if s.is_empty() {
+        f64::NAN
+    } else if s.len() % 2 == 1 {
+        s[s.len() / 2]
+    } else {
+        (s[s.len() / 2 - 1] + s[s.len() / 2]) / 2.0
+    };
+    json!({
+        "median": med,
+        "min": s.first(),
+        "max": s.last(),
+        "runs": v,
+    })
+}
+
+fn commit() -> String {
+    option_env!("QWASI_COMMIT")
+        .map(str::to_string)
+        .unwrap_or_else(super::commit)
+}
+
+pub fn run(a: &SpeedArgs, runs: usize, out: PathBuf) -> Result<()> {
+    if a.backend != "cuda" {
+        bail!(
+            "--workload speed supports --backend cuda (got {:?})",
+            a.backend
+        );
+    }
+    if runs == 0 || a.lens.is_empty() {
+        bail!("--runs and --lens must be non-empty");
+    }
+    imp(a, runs, &out)
+}
+
+#[cfg(not(feature = "cuda"))]
+fn imp(_a: &SpeedArgs, _runs: usize, _out: &Path) -> Result<()> {
+    bail!("this qwasi was built without the cuda backend; rebuild with `--features cuda`")
+}
+
+#[cfg(feature = "cuda")]
+fn imp(a: &SpeedArgs, runs: usize, out: &Path) -> Result<()> {
+    use qwasi_engine::backend::Backend;
+    use qwasi_engine::gpu::model::GpuModel;
+    use qwasi_engine::gpu::verify::{Tolerances, fixture_dirs, verify_fixture};
+    use std::time::Instant;
+
+    // 1. Correctness of this build: every reference fixture.
+    let mut correctness = json!({"fixtures": "skipped: directory not found"});
+    if a.fixtures.is_dir() {
+        let tol = Tolerances::default();
+        let mut pass = true;
+        let mut max_kl = 0f64;
+        let mut cases = 0;
+        for dir in fixture_dirs(&a.fixtures)? {
+            for r in verify_fixture(&dir, &tol)? {
+                pass &= r.pass;
+                max_kl = max_kl.max(r.max_kl_cpu_gpu);
+                cases += 1;
+            }
+        }
+        eprintln!(
+            "[bench] fixtures: {cases} cases, {}, max KL(cpu||gpu) {max_kl:.2e}",
+            if pass { "PASS" } else { "FAIL" }
+        );
+        correctness =
+            json!({"fixtures": a.fixtures, "cases": cases, "pass": pass, "max_kl_cpu_gpu": max_kl});
+    }
+
+    // 2. The synthetic model.
+    let mut cfg = qwasi_engine::presets::by_name(&a.synthetic)?;
+    if let Some(n) = a.layers {
+        cfg = qwasi_engine::presets::with_layers(cfg, n)?;
+    }
+    let vocab = cfg.vocab_size;
+    let t0 = Instant::now();
+    let model = GpuModel::synthetic(cfg, 0x5157_4153_4931)?;
+    let load_s = t0.elapsed().as_secs_f64();
+    let bw = model.copy_bandwidth(2 << 30)?;
+    eprintln!(
+        "[bench] {}: model in {load_s:.1} s; copy bandwidth {:.2} TB/s",
+        model.device_name(),
+        bw / 1e12
+    );
+
+    let mut results = Vec::new();
+    let mut all_consistent = true;
+    for &len in &a.lens {
+        let p = prompt(len, vocab);
+        // TTFT.
+        let (warm, timed) = if len > a.ttft_max {
+            (0, 1)
+        } else {
+            (a.warmups, runs)
+        };
+        let mut ttft = Vec::new();
+        let mut first = None;
+        for r in 0..warm + timed {
+            let mut seq = model.new_sequence();
+            let t = Instant::now();
+            let (tok, _) = model.forward_greedy(&mut seq, &p)?;
+            let dt = t.elapsed().as_secs_f64();
+            if r >= warm {
+                ttft.push(dt * 1e3);
+            }
+            if first.is_some_and(|f| f != tok) {
+                all_consistent = false;
+            }
+            first = Some(tok);
+        }
+        let first = first.unwrap();
+        // One prefill, snapshotted; decode runs restore it.
+        let mut base = model.new_sequence();
+        let logits = model.forward(&mut base, &p)?;
+        if let Some(dir) = &a.dump_logits {
+            std::fs::create_dir_all(dir)?;
+            let bytes: Vec<u8> = logits.iter().flat_map(|v| v.to_le_bytes()).collect();
+            std::fs::write(dir.join(format!("qwasi_logits_{len}.f32")), bytes)?;
+        }
+        let snap = model
+            .snapshot(&base)
+            .ok_or_else(|| anyhow::anyhow!("snapshot failed (device memory?)"))?;
+        drop(base);
+        // Greedy through the host: the first 16 tokens from the full logits.
+        let mut host_tokens = vec![argmax(&logits)];
+        {
+            let mut seq = model.restore(snap.as_ref()).unwrap();
+            for _ in 0..15.min(a.decode_tokens) {
+                let l = model.forward(&mut seq, &[*host_tokens.last().unwrap()])?;
+                host_tokens.push(argmax(&l));
+            }
+        }
+        let mut rates = Vec::new();
+        let mut tokens: Option<Vec<u32>> = None;
+        for r in 0..a.warmups + runs {
+            let mut seq = model
+                .restore(snap.as_ref())
+                .ok_or_else(|| anyhow::anyhow!("restore failed"))?;
+            let mut tok = first;
+            let mut got = vec![tok];
+            let t = Instant::now();
+            for _ in 0..a.decode_tokens {
+                tok = model.forward_greedy(&mut seq, &[tok])?.0;
+                got.push(tok);
+            }
+            let dt = t.elapsed().as_secs_f64();
+            if r >= a.warmups {
+                rates.push(a.decode_tokens as f64 / dt);
+            }
+            match &tokens {
+                Some(prev) if *prev != got => all_consistent = false,
+                None => tokens = Some(got),
+                _ => {}
+            }
+        }
+        let tokens = tokens.unwrap();
+        let host_agree = tokens.iter().zip(&host_tokens).all(|(a, b)| a == b);
+        all_consistent &= host_agree;
+        let profile = model.take_profile();
+        let ctx = len + a.decode_tokens / 2;
+        let bytes = model.step_bytes(ctx);
+        let floor_s = bytes.total() as f64 / bw;
+        let med_rate = median(&rates);
+        let (used, total) = model.memory_used();
+        eprintln!(
+            "[bench] L {len:>6}: TTFT {:>9.1} ms, decode {:>7.1} tok/s ({:.0}% of the {:.0} tok/s floor), tokens consistent: {}",
+            median(&ttft),
+            med_rate,
+            100.0 * med_rate * floor_s,
+            1.0 / floor_s,
+            host_agree
+        );
+        if !profile.is_empty() {
+            let steps = (a.warmups + runs) * a.decode_tokens + 16;
+            eprintln!(
+                "[bench] per-kernel GPU time (all steps of this length, {steps} decode steps):"
+            );
+            for (name, n, ms) in profile.iter().take(25) {
+                eprintln!("    {name:<24} {n:>8} launches {ms:>10.2} ms");
+            }
+        }
+        results.push(json!({
+            "prompt_len": len,
+            "ttft_ms": stats(&ttft),
+            "decode_tokens": a.decode_tokens,
+            "decode_tok_per_s": stats(&rates),
+            "decode_step_bytes_at_mid_context": bytes,
+            "bandwidth_floor_tok_per_s": 1.0 / floor_s,
+            "fraction_of_bandwidth_bound": med_rate * floor_s,
+            "first_tokens": &tokens[..tokens.len().min(16)],
+            "greedy_equals_host_argmax_16": host_agree,
+            "device_memory_used_bytes": used,
+            "device_memory_total_bytes": total,
+            "profile_ms": profile.iter().map(|(n, c, ms)| json!({"kernel": n, "launches": c, "ms": ms})).collect::<Vec<_>>(),
+        }));
+    }
+    let report = json!({
+        "what": "batch-1 TTFT and greedy decode on synthetic weights (qwasi bench --workload speed)",
+        "commit": commit(),
+        "gpu": model.device_name(),
+        "command": std::env::args().collect::<Vec<_>>().join(" "),
+        "preset": a.synthetic,
+        "layers": model.config().num_layers(),
+        "kv_cache": if model.kv_f32 { "f32" } else { "bf16" },
+        "seed": "0x515741534931",
+        "load_s": load_s,
+        "copy_bandwidth_bytes_per_s": bw,
+        "warmups": a.warmups,
+        "runs": runs,
+        "correctness": correctness,
+        "greedy_consistent": all_consistent,
+        "results": results,
+    });
+    if let Some(dir) = out.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir)?;
+    }
+    std::fs::write(out, serde_json::to_string_pretty(&report)? + "\n")?;
+    eprintln!("wrote {}", out.display());
+    let ok = report["correctness"]["pass"].as_bool() != Some(false) && all_consistent;
+    if !ok {
+        bail!("bench speed: correctness FAILED (see {})", out.display());
+    }
+    Ok(())
+}
+
+#[cfg(feature = "cuda")]
+fn median(v: &[f64]) -> f64 {
+    stats(v)["median"].as_f64().unwrap_or(f64::NAN)
+}
+
+#[cfg(feature = "cuda")]
+fn argmax(v: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, x) in v.iter().enumerate() {
+        if *x > v[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
