@@ -2,6 +2,12 @@
 //! with one ticker thread, pooling allocator, per-instance memory cap), one
 //! `Linker` per world built once, the guests pre-instantiated once, and a
 //! fresh `Store` + instance per request.
+//!
+//! Each guest lives in a [`Slot`]: an API guest mounted at a path prefix, or
+//! the policy. A slot holds an `Arc` of its current pre-instantiated version;
+//! a reload compiles and validates the new file first and only then swaps the
+//! `Arc`, so requests that already took the old version finish on it. The
+//! `command` module runs `qwasi run`'s command components on the same pieces.
 
 pub mod bindings;
 pub mod command;
