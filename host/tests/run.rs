@@ -136,4 +136,11 @@ fn components_that_are_not_commands_are_one_clear_line() {
         "/nonexistent/job.wasm",
         "cannot read the component /nonexistent/job.wasm",
     );
+    let out = run(&["--dir", "/nonexistent::/data", &batch_complete()], "");
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        stderr(&out).contains("error: --dir: /nonexistent is not a directory"),
+        "{}",
+        stderr(&out)
+    );
 }

@@ -86,6 +86,11 @@ pub fn run(a: Args) -> Result<i32> {
         .iter()
         .map(|d| parse_dir(d))
         .collect::<Result<Vec<_>>>()?;
+    for (host, _, _) in &dirs {
+        if !host.is_dir() {
+            bail!("--dir: {} is not a directory", host.display());
+        }
+    }
     let mut env = Vec::new();
     for e in &a.env {
         match e.split_once('=') {
