@@ -21,6 +21,19 @@
 #endif
 
 #define QW_KERNEL extern "C" __global__
+
+// Programmatic dependent launch (Hopper): a kernel launched with the PDL
+// attribute may start while its predecessor finishes; QW_GRID_WAIT() blocks
+// until the predecessor's results are visible (only read-only inputs, i.e.
+// weights, may be touched before it), QW_GRID_LAUNCH() lets the successor
+// start early. No-ops elsewhere (HIP, pre-sm_90), where launches serialise.
+#if defined(QW_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define QW_GRID_WAIT() asm volatile("griddepcontrol.wait;" ::: "memory")
+#define QW_GRID_LAUNCH() asm volatile("griddepcontrol.launch_dependents;" ::: "memory")
+#else
+#define QW_GRID_WAIT() ((void)0)
+#define QW_GRID_LAUNCH() ((void)0)
+#endif
 #define QW_BOUNDS(n) __launch_bounds__(n)
 
 typedef unsigned short bf16_t;

@@ -26,9 +26,8 @@ __device__ __forceinline__ float dot8(uint4 w, const float* xs) {
            bf_lo(w.z) * b.x + bf_hi(w.z) * b.y + bf_lo(w.w) * b.z + bf_hi(w.w) * b.w;
 }
 
-// One warp: W row (bf16, `cols` long) . xs (f32, shared memory). Four 16-byte
-// loads per lane in flight before their first use; a scalar path when rows are
-// not 16-byte aligned (cols % 8 != 0).
+// One warp: W row (bf16, `cols` long) . xs (f32, shared memory); used where
+// rows are short and few (the shared expert's tail of a scalar path).
 __device__ __forceinline__ float row_dot(const bf16_t* __restrict__ w, const float* xs, int cols, int lane) {
     float acc = 0.f;
     if ((cols & 7) == 0) {
@@ -54,19 +53,93 @@ __device__ __forceinline__ float row_dot(const bf16_t* __restrict__ w, const flo
 }
 
 #define DEC_WARPS 8  // warps per block; each warp owns whole rows
+#define CH 8         // 16-byte loads per lane per chunk (a chunk = 2048 columns)
+
+// Chunk `base` (in 16-byte units, lane offset added here) of row r, or zeros
+// past the matrix.
+__device__ __forceinline__ void load_chunk(const bf16_t* __restrict__ W, int r, int rows, int cols, int base,
+                                           int lane, uint4 (&v)[CH]) {
+    const uint4* w4 = (const uint4*)(W + (size_t)r * cols);
+    int n8 = cols >> 3;
+#pragma unroll
+    for (int u = 0; u < CH; u++) {
+        int c = base + lane + u * WARP;
+        v[u] = (r < rows && c < n8) ? ld_stream(w4 + c) : make_uint4(0u, 0u, 0u, 0u);
+    }
+}
+
+// A warp streams rows first, first + stride, ... (cols % 8 == 0): while one
+// chunk is multiplied the next one (same row or the next row's first) is
+// already in flight. `v` holds the first chunk, loaded by the caller before
+// its prologue. `emit(r, dot)` runs on lane 0.
+template <typename Emit>
+__device__ __forceinline__ void stream_rows(const bf16_t* __restrict__ W, const float* xs, int rows, int cols,
+                                            int first, int stride, int lane, uint4 (&v)[CH], Emit emit) {
+    int n8 = cols >> 3;
+    for (int r = first; r < rows; r += stride) {
+        float acc = 0.f;
+        for (int base = 0; base < n8; base += CH * WARP) {
+            uint4 nv[CH];
+            int nb = base + CH * WARP, nr = r;
+            if (nb >= n8) {
+                nb = 0;
+                nr = r + stride;
+            }
+            load_chunk(W, nr, rows, cols, nb, lane, nv);
+#pragma unroll
+            for (int u = 0; u < CH; u++) {
+                int c = base + lane + u * WARP;
+                if (c < n8) acc += dot8(v[u], xs + 8 * c);
+            }
+#pragma unroll
+            for (int u = 0; u < CH; u++) v[u] = nv[u];
+        }
+        acc = warp_sum(acc);
+        if (lane == 0) emit(r, acc);
+    }
+}
+
+// The same for rows that are not 16-byte aligned (cols % 8 != 0; small models).
+template <typename Emit>
+__device__ __forceinline__ void scalar_rows(const bf16_t* __restrict__ W, const float* xs, int rows, int cols,
+                                            int first, int stride, int lane, Emit emit) {
+    for (int r = first; r < rows; r += stride) {
+        float acc = 0.f;
+        for (int c = lane; c < cols; c += WARP) acc += bf2f(W[(size_t)r * cols + c]) * xs[c];
+        acc = warp_sum(acc);
+        if (lane == 0) emit(r, acc);
+    }
+}
+
+template <typename Emit>
+__device__ __forceinline__ void gemv_rows(const bf16_t* __restrict__ W, const float* xs, int rows, int cols,
+                                          uint4 (&v)[CH], Emit emit) {
+    int lane = threadIdx.x % WARP;
+    int first = blockIdx.x * DEC_WARPS + threadIdx.x / WARP, stride = gridDim.x * DEC_WARPS;
+    if ((cols & 7) == 0) stream_rows(W, xs, rows, cols, first, stride, lane, v, emit);
+    else scalar_rows(W, xs, rows, cols, first, stride, lane, emit);
+}
+
+// Before the prologue: the warp's first chunk of weights (independent of the
+// previous kernel, so it is fetched before QW_GRID_WAIT()).
+__device__ __forceinline__ void prefetch_first(const bf16_t* __restrict__ W, int rows, int cols, uint4 (&v)[CH]) {
+    if ((cols & 7) == 0)
+        load_chunk(W, blockIdx.x * DEC_WARPS + threadIdx.x / WARP, rows, cols, 0, threadIdx.x % WARP, v);
+}
 
 // y[r] (+)= W[r, :] . x. x is staged in shared memory (cols floats); rows are
 // spread over the grid with a grid-stride loop so the grid can be capped.
 QW_KERNEL void QW_BOUNDS(256) dec_gemv(const bf16_t* __restrict__ W, const float* __restrict__ x,
                                       float* __restrict__ y, int rows, int cols, int accumulate) {
     extern __shared__ float xs[];
+    uint4 v[CH];
+    prefetch_first(W, rows, cols, v);
+    QW_GRID_WAIT();
+    QW_GRID_LAUNCH();
+#pragma unroll 8
     for (int i = threadIdx.x; i < cols; i += blockDim.x) xs[i] = x[i];
     __syncthreads();
-    int lane = threadIdx.x % WARP, w = threadIdx.x / WARP;
-    for (int r = blockIdx.x * DEC_WARPS + w; r < rows; r += gridDim.x * DEC_WARPS) {
-        float v = row_dot(W + (size_t)r * cols, xs, cols, lane);
-        if (lane == 0) y[r] = accumulate ? y[r] + v : v;
-    }
+    gemv_rows(W, xs, rows, cols, v, [&](int r, float d) { y[r] = accumulate ? y[r] + d : d; });
 }
 
 // y[r] = W[r, :] . rmsnorm(x) with the (1+w) weight `nw` already folded in:
@@ -75,27 +148,31 @@ QW_KERNEL void QW_BOUNDS(256) dec_gemv(const bf16_t* __restrict__ W, const float
 QW_KERNEL void QW_BOUNDS(256) dec_norm_gemv(const bf16_t* __restrict__ W, const float* __restrict__ x,
                                            const float* __restrict__ nw, float eps, float* __restrict__ y,
                                            float* __restrict__ n_out, int rows, int cols) {
-    extern __shared__ float xs[];
+    extern __shared__ float xs[];  // [2 * cols]: x, then the norm weight
     __shared__ float scratch[32];
+    uint4 v[CH];
+    prefetch_first(W, rows, cols, v);
+    QW_GRID_WAIT();
+    QW_GRID_LAUNCH();
+    float* ws = xs + cols;
+    // One round trip: every load of the prologue is issued before any is used.
     float ss = 0.f;
+#pragma unroll 8
     for (int i = threadIdx.x; i < cols; i += blockDim.x) {
-        float v = x[i];
-        xs[i] = v;
-        ss += v * v;
+        float a = x[i];
+        xs[i] = a;
+        ws[i] = nw[i];
+        ss += a * a;
     }
     ss = block_sum(ss, scratch);
     float inv = rsqrtf(ss / cols + eps);
     for (int i = threadIdx.x; i < cols; i += blockDim.x) {
-        float v = xs[i] * inv * nw[i];
-        xs[i] = v;
-        if (blockIdx.x == 0 && n_out) n_out[i] = v;
+        float a = xs[i] * inv * ws[i];
+        xs[i] = a;
+        if (blockIdx.x == 0 && n_out) n_out[i] = a;
     }
     __syncthreads();
-    int lane = threadIdx.x % WARP, w = threadIdx.x / WARP;
-    for (int r = blockIdx.x * DEC_WARPS + w; r < rows; r += gridDim.x * DEC_WARPS) {
-        float v = row_dot(W + (size_t)r * cols, xs, cols, lane);
-        if (lane == 0) y[r] = v;
-    }
+    gemv_rows(W, xs, rows, cols, v, [&](int r, float d) { y[r] = d; });
 }
 
 // GDN output: y[r] += W[r, :] . (rmsnorm_head(o) * nw * silu(z)), the gated
@@ -104,22 +181,33 @@ QW_KERNEL void QW_BOUNDS(256) dec_norm_gemv(const bf16_t* __restrict__ W, const 
 QW_KERNEL void QW_BOUNDS(256) dec_gdn_out_gemv(const bf16_t* __restrict__ W, const float* __restrict__ o,
                                               const float* __restrict__ z, const float* __restrict__ nw,
                                               float eps, float* __restrict__ y, int rows, int nv, int dv) {
-    extern __shared__ float xs[];
+    extern __shared__ float xs[];  // [2 * nv * dv + dv]: o, then silu(z), then the norm weight
     int cols = nv * dv;
+    uint4 v[CH];
+    prefetch_first(W, rows, cols, v);
+    QW_GRID_WAIT();
+    QW_GRID_LAUNCH();
+    float* zs = xs + cols;
+    float* ws = zs + cols;
+    // One round trip for o, z and the weight; then the per-head norms from shared memory.
+#pragma unroll 8
+    for (int i = threadIdx.x; i < cols; i += blockDim.x) {
+        xs[i] = o[i];
+        zs[i] = silu_f(z[i]);
+    }
+    for (int i = threadIdx.x; i < dv; i += blockDim.x) ws[i] = nw[i];
+    __syncthreads();
     int lane = threadIdx.x % WARP, w = threadIdx.x / WARP;
     for (int h = w; h < nv; h += DEC_WARPS) {
-        const float* p = o + (size_t)h * dv;
+        float* p = xs + (size_t)h * dv;
         float ss = 0.f;
         for (int i = lane; i < dv; i += WARP) ss += p[i] * p[i];
         ss = warp_sum(ss);
         float inv = rsqrtf(ss / dv + eps);
-        for (int i = lane; i < dv; i += WARP) xs[h * dv + i] = p[i] * inv * nw[i] * silu_f(z[h * dv + i]);
+        for (int i = lane; i < dv; i += WARP) p[i] = p[i] * inv * ws[i] * zs[h * dv + i];
     }
     __syncthreads();
-    for (int r = blockIdx.x * DEC_WARPS + w; r < rows; r += gridDim.x * DEC_WARPS) {
-        float v = row_dot(W + (size_t)r * cols, xs, cols, lane);
-        if (lane == 0) y[r] += v;
-    }
+    gemv_rows(W, xs, rows, cols, v, [&](int r, float d) { y[r] += d; });
 }
 
 // GDN step preparation, in place on the projection row: causal conv (state
@@ -178,64 +266,77 @@ QW_KERNEL void QW_BOUNDS(PREP_THREADS) dec_gdn_prep(float* __restrict__ proj, fl
         }
 }
 
+#define MOE_MAXE 1024
+#define MOE_MAXK 32
+
 // Top-k of the router logits (ties to the lower index) and the renormalised
-// softmax weights over the chosen experts, by one warp into shared memory.
-// Recomputed by every block of the expert kernel instead of a separate launch.
-__device__ void router_topk_warp(const float* __restrict__ logits, int E, int k, float* lg /* smem [E] */,
-                                 int* sidx, float* sw) {
+// softmax weights over the chosen experts (p_e / sum of the chosen p), by one
+// warp with the logits in registers, into shared memory. Recomputed by every
+// block of the expert kernel instead of a separate launch.
+__device__ void router_topk_warp(const float* __restrict__ logits, int E, int k, int* sidx, float* sw) {
     int lane = threadIdx.x % WARP;
-    for (int e = lane; e < E; e += WARP) lg[e] = logits[e];
-    QW_SYNCWARP();
-    float best0 = -INFINITY;
+    float lv[MOE_MAXE / WARP];
+#pragma unroll
+    for (int m = 0; m < MOE_MAXE / WARP; m++) {
+        int e = lane + m * WARP;
+        lv[m] = e < E ? logits[e] : -INFINITY;
+    }
     for (int j = 0; j < k; j++) {
         float bv = -INFINITY;
         int bi = 0x7fffffff;
-        for (int e = lane; e < E; e += WARP) {
-            float v = lg[e];
-            if (v > bv || (v == bv && e < bi)) { bv = v; bi = e; }
+#pragma unroll
+        for (int m = 0; m < MOE_MAXE / WARP; m++) {
+            int e = lane + m * WARP;
+            if (lv[m] > bv) {  // ascending e per lane: the first of equals wins
+                bv = lv[m];
+                bi = e;
+            }
         }
-        for (int m = WARP / 2; m > 0; m >>= 1) {
-            float ov = SHFL_XOR(bv, m);
-            int oi = SHFL_XOR(bi, m);
-            if (ov > bv || (ov == bv && oi < bi)) { bv = ov; bi = oi; }
+        for (int sh = WARP / 2; sh > 0; sh >>= 1) {
+            float ov = SHFL_XOR(bv, sh);
+            int oi = SHFL_XOR(bi, sh);
+            if (ov > bv || (ov == bv && oi < bi)) {
+                bv = ov;
+                bi = oi;
+            }
         }
-        if (j == 0) best0 = bv;
+#pragma unroll
+        for (int m = 0; m < MOE_MAXE / WARP; m++)
+            if (lane + m * WARP == bi) lv[m] = -INFINITY;
         if (lane == 0) {
             sidx[j] = bi;
             sw[j] = bv;
-            lg[bi] = -INFINITY;
         }
-        QW_SYNCWARP();
     }
+    QW_SYNCWARP();
     if (lane == 0) {
-        float total = 0.f;
+        float top = sw[0], total = 0.f;
         for (int j = 0; j < k; j++) {
-            sw[j] = expf(sw[j] - best0);
+            sw[j] = expf(sw[j] - top);
             total += sw[j];
         }
         for (int j = 0; j < k; j++) sw[j] /= total;
     }
 }
 
-#define MOE_MAXE 1024
-#define MOE_MAXK 32
-
 // Routed experts, gate/up half: act[j, i] = silu(Wg[e_j][i] . n) * (Wu[e_j][i] . n)
 // for the k chosen experts e_j. grid (ceil(I / DEC_WARPS), k): warp w of block b
 // owns column i = b * DEC_WARPS + w of expert slot j = blockIdx.y (its gate row
-// i and up row I + i). Router logits are the first E entries of `inp`; block
-// (0, 0) publishes the choice (idx, wts) for the down kernel.
+// i and up row I + i, both in flight together). Router logits are the first E
+// entries of `inp`; block (0, 0) publishes the choice (idx, wts) for the down kernel.
 QW_KERNEL void QW_BOUNDS(256) dec_moe_gate_up(const bf16_t* __restrict__ Wgu, const float* __restrict__ n,
                                              const float* __restrict__ inp, int E, int k,
                                              int* __restrict__ idx_out, float* __restrict__ w_out,
                                              float* __restrict__ act, int I, int H) {
     extern __shared__ float xs[];  // [H]
-    __shared__ float lg[MOE_MAXE];
     __shared__ int sidx[MOE_MAXK];
     __shared__ float sw[MOE_MAXK];
-    for (int i = threadIdx.x; i < H; i += blockDim.x) xs[i] = n[i];
+    QW_GRID_WAIT();
+    QW_GRID_LAUNCH();
     int lane = threadIdx.x % WARP, w = threadIdx.x / WARP;
-    if (w == 0) router_topk_warp(inp, E, k, lg, sidx, sw);
+    if (w == 0) router_topk_warp(inp, E, k, sidx, sw);
+    else
+        for (int i = threadIdx.x - WARP; i < H; i += blockDim.x - WARP) xs[i] = n[i];
     __syncthreads();
     if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x < k) {
         idx_out[threadIdx.x] = sidx[threadIdx.x];
@@ -244,9 +345,30 @@ QW_KERNEL void QW_BOUNDS(256) dec_moe_gate_up(const bf16_t* __restrict__ Wgu, co
     int j = blockIdx.y;
     int i = blockIdx.x * DEC_WARPS + w;
     if (i >= I) return;
-    const bf16_t* base = Wgu + (size_t)sidx[j] * 2 * I * H;
-    float gv = row_dot(base + (size_t)i * H, xs, H, lane);
-    float uv = row_dot(base + (size_t)(I + i) * H, xs, H, lane);
+    const bf16_t* gr = Wgu + ((size_t)sidx[j] * 2 * I + i) * H;
+    const bf16_t* ur = gr + (size_t)I * H;
+    float gv = 0.f, uv = 0.f;
+    if ((H & 7) == 0) {
+        int n8 = H >> 3;
+        for (int base = 0; base < n8; base += CH * WARP) {
+            uint4 a[CH], b[CH];
+            load_chunk(gr, 0, 1, H, base, lane, a);
+            load_chunk(ur, 0, 1, H, base, lane, b);
+#pragma unroll
+            for (int u = 0; u < CH; u++) {
+                int c = base + lane + u * WARP;
+                if (c < n8) {
+                    gv += dot8(a[u], xs + 8 * c);
+                    uv += dot8(b[u], xs + 8 * c);
+                }
+            }
+        }
+        gv = warp_sum(gv);
+        uv = warp_sum(uv);
+    } else {
+        gv = row_dot(gr, xs, H, lane);
+        uv = row_dot(ur, xs, H, lane);
+    }
     if (lane == 0) act[(size_t)j * I + i] = silu_f(gv) * uv;
 }
 
@@ -254,23 +376,228 @@ QW_KERNEL void QW_BOUNDS(256) dec_moe_gate_up(const bf16_t* __restrict__ Wgu, co
 // y[r] += sum_j w_j Wd[e_j][r, :] . act[j, :]
 //       + sigmoid(inp[E]) * Wsd[r, :] . (silu(inp[E+1 : E+1+S]) * inp[E+1+S : E+1+2S]).
 // grid ceil(H / DEC_WARPS); shared memory: act (k * I) then the shared act (S).
+// Each warp streams its row's k + 1 segments as one virtual row of
+// k * I + S columns (next chunk in flight while the current one is used).
 QW_KERNEL void QW_BOUNDS(256) dec_moe_down(const bf16_t* __restrict__ Wd, const bf16_t* __restrict__ Wsd,
                                           const float* __restrict__ act, const int* __restrict__ idx,
                                           const float* __restrict__ wts, const float* __restrict__ inp,
                                           int E, int k, int I, int S, float* __restrict__ y, int H) {
     extern __shared__ float xs[];
+    __shared__ int sidx[MOE_MAXK];
+    __shared__ float sw[MOE_MAXK];
     float* as = xs + (size_t)k * I;
+    QW_GRID_WAIT();
+    QW_GRID_LAUNCH();
+    if (threadIdx.x < k) {
+        sidx[threadIdx.x] = idx[threadIdx.x];
+        sw[threadIdx.x] = wts[threadIdx.x];
+    }
+#pragma unroll 8
     for (int i = threadIdx.x; i < k * I; i += blockDim.x) xs[i] = act[i];
+#pragma unroll 2
     for (int i = threadIdx.x; i < S; i += blockDim.x) as[i] = silu_f(inp[E + 1 + i]) * inp[E + 1 + S + i];
     __syncthreads();
     float sg = sigmoid_f(inp[E]);
     int lane = threadIdx.x % WARP, w = threadIdx.x / WARP;
-    for (int r = blockIdx.x * DEC_WARPS + w; r < H; r += gridDim.x * DEC_WARPS) {
-        float total = 0.f;
-        for (int j = 0; j < k; j++)
-            total += wts[j] * row_dot(Wd + ((size_t)idx[j] * H + r) * I, xs + (size_t)j * I, I, lane);
-        if (S > 0) total += sg * row_dot(Wsd + (size_t)r * S, as, S, lane);
-        if (lane == 0) y[r] += total;
+    int first = blockIdx.x * DEC_WARPS + w, stride = gridDim.x * DEC_WARPS;
+    if ((I & 7) || (S & 7)) {
+        for (int r = first; r < H; r += stride) {
+            float total = 0.f;
+            for (int j = 0; j < k; j++)
+                total += sw[j] * row_dot(Wd + ((size_t)sidx[j] * H + r) * I, xs + (size_t)j * I, I, lane);
+            if (S > 0) total += sg * row_dot(Wsd + (size_t)r * S, as, S, lane);
+            if (lane == 0) y[r] += total;
+        }
+        return;
+    }
+    int n8I = I >> 3, nR = k * n8I, nv = nR + (S >> 3);
+    auto load = [&](int r, int base, uint4 (&v)[CH]) {
+#pragma unroll
+        for (int u = 0; u < CH; u++) {
+            int c = base + lane + u * WARP;
+            if (r < H && c < nv) {
+                const uint4* p;
+                if (c < nR) {
+                    int j = c / n8I;
+                    p = (const uint4*)(Wd + ((size_t)sidx[j] * H + r) * I) + (c - j * n8I);
+                } else {
+                    p = (const uint4*)(Wsd + (size_t)r * S) + (c - nR);
+                }
+                v[u] = ld_stream(p);
+            } else {
+                v[u] = make_uint4(0u, 0u, 0u, 0u);
+            }
+        }
+    };
+    uint4 v[CH];
+    load(first, 0, v);
+    for (int r = first; r < H; r += stride) {
+        float acc = 0.f;
+        for (int base = 0; base < nv; base += CH * WARP) {
+            uint4 nx[CH];
+            int nb = base + CH * WARP, nr = r;
+            if (nb >= nv) {
+                nb = 0;
+                nr = r + stride;
+            }
+            load(nr, nb, nx);
+#pragma unroll
+            for (int u = 0; u < CH; u++) {
+                int c = base + lane + u * WARP;
+                if (c < nR) {
+                    int j = c / n8I;
+                    acc += sw[j] * dot8(v[u], xs + (size_t)j * I + 8 * (c - j * n8I));
+                } else if (c < nv) {
+                    acc += sg * dot8(v[u], as + 8 * (c - nR));
+                }
+            }
+#pragma unroll
+            for (int u = 0; u < CH; u++) v[u] = nx[u];
+        }
+        acc = warp_sum(acc);
+        if (lane == 0) y[r] += acc;
+    }
+}
+
+// Decode attention, GQA-aware and split over the key length: grid (nkv, nsplit),
+// block 32 * G threads (G = nh / nkv <= 16 query heads share one KV head; one warp
+// per query head, all reading the same K/V rows, which L1 serves after the
+// first). Each warp walks its split's keys DA_KEYS at a time with all their K
+// and V rows in flight together; online softmax in f32. Writes unnormalised
+// partials (o, running max, sum) per (head, split) for dec_attn_combine.
+#define DA_KEYS 4
+#define DA_MAXD 8  // head_dim <= 256
+__device__ __forceinline__ float kv_val(const float* p) { return *p; }
+__device__ __forceinline__ float kv_val(const bf16_t* p) { return bf2f(*p); }
+
+template <typename KV>
+__device__ __forceinline__ void dec_attn_impl(const float* __restrict__ q, const KV* __restrict__ kc,
+                                              const KV* __restrict__ vc, float* __restrict__ part_o,
+                                              float* __restrict__ part_ml, int nh, int nkv, int hd,
+                                              const int* __restrict__ pos_dev, int nsplit, float scale) {
+    int g = blockIdx.x, split = blockIdx.y;
+    int G = nh / nkv;
+    int w = threadIdx.x / WARP, lane = threadIdx.x % WARP;
+    if (w >= G) return;
+    int head = g * G + w;
+    int L = *pos_dev + 1;
+    int chunk = (L + nsplit - 1) / nsplit;
+    int s0 = split * chunk, s1 = min(L, s0 + chunk);
+    size_t pidx = (size_t)head * nsplit + split;
+    float qv[DA_MAXD], acc[DA_MAXD];
+#pragma unroll
+    for (int j = 0; j < DA_MAXD; j++) {
+        int d = lane + j * WARP;
+        qv[j] = d < hd ? q[(size_t)head * hd + d] * scale : 0.f;
+        acc[j] = 0.f;
+    }
+    float m = -INFINITY, l = 0.f;
+    for (int s = s0; s < s1; s += DA_KEYS) {
+        float kr[DA_KEYS][DA_MAXD], vr[DA_KEYS][DA_MAXD];
+#pragma unroll
+        for (int u = 0; u < DA_KEYS; u++) {
+            bool ok = s + u < s1;
+            const KV* kp = kc + ((size_t)(s + u) * nkv + g) * hd;
+            const KV* vp = vc + ((size_t)(s + u) * nkv + g) * hd;
+#pragma unroll
+            for (int j = 0; j < DA_MAXD; j++) {
+                int d = lane + j * WARP;
+                bool in = ok && d < hd;
+                kr[u][j] = in ? kv_val(kp + d) : 0.f;
+                vr[u][j] = in ? kv_val(vp + d) : 0.f;
+            }
+        }
+        float dot[DA_KEYS];
+#pragma unroll
+        for (int u = 0; u < DA_KEYS; u++) {
+            float t = 0.f;
+#pragma unroll
+            for (int j = 0; j < DA_MAXD; j++) t += qv[j] * kr[u][j];
+            dot[u] = t;
+        }
+#pragma unroll
+        for (int u = 0; u < DA_KEYS; u++) dot[u] = warp_sum(dot[u]);
+        float mn = m;
+#pragma unroll
+        for (int u = 0; u < DA_KEYS; u++)
+            if (s + u < s1) mn = fmaxf(mn, dot[u]);
+        float corr = expf(m - mn);
+        float p[DA_KEYS];
+        float psum = 0.f;
+#pragma unroll
+        for (int u = 0; u < DA_KEYS; u++) {
+            p[u] = s + u < s1 ? expf(dot[u] - mn) : 0.f;
+            psum += p[u];
+        }
+        l = l * corr + psum;
+#pragma unroll
+        for (int j = 0; j < DA_MAXD; j++) {
+            float a = acc[j] * corr;
+#pragma unroll
+            for (int u = 0; u < DA_KEYS; u++) a += p[u] * vr[u][j];
+            acc[j] = a;
+        }
+        m = mn;
+    }
+#pragma unroll
+    for (int j = 0; j < DA_MAXD; j++) {
+        int d = lane + j * WARP;
+        if (d < hd) part_o[pidx * hd + d] = acc[j];
+    }
+    if (lane == 0) {
+        part_ml[pidx * 2] = m;
+        part_ml[pidx * 2 + 1] = l;
+    }
+}
+
+QW_KERNEL void QW_BOUNDS(512) dec_attn_f32(const float* __restrict__ q, const float* __restrict__ kc,
+                                            const float* __restrict__ vc, float* __restrict__ part_o,
+                                            float* __restrict__ part_ml, int nh, int nkv, int hd,
+                                            const int* __restrict__ pos_dev, int nsplit, float scale) {
+    dec_attn_impl<float>(q, kc, vc, part_o, part_ml, nh, nkv, hd, pos_dev, nsplit, scale);
+}
+
+QW_KERNEL void QW_BOUNDS(512) dec_attn_bf16(const float* __restrict__ q, const bf16_t* __restrict__ kc,
+                                             const bf16_t* __restrict__ vc, float* __restrict__ part_o,
+                                             float* __restrict__ part_ml, int nh, int nkv, int hd,
+                                             const int* __restrict__ pos_dev, int nsplit, float scale) {
+    dec_attn_impl<bf16_t>(q, kc, vc, part_o, part_ml, nh, nkv, hd, pos_dev, nsplit, scale);
+}
+
+// out[head, d] = (sum_s o_s[d] e^{m_s - M}) / (sum_s l_s e^{m_s - M}) * sigmoid(gate[head, d]).
+// grid (nh, ceil(hd / 32)), block 256: 32 dims x 8 groups of splits, then a
+// shared-memory sum over the groups.
+QW_KERNEL void QW_BOUNDS(256) dec_attn_combine(const float* __restrict__ part_o, const float* __restrict__ part_ml,
+                                               const float* __restrict__ proj, float* __restrict__ out,
+                                               int nh, int hd, int nsplit) {
+    __shared__ float scratch[32];
+    __shared__ float red[8][32];
+    int head = blockIdx.x;
+    int lane = threadIdx.x % WARP, grp = threadIdx.x / WARP;
+    int d = blockIdx.y * WARP + lane;
+    const float* ml = part_ml + (size_t)head * nsplit * 2;
+    float mx = -INFINITY;
+    for (int s = threadIdx.x; s < nsplit; s += blockDim.x) mx = fmaxf(mx, ml[2 * s]);
+    float M = block_max(mx, scratch);
+    float ls = 0.f;
+    for (int s = threadIdx.x; s < nsplit; s += blockDim.x)
+        if (ml[2 * s] != -INFINITY) ls += ml[2 * s + 1] * expf(ml[2 * s] - M);
+    float Lsum = block_sum(ls, scratch);
+    float o = 0.f;
+    if (d < hd) {
+#pragma unroll 4
+        for (int s = grp; s < nsplit; s += 8) {
+            float ms = ml[2 * s];
+            if (ms != -INFINITY) o += part_o[((size_t)head * nsplit + s) * hd + d] * expf(ms - M);
+        }
+    }
+    red[grp][lane] = o;
+    __syncthreads();
+    if (grp == 0 && d < hd) {
+        float t = 0.f;
+        for (int i = 0; i < 8; i++) t += red[i][lane];
+        float gate = proj[(size_t)head * 2 * hd + hd + d];
+        out[(size_t)head * hd + d] = t / Lsum * sigmoid_f(gate);
     }
 }
 

@@ -57,6 +57,9 @@ pub struct Device {
     pub sm_count: u32,
     /// `QWASI_GPU_DEBUG=1`: synchronise after every launch and name the failing kernel.
     pub debug: bool,
+    /// Programmatic dependent launch (compute capability >= 9.0, unless
+    /// `QWASI_PDL=0`): see [`Device::launch_pdl`].
+    pdl: bool,
     /// `QWASI_GPU_PROFILE=1`: an event pair around every launch (see [`Device::take_profile`]).
     profile: Option<std::sync::Mutex<Vec<Timing>>>,
 }
@@ -150,7 +153,19 @@ impl Device {
             "device attribute",
         )?;
         let env_on = |k: &str| std::env::var_os(k).is_some_and(|v| v != "0");
+        let mut major = 0i32;
+        check(
+            unsafe {
+                sys::cuDeviceGetAttribute(
+                    &mut major,
+                    sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR,
+                    ctx.cu_device(),
+                )
+            },
+            "device attribute",
+        )?;
         Ok(Device {
+            pdl: major >= 9 && std::env::var("QWASI_PDL").as_deref() != Ok("0"),
             ctx,
             funcs,
             cublas,
@@ -292,6 +307,66 @@ impl Device {
         self.ctx
             .synchronize()
             .map_err(|e| anyhow::anyhow!("CUDA error: {e:?}"))
+    }
+
+    /// Resident blocks per multiprocessor of kernel `name` at this block size
+    /// and dynamic shared memory (at least 1).
+    pub fn occupancy(&self, name: &str, block: u32, smem: u32) -> u32 {
+        let Some(&f) = self.funcs.get(name) else {
+            return 1;
+        };
+        let mut n = 0i32;
+        let r = unsafe {
+            sys::cuOccupancyMaxActiveBlocksPerMultiprocessor(&mut n, f, block as i32, smem as usize)
+        };
+        if r == sys::CUresult::CUDA_SUCCESS {
+            n.max(1) as u32
+        } else {
+            1
+        }
+    }
+
+    /// Like [`Device::launch`], but the kernel may start while its predecessor
+    /// finishes (programmatic dependent launch): only for kernels that touch
+    /// nothing but read-only inputs before `QW_GRID_WAIT()`.
+    pub fn launch_pdl(
+        &self,
+        name: &'static str,
+        grid: (u32, u32, u32),
+        block: (u32, u32, u32),
+        smem: u32,
+        args: &[Arg],
+    ) -> Result<()> {
+        if !self.pdl || self.profile.is_some() || self.debug {
+            return self.launch(name, grid, block, smem, args);
+        }
+        let f = *self
+            .funcs
+            .get(name)
+            .with_context(|| format!("kernel {name} not found in the embedded modules"))?;
+        if grid.0 == 0 || grid.1 == 0 || grid.2 == 0 {
+            return Ok(());
+        }
+        let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+        attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+        attr.value.programmaticStreamSerializationAllowed = 1;
+        let cfg = sys::CUlaunchConfig {
+            gridDimX: grid.0,
+            gridDimY: grid.1,
+            gridDimZ: grid.2,
+            blockDimX: block.0,
+            blockDimY: block.1,
+            blockDimZ: block.2,
+            sharedMemBytes: smem,
+            hStream: self.stream,
+            attrs: &mut attr,
+            numAttrs: 1,
+        };
+        let mut params: Vec<*mut c_void> = args.iter().map(Arg::addr).collect();
+        check(
+            unsafe { sys::cuLaunchKernelEx(&cfg, f, params.as_mut_ptr(), std::ptr::null_mut()) },
+            &format!("launching {name}"),
+        )
     }
 
     pub fn launch(

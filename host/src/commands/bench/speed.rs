@@ -48,12 +48,14 @@ pub struct SpeedArgs {
 }
 
 /// Prompt token `i` of a length-`len` benchmark prompt.
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 pub fn prompt(len: usize, vocab: usize) -> Vec<u32> {
     (0..len)
         .map(|i| (1 + (i * 1_000_003 + len * 7919) % (vocab - 1)) as u32)
         .collect()
 }
 
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 fn stats(v: &[f64]) -> Value {
     let mut s = v.to_vec();
     s.sort_by(f64::total_cmp);
@@ -72,6 +74,7 @@ fn stats(v: &[f64]) -> Value {
     })
 }
 
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 fn commit() -> String {
     option_env!("QWASI_COMMIT")
         .map(str::to_string)
@@ -188,6 +191,8 @@ fn imp(a: &SpeedArgs, runs: usize, out: &Path) -> Result<()> {
                 host_tokens.push(argmax(&l));
             }
         }
+        // The profile below covers the decode steps only.
+        let _ = model.take_profile();
         let mut rates = Vec::new();
         let mut tokens: Option<Vec<u32>> = None;
         for r in 0..a.warmups + runs {
@@ -229,13 +234,23 @@ fn imp(a: &SpeedArgs, runs: usize, out: &Path) -> Result<()> {
             host_agree
         );
         if !profile.is_empty() {
-            let steps = (a.warmups + runs) * a.decode_tokens + 16;
+            let steps = (a.warmups + runs) * a.decode_tokens;
             eprintln!(
-                "[bench] per-kernel GPU time (all steps of this length, {steps} decode steps):"
+                "[bench] per-kernel GPU time per decode step (mean of {steps} steps; event pairs add ~4 us per launch):"
             );
+            let total: f64 = profile.iter().map(|p| p.2).sum();
             for (name, n, ms) in profile.iter().take(25) {
-                eprintln!("    {name:<24} {n:>8} launches {ms:>10.2} ms");
+                eprintln!(
+                    "    {name:<24} {:>6.1} launches {:>8.4} ms ({:>4.1}%)",
+                    *n as f64 / steps as f64,
+                    ms / steps as f64,
+                    100.0 * ms / total
+                );
             }
+            eprintln!(
+                "    total kernel time {:.4} ms per step",
+                total / steps as f64
+            );
         }
         results.push(json!({
             "prompt_len": len,

@@ -18,7 +18,7 @@ use anyhow::{Result, bail};
 /// Blocks of `argmax_partial`.
 const ARGMAX_BLOCKS: usize = 512;
 /// Most key-length splits of decode attention.
-const MAX_SPLIT: usize = 64;
+const MAX_SPLIT: usize = 128;
 
 /// Device buffers of the decode step (fixed addresses, so graphs stay valid)
 /// and the captured graph of the last sequence shape.
@@ -66,6 +66,16 @@ impl GpuModel {
             }))
             .max()
             .unwrap_or(0);
+        if c.num_key_value_heads == 0
+            || nh % c.num_key_value_heads != 0
+            || nh / c.num_key_value_heads > 16
+            || hd > 256
+        {
+            bail!(
+                "decode attention needs 1..=16 query heads per KV head and head_dim <= 256 (got {nh} / {} heads, head_dim {hd})",
+                c.num_key_value_heads
+            );
+        }
         let act = (k.max(1) * inter).max(inter);
         let _ = (e, sh);
         Ok(DecodeState {
@@ -95,15 +105,15 @@ impl GpuModel {
 
     /// Key-length splits of decode attention for a KV capacity (fixed per graph).
     fn decode_splits(cap: usize) -> usize {
-        (cap / 512).clamp(1, MAX_SPLIT)
+        (cap / 128).clamp(1, MAX_SPLIT)
     }
 
-    /// Grid of a row-per-warp GEMV: one row per warp, or a grid-stride loop
-    /// over a few waves of blocks for very tall matrices (the lm_head).
-    fn gemv_grid(&self, rows: usize) -> u32 {
-        let blocks = rows.div_ceil(8);
-        let wave = self.dev.sm_count as usize * 8;
-        (if blocks > 4 * wave { wave } else { blocks }) as u32
+    /// Grid of a row-per-warp GEMV: one row per warp, capped at the blocks
+    /// that are resident at once (warps then stream several rows each, the
+    /// next row's weights in flight while the current one is reduced).
+    fn gemv_grid(&self, kernel: &str, rows: usize, smem: usize) -> u32 {
+        let resident = self.dev.occupancy(kernel, 256, smem as u32) * self.dev.sm_count;
+        (rows.div_ceil(8) as u32).min(resident).max(1)
     }
 
     /// Appends `token` and leaves its logits in the decode buffers and the
@@ -179,11 +189,11 @@ impl GpuModel {
         let vdim = c.linear_value_dim();
         let proj = ds.proj.ptr();
         let norm_gemv = |w: u64, rows: usize, norm: u64, y: u64, n_out: u64| {
-            d.launch(
+            d.launch_pdl(
                 "dec_norm_gemv",
-                (self.gemv_grid(rows), 1, 1),
+                (self.gemv_grid("dec_norm_gemv", rows, 2 * h * F), 1, 1),
                 (256, 1, 1),
-                (h * F) as u32,
+                (2 * h * F) as u32,
                 &[
                     Arg::Ptr(w),
                     Arg::Ptr(x),
@@ -254,11 +264,15 @@ impl GpuModel {
                             i(1),
                         ],
                     )?;
-                    d.launch(
+                    d.launch_pdl(
                         "dec_gdn_out_gemv",
-                        (self.gemv_grid(h), 1, 1),
+                        (
+                            self.gemv_grid("dec_gdn_out_gemv", h, (2 * vdim + dv) * F),
+                            1,
+                            1,
+                        ),
                         (256, 1, 1),
-                        (vdim * F) as u32,
+                        ((2 * vdim + dv) * F) as u32,
                         &[
                             Arg::Ptr(out_proj.buf.ptr()),
                             Arg::Ptr(ds.gdn_o.ptr()),
@@ -313,12 +327,12 @@ impl GpuModel {
                     let nsplit = Self::decode_splits(seq.cap);
                     d.launch(
                         if self.kv_f32 {
-                            "attn_partial_f32"
+                            "dec_attn_f32"
                         } else {
-                            "attn_partial_bf16"
+                            "dec_attn_bf16"
                         },
-                        (nh as u32, nsplit as u32, 1),
-                        (128, 1, 1),
+                        (nkv as u32, nsplit as u32, 1),
+                        ((32 * (nh / nkv)) as u32, 1, 1),
                         0,
                         &[
                             Arg::Ptr(ds.q.ptr()),
@@ -329,23 +343,20 @@ impl GpuModel {
                             i(nh),
                             i(nkv),
                             i(hd),
-                            i(0),
                             Arg::Ptr(pos),
-                            i(0),
                             i(nsplit),
                             f(1.0 / (hd as f32).sqrt()),
                         ],
                     )?;
                     d.launch(
-                        "attn_combine",
-                        (nh as u32, 1, 1),
+                        "dec_attn_combine",
+                        (nh as u32, hd.div_ceil(32) as u32, 1),
                         (256, 1, 1),
                         0,
                         &[
                             Arg::Ptr(ds.att_po.ptr()),
                             Arg::Ptr(ds.att_pml.ptr()),
                             Arg::Ptr(proj),
-                            i(p),
                             Arg::Ptr(ds.att_o.ptr()),
                             i(nh),
                             i(hd),
@@ -371,7 +382,7 @@ impl GpuModel {
                         proj,
                         ds.n.ptr(),
                     )?;
-                    d.launch(
+                    d.launch_pdl(
                         "dec_moe_gate_up",
                         (inter.div_ceil(8) as u32, k as u32, 1),
                         (256, 1, 1),
@@ -389,9 +400,13 @@ impl GpuModel {
                             i(h),
                         ],
                     )?;
-                    d.launch(
+                    d.launch_pdl(
                         "dec_moe_down",
-                        (self.gemv_grid(h), 1, 1),
+                        (
+                            self.gemv_grid("dec_moe_down", h, (k * inter + sh) * F),
+                            1,
+                            1,
+                        ),
                         (256, 1, 1),
                         ((k * inter + sh) * F) as u32,
                         &[
@@ -481,9 +496,9 @@ impl GpuModel {
         cols: usize,
         accumulate: bool,
     ) -> Result<()> {
-        self.dev.launch(
+        self.dev.launch_pdl(
             "dec_gemv",
-            (self.gemv_grid(rows), 1, 1),
+            (self.gemv_grid("dec_gemv", rows, cols * F), 1, 1),
             (256, 1, 1),
             (cols * F) as u32,
             &[
