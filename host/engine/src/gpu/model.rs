@@ -144,6 +144,9 @@ enum SeqLayer {
 const PREFILL_CHUNK: usize = 16_384;
 
 const F: usize = 4; // bytes per f32
+/// Query and key tile of `attn_flash_*` (kernels/attention.cu, CUDA build).
+const FA_BQ: usize = 64;
+const FA_BK: usize = 32;
 const B: usize = 2; // bytes per bf16
 
 fn mlp_dims(cfg: &ModelConfig) -> (usize, usize, usize, usize) {
@@ -621,6 +624,10 @@ impl GpuModel {
         let t = tokens.len();
         let h = c.hidden_size;
         let pos0 = seq.pos;
+        // Multi-token prompts take the prefill kernels (tiled attention, parallel
+        // conv, warp-per-token router); `QWASI_PREFILL=reference` keeps the
+        // original kernels for comparison.
+        let fast = t > 1 && std::env::var("QWASI_PREFILL").as_deref() != Ok("reference");
         self.init_sequence(seq)?;
         self.reserve(seq, pos0 + t)?;
 
@@ -819,59 +826,89 @@ impl GpuModel {
                             f(c.rms_norm_eps),
                         ],
                     )?;
-                    let lmax = pos0 + t;
                     let queries = t * nh;
-                    let nsplit = if queries >= 128 {
-                        1
+                    if fast && t >= 32 && hd % 4 == 0 && hd <= 256 && nh % nkv == 0 {
+                        let ao = sc.get(d, "att_o", queries * hd * F)?;
+                        let smem = ((FA_BQ + FA_BK) * (hd + 4) + FA_BQ * (FA_BK + 4)) * F;
+                        d.launch(
+                            if self.kv_f32 {
+                                "attn_flash_f32"
+                            } else {
+                                "attn_flash_bf16"
+                            },
+                            (nh as u32, t.div_ceil(FA_BQ) as u32, 1),
+                            (256, 1, 1),
+                            smem as u32,
+                            &[
+                                Arg::Ptr(q),
+                                Arg::Ptr(k.ptr()),
+                                Arg::Ptr(v.ptr()),
+                                Arg::Ptr(proj),
+                                i(p),
+                                Arg::Ptr(ao),
+                                i(t),
+                                i(nh),
+                                i(nkv),
+                                i(hd),
+                                i(pos0),
+                                f(1.0 / (hd as f32).sqrt()),
+                            ],
+                        )?;
+                        self.linear(sc, ao, t, o_proj, mixed, false)?;
                     } else {
-                        (264usize.div_ceil(queries)).min(lmax.div_ceil(256)).max(1)
-                    };
-                    let chunk = lmax.div_ceil(nsplit);
-                    let po = sc.get(d, "att_po", queries * nsplit * hd * F)?;
-                    let pml = sc.get(d, "att_pml", queries * nsplit * 2 * F)?;
-                    d.launch(
-                        if self.kv_f32 {
-                            "attn_partial_f32"
+                        let lmax = pos0 + t;
+                        let nsplit = if queries >= 128 {
+                            1
                         } else {
-                            "attn_partial_bf16"
-                        },
-                        (queries as u32, nsplit as u32, 1),
-                        (128, 1, 1),
-                        0,
-                        &[
-                            Arg::Ptr(q),
-                            Arg::Ptr(k.ptr()),
-                            Arg::Ptr(v.ptr()),
-                            Arg::Ptr(po),
-                            Arg::Ptr(pml),
-                            i(nh),
-                            i(nkv),
-                            i(hd),
-                            i(pos0),
-                            Arg::Ptr(0),
-                            i(chunk),
-                            i(nsplit),
-                            f(1.0 / (hd as f32).sqrt()),
-                        ],
-                    )?;
-                    let ao = sc.get(d, "att_o", queries * hd * F)?;
-                    d.launch(
-                        "attn_combine",
-                        (queries as u32, 1, 1),
-                        (256, 1, 1),
-                        0,
-                        &[
-                            Arg::Ptr(po),
-                            Arg::Ptr(pml),
-                            Arg::Ptr(proj),
-                            i(p),
-                            Arg::Ptr(ao),
-                            i(nh),
-                            i(hd),
-                            i(nsplit),
-                        ],
-                    )?;
-                    self.linear(sc, ao, t, o_proj, mixed, false)?;
+                            (264usize.div_ceil(queries)).min(lmax.div_ceil(256)).max(1)
+                        };
+                        let chunk = lmax.div_ceil(nsplit);
+                        let po = sc.get(d, "att_po", queries * nsplit * hd * F)?;
+                        let pml = sc.get(d, "att_pml", queries * nsplit * 2 * F)?;
+                        d.launch(
+                            if self.kv_f32 {
+                                "attn_partial_f32"
+                            } else {
+                                "attn_partial_bf16"
+                            },
+                            (queries as u32, nsplit as u32, 1),
+                            (128, 1, 1),
+                            0,
+                            &[
+                                Arg::Ptr(q),
+                                Arg::Ptr(k.ptr()),
+                                Arg::Ptr(v.ptr()),
+                                Arg::Ptr(po),
+                                Arg::Ptr(pml),
+                                i(nh),
+                                i(nkv),
+                                i(hd),
+                                i(pos0),
+                                Arg::Ptr(0),
+                                i(chunk),
+                                i(nsplit),
+                                f(1.0 / (hd as f32).sqrt()),
+                            ],
+                        )?;
+                        let ao = sc.get(d, "att_o", queries * hd * F)?;
+                        d.launch(
+                            "attn_combine",
+                            (queries as u32, 1, 1),
+                            (256, 1, 1),
+                            0,
+                            &[
+                                Arg::Ptr(po),
+                                Arg::Ptr(pml),
+                                Arg::Ptr(proj),
+                                i(p),
+                                Arg::Ptr(ao),
+                                i(nh),
+                                i(hd),
+                                i(nsplit),
+                            ],
+                        )?;
+                        self.linear(sc, ao, t, o_proj, mixed, false)?;
+                    }
                 }
                 _ => bail!("layer state does not match the layer kind"),
             }
