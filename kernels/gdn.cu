@@ -25,6 +25,41 @@ QW_KERNEL void conv_silu(float* __restrict__ x, int x_stride, float* __restrict_
     for (int j = 0; j < H; j++) state[ch * H + j] = hist[j];
 }
 
+// Prefill form of conv_silu, parallel over (token, channel): out[t, ch] (row stride C)
+// = silu(w[ch][K-1] x[t] + sum_{j<K-1} w[ch][j] seq[t + j]) with seq = state[ch] ++ x[:, ch],
+// the same arithmetic in the same order as conv_silu. Reads x and the old state only;
+// conv_state_update must run after it. grid (ceil(C / 256), T), block 256; K <= 9.
+QW_KERNEL void QW_BOUNDS(256) conv_silu_tokens(const float* __restrict__ x, int x_stride,
+                                               const float* __restrict__ state, const float* __restrict__ w,
+                                               float* __restrict__ out, int T, int C, int K) {
+    int ch = blockIdx.x * blockDim.x + threadIdx.x;
+    int t = blockIdx.y;
+    if (ch >= C || t >= T) return;
+    int H = K - 1;
+    const float* wk = w + (size_t)ch * K;
+    float acc = wk[H] * x[(size_t)t * x_stride + ch];
+    for (int j = 0; j < H; j++) {
+        int s = t + j;  // index into seq; seq[s] = state[s] for s < H, else x[s - H]
+        float hv = s < H ? state[(size_t)ch * H + s] : x[(size_t)(s - H) * x_stride + ch];
+        acc += wk[j] * hv;
+    }
+    out[(size_t)t * C + ch] = silu_f(acc);
+}
+
+// After conv_silu_tokens: state[ch] <- the last K-1 entries of state[ch] ++ x[:T, ch]
+// (raw inputs). Ascending j reads state[T + j] before any write to it. grid ceil(C / 256).
+QW_KERNEL void QW_BOUNDS(256) conv_state_update(const float* __restrict__ x, int x_stride,
+                                                float* __restrict__ state, int T, int C, int K) {
+    int ch = blockIdx.x * blockDim.x + threadIdx.x;
+    if (ch >= C) return;
+    int H = K - 1;
+    float* st = state + (size_t)ch * H;
+    for (int j = 0; j < H; j++) {
+        int s = T + j;  // seq index of the new state's entry j
+        st[j] = s < H ? st[s] : x[(size_t)(s - H) * x_stride + ch];
+    }
+}
+
 // In place: each `dim`-wide head at base + t*stride + head*dim (T*nh rows) becomes
 // x * rsqrt(sum(x^2) + eps) * scale. One warp per row.
 QW_KERNEL void l2norm_heads(float* __restrict__ base, int T, int nh, int dim, int stride, float scale, float eps) {

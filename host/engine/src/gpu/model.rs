@@ -678,21 +678,60 @@ impl GpuModel {
                     let p = in_proj.rows;
                     let proj = sc.get(d, "proj", t * p * F)?;
                     self.linear(sc, n, t, in_proj, proj, false)?;
-                    d.launch(
-                        "conv_silu",
-                        ((conv_dim as u32).div_ceil(128), 1, 1),
-                        (128, 1, 1),
-                        0,
-                        &[
-                            Arg::Ptr(proj),
-                            i(p),
-                            Arg::Ptr(cst.ptr()),
-                            Arg::Ptr(conv.ptr()),
-                            i(t),
-                            i(conv_dim),
-                            i(c.linear_conv_kernel),
-                        ],
-                    )?;
+                    // The conv output (q | k | v per token): in place in `proj` on the
+                    // reference path, a separate [t, conv_dim] buffer on the prefill path
+                    // (tokens in parallel cannot run in place).
+                    let (qkv, qkv_stride) = if fast {
+                        let co = sc.get(d, "conv_o", t * conv_dim * F)?;
+                        d.launch(
+                            "conv_silu_tokens",
+                            ((conv_dim as u32).div_ceil(256), t as u32, 1),
+                            (256, 1, 1),
+                            0,
+                            &[
+                                Arg::Ptr(proj),
+                                i(p),
+                                Arg::Ptr(cst.ptr()),
+                                Arg::Ptr(conv.ptr()),
+                                Arg::Ptr(co),
+                                i(t),
+                                i(conv_dim),
+                                i(c.linear_conv_kernel),
+                            ],
+                        )?;
+                        d.launch(
+                            "conv_state_update",
+                            ((conv_dim as u32).div_ceil(256), 1, 1),
+                            (256, 1, 1),
+                            0,
+                            &[
+                                Arg::Ptr(proj),
+                                i(p),
+                                Arg::Ptr(cst.ptr()),
+                                i(t),
+                                i(conv_dim),
+                                i(c.linear_conv_kernel),
+                            ],
+                        )?;
+                        (co, conv_dim)
+                    } else {
+                        d.launch(
+                            "conv_silu",
+                            ((conv_dim as u32).div_ceil(128), 1, 1),
+                            (128, 1, 1),
+                            0,
+                            &[
+                                Arg::Ptr(proj),
+                                i(p),
+                                Arg::Ptr(cst.ptr()),
+                                Arg::Ptr(conv.ptr()),
+                                i(t),
+                                i(conv_dim),
+                                i(c.linear_conv_kernel),
+                            ],
+                        )?;
+                        (proj, p)
+                    };
                     let rows_q = (t * nk) as u32;
                     d.launch(
                         "l2norm_heads",
@@ -700,11 +739,11 @@ impl GpuModel {
                         (256, 1, 1),
                         0,
                         &[
-                            Arg::Ptr(proj),
+                            Arg::Ptr(qkv),
                             i(t),
                             i(nk),
                             i(dk),
-                            i(p),
+                            i(qkv_stride),
                             f(1.0 / (dk as f32).sqrt()),
                             f(1e-6),
                         ],
@@ -715,11 +754,11 @@ impl GpuModel {
                         (256, 1, 1),
                         0,
                         &[
-                            Arg::Ptr(proj + (key_dim * F) as u64),
+                            Arg::Ptr(qkv + (key_dim * F) as u64),
                             i(t),
                             i(nk),
                             i(dk),
-                            i(p),
+                            i(qkv_stride),
                             f(1.0),
                             f(1e-6),
                         ],
@@ -753,8 +792,8 @@ impl GpuModel {
                         (32, 8, 1),
                         smem,
                         &[
-                            Arg::Ptr(proj),
-                            i(p),
+                            Arg::Ptr(qkv),
+                            i(qkv_stride),
                             i(nk),
                             i(nv),
                             i(dk),
