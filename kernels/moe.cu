@@ -96,3 +96,54 @@ QW_KERNEL void QW_BOUNDS(256) moe_gemv_down(const bf16_t* __restrict__ Wd, const
     }
     if (lane == 0) y[r] += total;
 }
+
+// router_topk for many tokens: one warp per token (8 per 256-thread block), the
+// same selection as router_topk. Lane l holds experts l + 32 r in shared memory;
+// each of the k rounds is a warp argmax over the untaken experts (larger p wins,
+// equal p goes to the lower index, like router_topk's ascending strict '>' scan),
+// and the winner's owner lane marks it taken. p_e = expf(l_e - max) exactly as in
+// router_topk (the max is exact); the sum is a warp sum (order differs in the last
+// bits). E <= 1024, k <= 32. grid ceil(T / 8).
+QW_KERNEL void QW_BOUNDS(256) router_topk_warp(const float* __restrict__ logits, int stride, int E, int k,
+                                               int T, int* __restrict__ idx, float* __restrict__ wout) {
+    __shared__ float ps[8][1024];
+    int w = threadIdx.x / WARP, lane = threadIdx.x % WARP;
+    int t = blockIdx.x * 8 + w;
+    if (t >= T) return;  // whole warps leave together
+    float* p = ps[w];
+    const float* lg = logits + (size_t)t * stride;
+    float mx = -INFINITY;
+    for (int e = lane; e < E; e += WARP) mx = fmaxf(mx, lg[e]);
+    mx = warp_max(mx);
+    float s = 0.f;
+    for (int e = lane; e < E; e += WARP) {
+        float v = expf(lg[e] - mx);
+        p[e] = v;
+        s += v;
+    }
+    s = warp_sum(s);
+    int my_i = -1;
+    float my_p = 0.f, total = 0.f;
+    for (int j = 0; j < k; j++) {
+        float bv = -1.f;
+        int bi = 0x7fffffff;
+        for (int e = lane; e < E; e += WARP) {
+            float v = p[e];  // taken: -INFINITY; NaN never wins (as in router_topk)
+            if (v > bv) { bv = v; bi = e; }
+        }
+#pragma unroll
+        for (int m = WARP / 2; m > 0; m >>= 1) {
+            float ov = SHFL_XOR(bv, m);
+            int oi = SHFL_XOR(bi, m);
+            if (ov > bv || (ov == bv && oi < bi)) { bv = ov; bi = oi; }
+        }
+        if (bi == 0x7fffffff) bi = -1;  // nothing selectable (non-finite logits)
+        if (bi >= 0 && (bi % WARP) == lane) p[bi] = -INFINITY;
+        if (lane == j) { my_i = bi; my_p = bv; }
+        total += bv / s;
+    }
+    if (lane < k) {
+        idx[(size_t)t * k + lane] = my_i;
+        wout[(size_t)t * k + lane] = my_p / s / total;
+    }
+}

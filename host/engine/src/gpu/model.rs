@@ -1028,20 +1028,38 @@ impl GpuModel {
                     // Router.
                     let idx = sc.get(d, "moe_idx", t * k * 4)?;
                     let wts = sc.get(d, "moe_w", t * k * F)?;
-                    d.launch(
-                        "router_topk",
-                        (t as u32, 1, 1),
-                        (256, 1, 1),
-                        0,
-                        &[
-                            Arg::Ptr(inp),
-                            i(p),
-                            i(e),
-                            i(k),
-                            Arg::Ptr(idx),
-                            Arg::Ptr(wts),
-                        ],
-                    )?;
+                    if fast {
+                        d.launch(
+                            "router_topk_warp",
+                            ((t as u32).div_ceil(8), 1, 1),
+                            (256, 1, 1),
+                            0,
+                            &[
+                                Arg::Ptr(inp),
+                                i(p),
+                                i(e),
+                                i(k),
+                                i(t),
+                                Arg::Ptr(idx),
+                                Arg::Ptr(wts),
+                            ],
+                        )?;
+                    } else {
+                        d.launch(
+                            "router_topk",
+                            (t as u32, 1, 1),
+                            (256, 1, 1),
+                            0,
+                            &[
+                                Arg::Ptr(inp),
+                                i(p),
+                                i(e),
+                                i(k),
+                                Arg::Ptr(idx),
+                                Arg::Ptr(wts),
+                            ],
+                        )?;
+                    }
                     if t == 1 {
                         let gu = sc.get(d, "gu", k * 2 * inter * F)?;
                         d.launch(
