@@ -1,0 +1,136 @@
+//! The chunked GDN prefill (`kernels/gdn_chunk.cu`): the WY / UT-transform form
+//! of `cpu::gdn::chunked` (chunk 64) in three launches — per (chunk, value head)
+//! the intra-chunk transform (W, U, cumulative decay), per (value head, 32-column
+//! value tile) the state carried serially over chunks (v_new = U - W S and each
+//! chunk's starting state saved), then per (chunk, value head) the outputs. Same
+//! o and final S as the token-serial `gdn_recurrent`, to f32 rounding.
+
+use super::{F, GpuModel, Scratch};
+use crate::gpu::{Arg, i};
+use anyhow::Result;
+
+/// Chunk length (`GC_C` in the kernels).
+const CHUNK: usize = 64;
+/// Largest key / value head dimension the kernels handle (`GC_D`).
+const MAX_DIM: usize = 128;
+/// Dynamic shared memory of the three kernels, in floats (see the kernel comments).
+const PREP_SMEM: usize = 2 * CHUNK * (MAX_DIM + 1) + CHUNK * (CHUNK + 1) + 2 * CHUNK;
+const STATE_SMEM: usize = 2 * MAX_DIM * CHUNK + CHUNK * 32 + MAX_DIM * 32 + CHUNK;
+const OUT_SMEM: usize = 2 * CHUNK * (MAX_DIM + 1) + CHUNK * (CHUNK + 1) + CHUNK;
+
+impl GpuModel {
+    /// The delta rule over `t` tokens for every value head: q/k/v from the conv
+    /// output rows `proj` (row stride `p`), `g`/`beta` `[t][nv]`, state `s`
+    /// `[nv][dk][dv]` updated in place, outputs `o` `[t][nv][dv]`. Falls back to
+    /// the token-serial kernel for head dimensions above 128.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn gdn_prefill(
+        &self,
+        sc: &mut Scratch,
+        proj: u64,
+        p: usize,
+        g: u64,
+        beta: u64,
+        s: u64,
+        o: u64,
+        t: usize,
+    ) -> Result<()> {
+        let c = &self.cfg;
+        let d = &self.dev;
+        let (nk, nv, dk, dv) = (
+            c.linear_num_key_heads,
+            c.linear_num_value_heads,
+            c.linear_key_head_dim,
+            c.linear_value_head_dim,
+        );
+        if t == 0 {
+            return Ok(());
+        }
+        if dk > MAX_DIM || dv > MAX_DIM || nk == 0 || nv % nk != 0 {
+            let smem = ((dk * 32 + 2 * dk + 256) * F) as u32;
+            return d.launch(
+                "gdn_recurrent",
+                (nv as u32, (dv as u32).div_ceil(32), 1),
+                (32, 8, 1),
+                smem,
+                &[
+                    Arg::Ptr(proj),
+                    i(p),
+                    i(nk),
+                    i(nv),
+                    i(dk),
+                    i(dv),
+                    Arg::Ptr(g),
+                    Arg::Ptr(beta),
+                    Arg::Ptr(s),
+                    Arg::Ptr(o),
+                    i(t),
+                ],
+            );
+        }
+        let nch = t.div_ceil(CHUNK);
+        let wt = sc.get(d, "gdn_chunk_wt", nv * nch * dk * CHUNK * F)?;
+        let u = sc.get(d, "gdn_chunk_u", nv * t * dv * F)?;
+        let gc = sc.get(d, "gdn_chunk_g", nv * t * F)?;
+        let sc_states = sc.get(d, "gdn_chunk_s", nv * nch * dk * dv * F)?;
+        d.launch(
+            "gdn_chunk_prep",
+            (nch as u32, nv as u32, 1),
+            (256, 1, 1),
+            (PREP_SMEM * F) as u32,
+            &[
+                Arg::Ptr(proj),
+                i(p),
+                i(nk),
+                i(nv),
+                i(dk),
+                i(dv),
+                Arg::Ptr(g),
+                Arg::Ptr(beta),
+                Arg::Ptr(wt),
+                Arg::Ptr(u),
+                Arg::Ptr(gc),
+                i(t),
+            ],
+        )?;
+        d.launch(
+            "gdn_chunk_state",
+            (nv as u32, (dv as u32).div_ceil(32), 1),
+            (256, 1, 1),
+            (STATE_SMEM * F) as u32,
+            &[
+                Arg::Ptr(proj),
+                i(p),
+                i(nk),
+                i(nv),
+                i(dk),
+                i(dv),
+                Arg::Ptr(wt),
+                Arg::Ptr(u),
+                Arg::Ptr(gc),
+                Arg::Ptr(s),
+                Arg::Ptr(sc_states),
+                i(t),
+            ],
+        )?;
+        d.launch(
+            "gdn_chunk_out",
+            (nch as u32, nv as u32, 1),
+            (256, 1, 1),
+            (OUT_SMEM * F) as u32,
+            &[
+                Arg::Ptr(proj),
+                i(p),
+                i(nk),
+                i(nv),
+                i(dk),
+                i(dv),
+                Arg::Ptr(u),
+                Arg::Ptr(gc),
+                Arg::Ptr(sc_states),
+                Arg::Ptr(o),
+                i(t),
+            ],
+        )
+    }
+}
