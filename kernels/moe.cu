@@ -147,3 +147,121 @@ QW_KERNEL void QW_BOUNDS(256) router_topk_warp(const float* __restrict__ logits,
         wout[(size_t)t * k + lane] = my_p / s / total;
     }
 }
+
+// ---------------------------------------------------------------------------
+// Prefill experts without the host round trip of the routing: a device-side plan
+// (entries n = t * k + j sorted by expert, tokens ascending within an expert),
+// one gather + bf16 hi/lo split of all n rows, per-expert GEMMs on row slices
+// (the host reads only the E counts), one SiLU*up + split, and a per-token combine
+// adding the k expert outputs in ascending expert order (as the per-expert
+// scatter_add_rows sequence does).
+
+// Exclusive prefix sum of one int per thread over a 256-thread block; *total = the block sum.
+__device__ __forceinline__ int block_excl_scan256(int v, int* sh /* [256] */, int* total) {
+    int tid = threadIdx.x;
+    sh[tid] = v;
+    __syncthreads();
+    for (int off = 1; off < 256; off <<= 1) {
+        int add = tid >= off ? sh[tid - off] : 0;
+        __syncthreads();
+        sh[tid] += add;
+        __syncthreads();
+    }
+    int incl = sh[tid];
+    *total = sh[255];
+    __syncthreads();
+    return incl - v;
+}
+
+// counts[e] = #{n < N : idx[n] == e} for e < E (block e); block E counts the
+// entries outside [0, E) into counts[E]. grid E + 1, block 256.
+QW_KERNEL void QW_BOUNDS(256) moe_plan_count(const int* __restrict__ idx, int N, int E, int* __restrict__ counts) {
+    __shared__ int sh[256];
+    int e = blockIdx.x, c = 0;
+    for (int n = threadIdx.x; n < N; n += 256) {
+        int x = idx[n];
+        c += e < E ? x == e : (x < 0 || x >= E);
+    }
+    int total;
+    block_excl_scan256(c, sh, &total);
+    if (threadIdx.x == 0) counts[e] = total;
+}
+
+// Block e writes its entries at [off_e, off_e + counts[e]) in increasing n (so in
+// increasing token): rows[p] = n / k, slot[n] = p. Thread i scans
+// the contiguous segment [i * seg, (i + 1) * seg) twice (count, scan, place).
+// grid E, block 256.
+QW_KERNEL void QW_BOUNDS(256) moe_plan_place(const int* __restrict__ idx, int N, int k, int E,
+                                             const int* __restrict__ counts, int* __restrict__ rows,
+                                             int* __restrict__ slot) {
+    __shared__ int sh[256];
+    int e = blockIdx.x;
+    int off = 0;
+    for (int j = 0; j < e; j++) off += counts[j];
+    int seg = (N + 255) / 256;
+    int n0 = threadIdx.x * seg, n1 = min(N, n0 + seg);
+    int c = 0;
+    for (int n = n0; n < n1; n++) c += idx[n] == e;
+    int total;
+    int p = off + block_excl_scan256(c, sh, &total);
+    for (int n = n0; n < n1; n++) {
+        if (idx[n] == e) {
+            rows[p] = n / k;
+            slot[n] = p;
+            p++;
+        }
+    }
+}
+
+// hi/lo[i, :] = bf16 split of src[rows[i] * src_stride + (0..dim)], i < n (as
+// gather_rows then f32_to_bf16_split). 1-D grid over n * dim.
+QW_KERNEL void gather_split_bf16(const float* __restrict__ src, int src_stride, const int* __restrict__ rows,
+                                 long long n, int dim, bf16_t* __restrict__ hi, bf16_t* __restrict__ lo) {
+    long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (e >= n * dim) return;
+    long long i = e / dim;
+    int d = (int)(e - i * dim);
+    float v = src[(size_t)rows[i] * src_stride + d];
+    bf16_t h = f2bf(v);
+    hi[e] = h;
+    lo[e] = f2bf(v - bf2f(h));
+}
+
+// a = silu(in[r, i]) * in[r, I + i] (rows of 2I: gate then up), split into bf16
+// hi/lo [r, i] (as silu_mul then f32_to_bf16_split). 1-D grid over rows * I.
+QW_KERNEL void silu_mul_split(const float* __restrict__ in, long long rows, int I, bf16_t* __restrict__ hi,
+                              bf16_t* __restrict__ lo) {
+    long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (e >= rows * I) return;
+    long long r = e / I;
+    int i = (int)(e - r * I);
+    const float* row = in + (size_t)r * 2 * I;
+    float a = __fmul_rn(silu_f(row[i]), row[I + i]);  // rounded product, as stored by silu_mul
+    bf16_t h = f2bf(a);
+    hi[e] = h;
+    lo[e] = f2bf(a - bf2f(h));
+}
+
+// x[t, d] += sum over token t's k experts in ascending expert order of
+// wts[t, j] * ye[slot[t, j], d]. grid (ceil(H / 256), T), block 256.
+QW_KERNEL void moe_combine(const float* __restrict__ ye, const int* __restrict__ idx, const float* __restrict__ wts,
+                           const int* __restrict__ slot, int T, int k, int H, float* __restrict__ x) {
+    int t = blockIdx.y;
+    int d = blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= T || d >= H) return;
+    const int* ti = idx + (size_t)t * k;
+    float acc = x[(size_t)t * H + d];
+    int prev = -1;
+    for (int r = 0; r < k; r++) {
+        int best = 0x7fffffff, bj = -1;
+        for (int j = 0; j < k; j++) {
+            int ex = ti[j];
+            if (ex > prev && ex < best) { best = ex; bj = j; }
+        }
+        if (bj < 0) break;
+        prev = best;
+        size_t n = (size_t)t * k + bj;
+        acc += wts[n] * ye[(size_t)slot[n] * H + d];
+    }
+    x[(size_t)t * H + d] = acc;
+}

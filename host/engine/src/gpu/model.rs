@@ -1108,6 +1108,8 @@ impl GpuModel {
                                 i(inter),
                             ],
                         )?;
+                    } else if fast && self.gemm == GemmPath::CublasSplit {
+                        self.moe_grouped_device(sc, t, e, k, inter, n, x, idx, wts, gate_up, down)?;
                     } else {
                         self.moe_grouped(sc, t, e, k, inter, n, x, idx, wts, gate_up, down)?;
                     }
@@ -1120,6 +1122,141 @@ impl GpuModel {
         self.rmsnorm(last, h, &self.norm, nf, h, 1, h)?;
         seq.pos += t;
         Ok(nf)
+    }
+
+    /// Prefill experts with the plan built on the device (`moe_plan_*`: entries
+    /// sorted by expert, tokens ascending within one): one gather + hi/lo split of
+    /// all `t * k` rows, per-expert split GEMMs on row slices (only the `e` counts
+    /// come back to the host), one SiLU*up + split, and `moe_combine` adding each
+    /// token's `k` outputs in ascending expert order (as `moe_grouped`'s
+    /// per-expert scatter-adds do). Needs `GemmPath::CublasSplit`.
+    #[allow(clippy::too_many_arguments)]
+    fn moe_grouped_device(
+        &self,
+        sc: &mut Scratch,
+        t: usize,
+        e: usize,
+        k: usize,
+        inter: usize,
+        n: u64,
+        x: u64,
+        idx: u64,
+        wts: u64,
+        gate_up: &DBuf,
+        down: &DBuf,
+    ) -> Result<()> {
+        let d = &self.dev;
+        let h = self.cfg.hidden_size;
+        let nn = t * k;
+        let blocks = |elems: usize| u32::try_from(elems.div_ceil(256)).expect("grid too large");
+        let counts = sc.get(d, "plan_counts", (e + 1) * 4)?;
+        d.launch(
+            "moe_plan_count",
+            ((e + 1) as u32, 1, 1),
+            (256, 1, 1),
+            0,
+            &[Arg::Ptr(idx), i(nn), i(e), Arg::Ptr(counts)],
+        )?;
+        let pr = sc.get(d, "plan_rows", nn * 4)?;
+        let slot = sc.get(d, "plan_slot", nn * 4)?;
+        d.launch(
+            "moe_plan_place",
+            (e as u32, 1, 1),
+            (256, 1, 1),
+            0,
+            &[
+                Arg::Ptr(idx),
+                i(nn),
+                i(k),
+                i(e),
+                Arg::Ptr(counts),
+                Arg::Ptr(pr),
+                Arg::Ptr(slot),
+            ],
+        )?;
+        let mut hc = vec![0i32; e + 1];
+        d.dtoh(&mut hc, counts)?;
+        if hc[e] != 0 {
+            bail!(
+                "router produced {} expert indices outside 0..{e}: non-finite activations?",
+                hc[e]
+            );
+        }
+        // hi | lo bf16 halves of the gathered rows; reused for the f32 expert outputs.
+        let xs = sc.get(d, "moe_xs", nn * h * F)?;
+        let (hi, lo) = (xs, xs + (nn * h * B) as u64);
+        d.launch(
+            "gather_split_bf16",
+            (blocks(nn * h), 1, 1),
+            (256, 1, 1),
+            0,
+            &[
+                Arg::Ptr(n),
+                i(h),
+                Arg::Ptr(pr),
+                Arg::I64(nn as i64),
+                i(h),
+                Arg::Ptr(hi),
+                Arg::Ptr(lo),
+            ],
+        )?;
+        let gu = sc.get(d, "gu", nn * 2 * inter * F)?;
+        let mut start = 0;
+        for (ex, &cnt) in hc[..e].iter().enumerate() {
+            let cnt = cnt as usize;
+            if cnt == 0 {
+                continue;
+            }
+            let w = gate_up.at(ex * 2 * inter * h * B);
+            let y = gu + (start * 2 * inter * F) as u64;
+            d.gemm_bf16(hi + (start * h * B) as u64, w, y, cnt, 2 * inter, h, false)?;
+            d.gemm_bf16(lo + (start * h * B) as u64, w, y, cnt, 2 * inter, h, true)?;
+            start += cnt;
+        }
+        let ah = sc.get(d, "moe_act", nn * inter * 2 * B)?;
+        let al = ah + (nn * inter * B) as u64;
+        d.launch(
+            "silu_mul_split",
+            (blocks(nn * inter), 1, 1),
+            (256, 1, 1),
+            0,
+            &[
+                Arg::Ptr(gu),
+                Arg::I64(nn as i64),
+                i(inter),
+                Arg::Ptr(ah),
+                Arg::Ptr(al),
+            ],
+        )?;
+        let ye = xs;
+        let mut start = 0;
+        for (ex, &cnt) in hc[..e].iter().enumerate() {
+            let cnt = cnt as usize;
+            if cnt == 0 {
+                continue;
+            }
+            let w = down.at(ex * h * inter * B);
+            let y = ye + (start * h * F) as u64;
+            d.gemm_bf16(ah + (start * inter * B) as u64, w, y, cnt, h, inter, false)?;
+            d.gemm_bf16(al + (start * inter * B) as u64, w, y, cnt, h, inter, true)?;
+            start += cnt;
+        }
+        d.launch(
+            "moe_combine",
+            ((h as u32).div_ceil(256), t as u32, 1),
+            (256, 1, 1),
+            0,
+            &[
+                Arg::Ptr(ye),
+                Arg::Ptr(idx),
+                Arg::Ptr(wts),
+                Arg::Ptr(slot),
+                i(t),
+                i(k),
+                i(h),
+                Arg::Ptr(x),
+            ],
+        )
     }
 
     /// Prefill experts: route on the device, copy the plan back, then per expert
