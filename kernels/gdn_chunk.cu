@@ -43,7 +43,9 @@ QW_KERNEL void QW_BOUNDS(256) gdn_chunk_prep(const float* __restrict__ qkv, int 
     const int key_dim = nk * dk;
 
     // Loads (rows i >= n and columns >= dk/dv are zero).
-    for (int idx = tid; idx < GC_C * GC_D; idx += 256) {
+#pragma unroll 8
+    for (int m = 0; m < GC_C * GC_D / 256; m++) {
+        int idx = tid + 256 * m;
         int i = idx / GC_D, d = idx % GC_D;
         const float* row = qkv + (size_t)(c0 + i) * stride;
         Ks[i * GC_LD + d] = (i < n && d < dk) ? row[key_dim + hk * dk + d] : 0.f;
@@ -183,9 +185,10 @@ QW_KERNEL void QW_BOUNDS(256) gdn_chunk_prep(const float* __restrict__ qkv, int 
 }
 
 // Phase 2. grid (nv, ceil(dv / 32)), block 256 (8 groups of 32 threads), dynamic smem
-// GC_STATE_SMEM floats: WTs [128][64], Ks [64][128], Us [64][32], Ss [128][32], Gs [64].
+// GC_STATE_SMEM floats: WTs [128][64], Ks [64][128], Us [64][32], Ss [128][32], Gs [64], Ef [64].
 // Thread (w = tid / 32, lane): column c = tile*32 + lane; v_new rows i = w*8 + r (r < 8);
-// state rows d = w*16 + r (r < 16).
+// state rows d = w*16 + r (r < 16). The next chunk's W, k, U and G are loaded into
+// registers while the current chunk computes.
 QW_KERNEL void QW_BOUNDS(256) gdn_chunk_state(const float* __restrict__ qkv, int stride, int nk, int nv, int dk,
                                               int dv, const float* __restrict__ WT, float* __restrict__ U,
                                               const float* __restrict__ Gc, float* __restrict__ S,
@@ -196,6 +199,7 @@ QW_KERNEL void QW_BOUNDS(256) gdn_chunk_state(const float* __restrict__ qkv, int
     float* Us = Ks + GC_C * GC_D;      // [64][32]
     float* Ss = Us + GC_C * 32;        // [128][32]
     float* Gs = Ss + GC_D * 32;        // [64]
+    float* Ef = Gs + GC_C;             // [64]: e^{G_last - G_i}
     const int hv = blockIdx.x;
     const int tid = threadIdx.x, w = tid / 32, lane = tid % 32;
     const int c = blockIdx.y * 32 + lane;
@@ -203,6 +207,7 @@ QW_KERNEL void QW_BOUNDS(256) gdn_chunk_state(const float* __restrict__ qkv, int
     const int hk = hv / (nv / nk);
     const int key_dim = nk * dk;
     const int nch = (T + GC_C - 1) / GC_C;
+    const float* kbase = qkv + key_dim + hk * dk;
     float* Sh = S + (size_t)hv * dk * dv;
 
     // Zero the padding once (WTs rows >= dk and Ks columns >= dk are never loaded).
@@ -215,35 +220,66 @@ QW_KERNEL void QW_BOUNDS(256) gdn_chunk_state(const float* __restrict__ qkv, int
         int d = w * 16 + r;
         Ss[d * 32 + lane] = (d < dk && cvalid) ? Sh[(size_t)d * dv + c] : 0.f;
     }
-    __syncthreads();
+
+    // Prefetch registers: W^T (dk*16 float4s), k (n*dk), U tile (64 x 32), G (64).
+    float4 pw[8];
+    float pk[32], pu[8], pg;
+    auto fetch = [&](int ch) {
+        const int c0 = ch * GC_C;
+        const int n = min(GC_C, T - c0);
+        const float4* src = reinterpret_cast<const float4*>(WT + ((size_t)hv * nch + ch) * dk * GC_C);
+#pragma unroll
+        for (int m = 0; m < 8; m++) {
+            int idx = tid + 256 * m;
+            pw[m] = idx < dk * 16 ? src[idx] : make_float4(0.f, 0.f, 0.f, 0.f);
+        }
+#pragma unroll
+        for (int m = 0; m < 32; m++) {
+            int idx = tid + 256 * m;
+            int i = idx / dk, d = idx - i * dk;
+            pk[m] = idx < n * dk ? kbase[(size_t)(c0 + i) * stride + d] : 0.f;
+        }
+#pragma unroll
+        for (int m = 0; m < 8; m++) {
+            int i = m * 8 + w;  // (tid + 256 m) / 32
+            pu[m] = (i < n && cvalid) ? U[((size_t)hv * T + c0 + i) * dv + c] : 0.f;
+        }
+        pg = tid < n ? Gc[(size_t)hv * T + c0 + tid] : 0.f;
+    };
+    fetch(0);
 
     for (int ch = 0; ch < nch; ch++) {
         const int c0 = ch * GC_C;
         const int n = min(GC_C, T - c0);
-        if (tid < GC_C) Gs[tid] = tid < n ? Gc[(size_t)hv * T + c0 + tid] : 0.f;
-        __syncthreads();
-        const float glast = Gs[n - 1];
+        // Registers -> shared (the previous chunk's readers are past the last barrier).
         {
-            const float4* src = reinterpret_cast<const float4*>(WT + ((size_t)hv * nch + ch) * dk * GC_C);
             float4* dst = reinterpret_cast<float4*>(WTs);
-            for (int idx = tid; idx < dk * GC_C / 4; idx += 256) dst[idx] = src[idx];
-        }
-        for (int idx = tid; idx < n * dk; idx += 256) {
-            int i = idx / dk, d = idx % dk;
-            Ks[i * GC_D + d] = qkv[(size_t)(c0 + i) * stride + key_dim + hk * dk + d] * expf(glast - Gs[i]);
-        }
-        for (int idx = tid; idx < GC_C * 32; idx += 256) {
-            int i = idx / 32, cc = idx % 32;
-            int col = blockIdx.y * 32 + cc;
-            Us[idx] = (i < n && col < dv) ? U[((size_t)hv * T + c0 + i) * dv + col] : 0.f;
+#pragma unroll
+            for (int m = 0; m < 8; m++) {
+                int idx = tid + 256 * m;
+                if (idx < dk * 16) dst[idx] = pw[m];
+            }
+#pragma unroll
+            for (int m = 0; m < 32; m++) {
+                int idx = tid + 256 * m;
+                int i = idx / dk, d = idx - i * dk;
+                if (idx < n * dk) Ks[i * GC_D + d] = pk[m];
+            }
+#pragma unroll
+            for (int m = 0; m < 8; m++) Us[tid + 256 * m] = pu[m];
+            if (tid < GC_C) Gs[tid] = pg;
         }
         __syncthreads();
+        if (ch + 1 < nch) fetch(ch + 1);
+        const float glast = Gs[n - 1];
+        if (tid < GC_C) Ef[tid] = tid < n ? expf(glast - Gs[tid]) : 0.f;
 
         // v_new[i][c] = U[i][c] - sum_d W[i][d] S[d][c], i = w*8 + r.
         {
             float acc[8];
 #pragma unroll
             for (int r = 0; r < 8; r++) acc[r] = 0.f;
+#pragma unroll 4
             for (int d = 0; d < dk; d++) {
                 float s = Ss[d * 32 + lane];
                 float4 x = *reinterpret_cast<const float4*>(WTs + d * GC_C + w * 8);
@@ -268,7 +304,7 @@ QW_KERNEL void QW_BOUNDS(256) gdn_chunk_state(const float* __restrict__ qkv, int
         __syncthreads();
 
         // Save S_c (the chunk's starting state) for phase 3, then
-        // S[d][c] = e^{G_last} S[d][c] + sum_{i<n} (k_i[d] e^{G_last-G_i}) v_new[i][c], d = w*16 + r.
+        // S[d][c] = e^{G_last} S[d][c] + sum_{i<n} k_i[d] (e^{G_last-G_i} v_new[i][c]), d = w*16 + r.
         {
             const float el = expf(glast);
             float acc[16];
@@ -280,8 +316,9 @@ QW_KERNEL void QW_BOUNDS(256) gdn_chunk_state(const float* __restrict__ qkv, int
                 if (d < dk && cvalid) sc[(size_t)d * dv + c] = s;
                 acc[r] = s * el;
             }
+#pragma unroll 2
             for (int i = 0; i < n; i++) {
-                float vn = Us[i * 32 + lane];
+                float vn = Us[i * 32 + lane] * Ef[i];
                 const float4* kr = reinterpret_cast<const float4*>(Ks + i * GC_D + w * 16);
 #pragma unroll
                 for (int q = 0; q < 4; q++) {
@@ -323,7 +360,9 @@ QW_KERNEL void QW_BOUNDS(256) gdn_chunk_out(const float* __restrict__ qkv, int s
     const int hk = hv / (nv / nk);
     const int key_dim = nk * dk;
 
-    for (int idx = tid; idx < GC_C * GC_D; idx += 256) {
+#pragma unroll 8
+    for (int m = 0; m < GC_C * GC_D / 256; m++) {
+        int idx = tid + 256 * m;
         int i = idx / GC_D, d = idx % GC_D;
         const float* row = qkv + (size_t)(c0 + i) * stride;
         bool ok = i < n && d < dk;
@@ -364,11 +403,15 @@ QW_KERNEL void QW_BOUNDS(256) gdn_chunk_out(const float* __restrict__ qkv, int s
 
     const float* sc = Sc + ((size_t)hv * nch + ch) * dk * dv;
     for (int t0 = 0; t0 < dv; t0 += 32) {
-        for (int idx = tid; idx < GC_D * 32; idx += 256) {
+#pragma unroll
+        for (int m = 0; m < GC_D * 32 / 256; m++) {
+            int idx = tid + 256 * m;
             int d = idx / 32, cc = idx % 32;
             St[idx] = (d < dk && t0 + cc < dv) ? sc[(size_t)d * dv + t0 + cc] : 0.f;
         }
-        for (int idx = tid; idx < GC_C * 32; idx += 256) {
+#pragma unroll
+        for (int m = 0; m < GC_C * 32 / 256; m++) {
+            int idx = tid + 256 * m;
             int j = idx / 32, cc = idx % 32;
             Vt[idx] = (j < n && t0 + cc < dv) ? U[((size_t)hv * T + c0 + j) * dv + t0 + cc] : 0.f;
         }

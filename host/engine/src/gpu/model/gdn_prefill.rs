@@ -15,7 +15,7 @@ const CHUNK: usize = 64;
 const MAX_DIM: usize = 128;
 /// Dynamic shared memory of the three kernels, in floats (see the kernel comments).
 const PREP_SMEM: usize = 2 * CHUNK * (MAX_DIM + 1) + CHUNK * (CHUNK + 1) + 2 * CHUNK;
-const STATE_SMEM: usize = 2 * MAX_DIM * CHUNK + CHUNK * 32 + MAX_DIM * 32 + CHUNK;
+const STATE_SMEM: usize = 2 * MAX_DIM * CHUNK + CHUNK * 32 + MAX_DIM * 32 + 2 * CHUNK;
 const OUT_SMEM: usize = 2 * CHUNK * (MAX_DIM + 1) + CHUNK * (CHUNK + 1) + CHUNK;
 
 impl GpuModel {
