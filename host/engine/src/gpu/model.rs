@@ -10,6 +10,7 @@
 //! otherwise) or dense SwiGLU MLP.
 
 mod decode;
+mod gdn_prefill;
 
 use super::cuda::{DBuf, Device};
 use super::{Arg, f, i};
@@ -785,26 +786,32 @@ impl GpuModel {
                         ],
                     )?;
                     let o = sc.get(d, "gdn_o", t * vdim * F)?;
-                    let smem = ((dk * 32 + 2 * dk + 256) * F) as u32;
-                    d.launch(
-                        "gdn_recurrent",
-                        (nv as u32, (dv as u32).div_ceil(32), 1),
-                        (32, 8, 1),
-                        smem,
-                        &[
-                            Arg::Ptr(qkv),
-                            i(qkv_stride),
-                            i(nk),
-                            i(nv),
-                            i(dk),
-                            i(dv),
-                            Arg::Ptr(g),
-                            Arg::Ptr(beta),
-                            Arg::Ptr(s.ptr()),
-                            Arg::Ptr(o),
-                            i(t),
-                        ],
-                    )?;
+                    // Chunked (WY) form for prompts, `model/gdn_prefill.rs`;
+                    // token-serial for one token or with `QWASI_GDN=serial`.
+                    if t >= 2 && std::env::var("QWASI_GDN").as_deref() != Ok("serial") {
+                        self.gdn_prefill(sc, qkv, qkv_stride, g, beta, s.ptr(), o, t)?;
+                    } else {
+                        let smem = ((dk * 32 + 2 * dk + 256) * F) as u32;
+                        d.launch(
+                            "gdn_recurrent",
+                            (nv as u32, (dv as u32).div_ceil(32), 1),
+                            (32, 8, 1),
+                            smem,
+                            &[
+                                Arg::Ptr(qkv),
+                                i(qkv_stride),
+                                i(nk),
+                                i(nv),
+                                i(dk),
+                                i(dv),
+                                Arg::Ptr(g),
+                                Arg::Ptr(beta),
+                                Arg::Ptr(s.ptr()),
+                                Arg::Ptr(o),
+                                i(t),
+                            ],
+                        )?;
+                    }
                     let o2 = sc.get(d, "gdn_o2", t * vdim * F)?;
                     d.launch(
                         "gated_rmsnorm",
