@@ -35,6 +35,8 @@
 #define QW_GRID_LAUNCH() ((void)0)
 #endif
 #define QW_BOUNDS(n) __launch_bounds__(n)
+// At most n threads per block and at least m resident blocks per multiprocessor.
+#define QW_BOUNDS_MIN(n, m) __launch_bounds__(n, m)
 
 typedef unsigned short bf16_t;
 

@@ -68,13 +68,28 @@ __device__ __forceinline__ void load_chunk(const bf16_t* __restrict__ W, int r, 
     }
 }
 
-// A warp streams rows first, first + stride, ... (cols % 8 == 0): while one
-// chunk is multiplied the next one (same row or the next row's first) is
-// already in flight. `v` holds the first chunk, loaded by the caller before
-// its prologue. `emit(r, dot)` runs on lane 0.
+// 8 bf16 weights . 8 activations read through L1 (x, and nw when set: x * nw).
+__device__ __forceinline__ float dot8g(uint4 w, const float* __restrict__ x, const float* __restrict__ nw) {
+    float4 a = __ldg((const float4*)x), b = __ldg((const float4*)(x + 4));
+    if (nw) {
+        float4 p = __ldg((const float4*)nw), q = __ldg((const float4*)(nw + 4));
+        a.x *= p.x; a.y *= p.y; a.z *= p.z; a.w *= p.w;
+        b.x *= q.x; b.y *= q.y; b.z *= q.z; b.w *= q.w;
+    }
+    return bf_lo(w.x) * a.x + bf_hi(w.x) * a.y + bf_lo(w.y) * a.z + bf_hi(w.y) * a.w +
+           bf_lo(w.z) * b.x + bf_hi(w.z) * b.y + bf_lo(w.w) * b.z + bf_hi(w.w) * b.w;
+}
+
+// A warp streams rows first, first + stride, ... (cols % 8 == 0) of W . (x * nw):
+// while one chunk is multiplied the next one (same row or the next row's
+// first) is already in flight. `v` holds the first chunk, loaded by the caller
+// before QW_GRID_WAIT(). The activations come straight from global memory
+// (L1-resident after the first warp): no shared-memory prologue, no block
+// barrier before the weights stream. `emit(r, dot)` runs on lane 0.
 template <typename Emit>
-__device__ __forceinline__ void stream_rows(const bf16_t* __restrict__ W, const float* xs, int rows, int cols,
-                                            int first, int stride, int lane, uint4 (&v)[CH], Emit emit) {
+__device__ __forceinline__ void stream_rows(const bf16_t* __restrict__ W, const float* __restrict__ x,
+                                            const float* __restrict__ nw, int rows, int cols, int first,
+                                            int stride, int lane, uint4 (&v)[CH], Emit emit) {
     int n8 = cols >> 3;
     for (int r = first; r < rows; r += stride) {
         float acc = 0.f;
@@ -89,7 +104,7 @@ __device__ __forceinline__ void stream_rows(const bf16_t* __restrict__ W, const 
 #pragma unroll
             for (int u = 0; u < CH; u++) {
                 int c = base + lane + u * WARP;
-                if (c < n8) acc += dot8(v[u], xs + 8 * c);
+                if (c < n8) acc += dot8g(v[u], x + 8 * c, nw ? nw + 8 * c : nullptr);
             }
 #pragma unroll
             for (int u = 0; u < CH; u++) v[u] = nv[u];
@@ -101,113 +116,182 @@ __device__ __forceinline__ void stream_rows(const bf16_t* __restrict__ W, const 
 
 // The same for rows that are not 16-byte aligned (cols % 8 != 0; small models).
 template <typename Emit>
-__device__ __forceinline__ void scalar_rows(const bf16_t* __restrict__ W, const float* xs, int rows, int cols,
-                                            int first, int stride, int lane, Emit emit) {
+__device__ __forceinline__ void scalar_rows(const bf16_t* __restrict__ W, const float* __restrict__ x,
+                                            const float* __restrict__ nw, int rows, int cols, int first,
+                                            int stride, int lane, Emit emit) {
     for (int r = first; r < rows; r += stride) {
         float acc = 0.f;
-        for (int c = lane; c < cols; c += WARP) acc += bf2f(W[(size_t)r * cols + c]) * xs[c];
+        for (int c = lane; c < cols; c += WARP) acc += bf2f(W[(size_t)r * cols + c]) * (nw ? x[c] * nw[c] : x[c]);
         acc = warp_sum(acc);
         if (lane == 0) emit(r, acc);
     }
 }
 
 template <typename Emit>
-__device__ __forceinline__ void gemv_rows(const bf16_t* __restrict__ W, const float* xs, int rows, int cols,
-                                          uint4 (&v)[CH], Emit emit) {
+__device__ __forceinline__ void gemv_rows(const bf16_t* __restrict__ W, const float* __restrict__ x,
+                                          const float* __restrict__ nw, int rows, int cols, uint4 (&v)[CH],
+                                          Emit emit) {
     int lane = threadIdx.x % WARP;
     int first = blockIdx.x * DEC_WARPS + threadIdx.x / WARP, stride = gridDim.x * DEC_WARPS;
-    if ((cols & 7) == 0) stream_rows(W, xs, rows, cols, first, stride, lane, v, emit);
-    else scalar_rows(W, xs, rows, cols, first, stride, lane, emit);
+    if ((cols & 7) == 0) stream_rows(W, x, nw, rows, cols, first, stride, lane, v, emit);
+    else scalar_rows(W, x, nw, rows, cols, first, stride, lane, emit);
 }
 
-// Before the prologue: the warp's first chunk of weights (independent of the
-// previous kernel, so it is fetched before QW_GRID_WAIT()).
+// Before QW_GRID_WAIT(): the warp's first chunk of weights (independent of
+// the previous kernel).
 __device__ __forceinline__ void prefetch_first(const bf16_t* __restrict__ W, int rows, int cols, uint4 (&v)[CH]) {
     if ((cols & 7) == 0)
         load_chunk(W, blockIdx.x * DEC_WARPS + threadIdx.x / WARP, rows, cols, 0, threadIdx.x % WARP, v);
 }
 
-// y[r] (+)= W[r, :] . x. x is staged in shared memory (cols floats); rows are
-// spread over the grid with a grid-stride loop so the grid can be capped.
-QW_KERNEL void QW_BOUNDS(256) dec_gemv(const bf16_t* __restrict__ W, const float* __restrict__ x,
-                                      float* __restrict__ y, int rows, int cols, int accumulate) {
-    extern __shared__ float xs[];
-    uint4 v[CH];
-    prefetch_first(W, rows, cols, v);
-    QW_GRID_WAIT();
-    QW_GRID_LAUNCH();
-#pragma unroll 8
-    for (int i = threadIdx.x; i < cols; i += blockDim.x) xs[i] = x[i];
-    __syncthreads();
-    gemv_rows(W, xs, rows, cols, v, [&](int r, float d) { y[r] = accumulate ? y[r] + d : d; });
+// 1 / rms of the hidden state from the residual kernels' per-block sums of
+// squares (ssq[0 .. nssq)), by one warp (every lane gets it).
+__device__ __forceinline__ float inv_rms(const float* __restrict__ ssq, int nssq, int dim, float eps) {
+    float ss = 0.f;
+    for (int i = threadIdx.x % WARP; i < nssq; i += WARP) ss += ssq[i];
+    return rsqrtf(warp_sum(ss) / dim + eps);
 }
 
-// y[r] = W[r, :] . rmsnorm(x) with the (1+w) weight `nw` already folded in:
-// the norm is the prologue (same arithmetic as the `rmsnorm` kernel). Block 0
-// also writes the normed vector to n_out (when not null) for later kernels.
-QW_KERNEL void QW_BOUNDS(256) dec_norm_gemv(const bf16_t* __restrict__ W, const float* __restrict__ x,
-                                           const float* __restrict__ nw, float eps, float* __restrict__ y,
-                                           float* __restrict__ n_out, int rows, int cols) {
-    extern __shared__ float xs[];  // [2 * cols]: x, then the norm weight
-    __shared__ float scratch[32];
+// The residual kernels' epilogue: block b writes the sum of squares of the
+// rows it produced (one value per warp in `mine`, lane 0) to ssq_out[b].
+__device__ __forceinline__ void write_ssq(float mine, float* __restrict__ ssq_out) {
+    __shared__ float part[32];
+    int lane = threadIdx.x % WARP, w = threadIdx.x / WARP;
+    if (lane == 0) part[w] = mine;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float t = 0.f;
+        for (int i = 0; i < (int)(blockDim.x / WARP); i++) t += part[i];
+        ssq_out[blockIdx.x] = t;
+    }
+}
+
+// y[r] (+)= W[r, :] . x. With ssq_out (the residual add into the hidden
+// state), block b also writes the sum of squares of its new rows to
+// ssq_out[b] for the next norm (grid = ceil(rows / 8): one row per warp).
+QW_KERNEL void QW_BOUNDS(256) dec_gemv(const bf16_t* __restrict__ W, const float* __restrict__ x,
+                                      float* __restrict__ y, int rows, int cols, int accumulate,
+                                      float* __restrict__ ssq_out) {
     uint4 v[CH];
     prefetch_first(W, rows, cols, v);
     QW_GRID_WAIT();
     QW_GRID_LAUNCH();
-    float* ws = xs + cols;
-    // One round trip: every load of the prologue is issued before any is used.
+    float mine = 0.f;
+    gemv_rows(W, x, nullptr, rows, cols, v, [&](int r, float d) {
+        float o = accumulate ? y[r] + d : d;
+        y[r] = o;
+        mine += o * o;
+    });
+    if (ssq_out) write_ssq(mine, ssq_out);
+}
+
+// y[r] = W[r, :] . rmsnorm(x): the (1+w) weight nw multiplies x on the fly and
+// 1/rms (from the residual kernels' partial sums of squares) scales the dot.
+QW_KERNEL void QW_BOUNDS(256) dec_norm_gemv(const bf16_t* __restrict__ W, const float* __restrict__ x,
+                                           const float* __restrict__ ssq, int nssq, const float* __restrict__ nw,
+                                           float eps, float* __restrict__ y, int rows, int cols) {
+    uint4 v[CH];
+    prefetch_first(W, rows, cols, v);
+    QW_GRID_WAIT();
+    QW_GRID_LAUNCH();
+    float inv = inv_rms(ssq, nssq, cols, eps);
+    gemv_rows(W, x, nw, rows, cols, v, [&](int r, float d) { y[r] = d * inv; });
+}
+
+// x = embedding row of the step's token (f32), and its sum of squares as the
+// first of nssq partials (the rest zero). One block.
+QW_KERNEL void QW_BOUNDS(256) dec_embed(const bf16_t* __restrict__ emb, const unsigned int* __restrict__ tok,
+                                       float* __restrict__ x, int H, float* __restrict__ ssq_out, int nssq) {
+    __shared__ float scratch[32];
+    const bf16_t* row = emb + (size_t)tok[0] * H;
     float ss = 0.f;
-#pragma unroll 8
-    for (int i = threadIdx.x; i < cols; i += blockDim.x) {
-        float a = x[i];
-        xs[i] = a;
-        ws[i] = nw[i];
-        ss += a * a;
+    for (int i = threadIdx.x; i < H; i += blockDim.x) {
+        float v = bf2f(row[i]);
+        x[i] = v;
+        ss += v * v;
     }
     ss = block_sum(ss, scratch);
-    float inv = rsqrtf(ss / cols + eps);
-    for (int i = threadIdx.x; i < cols; i += blockDim.x) {
-        float a = xs[i] * inv * ws[i];
-        xs[i] = a;
-        if (blockIdx.x == 0 && n_out) n_out[i] = a;
-    }
-    __syncthreads();
-    gemv_rows(W, xs, rows, cols, v, [&](int r, float d) { y[r] = d; });
+    for (int i = threadIdx.x; i < nssq; i += blockDim.x) ssq_out[i] = i == 0 ? ss : 0.f;
 }
 
-// GDN output: y[r] += W[r, :] . (rmsnorm_head(o) * nw * silu(z)), the gated
-// norm (same arithmetic as `gated_rmsnorm`) as the prologue, the residual add
-// as the epilogue. o is [nv * dv]; z sits in the projection row.
-QW_KERNEL void QW_BOUNDS(256) dec_gdn_out_gemv(const bf16_t* __restrict__ W, const float* __restrict__ o,
-                                              const float* __restrict__ z, const float* __restrict__ nw,
-                                              float eps, float* __restrict__ y, int rows, int nv, int dv) {
-    extern __shared__ float xs[];  // [2 * nv * dv + dv]: o, then silu(z), then the norm weight
-    int cols = nv * dv;
-    uint4 v[CH];
-    prefetch_first(W, rows, cols, v);
-    QW_GRID_WAIT();
-    QW_GRID_LAUNCH();
-    float* zs = xs + cols;
-    float* ws = zs + cols;
-    // One round trip for o, z and the weight; then the per-head norms from shared memory.
-#pragma unroll 8
-    for (int i = threadIdx.x; i < cols; i += blockDim.x) {
-        xs[i] = o[i];
-        zs[i] = silu_f(z[i]);
+// One value head per block: the delta-rule step (T = 1) with the state in
+// registers (thread (c, ty) holds S[ty + RG j][c]), then the head's gated
+// RMSNorm: out[hv, c] = rmsnorm(o)[c] * nw[c] * silu(z[hv, c]) -- the input of
+// the out projection. block (32 * ceil(dv / 32), RG = 4), dk <= 4 * 32.
+#define GS_RG 4
+#define GS_ROWS 32
+QW_KERNEL void QW_BOUNDS(512) dec_gdn_step(const float* __restrict__ proj, int nk, int nv, int dk, int dv,
+                                          const float* __restrict__ g, const float* __restrict__ beta,
+                                          float* __restrict__ S, const float* __restrict__ z,
+                                          const float* __restrict__ nw, float eps, float* __restrict__ out) {
+    __shared__ float qs[GS_RG * GS_ROWS], ks[GS_RG * GS_ROWS];
+    __shared__ float red[GS_RG][128];
+    __shared__ float wsum[32];
+    int hv = blockIdx.x;
+    int c = threadIdx.x, ty = threadIdx.y;
+    int tid = ty * blockDim.x + c, nt = blockDim.x * blockDim.y;
+    int hk = hv / (nv / nk), key_dim = nk * dk;
+    bool valid = c < dv;
+    for (int i = tid; i < dk; i += nt) {
+        qs[i] = proj[hk * dk + i];
+        ks[i] = proj[key_dim + hk * dk + i];
     }
-    for (int i = threadIdx.x; i < dv; i += blockDim.x) ws[i] = nw[i];
+    float* Sh = S + (size_t)hv * dk * dv;
+    float sr[GS_ROWS];
+#pragma unroll
+    for (int j = 0; j < GS_ROWS; j++) {
+        int i = ty + GS_RG * j;
+        sr[j] = (valid && i < dk) ? Sh[(size_t)i * dv + c] : 0.f;
+    }
     __syncthreads();
-    int lane = threadIdx.x % WARP, w = threadIdx.x / WARP;
-    for (int h = w; h < nv; h += DEC_WARPS) {
-        float* p = xs + (size_t)h * dv;
+    float decay = expf(g[hv]);
+    float b = beta[hv];
+    float p = 0.f;
+#pragma unroll
+    for (int j = 0; j < GS_ROWS; j++) {
+        int i = ty + GS_RG * j;
+        if (i < dk) p += ks[i] * sr[j];
+    }
+    red[ty][c] = p;
+    __syncthreads();
+    float kv = 0.f;
+    for (int r = 0; r < GS_RG; r++) kv += red[r][c];
+    kv *= decay;
+    float v = valid ? proj[2 * key_dim + hv * dv + c] : 0.f;
+    float delta = b * (v - kv);
+    __syncthreads();
+    float o = 0.f;
+#pragma unroll
+    for (int j = 0; j < GS_ROWS; j++) {
+        int i = ty + GS_RG * j;
+        if (i < dk) {
+            float sv = sr[j] * decay + ks[i] * delta;
+            sr[j] = sv;
+            o += qs[i] * sv;
+        }
+    }
+    red[ty][c] = o;
+#pragma unroll
+    for (int j = 0; j < GS_ROWS; j++) {
+        int i = ty + GS_RG * j;
+        if (valid && i < dk) Sh[(size_t)i * dv + c] = sr[j];
+    }
+    __syncthreads();
+    // Row ty == 0 (warps 0 .. blockDim.x / 32) finishes: o, the head's norm, the gate.
+    if (ty == 0) {
+        float oc = 0.f;
+        for (int r = 0; r < GS_RG; r++) oc += red[r][c];
+        float sq = warp_sum(valid ? oc * oc : 0.f);
+        if (c % WARP == 0) wsum[c / WARP] = sq;
+        red[0][c] = oc;
+    }
+    __syncthreads();
+    if (ty == 0 && valid) {
         float ss = 0.f;
-        for (int i = lane; i < dv; i += WARP) ss += p[i] * p[i];
-        ss = warp_sum(ss);
+        for (int i = 0; i < (int)(blockDim.x / WARP); i++) ss += wsum[i];
         float inv = rsqrtf(ss / dv + eps);
-        for (int i = lane; i < dv; i += WARP) p[i] = p[i] * inv * ws[i] * zs[h * dv + i];
+        out[(size_t)hv * dv + c] = red[0][c] * inv * nw[c] * silu_f(z[(size_t)hv * dv + c]);
     }
-    __syncthreads();
-    gemv_rows(W, xs, rows, cols, v, [&](int r, float d) { y[r] += d; });
 }
 
 // GDN step preparation, in place on the projection row: causal conv (state
@@ -319,13 +403,15 @@ __device__ void router_topk_warp(const float* __restrict__ logits, int E, int k,
     }
 }
 
-// Routed experts, gate/up half: act[j, i] = silu(Wg[e_j][i] . n) * (Wu[e_j][i] . n)
+// Routed experts, gate/up half: act[j, i] = silu(Wg[e_j][i] . n) * (Wu[e_j][i] . n),
+// n = rmsnorm(x) * nw computed in the prologue from the partial sums of squares,
 // for the k chosen experts e_j. grid (ceil(I / DEC_WARPS), k): warp w of block b
 // owns column i = b * DEC_WARPS + w of expert slot j = blockIdx.y (its gate row
 // i and up row I + i, both in flight together). Router logits are the first E
 // entries of `inp`; block (0, 0) publishes the choice (idx, wts) for the down kernel.
-QW_KERNEL void QW_BOUNDS(256) dec_moe_gate_up(const bf16_t* __restrict__ Wgu, const float* __restrict__ n,
-                                             const float* __restrict__ inp, int E, int k,
+QW_KERNEL void QW_BOUNDS(256) dec_moe_gate_up(const bf16_t* __restrict__ Wgu, const float* __restrict__ x,
+                                             const float* __restrict__ ssq, int nssq, const float* __restrict__ nw,
+                                             float eps, const float* __restrict__ inp, int E, int k,
                                              int* __restrict__ idx_out, float* __restrict__ w_out,
                                              float* __restrict__ act, int I, int H) {
     extern __shared__ float xs[];  // [H]
@@ -334,9 +420,13 @@ QW_KERNEL void QW_BOUNDS(256) dec_moe_gate_up(const bf16_t* __restrict__ Wgu, co
     QW_GRID_WAIT();
     QW_GRID_LAUNCH();
     int lane = threadIdx.x % WARP, w = threadIdx.x / WARP;
-    if (w == 0) router_topk_warp(inp, E, k, sidx, sw);
-    else
-        for (int i = threadIdx.x - WARP; i < H; i += blockDim.x - WARP) xs[i] = n[i];
+    if (w == 0) {
+        router_topk_warp(inp, E, k, sidx, sw);
+    } else {
+        // The post-attention norm of the hidden state, into shared memory.
+        float inv = inv_rms(ssq, nssq, H, eps);
+        for (int i = threadIdx.x - WARP; i < H; i += blockDim.x - WARP) xs[i] = x[i] * inv * nw[i];
+    }
     __syncthreads();
     if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x < k) {
         idx_out[threadIdx.x] = sidx[threadIdx.x];
@@ -381,7 +471,8 @@ QW_KERNEL void QW_BOUNDS(256) dec_moe_gate_up(const bf16_t* __restrict__ Wgu, co
 QW_KERNEL void QW_BOUNDS(256) dec_moe_down(const bf16_t* __restrict__ Wd, const bf16_t* __restrict__ Wsd,
                                           const float* __restrict__ act, const int* __restrict__ idx,
                                           const float* __restrict__ wts, const float* __restrict__ inp,
-                                          int E, int k, int I, int S, float* __restrict__ y, int H) {
+                                          int E, int k, int I, int S, float* __restrict__ y, int H,
+                                          float* __restrict__ ssq_out) {
     extern __shared__ float xs[];
     __shared__ int sidx[MOE_MAXK];
     __shared__ float sw[MOE_MAXK];
@@ -400,14 +491,20 @@ QW_KERNEL void QW_BOUNDS(256) dec_moe_down(const bf16_t* __restrict__ Wd, const 
     float sg = sigmoid_f(inp[E]);
     int lane = threadIdx.x % WARP, w = threadIdx.x / WARP;
     int first = blockIdx.x * DEC_WARPS + w, stride = gridDim.x * DEC_WARPS;
+    float mine = 0.f;
     if ((I & 7) || (S & 7)) {
         for (int r = first; r < H; r += stride) {
             float total = 0.f;
             for (int j = 0; j < k; j++)
                 total += sw[j] * row_dot(Wd + ((size_t)sidx[j] * H + r) * I, xs + (size_t)j * I, I, lane);
             if (S > 0) total += sg * row_dot(Wsd + (size_t)r * S, as, S, lane);
-            if (lane == 0) y[r] += total;
+            if (lane == 0) {
+                float o = y[r] + total;
+                y[r] = o;
+                mine += o * o;
+            }
         }
+        write_ssq(mine, ssq_out);
         return;
     }
     int n8I = I >> 3, nR = k * n8I, nv = nR + (S >> 3);
@@ -455,8 +552,13 @@ QW_KERNEL void QW_BOUNDS(256) dec_moe_down(const bf16_t* __restrict__ Wd, const 
             for (int u = 0; u < CH; u++) v[u] = nx[u];
         }
         acc = warp_sum(acc);
-        if (lane == 0) y[r] += acc;
+        if (lane == 0) {
+            float o = y[r] + acc;
+            y[r] = o;
+            mine += o * o;
+        }
     }
+    write_ssq(mine, ssq_out);
 }
 
 // Decode attention, GQA-aware and split over the key length: grid (nkv, nsplit),

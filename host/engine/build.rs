@@ -91,7 +91,7 @@ fn main() {
     }
 }
 
-/// The `QW_KERNEL void [QW_BOUNDS(n)] name(` entry points of a kernel source.
+/// The `QW_KERNEL void [QW_BOUNDS(n) | QW_BOUNDS_MIN(n, m)] name(` entry points of a kernel source.
 fn kernel_names(src: &Path) -> Vec<String> {
     let text = std::fs::read_to_string(src).unwrap();
     let mut names = Vec::new();
@@ -115,7 +115,11 @@ fn kernel_names(src: &Path) -> Vec<String> {
             continue;
         };
         let rest = rest.trim_start();
-        let rest = match rest.strip_prefix("QW_BOUNDS(") {
+        // `QW_BOUNDS(n)` or `QW_BOUNDS_MIN(n, m)` before the name.
+        let rest = match rest
+            .strip_prefix("QW_BOUNDS(")
+            .or_else(|| rest.strip_prefix("QW_BOUNDS_MIN("))
+        {
             Some(r) => r.split_once(')').map(|x| x.1).unwrap_or(r).trim_start(),
             None => rest,
         };

@@ -19,7 +19,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --f
 echo "== qwasi bench --workload speed"
 $BIN bench --workload speed --backend cuda --lens "${LENS:-512,8192}" \
   --decode-tokens "${DECODE:-128}" --runs "${RUNS:-5}" --warmups "${WARMUPS:-2}" \
-  --dump-logits /tmp/qwasi-logits --out "$OUT/speed.json" ${EXTRA:-} 2>&1 | tee "$OUT/speed.log" || rc=1
+  --dump-logits "${LOGITS_DIR:-/tmp/qwasi-logits}" --out "$OUT/speed.json" ${EXTRA:-} 2>&1 | tee "$OUT/speed.log" || rc=1
 if [ "${PROFILE:-1}" = 1 ]; then
   echo "== per-kernel profile"
   QWASI_GPU_PROFILE=1 $BIN bench --workload speed --backend cuda --lens "${PROFILE_LEN:-8192}" \

@@ -26,7 +26,10 @@ pub(super) struct DecodeState {
     /// `[token u32, position i32]`, written by the host before each step.
     step: DBuf,
     x: DBuf,
-    n: DBuf,
+    /// Per-block sums of squares of `x` written by the kernel that last
+    /// updated it (`nssq` of them): the next RMSNorm's input.
+    ssq: DBuf,
+    nssq: usize,
     proj: DBuf,
     q: DBuf,
     att_po: DBuf,
@@ -66,6 +69,13 @@ impl GpuModel {
             }))
             .max()
             .unwrap_or(0);
+        if c.linear_key_head_dim > 128 || c.linear_value_head_dim > 128 {
+            bail!(
+                "the GDN decode step supports key/value head dims <= 128 (got {} / {})",
+                c.linear_key_head_dim,
+                c.linear_value_head_dim
+            );
+        }
         if c.num_key_value_heads == 0
             || nh % c.num_key_value_heads != 0
             || nh / c.num_key_value_heads > 16
@@ -81,7 +91,8 @@ impl GpuModel {
         Ok(DecodeState {
             step: d.alloc_zeroed(16)?,
             x: d.alloc(h * F)?,
-            n: d.alloc(h * F)?,
+            ssq: d.alloc(h.div_ceil(8) * F)?,
+            nssq: h.div_ceil(8),
             proj: d.alloc(proj_rows * F)?,
             q: d.alloc(nh * hd * F)?,
             att_po: d.alloc(nh * MAX_SPLIT * hd * F)?,
@@ -165,8 +176,10 @@ impl GpuModel {
         let x = ds.x.ptr();
         let tok = ds.step.ptr();
         let pos = ds.step.ptr() + 4;
+        let ssq = ds.ssq.ptr();
+        let nssq = ds.nssq;
         d.launch(
-            "embed_gather",
+            "dec_embed",
             (1, 1, 1),
             (256, 1, 1),
             0,
@@ -174,8 +187,9 @@ impl GpuModel {
                 Arg::Ptr(self.embed.buf.ptr()),
                 Arg::Ptr(tok),
                 Arg::Ptr(x),
-                i(1),
                 i(h),
+                Arg::Ptr(ssq),
+                i(nssq),
             ],
         )?;
         let (nk, nv, dk, dv) = (
@@ -188,19 +202,20 @@ impl GpuModel {
         let conv_dim = c.linear_conv_dim();
         let vdim = c.linear_value_dim();
         let proj = ds.proj.ptr();
-        let norm_gemv = |w: u64, rows: usize, norm: u64, y: u64, n_out: u64| {
+        let norm_gemv = |w: u64, rows: usize, norm: u64, y: u64| {
             d.launch_pdl(
                 "dec_norm_gemv",
-                (self.gemv_grid("dec_norm_gemv", rows, 2 * h * F), 1, 1),
+                (self.gemv_grid("dec_norm_gemv", rows, 0), 1, 1),
                 (256, 1, 1),
-                (2 * h * F) as u32,
+                0,
                 &[
                     Arg::Ptr(w),
                     Arg::Ptr(x),
+                    Arg::Ptr(ssq),
+                    i(nssq),
                     Arg::Ptr(norm),
                     f(eps),
                     Arg::Ptr(y),
-                    Arg::Ptr(n_out),
                     i(rows),
                     i(h),
                 ],
@@ -220,7 +235,7 @@ impl GpuModel {
                     SeqLayer::Gdn { conv: cst, s },
                 ) => {
                     let p = in_proj.rows;
-                    norm_gemv(in_proj.buf.ptr(), p, layer.input_norm.ptr(), proj, 0)?;
+                    norm_gemv(in_proj.buf.ptr(), p, layer.input_norm.ptr(), proj)?;
                     let blocks = 2 * nk + vdim.div_ceil(128);
                     d.launch(
                         "dec_gdn_prep",
@@ -244,15 +259,13 @@ impl GpuModel {
                             f(1.0 / (dk as f32).sqrt()),
                         ],
                     )?;
-                    let smem = ((dk * 32 + 2 * dk + 256) * F) as u32;
                     d.launch(
-                        "gdn_recurrent",
-                        (nv as u32, (dv as u32).div_ceil(32), 1),
-                        (32, 8, 1),
-                        smem,
+                        "dec_gdn_step",
+                        (nv as u32, 1, 1),
+                        ((32 * dv.div_ceil(32)) as u32, 4, 1),
+                        0,
                         &[
                             Arg::Ptr(proj),
-                            i(p),
                             i(nk),
                             i(nv),
                             i(dk),
@@ -260,31 +273,13 @@ impl GpuModel {
                             Arg::Ptr(ds.g.ptr()),
                             Arg::Ptr(ds.beta.ptr()),
                             Arg::Ptr(s.ptr()),
-                            Arg::Ptr(ds.gdn_o.ptr()),
-                            i(1),
-                        ],
-                    )?;
-                    d.launch_pdl(
-                        "dec_gdn_out_gemv",
-                        (
-                            self.gemv_grid("dec_gdn_out_gemv", h, (2 * vdim + dv) * F),
-                            1,
-                            1,
-                        ),
-                        (256, 1, 1),
-                        ((2 * vdim + dv) * F) as u32,
-                        &[
-                            Arg::Ptr(out_proj.buf.ptr()),
-                            Arg::Ptr(ds.gdn_o.ptr()),
                             Arg::Ptr(proj + (conv_dim * F) as u64),
                             Arg::Ptr(norm.ptr()),
                             f(eps),
-                            Arg::Ptr(x),
-                            i(h),
-                            i(nv),
-                            i(dv),
+                            Arg::Ptr(ds.gdn_o.ptr()),
                         ],
                     )?;
+                    self.dec_gemv(out_proj.buf.ptr(), ds.gdn_o.ptr(), x, h, vdim, ssq)?;
                 }
                 (
                     DMixer::Attn {
@@ -296,7 +291,7 @@ impl GpuModel {
                     SeqLayer::Attn { k, v },
                 ) => {
                     let p = pw.rows;
-                    norm_gemv(pw.buf.ptr(), p, layer.input_norm.ptr(), proj, 0)?;
+                    norm_gemv(pw.buf.ptr(), p, layer.input_norm.ptr(), proj)?;
                     d.launch(
                         if self.kv_f32 {
                             "attn_prep_f32"
@@ -363,7 +358,7 @@ impl GpuModel {
                             i(nsplit),
                         ],
                     )?;
-                    self.dec_gemv(o_proj.buf.ptr(), ds.att_o.ptr(), x, h, nh * hd, true)?;
+                    self.dec_gemv(o_proj.buf.ptr(), ds.att_o.ptr(), x, h, nh * hd, ssq)?;
                 }
                 _ => bail!("layer state does not match the layer kind"),
             }
@@ -375,13 +370,7 @@ impl GpuModel {
                     shared_down,
                 } => {
                     let (e, k, inter, sh) = mlp_dims(c);
-                    norm_gemv(
-                        input.buf.ptr(),
-                        input.rows,
-                        layer.post_norm.ptr(),
-                        proj,
-                        ds.n.ptr(),
-                    )?;
+                    norm_gemv(input.buf.ptr(), input.rows, layer.post_norm.ptr(), proj)?;
                     d.launch_pdl(
                         "dec_moe_gate_up",
                         (inter.div_ceil(8) as u32, k as u32, 1),
@@ -389,7 +378,11 @@ impl GpuModel {
                         (h * F) as u32,
                         &[
                             Arg::Ptr(gate_up.ptr()),
-                            Arg::Ptr(ds.n.ptr()),
+                            Arg::Ptr(x),
+                            Arg::Ptr(ssq),
+                            i(nssq),
+                            Arg::Ptr(layer.post_norm.ptr()),
+                            f(eps),
                             Arg::Ptr(proj),
                             i(e),
                             i(k),
@@ -402,11 +395,7 @@ impl GpuModel {
                     )?;
                     d.launch_pdl(
                         "dec_moe_down",
-                        (
-                            self.gemv_grid("dec_moe_down", h, (k * inter + sh) * F),
-                            1,
-                            1,
-                        ),
+                        (h.div_ceil(8) as u32, 1, 1),
                         (256, 1, 1),
                         ((k * inter + sh) * F) as u32,
                         &[
@@ -422,18 +411,13 @@ impl GpuModel {
                             i(sh),
                             Arg::Ptr(x),
                             i(h),
+                            Arg::Ptr(ssq),
                         ],
                     )?;
                 }
                 DMlp::Dense { gate_up, down } => {
                     let inter = down.cols;
-                    norm_gemv(
-                        gate_up.buf.ptr(),
-                        gate_up.rows,
-                        layer.post_norm.ptr(),
-                        proj,
-                        0,
-                    )?;
+                    norm_gemv(gate_up.buf.ptr(), gate_up.rows, layer.post_norm.ptr(), proj)?;
                     d.launch(
                         "silu_mul",
                         ((inter as u32).div_ceil(256), 1, 1),
@@ -449,18 +433,12 @@ impl GpuModel {
                             i(1),
                         ],
                     )?;
-                    self.dec_gemv(down.buf.ptr(), ds.act.ptr(), x, h, inter, true)?;
+                    self.dec_gemv(down.buf.ptr(), ds.act.ptr(), x, h, inter, ssq)?;
                 }
             }
         }
         let head = self.lm_head();
-        norm_gemv(
-            head.buf.ptr(),
-            head.rows,
-            self.norm.ptr(),
-            ds.logits.ptr(),
-            0,
-        )?;
+        norm_gemv(head.buf.ptr(), head.rows, self.norm.ptr(), ds.logits.ptr())?;
         d.launch(
             "argmax_partial",
             (ARGMAX_BLOCKS as u32, 1, 1),
@@ -486,28 +464,22 @@ impl GpuModel {
         )
     }
 
-    /// `y (+)= W x` for one token with x staged in shared memory.
-    fn dec_gemv(
-        &self,
-        w: u64,
-        x: u64,
-        y: u64,
-        rows: usize,
-        cols: usize,
-        accumulate: bool,
-    ) -> Result<()> {
+    /// The residual add `y += W x` for one token (x read through L1), one row
+    /// per warp; each block also writes its rows' sum of squares to `ssq`.
+    fn dec_gemv(&self, w: u64, x: u64, y: u64, rows: usize, cols: usize, ssq: u64) -> Result<()> {
         self.dev.launch_pdl(
             "dec_gemv",
-            (self.gemv_grid("dec_gemv", rows, cols * F), 1, 1),
+            (rows.div_ceil(8) as u32, 1, 1),
             (256, 1, 1),
-            (cols * F) as u32,
+            0,
             &[
                 Arg::Ptr(w),
                 Arg::Ptr(x),
                 Arg::Ptr(y),
                 i(rows),
                 i(cols),
-                i(accumulate as usize),
+                i(1),
+                Arg::Ptr(ssq),
             ],
         )
     }
