@@ -788,3 +788,19 @@ QW_KERNEL void QW_BOUNDS(256) argmax_final(const float* __restrict__ part, int n
 QW_KERNEL void step_advance(int* __restrict__ pos) {
     if (threadIdx.x == 0 && blockIdx.x == 0) *pos += 1;
 }
+
+// Bandwidth probe (`qwasi bench --workload speed --probe`): the simplest
+// streaming read of n16 16-byte words, grid-stride, 4 loads in flight per
+// thread; one value per thread is written so the loads are not removed.
+QW_KERNEL void QW_BOUNDS(256) probe_read(const uint4* __restrict__ p, long long n16, unsigned int* __restrict__ out) {
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    long long stride = (long long)gridDim.x * blockDim.x;
+    unsigned int acc = 0;
+    for (; i + 3 * stride < n16; i += 4 * stride) {
+        uint4 a = ld_stream(p + i), b = ld_stream(p + i + stride), c = ld_stream(p + i + 2 * stride),
+              d = ld_stream(p + i + 3 * stride);
+        acc ^= a.x ^ b.y ^ c.z ^ d.w;
+    }
+    for (; i < n16; i += stride) acc ^= ld_stream(p + i).x;
+    out[(size_t)blockIdx.x * blockDim.x + threadIdx.x] = acc;
+}

@@ -45,6 +45,10 @@ pub struct SpeedArgs {
     /// Write each prompt's last-token logits (f32 LE) as DIR/qwasi_logits_<L>.f32.
     #[arg(long, value_name = "DIR")]
     dump_logits: Option<PathBuf>,
+    /// Also time a plain streaming read and the decode GEMV of one
+    /// (out_proj-sized) matrix per launch: the per-kernel floor.
+    #[arg(long)]
+    probe: bool,
 }
 
 /// Prompt token `i` of a length-`len` benchmark prompt.
@@ -144,6 +148,18 @@ fn imp(a: &SpeedArgs, runs: usize, out: &Path) -> Result<()> {
         bw / 1e12
     );
 
+    let probe = if a.probe {
+        let (bytes, read_us, gemv_us) = model.probe_gemv()?;
+        eprintln!(
+            "[bench] probe: {:.1} MB matrix per launch: plain streaming read {read_us:.1} us ({:.2} TB/s), decode GEMV {gemv_us:.1} us ({:.2} TB/s)",
+            bytes as f64 / 1e6,
+            bytes as f64 / read_us / 1e6,
+            bytes as f64 / gemv_us / 1e6
+        );
+        json!({"matrix_bytes": bytes, "plain_read_us": read_us, "decode_gemv_us": gemv_us})
+    } else {
+        Value::Null
+    };
     let mut results = Vec::new();
     let mut all_consistent = true;
     for &len in &a.lens {
@@ -282,6 +298,7 @@ fn imp(a: &SpeedArgs, runs: usize, out: &Path) -> Result<()> {
         "runs": runs,
         "correctness": correctness,
         "greedy_consistent": all_consistent,
+        "probe": probe,
         "results": results,
     });
     if let Some(dir) = out.parent().filter(|d| !d.as_os_str().is_empty()) {

@@ -582,3 +582,66 @@ impl GpuModel {
         self.dev.take_profile()
     }
 }
+
+impl GpuModel {
+    /// What one decode kernel's weight read costs on this device, as a floor
+    /// for the decode GEMVs: mean microseconds per launch over every GDN
+    /// layer's out projection (distinct buffers, together larger than L2) for
+    /// (1) the plainest streaming read of the matrix, (2) the decode GEMV
+    /// (`dec_gemv`, residual + sums of squares), each as back-to-back launches
+    /// timed as one batch. Returns `(bytes per matrix, read us, gemv us)`.
+    pub fn probe_gemv(&self) -> Result<(usize, f64, f64)> {
+        let d = &self.dev;
+        d.bind()?;
+        let mats: Vec<(u64, usize, usize)> = self
+            .layers
+            .iter()
+            .filter_map(|l| match &l.mixer {
+                DMixer::Gdn { out_proj, .. } => {
+                    Some((out_proj.buf.ptr(), out_proj.rows, out_proj.cols))
+                }
+                _ => None,
+            })
+            .collect();
+        if mats.is_empty() {
+            bail!("the probe needs GDN layers");
+        }
+        let (rows, cols) = (mats[0].1, mats[0].2);
+        let bytes = rows * cols * B;
+        let sink = d.alloc(1 << 22)?;
+        let x = d.alloc_zeroed(cols * F)?;
+        let y = d.alloc_zeroed(rows * F)?;
+        let ssq = d.alloc(rows.div_ceil(8) * F)?;
+        let blocks = (d.sm_count * 8).min((1 << 22) / (256 * 4));
+        let time = |f: &dyn Fn(u64) -> Result<()>| -> Result<f64> {
+            for &(w, ..) in &mats {
+                f(w)?;
+            }
+            d.sync()?;
+            let reps = 5;
+            let t = std::time::Instant::now();
+            for _ in 0..reps {
+                for &(w, ..) in &mats {
+                    f(w)?;
+                }
+            }
+            d.sync()?;
+            Ok(t.elapsed().as_secs_f64() * 1e6 / (reps * mats.len()) as f64)
+        };
+        let read = time(&|w| {
+            d.launch(
+                "probe_read",
+                (blocks, 1, 1),
+                (256, 1, 1),
+                0,
+                &[
+                    Arg::Ptr(w),
+                    Arg::I64((bytes / 16) as i64),
+                    Arg::Ptr(sink.ptr()),
+                ],
+            )
+        })?;
+        let gemv = time(&|w| self.dec_gemv(w, x.ptr(), y.ptr(), rows, cols, ssq.ptr()))?;
+        Ok((bytes, read, gemv))
+    }
+}
