@@ -51,18 +51,22 @@ fn model() -> Arc<CpuModel> {
 
 /// The CPU model with snapshot support, failing on demand: when a forward
 /// would move the sequence past `fail_pos` it errors (or panics with
-/// `panic`); `delay` slows each forward (for cancellation tests).
+/// `panic`); `delay` slows each forward (for cancellation tests). Counts
+/// forward/extend calls and the tokens they ran.
 struct Faulty {
     model: Arc<CpuModel>,
     fail_pos: Arc<AtomicUsize>,
     panic: Arc<AtomicBool>,
     delay: Duration,
     forwards: Arc<AtomicUsize>,
+    forward_tokens: Arc<AtomicUsize>,
 }
 
 impl Faulty {
     fn check(&self, seq: &CpuSequence, tokens: &[u32]) -> Result<()> {
         self.forwards.fetch_add(1, Ordering::SeqCst);
+        self.forward_tokens
+            .fetch_add(tokens.len(), Ordering::SeqCst);
         if !self.delay.is_zero() {
             std::thread::sleep(self.delay);
         }
@@ -112,6 +116,7 @@ struct Harness {
     fail_pos: Arc<AtomicUsize>,
     panic: Arc<AtomicBool>,
     forwards: Arc<AtomicUsize>,
+    forward_tokens: Arc<AtomicUsize>,
 }
 
 impl Harness {
@@ -120,12 +125,14 @@ impl Harness {
         let fail_pos = Arc::new(AtomicUsize::new(usize::MAX));
         let panic = Arc::new(AtomicBool::new(false));
         let forwards = Arc::new(AtomicUsize::new(0));
+        let forward_tokens = Arc::new(AtomicUsize::new(0));
         let backend = Faulty {
             model: model.clone(),
             fail_pos: fail_pos.clone(),
             panic: panic.clone(),
             delay: Duration::from_millis(delay_ms),
             forwards: forwards.clone(),
+            forward_tokens: forward_tokens.clone(),
         };
         let cfg = ServiceConfig {
             prefix_cache_bytes: cache_bytes,
@@ -138,7 +145,16 @@ impl Harness {
             fail_pos,
             panic,
             forwards,
+            forward_tokens,
         }
+    }
+
+    /// (forward/extend calls, tokens run) so far.
+    fn work(&self) -> (usize, usize) {
+        (
+            self.forwards.load(Ordering::SeqCst),
+            self.forward_tokens.load(Ordering::SeqCst),
+        )
     }
 
     fn cache(&self) -> &PrefixCache {
@@ -478,10 +494,11 @@ async fn cancellation_leaves_the_cache_unchanged() {
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
     drop(hp);
-    // The next request runs after it; the cache is as before.
+    // The next request runs after it; the cache is as before (the same
+    // prompt as the first request: a full hit on its end snapshot).
     let r = req(&base, 2);
     let out = h.run(&r, SubmitOptions::default()).await;
-    assert_eq!(out.usage().cached_tokens, 32);
+    assert_eq!(out.usage().cached_tokens, 40);
     assert_eq!(h.dump(), before);
     assert_eq!(h.model.page_stats().live_pages(), live);
 }
@@ -601,4 +618,142 @@ async fn cache_off_and_backends_without_snapshots() {
             .metrics_text()
             .contains("qwasi_prefix_cache_misses_total 0\n")
     );
+}
+
+#[tokio::test]
+async fn an_identical_prompt_is_a_full_hit_with_no_prefill() {
+    let h = Harness::new(64 * MIB, 64, 0);
+    let p = prompt(150, 80);
+    let r = req(&p, 8);
+    let (ct, cs) = cold(&h.model, &r);
+    let first = h.run(&r, SubmitOptions::default()).await;
+    assert_eq!(first.usage().cached_tokens, 0);
+    assert_same("first", &first, &ct, &cs);
+    // Only the prompt-end snapshot carries logits (VOCAB f32).
+    let with_logits: Vec<(usize, usize)> = h
+        .dump()
+        .iter()
+        .filter(|e| e.4)
+        .map(|e| (e.2, e.3))
+        .collect();
+    let state_bytes = h.dump()[0].3;
+    assert_eq!(
+        with_logits,
+        vec![(150, state_bytes + VOCAB as usize * 4)],
+        "{:?}",
+        h.dump()
+    );
+    let s = h.cache().stats();
+    let own: usize = h.dump().iter().map(|e| e.3).sum();
+    assert_eq!(s.bytes, h.model.page_stats().live_bytes() + own);
+    let before = h.dump();
+
+    // The same prompt again: no prefill, only the 7 one-token decodes.
+    let (f0, t0) = h.work();
+    let second = h.run(&r, SubmitOptions::default()).await;
+    let (f1, t1) = h.work();
+    assert_eq!(second.usage().cached_tokens as usize, p.len());
+    assert_eq!((f1 - f0, t1 - t0), (7, 7), "forward calls, tokens run");
+    // Exactly the first run's tokens and logprobs, and the cold run's.
+    assert_eq!(second.tokens, first.tokens);
+    assert_eq!(second.steps, first.steps);
+    assert_same("full hit", &second, &ct, &cs);
+    assert_eq!(h.dump(), before, "a full hit adds nothing");
+    let m = h.svc.metrics_text();
+    assert!(m.contains("qwasi_prefix_cache_full_hits_total 1\n"), "{m}");
+    assert!(m.contains("qwasi_prefix_cache_hits_total 1\n"), "{m}");
+    assert!(
+        m.contains("qwasi_prefix_cache_tokens_saved_total 150\n"),
+        "{m}"
+    );
+
+    // One token: max_tokens 1 runs no forward at all.
+    let (f0, _) = h.work();
+    let one = h.run(&req(&p, 1), SubmitOptions::default()).await;
+    assert_eq!(h.work().0, f0);
+    assert_eq!(one.tokens, first.tokens[..1]);
+    assert_eq!(one.usage().cached_tokens, 150);
+
+    // Another salt does not see it.
+    let other = h.run(&req(&p, 1), salted("x")).await;
+    assert_eq!(other.usage().cached_tokens, 0);
+
+    // A full hit that fails in its first decode step commits nothing.
+    let live = h.model.page_stats().live_pages();
+    let stats = h.cache().stats();
+    let before = h.dump();
+    h.fail_pos.store(p.len(), Ordering::SeqCst);
+    let out = h.run(&r, SubmitOptions::default()).await;
+    assert!(matches!(out.end, Event::Failed(_)), "{:?}", out.end);
+    assert_eq!(out.tokens, first.tokens[..1]);
+    assert_eq!(h.dump(), before);
+    assert_eq!(h.cache().stats(), stats);
+    assert_eq!(h.model.page_stats().live_pages(), live, "pages leaked");
+    h.fail_pos.store(usize::MAX, Ordering::SeqCst);
+
+    h.cache().clear();
+    assert_eq!(h.cache().stats().bytes, 0);
+    assert_eq!(h.model.page_stats().live_pages(), 0);
+}
+
+#[tokio::test]
+async fn a_snapshot_without_logits_at_the_prompt_end_is_upgraded() {
+    let h = Harness::new(64 * MIB, 64, 0);
+    let long = prompt(100, 81);
+    h.run(&req(&long, 1), SubmitOptions::default()).await;
+    // An interval snapshot at 64 (no logits) and the prompt end at 100.
+    let flags: Vec<(usize, bool)> = h.dump().iter().map(|e| (e.2, e.4)).collect();
+    assert_eq!(flags, vec![(64, false), (100, true)]);
+    // Exactly the 64 interval tokens: that snapshot cannot serve them (no
+    // logits), nothing shorter is cached, so it runs cold ...
+    let short = &long[..64];
+    let r = req(short, 4);
+    let (ct, cs) = cold(&h.model, &r);
+    let t0 = h.work().1;
+    let a = h.run(&r, SubmitOptions::default()).await;
+    assert_eq!(a.usage().cached_tokens, 0);
+    assert_eq!(h.work().1 - t0, 64 + 3);
+    assert_same("upgrade", &a, &ct, &cs);
+    // ... and replaces it with one that has logits (same node, no growth
+    // beyond the logits and the generation-end snapshot at 67).
+    let mut flags: Vec<(usize, bool)> = h.dump().iter().map(|e| (e.2, e.4)).collect();
+    flags.sort();
+    assert_eq!(flags, vec![(64, true), (67, false), (100, true)]);
+    let own: usize = h.dump().iter().map(|e| e.3).sum();
+    assert_eq!(
+        h.cache().stats().bytes,
+        h.model.page_stats().live_bytes() + own
+    );
+    // Now it is a full hit.
+    let t0 = h.work().1;
+    let b = h.run(&r, SubmitOptions::default()).await;
+    assert_eq!(b.usage().cached_tokens, 64);
+    assert_eq!(h.work().1 - t0, 3);
+    assert_eq!(b.tokens, a.tokens);
+    assert_eq!(b.steps, a.steps);
+    h.cache().clear();
+    assert_eq!(h.model.page_stats().live_pages(), 0);
+}
+
+#[tokio::test]
+async fn logits_count_against_the_budget() {
+    // A budget that fits the state and pages of a 64-token snapshot but not
+    // its logits as well: the end-of-prompt snapshot is never inserted.
+    let probe = Harness::new(64 * MIB, 0, 0);
+    probe
+        .run(&req(&prompt(64, 90), 1), SubmitOptions::default())
+        .await;
+    let one = probe.cache().stats().bytes;
+    let logits = VOCAB as usize * 4;
+    assert!(one > logits);
+    drop(probe);
+    let h = Harness::new(one - 1, 0, 0);
+    h.run(&req(&prompt(64, 90), 1), SubmitOptions::default())
+        .await;
+    assert_eq!(h.cache().stats().snapshots, 0);
+    let h = Harness::new(one, 0, 0);
+    h.run(&req(&prompt(64, 90), 1), SubmitOptions::default())
+        .await;
+    assert_eq!(h.cache().stats().bytes, one);
+    assert!(h.dump()[0].4);
 }

@@ -2,11 +2,14 @@
 //! sequence snapshots, with transactional commits, a byte budget and LRU
 //! eviction of whole snapshots.
 //!
-//! * **Lookup** ([`PrefixCache::lookup`]) returns the deepest snapshot whose
-//!   tokens are a prefix of the prompt and strictly shorter than it (at least
-//!   one prompt token must run to produce logits), as a [`Lease`] that pins the
-//!   snapshot (never evicted while leased). Lookups change nothing else: the
-//!   LRU clock of the snapshot used is advanced only when the request commits.
+//! * **Lookup** ([`PrefixCache::lookup`]) returns a snapshot exactly at the
+//!   prompt's end if it carries the logits predicting the next token (a
+//!   *full hit*: the request runs no prefill at all), and otherwise the
+//!   deepest snapshot whose tokens are a prefix of the prompt and strictly
+//!   shorter than it (at least one prompt token must run to produce logits),
+//!   as a [`Lease`] that pins the snapshot (never evicted while leased).
+//!   Lookups change nothing else: the LRU clock of the snapshot used is
+//!   advanced only when the request commits.
 //! * **Transactions**: a request stages its new snapshots in a [`Staged`] list
 //!   and hands them to [`PrefixCache::commit`] only when it succeeds; a failed,
 //!   cancelled or timed-out request drops the list and the cache is exactly as
@@ -14,9 +17,9 @@
 //! * **Atomicity**: everything is behind one mutex; a snapshot is inserted
 //!   whole and never mutated afterwards (shared as `Arc<dyn SeqSnapshot>`), so
 //!   readers never see a half-written snapshot.
-//! * **Bytes**: each snapshot's private bytes (recurrent states) plus every
-//!   distinct KV page referenced by any snapshot, once (pages are counted by
-//!   id with a reference count inside the cache). Over the budget, the least
+//! * **Bytes**: each snapshot's private bytes (recurrent states) and stored
+//!   logits, plus every distinct KV page referenced by any snapshot, once
+//!   (pages are counted by id with a reference count inside the cache). Over the budget, the least
 //!   recently used unpinned snapshots are evicted; a page's memory is freed
 //!   when its last reference (cache or running sequence) goes.
 
@@ -27,15 +30,32 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-/// Snapshots a request made, to be committed on success: `(tokens, snapshot)`
-/// where `tokens.len() == snapshot.position()`.
-pub type Staged = Vec<(Vec<u32>, Box<dyn SeqSnapshot>)>;
+/// A snapshot a request made, to be committed if the request succeeds.
+pub struct StagedSnapshot {
+    /// The tokens the snapshot covers (`tokens.len() == snap.position()`).
+    pub tokens: Vec<u32>,
+    pub snap: Box<dyn SeqSnapshot>,
+    /// The logits (`vocab_size` f32) the backend returned for the last of
+    /// `tokens`, i.e. the distribution of the token after them. Stored with
+    /// end-of-prompt snapshots so that an identical prompt needs no forward
+    /// pass at all; `None` elsewhere (intervals, guest marks, generation ends).
+    pub logits: Option<Vec<f32>>,
+}
+
+/// Snapshots a request made, to be committed on success.
+pub type Staged = Vec<StagedSnapshot>;
+
+fn logit_bytes(logits: Option<&[f32]>) -> usize {
+    logits.map_or(0, std::mem::size_of_val)
+}
 
 /// One cached snapshot.
 struct Entry {
     salt: Option<String>,
     tokens: Vec<u32>,
     snap: Arc<dyn SeqSnapshot>,
+    /// The logits after `tokens` (end-of-prompt snapshots only).
+    logits: Option<Arc<[f32]>>,
     last_used: u64,
     /// Leases held by running requests (never evicted while > 0).
     pins: Arc<AtomicUsize>,
@@ -48,6 +68,7 @@ struct Inner {
     /// Distinct pages held by the cache's snapshots: id -> (references, bytes).
     pages: HashMap<u64, (usize, usize)>,
     page_bytes: usize,
+    /// Private state bytes plus stored logits of every snapshot.
     private_bytes: usize,
     next_id: u64,
     clock: u64,
@@ -59,6 +80,8 @@ pub struct Lease {
     id: u64,
     snap: Arc<dyn SeqSnapshot>,
     pins: Arc<AtomicUsize>,
+    /// Set on a full hit only: the snapshot covers the whole prompt.
+    logits: Option<Arc<[f32]>>,
 }
 
 impl Lease {
@@ -69,6 +92,12 @@ impl Lease {
     /// Tokens the snapshot covers.
     pub fn position(&self) -> usize {
         self.snap.position()
+    }
+
+    /// On a full hit (the snapshot covers the whole prompt), the stored
+    /// logits that predict the first generated token; `None` otherwise.
+    pub fn logits(&self) -> Option<&[f32]> {
+        self.logits.as_deref()
     }
 }
 
@@ -89,8 +118,9 @@ pub struct CacheStats {
     pub budget: usize,
 }
 
-/// One entry in [`PrefixCache::dump`]: `(salt, tokens, position, private bytes)`.
-pub type DumpEntry = (Option<String>, Vec<u32>, usize, usize);
+/// One entry in [`PrefixCache::dump`]: `(salt, tokens, position, bytes the
+/// entry owns alone (private state + stored logits), has logits)`.
+pub type DumpEntry = (Option<String>, Vec<u32>, usize, usize, bool);
 
 pub struct PrefixCache {
     budget: usize,
@@ -115,18 +145,27 @@ impl PrefixCache {
         self.budget
     }
 
-    /// The deepest snapshot for `salt` whose tokens are a prefix of `prompt`
-    /// and shorter than it, pinned until the lease is dropped.
+    /// For `salt`: the snapshot at exactly `prompt` if it carries logits (a
+    /// full hit: [`Lease::logits`] is set), else the deepest snapshot whose
+    /// tokens are a prefix of `prompt` and shorter than it; pinned until the
+    /// lease is dropped.
     pub fn lookup(&self, salt: Option<&str>, prompt: &[u32]) -> Option<Lease> {
         let inner = self.lock();
         let tree = inner.trees.get(&salt.map(str::to_owned))?;
-        let (id, _) = tree.deepest(prompt, prompt.len().saturating_sub(1))?;
+        let full = tree
+            .get(prompt)
+            .filter(|id| inner.entries[id].logits.is_some());
+        let id = match full {
+            Some(id) => id,
+            None => tree.deepest(prompt, prompt.len().saturating_sub(1))?.0,
+        };
         let e = &inner.entries[&id];
         e.pins.fetch_add(1, Ordering::SeqCst);
         Some(Lease {
             id,
             snap: e.snap.clone(),
             pins: e.pins.clone(),
+            logits: full.and(e.logits.clone()),
         })
     }
 
@@ -139,11 +178,24 @@ impl PrefixCache {
             .is_some_and(|t| t.get(tokens).is_some())
     }
 
+    /// True if a snapshot at exactly `tokens` exists for `salt` and carries
+    /// the logits after them (it can serve an identical prompt).
+    pub fn contains_with_logits(&self, salt: Option<&str>, tokens: &[u32]) -> bool {
+        let inner = self.lock();
+        inner
+            .trees
+            .get(&salt.map(str::to_owned))
+            .and_then(|t| t.get(tokens))
+            .is_some_and(|id| inner.entries[&id].logits.is_some())
+    }
+
     /// Commits a successful request: marks the snapshot it resumed from (if
     /// any) as used, inserts its staged snapshots (an existing snapshot at
-    /// the same tokens is kept and the new one dropped), then evicts least
-    /// recently used unpinned snapshots until the cache fits its budget.
-    /// Returns how many snapshots were inserted.
+    /// the same tokens is kept and the new one dropped, except that a staged
+    /// snapshot with logits replaces an existing one without: same tokens,
+    /// so the same state, now able to serve an identical prompt), then
+    /// evicts least recently used unpinned snapshots until the cache fits its
+    /// budget. Returns how many snapshots were inserted or replaced.
     pub fn commit(&self, salt: Option<&str>, used: Option<&Lease>, staged: Staged) -> usize {
         let salt = salt.map(str::to_owned);
         let mut inner = self.lock();
@@ -155,38 +207,58 @@ impl PrefixCache {
             e.last_used = inner.clock;
         }
         let mut inserted = 0;
-        for (tokens, snap) in staged {
+        for StagedSnapshot {
+            tokens,
+            snap,
+            logits,
+        } in staged
+        {
             debug_assert_eq!(tokens.len(), snap.position());
             if tokens.is_empty() || tokens.len() != snap.position() {
                 continue;
             }
-            let tree = inner.trees.entry(salt.clone()).or_default();
-            if let Some(id) = tree.get(&tokens) {
-                inner.entries.get_mut(&id).expect("indexed").last_used = inner.clock;
+            // A snapshot larger than the whole budget can never be held.
+            let own = snap.private_bytes()
+                + logit_bytes(logits.as_deref())
+                + snap.pages().iter().map(|p| p.1).sum::<usize>();
+            let existing = inner.trees.get(&salt).and_then(|t| t.get(&tokens));
+            if let Some(id) = existing {
+                let e = inner.entries.get_mut(&id).expect("indexed");
+                e.last_used = inner.clock;
+                if e.logits.is_some() || logits.is_none() || own > self.budget {
+                    continue;
+                }
+                // Upgrade in place (same id, node and pins): a request
+                // holding a lease on the old snapshot keeps its own `Arc`.
+                let snap: Arc<dyn SeqSnapshot> = Arc::from(snap);
+                let logits: Option<Arc<[f32]>> = logits.map(Arc::from);
+                let old_snap = std::mem::replace(&mut e.snap, snap.clone());
+                let old_logits = std::mem::replace(&mut e.logits, logits.clone());
+                Self::account_add(inner, &*snap, logits.as_deref());
+                Self::account_sub(inner, &*old_snap, old_logits.as_deref());
+                inserted += 1;
                 continue;
             }
-            // A snapshot larger than the whole budget can never be held.
-            let own = snap.private_bytes() + snap.pages().iter().map(|p| p.1).sum::<usize>();
             if own > self.budget {
                 continue;
             }
             inner.next_id += 1;
             let id = inner.next_id;
-            tree.insert(&tokens, id);
-            inner.private_bytes += snap.private_bytes();
-            for (pid, bytes) in snap.pages() {
-                let slot = inner.pages.entry(pid).or_insert((0, bytes));
-                if slot.0 == 0 {
-                    inner.page_bytes += bytes;
-                }
-                slot.0 += 1;
-            }
+            inner
+                .trees
+                .entry(salt.clone())
+                .or_default()
+                .insert(&tokens, id);
+            let snap: Arc<dyn SeqSnapshot> = Arc::from(snap);
+            let logits: Option<Arc<[f32]>> = logits.map(Arc::from);
+            Self::account_add(inner, &*snap, logits.as_deref());
             inner.entries.insert(
                 id,
                 Entry {
                     salt: salt.clone(),
                     tokens,
-                    snap: Arc::from(snap),
+                    snap,
+                    logits,
                     last_used: inner.clock,
                     pins: Arc::default(),
                 },
@@ -195,6 +267,33 @@ impl PrefixCache {
         }
         Self::evict_to(inner, self.budget);
         inserted
+    }
+
+    /// Counts a snapshot's private bytes, logits and pages as held.
+    fn account_add(inner: &mut Inner, snap: &dyn SeqSnapshot, logits: Option<&[f32]>) {
+        inner.private_bytes += snap.private_bytes() + logit_bytes(logits);
+        for (pid, bytes) in snap.pages() {
+            let slot = inner.pages.entry(pid).or_insert((0, bytes));
+            if slot.0 == 0 {
+                inner.page_bytes += bytes;
+            }
+            slot.0 += 1;
+        }
+    }
+
+    /// The reverse of [`Self::account_add`]; a page no snapshot holds any
+    /// more stops being counted.
+    fn account_sub(inner: &mut Inner, snap: &dyn SeqSnapshot, logits: Option<&[f32]>) {
+        inner.private_bytes -= snap.private_bytes() + logit_bytes(logits);
+        for (pid, _) in snap.pages() {
+            if let Some(slot) = inner.pages.get_mut(&pid) {
+                slot.0 -= 1;
+                if slot.0 == 0 {
+                    inner.page_bytes -= slot.1;
+                    inner.pages.remove(&pid);
+                }
+            }
+        }
     }
 
     fn bytes(inner: &Inner) -> usize {
@@ -226,16 +325,7 @@ impl PrefixCache {
                 inner.trees.remove(&e.salt);
             }
         }
-        inner.private_bytes -= e.snap.private_bytes();
-        for (pid, _) in e.snap.pages() {
-            if let Some(slot) = inner.pages.get_mut(&pid) {
-                slot.0 -= 1;
-                if slot.0 == 0 {
-                    inner.page_bytes -= slot.1;
-                    inner.pages.remove(&pid);
-                }
-            }
-        }
+        Self::account_sub(inner, &*e.snap, e.logits.as_deref());
     }
 
     /// Drops every unpinned snapshot (not counted as evictions).
@@ -274,7 +364,8 @@ impl PrefixCache {
                     e.salt.clone(),
                     e.tokens.clone(),
                     e.snap.position(),
-                    e.snap.private_bytes(),
+                    e.snap.private_bytes() + logit_bytes(e.logits.as_deref()),
+                    e.logits.is_some(),
                 )
             })
             .collect();

@@ -80,6 +80,7 @@ pub(super) struct Metrics {
     failed: AtomicU64,
     prefix_hits: AtomicU64,
     prefix_misses: AtomicU64,
+    prefix_full_hits: AtomicU64,
     prefix_tokens_saved: AtomicU64,
     ttft: Histogram,
     itl: Histogram,
@@ -105,6 +106,7 @@ impl Metrics {
             failed: AtomicU64::new(0),
             prefix_hits: AtomicU64::new(0),
             prefix_misses: AtomicU64::new(0),
+            prefix_full_hits: AtomicU64::new(0),
             prefix_tokens_saved: AtomicU64::new(0),
             ttft: Histogram::new(LATENCY_BUCKETS),
             itl: Histogram::new(LATENCY_BUCKETS),
@@ -147,6 +149,12 @@ impl Metrics {
             &self.prefix_misses
         }
         .fetch_add(1, Relaxed);
+    }
+
+    /// A hit that covered the whole prompt (stored logits, no prefill);
+    /// also counted by `record_prefix_lookup(true)`.
+    pub fn record_prefix_full_hit(&self) {
+        self.prefix_full_hits.fetch_add(1, Relaxed);
     }
 
     pub fn add_prefix_tokens_saved(&self, n: usize) {
@@ -305,6 +313,12 @@ impl Metrics {
             "qwasi_prefix_cache_misses_total",
             "Requests that found no usable prefix-cache snapshot.",
             &self.prefix_misses,
+        );
+        counter(
+            o,
+            "qwasi_prefix_cache_full_hits_total",
+            "Hits that covered the whole prompt: logits stored with the snapshot, no prefill.",
+            &self.prefix_full_hits,
         );
         counter(
             o,

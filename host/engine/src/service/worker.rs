@@ -13,7 +13,7 @@ use super::queue::{Job, Queue};
 use super::{Event, Usage};
 use crate::backend::Backend;
 use crate::generate::FinishReason;
-use crate::prefix_cache::{Lease, PrefixCache, Staged};
+use crate::prefix_cache::{Lease, PrefixCache, Staged, StagedSnapshot};
 use crate::sampling::Sampler;
 use crate::tokenizer::{IncrementalDecoder, Tokenizer};
 use anyhow::Result;
@@ -149,12 +149,15 @@ impl<B: Backend> Worker<B> {
 
     /// The deepest cached snapshot matching `prompt` under `salt`, as a
     /// sequence resumed at that position plus the number of prompt tokens
-    /// it covers (always fewer than the prompt, so the prefill yields fresh
-    /// logits). Without a cache, or on a miss: a fresh sequence.
+    /// it covers: the whole prompt on a full hit (a snapshot at the prompt's
+    /// end that stored the logits after it, returned with them), otherwise
+    /// fewer than the prompt, so the prefill yields fresh logits. Without a
+    /// cache, or on a miss: a fresh sequence.
     fn lookup_prefix(&self, prompt: &[u32], salt: Option<&str>) -> PrefixMatch<B::Sequence> {
         let fresh = || PrefixMatch {
             seq: self.backend.new_sequence(),
             cached_tokens: 0,
+            logits: None,
             lease: None,
         };
         let Some(cache) = &self.cache else {
@@ -164,13 +167,29 @@ impl<B: Backend> Worker<B> {
             let seq = self.backend.restore(lease.snapshot())?;
             Some((seq, lease))
         });
+        let vocab = self.backend.config().vocab_size;
         match found {
+            Some((seq, lease))
+                if lease.position() == prompt.len()
+                    && lease.logits().is_some_and(|l| l.len() == vocab) =>
+            {
+                self.metrics.record_prefix_lookup(true);
+                self.metrics.record_prefix_full_hit();
+                self.metrics.add_prefix_tokens_saved(lease.position());
+                PrefixMatch {
+                    seq,
+                    cached_tokens: lease.position(),
+                    logits: lease.logits().map(<[f32]>::to_vec),
+                    lease: Some(lease),
+                }
+            }
             Some((seq, lease)) if lease.position() > 0 && lease.position() < prompt.len() => {
                 self.metrics.record_prefix_lookup(true);
                 self.metrics.add_prefix_tokens_saved(lease.position());
                 PrefixMatch {
                     seq,
                     cached_tokens: lease.position(),
+                    logits: None,
                     lease: Some(lease),
                 }
             }
@@ -185,6 +204,8 @@ impl<B: Backend> Worker<B> {
 struct PrefixMatch<S> {
     seq: S,
     cached_tokens: usize,
+    /// On a full hit: the stored logits after the whole prompt.
+    logits: Option<Vec<f32>>,
     lease: Option<Lease>,
 }
 
@@ -234,11 +255,14 @@ impl<'j, B: Backend> Running<'j, B> {
         let PrefixMatch {
             mut seq,
             cached_tokens,
+            logits: stored_logits,
             lease,
         } = w.lookup_prefix(&req.prompt, salt);
         // The prefill runs prompt[cached..]; with a cache it is split at the
         // snapshot points (every `snapshot_interval` tokens and the guest's
-        // marks) and a snapshot is staged at each cut and at the end.
+        // marks) and a snapshot is staged at each cut and at the end (that
+        // one with the logits). On a full hit there is nothing to run: the
+        // stored logits give the first token.
         let p = req.prompt.len();
         let mut staged: Staged = Vec::new();
         let mut cuts = BTreeSet::new();
@@ -268,15 +292,29 @@ impl<'j, B: Backend> Running<'j, B> {
             w.backend.extend(&mut seq, &req.prompt[at..q])?;
             at = q;
             if let Some(snap) = w.backend.snapshot(&seq) {
-                staged.push((req.prompt[..q].to_vec(), snap));
+                staged.push(StagedSnapshot {
+                    tokens: req.prompt[..q].to_vec(),
+                    snap,
+                    logits: None,
+                });
             }
         }
-        let logits = w.backend.forward(&mut seq, &req.prompt[at..])?;
+        let logits = match stored_logits {
+            Some(l) => l,
+            None => w.backend.forward(&mut seq, &req.prompt[at..])?,
+        };
+        // A snapshot already at the prompt's end but without logits (an
+        // interval, a mark or a generation end of another request) is
+        // replaced by this one on commit.
         if let Some(cache) = &w.cache
-            && !cache.contains(salt, &req.prompt)
+            && !cache.contains_with_logits(salt, &req.prompt)
             && let Some(snap) = w.backend.snapshot(&seq)
         {
-            staged.push((req.prompt.clone(), snap));
+            staged.push(StagedSnapshot {
+                tokens: req.prompt.clone(),
+                snap,
+                logits: Some(logits.clone()),
+            });
         }
         w.metrics.add_prompt_tokens(req.prompt.len());
         let mut stops = req.stop_token_ids.clone();
@@ -363,7 +401,11 @@ impl<'j, B: Backend> Running<'j, B> {
             return;
         }
         if let Some(snap) = w.backend.snapshot(&self.seq) {
-            self.staged.push((key.to_vec(), snap));
+            self.staged.push(StagedSnapshot {
+                tokens: key.to_vec(),
+                snap,
+                logits: None,
+            });
         }
     }
 
