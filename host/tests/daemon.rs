@@ -123,3 +123,100 @@ fn stop_without_a_server_fails_clearly() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("no qwasi server is recorded"));
 }
+
+/// Stops a server started by a test even when an assertion fails.
+struct KillOnDrop(u64);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = Command::new("kill").arg(self.0.to_string()).status();
+    }
+}
+
+#[test]
+fn start_passes_api_keys_through_the_environment_not_the_command_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().to_str().unwrap();
+    let port = free_port().to_string();
+    let model = fixture_model();
+    let cache = compile_cache();
+    let guest = misbehave_guest();
+    let (k1, k2) = ("sk-daemon-first-4f1c", "sk-daemon-second-9a2e");
+    let out = qwasi(&[
+        "start",
+        "--port",
+        &port,
+        "--state-dir",
+        state,
+        "--model",
+        &model,
+        "--guest",
+        &guest,
+        "--compile-cache",
+        &cache,
+        "--api-key",
+        k1,
+        &format!("--api-key={k2}"),
+        "--wait-timeout",
+        "120s",
+    ]);
+    assert!(
+        out.status.success(),
+        "start failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let started: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let pid = started["pid"].as_u64().unwrap();
+    let guard = KillOnDrop(pid);
+    let addr = format!("127.0.0.1:{port}");
+
+    // The background server enforces both keys.
+    let get = |key: Option<&str>| {
+        let auth = key.map(|k| format!("Bearer {k}"));
+        let headers: Vec<(&str, &str)> =
+            auth.iter().map(|a| ("Authorization", a.as_str())).collect();
+        request(&addr, "GET", "/ok", &headers, "").status
+    };
+    assert_eq!(get(None), 401);
+    assert_eq!(get(Some("sk-wrong")), 401);
+    assert_eq!(get(Some(k1)), 200);
+    assert_eq!(get(Some(k2)), 200);
+
+    // Neither key is on its command line; it got them in its environment.
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap();
+    let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+    assert!(cmdline.contains(" serve "), "{cmdline}");
+    for k in [k1, k2] {
+        assert!(!cmdline.contains(k), "key on the command line: {cmdline}");
+    }
+    assert!(!cmdline.contains("--api-key"), "{cmdline}");
+    let environ = std::fs::read(format!("/proc/{pid}/environ")).unwrap();
+    let environ = String::from_utf8_lossy(&environ);
+    assert!(
+        environ
+            .split('\0')
+            .any(|v| v == format!("QWASI_API_KEY={k1},{k2}")),
+        "QWASI_API_KEY not passed"
+    );
+    // Nor in the log.
+    let log =
+        std::fs::read_to_string(dir.path().join(format!("server-127.0.0.1-{port}.log"))).unwrap();
+    assert!(!log.contains(k1) && !log.contains(k2), "{log}");
+
+    let out = qwasi(&[
+        "stop",
+        "--state-dir",
+        state,
+        "--port",
+        &port,
+        "--timeout",
+        "60s",
+    ]);
+    assert!(
+        out.status.success(),
+        "stop failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Stopped: nothing left to kill (its pid may be reused).
+    std::mem::forget(guard);
+}

@@ -103,7 +103,11 @@ pub fn start(a: StartArgs) -> Result<()> {
         .open(&log_path)
         .with_context(|| format!("cannot open the log file {}", log_path.display()))?;
 
-    // The same command line with `serve` instead of `start`, minus start's own flags.
+    // The same command line with `serve` instead of `start`, minus start's
+    // own flags and the API keys: a command line is world-readable
+    // (`ps`, /proc/PID/cmdline), so the keys go through the environment
+    // (`QWASI_API_KEY`, which `serve` reads; /proc/PID/environ is private
+    // to the user).
     let mut args: Vec<OsString> = Vec::new();
     let mut it = std::env::args_os().skip(1);
     let mut replaced = false;
@@ -112,9 +116,9 @@ pub fn start(a: StartArgs) -> Result<()> {
         if !replaced && s == "start" {
             args.push("serve".into());
             replaced = true;
-        } else if s == "--wait-timeout" {
+        } else if s == "--wait-timeout" || s == "--api-key" {
             it.next();
-        } else if s.starts_with("--wait-timeout=") {
+        } else if s.starts_with("--wait-timeout=") || s.starts_with("--api-key=") {
         } else {
             args.push(arg);
         }
@@ -125,6 +129,20 @@ pub fn start(a: StartArgs) -> Result<()> {
     }
     let exe = std::env::current_exe().context("cannot find the qwasi executable")?;
     let mut cmd = Command::new(exe);
+    // The keys as parsed here (from --api-key, or else QWASI_API_KEY);
+    // none of them contains a comma (the flag splits on commas).
+    let keys: Vec<&str> = a
+        .serve
+        .api_key
+        .iter()
+        .map(String::as_str)
+        .filter(|k| !k.is_empty())
+        .collect();
+    if keys.is_empty() {
+        cmd.env_remove(serve::API_KEY_ENV);
+    } else {
+        cmd.env(serve::API_KEY_ENV, keys.join(","));
+    }
     cmd.args(&args)
         .stdin(Stdio::null())
         .stdout(log.try_clone()?)

@@ -13,6 +13,10 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+/// The environment variable `--api-key` falls back to (comma-separated keys);
+/// `qwasi start` hands the keys to the background server through it.
+pub const API_KEY_ENV: &str = "QWASI_API_KEY";
+
 #[derive(clap::Args, Clone, Debug)]
 pub struct Args {
     #[command(flatten)]
@@ -24,10 +28,11 @@ pub struct Args {
     #[arg(long, default_value_t = 8000)]
     pub port: u16,
     /// API key clients must send (`Authorization: Bearer KEY`); repeat or
-    /// separate with commas for several.
+    /// separate with commas for several. Also read from QWASI_API_KEY
+    /// (comma-separated), which keeps keys off the command line.
     #[arg(
         long,
-        env = "QWASI_API_KEY",
+        env = API_KEY_ENV,
         value_delimiter = ',',
         hide_env_values = true
     )]
