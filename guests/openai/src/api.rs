@@ -1,4 +1,4 @@
-//! Routing and the endpoints, over the [`Host`] and [`Sink`] traits.
+//! Routing and the endpoints, over the [`Host`] and [`Output`] traits.
 
 use std::collections::HashMap;
 
@@ -6,9 +6,7 @@ use serde_json::{Map, Value, json};
 
 use crate::chat::{self, Message, RenderOptions};
 use crate::error::ApiError;
-use crate::host::{
-    Event, FinishReason, GenerateRequest, Generation, Host, ModelInfo, Sink, TokenEvent, Usage,
-};
+use crate::host::Host;
 use crate::params::{
     self, ChatRequest, Common, CompletionRequest, Prompt, TokenizeRequest, ToolChoice, Tools,
 };
@@ -18,6 +16,11 @@ use crate::template;
 use crate::think::{THINK_END, ThinkSplitter};
 use crate::tokens;
 use crate::toolcall::{self, Out, ToolParser};
+use qwasi_guest_sdk::Request;
+use qwasi_guest_sdk::http::Output;
+use qwasi_guest_sdk::inference::{
+    Event, FinishReason, GenerateRequest, Generation, ModelInfo, TokenEvent, Usage,
+};
 
 /// Largest request body the guest reads.
 pub const MAX_BODY_BYTES: usize = 32 << 20;
@@ -25,22 +28,14 @@ pub const MAX_BODY_BYTES: usize = 32 << 20;
 /// What the guest serves; `finish_reason` for a cancelled generation.
 pub const CANCELLED_FINISH_REASON: &str = "abort";
 
-#[derive(Debug, Clone)]
-pub struct HttpRequest {
-    pub method: String,
-    /// Path and query, as received.
-    pub path: String,
-    pub body: Vec<u8>,
-}
-
 /// Serves one request.
-pub fn handle<H: Host, S: Sink>(host: &H, req: &HttpRequest, sink: &mut S) {
-    if let Err(e) = route(host, req, sink) {
+pub fn handle<H: Host, S: Output>(host: &H, mut req: Request, sink: &mut S) {
+    if let Err(e) = route(host, &mut req, sink) {
         send_error(sink, &e);
     }
 }
 
-pub fn send_error<S: Sink>(sink: &mut S, e: &ApiError) {
+pub fn send_error<S: Output>(sink: &mut S, e: &ApiError) {
     let body = e.body();
     let mut headers = vec![
         ("content-type", "application/json".to_string()),
@@ -59,7 +54,7 @@ pub fn send_error<S: Sink>(sink: &mut S, e: &ApiError) {
     }
 }
 
-pub fn send_json<S: Sink>(sink: &mut S, status: u16, v: &Value) {
+pub fn send_json<S: Output>(sink: &mut S, status: u16, v: &Value) {
     let body = serde_json::to_vec(v).expect("JSON serialises");
     let headers = [
         ("content-type", "application/json".to_string()),
@@ -70,9 +65,11 @@ pub fn send_json<S: Sink>(sink: &mut S, status: u16, v: &Value) {
     }
 }
 
-fn route<H: Host, S: Sink>(host: &H, req: &HttpRequest, sink: &mut S) -> Result<(), ApiError> {
-    let path = req.path.split(['?', '#']).next().unwrap_or("");
-    let method = req.method.as_str();
+fn route<H: Host, S: Output>(host: &H, req: &mut Request, sink: &mut S) -> Result<(), ApiError> {
+    let path = req.path().to_owned();
+    let path = path.as_str();
+    let method = req.method_as_sent().to_owned();
+    let method = method.as_str();
     let allow = |m: &str| {
         if method == m {
             Ok(())
@@ -80,9 +77,8 @@ fn route<H: Host, S: Sink>(host: &H, req: &HttpRequest, sink: &mut S) -> Result<
             Err(ApiError::method_not_allowed(method, path, m))
         }
     };
-    if req.body.len() > MAX_BODY_BYTES {
-        return Err(ApiError::too_large(MAX_BODY_BYTES));
-    }
+    // Read (and size-check) the body before routing.
+    let body = req.body(MAX_BODY_BYTES).map_err(ApiError::from)?;
     match path {
         "/v1/models" => {
             allow("GET")?;
@@ -104,21 +100,21 @@ fn route<H: Host, S: Sink>(host: &H, req: &HttpRequest, sink: &mut S) -> Result<
         }
         "/v1/completions" => {
             allow("POST")?;
-            let body = params::parse_body(&req.body)?;
+            let body = params::parse_body(body)?;
             let info = host.model_info();
             let r = params::parse_completion(&body, &info)?;
             completions(host, &info, r, sink)?;
         }
         "/v1/chat/completions" => {
             allow("POST")?;
-            let body = params::parse_body(&req.body)?;
+            let body = params::parse_body(body)?;
             let info = host.model_info();
             let r = params::parse_chat(&body, &info)?;
             chat_completions(host, &info, r, sink)?;
         }
         "/tokenize" => {
             allow("POST")?;
-            let body = params::parse_body(&req.body)?;
+            let body = params::parse_body(body)?;
             let info = host.model_info();
             let tokens = match params::parse_tokenize(&body, &info)? {
                 TokenizeRequest::Prompt(p) => encode(host, &p, "prompt")?,
@@ -136,11 +132,11 @@ fn route<H: Host, S: Sink>(host: &H, req: &HttpRequest, sink: &mut S) -> Result<
         }
         "/detokenize" => {
             allow("POST")?;
-            let body = params::parse_body(&req.body)?;
+            let body = params::parse_body(body)?;
             let info = host.model_info();
             let ids = params::parse_detokenize(&body, &info)?;
             let text = host
-                .decode(&ids, false)
+                .detokenize(&ids, false)
                 .map_err(|e| ApiError::invalid_value("tokens", e))?;
             send_json(sink, 200, &json!({"prompt": text}));
         }
@@ -182,7 +178,7 @@ fn percent_decode(s: &str) -> String {
 }
 
 fn encode<H: Host>(host: &H, text: &str, param: &str) -> Result<Vec<u32>, ApiError> {
-    host.encode(text)
+    host.tokenize(text)
         .map_err(|e| ApiError::invalid_value(param, format!("could not tokenize '{param}': {e}")))
 }
 
@@ -495,7 +491,7 @@ impl<'h, H: Host> Driver<'h, H> {
             Some(sp) => tokens::spelling_to_bytes(&sp),
             None => self
                 .host
-                .decode(&[id], false)
+                .detokenize(&[id], false)
                 .unwrap_or_default()
                 .into_bytes(),
         };
@@ -833,7 +829,7 @@ fn meta<H: Host>(host: &H, prefix: &str, model: &str) -> Meta {
     }
 }
 
-fn completions<H: Host, S: Sink>(
+fn completions<H: Host, S: Output>(
     host: &H,
     info: &ModelInfo,
     r: CompletionRequest,
@@ -853,7 +849,7 @@ fn completions<H: Host, S: Sink>(
         Some(match prompt_text {
             Some(t) => t,
             None => host
-                .decode(&prompt_ids, false)
+                .detokenize(&prompt_ids, false)
                 .map_err(|e| ApiError::invalid_value("prompt", e))?,
         })
     } else {
@@ -917,7 +913,7 @@ pub fn tokenize_chat<H: Host>(host: &H, text: &str) -> Result<(Vec<u32>, Vec<u32
     Ok((ids, points))
 }
 
-fn chat_completions<H: Host, S: Sink>(
+fn chat_completions<H: Host, S: Output>(
     host: &H,
     info: &ModelInfo,
     r: ChatRequest,
@@ -961,7 +957,7 @@ fn envelope(m: &Meta, object: &str, choices: Vec<Value>) -> Value {
     json!({"id": m.id, "object": object, "created": m.created, "model": m.model, "choices": choices})
 }
 
-fn run<H: Host, F: Format, S: Sink>(
+fn run<H: Host, F: Format, S: Output>(
     host: &H,
     req: GenerateRequest,
     mut driver: Driver<H>,
@@ -1023,7 +1019,7 @@ fn run<H: Host, F: Format, S: Sink>(
     }
 }
 
-fn stream<H: Host, F: Format, G: Generation, S: Sink>(
+fn stream<H: Host, F: Format, G: Generation, S: Output>(
     generation: &mut Option<G>,
     mut driver: Driver<H>,
     fmt: &F,

@@ -5,8 +5,12 @@ use std::rc::Rc;
 
 use serde_json::{Value, json};
 
-use crate::api::{HttpRequest, handle};
-use crate::host::*;
+use qwasi_guest_sdk::Request;
+use qwasi_guest_sdk::inference::*;
+use qwasi_guest_sdk::testing::Recorder;
+
+use crate::api::handle;
+use crate::host::Host;
 use crate::sse;
 use crate::tokens::byte_to_char;
 
@@ -123,16 +127,16 @@ impl Drop for FakeGeneration {
     }
 }
 
-impl Host for FakeHost {
+impl Engine for FakeHost {
     type Generation = FakeGeneration;
     fn model_info(&self) -> ModelInfo {
         self.info.clone()
     }
-    fn encode(&self, text: &str) -> Result<Vec<u32>, String> {
+    fn tokenize(&self, text: &str) -> Result<Vec<u32>, String> {
         self.encoded.borrow_mut().push(text.to_owned());
         Ok(enc(text))
     }
-    fn decode(&self, ids: &[u32], _skip: bool) -> Result<String, String> {
+    fn detokenize(&self, ids: &[u32], _skip: bool) -> Result<String, String> {
         Ok(dec(ids))
     }
     fn token_to_id(&self, token: &str) -> Option<u32> {
@@ -162,58 +166,31 @@ impl Host for FakeHost {
             polls: self.polls.clone(),
         })
     }
+    fn now_unix_ns(&self) -> u64 {
+        1_700_000_123_000_000_000
+    }
+    fn monotonic_ns(&self) -> u64 {
+        0
+    }
+}
+
+impl Host for FakeHost {
     fn random_hex(&self, bytes: usize) -> String {
         "ab".repeat(bytes)
     }
-    fn now_unix(&self) -> u64 {
-        1_700_000_123
-    }
 }
 
-#[derive(Default)]
-struct RecSink {
-    status: Option<u16>,
-    headers: Vec<(String, String)>,
-    writes: Vec<Vec<u8>>,
-    /// Fail writes after this many.
-    fail_after: Option<usize>,
-}
+/// The recorded response; `events()` gives its SSE events.
+type RecSink = Recorder;
 
-impl Sink for RecSink {
-    fn start(&mut self, status: u16, headers: &[(&str, String)]) -> Result<(), Disconnected> {
-        assert!(self.status.is_none(), "headers sent twice");
-        self.status = Some(status);
-        self.headers = headers
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.clone()))
-            .collect();
-        Ok(())
-    }
-    fn write(&mut self, data: &[u8]) -> Result<(), Disconnected> {
-        if self.fail_after.is_some_and(|n| self.writes.len() >= n) {
-            return Err(Disconnected);
-        }
-        self.writes.push(data.to_vec());
-        Ok(())
-    }
-}
-
-impl RecSink {
-    fn body(&self) -> String {
-        String::from_utf8(self.writes.concat()).unwrap()
-    }
-    fn json(&self) -> Value {
-        serde_json::from_str(&self.body()).unwrap()
-    }
-    fn header(&self, name: &str) -> Option<&str> {
-        self.headers
-            .iter()
-            .find(|(k, _)| k == name)
-            .map(|(_, v)| v.as_str())
-    }
+trait SseEvents {
     /// The SSE events' JSON (the final `[DONE]` checked and left out).
+    fn events(&self) -> Vec<Value>;
+}
+
+impl SseEvents for Recorder {
     fn events(&self) -> Vec<Value> {
-        let body = self.body();
+        let body = self.body_string();
         assert!(body.ends_with("data: [DONE]\n\n"), "{body}");
         let ev = sse::parse_events(&body);
         assert_eq!(ev.iter().filter(|e| **e == "[DONE]").count(), 1);
@@ -235,15 +212,7 @@ fn call(host: &FakeHost, method: &str, path: &str, body: Value) -> RecSink {
 
 fn call_raw(host: &FakeHost, method: &str, path: &str, body: Vec<u8>) -> RecSink {
     let mut sink = RecSink::default();
-    handle(
-        host,
-        &HttpRequest {
-            method: method.into(),
-            path: path.into(),
-            body,
-        },
-        &mut sink,
-    );
+    handle(host, Request::from_bytes(method, path, body), &mut sink);
     assert!(sink.status.is_some());
     sink
 }
@@ -283,7 +252,7 @@ fn finished(reason: FinishReason, prompt: u32, completion: u32, cached: u32) -> 
 }
 
 fn assert_error(s: &RecSink, status: u16, code: &str) -> Value {
-    assert_eq!(s.status, Some(status), "{}", s.body());
+    assert_eq!(s.status, Some(status), "{}", s.body_string());
     let v = s.json();
     assert_eq!(v["error"]["code"], code, "{v}");
     assert!(v["error"]["message"].is_string());
@@ -306,7 +275,7 @@ fn models() {
     assert_eq!(v["data"][0]["max_model_len"], 100);
     assert_eq!(
         s.header("content-length").unwrap(),
-        s.body().len().to_string()
+        s.body_string().len().to_string()
     );
 
     let s = call(&h, "GET", "/v1/models/qwen3.6", Value::Null);
@@ -807,11 +776,7 @@ fn client_gone_cancels() {
         serde_json::to_vec(&json!({"model": "qwen3.6", "prompt": "x", "stream": true})).unwrap();
     handle(
         &h,
-        &HttpRequest {
-            method: "POST".into(),
-            path: "/v1/completions".into(),
-            body,
-        },
+        Request::from_bytes("POST", "/v1/completions", body),
         &mut sink,
     );
     assert!(h.dropped.get());

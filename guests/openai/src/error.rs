@@ -177,9 +177,20 @@ impl ApiError {
     }
 }
 
-impl From<crate::host::GenerateError> for ApiError {
-    fn from(e: crate::host::GenerateError) -> Self {
-        use crate::host::GenerateError as G;
+/// The SDK's request-body errors (413 over the limit, or a read failure).
+impl From<qwasi_guest_sdk::ApiError> for ApiError {
+    fn from(e: qwasi_guest_sdk::ApiError) -> Self {
+        match e.code.as_deref() {
+            Some("request_too_large") => ApiError::too_large(crate::api::MAX_BODY_BYTES),
+            Some("body_read_error") => ApiError::invalid("body_read_error", e.message),
+            _ => ApiError::internal(e.message),
+        }
+    }
+}
+
+impl From<qwasi_guest_sdk::inference::GenerateError> for ApiError {
+    fn from(e: qwasi_guest_sdk::inference::GenerateError) -> Self {
+        use qwasi_guest_sdk::inference::GenerateError as G;
         match e {
             G::QueueFull(s) => ApiError::queue_full(s),
             G::QueueTimeout => ApiError::queue_timeout(),
@@ -194,7 +205,7 @@ impl From<crate::host::GenerateError> for ApiError {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::host::GenerateError;
+    use qwasi_guest_sdk::inference::GenerateError;
 
     #[test]
     fn shape() {

@@ -1,9 +1,9 @@
 //! Qwasi's OpenAI-compatible HTTP API as a `wasi:http` component.
 //!
-//! Everything but `bindings`/`wasm` is plain Rust over the [`host::Host`]
-//! and [`host::Sink`] traits, so it builds and unit-tests on the native
-//! target (`cargo test -p qwasi-openai-guest`); the wasm glue implements the
-//! traits over `qwasi:inference` and `wasi:http`.
+//! Everything but `wasm` is plain Rust over the [`host::Host`] trait (the
+//! SDK's `Engine` plus random ids) and the SDK's `Output`, so it builds and
+//! unit-tests on the native target (`cargo test -p qwasi-openai-guest`); the
+//! wasm glue is the SDK's (`qwasi_guest_sdk::api`).
 
 pub mod api;
 pub mod chat;
@@ -20,7 +20,5 @@ pub mod toolcall;
 #[cfg(test)]
 mod api_tests;
 
-#[cfg(target_arch = "wasm32")]
-mod bindings;
 #[cfg(target_arch = "wasm32")]
 mod wasm;

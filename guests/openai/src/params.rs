@@ -2,7 +2,7 @@
 
 use crate::chat::{Message, RenderOptions, parse_messages};
 use crate::error::ApiError;
-use crate::host::{ModelInfo, SamplingParams};
+use qwasi_guest_sdk::inference::{ModelInfo, SamplingParams};
 use serde_json::{Map, Value};
 
 pub const MAX_STOP_STRINGS: usize = 4;

@@ -34,6 +34,7 @@ impl BodyRead for std::io::Cursor<Vec<u8>> {
 /// One incoming request.
 pub struct Request {
     method: String,
+    method_as_sent: String,
     path: String,
     query: Option<String>,
     headers: Vec<(String, String)>,
@@ -61,13 +62,15 @@ impl Request {
         headers: Vec<(String, String)>,
         body: Box<dyn BodyRead>,
     ) -> Self {
+        let method = method.into();
         let pq = path_with_query.split('#').next().unwrap_or("");
         let (path, query) = match pq.split_once('?') {
             Some((p, q)) => (p.to_owned(), Some(q.to_owned())),
             None => (pq.to_owned(), None),
         };
         Request {
-            method: method.into().to_ascii_uppercase(),
+            method: method.to_ascii_uppercase(),
+            method_as_sent: method,
             path: if path.is_empty() { "/".into() } else { path },
             query,
             headers,
@@ -94,6 +97,12 @@ impl Request {
     /// Upper-case method (`GET`, `POST`, ...).
     pub fn method(&self) -> &str {
         &self.method
+    }
+
+    /// The method exactly as received (HTTP methods are case-sensitive: a
+    /// guest that wants `get` to be a method of its own, not `GET`).
+    pub fn method_as_sent(&self) -> &str {
+        &self.method_as_sent
     }
 
     /// The path without query or fragment.
@@ -149,7 +158,10 @@ impl Request {
             let mut out = Vec::new();
             if let Some(mut src) = self.body.take() {
                 while let Some(chunk) = src.read_chunk(64 << 10).map_err(|e| {
-                    ApiError::invalid("body_read_error", format!("could not read the body: {e}"))
+                    ApiError::invalid(
+                        "body_read_error",
+                        format!("could not read the request body: {e}"),
+                    )
                 })? {
                     out.extend_from_slice(&chunk);
                     if out.len() > limit {
@@ -327,6 +339,7 @@ mod tests {
             .with_header("Authorization", "Bearer  sk-1 ")
             .with_header("X-Thing", "v");
         assert_eq!(r.method(), "POST");
+        assert_eq!(r.method_as_sent(), "post");
         assert_eq!(r.path(), "/api/x");
         assert_eq!(r.query_string(), Some("a=1&b=x%20y+z&flag"));
         assert_eq!(r.query_param("b").as_deref(), Some("x y z"));
