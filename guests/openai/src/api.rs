@@ -5,22 +5,21 @@ use std::collections::HashMap;
 use serde_json::{Map, Value, json};
 
 use crate::chat::{self, Message, RenderOptions};
-use crate::error::ApiError;
 use crate::host::Host;
 use crate::params::{
     self, ChatRequest, Common, CompletionRequest, Prompt, TokenizeRequest, ToolChoice, Tools,
 };
-use crate::sse;
 use crate::stop::StopMatcher;
 use crate::template;
 use crate::think::{THINK_END, ThinkSplitter};
 use crate::tokens;
 use crate::toolcall::{self, Out, ToolParser};
-use qwasi_guest_sdk::Request;
-use qwasi_guest_sdk::http::Output;
+use qwasi_guest_sdk::http::{self, Output};
 use qwasi_guest_sdk::inference::{
     Event, FinishReason, GenerateRequest, Generation, ModelInfo, TokenEvent, Usage,
 };
+use qwasi_guest_sdk::stream::{Framing, StreamWriter};
+use qwasi_guest_sdk::{ApiError, Request};
 
 /// Largest request body the guest reads.
 pub const MAX_BODY_BYTES: usize = 32 << 20;
@@ -36,33 +35,11 @@ pub fn handle<H: Host, S: Output>(host: &H, mut req: Request, sink: &mut S) {
 }
 
 pub fn send_error<S: Output>(sink: &mut S, e: &ApiError) {
-    let body = e.body();
-    let mut headers = vec![
-        ("content-type", "application/json".to_string()),
-        ("content-length", body.len().to_string()),
-    ];
-    if let Some(s) = e.retry_after {
-        headers.push(("retry-after", s.to_string()));
-    }
-    if e.status == 405
-        && let Some(allow) = e.message.rsplit("use ").next()
-    {
-        headers.push(("allow", allow.to_string()));
-    }
-    if sink.start(e.status, &headers).is_ok() {
-        let _ = sink.write(&body);
-    }
+    let _ = http::send_error(sink, e);
 }
 
 pub fn send_json<S: Output>(sink: &mut S, status: u16, v: &Value) {
-    let body = serde_json::to_vec(v).expect("JSON serialises");
-    let headers = [
-        ("content-type", "application/json".to_string()),
-        ("content-length", body.len().to_string()),
-    ];
-    if sink.start(status, &headers).is_ok() {
-        let _ = sink.write(&body);
-    }
+    let _ = http::send_json(sink, status, v);
 }
 
 fn route<H: Host, S: Output>(host: &H, req: &mut Request, sink: &mut S) -> Result<(), ApiError> {
@@ -78,7 +55,7 @@ fn route<H: Host, S: Output>(host: &H, req: &mut Request, sink: &mut S) -> Resul
         }
     };
     // Read (and size-check) the body before routing.
-    let body = req.body(MAX_BODY_BYTES).map_err(ApiError::from)?;
+    let body = req.body(MAX_BODY_BYTES)?;
     match path {
         "/v1/models" => {
             allow("GET")?;
@@ -308,7 +285,7 @@ pub enum Ended {
 pub fn tool_violation(message: impl Into<String>) -> ApiError {
     ApiError::new(
         500,
-        crate::error::SERVER_ERROR,
+        qwasi_guest_sdk::error::SERVER_ERROR,
         Some("tool_choice_violation"),
         message,
     )
@@ -1027,14 +1004,11 @@ fn stream<H: Host, F: Format, G: Generation, S: Output>(
     include_usage: bool,
     sink: &mut S,
 ) {
-    let headers = [
-        ("content-type", "text/event-stream".to_string()),
-        ("cache-control", "no-cache".to_string()),
-        ("x-accel-buffering", "no".to_string()),
-    ];
-    if sink.start(200, &headers).is_err() {
+    // One host write per batch of engine events (flushed below), whatever its size.
+    let Ok(w) = StreamWriter::start(sink, 200, Framing::Sse, &[]) else {
         return;
-    }
+    };
+    let mut w = w.flush_threshold(usize::MAX);
     // Every chunk is the same envelope around one choice: serialise the
     // envelope once and only the choice per token.
     let envelope_json =
@@ -1045,16 +1019,15 @@ fn stream<H: Host, F: Format, G: Generation, S: Output>(
     } else {
         "]}"
     };
-    let push_chunk = |buf: &mut Vec<u8>, choice: Value| {
-        buf.extend_from_slice(b"data: ");
-        buf.extend_from_slice(head.as_bytes());
-        serde_json::to_writer(&mut *buf, &choice).expect("JSON serialises");
-        buf.extend_from_slice(tail.as_bytes());
-        buf.extend_from_slice(b"\n\n");
+    // Buffered only (the threshold is never reached): these cannot fail.
+    let push_chunk = |w: &mut StreamWriter<S>, choice: Value| {
+        let mut chunk = String::from(head);
+        chunk.push_str(&serde_json::to_string(&choice).expect("JSON serialises"));
+        chunk.push_str(tail);
+        let _ = w.sse(None, &chunk);
     };
-    let mut buf = Vec::new();
     if let Some(first) = fmt.first_chunk() {
-        push_chunk(&mut buf, first);
+        push_chunk(&mut w, first);
     }
     loop {
         if driver.ended.is_none() {
@@ -1071,7 +1044,7 @@ fn stream<H: Host, F: Format, G: Generation, S: Output>(
                 let p = driver.on_event(ev);
                 if !p.is_empty() {
                     for c in fmt.chunks(&p, driver.in_reasoning()) {
-                        push_chunk(&mut buf, c);
+                        push_chunk(&mut w, c);
                     }
                 }
                 if driver.ended.is_some() {
@@ -1083,30 +1056,29 @@ fn stream<H: Host, F: Format, G: Generation, S: Output>(
             None => {}
             Some(Ended::Finished { reason, usage }) => {
                 *generation = None; // cancel at once after a stop string, before the last write
-                push_chunk(&mut buf, fmt.final_choice(reason));
+                push_chunk(&mut w, fmt.final_choice(reason));
                 if include_usage {
                     let mut v = envelope(m, F::CHUNK_OBJECT, vec![]);
                     v["usage"] = usage_json(usage);
-                    sse::push_event(&mut buf, &v);
+                    let _ = w.json(&v);
                 }
-                sse::push_done(&mut buf);
+                let _ = w.done();
             }
             Some(Ended::Failed(msg)) => {
                 *generation = None;
                 let e = ApiError::internal(format!("generation failed: {msg}"));
-                sse::push_event(&mut buf, &e.to_json());
-                sse::push_done(&mut buf);
+                let _ = w.json(&e.to_json());
+                let _ = w.done();
             }
             Some(Ended::Rejected(e)) => {
                 *generation = None;
-                sse::push_event(&mut buf, &e.to_json());
-                sse::push_done(&mut buf);
+                let _ = w.json(&e.to_json());
+                let _ = w.done();
             }
         }
-        if !buf.is_empty() && sink.write(&buf).is_err() {
+        if w.flush().is_err() {
             return; // client gone: dropping the generation cancels it
         }
-        buf.clear();
         if driver.ended.is_some() {
             return;
         }

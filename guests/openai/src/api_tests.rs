@@ -11,7 +11,6 @@ use qwasi_guest_sdk::testing::Recorder;
 
 use crate::api::handle;
 use crate::host::Host;
-use crate::sse;
 use crate::tokens::byte_to_char;
 
 const SPECIALS: [&str; 6] = [
@@ -183,6 +182,14 @@ impl Host for FakeHost {
 /// The recorded response; `events()` gives its SSE events.
 type RecSink = Recorder;
 
+/// Splits an SSE body into its `data:` payloads.
+fn parse_events(body: &str) -> Vec<&str> {
+    body.split("\n\n")
+        .filter(|e| !e.is_empty())
+        .map(|e| e.strip_prefix("data: ").unwrap_or(e))
+        .collect()
+}
+
 trait SseEvents {
     /// The SSE events' JSON (the final `[DONE]` checked and left out).
     fn events(&self) -> Vec<Value>;
@@ -192,7 +199,7 @@ impl SseEvents for Recorder {
     fn events(&self) -> Vec<Value> {
         let body = self.body_string();
         assert!(body.ends_with("data: [DONE]\n\n"), "{body}");
-        let ev = sse::parse_events(&body);
+        let ev = parse_events(&body);
         assert_eq!(ev.iter().filter(|e| **e == "[DONE]").count(), 1);
         ev[..ev.len() - 1]
             .iter()

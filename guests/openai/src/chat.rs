@@ -8,7 +8,7 @@
 //! `<think>\n…\n</think>\n\n` block. This module is the fallback the model's
 //! own jinja template (model-info.chat-template) will replace.
 
-use crate::error::ApiError;
+use qwasi_guest_sdk::ApiError;
 use serde_json::{Map, Value};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -558,7 +558,7 @@ mod tests {
         );
         assert_eq!(e.param.as_deref(), Some("messages[0].content[0].type"));
         assert_eq!(err(json!([])).param.as_deref(), Some("messages"));
-        assert_eq!(err(json!("hi")).code, Some("invalid_type"));
+        assert_eq!(err(json!("hi")).code.as_deref(), Some("invalid_type"));
         assert_eq!(
             err(json!([{"role": "wizard", "content": "x"}]))
                 .param
@@ -566,7 +566,7 @@ mod tests {
             Some("messages[0].role")
         );
         assert_eq!(
-            err(json!([{"content": "x"}])).code,
+            err(json!([{"content": "x"}])).code.as_deref(),
             Some("missing_required_parameter")
         );
         assert_eq!(
@@ -574,15 +574,17 @@ mod tests {
             Some("messages[0].content")
         );
         assert_eq!(
-            err(json!([{"role": "user", "content": 5}])).code,
+            err(json!([{"role": "user", "content": 5}])).code.as_deref(),
             Some("invalid_type")
         );
         assert_eq!(
-            err(json!([{"role": "user", "content": "x", "tool_calls": [{}]}])).code,
+            err(json!([{"role": "user", "content": "x", "tool_calls": [{}]}]))
+                .code
+                .as_deref(),
             Some("invalid_value")
         );
         assert_eq!(
-            parse_messages(None).unwrap_err().code,
+            parse_messages(None).unwrap_err().code.as_deref(),
             Some("missing_required_parameter")
         );
     }

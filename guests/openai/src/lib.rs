@@ -7,10 +7,8 @@
 
 pub mod api;
 pub mod chat;
-pub mod error;
 pub mod host;
 pub mod params;
-pub mod sse;
 pub mod stop;
 pub mod template;
 pub mod think;

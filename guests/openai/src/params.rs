@@ -1,7 +1,7 @@
 //! Request bodies: parsing and validation, each error naming its parameter.
 
 use crate::chat::{Message, RenderOptions, parse_messages};
-use crate::error::ApiError;
+use qwasi_guest_sdk::ApiError;
 use qwasi_guest_sdk::inference::{ModelInfo, SamplingParams};
 use serde_json::{Map, Value};
 
@@ -110,10 +110,20 @@ pub enum TokenizeRequest {
     Messages(Vec<Message>, RenderOptions, Tools),
 }
 
+/// 400 `invalid_json` for a body that does not parse.
+fn malformed_json(detail: impl std::fmt::Display) -> ApiError {
+    ApiError::invalid(
+        "invalid_json",
+        format!(
+            "We could not parse the JSON body of your request ({detail}). The body must be a JSON object."
+        ),
+    )
+}
+
 /// Parses a body as a JSON object.
 pub fn parse_body(body: &[u8]) -> Result<Map<String, Value>, ApiError> {
     if body.iter().all(u8::is_ascii_whitespace) {
-        return Err(ApiError::malformed_json("the body is empty"));
+        return Err(malformed_json("the body is empty"));
     }
     match serde_json::from_slice::<Value>(body) {
         Ok(Value::Object(m)) => Ok(m),
@@ -121,7 +131,7 @@ pub fn parse_body(body: &[u8]) -> Result<Map<String, Value>, ApiError> {
             "invalid_json",
             "The request body must be a JSON object.",
         )),
-        Err(e) => Err(ApiError::malformed_json(e)),
+        Err(e) => Err(malformed_json(e)),
     }
 }
 
@@ -699,14 +709,20 @@ mod tests {
         r: Result<impl std::fmt::Debug, ApiError>,
     ) -> (u16, Option<String>, Option<&'static str>) {
         let e = r.unwrap_err();
-        (e.status, e.param, e.code)
+        (e.status, e.param, e.code.map(|c| &*c.leak()))
     }
 
     #[test]
     fn body_json() {
-        assert_eq!(parse_body(b"{").unwrap_err().code, Some("invalid_json"));
+        assert_eq!(
+            parse_body(b"{").unwrap_err().code.as_deref(),
+            Some("invalid_json")
+        );
         assert_eq!(parse_body(b"").unwrap_err().status, 400);
-        assert_eq!(parse_body(b"[1]").unwrap_err().code, Some("invalid_json"));
+        assert_eq!(
+            parse_body(b"[1]").unwrap_err().code.as_deref(),
+            Some("invalid_json")
+        );
         assert!(parse_body(b" {\"a\":1} ").is_ok());
     }
 
@@ -840,7 +856,7 @@ mod tests {
             body[name] = value.clone();
             let e = completion(body).unwrap_err();
             assert_eq!(
-                (e.status, e.param.as_deref(), e.code),
+                (e.status, e.param.as_deref(), e.code.as_deref()),
                 (400, Some(name), Some(code)),
                 "{name}={value}: {e:?}"
             );
@@ -901,8 +917,14 @@ mod tests {
             with("top_logprobs", json!(21)).param.as_deref(),
             Some("top_logprobs")
         );
-        assert_eq!(with("top_logprobs", json!(2)).code, Some("invalid_value"));
-        assert_eq!(with("logprobs", json!(2)).code, Some("invalid_type"));
+        assert_eq!(
+            with("top_logprobs", json!(2)).code.as_deref(),
+            Some("invalid_value")
+        );
+        assert_eq!(
+            with("logprobs", json!(2)).code.as_deref(),
+            Some("invalid_type")
+        );
         assert_eq!(
             with("tools", json!([{"type": "function"}]))
                 .param
@@ -947,7 +969,7 @@ mod tests {
         );
         assert_eq!(t(json!({})).unwrap_err().param.as_deref(), Some("prompt"));
         assert_eq!(
-            t(json!({"prompt": 1})).unwrap_err().code,
+            t(json!({"prompt": 1})).unwrap_err().code.as_deref(),
             Some("invalid_type")
         );
         assert_eq!(
@@ -966,7 +988,7 @@ mod tests {
             Some("tokens")
         );
         assert_eq!(
-            d(json!({})).unwrap_err().code,
+            d(json!({})).unwrap_err().code.as_deref(),
             Some("missing_required_parameter")
         );
     }

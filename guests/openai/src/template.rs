@@ -5,7 +5,7 @@
 use serde_json::{Map, Value};
 
 use crate::chat::{self, Message, RenderOptions};
-use crate::error::ApiError;
+use qwasi_guest_sdk::ApiError;
 
 /// Renders the prompt. `kwargs` are the request's `chat_template_kwargs`.
 pub fn render(

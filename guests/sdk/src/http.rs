@@ -147,7 +147,11 @@ impl Request {
         if self.method == method {
             Ok(())
         } else {
-            Err(ApiError::method_not_allowed(&self.method, &self.path))
+            Err(ApiError::method_not_allowed(
+                &self.method,
+                &self.path,
+                method,
+            ))
         }
     }
 
@@ -318,11 +322,14 @@ pub fn send_json_with(
     send(out, status, "application/json", headers, &body)
 }
 
-/// An OpenAI-format error response (with `Retry-After` when set).
+/// An OpenAI-format error response (with `Retry-After` and `Allow` when set).
 pub fn send_error(out: &mut impl Output, e: &ApiError) -> Result<(), Disconnected> {
     let mut headers = Vec::new();
     if let Some(s) = e.retry_after {
         headers.push(("retry-after", s.to_string()));
+    }
+    if let Some(a) = e.allow() {
+        headers.push(("allow", a.to_owned()));
     }
     send(out, e.status, "application/json", &headers, &e.body())
 }
@@ -349,6 +356,7 @@ mod tests {
         assert_eq!(r.bearer_token(), Some("sk-1"));
         assert!(r.require_method("POST").is_ok());
         assert_eq!(r.require_method("GET").unwrap_err().status, 405);
+        assert_eq!(r.require_method("GET").unwrap_err().allow(), Some("GET"));
         assert_eq!(Request::from_bytes("GET", "", "").path(), "/");
         assert_eq!(percent_decode("%zz%4"), "%zz%4");
         assert_eq!(percent_decode("%C3%A9"), "é");

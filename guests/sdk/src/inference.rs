@@ -203,21 +203,19 @@ impl std::fmt::Display for GenerateError {
     }
 }
 
+/// OpenAI-style errors (the statuses of [`GenerateError::status`]).
 impl From<GenerateError> for ApiError {
     fn from(e: GenerateError) -> Self {
-        let (kind, code) = match &e {
-            GenerateError::QueueFull(_) => ("rate_limit_error", "queue_full"),
-            GenerateError::QueueTimeout => ("service_unavailable_error", "queue_timeout"),
-            GenerateError::ShuttingDown => ("service_unavailable_error", "service_shutting_down"),
-            GenerateError::ContextLengthExceeded(_) => {
-                ("invalid_request_error", "context_length_exceeded")
+        match e {
+            GenerateError::QueueFull(s) => ApiError::queue_full(s),
+            GenerateError::QueueTimeout => ApiError::queue_timeout(),
+            GenerateError::ShuttingDown => ApiError::shutting_down(),
+            GenerateError::ContextLengthExceeded(m) => {
+                ApiError::invalid("context_length_exceeded", m)
             }
-            GenerateError::InvalidRequest(_) => ("invalid_request_error", "invalid_value"),
-            GenerateError::Internal(_) => ("server_error", "internal_error"),
-        };
-        let mut a = ApiError::new(e.status(), kind, Some(code), e.message());
-        a.retry_after = e.retry_after();
-        a
+            GenerateError::InvalidRequest(m) => ApiError::invalid("invalid_value", m),
+            GenerateError::Internal(m) => ApiError::internal(m),
+        }
     }
 }
 
@@ -584,6 +582,72 @@ mod tests {
         let mut run = e.start(GenerateRequest::new(vec![1], 9)).unwrap();
         assert_eq!(run.collect_text(), "");
         assert_eq!(run.end(), Some(&End::Failed("boom".into())));
+    }
+
+    #[test]
+    fn generate_error_mapping() {
+        let cases: Vec<(GenerateError, u16, &str, &str, Option<u32>)> = vec![
+            (
+                GenerateError::QueueFull(7),
+                429,
+                "rate_limit_error",
+                "queue_full",
+                Some(7),
+            ),
+            (
+                GenerateError::QueueTimeout,
+                503,
+                "service_unavailable_error",
+                "queue_timeout",
+                None,
+            ),
+            (
+                GenerateError::ShuttingDown,
+                503,
+                "service_unavailable_error",
+                "service_shutting_down",
+                None,
+            ),
+            (
+                GenerateError::InvalidRequest("bad".into()),
+                400,
+                "invalid_request_error",
+                "invalid_value",
+                None,
+            ),
+            (
+                GenerateError::ContextLengthExceeded("long".into()),
+                400,
+                "invalid_request_error",
+                "context_length_exceeded",
+                None,
+            ),
+            (
+                GenerateError::Internal("boom".into()),
+                500,
+                "server_error",
+                "internal_error",
+                None,
+            ),
+        ];
+        for (g, status, kind, code, retry) in cases {
+            assert_eq!(g.status(), status);
+            let e = ApiError::from(g);
+            assert_eq!(
+                (e.status, e.kind.as_str(), e.code.as_deref()),
+                (status, kind, Some(code))
+            );
+            assert_eq!(e.retry_after, retry);
+            assert_eq!(e.param, None);
+        }
+        assert_eq!(
+            ApiError::from(GenerateError::QueueFull(3)).message,
+            "The server is busy: the request queue is full. Retry after 3 s."
+        );
+        assert_eq!(
+            ApiError::from(GenerateError::Internal("x".into())).message,
+            "x"
+        );
     }
 
     #[test]
