@@ -9,14 +9,13 @@ use crate::host::Host;
 use crate::params::{
     self, ChatRequest, Common, CompletionRequest, Prompt, TokenizeRequest, ToolChoice, Tools,
 };
-use crate::stop::StopMatcher;
 use crate::template;
-use crate::think::{THINK_END, ThinkSplitter};
 use crate::tokens;
 use crate::toolcall::{self, Out, ToolParser};
+use qwasi_guest_sdk::chat::{THINK_END, ThinkSplitter};
 use qwasi_guest_sdk::http::{self, Output};
 use qwasi_guest_sdk::inference::{
-    Event, FinishReason, GenerateRequest, Generation, ModelInfo, TokenEvent, Usage,
+    Event, FinishReason, GenerateRequest, Generation, ModelInfo, StopMatcher, TokenEvent, Usage,
 };
 use qwasi_guest_sdk::stream::{Framing, StreamWriter};
 use qwasi_guest_sdk::{ApiError, Request};
@@ -68,7 +67,7 @@ fn route<H: Host, S: Output>(host: &H, req: &mut Request, sink: &mut S) -> Resul
         }
         p if p.starts_with("/v1/models/") => {
             allow("GET")?;
-            let id = percent_decode(&p["/v1/models/".len()..]);
+            let id = http::percent_decode_path(&p["/v1/models/".len()..]);
             let info = host.model_info();
             if id != info.id {
                 return Err(ApiError::model_not_found(&id));
@@ -132,26 +131,6 @@ fn model_json(info: &ModelInfo) -> Value {
         "parent": null,
         "max_model_len": info.context_length,
     })
-}
-
-fn percent_decode(s: &str) -> String {
-    let hex = |c: u8| (c as char).to_digit(16).map(|d| d as u8);
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'%'
-            && i + 2 < b.len()
-            && let (Some(h), Some(l)) = (hex(b[i + 1]), hex(b[i + 2]))
-        {
-            out.push(h << 4 | l);
-            i += 3;
-            continue;
-        }
-        out.push(b[i]);
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
 }
 
 fn encode<H: Host>(host: &H, text: &str, param: &str) -> Result<Vec<u32>, ApiError> {
@@ -457,7 +436,7 @@ impl<'h, H: Host> Driver<'h, H> {
 
     /// Whether output is in the reasoning part (thinking on, `</think>` not seen yet).
     pub fn in_reasoning(&self) -> bool {
-        self.think.as_ref().is_some_and(|t| !t.in_content())
+        self.think.as_ref().is_some_and(|t| !t.in_answer())
     }
 
     fn spelling(&mut self, id: u32) -> (String, Vec<u8>) {
@@ -478,17 +457,17 @@ impl<'h, H: Host> Driver<'h, H> {
     }
 
     fn push_text(&mut self, text: &str, piece: &mut Piece) -> bool {
-        let r = self.stop.push(text);
-        self.split(&r.text, piece);
-        r.stopped
+        let text = self.stop.push(text);
+        self.split(&text, piece);
+        self.stop.stopped().is_some()
     }
 
     fn split(&mut self, text: &str, piece: &mut Piece) {
         match &mut self.think {
             Some(t) => {
-                let s = t.push(text);
-                piece.reasoning.push_str(&s.reasoning);
-                self.content(&s.content, piece, false);
+                let (reasoning, content) = t.push(text);
+                piece.reasoning.push_str(&reasoning);
+                self.content(&content, piece, false);
             }
             None => self.content(text, piece, false),
         }
@@ -554,7 +533,7 @@ impl<'h, H: Host> Driver<'h, H> {
                     let rest = self.stop.finish();
                     self.split(&rest, &mut piece);
                     if let Some(t) = &mut self.think {
-                        piece.reasoning.push_str(&t.finish().reasoning);
+                        piece.reasoning.push_str(&t.finish());
                     }
                 }
                 let reason = match f.reason {

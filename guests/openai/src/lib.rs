@@ -9,9 +9,7 @@ pub mod api;
 pub mod chat;
 pub mod host;
 pub mod params;
-pub mod stop;
 pub mod template;
-pub mod think;
 pub mod tokens;
 pub mod toolcall;
 

@@ -381,5 +381,62 @@ mod tests {
         let mut s = ThinkSplitter::new();
         assert_eq!(s.push("a</"), ("a".into(), "".into()));
         assert_eq!(s.finish(), "</");
+        let mut s = ThinkSplitter::new();
+        assert_eq!(s.push("r</think>\n\nc"), ("r".into(), "c".into()));
+        assert_eq!(s.push("\n\nd"), ("".into(), "\n\nd".into()));
+    }
+
+    /// Whole text in, (reasoning, answer) out.
+    fn split_all(text: &str) -> (String, String) {
+        let mut s = ThinkSplitter::new();
+        let (mut r, a) = s.push(text);
+        r.push_str(&s.finish());
+        (r, a)
+    }
+
+    #[test]
+    fn think_split_whole() {
+        let s = |t: &str| split_all(t);
+        assert_eq!(
+            s("Let me think.\n</think>\n\nThe answer is 4."),
+            ("Let me think.\n".into(), "The answer is 4.".into())
+        );
+        assert_eq!(
+            s("still thinking </thi"),
+            ("still thinking </thi".into(), "".into())
+        );
+        assert_eq!(s("\n</think>\n\n"), ("\n".into(), "".into()));
+        assert_eq!(s("a</think>b</think>\n").1, "b</think>\n");
+    }
+
+    #[test]
+    fn think_split_every_chunk_boundary() {
+        let text = "Hmm, 2+2 → 4 </ ok\n</think>\n\nIt is 4.\n\nDone";
+        let chars: Vec<char> = text.chars().collect();
+        let mut cuts: Vec<Vec<String>> = Vec::new();
+        for i in 0..=chars.len() {
+            for j in i..=chars.len() {
+                cuts.push(vec![
+                    chars[..i].iter().collect(),
+                    chars[i..j].iter().collect(),
+                    chars[j..].iter().collect(),
+                ]);
+            }
+        }
+        cuts.push(chars.iter().map(|c| c.to_string()).collect());
+        for pieces in cuts {
+            let mut s = ThinkSplitter::new();
+            let (mut r, mut a) = (String::new(), String::new());
+            for p in &pieces {
+                let (pr, pa) = s.push(p);
+                assert!(!pr.contains("</think"), "{pieces:?}");
+                assert!(!pa.contains("think"), "{pieces:?}");
+                r.push_str(&pr);
+                a.push_str(&pa);
+            }
+            r.push_str(&s.finish());
+            assert_eq!(r, "Hmm, 2+2 → 4 </ ok\n", "{pieces:?}");
+            assert_eq!(a, "It is 4.\n\nDone", "{pieces:?}");
+        }
     }
 }

@@ -240,8 +240,19 @@ pub fn parse_query(q: &str) -> Vec<(String, String)> {
         .collect()
 }
 
-/// Percent-decoding with `+` as a space; invalid escapes are kept as is.
+/// Percent-decoding with `+` as a space (query strings); invalid escapes
+/// are kept as is.
 pub fn percent_decode(s: &str) -> String {
+    decode(s, true)
+}
+
+/// Percent-decoding of a path segment: as [`percent_decode`], but `+` is
+/// a plain `+`.
+pub fn percent_decode_path(s: &str) -> String {
+    decode(s, false)
+}
+
+fn decode(s: &str, plus_is_space: bool) -> String {
     let hex = |c: u8| (c as char).to_digit(16).map(|d| d as u8);
     let b = s.as_bytes();
     let mut out = Vec::with_capacity(b.len());
@@ -256,7 +267,7 @@ pub fn percent_decode(s: &str) -> String {
                 }
                 out.push(b'%');
             }
-            b'+' => out.push(b' '),
+            b'+' if plus_is_space => out.push(b' '),
             c => out.push(c),
         }
         i += 1;
@@ -360,6 +371,11 @@ mod tests {
         assert_eq!(Request::from_bytes("GET", "", "").path(), "/");
         assert_eq!(percent_decode("%zz%4"), "%zz%4");
         assert_eq!(percent_decode("%C3%A9"), "é");
+        assert_eq!(percent_decode("a+b%2B"), "a b+");
+        assert_eq!(
+            percent_decode_path("Qwen%2FQwen3.6+x%zz"),
+            "Qwen/Qwen3.6+x%zz"
+        );
     }
 
     #[test]

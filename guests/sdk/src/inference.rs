@@ -250,7 +250,10 @@ pub trait Engine {
 }
 
 /// Holds back text that may be the start of a stop string and cuts the
-/// output at the first complete one.
+/// output at the first one completed: the one that ends first (at the same
+/// end, the one that starts first), so the result does not depend on how
+/// the text is split into pushes. The stop string and everything after it
+/// are dropped; a stop string never leaks into the output.
 #[derive(Debug, Clone, Default)]
 pub struct StopMatcher {
     stops: Vec<String>,
@@ -283,9 +286,9 @@ impl StopMatcher {
         let first = self
             .stops
             .iter()
-            .filter_map(|s| self.held.find(s.as_str()).map(|i| (i, s)))
-            .min_by_key(|&(i, _)| i);
-        if let Some((i, s)) = first {
+            .filter_map(|s| self.held.find(s.as_str()).map(|i| (i + s.len(), i, s)))
+            .min_by_key(|&(end, start, _)| (end, start));
+        if let Some((_, i, s)) = first {
             self.stopped = Some(s.clone());
             let out = self.held[..i].to_owned();
             self.held.clear();
@@ -505,6 +508,117 @@ mod tests {
 
         let mut m = StopMatcher::new(Vec::new());
         assert_eq!(m.push("E"), "E");
+    }
+
+    /// Feeds `pieces`; returns (emitted text, the stop string, chunks emitted).
+    fn feed(stops: &[&str], pieces: &[&str]) -> (String, Option<String>, Vec<String>) {
+        let mut m = StopMatcher::new(stops.iter().map(|s| s.to_string()));
+        let mut out = String::new();
+        let mut chunks = Vec::new();
+        for p in pieces {
+            let t = m.push(p);
+            out.push_str(&t);
+            chunks.push(t);
+            if let Some(s) = m.stopped() {
+                return (out, Some(s.to_owned()), chunks);
+            }
+        }
+        let rest = m.finish();
+        out.push_str(&rest);
+        chunks.push(rest);
+        (out, None, chunks)
+    }
+
+    /// Every way to cut `s` into three pieces at char boundaries, plus one
+    /// char at a time.
+    fn splits(s: &str) -> Vec<Vec<String>> {
+        let chars: Vec<char> = s.chars().collect();
+        let n = chars.len();
+        let mut all = Vec::new();
+        for i in 0..=n {
+            for j in i..=n {
+                all.push(vec![
+                    chars[..i].iter().collect(),
+                    chars[i..j].iter().collect(),
+                    chars[j..].iter().collect(),
+                ]);
+            }
+        }
+        all.push(chars.iter().map(|c| c.to_string()).collect());
+        all
+    }
+
+    fn feed_all(
+        stops: &[&str],
+        text: &str,
+        check: impl Fn(&[String], String, Option<String>, Vec<String>),
+    ) {
+        for pieces in splits(text) {
+            let refs: Vec<&str> = pieces.iter().map(String::as_str).collect();
+            let (out, stopped, chunks) = feed(stops, &refs);
+            check(&pieces, out, stopped, chunks);
+        }
+    }
+
+    #[test]
+    fn stop_at_every_split_point() {
+        feed_all(
+            &["STOP"],
+            "Hello world. STOP here STOP",
+            |p, out, stopped, chunks| {
+                assert_eq!(
+                    (out.as_str(), stopped.as_deref()),
+                    ("Hello world. ", Some("STOP")),
+                    "{p:?}"
+                );
+                assert!(chunks.iter().all(|c| !c.contains('S')), "leaked: {p:?}");
+            },
+        );
+        feed_all(&["STOP"], "a STO b STOP", |p, out, stopped, _| {
+            assert_eq!(
+                (out.as_str(), stopped.as_deref()),
+                ("a STO b ", Some("STOP")),
+                "{p:?}"
+            );
+        });
+        let text = "STO STOPPER? no: ST";
+        feed_all(&["STOPS"], text, |p, out, stopped, _| {
+            assert_eq!((out.as_str(), stopped), (text, None), "{p:?}");
+        });
+    }
+
+    #[test]
+    fn stop_that_completes_first_wins() {
+        feed_all(&["three", "two", "o t"], "one two three", |p, out, _, _| {
+            assert_eq!(out, "one ", "{p:?}");
+        });
+        // Overlapping stops: "b" completes before "abc", however the text is split.
+        feed_all(&["abc", "b"], "xabcd", |p, out, stopped, _| {
+            assert_eq!(
+                (out.as_str(), stopped.as_deref()),
+                ("xa", Some("b")),
+                "{p:?}"
+            );
+        });
+        feed_all(&["bcd", "abc"], "xabcd", |p, out, _, _| {
+            assert_eq!(out, "x", "{p:?}")
+        });
+    }
+
+    #[test]
+    fn stop_multibyte_and_newlines() {
+        feed_all(&["\n\n"], "日本語\n\nです", |p, out, stopped, _| {
+            assert_eq!((out.as_str(), stopped.is_some()), ("日本語", true), "{p:?}");
+        });
+        feed_all(&["本語"], "xx日本語yy", |p, out, _, chunks| {
+            assert_eq!(out, "xx日", "{p:?}");
+            assert!(chunks.iter().all(|c| !c.contains('本')), "{p:?}");
+        });
+        // A stop sharing a multi-byte prefix with the text, not at a char boundary.
+        assert_eq!(feed(&["日x"], &["日本"]).0, "日本");
+        assert_eq!(feed(&["AB"], &["AB", "C"]).0, "");
+        assert_eq!(feed(&[], &["AB", "C"]).0, "ABC");
+        assert_eq!(feed(&[""], &["AB", "C"]).0, "ABC");
     }
 
     #[test]
