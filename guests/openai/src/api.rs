@@ -4,7 +4,7 @@ use std::collections::HashMap;
 
 use serde_json::{Map, Value, json};
 
-use crate::chat::{self, Message, RenderOptions};
+use crate::chat::{Message, RenderOptions};
 use crate::host::Host;
 use crate::params::{
     self, ChatRequest, Common, CompletionRequest, Prompt, TokenizeRequest, ToolChoice, Tools,
@@ -854,21 +854,6 @@ pub fn render_prompt(
     )
 }
 
-/// Tokenizes a rendered prompt piece by piece: every segment starts with
-/// the special `<|im_start|>` token, so the pieces concatenate to the
-/// tokenization of the whole text, and the message boundaries become
-/// prefix-cache snapshot points.
-pub fn tokenize_chat<H: Host>(host: &H, text: &str) -> Result<(Vec<u32>, Vec<u32>), ApiError> {
-    let mut ids = Vec::new();
-    let mut points = Vec::new();
-    for seg in chat::segments(text) {
-        ids.extend(encode(host, seg, "messages")?);
-        points.push(ids.len() as u32);
-    }
-    points.pop(); // the end of the prompt is snapshotted anyway
-    Ok((ids, points))
-}
-
 fn chat_completions<H: Host, S: Output>(
     host: &H,
     info: &ModelInfo,
@@ -876,7 +861,7 @@ fn chat_completions<H: Host, S: Output>(
     sink: &mut S,
 ) -> Result<(), ApiError> {
     let text = render_prompt(info, &r.messages, &r.tools, r.render)?;
-    let (prompt_ids, points) = tokenize_chat(host, &text)?;
+    let (prompt_ids, points) = qwasi_guest_sdk::chat::tokenize_chat(host, &text)?;
     let prompt_len = prompt_ids.len() as u32;
     let max_tokens = token_budget(
         info,

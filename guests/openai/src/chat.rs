@@ -1,34 +1,14 @@
-//! Chat messages and the built-in Qwen3.6 (ChatML) renderer.
-//!
-//! `<|im_start|>{role}\n{content}<|im_end|>\n` per message, then the
-//! generation prompt `<|im_start|>assistant\n<think>\n` (thinking, the
-//! default) or `<|im_start|>assistant\n<think>\n\n</think>\n\n` (thinking
-//! off). Assistant turns follow the Qwen3 template: reasoning from turns
-//! before the last user message is dropped; turns after it keep a
-//! `<think>\n…\n</think>\n\n` block. This module is the fallback the model's
-//! own jinja template (model-info.chat-template) will replace.
+//! Chat messages (the OpenAI `messages`, with tool calls) and the built-in
+//! Qwen3.6 (ChatML) renderer: the SDK's [`qwasi_guest_sdk::chat`] format
+//! (roles, reasoning, tool responses, the generation prompt) plus the tool
+//! definitions and the assistant turns' tool calls, rendered here. This is
+//! the fallback when the model has no jinja template (model-info's
+//! `chat-template`).
 
 use qwasi_guest_sdk::ApiError;
+use qwasi_guest_sdk::chat::{self as qwen, Turn};
+pub use qwasi_guest_sdk::chat::{RenderOptions, Role};
 use serde_json::{Map, Value};
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Role {
-    System,
-    User,
-    Assistant,
-    Tool,
-}
-
-impl Role {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Role::System => "system",
-            Role::User => "user",
-            Role::Assistant => "assistant",
-            Role::Tool => "tool",
-        }
-    }
-}
 
 /// A tool call of an assistant message; `arguments` normalised to an object
 /// (a JSON-string `arguments` is parsed).
@@ -94,21 +74,17 @@ impl Message {
     }
 }
 
-/// Options of the rendering (`chat_template_kwargs` and friends).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RenderOptions {
-    pub add_generation_prompt: bool,
-    pub enable_thinking: bool,
-    pub preserve_thinking: bool,
-}
+impl Turn for Message {
+    fn role(&self) -> Role {
+        self.role
+    }
 
-impl Default for RenderOptions {
-    fn default() -> Self {
-        RenderOptions {
-            add_generation_prompt: true,
-            enable_thinking: true,
-            preserve_thinking: false,
-        }
+    fn content(&self) -> &str {
+        &self.content
+    }
+
+    fn reasoning(&self) -> Option<&str> {
+        self.reasoning.as_deref()
     }
 }
 
@@ -143,12 +119,10 @@ fn parse_message(i: usize, m: &Value) -> Result<Message, ApiError> {
         .ok_or_else(|| ApiError::invalid_type(&format!("messages[{i}]"), "an object"))?;
     let role = match obj.get("role") {
         None | Some(Value::Null) => return Err(ApiError::missing(&p("role"))),
-        Some(Value::String(r)) => match r.as_str() {
-            "system" | "developer" => Role::System,
-            "user" => Role::User,
-            "assistant" => Role::Assistant,
-            "tool" => Role::Tool,
-            other => {
+        Some(Value::String(r)) => match Role::parse(r) {
+            Some(role) => role,
+            None => {
+                let other = r.as_str();
                 return Err(ApiError::invalid_value(
                     &p("role"),
                     format!(
@@ -283,90 +257,29 @@ fn parse_parts(i: usize, parts: &[Value]) -> Result<String, ApiError> {
 
 /// Renders a conversation to the prompt text the model sees, with the
 /// built-in Qwen3.6-format renderer (byte for byte what
-/// `tests/fixtures/chat/qwen3_6_format.jinja` produces).
+/// `tests/fixtures/chat/qwen3_6_format.jinja` produces): the SDK's, with the
+/// tool definitions and the assistant turns' tool calls.
 pub fn render(messages: &[Message], tools: &[Value], opts: RenderOptions) -> String {
-    let mut out = String::new();
-    let n = messages.len();
-    let last_query = messages
-        .iter()
-        .rposition(|m| {
-            m.role == Role::User
-                && !(m.content.starts_with("<tool_response>")
-                    && m.content.ends_with("</tool_response>"))
-        })
-        .unwrap_or(n.saturating_sub(1));
-    let first_system = messages.first().is_some_and(|m| m.role == Role::System);
-    if !tools.is_empty() {
-        out.push_str(
-            "<|im_start|>system\n# Tools\n\nYou have access to the following functions:\n\n<tools>",
-        );
-        for t in tools {
-            out.push('\n');
-            out.push_str(&to_json_py(t));
+    let tools_text = (!tools.is_empty()).then(|| {
+        let mut t =
+            String::from("# Tools\n\nYou have access to the following functions:\n\n<tools>");
+        for tool in tools {
+            t.push('\n');
+            t.push_str(&to_json_py(tool));
         }
-        out.push_str(TOOLS_INSTRUCTIONS);
-        if first_system {
-            out.push_str("\n\n");
-            out.push_str(&messages[0].content);
-        }
-        out.push_str("<|im_end|>\n");
-    } else if first_system {
-        out.push_str("<|im_start|>system\n");
-        out.push_str(&messages[0].content);
-        out.push_str("<|im_end|>\n");
-    }
-    for (i, m) in messages.iter().enumerate() {
-        match m.role {
-            Role::System if i == 0 => {}
-            Role::System | Role::User => {
-                out.push_str("<|im_start|>");
-                out.push_str(m.role.as_str());
+        t.push_str(TOOLS_INSTRUCTIONS);
+        t
+    });
+    qwen::render_with(messages, opts, tools_text.as_deref(), |out, m, content| {
+        for (j, c) in m.tool_calls.iter().enumerate() {
+            if j > 0 {
                 out.push('\n');
-                out.push_str(&m.content);
-                out.push_str("<|im_end|>\n");
+            } else if !content.trim_start_matches('\n').is_empty() {
+                out.push_str("\n\n");
             }
-            Role::Assistant => {
-                let (reasoning, content) = assistant_parts(m);
-                if opts.preserve_thinking || i > last_query {
-                    out.push_str("<|im_start|>assistant\n<think>\n");
-                    out.push_str(reasoning.trim_matches('\n'));
-                    out.push_str("\n</think>\n\n");
-                    out.push_str(content.trim_start_matches('\n'));
-                } else {
-                    out.push_str("<|im_start|>assistant\n");
-                    out.push_str(content);
-                }
-                for (j, c) in m.tool_calls.iter().enumerate() {
-                    if j > 0 {
-                        out.push('\n');
-                    } else if !content.trim_start_matches('\n').is_empty() {
-                        out.push_str("\n\n");
-                    }
-                    render_call(&mut out, c);
-                }
-                out.push_str("<|im_end|>\n");
-            }
-            Role::Tool => {
-                if i == 0 || messages[i - 1].role != Role::Tool {
-                    out.push_str("<|im_start|>user");
-                }
-                out.push_str("\n<tool_response>\n");
-                out.push_str(&m.content);
-                out.push_str("\n</tool_response>");
-                if i + 1 == n || messages[i + 1].role != Role::Tool {
-                    out.push_str("<|im_end|>\n");
-                }
-            }
+            render_call(out, c);
         }
-    }
-    if opts.add_generation_prompt {
-        out.push_str(if opts.enable_thinking {
-            "<|im_start|>assistant\n<think>\n"
-        } else {
-            "<|im_start|>assistant\n<think>\n\n</think>\n\n"
-        });
-    }
-    out
+    })
 }
 
 const TOOLS_INSTRUCTIONS: &str = "\n</tools>\n\nTo call a function, reply with exactly this format and nothing after it:\n\n<tool_call>\n<function=example_function_name>\n<parameter=example_parameter_1>\nvalue_1\n</parameter>\n<parameter=example_parameter_2>\nA value\nthat may span\nseveral lines\n</parameter>\n</function>\n</tool_call>\n\n<IMPORTANT>\nReminder:\n- Each call is a <function=...></function> block inside <tool_call></tool_call> tags\n- Give every required parameter\n- Any reasoning about the call goes BEFORE the call, never after it\n- If no function fits, answer normally and do not mention the functions\n</IMPORTANT>";
@@ -387,23 +300,6 @@ pub fn render_call(out: &mut String, c: &ToolCall) {
         out.push_str("\n</parameter>\n");
     }
     out.push_str("</function>\n</tool_call>");
-}
-
-/// Splits a rendered prompt into segments, each starting at `<|im_start|>`
-/// (the first may not), so they tokenize piecewise to the whole.
-pub fn segments(text: &str) -> Vec<&str> {
-    let mut out = Vec::new();
-    let mut start = 0;
-    for (i, _) in text.match_indices("<|im_start|>") {
-        if i > start {
-            out.push(&text[start..i]);
-            start = i;
-        }
-    }
-    if start < text.len() {
-        out.push(&text[start..]);
-    }
-    out
 }
 
 /// JSON the way Python's `json.dumps(ensure_ascii=False)` writes it (what
@@ -434,29 +330,6 @@ impl serde_json::ser::Formatter for PyFormatter {
     }
     fn begin_object_value<W: ?Sized + std::io::Write>(&mut self, w: &mut W) -> std::io::Result<()> {
         w.write_all(b": ")
-    }
-}
-
-/// (reasoning, content) of an assistant turn: `reasoning_content` if given,
-/// else split out of a `<think>…</think>` in the content.
-fn assistant_parts(m: &Message) -> (&str, &str) {
-    if let Some(r) = &m.reasoning {
-        return (r.as_str(), m.content.as_str());
-    }
-    match m.content.rfind("</think>") {
-        Some(end) => {
-            let before = &m.content[..m.content.find("</think>").unwrap_or(end)];
-            let before = before.trim_end_matches('\n');
-            let reasoning = match before.rfind("<think>") {
-                Some(s) => &before[s + "<think>".len()..],
-                None => before,
-            };
-            (
-                reasoning.trim_start_matches('\n'),
-                m.content[end + "</think>".len()..].trim_start_matches('\n'),
-            )
-        }
-        None => ("", m.content.as_str()),
     }
 }
 

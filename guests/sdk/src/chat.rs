@@ -7,8 +7,10 @@
 //! Qwen's template: a first `system` message opens the prompt; assistant
 //! turns before the last user message lose their reasoning, later ones keep
 //! it in a `<think>` block; consecutive `tool` messages are grouped into one
-//! user turn of `<tool_response>` blocks. Tool definitions and assistant
-//! tool calls are not rendered (the bundled OpenAI guest does those).
+//! user turn of `<tool_response>` blocks. [`render`] renders no tool
+//! definitions or assistant tool calls; [`render_with`] takes them from the
+//! caller (the bundled OpenAI guest renders its `tools` and `tool_calls`
+//! through it).
 //!
 //! This is the same text the model's own `chat_template` (model-info)
 //! renders for these messages: the tests compare it with
@@ -85,47 +87,95 @@ impl Default for RenderOptions {
     }
 }
 
+/// A message as the renderer sees it: [`Message`], or a guest's own type
+/// with more in it (tool calls) for [`render_with`].
+pub trait Turn {
+    fn role(&self) -> Role;
+    fn content(&self) -> &str;
+    /// An assistant turn's reasoning, when given apart from the content.
+    fn reasoning(&self) -> Option<&str>;
+}
+
+impl Turn for Message {
+    fn role(&self) -> Role {
+        self.role
+    }
+
+    fn content(&self) -> &str {
+        &self.content
+    }
+
+    fn reasoning(&self) -> Option<&str> {
+        self.reasoning.as_deref()
+    }
+}
+
 /// Reasoning and content of an assistant turn (`reasoning`, or a
 /// `<think>…</think>` block at the start of the content).
-fn assistant_parts(m: &Message) -> (&str, &str) {
-    if let Some(r) = &m.reasoning {
-        return (r.as_str(), m.content.as_str());
+pub fn assistant_parts<M: Turn>(m: &M) -> (&str, &str) {
+    let content = m.content();
+    if let Some(r) = m.reasoning() {
+        return (r, content);
     }
-    match (m.content.find(THINK_END), m.content.rfind(THINK_END)) {
+    match (content.find(THINK_END), content.rfind(THINK_END)) {
         (Some(first), Some(last)) => {
-            let before = m.content[..first].trim_end_matches('\n');
+            let before = content[..first].trim_end_matches('\n');
             let reasoning = match before.rfind(THINK_START) {
                 Some(s) => &before[s + THINK_START.len()..],
                 None => before,
             };
             (
                 reasoning.trim_start_matches('\n'),
-                m.content[last + THINK_END.len()..].trim_start_matches('\n'),
+                content[last + THINK_END.len()..].trim_start_matches('\n'),
             )
         }
-        _ => ("", m.content.as_str()),
+        _ => ("", content),
     }
 }
 
 /// Renders `messages` in the Qwen3.6 format.
 pub fn render(messages: &[Message], opts: RenderOptions) -> String {
+    render_with(messages, opts, None, |_, _, _| {})
+}
+
+/// [`render`] with tools: `tools`, when given, opens the system turn (a
+/// first `system` message's content follows it after a blank line), and
+/// `tool_calls(out, message, content)` appends an assistant turn's calls
+/// after its content (`content` as rendered, before any trimming).
+pub fn render_with<M: Turn>(
+    messages: &[M],
+    opts: RenderOptions,
+    tools: Option<&str>,
+    mut tool_calls: impl FnMut(&mut String, &M, &str),
+) -> String {
     let mut out = String::new();
     let n = messages.len();
     let last_query = messages
         .iter()
         .rposition(|m| {
-            m.role == Role::User
-                && !(m.content.starts_with("<tool_response>")
-                    && m.content.ends_with("</tool_response>"))
+            m.role() == Role::User
+                && !(m.content().starts_with("<tool_response>")
+                    && m.content().ends_with("</tool_response>"))
         })
         .unwrap_or(n.saturating_sub(1));
+    let first_system = messages.first().filter(|m| m.role() == Role::System);
+    if let Some(tools) = tools {
+        out.push_str("<|im_start|>system\n");
+        out.push_str(tools);
+        if let Some(m) = first_system {
+            out.push_str("\n\n");
+            out.push_str(m.content());
+        }
+        out.push_str("<|im_end|>\n");
+    }
     for (i, m) in messages.iter().enumerate() {
-        match m.role {
+        match m.role() {
+            Role::System if i == 0 && tools.is_some() => {}
             Role::System | Role::User => {
                 out.push_str("<|im_start|>");
-                out.push_str(m.role.as_str());
+                out.push_str(m.role().as_str());
                 out.push('\n');
-                out.push_str(&m.content);
+                out.push_str(m.content());
                 out.push_str("<|im_end|>\n");
             }
             Role::Assistant => {
@@ -139,16 +189,17 @@ pub fn render(messages: &[Message], opts: RenderOptions) -> String {
                     out.push_str("<|im_start|>assistant\n");
                     out.push_str(content);
                 }
+                tool_calls(&mut out, m, content);
                 out.push_str("<|im_end|>\n");
             }
             Role::Tool => {
-                if i == 0 || messages[i - 1].role != Role::Tool {
+                if i == 0 || messages[i - 1].role() != Role::Tool {
                     out.push_str("<|im_start|>user");
                 }
                 out.push_str("\n<tool_response>\n");
-                out.push_str(&m.content);
+                out.push_str(m.content());
                 out.push_str("\n</tool_response>");
-                if i + 1 == n || messages[i + 1].role != Role::Tool {
+                if i + 1 == n || messages[i + 1].role() != Role::Tool {
                     out.push_str("<|im_end|>\n");
                 }
             }
@@ -190,10 +241,7 @@ pub fn tokenize_chat<E: Engine>(engine: &E, text: &str) -> Result<(Vec<u32>, Vec
     let mut points = Vec::new();
     for seg in segments(text) {
         let t = engine.tokenize(seg).map_err(|e| {
-            ApiError::invalid(
-                "invalid_value",
-                format!("could not tokenize the messages: {e}"),
-            )
+            ApiError::invalid_value("messages", format!("could not tokenize 'messages': {e}"))
         })?;
         ids.extend(t);
         points.push(ids.len() as u32);
