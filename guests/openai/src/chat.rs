@@ -6,7 +6,7 @@
 //! `chat-template`).
 
 use qwasi_guest_sdk::ApiError;
-use qwasi_guest_sdk::chat::{self as qwen, Turn};
+use qwasi_guest_sdk::chat as qwen;
 pub use qwasi_guest_sdk::chat::{RenderOptions, Role};
 use serde_json::{Map, Value};
 
@@ -19,22 +19,25 @@ pub struct ToolCall {
     pub arguments: Map<String, Value>,
 }
 
+/// A chat message: the SDK's (role, content, `reasoning_content` of an
+/// assistant turn if the client sent it) plus the OpenAI tool fields.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Message {
-    pub role: Role,
-    pub content: String,
-    /// `reasoning_content` of an assistant turn, if the client sent it.
-    pub reasoning: Option<String>,
+    pub turn: qwen::Message,
     pub tool_calls: Vec<ToolCall>,
     pub tool_call_id: Option<String>,
+}
+
+impl AsRef<qwen::Message> for Message {
+    fn as_ref(&self) -> &qwen::Message {
+        &self.turn
+    }
 }
 
 impl Message {
     pub fn new(role: Role, content: &str) -> Self {
         Message {
-            role,
-            content: content.to_owned(),
-            reasoning: None,
+            turn: qwen::Message::new(role, content),
             tool_calls: Vec::new(),
             tool_call_id: None,
         }
@@ -43,9 +46,10 @@ impl Message {
     /// The message as the template sees it (OpenAI shape, arguments as objects).
     pub fn to_template_value(&self) -> Value {
         let mut m = Map::new();
-        m.insert("role".into(), Value::String(self.role.as_str().into()));
-        m.insert("content".into(), Value::String(self.content.clone()));
-        if let Some(r) = &self.reasoning {
+        let t = &self.turn;
+        m.insert("role".into(), Value::String(t.role.as_str().into()));
+        m.insert("content".into(), Value::String(t.content.clone()));
+        if let Some(r) = &t.reasoning {
             m.insert("reasoning_content".into(), Value::String(r.clone()));
         }
         if !self.tool_calls.is_empty() {
@@ -71,20 +75,6 @@ impl Message {
             m.insert("tool_call_id".into(), Value::String(id.clone()));
         }
         Value::Object(m)
-    }
-}
-
-impl Turn for Message {
-    fn role(&self) -> Role {
-        self.role
-    }
-
-    fn content(&self) -> &str {
-        &self.content
-    }
-
-    fn reasoning(&self) -> Option<&str> {
-        self.reasoning.as_deref()
     }
 }
 
@@ -175,9 +165,11 @@ fn parse_message(i: usize, m: &Value) -> Result<Message, ApiError> {
         Some(_) => return Err(ApiError::invalid_type(&p("reasoning_content"), "a string")),
     };
     Ok(Message {
-        role,
-        content,
-        reasoning,
+        turn: qwen::Message {
+            role,
+            content,
+            reasoning,
+        },
         tool_calls,
         tool_call_id,
     })

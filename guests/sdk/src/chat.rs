@@ -87,34 +87,19 @@ impl Default for RenderOptions {
     }
 }
 
-/// A message as the renderer sees it: [`Message`], or a guest's own type
-/// with more in it (tool calls) for [`render_with`].
-pub trait Turn {
-    fn role(&self) -> Role;
-    fn content(&self) -> &str;
-    /// An assistant turn's reasoning, when given apart from the content.
-    fn reasoning(&self) -> Option<&str>;
-}
-
-impl Turn for Message {
-    fn role(&self) -> Role {
-        self.role
-    }
-
-    fn content(&self) -> &str {
-        &self.content
-    }
-
-    fn reasoning(&self) -> Option<&str> {
-        self.reasoning.as_deref()
+/// So that [`render_with`] takes `Message`s, or a guest's own messages with
+/// more in them (tool calls) that hold one.
+impl AsRef<Message> for Message {
+    fn as_ref(&self) -> &Message {
+        self
     }
 }
 
 /// Reasoning and content of an assistant turn (`reasoning`, or a
 /// `<think>…</think>` block at the start of the content).
-pub fn assistant_parts<M: Turn>(m: &M) -> (&str, &str) {
-    let content = m.content();
-    if let Some(r) = m.reasoning() {
+fn assistant_parts(m: &Message) -> (&str, &str) {
+    let content = m.content.as_str();
+    if let Some(r) = &m.reasoning {
         return (r, content);
     }
     match (content.find(THINK_END), content.rfind(THINK_END)) {
@@ -141,8 +126,9 @@ pub fn render(messages: &[Message], opts: RenderOptions) -> String {
 /// [`render`] with tools: `tools`, when given, opens the system turn (a
 /// first `system` message's content follows it after a blank line), and
 /// `tool_calls(out, message, content)` appends an assistant turn's calls
-/// after its content (`content` as rendered, before any trimming).
-pub fn render_with<M: Turn>(
+/// after its content (`content`: the turn's answer, its reasoning split off,
+/// before its leading newlines are trimmed).
+pub fn render_with<M: AsRef<Message>>(
     messages: &[M],
     opts: RenderOptions,
     tools: Option<&str>,
@@ -153,29 +139,34 @@ pub fn render_with<M: Turn>(
     let last_query = messages
         .iter()
         .rposition(|m| {
-            m.role() == Role::User
-                && !(m.content().starts_with("<tool_response>")
-                    && m.content().ends_with("</tool_response>"))
+            let m = m.as_ref();
+            m.role == Role::User
+                && !(m.content.starts_with("<tool_response>")
+                    && m.content.ends_with("</tool_response>"))
         })
         .unwrap_or(n.saturating_sub(1));
-    let first_system = messages.first().filter(|m| m.role() == Role::System);
+    let first_system = messages
+        .first()
+        .map(AsRef::as_ref)
+        .filter(|m| m.role == Role::System);
     if let Some(tools) = tools {
         out.push_str("<|im_start|>system\n");
         out.push_str(tools);
         if let Some(m) = first_system {
             out.push_str("\n\n");
-            out.push_str(m.content());
+            out.push_str(&m.content);
         }
         out.push_str("<|im_end|>\n");
     }
-    for (i, m) in messages.iter().enumerate() {
-        match m.role() {
+    for (i, turn) in messages.iter().enumerate() {
+        let m = turn.as_ref();
+        match m.role {
             Role::System if i == 0 && tools.is_some() => {}
             Role::System | Role::User => {
                 out.push_str("<|im_start|>");
-                out.push_str(m.role().as_str());
+                out.push_str(m.role.as_str());
                 out.push('\n');
-                out.push_str(m.content());
+                out.push_str(&m.content);
                 out.push_str("<|im_end|>\n");
             }
             Role::Assistant => {
@@ -189,17 +180,17 @@ pub fn render_with<M: Turn>(
                     out.push_str("<|im_start|>assistant\n");
                     out.push_str(content);
                 }
-                tool_calls(&mut out, m, content);
+                tool_calls(&mut out, turn, content);
                 out.push_str("<|im_end|>\n");
             }
             Role::Tool => {
-                if i == 0 || messages[i - 1].role() != Role::Tool {
+                if i == 0 || messages[i - 1].as_ref().role != Role::Tool {
                     out.push_str("<|im_start|>user");
                 }
                 out.push_str("\n<tool_response>\n");
-                out.push_str(m.content());
+                out.push_str(&m.content);
                 out.push_str("\n</tool_response>");
-                if i + 1 == n || messages[i + 1].role() != Role::Tool {
+                if i + 1 == n || messages[i + 1].as_ref().role != Role::Tool {
                     out.push_str("<|im_end|>\n");
                 }
             }
@@ -395,6 +386,43 @@ mod tests {
                 }
             ),
             "<|im_start|>user\nq<|im_end|>\n<|im_start|>user\n<tool_response>\nr1\n</tool_response>\n<tool_response>\nr2\n</tool_response><|im_end|>\n"
+        );
+    }
+
+    #[test]
+    fn render_with_tools() {
+        struct Call(Message, &'static str);
+        impl AsRef<Message> for Call {
+            fn as_ref(&self) -> &Message {
+                &self.0
+            }
+        }
+        let m = [
+            Call(Message::new(Role::System, "Be brief."), ""),
+            Call(Message::new(Role::User, "Hi"), ""),
+            Call(
+                Message::new(Role::Assistant, "<think>r</think>ok"),
+                "<call/>",
+            ),
+        ];
+        let opts = RenderOptions {
+            add_generation_prompt: false,
+            ..RenderOptions::default()
+        };
+        let calls = |out: &mut String, c: &Call, content: &str| {
+            if !c.1.is_empty() {
+                out.push_str(&format!("[{content}]{}", c.1));
+            }
+        };
+        assert_eq!(
+            render_with(&m, opts, Some("TOOLS"), calls),
+            "<|im_start|>system\nTOOLS\n\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n\
+             <|im_start|>assistant\n<think>\nr\n</think>\n\nok[ok]<call/><|im_end|>\n"
+        );
+        let plain: Vec<Message> = m.iter().map(|c| c.0.clone()).collect();
+        assert_eq!(
+            render_with(&m, opts, None, |_, _, _| {}),
+            render(&plain, opts)
         );
     }
 
