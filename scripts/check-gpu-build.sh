@@ -2,8 +2,10 @@
 # CI compile checks for the GPU backends (no GPU needed):
 #   - kernels/*.cu with nvcc 13.0 (sm_90a SASS + sm_80 SASS/PTX) and hipcc (gfx1030
 #     or $QWASI_HIP_ARCHS);
-#   - cargo check of the engine and the qwasi binary with --features cuda and --features hip;
-#   - the GPU example binary runs and skips visibly where there is no GPU driver.
+#   - cargo check of the engine and the qwasi binary with --features cuda and --features hip,
+#     clippy -D warnings of the engine with each;
+#   - without a GPU, the CUDA example binary and `qwasi verify --backend hip` fail
+#     with their clear "no CUDA driver" / "no HIP runtime|device" message.
 # Installs the toolchains first when missing (scripts/install-gpu-toolchains.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -23,11 +25,25 @@ for f in kernels/*.cu; do
   done
 done
 cargo check -p qwasi-engine --features cuda --all-targets
-cargo check -p qwasi-engine --features hip
+cargo check -p qwasi-engine --features hip --all-targets
 cargo check -p qwasi --features cuda
 cargo check -p qwasi --features hip
+cargo clippy -p qwasi-engine --features cuda --all-targets -- -D warnings
+cargo clippy -p qwasi-engine --features hip --all-targets -- -D warnings
 # Without a GPU the backend must say so, not crash.
 cargo run -q -p qwasi-engine --features cuda --example gpu_verify -- --no-fixtures --synthetic qwen3.6-35b-a3b --layers 1 \
   && echo "gpu_verify ran (a GPU is present)" \
   || echo "gpu_verify: no GPU here (expected on CI): the error above must say 'no CUDA driver found'"
+# The same for the HIP model path (GpuModel on the HIP layer): without an AMD GPU
+# (or without ROCm) it must fail with the "no HIP runtime/device found" message.
+if out=$(cargo run -q -p qwasi --features hip -- verify --backend hip --no-fixtures \
+    --synthetic qwen3.6-35b-a3b --layers 1 2>&1); then
+  echo "qwasi verify --backend hip ran (an AMD GPU is present)"
+elif grep -Eq "no HIP (runtime|device) found" <<<"$out"; then
+  echo "qwasi verify --backend hip: no AMD GPU here (expected on CI): $(tail -n 1 <<<"$out")"
+else
+  printf '%s\n' "$out"
+  echo "qwasi verify --backend hip failed without the 'no HIP runtime/device found' message" >&2
+  exit 1
+fi
 echo "GPU build checks: OK"

@@ -62,11 +62,12 @@ pub struct Args {
     /// Print one JSON object instead of streaming text.
     #[arg(long)]
     json: bool,
-    /// Compute backend: cpu, or cuda (builds with `--features cuda`).
+    /// Compute backend: cpu, or cuda (builds with `--features cuda`) or hip
+    /// (builds with `--features hip`).
     #[arg(long, default_value = "cpu")]
     backend: String,
     /// Seeded random weights of a built-in geometry generated on the GPU (e.g.
-    /// qwen3.6-35b-a3b), instead of --model; needs --backend cuda.
+    /// qwen3.6-35b-a3b), instead of --model; needs --backend cuda (or hip).
     #[arg(long, value_name = "PRESET", conflicts_with = "model")]
     synthetic: Option<String>,
     /// Run only the first N layers (reduced depth).
@@ -104,7 +105,8 @@ pub fn run(a: Args) -> Result<()> {
             )
         }
         "cuda" => run_cuda(&a, config, weights, tokenizer, prompt, t_load),
-        other => bail!("unknown backend {other:?} (available: cpu, cuda)"),
+        "hip" => run_hip(&a, config, weights, tokenizer, prompt, t_load),
+        other => bail!("unknown backend {other:?} (available: cpu, cuda, hip)"),
     }
 }
 
@@ -146,10 +148,47 @@ fn run_cuda(
     bail!("backend \"cuda\" is not available in this build (rebuild with `--features cuda`)")
 }
 
-#[cfg(feature = "cuda")]
+#[cfg(all(feature = "hip", not(feature = "cuda")))]
+fn run_hip(
+    a: &Args,
+    config: qwasi_engine::config::ModelConfig,
+    weights: qwasi_engine::weights::Weights,
+    tokenizer: Option<Tokenizer>,
+    prompt: Vec<u32>,
+    t_load: Instant,
+) -> Result<()> {
+    let gpu = qwasi_engine::gpu::model::GpuModel::new(config, &weights)?;
+    drop(weights);
+    let load_s = t_load.elapsed().as_secs_f64();
+    drive(&gpu, a, tokenizer, prompt, load_s)
+}
+
+#[cfg(not(all(feature = "hip", not(feature = "cuda"))))]
+fn run_hip(
+    _a: &Args,
+    _config: qwasi_engine::config::ModelConfig,
+    _weights: qwasi_engine::weights::Weights,
+    _tokenizer: Option<Tokenizer>,
+    _prompt: Vec<u32>,
+    _t_load: Instant,
+) -> Result<()> {
+    bail!(
+        "backend \"hip\" is not available in this build (rebuild with `--features hip`, without cuda)"
+    )
+}
+
+/// The GPU backend of this build (cuda wins when both features are on).
+#[cfg(any(feature = "cuda", feature = "hip"))]
+const GPU_BACKEND: &str = if cfg!(feature = "cuda") {
+    "cuda"
+} else {
+    "hip"
+};
+
+#[cfg(any(feature = "cuda", feature = "hip"))]
 fn run_synthetic(a: &Args, preset: &str, t_load: Instant) -> Result<()> {
-    if a.backend != "cuda" {
-        bail!("--synthetic needs --backend cuda");
+    if a.backend != GPU_BACKEND {
+        bail!("--synthetic needs --backend {GPU_BACKEND}");
     }
     let mut cfg = qwasi_engine::presets::by_name(preset)?;
     if let Some(n) = a.layers {
@@ -165,9 +204,9 @@ fn run_synthetic(a: &Args, preset: &str, t_load: Instant) -> Result<()> {
     drive(&gpu, a, tokenizer, prompt, load_s)
 }
 
-#[cfg(not(feature = "cuda"))]
+#[cfg(not(any(feature = "cuda", feature = "hip")))]
 fn run_synthetic(_a: &Args, _preset: &str, _t_load: Instant) -> Result<()> {
-    bail!("--synthetic needs the cuda backend (rebuild with `--features cuda`)")
+    bail!("--synthetic needs a GPU backend (rebuild with `--features cuda` or `--features hip`)")
 }
 
 fn drive<B: Backend>(

@@ -16,7 +16,8 @@ use std::time::Duration;
 pub struct Args {
     #[command(flatten)]
     pub model: ModelArgs,
-    /// Compute backend: cpu, or cuda (builds with `--features cuda`).
+    /// Compute backend: cpu, or cuda (builds with `--features cuda`) or hip
+    /// (builds with `--features hip`).
     #[arg(long, default_value = "cpu")]
     pub backend: String,
     /// CPU threads for the cpu backend (default: all cores).

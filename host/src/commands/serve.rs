@@ -163,7 +163,9 @@ fn is_loopback(host: &str) -> bool {
 
 #[cfg(feature = "cuda")]
 const AVAILABLE_BACKENDS: &str = "cpu, cuda";
-#[cfg(not(feature = "cuda"))]
+#[cfg(all(feature = "hip", not(feature = "cuda")))]
+const AVAILABLE_BACKENDS: &str = "cpu, hip";
+#[cfg(not(any(feature = "cuda", feature = "hip")))]
 const AVAILABLE_BACKENDS: &str = "cpu";
 
 /// Starts the engine service on `backend` (wrapped for `--scripted-turns`).
@@ -221,8 +223,9 @@ pub fn check_backend(backend: &str) -> Result<()> {
     match backend {
         "cpu" => Ok(()),
         "cuda" if cfg!(feature = "cuda") => Ok(()),
+        "hip" if cfg!(all(feature = "hip", not(feature = "cuda"))) => Ok(()),
         "cuda" | "hip" => bail!(
-            "backend {backend:?} is not available in this build (available: {AVAILABLE_BACKENDS}; build with `--features cuda` for cuda)"
+            "backend {backend:?} is not available in this build (available: {AVAILABLE_BACKENDS}; build with `--features cuda` for cuda, `--features hip` (without cuda) for hip)"
         ),
         other => bail!("unknown backend {other:?} (available: {AVAILABLE_BACKENDS})"),
     }
@@ -437,6 +440,12 @@ pub fn start_engine(
     let service = match backend {
         #[cfg(feature = "cuda")]
         "cuda" => {
+            let gpu = qwasi_engine::gpu::model::GpuModel::new(config, &weights)?;
+            drop(weights);
+            start_service(gpu, scripted_turns, &tokenizer, &id, service_config)?
+        }
+        #[cfg(all(feature = "hip", not(feature = "cuda")))]
+        "hip" => {
             let gpu = qwasi_engine::gpu::model::GpuModel::new(config, &weights)?;
             drop(weights);
             start_service(gpu, scripted_turns, &tokenizer, &id, service_config)?

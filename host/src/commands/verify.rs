@@ -1,4 +1,4 @@
-//! `qwasi verify --backend cuda`: checks a GPU backend against the reference
+//! `qwasi verify --backend cuda|hip`: checks a GPU backend against the reference
 //! fixtures (transformers' greedy tokens and logprobs, and the CPU reference on
 //! the same weights), and/or runs a synthetic-weights smoke test at full geometry.
 //! Exits non-zero on any FAIL.
@@ -8,8 +8,8 @@ use std::path::PathBuf;
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// Backend to check (cuda).
-    #[arg(long, default_value = "cuda")]
+    /// Backend to check (cuda, or hip in a `--features hip` build).
+    #[arg(long, default_value = DEFAULT_BACKEND)]
     backend: String,
     /// One fixture directory (with expected.json) instead of all under --fixtures.
     #[arg(long, value_name = "DIR")]
@@ -41,19 +41,32 @@ pub struct Args {
     json: Option<PathBuf>,
 }
 
+/// The GPU backend of this build (cuda wins when both features are on).
+const DEFAULT_BACKEND: &str = if cfg!(all(feature = "hip", not(feature = "cuda"))) {
+    "hip"
+} else {
+    "cuda"
+};
+
 pub fn run(a: Args) -> Result<()> {
-    if a.backend != "cuda" {
-        bail!("verify supports --backend cuda (got {:?})", a.backend);
+    match a.backend.as_str() {
+        "cuda" if !cfg!(feature = "cuda") => {
+            bail!("this qwasi was built without the cuda backend; rebuild with `--features cuda`")
+        }
+        "hip" if !cfg!(all(feature = "hip", not(feature = "cuda"))) => bail!(
+            "this qwasi was built without the hip backend; rebuild with `--features hip` (without cuda)"
+        ),
+        "cuda" | "hip" => imp(a),
+        other => bail!("verify supports --backend cuda or hip (got {other:?})"),
     }
-    imp(a)
 }
 
-#[cfg(not(feature = "cuda"))]
+#[cfg(not(any(feature = "cuda", feature = "hip")))]
 fn imp(_a: Args) -> Result<()> {
-    bail!("this qwasi was built without the cuda backend; rebuild with `--features cuda`")
+    unreachable!("run() refuses every backend in a build without GPU features")
 }
 
-#[cfg(feature = "cuda")]
+#[cfg(any(feature = "cuda", feature = "hip"))]
 fn imp(a: Args) -> Result<()> {
     use qwasi_engine::gpu::verify::{VerifyOptions, compare_transformers, fixture_dirs, run_cli};
     if let Some(dir) = &a.compare {

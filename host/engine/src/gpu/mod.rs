@@ -1,7 +1,10 @@
 //! GPU backends. One small device layer (alloc/free/copy/launch/module load,
-//! default stream) per vendor — [`cuda`] through cudarc's driver API and cuBLAS,
-//! [`hip`] a minimal dlopen binding to libamdhip64 (compile-checked) — and
-//! [`model::GpuModel`], the whole Qwen3.5/3.6 forward as a [`crate::backend::Backend`].
+//! one stream, graphs, GEMMs) per vendor with the same inherent API — [`cuda`]
+//! through cudarc's driver API and cuBLAS, [`hip`] a dlopen binding to
+//! libamdhip64 and libhipblas (compile-checked, not yet run on AMD hardware) —
+//! and [`model::GpuModel`], the whole Qwen3.5/3.6 forward as a
+//! [`crate::backend::Backend`], on the CUDA layer with `--features cuda` and on
+//! the HIP layer with `--features hip` alone (cuda wins when both are on).
 //!
 //! Kernels live in `kernels/*.cu` (one source for nvcc and hipcc) and are
 //! embedded by `build.rs`.
@@ -10,9 +13,9 @@
 pub mod cuda;
 #[cfg(feature = "hip")]
 pub mod hip;
-#[cfg(feature = "cuda")]
+#[cfg(any(feature = "cuda", feature = "hip"))]
 pub mod model;
-#[cfg(feature = "cuda")]
+#[cfg(any(feature = "cuda", feature = "hip"))]
 pub mod verify;
 
 /// A kernel argument, passed by address to the launch call.

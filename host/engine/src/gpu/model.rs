@@ -12,7 +12,10 @@
 mod decode;
 mod gdn_prefill;
 
+#[cfg(feature = "cuda")]
 use super::cuda::{DBuf, Device};
+#[cfg(all(feature = "hip", not(feature = "cuda")))]
+use super::hip::{DBuf, Device};
 use super::{Arg, f, i};
 use crate::backend::{Backend, SeqSnapshot};
 use crate::config::{LayerKind, MlpConfig, ModelConfig};
@@ -146,8 +149,15 @@ const PREFILL_CHUNK: usize = 16_384;
 
 const F: usize = 4; // bytes per f32
 /// Query and key tile of `attn_flash_*` (kernels/attention.cu, CUDA build).
+#[cfg(feature = "cuda")]
 const FA_BQ: usize = 64;
+#[cfg(feature = "cuda")]
 const FA_BK: usize = 32;
+/// Query and key tile of `attn_flash_*` in the HIP build (64 KB of LDS on RDNA).
+#[cfg(all(feature = "hip", not(feature = "cuda")))]
+const FA_BQ: usize = 32;
+#[cfg(all(feature = "hip", not(feature = "cuda")))]
+const FA_BK: usize = 16;
 const B: usize = 2; // bytes per bf16
 
 fn mlp_dims(cfg: &ModelConfig) -> (usize, usize, usize, usize) {
@@ -276,6 +286,15 @@ impl GpuModel {
             Ok("tiled") => GemmPath::Tiled,
             Ok("bf16") => GemmPath::Cublas,
             _ => GemmPath::CublasSplit,
+        };
+        // HIP: without hipBLAS, multi-token projections take the tiled kernel.
+        #[cfg(all(feature = "hip", not(feature = "cuda")))]
+        let gemm = match dev.blas_error() {
+            Some(e) if gemm != GemmPath::Tiled => {
+                eprintln!("[hip] {e}: prompts use the tiled GEMM kernel (QWASI_GEMM=tiled)");
+                GemmPath::Tiled
+            }
+            _ => gemm,
         };
         GpuModel {
             max_len: cfg.max_position_embeddings,
@@ -1455,8 +1474,14 @@ impl GpuModel {
 impl Backend for GpuModel {
     type Sequence = GpuSequence;
 
+    #[cfg(feature = "cuda")]
     fn name(&self) -> &'static str {
         "cuda"
+    }
+
+    #[cfg(all(feature = "hip", not(feature = "cuda")))]
+    fn name(&self) -> &'static str {
+        "hip"
     }
 
     fn config(&self) -> &ModelConfig {

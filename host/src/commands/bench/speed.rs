@@ -1,4 +1,4 @@
-//! `qwasi bench --workload speed --backend cuda --synthetic qwen3.6-35b-a3b`:
+//! `qwasi bench --workload speed --backend cuda|hip --synthetic qwen3.6-35b-a3b`:
 //! batch-1 time to first token and greedy decode rate at several prompt
 //! lengths on the GPU, each against the bandwidth floor of a decode step, with
 //! the correctness check of the same build (the reference fixtures) in the
@@ -18,8 +18,8 @@ use std::path::{Path, PathBuf};
 
 #[derive(clap::Args)]
 pub struct SpeedArgs {
-    /// Backend of the speed workload (cuda).
-    #[arg(long, default_value = "cuda")]
+    /// Backend of the speed workload (cuda, or hip in a `--features hip` build).
+    #[arg(long, default_value = DEFAULT_BACKEND)]
     pub backend: String,
     /// Seeded random weights of this geometry, generated on the GPU.
     #[arg(long, value_name = "PRESET", default_value = "qwen3.6-35b-a3b")]
@@ -52,14 +52,14 @@ pub struct SpeedArgs {
 }
 
 /// Prompt token `i` of a length-`len` benchmark prompt.
-#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+#[cfg_attr(not(any(feature = "cuda", feature = "hip")), allow(dead_code))]
 pub fn prompt(len: usize, vocab: usize) -> Vec<u32> {
     (0..len)
         .map(|i| (1 + (i * 1_000_003 + len * 7919) % (vocab - 1)) as u32)
         .collect()
 }
 
-#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+#[cfg_attr(not(any(feature = "cuda", feature = "hip")), allow(dead_code))]
 fn stats(v: &[f64]) -> Value {
     let mut s = v.to_vec();
     s.sort_by(f64::total_cmp);
@@ -78,19 +78,30 @@ fn stats(v: &[f64]) -> Value {
     })
 }
 
-#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+#[cfg_attr(not(any(feature = "cuda", feature = "hip")), allow(dead_code))]
 fn commit() -> String {
     option_env!("QWASI_COMMIT")
         .map(str::to_string)
         .unwrap_or_else(super::commit)
 }
 
+/// The GPU backend of this build (cuda wins when both features are on).
+const DEFAULT_BACKEND: &str = if cfg!(all(feature = "hip", not(feature = "cuda"))) {
+    "hip"
+} else {
+    "cuda"
+};
+
 pub fn run(a: &SpeedArgs, runs: usize, out: PathBuf) -> Result<()> {
-    if a.backend != "cuda" {
-        bail!(
-            "--workload speed supports --backend cuda (got {:?})",
-            a.backend
-        );
+    match a.backend.as_str() {
+        "cuda" if !cfg!(feature = "cuda") => {
+            bail!("this qwasi was built without the cuda backend; rebuild with `--features cuda`")
+        }
+        "hip" if !cfg!(all(feature = "hip", not(feature = "cuda"))) => bail!(
+            "this qwasi was built without the hip backend; rebuild with `--features hip` (without cuda)"
+        ),
+        "cuda" | "hip" => {}
+        other => bail!("--workload speed supports --backend cuda or hip (got {other:?})"),
     }
     if runs == 0 || a.lens.is_empty() {
         bail!("--runs and --lens must be non-empty");
@@ -98,12 +109,12 @@ pub fn run(a: &SpeedArgs, runs: usize, out: PathBuf) -> Result<()> {
     imp(a, runs, &out)
 }
 
-#[cfg(not(feature = "cuda"))]
+#[cfg(not(any(feature = "cuda", feature = "hip")))]
 fn imp(_a: &SpeedArgs, _runs: usize, _out: &Path) -> Result<()> {
-    bail!("this qwasi was built without the cuda backend; rebuild with `--features cuda`")
+    unreachable!("run() refuses every backend in a build without GPU features")
 }
 
-#[cfg(feature = "cuda")]
+#[cfg(any(feature = "cuda", feature = "hip"))]
 fn imp(a: &SpeedArgs, runs: usize, out: &Path) -> Result<()> {
     use qwasi_engine::backend::Backend;
     use qwasi_engine::gpu::model::GpuModel;
@@ -313,12 +324,12 @@ fn imp(a: &SpeedArgs, runs: usize, out: &Path) -> Result<()> {
     Ok(())
 }
 
-#[cfg(feature = "cuda")]
+#[cfg(any(feature = "cuda", feature = "hip"))]
 fn median(v: &[f64]) -> f64 {
     stats(v)["median"].as_f64().unwrap_or(f64::NAN)
 }
 
-#[cfg(feature = "cuda")]
+#[cfg(any(feature = "cuda", feature = "hip"))]
 fn argmax(v: &[f32]) -> u32 {
     let mut best = 0;
     for (i, x) in v.iter().enumerate() {

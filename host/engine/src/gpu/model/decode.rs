@@ -10,7 +10,10 @@
 //! per block), routed+shared down+residual (3). Then norm+lm_head GEMV and a
 //! two-stage argmax/log-sum-exp.
 
+#[cfg(feature = "cuda")]
 use super::super::cuda::{DBuf, Graph};
+#[cfg(all(feature = "hip", not(feature = "cuda")))]
+use super::super::hip::{DBuf, Graph};
 use super::{B, DMixer, DMlp, F, GpuModel, GpuSequence, SeqLayer, mlp_dims};
 use crate::gpu::{Arg, f, i};
 use anyhow::{Result, bail};
@@ -137,6 +140,11 @@ impl GpuModel {
             *guard = Some(self.decode_state()?);
         }
         let ds = guard.as_mut().unwrap();
+        // HIP runtimes without stream capture run every step eagerly.
+        #[cfg(all(feature = "hip", not(feature = "cuda")))]
+        {
+            ds.graphs_ok &= self.dev.graphs_supported();
+        }
         let step = [token, seq.pos as u32];
         self.dev.htod(ds.step.ptr(), &step)?;
         let key = (seq.id, seq.cap);

@@ -46,6 +46,34 @@ impl GpuModel {
         if t == 0 {
             return Ok(());
         }
+        // HIP: the chunked kernels need more shared memory per block than RDNA's
+        // 64 KB; where they do not fit, the token-serial kernel runs instead.
+        #[cfg(all(feature = "hip", not(feature = "cuda")))]
+        {
+            let need = PREP_SMEM.max(STATE_SMEM).max(OUT_SMEM) * F;
+            if need > d.max_shared_per_block() {
+                let smem = ((dk * 32 + 2 * dk + 256) * F) as u32;
+                return d.launch(
+                    "gdn_recurrent",
+                    (nv as u32, (dv as u32).div_ceil(32), 1),
+                    (32, 8, 1),
+                    smem,
+                    &[
+                        Arg::Ptr(proj),
+                        i(p),
+                        i(nk),
+                        i(nv),
+                        i(dk),
+                        i(dv),
+                        Arg::Ptr(g),
+                        Arg::Ptr(beta),
+                        Arg::Ptr(s),
+                        Arg::Ptr(o),
+                        i(t),
+                    ],
+                );
+            }
+        }
         if dk > MAX_DIM || dv > MAX_DIM || nk == 0 || nv % nk != 0 {
             let smem = ((dk * 32 + 2 * dk + 256) * F) as u32;
             return d.launch(
