@@ -78,6 +78,7 @@ fn main() {
         "guests/Cargo.lock",
         "guests/openai",
         "guests/policy",
+        "guests/sdk",
         "wit",
         "tests/guests/Cargo.toml",
         "tests/guests/Cargo.lock",
