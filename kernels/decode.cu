@@ -784,11 +784,6 @@ QW_KERNEL void QW_BOUNDS(256) argmax_final(const float* __restrict__ part, int n
     }
 }
 
-// The step counter of a graph-replayed decode: pos += 1 after the step.
-QW_KERNEL void step_advance(int* __restrict__ pos) {
-    if (threadIdx.x == 0 && blockIdx.x == 0) *pos += 1;
-}
-
 // Bandwidth probe (`qwasi bench --workload speed --probe`): the simplest
 // streaming read of n16 16-byte words, grid-stride, 4 loads in flight per
 // thread; one value per thread is written so the loads are not removed.

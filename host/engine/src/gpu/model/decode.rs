@@ -3,12 +3,14 @@
 //! so after one eager step the whole step is captured once as a CUDA graph and
 //! replayed: one launch per token instead of ~300.
 //!
-//! Per layer: GDN = norm+in_proj GEMV, conv/L2/gates prep, recurrence, gated
-//! norm+out_proj GEMV+residual (4 kernels); attention = norm+proj GEMV, q/k
-//! norm+RoPE+KV append, split-K attention, combine+gate, o_proj GEMV+residual
-//! (5); MoE = norm+router/shared GEMV, routed gate/up (router top-k recomputed
-//! per block), routed+shared down+residual (3). Then norm+lm_head GEMV and a
-//! two-stage argmax/log-sum-exp.
+//! Per layer: GDN = norm+in_proj GEMV, conv/L2/gates prep, recurrence+gated
+//! norm (one block per head), out_proj GEMV+residual (4 kernels); attention =
+//! norm+proj GEMV, q/k norm+RoPE+KV append, split-K attention, combine+gate,
+//! o_proj GEMV+residual (5); MoE = norm+router/shared GEMV, routed gate/up
+//! (router top-k recomputed per block), routed+shared down+residual (3). Then
+//! norm+lm_head GEMV and a two-stage argmax/log-sum-exp. Every kernel that
+//! updates the hidden state also writes per-block sums of squares, so the next
+//! RMSNorm is a scale inside the following GEMV rather than a kernel.
 
 #[cfg(feature = "cuda")]
 use super::super::cuda::{DBuf, Graph};
@@ -57,7 +59,7 @@ impl GpuModel {
         let c = &self.cfg;
         let d = &self.dev;
         let h = c.hidden_size;
-        let (e, k, inter, sh) = mlp_dims(c);
+        let (_, k, inter, _) = mlp_dims(c);
         let (nh, hd) = (c.num_attention_heads, c.head_dim);
         let proj_rows = self
             .layers
@@ -90,7 +92,6 @@ impl GpuModel {
             );
         }
         let act = (k.max(1) * inter).max(inter);
-        let _ = (e, sh);
         Ok(DecodeState {
             step: d.alloc_zeroed(16)?,
             x: d.alloc(h * F)?,
@@ -130,8 +131,8 @@ impl GpuModel {
         (rows.div_ceil(8) as u32).min(resident).max(1)
     }
 
-    /// Appends `token` and leaves its logits in the decode buffers and the
-    /// greedy statistics in `stats`. Returns the logits' device address.
+    /// Appends `token`; returns the device addresses of its logits and of its
+    /// greedy statistics (`[token, max, log-sum-exp]`).
     pub(super) fn decode_step(&self, seq: &mut GpuSequence, token: u32) -> Result<(u64, u64)> {
         self.init_sequence(seq)?;
         self.reserve(seq, seq.pos + 1)?;
