@@ -6,7 +6,7 @@ use super::bindings::api::qwasi::inference::{inference, tokenizer, types};
 use super::limits::CpuMeter;
 use qwasi_engine::generate::{FinishReason, GenerateRequest};
 use qwasi_engine::sampling::{Sampled, SamplingParams};
-use qwasi_engine::service::{Event, GenerationHandle, SubmitError, SubmitOptions};
+use qwasi_engine::service::{Event, GenerationHandle, SubmitError, SubmitOptions, Usage};
 use std::sync::Arc;
 use wasmtime::component::{Resource, ResourceTable};
 use wasmtime::{Result, StoreLimits};
@@ -215,6 +215,14 @@ impl inference::HostGeneration for HostState {
         Ok(g.handle.try_next().into_iter().map(convert_event).collect())
     }
 
+    /// `@since(version = 0.1.2)`: the engine's counts so far (a guest built
+    /// against 0.1.1 never imports it and still links: wasmtime matches its
+    /// `@0.1.1` imports to these `@0.1.2` definitions).
+    async fn usage(&mut self, this: Resource<GenerationResource>) -> Result<types::Usage> {
+        let g = self.table.get(&this)?;
+        Ok(convert_usage(g.handle.usage()))
+    }
+
     async fn drop(&mut self, this: Resource<GenerationResource>) -> Result<()> {
         // Dropping the handle cancels the request.
         self.table.delete(this)?;
@@ -227,6 +235,14 @@ fn convert_logprob(s: Sampled) -> types::TokenLogprob {
         token: s.token,
         logprob: s.logprob,
         top: s.top,
+    }
+}
+
+fn convert_usage(u: Usage) -> types::Usage {
+    types::Usage {
+        prompt_tokens: u.prompt_tokens,
+        completion_tokens: u.completion_tokens,
+        cached_tokens: u.cached_tokens,
     }
 }
 
@@ -248,11 +264,7 @@ fn convert_event(e: Event) -> types::Event {
                 FinishReason::Length => types::FinishReason::Length,
                 FinishReason::Cancelled => types::FinishReason::Cancelled,
             },
-            usage: types::Usage {
-                prompt_tokens: usage.prompt_tokens,
-                completion_tokens: usage.completion_tokens,
-                cached_tokens: usage.cached_tokens,
-            },
+            usage: convert_usage(usage),
             stop_token,
             trailing_text,
         }),

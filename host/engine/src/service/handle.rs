@@ -1,7 +1,8 @@
 //! The per-request event stream and the caller's handle on it.
 
-use super::Event;
 use super::queue::{Job, lock};
+use super::{Event, Usage};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use tokio::sync::Notify;
 
@@ -91,6 +92,19 @@ impl GenerationHandle {
     /// Prompt length of the request.
     pub fn prompt_tokens(&self) -> usize {
         self.job.req.prompt.len()
+    }
+
+    /// The usage so far: the prompt length, the tokens sampled so far (the
+    /// stop token included; possibly ahead of the events `try_next`
+    /// returned) and the prompt tokens served from the prefix cache (0
+    /// until the lookup is done, which precedes the first event). Once the
+    /// request has ended it equals the usage of its `Finished` event.
+    pub fn usage(&self) -> Usage {
+        Usage {
+            prompt_tokens: self.job.req.prompt.len() as u32,
+            completion_tokens: self.job.sampled.load(Ordering::Acquire),
+            cached_tokens: self.job.cached_tokens.load(Ordering::Acquire),
+        }
     }
 }
 

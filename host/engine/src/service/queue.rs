@@ -5,7 +5,7 @@ use super::SubmitOptions;
 use super::handle::Stream;
 use crate::generate::GenerateRequest;
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Instant;
 use tokio::sync::{Notify, oneshot};
@@ -32,6 +32,11 @@ pub(super) struct Job {
     cancelled: AtomicBool,
     started_tx: Mutex<Option<oneshot::Sender<()>>>,
     pub stream: Stream,
+    /// Tokens sampled so far, the stop token included (set by the worker).
+    pub sampled: AtomicU32,
+    /// Prompt tokens served from the prefix cache (set by the worker once
+    /// the lookup is done, before the first token).
+    pub cached_tokens: AtomicU32,
 }
 
 impl Job {
@@ -45,6 +50,8 @@ impl Job {
             cancelled: AtomicBool::new(false),
             started_tx: Mutex::new(Some(tx)),
             stream: Stream::default(),
+            sampled: AtomicU32::new(0),
+            cached_tokens: AtomicU32::new(0),
         };
         (Arc::new(job), rx)
     }

@@ -20,6 +20,7 @@ use anyhow::Result;
 use std::collections::BTreeSet;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 pub(super) fn spawn<B: Backend + 'static>(
@@ -258,6 +259,8 @@ impl<'j, B: Backend> Running<'j, B> {
             logits: stored_logits,
             lease,
         } = w.lookup_prefix(&req.prompt, salt);
+        job.cached_tokens
+            .store(cached_tokens as u32, Ordering::Release);
         // The prefill runs prompt[cached..]; with a cache it is split at the
         // snapshot points (every `snapshot_interval` tokens and the guest's
         // marks) and a snapshot is staged at each cut and at the end (that
@@ -287,7 +290,10 @@ impl<'j, B: Backend> Running<'j, B> {
         let mut at = cached_tokens;
         for q in cuts {
             if job.is_cancelled() {
-                return Ok(Err(early(FinishReason::Cancelled)));
+                return Ok(Err(Finish {
+                    cached_tokens,
+                    ..early(FinishReason::Cancelled)
+                }));
             }
             w.backend.extend(&mut seq, &req.prompt[at..q])?;
             at = q;
@@ -357,6 +363,9 @@ impl<'j, B: Backend> Running<'j, B> {
         }
         self.last_sample = Some(now);
         self.sampled += 1;
+        self.job
+            .sampled
+            .store(self.sampled as u32, Ordering::Release);
         w.metrics.add_completion_token();
 
         if self.stops.contains(&s.token) {
