@@ -16,6 +16,7 @@ use qwasi_guest_sdk::chat::{THINK_END, ThinkSplitter};
 use qwasi_guest_sdk::http::{self, Output};
 use qwasi_guest_sdk::inference::{
     Event, FinishReason, GenerateRequest, Generation, ModelInfo, StopMatcher, TokenEvent, Usage,
+    early_usage,
 };
 use qwasi_guest_sdk::stream::{Framing, StreamWriter};
 use qwasi_guest_sdk::{ApiError, Request};
@@ -339,6 +340,9 @@ pub struct Driver<'h, H: Host> {
     tools: Option<ToolState>,
     /// Special tokens spelled out when tools are parsed (`<tool_call>`, `</tool_call>`).
     markup_ids: Vec<(u32, &'static str)>,
+    /// A stop string ended the output: `ended`'s usage still lacks the
+    /// engine's counts ([`Driver::engine_usage`]).
+    cut_short: bool,
     pub ended: Option<Ended>,
 }
 
@@ -368,7 +372,21 @@ impl<'h, H: Host> Driver<'h, H> {
             spellings: HashMap::new(),
             tools: None,
             markup_ids: Vec::new(),
+            cut_short: false,
             ended: None,
+        }
+    }
+
+    /// After a stop string ended the output, which pre-empts the engine's
+    /// `finished` event: takes the prompt and cached-token counts from
+    /// `generation.usage()` (ask before dropping it). The completion count
+    /// stays the tokens the output used.
+    pub fn engine_usage<G: Generation>(&mut self, generation: Option<&G>) {
+        if !std::mem::take(&mut self.cut_short) {
+            return;
+        }
+        if let Some(Ended::Finished { usage, .. }) = &mut self.ended {
+            *usage = early_usage(generation, self.prompt_tokens, self.tokens);
         }
     }
 
@@ -516,9 +534,11 @@ impl<'h, H: Host> Driver<'h, H> {
                 }
                 self.offset += text.chars().count();
                 if self.push_text(&text, &mut piece) {
+                    self.cut_short = true;
                     self.ended = Some(Ended::Finished {
                         reason: "stop",
-                        // The engine's usage comes with `finished`, which a stop string pre-empts.
+                        // The engine's usage comes with `finished`, which a stop
+                        // string pre-empts: completed by `engine_usage`.
                         usage: Usage {
                             prompt_tokens: self.prompt_tokens,
                             completion_tokens: self.tokens,
@@ -947,6 +967,7 @@ fn run<H: Host, F: Format, S: Output>(
             }
         }
     }
+    driver.engine_usage(generation.as_ref());
     drop(generation); // Cancels the engine request when a stop string ended it.
     match driver.ended.take().expect("ended") {
         Ended::Failed(msg) => Err(ApiError::internal(format!("generation failed: {msg}"))),
@@ -1016,6 +1037,7 @@ fn stream<H: Host, F: Format, G: Generation, S: Output>(
                 }
             }
         }
+        driver.engine_usage(generation.as_ref());
         match &driver.ended {
             None => {}
             Some(Ended::Finished { reason, usage }) => {

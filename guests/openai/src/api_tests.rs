@@ -34,6 +34,8 @@ struct FakeHost {
     dropped: Rc<Cell<bool>>,
     /// `next` calls made.
     polls: Rc<Cell<usize>>,
+    /// What `generation.usage()` answers (`None`: an engine without it).
+    usage: Option<Usage>,
 }
 
 impl FakeHost {
@@ -55,7 +57,13 @@ impl FakeHost {
             encoded: RefCell::new(vec![]),
             dropped: Rc::new(Cell::new(false)),
             polls: Rc::new(Cell::new(0)),
+            usage: None,
         }
+    }
+
+    fn with_usage(mut self, usage: Usage) -> Self {
+        self.usage = Some(usage);
+        self
     }
 
     fn with_script(self, batches: Vec<Vec<Event>>) -> Self {
@@ -105,6 +113,7 @@ fn dec(ids: &[u32]) -> String {
 
 struct FakeGeneration {
     batches: Vec<Vec<Event>>,
+    usage: Option<Usage>,
     dropped: Rc<Cell<bool>>,
     polls: Rc<Cell<usize>>,
 }
@@ -117,6 +126,10 @@ impl Generation for FakeGeneration {
         } else {
             self.batches.remove(0)
         }
+    }
+
+    fn usage(&self) -> Option<Usage> {
+        self.usage
     }
 }
 
@@ -161,6 +174,7 @@ impl Engine for FakeHost {
         }
         Ok(FakeGeneration {
             batches: std::mem::take(&mut *self.script.borrow_mut()),
+            usage: self.usage,
             dropped: self.dropped.clone(),
             polls: self.polls.clone(),
         })
@@ -451,6 +465,63 @@ fn completion_stop_string_cuts_and_cancels() {
     assert_eq!(v["usage"]["prompt_tokens"], 1);
     assert!(h.dropped.get());
     assert_eq!(h.polls.get(), 2, "no polling after the stop string");
+}
+
+/// A stop string pre-empts `finished`: the prompt and cached counts come
+/// from `generation.usage()`, the completion count is the tokens the output
+/// used (the engine ran ahead to 5), streamed or not.
+#[test]
+fn stop_string_usage_from_the_engine() {
+    let script = || {
+        vec![
+            vec![tok("one"), tok(" tw")],
+            vec![tok("o thr"), tok("ee")],
+            vec![finished(FinishReason::Length, 1, 4, 0)],
+        ]
+    };
+    let engine = Usage {
+        prompt_tokens: 1,
+        completion_tokens: 5,
+        cached_tokens: 1,
+    };
+    let want = json!({"prompt_tokens": 1, "completion_tokens": 3, "total_tokens": 4, "prompt_tokens_details": {"cached_tokens": 1}});
+    let h = FakeHost::new().with_script(script()).with_usage(engine);
+    let s = call(
+        &h,
+        "POST",
+        "/v1/completions",
+        json!({"model": "qwen3.6", "prompt": "x", "stop": ["two"], "max_tokens": 10}),
+    );
+    let v = s.json();
+    assert_eq!(v["choices"][0]["text"], "one ");
+    assert_eq!(v["usage"], want);
+    assert!(h.dropped.get());
+
+    let h = FakeHost::new().with_script(script()).with_usage(engine);
+    let s = call(
+        &h,
+        "POST",
+        "/v1/chat/completions",
+        json!({"model": "qwen3.6", "messages": [{"role": "user", "content": "q"}], "stop": "two",
+               "stream": true, "stream_options": {"include_usage": true}}),
+    );
+    let ev = s.events();
+    assert_eq!(ev[ev.len() - 2]["choices"][0]["finish_reason"], "stop");
+    assert_eq!(ev.last().unwrap()["usage"], want);
+    assert!(h.dropped.get());
+
+    // An engine without `usage` (the default method): cached stays 0.
+    let h = FakeHost::new().with_script(script());
+    let s = call(
+        &h,
+        "POST",
+        "/v1/completions",
+        json!({"model": "qwen3.6", "prompt": "x", "stop": ["two"], "max_tokens": 10}),
+    );
+    assert_eq!(
+        s.json()["usage"]["prompt_tokens_details"]["cached_tokens"],
+        0
+    );
 }
 
 #[test]

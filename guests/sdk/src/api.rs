@@ -237,6 +237,18 @@ impl Generation for HostGeneration {
         }
         Vec::new()
     }
+
+    fn usage(&self) -> Option<Usage> {
+        Some(usage(self.generation.usage()))
+    }
+}
+
+fn usage(u: types::Usage) -> Usage {
+    Usage {
+        prompt_tokens: u.prompt_tokens,
+        completion_tokens: u.completion_tokens,
+        cached_tokens: u.cached_tokens,
+    }
 }
 
 fn event(e: types::Event) -> Event {
@@ -256,11 +268,7 @@ fn event(e: types::Event) -> Event {
                 types::FinishReason::Length => FinishReason::Length,
                 types::FinishReason::Cancelled => FinishReason::Cancelled,
             },
-            usage: Usage {
-                prompt_tokens: f.usage.prompt_tokens,
-                completion_tokens: f.usage.completion_tokens,
-                cached_tokens: f.usage.cached_tokens,
-            },
+            usage: usage(f.usage),
             stop_token: f.stop_token,
             trailing_text: f.trailing_text,
         }),

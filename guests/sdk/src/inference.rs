@@ -224,6 +224,33 @@ pub trait Generation {
     /// Blocks until events are available and drains them. Returns an empty
     /// list only once the generation has ended and every event was returned.
     fn wait_next(&mut self) -> Vec<Event>;
+
+    /// The usage so far (WIT `generation.usage`, since 0.1.2): the prompt
+    /// length, the prompt tokens served from the prefix cache and the
+    /// tokens sampled so far (possibly ahead of the events returned). What
+    /// a guest that ends the generation early (a stop string) reports.
+    /// `None` where the engine cannot tell (the default).
+    fn usage(&self) -> Option<Usage> {
+        None
+    }
+}
+
+/// The usage of a generation the guest ended early, after using
+/// `completion_tokens` of its tokens: the prompt and cached counts from the
+/// engine ([`Generation::usage`]), the completion count the guest's own
+/// (the engine may have sampled a few more by now; those are not part of
+/// the output, as with vLLM's stop strings).
+pub fn early_usage<G: Generation>(
+    generation: Option<&G>,
+    prompt_tokens: u32,
+    completion_tokens: u32,
+) -> Usage {
+    let engine = generation.and_then(Generation::usage);
+    Usage {
+        prompt_tokens: engine.map_or(prompt_tokens, |u| u.prompt_tokens),
+        completion_tokens,
+        cached_tokens: engine.map_or(0, |u| u.cached_tokens),
+    }
 }
 
 /// The imports of world `api` (tokenizer + inference) and the clocks.
@@ -425,11 +452,12 @@ impl<G: Generation> Run<G> {
                     if let Some(s) = self.stop.stopped() {
                         self.end = Some(End::Finished {
                             reason: FinishReason::Stop,
-                            usage: Usage {
-                                prompt_tokens: self.prompt_tokens,
-                                completion_tokens: self.tokens.len() as u32,
-                                cached_tokens: 0,
-                            },
+                            // Asked before the drop below cancels the generation.
+                            usage: early_usage(
+                                self.generation.as_ref(),
+                                self.prompt_tokens,
+                                self.tokens.len() as u32,
+                            ),
                             stop_token: None,
                             stop_string: Some(s.to_owned()),
                         });
@@ -652,10 +680,12 @@ mod tests {
 
     #[test]
     fn run_stop_string_cancels() {
-        let e = FakeEngine::new().script(
-            &["a", "b", "STO", "Pc", "d", "e", "f"],
-            FinishReason::Length,
-        );
+        let e = FakeEngine::new()
+            .script(
+                &["a", "b", "STO", "Pc", "d", "e", "f"],
+                FinishReason::Length,
+            )
+            .cached(1);
         let mut run = e
             .start(GenerateRequest::new(vec![1], 9))
             .unwrap()
@@ -670,7 +700,17 @@ mod tests {
             } => {
                 assert_eq!(*reason, FinishReason::Stop);
                 assert_eq!(stop_string.as_deref(), Some("STOP"));
-                assert_eq!(usage.completion_tokens, 4);
+                // The prompt and cached counts come from `Generation::usage`
+                // (asked before the cancel); the completion count is the
+                // tokens the output used, though the engine ran ahead to 7.
+                assert_eq!(
+                    *usage,
+                    Usage {
+                        prompt_tokens: 1,
+                        completion_tokens: 4,
+                        cached_tokens: 1,
+                    }
+                );
             }
             other => panic!("{other:?}"),
         }

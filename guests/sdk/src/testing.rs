@@ -18,6 +18,8 @@ use crate::inference::{
 /// * Events come 3 per `wait_next`, as a real engine batches them.
 /// * The last request is kept ([`FakeEngine::last_request`]); generations
 ///   dropped before their end are counted ([`FakeEngine::cancelled`]).
+/// * [`Generation::usage`] reports [`FakeEngine::cached`] cached tokens and,
+///   as an engine that ran ahead, every scripted token as sampled.
 #[derive(Clone)]
 pub struct FakeEngine {
     pub info: ModelInfo,
@@ -25,6 +27,7 @@ pub struct FakeEngine {
     finish: FinishReason,
     failure: Option<String>,
     refusal: Option<GenerateError>,
+    cached: u32,
     specials: Vec<(u32, String)>,
     last: Rc<RefCell<Option<GenerateRequest>>>,
     cancelled: Rc<Cell<usize>>,
@@ -54,6 +57,7 @@ impl FakeEngine {
             finish: FinishReason::Stop,
             failure: None,
             refusal: None,
+            cached: 0,
             specials: Vec::new(),
             last: Rc::default(),
             cancelled: Rc::default(),
@@ -87,6 +91,12 @@ impl FakeEngine {
         self
     }
 
+    /// Prompt tokens the engine reports served from the prefix cache.
+    pub fn cached(mut self, tokens: u32) -> Self {
+        self.cached = tokens;
+        self
+    }
+
     pub fn last_request(&self) -> Option<GenerateRequest> {
         self.last.borrow().clone()
     }
@@ -98,6 +108,7 @@ impl FakeEngine {
 
 pub struct FakeGeneration {
     events: Vec<Event>,
+    usage: Usage,
     cancelled: Rc<Cell<usize>>,
 }
 
@@ -105,6 +116,10 @@ impl Generation for FakeGeneration {
     fn wait_next(&mut self) -> Vec<Event> {
         let n = self.events.len().min(3);
         self.events.drain(..n).collect()
+    }
+
+    fn usage(&self) -> Option<Usage> {
+        Some(self.usage)
     }
 }
 
@@ -173,6 +188,11 @@ impl Engine for FakeEngine {
             return Err(e.clone());
         }
         let mut events = Vec::new();
+        let mut usage = Usage {
+            prompt_tokens: request.prompt.len() as u32,
+            completion_tokens: 0,
+            cached_tokens: self.cached,
+        };
         if let Some(m) = &self.failure {
             events.push(Event::Failed(m.clone()));
         } else {
@@ -194,19 +214,17 @@ impl Engine for FakeEngine {
             } else {
                 self.finish
             };
+            usage.completion_tokens = n as u32;
             events.push(Event::Finished(Finish {
                 reason,
-                usage: Usage {
-                    prompt_tokens: request.prompt.len() as u32,
-                    completion_tokens: n as u32,
-                    cached_tokens: 0,
-                },
+                usage,
                 stop_token: (reason == FinishReason::Stop).then_some(0),
                 trailing_text: String::new(),
             }));
         }
         Ok(FakeGeneration {
             events,
+            usage,
             cancelled: self.cancelled.clone(),
         })
     }
