@@ -98,6 +98,10 @@ pub struct GpuModel {
     decode: Mutex<Option<decode::DecodeState>>,
     /// `false` with `QWASI_DECODE=unfused`: single tokens take the prefill kernels.
     fused_decode: bool,
+    /// `false` with `QWASI_PREFILL=reference`: prompts take the first (per-op) kernels.
+    fast_prefill: bool,
+    /// `false` with `QWASI_GDN=serial`: prompts run the token-serial delta rule.
+    chunked_gdn: bool,
     /// KV capacity limit per sequence (tokens).
     pub max_len: usize,
     pub gemm: GemmPath,
@@ -307,6 +311,8 @@ impl GpuModel {
             scratch: Mutex::new(Scratch::default()),
             decode: Mutex::new(None),
             fused_decode: std::env::var("QWASI_DECODE").as_deref() != Ok("unfused"),
+            fast_prefill: std::env::var("QWASI_PREFILL").as_deref() != Ok("reference"),
+            chunked_gdn: std::env::var("QWASI_GDN").as_deref() != Ok("serial"),
             gemm,
             kv_f32: std::env::var("QWASI_KV").as_deref() != Ok("bf16"),
         }
@@ -647,7 +653,7 @@ impl GpuModel {
         // Multi-token prompts take the prefill kernels (tiled attention, parallel
         // conv, warp-per-token router); `QWASI_PREFILL=reference` keeps the
         // original kernels for comparison.
-        let fast = t > 1 && std::env::var("QWASI_PREFILL").as_deref() != Ok("reference");
+        let fast = t > 1 && self.fast_prefill;
         self.init_sequence(seq)?;
         self.reserve(seq, pos0 + t)?;
 
@@ -805,32 +811,7 @@ impl GpuModel {
                         ],
                     )?;
                     let o = sc.get(d, "gdn_o", t * vdim * F)?;
-                    // Chunked (WY) form for prompts, `model/gdn_prefill.rs`;
-                    // token-serial for one token or with `QWASI_GDN=serial`.
-                    if t >= 2 && std::env::var("QWASI_GDN").as_deref() != Ok("serial") {
-                        self.gdn_prefill(sc, qkv, qkv_stride, g, beta, s.ptr(), o, t)?;
-                    } else {
-                        let smem = ((dk * 32 + 2 * dk + 256) * F) as u32;
-                        d.launch(
-                            "gdn_recurrent",
-                            (nv as u32, (dv as u32).div_ceil(32), 1),
-                            (32, 8, 1),
-                            smem,
-                            &[
-                                Arg::Ptr(qkv),
-                                i(qkv_stride),
-                                i(nk),
-                                i(nv),
-                                i(dk),
-                                i(dv),
-                                Arg::Ptr(g),
-                                Arg::Ptr(beta),
-                                Arg::Ptr(s.ptr()),
-                                Arg::Ptr(o),
-                                i(t),
-                            ],
-                        )?;
-                    }
+                    self.gdn_recurrence(sc, qkv, qkv_stride, g, beta, s.ptr(), o, t)?;
                     let o2 = sc.get(d, "gdn_o2", t * vdim * F)?;
                     d.launch(
                         "gated_rmsnorm",

@@ -21,10 +21,89 @@ const OUT_SMEM: usize = 2 * CHUNK * (MAX_DIM + 1) + CHUNK * (CHUNK + 1) + CHUNK;
 impl GpuModel {
     /// The delta rule over `t` tokens for every value head: q/k/v from the conv
     /// output rows `proj` (row stride `p`), `g`/`beta` `[t][nv]`, state `s`
-    /// `[nv][dk][dv]` updated in place, outputs `o` `[t][nv][dv]`. Falls back to
-    /// the token-serial kernel for head dimensions above 128.
+    /// `[nv][dk][dv]` updated in place, outputs `o` `[t][nv][dv]`. The chunked
+    /// kernels for prompts; the token-serial kernel for one token, with
+    /// `QWASI_GDN=serial`, for head dimensions above 128, and where the chunked
+    /// kernels' shared memory does not fit (RDNA's 64 KB per block).
     #[allow(clippy::too_many_arguments)]
-    pub(super) fn gdn_prefill(
+    pub(super) fn gdn_recurrence(
+        &self,
+        sc: &mut Scratch,
+        proj: u64,
+        p: usize,
+        g: u64,
+        beta: u64,
+        s: u64,
+        o: u64,
+        t: usize,
+    ) -> Result<()> {
+        if t == 0 {
+            return Ok(());
+        }
+        if t >= 2 && self.chunked_gdn && self.chunked_gdn_fits() {
+            self.gdn_chunked(sc, proj, p, g, beta, s, o, t)
+        } else {
+            self.gdn_serial(proj, p, g, beta, s, o, t)
+        }
+    }
+
+    fn chunked_gdn_fits(&self) -> bool {
+        let c = &self.cfg;
+        let (nk, nv) = (c.linear_num_key_heads, c.linear_num_value_heads);
+        let dims_ok = c.linear_key_head_dim <= MAX_DIM
+            && c.linear_value_head_dim <= MAX_DIM
+            && nk != 0
+            && nv % nk == 0;
+        #[cfg(all(feature = "hip", not(feature = "cuda")))]
+        let dims_ok = dims_ok
+            && PREP_SMEM.max(STATE_SMEM).max(OUT_SMEM) * F <= self.dev.max_shared_per_block();
+        dims_ok
+    }
+
+    /// The token-serial kernel (`gdn_recurrent`): the state stays in shared memory.
+    #[allow(clippy::too_many_arguments)]
+    fn gdn_serial(
+        &self,
+        proj: u64,
+        p: usize,
+        g: u64,
+        beta: u64,
+        s: u64,
+        o: u64,
+        t: usize,
+    ) -> Result<()> {
+        let c = &self.cfg;
+        let (nk, nv, dk, dv) = (
+            c.linear_num_key_heads,
+            c.linear_num_value_heads,
+            c.linear_key_head_dim,
+            c.linear_value_head_dim,
+        );
+        let smem = ((dk * 32 + 2 * dk + 256) * F) as u32;
+        self.dev.launch(
+            "gdn_recurrent",
+            (nv as u32, (dv as u32).div_ceil(32), 1),
+            (32, 8, 1),
+            smem,
+            &[
+                Arg::Ptr(proj),
+                i(p),
+                i(nk),
+                i(nv),
+                i(dk),
+                i(dv),
+                Arg::Ptr(g),
+                Arg::Ptr(beta),
+                Arg::Ptr(s),
+                Arg::Ptr(o),
+                i(t),
+            ],
+        )
+    }
+
+    /// The chunked (WY) form in three launches.
+    #[allow(clippy::too_many_arguments)]
+    fn gdn_chunked(
         &self,
         sc: &mut Scratch,
         proj: u64,
@@ -43,59 +122,6 @@ impl GpuModel {
             c.linear_key_head_dim,
             c.linear_value_head_dim,
         );
-        if t == 0 {
-            return Ok(());
-        }
-        // HIP: the chunked kernels need more shared memory per block than RDNA's
-        // 64 KB; where they do not fit, the token-serial kernel runs instead.
-        #[cfg(all(feature = "hip", not(feature = "cuda")))]
-        {
-            let need = PREP_SMEM.max(STATE_SMEM).max(OUT_SMEM) * F;
-            if need > d.max_shared_per_block() {
-                let smem = ((dk * 32 + 2 * dk + 256) * F) as u32;
-                return d.launch(
-                    "gdn_recurrent",
-                    (nv as u32, (dv as u32).div_ceil(32), 1),
-                    (32, 8, 1),
-                    smem,
-                    &[
-                        Arg::Ptr(proj),
-                        i(p),
-                        i(nk),
-                        i(nv),
-                        i(dk),
-                        i(dv),
-                        Arg::Ptr(g),
-                        Arg::Ptr(beta),
-                        Arg::Ptr(s),
-                        Arg::Ptr(o),
-                        i(t),
-                    ],
-                );
-            }
-        }
-        if dk > MAX_DIM || dv > MAX_DIM || nk == 0 || nv % nk != 0 {
-            let smem = ((dk * 32 + 2 * dk + 256) * F) as u32;
-            return d.launch(
-                "gdn_recurrent",
-                (nv as u32, (dv as u32).div_ceil(32), 1),
-                (32, 8, 1),
-                smem,
-                &[
-                    Arg::Ptr(proj),
-                    i(p),
-                    i(nk),
-                    i(nv),
-                    i(dk),
-                    i(dv),
-                    Arg::Ptr(g),
-                    Arg::Ptr(beta),
-                    Arg::Ptr(s),
-                    Arg::Ptr(o),
-                    i(t),
-                ],
-            );
-        }
         let nch = t.div_ceil(CHUNK);
         let wt = sc.get(d, "gdn_chunk_wt", nv * nch * dk * CHUNK * F)?;
         let u = sc.get(d, "gdn_chunk_u", nv * t * dv * F)?;
