@@ -72,21 +72,7 @@ fn start_status_stop_round_trip() {
     assert_eq!(st["health"]["queue"]["capacity"], 64);
 
     // stop: graceful drain, the process exits.
-    let out = qwasi(&[
-        "stop",
-        "--state-dir",
-        state,
-        "--port",
-        &port,
-        "--timeout",
-        "60s",
-    ]);
-    assert!(
-        out.status.success(),
-        "stop failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let stopped: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let stopped = stop(state, &port);
     assert_eq!(stopped["stopped"], true);
     wait_until("port closed", Duration::from_secs(10), || {
         std::net::TcpStream::connect(&addr).is_err()
@@ -122,6 +108,26 @@ fn stop_without_a_server_fails_clearly() {
     let out = qwasi(&["stop", "--state-dir", dir.path().to_str().unwrap()]);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("no qwasi server is recorded"));
+}
+
+/// `qwasi stop` (graceful, 60 s drain) of the server on `port`; asserts it
+/// succeeded and returns its JSON report.
+fn stop(state: &str, port: &str) -> serde_json::Value {
+    let out = qwasi(&[
+        "stop",
+        "--state-dir",
+        state,
+        "--port",
+        port,
+        "--timeout",
+        "60s",
+    ]);
+    assert!(
+        out.status.success(),
+        "stop failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
 }
 
 /// Stops a server started by a test even when an assertion fails.
@@ -203,20 +209,7 @@ fn start_passes_api_keys_through_the_environment_not_the_command_line() {
         std::fs::read_to_string(dir.path().join(format!("server-127.0.0.1-{port}.log"))).unwrap();
     assert!(!log.contains(k1) && !log.contains(k2), "{log}");
 
-    let out = qwasi(&[
-        "stop",
-        "--state-dir",
-        state,
-        "--port",
-        &port,
-        "--timeout",
-        "60s",
-    ]);
-    assert!(
-        out.status.success(),
-        "stop failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    stop(state, &port);
     // Stopped: nothing left to kill (its pid may be reused).
     std::mem::forget(guard);
 }

@@ -191,9 +191,15 @@ async fn timed(
     }
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
+/// The middle value (the mean of the two middle ones for an even count); NaN when empty.
+fn median(v: &[f64]) -> f64 {
+    let mut s = v.to_vec();
+    s.sort_by(f64::total_cmp);
+    match s.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => s[n / 2],
+        n => (s[n / 2 - 1] + s[n / 2]) / 2.0,
+    }
 }
 
 fn ms(d: Duration) -> f64 {
@@ -329,7 +335,7 @@ fn prefix_cache(a: &Args) -> Result<()> {
                 });
             }
         }
-        let (c, h) = (median(cold.clone()), median(cached.clone()));
+        let (c, h) = (median(&cold), median(&cached));
         eprintln!(
             "  prefix {len:>6} + {:>4} new: cold TTFT {c:>9.1} ms   cached {h:>8.1} ms   speedup {:>5.1}x   exact {}",
             a.new_tokens,
@@ -373,7 +379,7 @@ fn prefix_cache(a: &Args) -> Result<()> {
                 (snaps, bytes) = (s.snapshots, s.bytes);
             }
         }
-        let m = median(t.clone());
+        let m = median(&t);
         eprintln!(
             "  interval {interval:>5}: cold TTFT of {longest} tokens {m:>9.1} ms, {snaps} snapshots, {:.1} MiB",
             bytes as f64 / (1 << 20) as f64

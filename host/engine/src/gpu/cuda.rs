@@ -309,6 +309,13 @@ impl Device {
             .map_err(|e| anyhow::anyhow!("CUDA error: {e:?}"))
     }
 
+    fn kernel(&self, name: &str) -> Result<sys::CUfunction> {
+        self.funcs
+            .get(name)
+            .copied()
+            .with_context(|| format!("kernel {name} not found in the embedded modules"))
+    }
+
     /// Resident blocks per multiprocessor of kernel `name` at this block size
     /// and dynamic shared memory (at least 1).
     pub fn occupancy(&self, name: &str, block: u32, smem: u32) -> u32 {
@@ -340,10 +347,7 @@ impl Device {
         if !self.pdl || self.profile.is_some() || self.debug {
             return self.launch(name, grid, block, smem, args);
         }
-        let f = *self
-            .funcs
-            .get(name)
-            .with_context(|| format!("kernel {name} not found in the embedded modules"))?;
+        let f = self.kernel(name)?;
         if grid.0 == 0 || grid.1 == 0 || grid.2 == 0 {
             return Ok(());
         }
@@ -377,10 +381,7 @@ impl Device {
         smem: u32,
         args: &[Arg],
     ) -> Result<()> {
-        let f = *self
-            .funcs
-            .get(name)
-            .with_context(|| format!("kernel {name} not found in the embedded modules"))?;
+        let f = self.kernel(name)?;
         if grid.0 == 0 || grid.1 == 0 || grid.2 == 0 {
             return Ok(());
         }

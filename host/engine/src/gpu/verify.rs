@@ -7,7 +7,7 @@ use crate::backend::Backend;
 use crate::cpu::CpuModel;
 use crate::generate::{GenerateRequest, generate};
 use crate::model::LoadedModel;
-use crate::sampling::{SamplingParams, log_softmax};
+use crate::sampling::{SamplingParams, argmax, log_softmax};
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
 use std::ops::ControlFlow;
@@ -92,16 +92,6 @@ fn kl(p_log: &[f32], q_log: &[f32]) -> f64 {
         })
         .sum::<f64>()
         .max(0.0)
-}
-
-fn argmax(x: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, v) in x.iter().enumerate() {
-        if *v > x[best] {
-            best = i;
-        }
-    }
-    best as u32
 }
 
 /// Fixture directories (those holding an `expected.json`) under `root`, sorted.

@@ -61,19 +61,10 @@ pub fn prompt(len: usize, vocab: usize) -> Vec<u32> {
 
 #[cfg_attr(not(any(feature = "cuda", feature = "hip")), allow(dead_code))]
 fn stats(v: &[f64]) -> Value {
-    let mut s = v.to_vec();
-    s.sort_by(f64::total_cmp);
-    let med = if s.is_empty() {
-        f64::NAN
-    } else if s.len() % 2 == 1 {
-        s[s.len() / 2]
-    } else {
-        (s[s.len() / 2 - 1] + s[s.len() / 2]) / 2.0
-    };
     json!({
-        "median": med,
-        "min": s.first(),
-        "max": s.last(),
+        "median": super::median(v),
+        "min": v.iter().copied().reduce(f64::min),
+        "max": v.iter().copied().reduce(f64::max),
         "runs": v,
     })
 }
@@ -210,12 +201,12 @@ fn imp(a: &SpeedArgs, runs: usize, out: &Path) -> Result<()> {
             .ok_or_else(|| anyhow::anyhow!("snapshot failed (device memory?)"))?;
         drop(base);
         // Greedy through the host: the first 16 tokens from the full logits.
-        let mut host_tokens = vec![argmax(&logits)];
+        let mut host_tokens = vec![qwasi_engine::sampling::argmax(&logits)];
         {
             let mut seq = model.restore(snap.as_ref()).unwrap();
             for _ in 0..15.min(a.decode_tokens) {
                 let l = model.forward(&mut seq, &[*host_tokens.last().unwrap()])?;
-                host_tokens.push(argmax(&l));
+                host_tokens.push(qwasi_engine::sampling::argmax(&l));
             }
         }
         // The profile below covers the decode steps only.
@@ -250,11 +241,11 @@ fn imp(a: &SpeedArgs, runs: usize, out: &Path) -> Result<()> {
         let ctx = len + a.decode_tokens / 2;
         let bytes = model.step_bytes(ctx);
         let floor_s = bytes.total() as f64 / bw;
-        let med_rate = median(&rates);
+        let med_rate = super::median(&rates);
         let (used, total) = model.memory_used();
         eprintln!(
             "[bench] L {len:>6}: TTFT {:>9.1} ms, decode {:>7.1} tok/s ({:.0}% of the {:.0} tok/s floor), tokens consistent: {}",
-            median(&ttft),
+            super::median(&ttft),
             med_rate,
             100.0 * med_rate * floor_s,
             1.0 / floor_s,
@@ -322,20 +313,4 @@ fn imp(a: &SpeedArgs, runs: usize, out: &Path) -> Result<()> {
         bail!("bench speed: correctness FAILED (see {})", out.display());
     }
     Ok(())
-}
-
-#[cfg(any(feature = "cuda", feature = "hip"))]
-fn median(v: &[f64]) -> f64 {
-    stats(v)["median"].as_f64().unwrap_or(f64::NAN)
-}
-
-#[cfg(any(feature = "cuda", feature = "hip"))]
-fn argmax(v: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, x) in v.iter().enumerate() {
-        if *x > v[best] {
-            best = i;
-        }
-    }
-    best as u32
 }
