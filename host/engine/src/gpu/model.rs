@@ -102,6 +102,9 @@ pub struct GpuModel {
     fast_prefill: bool,
     /// `false` with `QWASI_GDN=serial`: prompts run the token-serial delta rule.
     chunked_gdn: bool,
+    /// `false` with `QWASI_MOE=cublas` (and in HIP builds): prompt experts run as
+    /// per-expert cuBLAS calls instead of one grouped tensor-core kernel per matrix.
+    grouped_moe: bool,
     /// KV capacity limit per sequence (tokens).
     pub max_len: usize,
     pub gemm: GemmPath,
@@ -163,6 +166,24 @@ const FA_BQ: usize = 32;
 #[cfg(all(feature = "hip", not(feature = "cuda")))]
 const FA_BK: usize = 16;
 const B: usize = 2; // bytes per bf16
+/// Row tile, column tile and k step of `moe_gemm_split` (kernels/moe_gemm.cu).
+const MG_BM: usize = 64;
+const MG_BN: usize = 128;
+const MG_BK: usize = 32;
+
+/// Block rows of the grouped expert GEMM: (expert, first row, rows <= MG_BM)
+/// triples over rows sorted by expert, `counts[e]` rows each.
+fn moe_tiles(counts: &[i32]) -> Vec<i32> {
+    let mut tiles = Vec::new();
+    let mut start = 0;
+    for (ex, &cnt) in counts.iter().enumerate() {
+        for r in (0..cnt).step_by(MG_BM) {
+            tiles.extend([ex as i32, start + r, (cnt - r).min(MG_BM as i32)]);
+        }
+        start += cnt;
+    }
+    tiles
+}
 
 fn mlp_dims(cfg: &ModelConfig) -> (usize, usize, usize, usize) {
     match cfg.mlp {
@@ -313,6 +334,8 @@ impl GpuModel {
             fused_decode: std::env::var("QWASI_DECODE").as_deref() != Ok("unfused"),
             fast_prefill: std::env::var("QWASI_PREFILL").as_deref() != Ok("reference"),
             chunked_gdn: std::env::var("QWASI_GDN").as_deref() != Ok("serial"),
+            grouped_moe: cfg!(feature = "cuda")
+                && std::env::var("QWASI_MOE").as_deref() != Ok("cublas"),
             gemm,
             kv_f32: std::env::var("QWASI_KV").as_deref() != Ok("bf16"),
         }
@@ -1208,17 +1231,50 @@ impl GpuModel {
             ],
         )?;
         let gu = sc.get(d, "gu", nn * 2 * inter * F)?;
-        let mut start = 0;
-        for (ex, &cnt) in hc[..e].iter().enumerate() {
-            let cnt = cnt as usize;
-            if cnt == 0 {
-                continue;
+        // One grouped tensor-core launch per matrix where the shapes allow it.
+        let tiles = if self.grouped_moe && h % MG_BK == 0 && inter % MG_BK == 0 {
+            let tiles = moe_tiles(&hc[..e]);
+            let buf = sc.get(d, "moe_tiles", tiles.len() * 4)?;
+            d.htod(buf, &tiles)?;
+            Some((buf, (tiles.len() / 3) as u32))
+        } else {
+            None
+        };
+        let grouped =
+            |a_hi: u64, a_lo: u64, w: &DBuf, y: u64, rows: usize, cols: usize| -> Result<()> {
+                let (buf, nt) = tiles.expect("grouped path");
+                d.launch(
+                    "moe_gemm_split",
+                    (nt, rows.div_ceil(MG_BN) as u32, 1),
+                    (128, 1, 1),
+                    0,
+                    &[
+                        Arg::Ptr(a_hi),
+                        Arg::Ptr(a_lo),
+                        Arg::Ptr(w.ptr()),
+                        Arg::I64((rows * cols) as i64),
+                        Arg::Ptr(buf),
+                        Arg::Ptr(y),
+                        i(rows),
+                        i(cols),
+                    ],
+                )
+            };
+        if tiles.is_some() {
+            grouped(hi, lo, gate_up, gu, 2 * inter, h)?;
+        } else {
+            let mut start = 0;
+            for (ex, &cnt) in hc[..e].iter().enumerate() {
+                let cnt = cnt as usize;
+                if cnt == 0 {
+                    continue;
+                }
+                let w = gate_up.at(ex * 2 * inter * h * B);
+                let y = gu + (start * 2 * inter * F) as u64;
+                d.gemm_bf16(hi + (start * h * B) as u64, w, y, cnt, 2 * inter, h, false)?;
+                d.gemm_bf16(lo + (start * h * B) as u64, w, y, cnt, 2 * inter, h, true)?;
+                start += cnt;
             }
-            let w = gate_up.at(ex * 2 * inter * h * B);
-            let y = gu + (start * 2 * inter * F) as u64;
-            d.gemm_bf16(hi + (start * h * B) as u64, w, y, cnt, 2 * inter, h, false)?;
-            d.gemm_bf16(lo + (start * h * B) as u64, w, y, cnt, 2 * inter, h, true)?;
-            start += cnt;
         }
         let ah = sc.get(d, "moe_act", nn * inter * 2 * B)?;
         let al = ah + (nn * inter * B) as u64;
@@ -1236,17 +1292,21 @@ impl GpuModel {
             ],
         )?;
         let ye = xs;
-        let mut start = 0;
-        for (ex, &cnt) in hc[..e].iter().enumerate() {
-            let cnt = cnt as usize;
-            if cnt == 0 {
-                continue;
+        if tiles.is_some() {
+            grouped(ah, al, down, ye, h, inter)?;
+        } else {
+            let mut start = 0;
+            for (ex, &cnt) in hc[..e].iter().enumerate() {
+                let cnt = cnt as usize;
+                if cnt == 0 {
+                    continue;
+                }
+                let w = down.at(ex * h * inter * B);
+                let y = ye + (start * h * F) as u64;
+                d.gemm_bf16(ah + (start * inter * B) as u64, w, y, cnt, h, inter, false)?;
+                d.gemm_bf16(al + (start * inter * B) as u64, w, y, cnt, h, inter, true)?;
+                start += cnt;
             }
-            let w = down.at(ex * h * inter * B);
-            let y = ye + (start * h * F) as u64;
-            d.gemm_bf16(ah + (start * inter * B) as u64, w, y, cnt, h, inter, false)?;
-            d.gemm_bf16(al + (start * inter * B) as u64, w, y, cnt, h, inter, true)?;
-            start += cnt;
         }
         d.launch(
             "moe_combine",
