@@ -389,3 +389,362 @@ __device__ __forceinline__ void attn_flash_impl(const float* __restrict__ q, con
 
 ATTN_FLASH(attn_flash_f32, float)
 ATTN_FLASH(attn_flash_bf16, bf16_t)
+
+// ---------------------------------------------------------------------------
+// Prefill attention on tensor cores (CUDA, sm_80+): `attn_flash_tc_*`, same
+// arguments and results as `attn_flash_*` above, mma.sync m16n8k16 bf16 with f32
+// accumulation and every f32 operand split into two bf16 terms, x = hi + lo with
+// hi = bf16(x), lo = bf16(x - hi) (~16 mantissa bits; plain bf16 fails the fixtures):
+//   S = Q K^T ~ Qh Kh + (Ql Kh + Qh Kl),  O += P V ~ Ph Vh + Pl Vh + Ph Vl.
+// A bf16 KV cache is exact in one term (Kl = Vl = 0): those products are skipped.
+//
+// Rows: a block takes TC_ROWS = 64 consecutive (query, q-head) pairs of ONE kv head,
+// pair p = t * G + hg (G = nh / nkv, q head = kvh * G + hg), so every K/V tile staged
+// in shared memory serves all G heads of the group (at G = 8: 8 queries x 8 heads,
+// and the causal diagonal costs almost nothing). Warp w owns rows 16w..16w+15 (one
+// m16 tile); its O accumulator (16 x hd f32) lives in registers (hd / 2 per lane),
+// FlashAttention-2 style: the S C-fragments of two adjacent n8 tiles are the A
+// fragment of P for one k16 step of P V, so P never touches shared memory.
+// Online softmax in f32 with exp2 (scores pre-scaled by scale * log2 e), running
+// max / sum per row, l kept per lane and reduced over the quad at the end.
+//
+// Keys in tiles of TC_BK = 32. Shared memory (bf16 elements, row stride ld = hd + 8,
+// which makes every ldmatrix phase conflict-free):
+//   Qh, Ql [64][ld] | Kh, Vh [32][ld] | (f32 cache) Kl, Vl [32][ld] | raw K, V [32][hd] (KV type)
+// The raw tiles are the next key tile in flight (cp.async, 16-byte chunks, zero-filled
+// past the last key) while the current split tiles are used; each tile is then split
+// (f32) or copied (bf16) once per block. hd 256: 200,704 bytes (f32 cache), 134,144 (bf16).
+// grid (ceil(T * G / 64), nkv): the pair tiles with the most keys first, kv head 0's
+// tiles first (concurrent blocks scan the same K/V: L2 reuse); block 128 threads.
+// Needs hd % 16 == 0, 16 <= hd <= 256, nh % nkv == 0 (the host checks). HDC > 0
+// compiles the head dim in (the model's 256); HDC == 0 reads it from the argument.
+//
+// Fragment layouts (lane = threadIdx % 32, g = lane >> 2, c = lane & 3):
+//   A 16x16: a0 = A[g][2c,2c+1], a1 = A[g+8][2c..], a2 = A[g][2c+8..], a3 = A[g+8][2c+8..]
+//   B 16x8 (k x n): b0 = B[2c,2c+1][g], b1 = B[2c+8..][g];   C 16x8: c0,c1 = C[g][2c..], c2,c3 = C[g+8][2c..]
+// ldmatrix.x4: lanes 8i..8i+7 address the 8 rows of matrix i (16 contiguous bytes each);
+// register i of lane (g, c) gets M_i[g][2c, 2c+1] (.trans: M_i[2c, 2c+1][g]).
+#define TC_WARPS 4
+#define TC_ROWS (16 * TC_WARPS)
+#define TC_BK 32
+#define TC_PAD 8
+#define TC_MAXD 256
+
+#if defined(QW_CUDA)
+
+__device__ __forceinline__ unsigned tc_saddr(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
+
+__device__ __forceinline__ void tc_ldsm(unsigned addr, unsigned (&r)[4]) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+
+__device__ __forceinline__ void tc_ldsm_t(unsigned addr, unsigned (&r)[4]) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+
+// c += A B (m16n8k16, bf16 in, f32 accumulate).
+__device__ __forceinline__ void tc_mma(float (&c)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Two floats as bf16x2 (round to nearest even), x0 in the low half (the lower k / column).
+__device__ __forceinline__ unsigned tc_pack(float x0, float x1) {
+    unsigned d;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(d) : "f"(x1), "f"(x0));
+    return d;
+}
+
+// hi = bf16(x), lo = bf16(x - hi), for a pair.
+__device__ __forceinline__ void tc_split(float x0, float x1, unsigned& hi, unsigned& lo) {
+    hi = tc_pack(x0, x1);
+    lo = tc_pack(x0 - bf_lo(hi), x1 - bf_hi(hi));
+}
+
+// Keys [k0, k0 + TC_BK) of kv head kvh into the raw tiles [TC_BK][hd] (16-byte
+// cp.async chunks; rows >= kend are zero-filled, no bytes read), one commit group.
+template <typename KV>
+__device__ __forceinline__ void tc_issue(KV* rawK, KV* rawV, const KV* __restrict__ kc, const KV* __restrict__ vc,
+                                         int k0, int kend, int nkv, int kvh, int hd) {
+    const int cpr = hd * (int)sizeof(KV) / 16;  // chunks per row
+    const unsigned sk = tc_saddr(rawK), sv = tc_saddr(rawV);
+    for (int e = threadIdx.x; e < TC_BK * cpr; e += TC_WARPS * WARP) {
+        const int r = e / cpr, ch = e - r * cpr;
+        const int key = k0 + r;
+        const bool ok = key < kend;
+        const size_t gofs = ((size_t)(ok ? key : k0) * nkv + kvh) * hd;
+        const char* ks = (const char*)(kc + gofs) + 16 * ch;
+        const char* vs = (const char*)(vc + gofs) + 16 * ch;
+        const unsigned so = (unsigned)(r * hd * (int)sizeof(KV) + 16 * ch);
+        const int n = ok ? 16 : 0;
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(sk + so), "l"(ks), "r"(n));
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(sv + so), "l"(vs), "r"(n));
+    }
+    asm volatile("cp.async.commit_group;\n" ::);
+}
+
+// Raw f32 tile [TC_BK][hd] -> hi / lo bf16 tiles [TC_BK][ld].
+__device__ __forceinline__ void tc_convert(const float* raw, bf16_t* hi, bf16_t* lo, int hd, int ld) {
+    const int n4 = hd >> 2;
+    for (int e = threadIdx.x; e < TC_BK * n4; e += TC_WARPS * WARP) {
+        const int r = e / n4, c4 = e - r * n4;
+        const float4 v = *(const float4*)(raw + r * hd + 4 * c4);
+        uint2 h, l;
+        tc_split(v.x, v.y, h.x, l.x);
+        tc_split(v.z, v.w, h.y, l.y);
+        *(uint2*)(hi + r * ld + 4 * c4) = h;
+        *(uint2*)(lo + r * ld + 4 * c4) = l;
+    }
+}
+
+// Raw bf16 tile [TC_BK][hd] -> hi tile [TC_BK][ld] (a copy; there is no lo term).
+__device__ __forceinline__ void tc_convert(const bf16_t* raw, bf16_t* hi, bf16_t*, int hd, int ld) {
+    const int n8 = hd >> 3;
+    for (int e = threadIdx.x; e < TC_BK * n8; e += TC_WARPS * WARP) {
+        const int r = e / n8, c8 = e - r * n8;
+        *(uint4*)(hi + r * ld + 8 * c8) = *(const uint4*)(raw + r * hd + 8 * c8);
+    }
+}
+
+template <typename KV, int HDC>
+__device__ __forceinline__ void attn_flash_tc_impl(const float* __restrict__ q, const KV* __restrict__ kc,
+                                                   const KV* __restrict__ vc, const float* __restrict__ proj,
+                                                   int stride, float* __restrict__ out, int T, int nh, int nkv,
+                                                   int hd_arg, int pos0, float scale) {
+    constexpr bool LO = sizeof(KV) == 4;  // f32 cache: K and V need their lo terms
+    constexpr int NT = TC_BK / 8;         // n8 tiles of S per warp
+    constexpr int DT = TC_MAXD / 8;       // n8 tiles of O (hd / 8 used)
+    const int hd = HDC > 0 ? HDC : hd_arg;
+    const int ld = hd + TC_PAD;
+
+    extern __shared__ float4 tc_smem[];
+    bf16_t* Qh = (bf16_t*)tc_smem;         // [TC_ROWS][ld]
+    bf16_t* Ql = Qh + TC_ROWS * ld;        // [TC_ROWS][ld]
+    bf16_t* Kh = Ql + TC_ROWS * ld;        // [TC_BK][ld]
+    bf16_t* Vh = Kh + TC_BK * ld;          // [TC_BK][ld]
+    bf16_t* Kl = Vh + TC_BK * ld;          // [TC_BK][ld] (f32 cache only)
+    bf16_t* Vl = Kl + TC_BK * ld;          // [TC_BK][ld] (f32 cache only)
+    KV* rawK = (KV*)(LO ? Vl + TC_BK * ld : Kl);  // [TC_BK][hd]
+    KV* rawV = rawK + TC_BK * hd;                   // [TC_BK][hd]
+
+    const int G = nh / nkv;
+    const int kvh = blockIdx.y;
+    const int npairs = T * G;
+    const int p0 = ((int)gridDim.x - 1 - (int)blockIdx.x) * TC_ROWS;  // most keys first
+    const int plast = min(npairs, p0 + TC_ROWS) - 1;
+    const int kend = pos0 + plast / G + 1;  // keys [0, kend) cover every row of the block
+    const int ntiles = (kend + TC_BK - 1) / TC_BK;
+
+    tc_issue<KV>(rawK, rawV, kc, vc, 0, kend, nkv, kvh, hd);
+
+    // Q rows of the block, split into hi / lo (rows past the last pair are zero).
+    {
+        const int n4 = hd >> 2;
+        for (int e = threadIdx.x; e < TC_ROWS * n4; e += TC_WARPS * WARP) {
+            const int r = e / n4, c4 = e - r * n4;
+            const int p = p0 + r;
+            float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+            if (p < npairs) {
+                const int t = p / G, head = kvh * G + (p - t * G);
+                v = *(const float4*)(q + ((size_t)t * nh + head) * hd + 4 * c4);
+            }
+            uint2 h, l;
+            tc_split(v.x, v.y, h.x, l.x);
+            tc_split(v.z, v.w, h.y, l.y);
+            *(uint2*)(Qh + r * ld + 4 * c4) = h;
+            *(uint2*)(Ql + r * ld + 4 * c4) = l;
+        }
+    }
+
+    const int lane = threadIdx.x % WARP, w = threadIdx.x / WARP;
+    const int g = lane >> 2, c = lane & 3;
+    // This lane's two rows (g, g + 8 of the warp's m16 tile): the last key each may see.
+    const int pa = p0 + 16 * w + g, pb = pa + 8;
+    const int last_a = pos0 + min(pa, npairs - 1) / G;
+    const int last_b = pos0 + min(pb, npairs - 1) / G;
+    // Pairs are in query order, so the warp's first row sees the fewest keys.
+    const int warp_last = pos0 + min(p0 + 16 * w, npairs - 1) / G;
+
+    // ldmatrix row addresses (lane l addresses row l & 7 of matrix l >> 3).
+    // A (Q rows, k along d):  matrix i = (rows +8 (i & 1), cols +8 (i >> 1)) -> a0..a3.
+    // B of S (K rows = keys n, k along d): matrix i = (keys +8 (i >> 1), d +8 (i & 1))
+    //   -> b0, b1 of n-tile 2np, b0, b1 of n-tile 2np + 1.
+    // B of PV (.trans; V rows = keys = k, cols = d = n): matrix i = (keys +8 (i & 1), d +8 (i >> 1))
+    //   -> b0, b1 of n-tile 2dp, b0, b1 of n-tile 2dp + 1.
+    const int r8 = lane & 7, bit3 = (lane >> 3) & 1, bit4 = lane >> 4;
+    const int a_off = (16 * w + r8 + 8 * bit3) * ld + 8 * bit4;
+    const int b_off = (r8 + 8 * bit4) * ld + 8 * bit3;
+    const int v_off = (r8 + 8 * bit3) * ld + 8 * bit4;
+    const unsigned sQh = tc_saddr(Qh + a_off), sQl = tc_saddr(Ql + a_off);
+    const unsigned sKh = tc_saddr(Kh + b_off), sKl = tc_saddr(Kl + b_off);
+    const unsigned sVh = tc_saddr(Vh + v_off), sVl = tc_saddr(Vl + v_off);
+
+    float o[DT][4];
+#pragma unroll
+    for (int dt = 0; dt < DT; dt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) o[dt][e] = 0.f;
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+    const float sl = scale * 1.4426950408889634f;  // scores in log2 units
+
+    for (int jt = 0; jt < ntiles; jt++) {
+        const int k0 = jt * TC_BK;
+        asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+        __syncthreads();  // raw tile jt landed (and Q staged); every warp is done with tile jt - 1
+        tc_convert(rawK, Kh, Kl, hd, ld);
+        tc_convert(rawV, Vh, Vl, hd, ld);
+        __syncthreads();  // split tiles visible, raw tiles free
+        if (jt + 1 < ntiles) tc_issue<KV>(rawK, rawV, kc, vc, k0 + TC_BK, kend, nkv, kvh, hd);
+
+        // S = Q K^T for 16 rows x 32 keys: s (hi x hi) and sc (the two cross terms) are
+        // separate accumulators (more independent mma chains, small terms summed apart).
+        float s[NT][4], sc[NT][4];
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) s[nt][e] = sc[nt][e] = 0.f;
+#pragma unroll
+        for (int kk = 0; kk < TC_MAXD / 16; kk++) {
+            if (kk * 16 < hd) {
+                unsigned qh[4], ql[4];
+                tc_ldsm(sQh + kk * 32, qh);
+                tc_ldsm(sQl + kk * 32, ql);
+#pragma unroll
+                for (int np = 0; np < NT / 2; np++) {
+                    const unsigned kofs = (unsigned)(np * 16 * ld + kk * 16) * 2;
+                    unsigned kh[4];
+                    tc_ldsm(sKh + kofs, kh);
+                    tc_mma(s[2 * np], qh, kh[0], kh[1]);
+                    tc_mma(s[2 * np + 1], qh, kh[2], kh[3]);
+                    tc_mma(sc[2 * np], ql, kh[0], kh[1]);
+                    tc_mma(sc[2 * np + 1], ql, kh[2], kh[3]);
+                    if (LO) {
+                        unsigned kl[4];
+                        tc_ldsm(sKl + kofs, kl);
+                        tc_mma(sc[2 * np], qh, kl[0], kl[1]);
+                        tc_mma(sc[2 * np + 1], qh, kl[2], kl[3]);
+                    }
+                }
+            }
+        }
+
+        // Online softmax. s[nt][e]: row g (e < 2) or g + 8, key k0 + 8 nt + 2c + (e & 1).
+        const bool diag = k0 + TC_BK - 1 > warp_last;  // some key of the tile is masked for some row
+        float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                float v = (s[nt][e] + sc[nt][e]) * sl;
+                if (diag && k0 + 8 * nt + 2 * c + (e & 1) > (e < 2 ? last_a : last_b)) v = -INFINITY;
+                s[nt][e] = v;
+                mx[e >> 1] = fmaxf(mx[e >> 1], v);
+            }
+        float mref[2];
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            mx[i] = fmaxf(mx[i], SHFL_XOR(mx[i], 1));
+            mx[i] = fmaxf(mx[i], SHFL_XOR(mx[i], 2));  // max over the quad = the row's 32 keys
+            const float mn = fmaxf(m[i], mx[i]);
+            // Tile 0 holds key 0, visible to every row, so mn is finite; guarded anyway.
+            mref[i] = mn == -INFINITY ? 0.f : mn;
+            const float corr = exp2f(m[i] - mref[i]);  // 0 on the first tile (m = -inf)
+            m[i] = mn;
+            l[i] *= corr;
+#pragma unroll
+            for (int dt = 0; dt < DT; dt++) {
+                if (dt * 8 < hd) {
+                    o[dt][2 * i] *= corr;
+                    o[dt][2 * i + 1] *= corr;
+                }
+            }
+        }
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const float p = exp2f(s[nt][e] - mref[e >> 1]);
+                s[nt][e] = p;
+                l[e >> 1] += p;  // this lane's columns; the quad is summed at the end
+            }
+
+        // O += P V: k16 step j takes the C fragments of n-tiles 2j, 2j + 1 as its A fragment.
+#pragma unroll
+        for (int j = 0; j < TC_BK / 16; j++) {
+            unsigned ph[4], pl[4];
+            tc_split(s[2 * j][0], s[2 * j][1], ph[0], pl[0]);          // row g,     keys 16j + 2c
+            tc_split(s[2 * j][2], s[2 * j][3], ph[1], pl[1]);          // row g + 8, keys 16j + 2c
+            tc_split(s[2 * j + 1][0], s[2 * j + 1][1], ph[2], pl[2]);  // row g,     keys 16j + 8 + 2c
+            tc_split(s[2 * j + 1][2], s[2 * j + 1][3], ph[3], pl[3]);  // row g + 8, keys 16j + 8 + 2c
+#pragma unroll
+            for (int dp = 0; dp < DT / 2; dp++) {
+                if (dp * 16 < hd) {
+                    const unsigned vofs = (unsigned)(j * 16 * ld + dp * 16) * 2;
+                    unsigned vh[4];
+                    tc_ldsm_t(sVh + vofs, vh);
+                    tc_mma(o[2 * dp], ph, vh[0], vh[1]);
+                    tc_mma(o[2 * dp + 1], ph, vh[2], vh[3]);
+                    tc_mma(o[2 * dp], pl, vh[0], vh[1]);
+                    tc_mma(o[2 * dp + 1], pl, vh[2], vh[3]);
+                    if (LO) {
+                        unsigned vl[4];
+                        tc_ldsm_t(sVl + vofs, vl);
+                        tc_mma(o[2 * dp], ph, vl[0], vl[1]);
+                        tc_mma(o[2 * dp + 1], ph, vl[2], vl[3]);
+                    }
+                }
+            }
+        }
+    }
+
+    // out[t][head][d] = O / l * sigmoid(gate); lane holds d = 8 dt + 2c, +1 of rows g, g + 8.
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        l[i] += SHFL_XOR(l[i], 1);
+        l[i] += SHFL_XOR(l[i], 2);
+        const int p = i == 0 ? pa : pb;
+        if (p >= npairs) continue;
+        const int t = p / G, head = kvh * G + (p - t * G);
+        const float* gate = proj + (size_t)t * stride + (size_t)head * 2 * hd + hd;
+        float* op = out + ((size_t)t * nh + head) * hd;
+#pragma unroll
+        for (int dt = 0; dt < DT; dt++) {
+            if (dt * 8 < hd) {
+                const int d = 8 * dt + 2 * c;
+                float2 r;
+                r.x = o[dt][2 * i] / l[i] * sigmoid_f(gate[d]);
+                r.y = o[dt][2 * i + 1] / l[i] * sigmoid_f(gate[d + 1]);
+                *(float2*)(op + d) = r;
+            }
+        }
+    }
+}
+
+#else
+// HIP has no mma.sync: the kernels exist (every listed name must load) but do
+// nothing; the host never launches them in a HIP build.
+template <typename KV, int HDC>
+__device__ __forceinline__ void attn_flash_tc_impl(const float*, const KV*, const KV*, const float*, int, float*, int,
+                                                   int, int, int, int, float) {}
+#endif
+
+#define ATTN_FLASH_TC(NAME, KV, HDC)                                                                         \
+    QW_KERNEL void QW_BOUNDS_MIN(TC_WARPS * WARP, 1)                                                         \
+        NAME(const float* __restrict__ q, const KV* __restrict__ kc, const KV* __restrict__ vc,               \
+             const float* __restrict__ proj, int stride, float* __restrict__ out, int T, int nh, int nkv,     \
+             int hd, int pos0, float scale) {                                                                 \
+        attn_flash_tc_impl<KV, HDC>(q, kc, vc, proj, stride, out, T, nh, nkv, hd, pos0, scale);              \
+    }
+
+// f32 / bf16 KV cache; `_d256`: head_dim 256 compiled in (the model), the others any hd % 16 == 0 <= 256.
+ATTN_FLASH_TC(attn_flash_tc_f32, float, 0)
+ATTN_FLASH_TC(attn_flash_tc_bf16, bf16_t, 0)
+ATTN_FLASH_TC(attn_flash_tc_f32_d256, float, 256)
+ATTN_FLASH_TC(attn_flash_tc_bf16_d256, bf16_t, 256)

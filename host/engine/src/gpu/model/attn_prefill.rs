@@ -1,0 +1,152 @@
+//! Tensor-core prefill attention: `attn_flash_tc_*` (kernels/attention.cu),
+//! mma.sync bf16 with every f32 operand split into hi + lo bf16 terms and f32
+//! accumulation, the same arguments and results as `attn_flash_*` (causal GQA,
+//! online softmax, sigmoid output gate). One block = 64 (query, q head) pairs of
+//! one kv head, so each staged K/V tile serves the whole GQA group.
+//!
+//! CUDA only (HIP has no mma.sync: the HIP build's kernels are empty stubs and
+//! this returns `Ok(false)`); `QWASI_ATTN=cuda-cores` keeps the CUDA-core
+//! `attn_flash_*` kernel.
+
+use super::GpuModel;
+use anyhow::Result;
+
+#[cfg(feature = "cuda")]
+mod tc {
+    /// (query, q head) rows per block (`TC_ROWS`), keys per tile (`TC_BK`), smem
+    /// row padding in bf16 (`TC_PAD`), threads per block (`TC_WARPS * 32`).
+    pub const ROWS: usize = 64;
+    pub const BK: usize = 32;
+    pub const PAD: usize = 8;
+    pub const THREADS: u32 = 128;
+    /// Largest head dimension (`TC_MAXD`).
+    pub const MAX_D: usize = 256;
+
+    /// Dynamic shared memory of `attn_flash_tc_*` (see the kernel comment): Qh, Ql
+    /// `[ROWS][hd + PAD]`, Kh, Vh (+ Kl, Vl for an f32 cache) `[BK][hd + PAD]` bf16,
+    /// then the raw K and V tiles `[BK][hd]` in the cache's type.
+    pub fn smem_bytes(hd: usize, kv_f32: bool) -> usize {
+        let ld = hd + PAD;
+        let split_tiles = if kv_f32 { 4 } else { 2 };
+        let kv_bytes = if kv_f32 { 4 } else { 2 };
+        (2 * ROWS * ld + split_tiles * BK * ld) * 2 + 2 * BK * hd * kv_bytes
+    }
+
+    /// `QWASI_ATTN=cuda-cores` turns the tensor-core kernel off (read once).
+    pub fn enabled() -> bool {
+        static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        *ON.get_or_init(|| std::env::var("QWASI_ATTN").as_deref() != Ok("cuda-cores"))
+    }
+
+    /// The opt-in dynamic shared memory limit per block of the current context's
+    /// device (227 KB on H100/H200, 163 KB on A100, 99 KB on sm_86/89); 0 when
+    /// the query fails (then the caller falls back). Cached once known.
+    pub fn max_smem_optin() -> usize {
+        use cudarc::driver::sys;
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        static MAX: AtomicUsize = AtomicUsize::new(0);
+        let known = MAX.load(Ordering::Relaxed);
+        if known != 0 {
+            return known;
+        }
+        let mut dev: sys::CUdevice = 0;
+        let mut v = 0i32;
+        let ok = unsafe {
+            sys::cuCtxGetDevice(&mut dev) == sys::CUresult::CUDA_SUCCESS
+                && sys::cuDeviceGetAttribute(
+                    &mut v,
+                    sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+                    dev,
+                ) == sys::CUresult::CUDA_SUCCESS
+        };
+        let v = if ok { v.max(0) as usize } else { 0 };
+        MAX.store(v, Ordering::Relaxed);
+        v
+    }
+}
+
+impl GpuModel {
+    /// Causal GQA attention of `t` queries (q `[t][nh][hd]` f32, normed and
+    /// roped; query `j` at absolute position `pos0 + j`) over the KV cache `k`,
+    /// `v` (`[pos][nkv][hd]`, f32 or bf16 per `self.kv_f32`, keys `0..pos0 + t`
+    /// written), gated by `sigmoid(proj[j * stride + head * 2hd + hd + d])`, into
+    /// `out` `[t][nh][hd]` f32 — on tensor cores. `Ok(false)` (nothing launched)
+    /// where the shape, the device or `QWASI_ATTN=cuda-cores` rules it out: the
+    /// caller then runs `attn_flash_*`.
+    #[cfg(feature = "cuda")]
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn attn_prefill_tc(
+        &self,
+        q: u64,
+        k: u64,
+        v: u64,
+        proj: u64,
+        stride: usize,
+        out: u64,
+        t: usize,
+        pos0: usize,
+    ) -> Result<bool> {
+        use crate::gpu::{Arg, f, i};
+        let c = &self.cfg;
+        let (nh, nkv, hd) = (c.num_attention_heads, c.num_key_value_heads, c.head_dim);
+        if !tc::enabled()
+            || t == 0
+            || nkv == 0
+            || nh % nkv != 0
+            || hd % 16 != 0
+            || hd == 0
+            || hd > tc::MAX_D
+        {
+            return Ok(false);
+        }
+        let smem = tc::smem_bytes(hd, self.kv_f32);
+        if smem > tc::max_smem_optin() {
+            return Ok(false);
+        }
+        let group = nh / nkv;
+        let name = match (self.kv_f32, hd == 256) {
+            (true, true) => "attn_flash_tc_f32_d256",
+            (true, false) => "attn_flash_tc_f32",
+            (false, true) => "attn_flash_tc_bf16_d256",
+            (false, false) => "attn_flash_tc_bf16",
+        };
+        self.dev.launch(
+            name,
+            ((t * group).div_ceil(tc::ROWS) as u32, nkv as u32, 1),
+            (tc::THREADS, 1, 1),
+            smem as u32,
+            &[
+                Arg::Ptr(q),
+                Arg::Ptr(k),
+                Arg::Ptr(v),
+                Arg::Ptr(proj),
+                i(stride),
+                Arg::Ptr(out),
+                i(t),
+                i(nh),
+                i(nkv),
+                i(hd),
+                i(pos0),
+                f(1.0 / (hd as f32).sqrt()),
+            ],
+        )?;
+        Ok(true)
+    }
+
+    /// HIP build: no mma.sync, always the CUDA-core kernel.
+    #[cfg(not(feature = "cuda"))]
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn attn_prefill_tc(
+        &self,
+        _q: u64,
+        _k: u64,
+        _v: u64,
+        _proj: u64,
+        _stride: usize,
+        _out: u64,
+        _t: usize,
+        _pos0: usize,
+    ) -> Result<bool> {
+        Ok(false)
+    }
+}
