@@ -350,8 +350,6 @@ QW_KERNEL void QW_BOUNDS(PREP_THREADS) dec_gdn_prep(float* __restrict__ proj, fl
         }
 }
 
-#define MOE_MAXE 1024
-#define MOE_MAXK 32
 
 // Top-k of the router logits (ties to the lower index) and the renormalised
 // softmax weights over the chosen experts (p_e / sum of the chosen p), by one

@@ -214,54 +214,84 @@ QW_KERNEL void QW_BOUNDS(256) moe_plan_place(const int* __restrict__ idx, int N,
 }
 
 // hi/lo[i, :] = bf16 split of src[rows[i] * src_stride + (0..dim)], i < n (as
-// gather_rows then f32_to_bf16_split). 1-D grid over n * dim.
-QW_KERNEL void gather_split_bf16(const float* __restrict__ src, int src_stride, const int* __restrict__ rows,
-                                 long long n, int dim, bf16_t* __restrict__ hi, bf16_t* __restrict__ lo) {
-    long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (e >= n * dim) return;
-    long long i = e / dim;
-    int d = (int)(e - i * dim);
-    float v = src[(size_t)rows[i] * src_stride + d];
-    bf16_t h = f2bf(v);
-    hi[e] = h;
-    lo[e] = f2bf(v - bf2f(h));
+// gather_rows then f32_to_bf16_split). grid n (one row per block), block 256.
+QW_KERNEL void QW_BOUNDS(256) gather_split_bf16(const float* __restrict__ src, int src_stride,
+                                                const int* __restrict__ rows, long long n, int dim,
+                                                bf16_t* __restrict__ hi, bf16_t* __restrict__ lo) {
+    const long long i = blockIdx.x;
+    if (i >= n) return;
+    split_row(src + (size_t)rows[i] * src_stride, hi + i * dim, lo + i * dim, dim);
 }
 
 // a = silu(in[r, i]) * in[r, I + i] (rows of 2I: gate then up), split into bf16
-// hi/lo [r, i] (as silu_mul then f32_to_bf16_split). 1-D grid over rows * I.
-QW_KERNEL void silu_mul_split(const float* __restrict__ in, long long rows, int I, bf16_t* __restrict__ hi,
-                              bf16_t* __restrict__ lo) {
-    long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (e >= rows * I) return;
-    long long r = e / I;
-    int i = (int)(e - r * I);
-    const float* row = in + (size_t)r * 2 * I;
-    float a = __fmul_rn(silu_f(row[i]), row[I + i]);  // rounded product, as stored by silu_mul
-    bf16_t h = f2bf(a);
-    hi[e] = h;
-    lo[e] = f2bf(a - bf2f(h));
+// hi/lo [r, i] (as silu_mul then f32_to_bf16_split). grid rows (one per block), block 256.
+QW_KERNEL void QW_BOUNDS(256) silu_mul_split(const float* __restrict__ in, long long rows, int I,
+                                             bf16_t* __restrict__ hi, bf16_t* __restrict__ lo) {
+    const long long r = blockIdx.x;
+    if (r >= rows) return;
+    const float* g = in + r * 2 * I;
+    const float* u = g + I;
+    bf16_t* h = hi + r * I;
+    bf16_t* l = lo + r * I;
+    // rounded products, as stored by silu_mul
+    if ((I & 3) == 0) {
+        for (int c = threadIdx.x; c < I / 4; c += blockDim.x) {
+            const float4 a = ((const float4*)g)[c], b = ((const float4*)u)[c];
+            split4(make_float4(__fmul_rn(silu_f(a.x), b.x), __fmul_rn(silu_f(a.y), b.y),
+                               __fmul_rn(silu_f(a.z), b.z), __fmul_rn(silu_f(a.w), b.w)),
+                   h + 4 * c, l + 4 * c);
+        }
+    } else {
+        for (int c = threadIdx.x; c < I; c += blockDim.x) split1(__fmul_rn(silu_f(g[c]), u[c]), h + c, l + c);
+    }
 }
 
 // x[t, d] += sum over token t's k experts in ascending expert order of
-// wts[t, j] * ye[slot[t, j], d]. grid (ceil(H / 256), T), block 256.
-QW_KERNEL void moe_combine(const float* __restrict__ ye, const int* __restrict__ idx, const float* __restrict__ wts,
-                           const int* __restrict__ slot, int T, int k, int H, float* __restrict__ x) {
-    int t = blockIdx.y;
-    int d = blockIdx.x * blockDim.x + threadIdx.x;
-    if (t >= T || d >= H) return;
-    const int* ti = idx + (size_t)t * k;
-    float acc = x[(size_t)t * H + d];
-    int prev = -1;
-    for (int r = 0; r < k; r++) {
-        int best = 0x7fffffff, bj = -1;
-        for (int j = 0; j < k; j++) {
-            int ex = ti[j];
-            if (ex > prev && ex < best) { best = ex; bj = j; }
+// wts[t, j] * ye[slot[t, j], d]. grid T (one token per block), block 256.
+QW_KERNEL void QW_BOUNDS(256) moe_combine(const float* __restrict__ ye, const int* __restrict__ idx,
+                                          const float* __restrict__ wts, const int* __restrict__ slot, int T,
+                                          int k, int H, float* __restrict__ x) {
+    __shared__ const float* src[MOE_MAXK];
+    __shared__ float sw[MOE_MAXK];
+    const int t = blockIdx.x;
+    if (t >= T) return;
+    if (threadIdx.x == 0) {
+        // The k entries in ascending expert order (selection; k <= MOE_MAXK).
+        const int* ti = idx + (size_t)t * k;
+        int prev = -1, m = 0;
+        for (int r = 0; r < k; r++) {
+            int best = 0x7fffffff, bj = -1;
+            for (int j = 0; j < k; j++) {
+                int ex = ti[j];
+                if (ex > prev && ex < best) { best = ex; bj = j; }
+            }
+            if (bj < 0) break;
+            prev = best;
+            const size_t n = (size_t)t * k + bj;
+            src[m] = ye + (size_t)slot[n] * H;
+            sw[m++] = wts[n];
         }
-        if (bj < 0) break;
-        prev = best;
-        size_t n = (size_t)t * k + bj;
-        acc += wts[n] * ye[(size_t)slot[n] * H + d];
+        for (; m < k; m++) { src[m] = nullptr; sw[m] = 0.f; }
     }
-    x[(size_t)t * H + d] = acc;
+    __syncthreads();
+    float* xr = x + (size_t)t * H;
+    if ((H & 3) == 0) {
+        for (int c = threadIdx.x; c < H / 4; c += blockDim.x) {
+            float4 acc = ((float4*)xr)[c];
+            for (int j = 0; j < k && src[j]; j++) {
+                const float4 y = ((const float4*)src[j])[c];
+                acc.x += sw[j] * y.x;
+                acc.y += sw[j] * y.y;
+                acc.z += sw[j] * y.z;
+                acc.w += sw[j] * y.w;
+            }
+            ((float4*)xr)[c] = acc;
+        }
+    } else {
+        for (int d = threadIdx.x; d < H; d += blockDim.x) {
+            float acc = xr[d];
+            for (int j = 0; j < k && src[j]; j++) acc += sw[j] * src[j][d];
+            xr[d] = acc;
+        }
+    }
 }

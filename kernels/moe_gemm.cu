@@ -8,18 +8,24 @@
 // Needs K % MG_BK == 0 and 16-byte aligned rows (K % 8 == 0); the host checks.
 #include "mma.h"
 
-#define MG_BM 64
 #define MG_BN 128
 #define MG_BK 32
 #define MG_LD (MG_BK + 8)  // bf16 per shared row: 80 bytes, conflict-free ldmatrix
 
 #if defined(QW_CUDA)
-// 4 warps as 2 x 2, each a 32 x 64 sub-tile (2 x 8 mma tiles); 2-stage cp.async ring.
-QW_KERNEL void QW_BOUNDS(128) moe_gemm_split(const bf16_t* __restrict__ ahi, const bf16_t* __restrict__ alo,
-                                             const bf16_t* __restrict__ W, long long w_stride,
-                                             const int* __restrict__ tiles, float* __restrict__ Y, int N, int K) {
-    __shared__ __align__(16) bf16_t As[2][2][MG_BM * MG_LD];  // [stage][hi, lo]
-    __shared__ __align__(16) bf16_t Bs[2][MG_BN * MG_LD];
+// WM x 2 warps, each a 32 x 64 sub-tile (2 x 8 mma tiles) of a BM = 32 WM row
+// tile; NS-stage cp.async ring in dynamic shared memory: A hi, A lo [BM][MG_LD]
+// per stage, then B [MG_BN][MG_LD] per stage (NS (2 BM + MG_BN) MG_LD bf16 in all).
+template <int WM, int NS>
+__device__ __forceinline__ void moe_gemm_impl(const bf16_t* __restrict__ ahi, const bf16_t* __restrict__ alo,
+                                              const bf16_t* __restrict__ W, long long w_stride,
+                                              const int* __restrict__ tiles, float* __restrict__ Y, int N, int K) {
+    constexpr int MG_BM = 32 * WM, NT = 64 * WM;
+    extern __shared__ __align__(16) bf16_t mg_smem[];
+    typedef bf16_t ATile[2][MG_BM * MG_LD];
+    typedef bf16_t BTile[MG_BN * MG_LD];
+    ATile* As = (ATile*)mg_smem;                      // [stage][hi, lo]
+    BTile* Bs = (BTile*)(mg_smem + NS * 2 * MG_BM * MG_LD);  // [stage]
     const int e = tiles[3 * blockIdx.x], r0 = tiles[3 * blockIdx.x + 1], rows = tiles[3 * blockIdx.x + 2];
     const int n0 = blockIdx.y * MG_BN;
     const bf16_t* Wb = W + (size_t)e * w_stride;
@@ -27,14 +33,14 @@ QW_KERNEL void QW_BOUNDS(128) moe_gemm_split(const bf16_t* __restrict__ ahi, con
     const int wm = warp >> 1, wn = warp & 1;
 
     auto load = [&](int stage, int k0) {
-        for (int i = tid; i < MG_BM * (MG_BK / 8); i += 128) {
+        for (int i = tid; i < MG_BM * (MG_BK / 8); i += NT) {
             const int r = i / (MG_BK / 8), ch = i % (MG_BK / 8);
             const bool v = r < rows;
             const size_t off = (size_t)(r0 + (v ? r : 0)) * K + k0 + ch * 8;
             cp_async16(&As[stage][0][r * MG_LD + ch * 8], ahi + off, v);
             cp_async16(&As[stage][1][r * MG_LD + ch * 8], alo + off, v);
         }
-        for (int i = tid; i < MG_BN * (MG_BK / 8); i += 128) {
+        for (int i = tid; i < MG_BN * (MG_BK / 8); i += NT) {
             const int r = i / (MG_BK / 8), ch = i % (MG_BK / 8);
             const bool v = n0 + r < N;
             cp_async16(&Bs[stage][r * MG_LD + ch * 8], Wb + (size_t)(v ? n0 + r : 0) * K + k0 + ch * 8, v);
@@ -51,16 +57,17 @@ QW_KERNEL void QW_BOUNDS(128) moe_gemm_split(const bf16_t* __restrict__ ahi, con
             for (int j = 0; j < 4; j++) acc[mi][ni][j] = 0.f;
 
     const int nk = K / MG_BK;
-    load(0, 0);
+#pragma unroll
+    for (int st = 0; st < NS - 1; st++) {
+        if (st < nk) load(st, st * MG_BK);
+        else cp_async_commit();  // empty group: the wait counts stay uniform
+    }
     for (int kt = 0; kt < nk; kt++) {
-        const int s = kt & 1;
-        if (kt + 1 < nk) {
-            load(s ^ 1, (kt + 1) * MG_BK);  // the other stage was released by the last barrier
-            cp_async_wait<1>();
-        } else {
-            cp_async_wait<0>();
-        }
-        __syncthreads();
+        const int s = kt % NS;
+        cp_async_wait<NS - 2>();  // tile kt landed (this thread's copies) ...
+        __syncthreads();          // ... and everyone's; stage (kt - 1) % NS is free
+        if (kt + NS - 1 < nk) load((kt + NS - 1) % NS, (kt + NS - 1) * MG_BK);
+        else cp_async_commit();
 #pragma unroll
         for (int kk = 0; kk < MG_BK; kk += 16) {
             unsigned ah[2][4], al[2][4];
@@ -84,7 +91,6 @@ QW_KERNEL void QW_BOUNDS(128) moe_gemm_split(const bf16_t* __restrict__ ahi, con
                 }
             }
         }
-        __syncthreads();
     }
 
     const int g = lane >> 2, c = lane & 3;
@@ -103,21 +109,45 @@ QW_KERNEL void QW_BOUNDS(128) moe_gemm_split(const bf16_t* __restrict__ ahi, con
             }
         }
 }
+
+QW_KERNEL void QW_BOUNDS(128) moe_gemm_split(const bf16_t* __restrict__ ahi, const bf16_t* __restrict__ alo,
+                                             const bf16_t* __restrict__ W, long long w_stride,
+                                             const int* __restrict__ tiles, float* __restrict__ Y, int N, int K) {
+    moe_gemm_impl<2, 2>(ahi, alo, W, w_stride, tiles, Y, N, K);
+}
+
+// 128-row tiles for experts with many rows (long prompts): each weight tile
+// staged once serves twice the rows.
+QW_KERNEL void QW_BOUNDS(256) moe_gemm_split128(const bf16_t* __restrict__ ahi, const bf16_t* __restrict__ alo,
+                                                const bf16_t* __restrict__ W, long long w_stride,
+                                                const int* __restrict__ tiles, float* __restrict__ Y, int N, int K) {
+    moe_gemm_impl<4, 2>(ahi, alo, W, w_stride, tiles, Y, N, K);
+}
 #else
 // No mma.sync on HIP: the same contract in plain FMAs (the HIP host keeps the
 // per-expert hipBLAS path; this keeps the module's kernel list identical).
-QW_KERNEL void QW_BOUNDS(128) moe_gemm_split(const bf16_t* __restrict__ ahi, const bf16_t* __restrict__ alo,
+__device__ __forceinline__ void moe_gemm_fma(const bf16_t* __restrict__ ahi, const bf16_t* __restrict__ alo,
                                              const bf16_t* __restrict__ W, long long w_stride,
                                              const int* __restrict__ tiles, float* __restrict__ Y, int N, int K) {
     const int e = tiles[3 * blockIdx.x], r0 = tiles[3 * blockIdx.x + 1], rows = tiles[3 * blockIdx.x + 2];
     const bf16_t* Wb = W + (size_t)e * w_stride;
-    for (int i = threadIdx.x; i < MG_BM * MG_BN; i += 128) {
+    for (int i = threadIdx.x; i < rows * MG_BN; i += blockDim.x) {
         const int r = i / MG_BN, n = blockIdx.y * MG_BN + i % MG_BN;
-        if (r >= rows || n >= N) continue;
+        if (n >= N) continue;
         const size_t a = (size_t)(r0 + r) * K;
         float acc = 0.f;
         for (int k = 0; k < K; k++) acc = fmaf(bf2f(ahi[a + k]) + bf2f(alo[a + k]), bf2f(Wb[(size_t)n * K + k]), acc);
         Y[(size_t)(r0 + r) * N + n] = acc;
     }
+}
+QW_KERNEL void QW_BOUNDS(128) moe_gemm_split(const bf16_t* __restrict__ ahi, const bf16_t* __restrict__ alo,
+                                             const bf16_t* __restrict__ W, long long w_stride,
+                                             const int* __restrict__ tiles, float* __restrict__ Y, int N, int K) {
+    moe_gemm_fma(ahi, alo, W, w_stride, tiles, Y, N, K);
+}
+QW_KERNEL void QW_BOUNDS(256) moe_gemm_split128(const bf16_t* __restrict__ ahi, const bf16_t* __restrict__ alo,
+                                                const bf16_t* __restrict__ W, long long w_stride,
+                                                const int* __restrict__ tiles, float* __restrict__ Y, int N, int K) {
+    moe_gemm_fma(ahi, alo, W, w_stride, tiles, Y, N, K);
 }
 #endif

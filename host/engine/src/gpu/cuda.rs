@@ -395,27 +395,31 @@ impl Device {
             }
         }
         let mut params: Vec<*mut c_void> = args.iter().map(Arg::addr).collect();
-        let events = self.profile.as_ref().map(|_| {
-            let mut ev = [std::ptr::null_mut(); 2];
-            for e in &mut ev {
-                unsafe {
-                    sys::cuEventCreate(e, 0);
-                }
-            }
-            unsafe { sys::cuEventRecord(ev[0], self.stream) };
-            ev
-        });
-        unsafe { result::launch_kernel(f, grid, block, smem, self.stream, &mut params) }
-            .map_err(|e| anyhow::anyhow!("launching {name}: {e:?}"))?;
-        if let (Some(ev), Some(p)) = (events, &self.profile) {
-            unsafe { sys::cuEventRecord(ev[1], self.stream) };
-            p.lock().unwrap().push((name, ev[0], ev[1]));
-        }
+        self.profiled(name, || {
+            unsafe { result::launch_kernel(f, grid, block, smem, self.stream, &mut params) }
+                .map_err(|e| anyhow::anyhow!("launching {name}: {e:?}"))
+        })?;
         if self.debug {
             self.sync().with_context(|| {
                 format!("kernel {name} grid {grid:?} block {block:?} smem {smem}")
             })?;
         }
+        Ok(())
+    }
+
+    /// Runs `enqueue` between two recorded events when profiling (`QWASI_GPU_PROFILE=1`).
+    fn profiled(&self, name: &'static str, enqueue: impl FnOnce() -> Result<()>) -> Result<()> {
+        let Some(p) = &self.profile else {
+            return enqueue();
+        };
+        let mut ev = [std::ptr::null_mut(); 2];
+        for e in &mut ev {
+            unsafe { sys::cuEventCreate(e, 0) };
+        }
+        unsafe { sys::cuEventRecord(ev[0], self.stream) };
+        enqueue()?;
+        unsafe { sys::cuEventRecord(ev[1], self.stream) };
+        p.lock().unwrap().push((name, ev[0], ev[1]));
         Ok(())
     }
 
@@ -433,7 +437,7 @@ impl Device {
     ) -> Result<()> {
         let alpha = 1.0f32;
         let beta = if accumulate { 1.0f32 } else { 0.0 };
-        unsafe {
+        self.profiled("cublas_gemm_bf16", || unsafe {
             cudarc::cublas::result::gemm_ex(
                 self.cublas,
                 cbs::cublasOperation_t::CUBLAS_OP_T,
@@ -455,8 +459,8 @@ impl Device {
                 cbs::cublasComputeType_t::CUBLAS_COMPUTE_32F,
                 cbs::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
             )
-        }
-        .map_err(|e| anyhow::anyhow!("cublasGemmEx {t}x{r}x{c}: {e:?}"))
+            .map_err(|e| anyhow::anyhow!("cublasGemmEx {t}x{r}x{c}: {e:?}"))
+        })
     }
 }
 
