@@ -19,14 +19,16 @@ use std::path::{Path, PathBuf};
 #[derive(clap::Args)]
 pub struct SpeedArgs {
     /// Backend of the speed workload (cuda, or hip in a `--features hip` build).
+    /// The prefix-cache workload ignores this default: it runs on the CPU
+    /// unless `--backend` (cpu, cuda or hip) is on the command line.
     #[arg(long, default_value = DEFAULT_BACKEND)]
     pub backend: String,
     /// Seeded random weights of this geometry, generated on the GPU.
     #[arg(long, value_name = "PRESET", default_value = "qwen3.6-35b-a3b")]
-    synthetic: String,
+    pub synthetic: String,
     /// Keep only the first N layers.
     #[arg(long)]
-    layers: Option<usize>,
+    pub layers: Option<usize>,
     /// Prompt lengths.
     #[arg(long, value_delimiter = ',', default_value = "512,8192")]
     lens: Vec<usize>,
@@ -41,7 +43,7 @@ pub struct SpeedArgs {
     ttft_max: usize,
     /// Reference fixtures checked first (skipped when the directory is missing).
     #[arg(long, default_value = "tests/fixtures/models")]
-    fixtures: PathBuf,
+    pub fixtures: PathBuf,
     /// Write each prompt's last-token logits (f32 LE) as DIR/qwasi_logits_<L>.f32.
     #[arg(long, value_name = "DIR")]
     dump_logits: Option<PathBuf>,
@@ -70,7 +72,7 @@ fn stats(v: &[f64]) -> Value {
 }
 
 #[cfg_attr(not(any(feature = "cuda", feature = "hip")), allow(dead_code))]
-fn commit() -> String {
+pub fn commit() -> String {
     option_env!("QWASI_COMMIT")
         .map(str::to_string)
         .unwrap_or_else(super::commit)
@@ -105,43 +107,58 @@ fn imp(_a: &SpeedArgs, _runs: usize, _out: &Path) -> Result<()> {
     unreachable!("run() refuses every backend in a build without GPU features")
 }
 
+/// Seed of the synthetic weights (the same model in every GPU benchmark).
 #[cfg(any(feature = "cuda", feature = "hip"))]
-fn imp(a: &SpeedArgs, runs: usize, out: &Path) -> Result<()> {
-    use qwasi_engine::backend::Backend;
-    use qwasi_engine::gpu::model::GpuModel;
+pub const SEED: u64 = 0x5157_4153_4931;
+
+/// Correctness of this build: every reference fixture under `dir` (`pass`
+/// absent when the directory is missing: skipped).
+#[cfg(any(feature = "cuda", feature = "hip"))]
+pub fn fixture_check(dir: &Path) -> Result<Value> {
     use qwasi_engine::gpu::verify::{Tolerances, fixture_dirs, verify_fixture};
-    use std::time::Instant;
-
-    // 1. Correctness of this build: every reference fixture.
-    let mut correctness = json!({"fixtures": "skipped: directory not found"});
-    if a.fixtures.is_dir() {
-        let tol = Tolerances::default();
-        let mut pass = true;
-        let mut max_kl = 0f64;
-        let mut cases = 0;
-        for dir in fixture_dirs(&a.fixtures)? {
-            for r in verify_fixture(&dir, &tol)? {
-                pass &= r.pass;
-                max_kl = max_kl.max(r.max_kl_cpu_gpu);
-                cases += 1;
-            }
-        }
-        eprintln!(
-            "[bench] fixtures: {cases} cases, {}, max KL(cpu||gpu) {max_kl:.2e}",
-            if pass { "PASS" } else { "FAIL" }
-        );
-        correctness =
-            json!({"fixtures": a.fixtures, "cases": cases, "pass": pass, "max_kl_cpu_gpu": max_kl});
+    if !dir.is_dir() {
+        return Ok(json!({"fixtures": "skipped: directory not found"}));
     }
+    let tol = Tolerances::default();
+    let mut pass = true;
+    let mut max_kl = 0f64;
+    let mut cases = 0;
+    for dir in fixture_dirs(dir)? {
+        for r in verify_fixture(&dir, &tol)? {
+            pass &= r.pass;
+            max_kl = max_kl.max(r.max_kl_cpu_gpu);
+            cases += 1;
+        }
+    }
+    eprintln!(
+        "[bench] fixtures: {cases} cases, {}, max KL(cpu||gpu) {max_kl:.2e}",
+        if pass { "PASS" } else { "FAIL" }
+    );
+    Ok(json!({"fixtures": dir, "cases": cases, "pass": pass, "max_kl_cpu_gpu": max_kl}))
+}
 
-    // 2. The synthetic model.
+/// The synthetic model of `--synthetic` (first `--layers` layers), seeded with [`SEED`].
+#[cfg(any(feature = "cuda", feature = "hip"))]
+pub fn synthetic_model(a: &SpeedArgs) -> Result<qwasi_engine::gpu::model::GpuModel> {
     let mut cfg = qwasi_engine::presets::by_name(&a.synthetic)?;
     if let Some(n) = a.layers {
         cfg = qwasi_engine::presets::with_layers(cfg, n)?;
     }
-    let vocab = cfg.vocab_size;
+    qwasi_engine::gpu::model::GpuModel::synthetic(cfg, SEED)
+}
+
+#[cfg(any(feature = "cuda", feature = "hip"))]
+fn imp(a: &SpeedArgs, runs: usize, out: &Path) -> Result<()> {
+    use qwasi_engine::backend::Backend;
+    use std::time::Instant;
+
+    // 1. Correctness of this build: every reference fixture.
+    let correctness = fixture_check(&a.fixtures)?;
+
+    // 2. The synthetic model.
     let t0 = Instant::now();
-    let model = GpuModel::synthetic(cfg, 0x5157_4153_4931)?;
+    let model = synthetic_model(a)?;
+    let vocab = model.config().vocab_size;
     let load_s = t0.elapsed().as_secs_f64();
     let bw = model.copy_bandwidth(2 << 30)?;
     eprintln!(
