@@ -45,6 +45,29 @@ pub struct StagedSnapshot {
 /// Snapshots a request made, to be committed on success.
 pub type Staged = Vec<StagedSnapshot>;
 
+/// Appends `s` to a request's staged snapshots, then drops the oldest (the
+/// shallowest: positions grow) while they hold more than `budget` bytes, so a
+/// long prompt cannot pin more memory in pending snapshots than the cache may
+/// hold (a GPU snapshot is a full copy of the KV rows: 5.4 GB at 131K tokens,
+/// one per snapshot interval otherwise). Pages shared between them count once.
+pub fn stage_bounded(staged: &mut Staged, s: StagedSnapshot, budget: usize) {
+    staged.push(s);
+    while !staged.is_empty() && staged_bytes(staged) > budget {
+        staged.remove(0);
+    }
+}
+
+/// Bytes `staged` holds: states, logits and distinct pages.
+fn staged_bytes(staged: &Staged) -> usize {
+    let mut pages = HashMap::new();
+    let mut own = 0;
+    for s in staged {
+        own += s.snap.private_bytes() + logit_bytes(s.logits.as_deref());
+        pages.extend(s.snap.pages());
+    }
+    own + pages.values().sum::<usize>()
+}
+
 fn logit_bytes(logits: Option<&[f32]>) -> usize {
     logits.map_or(0, std::mem::size_of_val)
 }
@@ -376,5 +399,76 @@ impl PrefixCache {
     /// Radix-tree nodes over all salts (for structural checks).
     pub fn node_count(&self) -> usize {
         self.lock().trees.values().map(trie::Node::node_count).sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::any::Any;
+
+    /// A snapshot of `pos` tokens owning `own` bytes and holding `pages`.
+    struct Fake {
+        pos: usize,
+        own: usize,
+        pages: Vec<(u64, usize)>,
+    }
+
+    impl SeqSnapshot for Fake {
+        fn position(&self) -> usize {
+            self.pos
+        }
+        fn private_bytes(&self) -> usize {
+            self.own
+        }
+        fn pages(&self) -> Vec<(u64, usize)> {
+            self.pages.clone()
+        }
+        fn as_any(&self) -> &dyn Any {
+            self
+        }
+    }
+
+    fn staged(pos: usize, own: usize, pages: &[u64]) -> StagedSnapshot {
+        StagedSnapshot {
+            tokens: vec![1; pos],
+            snap: Box::new(Fake {
+                pos,
+                own,
+                pages: pages.iter().map(|&p| (p, 1000)).collect(),
+            }),
+            logits: None,
+        }
+    }
+
+    #[test]
+    fn pending_snapshots_stay_within_the_budget_keeping_the_deepest() {
+        // Full copies (no shared pages), 100 bytes each, budget for 2.5.
+        let mut s = Staged::new();
+        for pos in 1..=5 {
+            stage_bounded(&mut s, staged(pos, 100, &[]), 250);
+            assert!(staged_bytes(&s) <= 250);
+        }
+        let kept: Vec<usize> = s.iter().map(|x| x.snap.position()).collect();
+        assert_eq!(kept, [4, 5]);
+        // One snapshot larger than the whole budget is never held.
+        stage_bounded(&mut s, staged(6, 300, &[]), 250);
+        assert!(s.is_empty());
+    }
+
+    #[test]
+    fn shared_pages_count_once_while_staged() {
+        // Copy-on-write snapshots over the same pages: 3 x 10 own + 2 pages.
+        let mut s = Staged::new();
+        stage_bounded(&mut s, staged(1, 10, &[7]), 3030);
+        stage_bounded(&mut s, staged(2, 10, &[7, 8]), 3030);
+        stage_bounded(&mut s, staged(3, 10, &[7, 8]), 3030);
+        assert_eq!(s.len(), 3);
+        assert_eq!(staged_bytes(&s), 2030);
+        // A third page: 3040 bytes with all four, so the shallowest goes.
+        stage_bounded(&mut s, staged(4, 10, &[7, 8, 9]), 3030);
+        let kept: Vec<usize> = s.iter().map(|x| x.snap.position()).collect();
+        assert_eq!(kept, [2, 3, 4]);
+        assert_eq!(staged_bytes(&s), 3030);
     }
 }

@@ -13,7 +13,7 @@ use super::queue::{Job, Queue};
 use super::{Event, Usage};
 use crate::backend::Backend;
 use crate::generate::FinishReason;
-use crate::prefix_cache::{Lease, PrefixCache, Staged, StagedSnapshot};
+use crate::prefix_cache::{Lease, PrefixCache, Staged, StagedSnapshot, stage_bounded};
 use crate::sampling::Sampler;
 use crate::tokenizer::{IncrementalDecoder, Tokenizer};
 use anyhow::Result;
@@ -288,6 +288,7 @@ impl<'j, B: Backend> Running<'j, B> {
             cuts.retain(|&q| !cache.contains(salt, &req.prompt[..q]));
         }
         let mut at = cached_tokens;
+        let budget = w.cache.as_ref().map_or(0, |c| c.budget());
         for q in cuts {
             if job.is_cancelled() {
                 return Ok(Err(Finish {
@@ -298,11 +299,12 @@ impl<'j, B: Backend> Running<'j, B> {
             w.backend.extend(&mut seq, &req.prompt[at..q])?;
             at = q;
             if let Some(snap) = w.backend.snapshot(&seq) {
-                staged.push(StagedSnapshot {
+                let s = StagedSnapshot {
                     tokens: req.prompt[..q].to_vec(),
                     snap,
                     logits: None,
-                });
+                };
+                stage_bounded(&mut staged, s, budget);
             }
         }
         let logits = match stored_logits {
@@ -316,11 +318,12 @@ impl<'j, B: Backend> Running<'j, B> {
             && !cache.contains_with_logits(salt, &req.prompt)
             && let Some(snap) = w.backend.snapshot(&seq)
         {
-            staged.push(StagedSnapshot {
+            let s = StagedSnapshot {
                 tokens: req.prompt.clone(),
                 snap,
                 logits: Some(logits.clone()),
-            });
+            };
+            stage_bounded(&mut staged, s, cache.budget());
         }
         w.metrics.add_prompt_tokens(req.prompt.len());
         let mut stops = req.stop_token_ids.clone();
@@ -410,11 +413,12 @@ impl<'j, B: Backend> Running<'j, B> {
             return;
         }
         if let Some(snap) = w.backend.snapshot(&self.seq) {
-            self.staged.push(StagedSnapshot {
+            let s = StagedSnapshot {
                 tokens: key.to_vec(),
                 snap,
                 logits: None,
-            });
+            };
+            stage_bounded(&mut self.staged, s, cache.budget());
         }
     }
 
