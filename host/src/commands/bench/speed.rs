@@ -205,9 +205,13 @@ fn imp(a: &SpeedArgs, runs: usize, out: &Path) -> Result<()> {
             first = Some(tok);
         }
         let first = first.unwrap();
-        // One prefill, snapshotted; decode runs restore it.
+        // One prefill, snapshotted; decode runs restore it (and profiled with
+        // QWASI_GPU_PROFILE=1).
+        let _ = model.take_profile();
         let mut base = model.new_sequence();
         let logits = model.forward(&mut base, &p)?;
+        let prefill_profile = model.take_profile();
+        print_profile("prefill", &prefill_profile, 1);
         if let Some(dir) = &a.dump_logits {
             std::fs::create_dir_all(dir)?;
             let bytes: Vec<u8> = logits.iter().flat_map(|v| v.to_le_bytes()).collect();
@@ -268,25 +272,11 @@ fn imp(a: &SpeedArgs, runs: usize, out: &Path) -> Result<()> {
             1.0 / floor_s,
             host_agree
         );
-        if !profile.is_empty() {
-            let steps = (a.warmups + runs) * a.decode_tokens;
-            eprintln!(
-                "[bench] per-kernel GPU time per decode step (mean of {steps} steps; event pairs add ~4 us per launch):"
-            );
-            let total: f64 = profile.iter().map(|p| p.2).sum();
-            for (name, n, ms) in profile.iter().take(25) {
-                eprintln!(
-                    "    {name:<24} {:>6.1} launches {:>8.4} ms ({:>4.1}%)",
-                    *n as f64 / steps as f64,
-                    ms / steps as f64,
-                    100.0 * ms / total
-                );
-            }
-            eprintln!(
-                "    total kernel time {:.4} ms per step",
-                total / steps as f64
-            );
-        }
+        print_profile(
+            "decode step",
+            &profile,
+            (a.warmups + runs) * a.decode_tokens,
+        );
         results.push(json!({
             "prompt_len": len,
             "ttft_ms": stats(&ttft),
@@ -299,7 +289,8 @@ fn imp(a: &SpeedArgs, runs: usize, out: &Path) -> Result<()> {
             "greedy_equals_host_argmax_16": host_agree,
             "device_memory_used_bytes": used,
             "device_memory_total_bytes": total,
-            "profile_ms": profile.iter().map(|(n, c, ms)| json!({"kernel": n, "launches": c, "ms": ms})).collect::<Vec<_>>(),
+            "profile_ms": profile_json(&profile),
+            "prefill_profile_ms": profile_json(&prefill_profile),
         }));
     }
     let report = json!({
@@ -330,4 +321,36 @@ fn imp(a: &SpeedArgs, runs: usize, out: &Path) -> Result<()> {
         bail!("bench speed: correctness FAILED (see {})", out.display());
     }
     Ok(())
+}
+
+/// Per-kernel GPU times (`QWASI_GPU_PROFILE=1`) of `steps` passes, per pass.
+#[cfg_attr(not(any(feature = "cuda", feature = "hip")), allow(dead_code))]
+fn print_profile(what: &str, profile: &[(&str, usize, f64)], steps: usize) {
+    if profile.is_empty() || steps == 0 {
+        return;
+    }
+    eprintln!(
+        "[bench] per-kernel GPU time per {what} (mean of {steps}; event pairs add ~4 us per launch):"
+    );
+    let total: f64 = profile.iter().map(|p| p.2).sum();
+    for (name, n, ms) in profile.iter().take(25) {
+        eprintln!(
+            "    {name:<24} {:>8.1} launches {:>9.4} ms ({:>4.1}%)",
+            *n as f64 / steps as f64,
+            ms / steps as f64,
+            100.0 * ms / total
+        );
+    }
+    eprintln!(
+        "    total kernel time {:.4} ms per {what}",
+        total / steps as f64
+    );
+}
+
+#[cfg_attr(not(any(feature = "cuda", feature = "hip")), allow(dead_code))]
+fn profile_json(profile: &[(&str, usize, f64)]) -> Vec<serde_json::Value> {
+    profile
+        .iter()
+        .map(|(n, c, ms)| json!({"kernel": n, "launches": c, "ms": ms}))
+        .collect()
 }
