@@ -391,31 +391,36 @@ ATTN_FLASH(attn_flash_f32, float)
 ATTN_FLASH(attn_flash_bf16, bf16_t)
 
 // ---------------------------------------------------------------------------
-// Prefill attention on tensor cores (CUDA, sm_80+): `attn_flash_tc_*`, same
-// arguments and results as `attn_flash_*` above, mma.sync m16n8k16 bf16 with f32
-// accumulation and every f32 operand split into two bf16 terms, x = hi + lo with
-// hi = bf16(x), lo = bf16(x - hi) (~16 mantissa bits; plain bf16 fails the fixtures):
+// Prefill attention on tensor cores (CUDA, sm_80+): `attn_flash_tc_*`, the results
+// of `attn_flash_*` above, mma.sync m16n8k16 bf16 with f32 accumulation and every
+// f32 operand split into two bf16 terms, x = hi + lo with hi = bf16(x),
+// lo = bf16(x - hi) (~16 mantissa bits; plain bf16 fails the fixtures):
 //   S = Q K^T ~ Qh Kh + (Ql Kh + Qh Kl),  O += P V ~ Ph Vh + Pl Vh + Ph Vl.
-// A bf16 KV cache is exact in one term (Kl = Vl = 0): those products are skipped.
+// K and V come as bf16 planes [pos][nkv][hd] (the cache's layout): with an f32
+// cache `attn_kv_split` writes Kh, Kl, Vh, Vl once per prefill pass (every block
+// then streams ready-made tiles, no per-block split); a bf16 cache is its own hi
+// plane and exact in one term (Kl = Vl = 0): those products are skipped (LO = 0).
 //
-// Rows: a block takes TC_ROWS = 64 consecutive (query, q-head) pairs of ONE kv head,
+// Rows: a block takes ROWS = 16 NW consecutive (query, q-head) pairs of ONE kv head,
 // pair p = t * G + hg (G = nh / nkv, q head = kvh * G + hg), so every K/V tile staged
-// in shared memory serves all G heads of the group (at G = 8: 8 queries x 8 heads,
-// and the causal diagonal costs almost nothing). Warp w owns rows 16w..16w+15 (one
-// m16 tile); its O accumulator (16 x hd f32) lives in registers (hd / 2 per lane),
-// FlashAttention-2 style: the S C-fragments of two adjacent n8 tiles are the A
-// fragment of P for one k16 step of P V, so P never touches shared memory.
-// Online softmax in f32 with exp2 (scores pre-scaled by scale * log2 e), running
-// max / sum per row, l kept per lane and reduced over the quad at the end.
+// in shared memory serves all G heads of the group (at G = 8 and NW = 8: 16 queries
+// x 8 heads, and the causal diagonal costs almost nothing). Warp w owns rows
+// 16w..16w+15 (one m16 tile); its O accumulator (16 x hd f32) lives in registers
+// (hd / 2 per lane), FlashAttention-2 style: the S C-fragments of two adjacent n8
+// tiles are the A fragment of P for one k16 step of P V, so P never touches shared
+// memory. Online softmax in f32 with exp2 (scores pre-scaled by scale * log2 e),
+// running max / sum per row, l kept per lane and reduced over the quad at the end.
+// A warp skips a tile none of its rows may see (exact: such a tile adds nothing).
 //
-// Keys in tiles of TC_BK = 32. Shared memory (bf16 elements, row stride ld = hd + 8,
-// which makes every ldmatrix phase conflict-free):
-//   Qh, Ql [64][ld] | Kh, Vh [32][ld] | (f32 cache) Kl, Vl [32][ld] | raw K, V [32][hd] (KV type)
-// The raw tiles are the next key tile in flight (cp.async, 16-byte chunks, zero-filled
-// past the last key) while the current split tiles are used; each tile is then split
-// (f32) or copied (bf16) once per block. hd 256: 200,704 bytes (f32 cache), 134,144 (bf16).
-// grid (ceil(T * G / 64), nkv): the pair tiles with the most keys first, kv head 0's
-// tiles first (concurrent blocks scan the same K/V: L2 reuse); block 128 threads.
+// Keys in tiles of TC_BK = 32. Shared memory (bf16, row stride ld = hd + 8, which
+// makes every ldmatrix phase conflict-free):
+//   Qh, Ql [ROWS][ld] | Kh, Vh [32][ld] | (LO) Kl, Vl [32][ld]
+// One K and one V buffer, FlashAttention-2 order: K tile j + 1 loads (cp.async,
+// 16-byte chunks straight into the ldmatrix layout, zero-filled past the last key)
+// while P V of tile j runs, V tile j while S of tile j runs.
+// hd 256, NW 8: 202,752 bytes (LO), 168,960 (bf16 cache); NW 4: 135,168 / 101,376.
+// grid (ceil(T * G / ROWS), nkv): the pair tiles with the most keys first, kv head 0's
+// tiles first (concurrent blocks scan the same K/V: L2 reuse); block 32 NW threads.
 // Needs hd % 16 == 0, 16 <= hd <= 256, nh % nkv == 0 (the host checks). HDC > 0
 // compiles the head dim in (the model's 256); HDC == 0 reads it from the argument.
 //
@@ -424,8 +429,6 @@ ATTN_FLASH(attn_flash_bf16, bf16_t)
 //   B 16x8 (k x n): b0 = B[2c,2c+1][g], b1 = B[2c+8..][g];   C 16x8: c0,c1 = C[g][2c..], c2,c3 = C[g+8][2c..]
 // ldmatrix.x4: lanes 8i..8i+7 address the 8 rows of matrix i (16 contiguous bytes each);
 // register i of lane (g, c) gets M_i[g][2c, 2c+1] (.trans: M_i[2c, 2c+1][g]).
-#define TC_WARPS 4
-#define TC_ROWS (16 * TC_WARPS)
 #define TC_BK 32
 #define TC_PAD 8
 #define TC_MAXD 256
@@ -468,86 +471,62 @@ __device__ __forceinline__ void tc_split(float x0, float x1, unsigned& hi, unsig
     lo = tc_pack(x0 - bf_lo(hi), x1 - bf_hi(hi));
 }
 
-// Keys [k0, k0 + TC_BK) of kv head kvh into the raw tiles [TC_BK][hd] (16-byte
-// cp.async chunks; rows >= kend are zero-filled, no bytes read), one commit group.
-template <typename KV>
-__device__ __forceinline__ void tc_issue(KV* rawK, KV* rawV, const KV* __restrict__ kc, const KV* __restrict__ vc,
-                                         int k0, int kend, int nkv, int kvh, int hd) {
-    const int cpr = hd * (int)sizeof(KV) / 16;  // chunks per row
-    const unsigned sk = tc_saddr(rawK), sv = tc_saddr(rawV);
-    for (int e = threadIdx.x; e < TC_BK * cpr; e += TC_WARPS * WARP) {
+// Keys [k0, k0 + TC_BK) of kv head kvh from the planes gh (and gl when LO),
+// [pos][nkv][hd] bf16, into the tiles sh, sl [TC_BK][ld] (16-byte cp.async chunks;
+// rows >= kend are zero-filled, no bytes read), one commit group.
+template <bool LO, int NW>
+__device__ __forceinline__ void tc_load(bf16_t* sh, bf16_t* sl, const bf16_t* __restrict__ gh,
+                                        const bf16_t* __restrict__ gl, int k0, int kend, int nkv, int kvh, int hd,
+                                        int ld) {
+    const int cpr = hd >> 3;  // chunks per row
+    const unsigned ssh = tc_saddr(sh), ssl = tc_saddr(sl);
+    for (int e = threadIdx.x; e < TC_BK * cpr; e += NW * WARP) {
         const int r = e / cpr, ch = e - r * cpr;
         const int key = k0 + r;
         const bool ok = key < kend;
-        const size_t gofs = ((size_t)(ok ? key : k0) * nkv + kvh) * hd;
-        const char* ks = (const char*)(kc + gofs) + 16 * ch;
-        const char* vs = (const char*)(vc + gofs) + 16 * ch;
-        const unsigned so = (unsigned)(r * hd * (int)sizeof(KV) + 16 * ch);
+        const size_t gofs = ((size_t)(ok ? key : 0) * nkv + kvh) * hd + 8 * ch;
+        const unsigned so = (unsigned)(r * ld + 8 * ch) * 2;
         const int n = ok ? 16 : 0;
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(sk + so), "l"(ks), "r"(n));
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(sv + so), "l"(vs), "r"(n));
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(ssh + so), "l"(gh + gofs), "r"(n));
+        if (LO) asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(ssl + so), "l"(gl + gofs), "r"(n));
     }
     asm volatile("cp.async.commit_group;\n" ::);
 }
 
-// Raw f32 tile [TC_BK][hd] -> hi / lo bf16 tiles [TC_BK][ld].
-__device__ __forceinline__ void tc_convert(const float* raw, bf16_t* hi, bf16_t* lo, int hd, int ld) {
-    const int n4 = hd >> 2;
-    for (int e = threadIdx.x; e < TC_BK * n4; e += TC_WARPS * WARP) {
-        const int r = e / n4, c4 = e - r * n4;
-        const float4 v = *(const float4*)(raw + r * hd + 4 * c4);
-        uint2 h, l;
-        tc_split(v.x, v.y, h.x, l.x);
-        tc_split(v.z, v.w, h.y, l.y);
-        *(uint2*)(hi + r * ld + 4 * c4) = h;
-        *(uint2*)(lo + r * ld + 4 * c4) = l;
-    }
-}
-
-// Raw bf16 tile [TC_BK][hd] -> hi tile [TC_BK][ld] (a copy; there is no lo term).
-__device__ __forceinline__ void tc_convert(const bf16_t* raw, bf16_t* hi, bf16_t*, int hd, int ld) {
-    const int n8 = hd >> 3;
-    for (int e = threadIdx.x; e < TC_BK * n8; e += TC_WARPS * WARP) {
-        const int r = e / n8, c8 = e - r * n8;
-        *(uint4*)(hi + r * ld + 8 * c8) = *(const uint4*)(raw + r * hd + 8 * c8);
-    }
-}
-
-template <typename KV, int HDC>
-__device__ __forceinline__ void attn_flash_tc_impl(const float* __restrict__ q, const KV* __restrict__ kc,
-                                                   const KV* __restrict__ vc, const float* __restrict__ proj,
+template <bool LO, int HDC, int NW>
+__device__ __forceinline__ void attn_flash_tc_impl(const float* __restrict__ q, const bf16_t* __restrict__ kh_g,
+                                                   const bf16_t* __restrict__ kl_g, const bf16_t* __restrict__ vh_g,
+                                                   const bf16_t* __restrict__ vl_g, const float* __restrict__ proj,
                                                    int stride, float* __restrict__ out, int T, int nh, int nkv,
                                                    int hd_arg, int pos0, float scale) {
-    constexpr bool LO = sizeof(KV) == 4;  // f32 cache: K and V need their lo terms
-    constexpr int NT = TC_BK / 8;         // n8 tiles of S per warp
-    constexpr int DT = TC_MAXD / 8;       // n8 tiles of O (hd / 8 used)
+    constexpr int ROWS = 16 * NW;
+    constexpr int NT = TC_BK / 8;  // n8 tiles of S per warp
+    constexpr int DT = TC_MAXD / 8;  // n8 tiles of O (hd / 8 used)
     const int hd = HDC > 0 ? HDC : hd_arg;
     const int ld = hd + TC_PAD;
 
     extern __shared__ float4 tc_smem[];
-    bf16_t* Qh = (bf16_t*)tc_smem;         // [TC_ROWS][ld]
-    bf16_t* Ql = Qh + TC_ROWS * ld;        // [TC_ROWS][ld]
-    bf16_t* Kh = Ql + TC_ROWS * ld;        // [TC_BK][ld]
-    bf16_t* Vh = Kh + TC_BK * ld;          // [TC_BK][ld]
-    bf16_t* Kl = Vh + TC_BK * ld;          // [TC_BK][ld] (f32 cache only)
-    bf16_t* Vl = Kl + TC_BK * ld;          // [TC_BK][ld] (f32 cache only)
-    KV* rawK = (KV*)(LO ? Vl + TC_BK * ld : Kl);  // [TC_BK][hd]
-    KV* rawV = rawK + TC_BK * hd;                   // [TC_BK][hd]
+    bf16_t* Qh = (bf16_t*)tc_smem;   // [ROWS][ld]
+    bf16_t* Ql = Qh + ROWS * ld;     // [ROWS][ld]
+    bf16_t* Kh = Ql + ROWS * ld;     // [TC_BK][ld]
+    bf16_t* Vh = Kh + TC_BK * ld;    // [TC_BK][ld]
+    bf16_t* Kl = Vh + TC_BK * ld;    // [TC_BK][ld] (LO only)
+    bf16_t* Vl = Kl + TC_BK * ld;    // [TC_BK][ld] (LO only)
 
     const int G = nh / nkv;
     const int kvh = blockIdx.y;
     const int npairs = T * G;
-    const int p0 = ((int)gridDim.x - 1 - (int)blockIdx.x) * TC_ROWS;  // most keys first
-    const int plast = min(npairs, p0 + TC_ROWS) - 1;
+    const int p0 = ((int)gridDim.x - 1 - (int)blockIdx.x) * ROWS;  // most keys first
+    const int plast = min(npairs, p0 + ROWS) - 1;
     const int kend = pos0 + plast / G + 1;  // keys [0, kend) cover every row of the block
     const int ntiles = (kend + TC_BK - 1) / TC_BK;
 
-    tc_issue<KV>(rawK, rawV, kc, vc, 0, kend, nkv, kvh, hd);
+    tc_load<LO, NW>(Kh, Kl, kh_g, kl_g, 0, kend, nkv, kvh, hd, ld);
 
     // Q rows of the block, split into hi / lo (rows past the last pair are zero).
     {
         const int n4 = hd >> 2;
-        for (int e = threadIdx.x; e < TC_ROWS * n4; e += TC_WARPS * WARP) {
+        for (int e = threadIdx.x; e < ROWS * n4; e += NW * WARP) {
             const int r = e / n4, c4 = e - r * n4;
             const int p = p0 + r;
             float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
@@ -569,8 +548,9 @@ __device__ __forceinline__ void attn_flash_tc_impl(const float* __restrict__ q, 
     const int pa = p0 + 16 * w + g, pb = pa + 8;
     const int last_a = pos0 + min(pa, npairs - 1) / G;
     const int last_b = pos0 + min(pb, npairs - 1) / G;
-    // Pairs are in query order, so the warp's first row sees the fewest keys.
+    // Pairs are in query order: the warp's first row sees the fewest keys, its last the most.
     const int warp_last = pos0 + min(p0 + 16 * w, npairs - 1) / G;
+    const int warp_end = pos0 + min(p0 + 16 * w + 15, npairs - 1) / G;
 
     // ldmatrix row addresses (lane l addresses row l & 7 of matrix l >> 3).
     // A (Q rows, k along d):  matrix i = (rows +8 (i & 1), cols +8 (i >> 1)) -> a0..a3.
@@ -596,108 +576,114 @@ __device__ __forceinline__ void attn_flash_tc_impl(const float* __restrict__ q, 
 
     for (int jt = 0; jt < ntiles; jt++) {
         const int k0 = jt * TC_BK;
+        const bool active = k0 <= warp_end;  // some row of this warp sees some key of the tile
         asm volatile("cp.async.wait_group 0;\n" ::: "memory");
-        __syncthreads();  // raw tile jt landed (and Q staged); every warp is done with tile jt - 1
-        tc_convert(rawK, Kh, Kl, hd, ld);
-        tc_convert(rawV, Vh, Vl, hd, ld);
-        __syncthreads();  // split tiles visible, raw tiles free
-        if (jt + 1 < ntiles) tc_issue<KV>(rawK, rawV, kc, vc, k0 + TC_BK, kend, nkv, kvh, hd);
+        __syncthreads();  // K tile jt landed (and Q staged); every warp is done with V tile jt - 1
+        tc_load<LO, NW>(Vh, Vl, vh_g, vl_g, k0, kend, nkv, kvh, hd, ld);
 
-        // S = Q K^T for 16 rows x 32 keys: s (hi x hi) and sc (the two cross terms) are
+        // S = Q K^T for 16 rows x 32 keys: s (hi x hi) and sc (the cross terms) are
         // separate accumulators (more independent mma chains, small terms summed apart).
         float s[NT][4], sc[NT][4];
+        if (active) {
 #pragma unroll
-        for (int nt = 0; nt < NT; nt++)
+            for (int nt = 0; nt < NT; nt++)
 #pragma unroll
-            for (int e = 0; e < 4; e++) s[nt][e] = sc[nt][e] = 0.f;
+                for (int e = 0; e < 4; e++) s[nt][e] = sc[nt][e] = 0.f;
 #pragma unroll
-        for (int kk = 0; kk < TC_MAXD / 16; kk++) {
-            if (kk * 16 < hd) {
-                unsigned qh[4], ql[4];
-                tc_ldsm(sQh + kk * 32, qh);
-                tc_ldsm(sQl + kk * 32, ql);
+            for (int kk = 0; kk < TC_MAXD / 16; kk++) {
+                if (kk * 16 < hd) {
+                    unsigned qh[4], ql[4];
+                    tc_ldsm(sQh + kk * 32, qh);
+                    tc_ldsm(sQl + kk * 32, ql);
 #pragma unroll
-                for (int np = 0; np < NT / 2; np++) {
-                    const unsigned kofs = (unsigned)(np * 16 * ld + kk * 16) * 2;
-                    unsigned kh[4];
-                    tc_ldsm(sKh + kofs, kh);
-                    tc_mma(s[2 * np], qh, kh[0], kh[1]);
-                    tc_mma(s[2 * np + 1], qh, kh[2], kh[3]);
-                    tc_mma(sc[2 * np], ql, kh[0], kh[1]);
-                    tc_mma(sc[2 * np + 1], ql, kh[2], kh[3]);
-                    if (LO) {
-                        unsigned kl[4];
-                        tc_ldsm(sKl + kofs, kl);
-                        tc_mma(sc[2 * np], qh, kl[0], kl[1]);
-                        tc_mma(sc[2 * np + 1], qh, kl[2], kl[3]);
+                    for (int np = 0; np < NT / 2; np++) {
+                        const unsigned kofs = (unsigned)(np * 16 * ld + kk * 16) * 2;
+                        unsigned kh[4];
+                        tc_ldsm(sKh + kofs, kh);
+                        tc_mma(s[2 * np], qh, kh[0], kh[1]);
+                        tc_mma(s[2 * np + 1], qh, kh[2], kh[3]);
+                        tc_mma(sc[2 * np], ql, kh[0], kh[1]);
+                        tc_mma(sc[2 * np + 1], ql, kh[2], kh[3]);
+                        if (LO) {
+                            unsigned kl[4];
+                            tc_ldsm(sKl + kofs, kl);
+                            tc_mma(sc[2 * np], qh, kl[0], kl[1]);
+                            tc_mma(sc[2 * np + 1], qh, kl[2], kl[3]);
+                        }
                     }
                 }
             }
-        }
 
-        // Online softmax. s[nt][e]: row g (e < 2) or g + 8, key k0 + 8 nt + 2c + (e & 1).
-        const bool diag = k0 + TC_BK - 1 > warp_last;  // some key of the tile is masked for some row
-        float mx[2] = {-INFINITY, -INFINITY};
+            // Online softmax. s[nt][e]: row g (e < 2) or g + 8, key k0 + 8 nt + 2c + (e & 1).
+            const bool diag = k0 + TC_BK - 1 > warp_last;  // some key of the tile is masked for some row
+            float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-        for (int nt = 0; nt < NT; nt++)
+            for (int nt = 0; nt < NT; nt++)
 #pragma unroll
-            for (int e = 0; e < 4; e++) {
-                float v = (s[nt][e] + sc[nt][e]) * sl;
-                if (diag && k0 + 8 * nt + 2 * c + (e & 1) > (e < 2 ? last_a : last_b)) v = -INFINITY;
-                s[nt][e] = v;
-                mx[e >> 1] = fmaxf(mx[e >> 1], v);
-            }
-        float mref[2];
+                for (int e = 0; e < 4; e++) {
+                    float v = (s[nt][e] + sc[nt][e]) * sl;
+                    if (diag && k0 + 8 * nt + 2 * c + (e & 1) > (e < 2 ? last_a : last_b)) v = -INFINITY;
+                    s[nt][e] = v;
+                    mx[e >> 1] = fmaxf(mx[e >> 1], v);
+                }
+            float mref[2];
 #pragma unroll
-        for (int i = 0; i < 2; i++) {
-            mx[i] = fmaxf(mx[i], SHFL_XOR(mx[i], 1));
-            mx[i] = fmaxf(mx[i], SHFL_XOR(mx[i], 2));  // max over the quad = the row's 32 keys
-            const float mn = fmaxf(m[i], mx[i]);
-            // Tile 0 holds key 0, visible to every row, so mn is finite; guarded anyway.
-            mref[i] = mn == -INFINITY ? 0.f : mn;
-            const float corr = exp2f(m[i] - mref[i]);  // 0 on the first tile (m = -inf)
-            m[i] = mn;
-            l[i] *= corr;
+            for (int i = 0; i < 2; i++) {
+                mx[i] = fmaxf(mx[i], SHFL_XOR(mx[i], 1));
+                mx[i] = fmaxf(mx[i], SHFL_XOR(mx[i], 2));  // max over the quad = the row's 32 keys
+                const float mn = fmaxf(m[i], mx[i]);
+                // Tile 0 holds key 0, visible to every row, so mn is finite; guarded anyway.
+                mref[i] = mn == -INFINITY ? 0.f : mn;
+                const float corr = exp2f(m[i] - mref[i]);  // 0 on the first tile (m = -inf)
+                m[i] = mn;
+                l[i] *= corr;
 #pragma unroll
-            for (int dt = 0; dt < DT; dt++) {
-                if (dt * 8 < hd) {
-                    o[dt][2 * i] *= corr;
-                    o[dt][2 * i + 1] *= corr;
+                for (int dt = 0; dt < DT; dt++) {
+                    if (dt * 8 < hd) {
+                        o[dt][2 * i] *= corr;
+                        o[dt][2 * i + 1] *= corr;
+                    }
                 }
             }
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const float p = exp2f(s[nt][e] - mref[e >> 1]);
+                    s[nt][e] = p;
+                    l[e >> 1] += p;  // this lane's columns; the quad is summed at the end
+                }
         }
-#pragma unroll
-        for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const float p = exp2f(s[nt][e] - mref[e >> 1]);
-                s[nt][e] = p;
-                l[e >> 1] += p;  // this lane's columns; the quad is summed at the end
-            }
+
+        asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+        __syncthreads();  // V tile jt landed; every warp is done with K tile jt
+        if (jt + 1 < ntiles) tc_load<LO, NW>(Kh, Kl, kh_g, kl_g, k0 + TC_BK, kend, nkv, kvh, hd, ld);
 
         // O += P V: k16 step j takes the C fragments of n-tiles 2j, 2j + 1 as its A fragment.
+        if (active) {
 #pragma unroll
-        for (int j = 0; j < TC_BK / 16; j++) {
-            unsigned ph[4], pl[4];
-            tc_split(s[2 * j][0], s[2 * j][1], ph[0], pl[0]);          // row g,     keys 16j + 2c
-            tc_split(s[2 * j][2], s[2 * j][3], ph[1], pl[1]);          // row g + 8, keys 16j + 2c
-            tc_split(s[2 * j + 1][0], s[2 * j + 1][1], ph[2], pl[2]);  // row g,     keys 16j + 8 + 2c
-            tc_split(s[2 * j + 1][2], s[2 * j + 1][3], ph[3], pl[3]);  // row g + 8, keys 16j + 8 + 2c
+            for (int j = 0; j < TC_BK / 16; j++) {
+                unsigned ph[4], pl[4];
+                tc_split(s[2 * j][0], s[2 * j][1], ph[0], pl[0]);          // row g,     keys 16j + 2c
+                tc_split(s[2 * j][2], s[2 * j][3], ph[1], pl[1]);          // row g + 8, keys 16j + 2c
+                tc_split(s[2 * j + 1][0], s[2 * j + 1][1], ph[2], pl[2]);  // row g,     keys 16j + 8 + 2c
+                tc_split(s[2 * j + 1][2], s[2 * j + 1][3], ph[3], pl[3]);  // row g + 8, keys 16j + 8 + 2c
 #pragma unroll
-            for (int dp = 0; dp < DT / 2; dp++) {
-                if (dp * 16 < hd) {
-                    const unsigned vofs = (unsigned)(j * 16 * ld + dp * 16) * 2;
-                    unsigned vh[4];
-                    tc_ldsm_t(sVh + vofs, vh);
-                    tc_mma(o[2 * dp], ph, vh[0], vh[1]);
-                    tc_mma(o[2 * dp + 1], ph, vh[2], vh[3]);
-                    tc_mma(o[2 * dp], pl, vh[0], vh[1]);
-                    tc_mma(o[2 * dp + 1], pl, vh[2], vh[3]);
-                    if (LO) {
-                        unsigned vl[4];
-                        tc_ldsm_t(sVl + vofs, vl);
-                        tc_mma(o[2 * dp], ph, vl[0], vl[1]);
-                        tc_mma(o[2 * dp + 1], ph, vl[2], vl[3]);
+                for (int dp = 0; dp < DT / 2; dp++) {
+                    if (dp * 16 < hd) {
+                        const unsigned vofs = (unsigned)(j * 16 * ld + dp * 16) * 2;
+                        unsigned vh[4];
+                        tc_ldsm_t(sVh + vofs, vh);
+                        tc_mma(o[2 * dp], ph, vh[0], vh[1]);
+                        tc_mma(o[2 * dp + 1], ph, vh[2], vh[3]);
+                        tc_mma(o[2 * dp], pl, vh[0], vh[1]);
+                        tc_mma(o[2 * dp + 1], pl, vh[2], vh[3]);
+                        if (LO) {
+                            unsigned vl[4];
+                            tc_ldsm_t(sVl + vofs, vl);
+                            tc_mma(o[2 * dp], ph, vl[0], vl[1]);
+                            tc_mma(o[2 * dp + 1], ph, vl[2], vl[3]);
+                        }
                     }
                 }
             }
@@ -730,21 +716,50 @@ __device__ __forceinline__ void attn_flash_tc_impl(const float* __restrict__ q, 
 #else
 // HIP has no mma.sync: the kernels exist (every listed name must load) but do
 // nothing; the host never launches them in a HIP build.
-template <typename KV, int HDC>
-__device__ __forceinline__ void attn_flash_tc_impl(const float*, const KV*, const KV*, const float*, int, float*, int,
-                                                   int, int, int, int, float) {}
+template <bool LO, int HDC, int NW>
+__device__ __forceinline__ void attn_flash_tc_impl(const float*, const bf16_t*, const bf16_t*, const bf16_t*,
+                                                   const bf16_t*, const float*, int, float*, int, int, int, int, int,
+                                                   float) {}
 #endif
 
-#define ATTN_FLASH_TC(NAME, KV, HDC)                                                                         \
-    QW_KERNEL void QW_BOUNDS_MIN(TC_WARPS * WARP, 1)                                                         \
-        NAME(const float* __restrict__ q, const KV* __restrict__ kc, const KV* __restrict__ vc,               \
-             const float* __restrict__ proj, int stride, float* __restrict__ out, int T, int nh, int nkv,     \
-             int hd, int pos0, float scale) {                                                                 \
-        attn_flash_tc_impl<KV, HDC>(q, kc, vc, proj, stride, out, T, nh, nkv, hd, pos0, scale);              \
+// The f32 K and V cache rows [0, n) (n4 = n * nkv * hd / 4 float4s) as bf16 hi / lo
+// planes in the cache's layout for `attn_flash_tc_f32*`: hi = bf16(x), lo = bf16(x - hi).
+QW_KERNEL void QW_BOUNDS(256) attn_kv_split(const float* __restrict__ kc, const float* __restrict__ vc,
+                                            bf16_t* __restrict__ kh, bf16_t* __restrict__ kl,
+                                            bf16_t* __restrict__ vh, bf16_t* __restrict__ vl, long long n4) {
+#if defined(QW_CUDA)
+    for (long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x; e < n4;
+         e += (long long)gridDim.x * blockDim.x) {
+        const float4 k = ((const float4*)kc)[e], v = ((const float4*)vc)[e];
+        uint2 h, l;
+        tc_split(k.x, k.y, h.x, l.x);
+        tc_split(k.z, k.w, h.y, l.y);
+        ((uint2*)kh)[e] = h;
+        ((uint2*)kl)[e] = l;
+        tc_split(v.x, v.y, h.x, l.x);
+        tc_split(v.z, v.w, h.y, l.y);
+        ((uint2*)vh)[e] = h;
+        ((uint2*)vl)[e] = l;
+    }
+#endif
+}
+
+// Arguments: q, Kh, Kl, Vh, Vl (bf16 planes; Kl, Vl unused without LO), proj, stride, out,
+// T, nh, nkv, hd, pos0, scale.
+#define ATTN_FLASH_TC(NAME, LO, HDC, NW)                                                                      \
+    QW_KERNEL void QW_BOUNDS_MIN(NW * WARP, 1)                                                                \
+        NAME(const float* __restrict__ q, const bf16_t* __restrict__ kh, const bf16_t* __restrict__ kl,        \
+             const bf16_t* __restrict__ vh, const bf16_t* __restrict__ vl, const float* __restrict__ proj,     \
+             int stride, float* __restrict__ out, int T, int nh, int nkv, int hd, int pos0, float scale) {     \
+        attn_flash_tc_impl<LO, HDC, NW>(q, kh, kl, vh, vl, proj, stride, out, T, nh, nkv, hd, pos0, scale);   \
     }
 
-// f32 / bf16 KV cache; `_d256`: head_dim 256 compiled in (the model), the others any hd % 16 == 0 <= 256.
-ATTN_FLASH_TC(attn_flash_tc_f32, float, 0)
-ATTN_FLASH_TC(attn_flash_tc_bf16, bf16_t, 0)
-ATTN_FLASH_TC(attn_flash_tc_f32_d256, float, 256)
-ATTN_FLASH_TC(attn_flash_tc_bf16_d256, bf16_t, 256)
+// f32 cache (split planes, LO) / bf16 cache; `_d256`: head_dim 256 compiled in (the
+// model), the others any hd % 16 == 0 <= 256; 8 warps (128 rows) per block, `_w4`:
+// 4 warps (64 rows) where the device has less shared memory per block (A100).
+ATTN_FLASH_TC(attn_flash_tc_f32, true, 0, 8)
+ATTN_FLASH_TC(attn_flash_tc_bf16, false, 0, 8)
+ATTN_FLASH_TC(attn_flash_tc_f32_d256, true, 256, 8)
+ATTN_FLASH_TC(attn_flash_tc_bf16_d256, false, 256, 8)
+ATTN_FLASH_TC(attn_flash_tc_f32_w4, true, 0, 4)
+ATTN_FLASH_TC(attn_flash_tc_bf16_w4, false, 0, 4)

@@ -923,7 +923,8 @@ impl GpuModel {
                         let ao = sc.get(d, "att_o", queries * hd * F)?;
                         let smem = ((FA_BQ + FA_BK) * (hd + 4) + FA_BQ * (FA_BK + 4)) * F;
                         // Tensor cores where the kernel supports the shape, else CUDA cores.
-                        let tc = self.attn_prefill_tc(q, k.ptr(), v.ptr(), proj, p, ao, t, pos0)?;
+                        let tc =
+                            self.attn_prefill_tc(sc, q, k.ptr(), v.ptr(), proj, p, ao, t, pos0)?;
                         if !tc {
                             d.launch(
                                 if self.kv_f32 {

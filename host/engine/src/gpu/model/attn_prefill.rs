@@ -1,35 +1,36 @@
 //! Tensor-core prefill attention: `attn_flash_tc_*` (kernels/attention.cu),
 //! mma.sync bf16 with every f32 operand split into hi + lo bf16 terms and f32
-//! accumulation, the same arguments and results as `attn_flash_*` (causal GQA,
-//! online softmax, sigmoid output gate). One block = 64 (query, q head) pairs of
-//! one kv head, so each staged K/V tile serves the whole GQA group.
+//! accumulation, the results of `attn_flash_*` (causal GQA, online softmax,
+//! sigmoid output gate). One block = 128 (query, q head) pairs of one kv head
+//! (64 where the device has less shared memory per block), so each staged K/V
+//! tile serves the whole GQA group. With an f32 KV cache, `attn_kv_split` first
+//! writes the visible keys and values once as bf16 hi / lo planes into a scratch
+//! buffer, which every block then streams straight into the mma layout; a bf16
+//! cache is read as it is.
 //!
 //! CUDA only (HIP has no mma.sync: the HIP build's kernels are empty stubs and
 //! this returns `Ok(false)`); `QWASI_ATTN=cuda-cores` keeps the CUDA-core
 //! `attn_flash_*` kernel.
 
-use super::GpuModel;
+use super::{GpuModel, Scratch};
 use anyhow::Result;
 
 #[cfg(feature = "cuda")]
 mod tc {
-    /// (query, q head) rows per block (`TC_ROWS`), keys per tile (`TC_BK`), smem
-    /// row padding in bf16 (`TC_PAD`), threads per block (`TC_WARPS * 32`).
-    pub const ROWS: usize = 64;
+    /// Keys per tile (`TC_BK`), smem row padding in bf16 (`TC_PAD`); a block of
+    /// `warps` warps takes `16 * warps` (query, q head) rows.
     pub const BK: usize = 32;
     pub const PAD: usize = 8;
-    pub const THREADS: u32 = 128;
     /// Largest head dimension (`TC_MAXD`).
     pub const MAX_D: usize = 256;
 
-    /// Dynamic shared memory of `attn_flash_tc_*` (see the kernel comment): Qh, Ql
-    /// `[ROWS][hd + PAD]`, Kh, Vh (+ Kl, Vl for an f32 cache) `[BK][hd + PAD]` bf16,
-    /// then the raw K and V tiles `[BK][hd]` in the cache's type.
-    pub fn smem_bytes(hd: usize, kv_f32: bool) -> usize {
+    /// Dynamic shared memory of `attn_flash_tc_*` with `warps` warps (see the
+    /// kernel comment): Qh, Ql `[16 warps][hd + PAD]`, Kh, Vh (+ Kl, Vl for an f32
+    /// cache) `[BK][hd + PAD]`, all bf16.
+    pub fn smem_bytes(hd: usize, kv_f32: bool, warps: usize) -> usize {
         let ld = hd + PAD;
-        let split_tiles = if kv_f32 { 4 } else { 2 };
-        let kv_bytes = if kv_f32 { 4 } else { 2 };
-        (2 * ROWS * ld + split_tiles * BK * ld) * 2 + 2 * BK * hd * kv_bytes
+        let kv_tiles = if kv_f32 { 4 } else { 2 };
+        (2 * 16 * warps * ld + kv_tiles * BK * ld) * 2
     }
 
     /// `QWASI_ATTN=cuda-cores` turns the tensor-core kernel off (read once).
@@ -77,6 +78,7 @@ impl GpuModel {
     #[allow(clippy::too_many_arguments)]
     pub(super) fn attn_prefill_tc(
         &self,
+        sc: &mut Scratch,
         q: u64,
         k: u64,
         v: u64,
@@ -99,26 +101,69 @@ impl GpuModel {
         {
             return Ok(false);
         }
-        let smem = tc::smem_bytes(hd, self.kv_f32);
-        if smem > tc::max_smem_optin() {
+        // 8 warps (128 rows) per block where the shared memory allows, else 4.
+        let limit = tc::max_smem_optin();
+        let warps = if tc::smem_bytes(hd, self.kv_f32, 8) <= limit {
+            8
+        } else if tc::smem_bytes(hd, self.kv_f32, 4) <= limit {
+            4
+        } else {
             return Ok(false);
-        }
-        let group = nh / nkv;
-        let name = match (self.kv_f32, hd == 256) {
-            (true, true) => "attn_flash_tc_f32_d256",
-            (true, false) => "attn_flash_tc_f32",
-            (false, true) => "attn_flash_tc_bf16_d256",
-            (false, false) => "attn_flash_tc_bf16",
         };
-        self.dev.launch(
+        let smem = tc::smem_bytes(hd, self.kv_f32, warps);
+        let name = match (self.kv_f32, warps, hd == 256) {
+            (true, 8, true) => "attn_flash_tc_f32_d256",
+            (true, 8, false) => "attn_flash_tc_f32",
+            (false, 8, true) => "attn_flash_tc_bf16_d256",
+            (false, 8, false) => "attn_flash_tc_bf16",
+            (true, _, _) => "attn_flash_tc_f32_w4",
+            (false, _, _) => "attn_flash_tc_bf16_w4",
+        };
+        let d = &self.dev;
+        // K, V planes [pos][nkv][hd] bf16: the f32 cache split once into hi / lo
+        // (keys 0..pos0 + t), or the bf16 cache itself (no lo planes).
+        let (kh, kl, vh, vl) = if self.kv_f32 {
+            let elems = (pos0 + t) * nkv * hd;
+            let plane = elems * 2;
+            let buf = sc.get(d, "attn_kv_split", 4 * plane)?;
+            let planes = (
+                buf,
+                buf + plane as u64,
+                buf + 2 * plane as u64,
+                buf + 3 * plane as u64,
+            );
+            let n4 = elems / 4;
+            d.launch(
+                "attn_kv_split",
+                (n4.div_ceil(256).min(8192) as u32, 1, 1),
+                (256, 1, 1),
+                0,
+                &[
+                    Arg::Ptr(k),
+                    Arg::Ptr(v),
+                    Arg::Ptr(planes.0),
+                    Arg::Ptr(planes.1),
+                    Arg::Ptr(planes.2),
+                    Arg::Ptr(planes.3),
+                    Arg::I64(n4 as i64),
+                ],
+            )?;
+            planes
+        } else {
+            (k, 0, v, 0)
+        };
+        let group = nh / nkv;
+        d.launch(
             name,
-            ((t * group).div_ceil(tc::ROWS) as u32, nkv as u32, 1),
-            (tc::THREADS, 1, 1),
+            ((t * group).div_ceil(16 * warps) as u32, nkv as u32, 1),
+            (32 * warps as u32, 1, 1),
             smem as u32,
             &[
                 Arg::Ptr(q),
-                Arg::Ptr(k),
-                Arg::Ptr(v),
+                Arg::Ptr(kh),
+                Arg::Ptr(kl),
+                Arg::Ptr(vh),
+                Arg::Ptr(vl),
                 Arg::Ptr(proj),
                 i(stride),
                 Arg::Ptr(out),
@@ -138,6 +183,7 @@ impl GpuModel {
     #[allow(clippy::too_many_arguments)]
     pub(super) fn attn_prefill_tc(
         &self,
+        _sc: &mut Scratch,
         _q: u64,
         _k: u64,
         _v: u64,
