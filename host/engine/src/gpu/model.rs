@@ -1260,7 +1260,7 @@ impl GpuModel {
         let gu = sc.get(d, "gu", nn * 2 * inter * F)?;
         // One grouped tensor-core launch per matrix where the shapes allow it;
         // 128-row tiles once experts average that many rows.
-        let tiles = if self.grouped_moe && h % MG_BK == 0 && inter % MG_BK == 0 {
+        let tiles = if self.grouped_moe && h.is_multiple_of(MG_BK) && inter.is_multiple_of(MG_BK) {
             let busy = hc[..e].iter().filter(|&&c| c > 0).count().max(1);
             let bm = if nn / busy >= 128 { 128 } else { 64 };
             let tiles = moe_tiles(&hc[..e], bm);
@@ -1642,7 +1642,10 @@ impl Backend for GpuModel {
         let _guard = self.scratch.lock().unwrap();
         self.dev.bind().ok()?;
         let row = self.kv_row_bytes();
-        let cap = snap.pos.max(256).min(self.max_len.max(snap.pos));
+        // Room for the turn that follows (new prompt tokens and the reply), so
+        // resuming does not begin by doubling and copying the whole KV cache.
+        let room = 4096.max(snap.pos / 8);
+        let cap = (snap.pos + room).min(self.max_len.max(snap.pos));
         let mut layers = Vec::with_capacity(snap.layers.len());
         for l in &snap.layers {
             layers.push(match l {
