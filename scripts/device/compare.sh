@@ -5,7 +5,7 @@
 #      same bf16 weights: scripts/device/compare_transformers.py writes the model
 #      and the reference, then `verify --compare` runs the GPU backend on it.
 # $OUT gets: verify-{split,tiled,kvbf16}.json smoke.json compare-<kv>.json run.log
-# Env: LAYERS (8), LENS (1,1024,8192), GEN (64), ATTN (eager; sdpa for >16K), KV_MODES ("f32 bf16"), SKIP_VERIFY.
+# Env: LAYERS (8), LENS (1,1024,8192), GEN (64), ATTN (eager; chunked for >16K), KV_MODES ("f32 bf16"), SKIP_VERIFY.
 set -uo pipefail
 OUT=${OUT:-/tmp/qwasi-out}
 mkdir -p "$OUT"
