@@ -223,13 +223,17 @@ fn imp(a: &SpeedArgs, runs: usize, out: &Path) -> Result<()> {
         drop(base);
         // Greedy through the host: the first 16 tokens from the full logits.
         let mut host_tokens = vec![qwasi_engine::sampling::argmax(&logits)];
+        // Every full logits vector the host sees must be finite (long contexts).
+        let mut finite = logits.iter().all(|v| v.is_finite());
         {
             let mut seq = model.restore(snap.as_ref()).unwrap();
             for _ in 0..15.min(a.decode_tokens) {
                 let l = model.forward(&mut seq, &[*host_tokens.last().unwrap()])?;
+                finite &= l.iter().all(|v| v.is_finite());
                 host_tokens.push(qwasi_engine::sampling::argmax(&l));
             }
         }
+        all_consistent &= finite;
         // The profile below covers the decode steps only.
         let _ = model.take_profile();
         let mut rates = Vec::new();
@@ -265,12 +269,13 @@ fn imp(a: &SpeedArgs, runs: usize, out: &Path) -> Result<()> {
         let med_rate = super::median(&rates);
         let (used, total) = model.memory_used();
         eprintln!(
-            "[bench] L {len:>6}: TTFT {:>9.1} ms, decode {:>7.1} tok/s ({:.0}% of the {:.0} tok/s floor), tokens consistent: {}",
+            "[bench] L {len:>6}: TTFT {:>9.1} ms, decode {:>7.1} tok/s ({:.0}% of the {:.0} tok/s floor), tokens consistent: {}, logits finite: {finite}, device memory {:.1} GB",
             super::median(&ttft),
             med_rate,
             100.0 * med_rate * floor_s,
             1.0 / floor_s,
-            host_agree
+            host_agree,
+            used as f64 / 1e9
         );
         print_profile(
             "decode step",
@@ -287,6 +292,7 @@ fn imp(a: &SpeedArgs, runs: usize, out: &Path) -> Result<()> {
             "fraction_of_bandwidth_bound": med_rate * floor_s,
             "first_tokens": &tokens[..tokens.len().min(16)],
             "greedy_equals_host_argmax_16": host_agree,
+            "host_logits_finite": finite,
             "device_memory_used_bytes": used,
             "device_memory_total_bytes": total,
             "profile_ms": profile_json(&profile),
