@@ -668,11 +668,21 @@ impl GpuModel {
     }
 
     /// Grows every KV cache of the sequence to hold `need` tokens.
+    /// KV rows to allocate for `need` tokens when `cur` are allocated: room
+    /// for what usually follows (the next prompt pass, the reply; also more
+    /// key splits for decode attention, whose count follows the capacity), at
+    /// least doubling, at most `max_len`.
+    fn kv_capacity(&self, need: usize, cur: usize) -> usize {
+        (need + 4096.max(need / 8))
+            .max(cur * 2)
+            .min(self.max_len.max(need))
+    }
+
     fn reserve(&self, seq: &mut GpuSequence, need: usize) -> Result<()> {
         if need <= seq.cap {
             return Ok(());
         }
-        let cap = need.max(seq.cap * 2).max(256).min(self.max_len.max(need));
+        let cap = self.kv_capacity(need, seq.cap);
         let row =
             self.cfg.num_key_value_heads * self.cfg.head_dim * if self.kv_f32 { F } else { B };
         for l in &mut seq.layers {
@@ -1642,10 +1652,9 @@ impl Backend for GpuModel {
         let _guard = self.scratch.lock().unwrap();
         self.dev.bind().ok()?;
         let row = self.kv_row_bytes();
-        // Room for the turn that follows (new prompt tokens and the reply), so
-        // resuming does not begin by doubling and copying the whole KV cache.
-        let room = 4096.max(snap.pos / 8);
-        let cap = (snap.pos + room).min(self.max_len.max(snap.pos));
+        // Room for the turn that follows, so resuming does not begin by
+        // doubling and copying the whole KV cache.
+        let cap = self.kv_capacity(snap.pos, 0);
         let mut layers = Vec::with_capacity(snap.layers.len());
         for l in &snap.layers {
             layers.push(match l {
