@@ -24,7 +24,9 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 const VOCAB: u32 = 300;
-const LOGPROB_TOL: f32 = 1e-5;
+/// Cached vs cold on the CPU: bit-identical (the GDN recurrence runs token by
+/// token, so where a prompt is split changes no sum; the issue asks for 1e-5).
+const LOGPROB_TOL: f32 = 0.0;
 
 /// A tiny MoE model: vocab 300, hidden 32, 4 layers (3 GDN + 1 attention).
 fn model() -> Arc<CpuModel> {
@@ -254,14 +256,14 @@ async fn collect(h: &mut GenerationHandle) -> Outcome {
         .expect("request did not finish")
 }
 
-/// Same tokens; logprobs (chosen and top alternatives) within 1e-5.
+/// Same tokens; logprobs (chosen and top alternatives) within `LOGPROB_TOL`.
 fn assert_same(label: &str, got: &Outcome, cold_tokens: &[u32], cold_steps: &[Sampled]) {
     assert_eq!(got.tokens, cold_tokens, "{label}: tokens differ");
     assert_eq!(got.steps.len(), cold_steps.len(), "{label}");
     for (i, (a, b)) in got.steps.iter().zip(cold_steps).enumerate() {
         assert_eq!(a.token, b.token, "{label}: step {i}");
         assert!(
-            (a.logprob - b.logprob).abs() < LOGPROB_TOL,
+            (a.logprob - b.logprob).abs() <= LOGPROB_TOL,
             "{label}: step {i}: logprob {} vs {}",
             a.logprob,
             b.logprob
@@ -269,7 +271,7 @@ fn assert_same(label: &str, got: &Outcome, cold_tokens: &[u32], cold_steps: &[Sa
         for ((ta, la), (tb, lb)) in a.top.iter().zip(&b.top) {
             assert_eq!(ta, tb, "{label}: step {i}: top ids");
             assert!(
-                (la - lb).abs() < LOGPROB_TOL,
+                (la - lb).abs() <= LOGPROB_TOL,
                 "{label}: step {i}: top logprob"
             );
         }
@@ -329,7 +331,8 @@ async fn snapshots_directly_on_the_model_are_copy_on_write() {
     let mut again = m.restore(&*snap).unwrap();
     let c = m.forward(&mut again, &toks[100..150]).unwrap();
     assert_eq!(a, c);
-    // A cold run agrees within tolerance (the split changes GDN chunking).
+    // A cold run agrees exactly (the recurrence runs token by token, so the
+    // split point changes no sum).
     let mut coldseq = m.new_sequence();
     let d = m.forward(&mut coldseq, &toks[..150]).unwrap();
     let (la, ld) = (log_softmax(&a), log_softmax(&d));
@@ -339,7 +342,7 @@ async fn snapshots_directly_on_the_model_are_copy_on_write() {
         .map(|(x, y)| (x - y).abs())
         .fold(0.0, f32::max);
     assert!(
-        err < LOGPROB_TOL,
+        err <= LOGPROB_TOL,
         "cold vs resumed logprobs differ by {err}"
     );
     drop((seq, resumed, again, coldseq, snap));

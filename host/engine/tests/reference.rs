@@ -150,6 +150,7 @@ fn chunked_prefill_equals_serial_recurrence_on_a_whole_model() {
         .max_by_key(|c| c.prompt_tokens.len())
         .unwrap()
         .prompt_tokens;
+    model.gdn_prefill = GdnPrefill::Chunked;
     let mut seq = model.new_sequence();
     let chunked = model.forward_all(&mut seq, prompt).unwrap();
     model.gdn_prefill = GdnPrefill::Serial;

@@ -1,6 +1,7 @@
 //! Gated DeltaNet (linear attention) on the CPU: the causal conv, the gating,
-//! and the delta-rule recurrence in both forms — token-serial (decode) and
-//! chunked WY form (prefill, chunk 64) — which must agree.
+//! and the delta-rule recurrence in both forms — token-serial (the default
+//! for every pass) and the chunked WY form (chunk 64, the GPU prompt
+//! kernels' form, kept as their reference) — which must agree.
 
 use super::ops::{dot, l2_norm, linear, rms_norm, sigmoid, silu, softplus};
 use crate::config::ModelConfig;
@@ -13,9 +14,13 @@ pub const CHUNK: usize = 64;
 /// How a multi-token pass runs the recurrence.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum GdnPrefill {
-    /// WY/UT-transform form over chunks of 64 tokens (the fast path).
+    /// WY/UT-transform form over chunks of 64 tokens (the GPU prompt kernels'
+    /// form; rounds differently when a prompt is split inside a chunk).
     Chunked,
-    /// One token at a time (the definition; used to check the chunked form).
+    /// One token at a time (the definition and the CPU default): a prompt
+    /// split anywhere gives bit-identical states, so a prefix-cache hit at any
+    /// position reproduces the cold run exactly. On the CPU it costs no more
+    /// than the chunked form (the recurrence is ~1% of a token's FLOPs).
     Serial,
 }
 

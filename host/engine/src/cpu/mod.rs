@@ -19,7 +19,7 @@ pub struct CpuModel {
     cfg: ModelConfig,
     weights: Weights,
     rope: Rope,
-    /// How multi-token passes run the GDN recurrence (chunked unless a test asks).
+    /// How multi-token passes run the GDN recurrence (token-serial unless a test asks).
     pub gdn_prefill: GdnPrefill,
     /// Live KV pages of this model's sequences and snapshots.
     pages: Arc<PageStats>,
@@ -97,7 +97,7 @@ impl CpuModel {
             rope: Rope::new(&cfg),
             cfg,
             weights,
-            gdn_prefill: GdnPrefill::Chunked,
+            gdn_prefill: GdnPrefill::Serial,
             pages: Arc::default(),
         }
     }
