@@ -55,6 +55,9 @@ pub struct Device {
     stream: sys::CUstream,
     pub name: String,
     pub sm_count: u32,
+    /// Opt-in shared memory per block, bytes (227 KB on H100/H200, 163 KB on
+    /// A100, 99 KB on sm_86/89).
+    max_smem: usize,
     /// `QWASI_GPU_DEBUG=1`: synchronise after every launch and name the failing kernel.
     pub debug: bool,
     /// Programmatic dependent launch (compute capability >= 9.0, unless
@@ -164,6 +167,17 @@ impl Device {
             },
             "device attribute",
         )?;
+        let mut max_smem = 0i32;
+        check(
+            unsafe {
+                sys::cuDeviceGetAttribute(
+                    &mut max_smem,
+                    sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+                    ctx.cu_device(),
+                )
+            },
+            "device attribute",
+        )?;
         Ok(Device {
             pdl: major >= 9 && std::env::var("QWASI_PDL").as_deref() != Ok("0"),
             ctx,
@@ -172,9 +186,15 @@ impl Device {
             stream,
             name,
             sm_count: sms.max(1) as u32,
+            max_smem: max_smem.max(0) as usize,
             debug: env_on("QWASI_GPU_DEBUG"),
             profile: env_on("QWASI_GPU_PROFILE").then(Default::default),
         })
+    }
+
+    /// Largest (opt-in) dynamic shared memory one block may use, in bytes.
+    pub fn max_shared_per_block(&self) -> usize {
+        self.max_smem
     }
 
     /// Starts recording this thread's launches into a graph instead of running them.

@@ -106,6 +106,10 @@ pub struct GpuModel {
     /// `false` with `QWASI_MOE=cublas` (and in HIP builds): prompt experts run as
     /// per-expert cuBLAS calls instead of one grouped tensor-core kernel per matrix.
     grouped_moe: bool,
+    /// `false` with `QWASI_ATTN=cuda-cores` (and in HIP builds): prompt
+    /// attention without tensor cores (`attn_flash_*`).
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    tc_attention: bool,
     /// KV capacity limit per sequence (tokens).
     pub max_len: usize,
     pub gemm: GemmPath,
@@ -358,6 +362,8 @@ impl GpuModel {
             chunked_gdn: std::env::var("QWASI_GDN").as_deref() != Ok("serial"),
             grouped_moe: cfg!(feature = "cuda")
                 && std::env::var("QWASI_MOE").as_deref() != Ok("cublas"),
+            tc_attention: cfg!(feature = "cuda")
+                && std::env::var("QWASI_ATTN").as_deref() != Ok("cuda-cores"),
             gemm,
             kv_f32: std::env::var("QWASI_KV").as_deref() != Ok("bf16"),
         }

@@ -32,38 +32,6 @@ mod tc {
         let kv_tiles = if kv_f32 { 4 } else { 2 };
         (2 * 16 * warps * ld + kv_tiles * BK * ld) * 2
     }
-
-    /// `QWASI_ATTN=cuda-cores` turns the tensor-core kernel off (read once).
-    pub fn enabled() -> bool {
-        static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        *ON.get_or_init(|| std::env::var("QWASI_ATTN").as_deref() != Ok("cuda-cores"))
-    }
-
-    /// The opt-in dynamic shared memory limit per block of the current context's
-    /// device (227 KB on H100/H200, 163 KB on A100, 99 KB on sm_86/89); 0 when
-    /// the query fails (then the caller falls back). Cached once known.
-    pub fn max_smem_optin() -> usize {
-        use cudarc::driver::sys;
-        use std::sync::atomic::{AtomicUsize, Ordering};
-        static MAX: AtomicUsize = AtomicUsize::new(0);
-        let known = MAX.load(Ordering::Relaxed);
-        if known != 0 {
-            return known;
-        }
-        let mut dev: sys::CUdevice = 0;
-        let mut v = 0i32;
-        let ok = unsafe {
-            sys::cuCtxGetDevice(&mut dev) == sys::CUresult::CUDA_SUCCESS
-                && sys::cuDeviceGetAttribute(
-                    &mut v,
-                    sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
-                    dev,
-                ) == sys::CUresult::CUDA_SUCCESS
-        };
-        let v = if ok { v.max(0) as usize } else { 0 };
-        MAX.store(v, Ordering::Relaxed);
-        v
-    }
 }
 
 impl GpuModel {
@@ -91,7 +59,7 @@ impl GpuModel {
         use crate::gpu::{Arg, f, i};
         let c = &self.cfg;
         let (nh, nkv, hd) = (c.num_attention_heads, c.num_key_value_heads, c.head_dim);
-        if !tc::enabled()
+        if !self.tc_attention
             || t == 0
             || nkv == 0
             || nh % nkv != 0
@@ -102,7 +70,7 @@ impl GpuModel {
             return Ok(false);
         }
         // 8 warps (128 rows) per block where the shared memory allows, else 4.
-        let limit = tc::max_smem_optin();
+        let limit = self.dev.max_shared_per_block();
         let warps = if tc::smem_bytes(hd, self.kv_f32, 8) <= limit {
             8
         } else if tc::smem_bytes(hd, self.kv_f32, 4) <= limit {
