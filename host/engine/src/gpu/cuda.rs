@@ -144,40 +144,19 @@ impl Device {
         unsafe { cbs::cublasSetStream_v2(cublas, stream as cbs::cudaStream_t) }
             .result()
             .map_err(|e| anyhow::anyhow!("cuBLAS stream: {e:?}"))?;
-        let mut sms = 0i32;
-        check(
-            unsafe {
-                sys::cuDeviceGetAttribute(
-                    &mut sms,
-                    sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
-                    ctx.cu_device(),
-                )
-            },
-            "device attribute",
-        )?;
+        let attr = |a: sys::CUdevice_attribute| -> Result<i32> {
+            let mut v = 0i32;
+            check(
+                unsafe { sys::cuDeviceGetAttribute(&mut v, a, ctx.cu_device()) },
+                "device attribute",
+            )?;
+            Ok(v)
+        };
+        use sys::CUdevice_attribute as A;
+        let sms = attr(A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
+        let major = attr(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?;
+        let max_smem = attr(A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)?;
         let env_on = |k: &str| std::env::var_os(k).is_some_and(|v| v != "0");
-        let mut major = 0i32;
-        check(
-            unsafe {
-                sys::cuDeviceGetAttribute(
-                    &mut major,
-                    sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR,
-                    ctx.cu_device(),
-                )
-            },
-            "device attribute",
-        )?;
-        let mut max_smem = 0i32;
-        check(
-            unsafe {
-                sys::cuDeviceGetAttribute(
-                    &mut max_smem,
-                    sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
-                    ctx.cu_device(),
-                )
-            },
-            "device attribute",
-        )?;
         Ok(Device {
             pdl: major >= 9 && std::env::var("QWASI_PDL").as_deref() != Ok("0"),
             ctx,
