@@ -57,9 +57,9 @@ pub fn run(a: Args) -> Result<()> {
         Workload::Speed => speed::run(
             &a.speed,
             a.runs.unwrap_or(5),
-            a.out
-                .clone()
-                .unwrap_or_else(|| format!("benchmarks/speed-{}.json", a.speed.backend).into()),
+            a.out.clone().unwrap_or_else(|| {
+                format!("benchmarks/speed-{}.json", a.speed.gpu_backend()).into()
+            }),
         ),
     }
 }
@@ -79,7 +79,13 @@ fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
 }
 
+/// The commit of this binary: `QWASI_COMMIT` at build time (how the GPU
+/// binaries carried to the device are stamped), else `git rev-parse HEAD` in
+/// the current directory. Reports read it when they start.
 fn commit() -> String {
+    if let Some(c) = option_env!("QWASI_COMMIT") {
+        return c.to_string();
+    }
     std::process::Command::new("git")
         .args(["rev-parse", "HEAD"])
         .output()

@@ -102,7 +102,9 @@ pub struct Args {
     /// Record this server in DIR (for `qwasi status` / `qwasi stop`).
     #[arg(long, value_name = "DIR")]
     pub state_dir: Option<PathBuf>,
-    /// Prefix-cache budget in MiB (host memory on the cpu backend; 0 = off).
+    /// Prefix-cache budget in MiB (0 = off): host memory on the cpu backend,
+    /// device memory on cuda/hip, where a snapshot is a full copy of the KV
+    /// prefix (~40 KiB per token of the 35B-A3B model with the f32 KV cache).
     #[arg(long, default_value_t = 1024)]
     pub prefix_cache_mib: usize,
     /// Snapshot every N prompt tokens during long prefills (0 = only at

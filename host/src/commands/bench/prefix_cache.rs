@@ -8,9 +8,8 @@
 //! was chosen).
 //!
 //! Backends. The CPU (`--model DIR` or the embedded demo model) unless
-//! `--backend` is given on the command line: `--backend` defaults to the GPU
-//! of the build for the speed workload, but this workload stays on the CPU
-//! without it. `--backend cuda|hip` (a `--features cuda|hip` build) runs the
+//! `--backend` says otherwise (without it the speed workload takes the GPU of
+//! the build, this one the CPU). `--backend cuda|hip` (a `--features cuda|hip` build) runs the
 //! speed workload's synthetic model (`--synthetic`, `--layers`, same seed)
 //! after the reference fixtures (`--fixtures`) have checked this build, and
 //! differs from the CPU run where the device does:
@@ -99,21 +98,8 @@ const GPU_TOLERANCE: f32 = 0.05;
 /// Greedy tokens the first run of each prefix compares.
 const COMPARED: usize = 8;
 
-/// `--backend` was given on the command line (its clap default is the GPU of
-/// the build, which the speed workload wants and this one does not).
-fn backend_given() -> bool {
-    std::env::args_os().skip(1).any(|a| {
-        let a = a.to_string_lossy();
-        a == "--backend" || a.starts_with("--backend=")
-    })
-}
-
 pub fn run(a: &Args) -> Result<()> {
-    let backend = if backend_given() {
-        a.speed.backend.as_str()
-    } else {
-        "cpu"
-    };
+    let backend = a.speed.backend.as_deref().unwrap_or("cpu");
     match backend {
         "cpu" => cpu(a),
         "cuda" if !cfg!(feature = "cuda") => {
@@ -612,6 +598,7 @@ fn cpu(a: &Args) -> Result<()> {
     let model_id = loaded.id.clone();
     let plan = Plan::new(a, false, loaded.config.max_position_embeddings)?;
     let model = Arc::new(CpuModel::new(loaded.config, loaded.weights));
+    let commit = super::commit();
     let m = measure(a, &plan, &model, &model_id, &machine["cpu"].to_string())?;
     let config = json!({
         "runs": plan.runs,
@@ -619,15 +606,7 @@ fn cpu(a: &Args) -> Result<()> {
         "prefix_cache_mib": plan.prefix_cache_mib,
         "kv_page_tokens": qwasi_engine::cpu::attention::PAGE_TOKENS,
     });
-    let report = report(
-        "cpu",
-        &model_id,
-        super::commit(),
-        machine,
-        config,
-        &m,
-        started,
-    );
+    let report = report("cpu", &model_id, commit, machine, config, &m, started);
     write(
         &report,
         &out,
@@ -762,7 +741,7 @@ fn gpu(a: &Args, backend: &str) -> Result<()> {
     let mut r = report(
         backend,
         &model_id,
-        speed::commit(),
+        super::commit(),
         machine,
         config,
         &measured,

@@ -18,11 +18,10 @@ use std::path::{Path, PathBuf};
 
 #[derive(clap::Args)]
 pub struct SpeedArgs {
-    /// Backend of the speed workload (cuda, or hip in a `--features hip` build).
-    /// The prefix-cache workload ignores this default: it runs on the CPU
-    /// unless `--backend` (cpu, cuda or hip) is on the command line.
-    #[arg(long, default_value = DEFAULT_BACKEND)]
-    pub backend: String,
+    /// Backend: speed defaults to the GPU of the build (cuda, or hip in a
+    /// `--features hip` build); prefix-cache to cpu (also cuda or hip).
+    #[arg(long)]
+    pub backend: Option<String>,
     /// Seeded random weights of this geometry, generated on the GPU.
     #[arg(long, value_name = "PRESET", default_value = "qwen3.6-35b-a3b")]
     pub synthetic: String,
@@ -72,11 +71,6 @@ fn stats(v: &[f64]) -> Value {
 }
 
 #[cfg_attr(not(any(feature = "cuda", feature = "hip")), allow(dead_code))]
-pub fn commit() -> String {
-    option_env!("QWASI_COMMIT")
-        .map(str::to_string)
-        .unwrap_or_else(super::commit)
-}
 
 /// The GPU backend of this build (cuda wins when both features are on).
 const DEFAULT_BACKEND: &str = if cfg!(all(feature = "hip", not(feature = "cuda"))) {
@@ -85,8 +79,15 @@ const DEFAULT_BACKEND: &str = if cfg!(all(feature = "hip", not(feature = "cuda")
     "cuda"
 };
 
+impl SpeedArgs {
+    /// `--backend`, or the GPU of this build.
+    pub fn gpu_backend(&self) -> &str {
+        self.backend.as_deref().unwrap_or(DEFAULT_BACKEND)
+    }
+}
+
 pub fn run(a: &SpeedArgs, runs: usize, out: PathBuf) -> Result<()> {
-    match a.backend.as_str() {
+    match a.gpu_backend() {
         "cuda" if !cfg!(feature = "cuda") => {
             bail!("this qwasi was built without the cuda backend; rebuild with `--features cuda`")
         }
@@ -301,7 +302,7 @@ fn imp(a: &SpeedArgs, runs: usize, out: &Path) -> Result<()> {
     }
     let report = json!({
         "what": "batch-1 TTFT and greedy decode on synthetic weights (qwasi bench --workload speed)",
-        "commit": commit(),
+        "commit": super::commit(),
         "gpu": model.device_name(),
         "command": std::env::args().collect::<Vec<_>>().join(" "),
         "preset": a.synthetic,
