@@ -70,8 +70,6 @@ fn stats(v: &[f64]) -> Value {
     })
 }
 
-#[cfg_attr(not(any(feature = "cuda", feature = "hip")), allow(dead_code))]
-
 /// The GPU backend of this build (cuda wins when both features are on).
 const DEFAULT_BACKEND: &str = if cfg!(all(feature = "hip", not(feature = "cuda"))) {
     "hip"
