@@ -760,3 +760,131 @@ async fn logits_count_against_the_budget() {
     assert_eq!(h.cache().stats().bytes, one);
     assert!(h.dump()[0].4);
 }
+
+/// Snapshots that own all their bytes, like the GPU backend's device copies
+/// (no shared pages), with the bytes of the live ones tracked.
+struct Copied {
+    inner: Box<dyn SeqSnapshot>,
+    bytes: usize,
+    live: Arc<AtomicUsize>,
+}
+
+impl Drop for Copied {
+    fn drop(&mut self) {
+        self.live.fetch_sub(self.bytes, Ordering::SeqCst);
+    }
+}
+
+impl SeqSnapshot for Copied {
+    fn position(&self) -> usize {
+        self.inner.position()
+    }
+    fn private_bytes(&self) -> usize {
+        self.bytes
+    }
+    fn pages(&self) -> Vec<(u64, usize)> {
+        Vec::new()
+    }
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}
+
+/// The CPU model behind full-copy snapshots; `peak` is the most snapshot
+/// bytes alive at once.
+struct FullCopies {
+    model: Arc<CpuModel>,
+    live: Arc<AtomicUsize>,
+    peak: Arc<AtomicUsize>,
+}
+
+impl FullCopies {
+    fn bytes(snap: &dyn SeqSnapshot) -> usize {
+        snap.private_bytes() + snap.pages().iter().map(|p| p.1).sum::<usize>()
+    }
+}
+
+impl Backend for FullCopies {
+    type Sequence = CpuSequence;
+    fn name(&self) -> &'static str {
+        "full-copies"
+    }
+    fn config(&self) -> &ModelConfig {
+        self.model.config()
+    }
+    fn new_sequence(&self) -> CpuSequence {
+        self.model.new_sequence()
+    }
+    fn position(&self, seq: &CpuSequence) -> usize {
+        seq.position()
+    }
+    fn forward(&self, seq: &mut CpuSequence, tokens: &[u32]) -> Result<Vec<f32>> {
+        self.model.forward(seq, tokens)
+    }
+    fn extend(&self, seq: &mut CpuSequence, tokens: &[u32]) -> Result<()> {
+        self.model.extend(seq, tokens)
+    }
+    fn snapshot(&self, seq: &CpuSequence) -> Option<Box<dyn SeqSnapshot>> {
+        let inner = self.model.snapshot(seq)?;
+        let bytes = Self::bytes(&*inner);
+        let now = self.live.fetch_add(bytes, Ordering::SeqCst) + bytes;
+        self.peak.fetch_max(now, Ordering::SeqCst);
+        Some(Box::new(Copied {
+            inner,
+            bytes,
+            live: self.live.clone(),
+        }))
+    }
+    fn restore(&self, snap: &dyn SeqSnapshot) -> Option<CpuSequence> {
+        let c = snap.as_any().downcast_ref::<Copied>()?;
+        self.model.restore(&*c.inner)
+    }
+}
+
+#[tokio::test]
+async fn pending_full_copy_snapshots_stay_within_the_budget() {
+    // A 300-token prompt snapshotted every 16 tokens: 18 interval copies, the
+    // prompt's end and the generation's end, ~10.5 end-sized copies in all,
+    // under a budget of 3 (room for both ends; the intervals go first).
+    let model = model();
+    let full = prompt(300, 40);
+    let end = {
+        let mut seq = model.new_sequence();
+        model.extend(&mut seq, &full).unwrap();
+        FullCopies::bytes(&*model.snapshot(&seq).unwrap())
+    };
+    let budget = 3 * end;
+    let (live, peak) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let backend = FullCopies {
+        model: model.clone(),
+        live: live.clone(),
+        peak: peak.clone(),
+    };
+    let cfg = ServiceConfig {
+        prefix_cache_bytes: budget,
+        snapshot_interval: 16,
+        ..ServiceConfig::default()
+    };
+    let svc = EngineService::start(backend, None, "tiny".into(), cfg);
+    let r = req(&full, 4);
+    let mut h = svc.submit(r.clone(), SubmitOptions::default()).await.unwrap();
+    let out = collect(&mut h).await;
+    // Pending copies never held more than the budget plus the newest one.
+    let peak = peak.load(Ordering::SeqCst);
+    assert!(peak <= budget + end, "peak {peak} > budget {budget} + {end}");
+    // The deepest snapshots were kept: the prompt's end is a full hit now,
+    // and the output is the cold run's.
+    let (cold_tokens, cold_steps) = cold(&model, &r);
+    assert_same("first", &out, &cold_tokens, &cold_steps);
+    let mut h = svc.submit(r.clone(), SubmitOptions::default()).await.unwrap();
+    let again = collect(&mut h).await;
+    assert_eq!(again.usage().cached_tokens as usize, full.len());
+    assert_same("again", &again, &cold_tokens, &cold_steps);
+    let cache = svc.prefix_cache().unwrap();
+    let stats = cache.stats();
+    assert!(stats.bytes <= budget, "{stats:?}");
+    // Only the cached copies are alive (their bytes plus stored logits).
+    assert!(live.load(Ordering::SeqCst) <= stats.bytes);
+    cache.clear();
+    assert_eq!(live.load(Ordering::SeqCst), 0, "snapshot bytes leaked");
+}
