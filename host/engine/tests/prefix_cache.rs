@@ -867,16 +867,25 @@ async fn pending_full_copy_snapshots_stay_within_the_budget() {
     };
     let svc = EngineService::start(backend, None, "tiny".into(), cfg);
     let r = req(&full, 4);
-    let mut h = svc.submit(r.clone(), SubmitOptions::default()).await.unwrap();
+    let mut h = svc
+        .submit(r.clone(), SubmitOptions::default())
+        .await
+        .unwrap();
     let out = collect(&mut h).await;
     // Pending copies never held more than the budget plus the newest one.
     let peak = peak.load(Ordering::SeqCst);
-    assert!(peak <= budget + end, "peak {peak} > budget {budget} + {end}");
+    assert!(
+        peak <= budget + end,
+        "peak {peak} > budget {budget} + {end}"
+    );
     // The deepest snapshots were kept: the prompt's end is a full hit now,
     // and the output is the cold run's.
     let (cold_tokens, cold_steps) = cold(&model, &r);
     assert_same("first", &out, &cold_tokens, &cold_steps);
-    let mut h = svc.submit(r.clone(), SubmitOptions::default()).await.unwrap();
+    let mut h = svc
+        .submit(r.clone(), SubmitOptions::default())
+        .await
+        .unwrap();
     let again = collect(&mut h).await;
     assert_eq!(again.usage().cached_tokens as usize, full.len());
     assert_same("again", &again, &cold_tokens, &cold_steps);
