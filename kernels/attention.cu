@@ -1,7 +1,7 @@
 // Gated full attention: q/k (1+w) RMSNorm + partial rotate-half RoPE + KV-cache
 // append, then causal GQA attention split over the key length with an online
 // softmax per warp, and a combine step that applies the sigmoid output gate.
-#include "compat.h"
+#include "mma.h"
 
 __device__ __forceinline__ float kv_load(const bf16_t* p) { return bf2f(*p); }
 __device__ __forceinline__ float kv_load(const float* p) { return *p; }
@@ -435,42 +435,6 @@ ATTN_FLASH(attn_flash_bf16, bf16_t)
 
 #if defined(QW_CUDA)
 
-__device__ __forceinline__ unsigned tc_saddr(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
-
-__device__ __forceinline__ void tc_ldsm(unsigned addr, unsigned (&r)[4]) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr));
-}
-
-__device__ __forceinline__ void tc_ldsm_t(unsigned addr, unsigned (&r)[4]) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr));
-}
-
-// c += A B (m16n8k16, bf16 in, f32 accumulate).
-__device__ __forceinline__ void tc_mma(float (&c)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%0, %1, %2, %3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-// Two floats as bf16x2 (round to nearest even), x0 in the low half (the lower k / column).
-__device__ __forceinline__ unsigned tc_pack(float x0, float x1) {
-    unsigned d;
-    asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(d) : "f"(x1), "f"(x0));
-    return d;
-}
-
-// hi = bf16(x), lo = bf16(x - hi), for a pair.
-__device__ __forceinline__ void tc_split(float x0, float x1, unsigned& hi, unsigned& lo) {
-    hi = tc_pack(x0, x1);
-    lo = tc_pack(x0 - bf_lo(hi), x1 - bf_hi(hi));
-}
-
 // Keys [k0, k0 + TC_BK) of kv head kvh from the planes gh (and gl when LO),
 // [pos][nkv][hd] bf16, into the tiles sh, sl [TC_BK][ld] (16-byte cp.async chunks;
 // rows >= kend are zero-filled, no bytes read), one commit group.
@@ -479,18 +443,17 @@ __device__ __forceinline__ void tc_load(bf16_t* sh, bf16_t* sl, const bf16_t* __
                                         const bf16_t* __restrict__ gl, int k0, int kend, int nkv, int kvh, int hd,
                                         int ld) {
     const int cpr = hd >> 3;  // chunks per row
-    const unsigned ssh = tc_saddr(sh), ssl = tc_saddr(sl);
+    const unsigned ssh = smem_addr(sh), ssl = smem_addr(sl);
     for (int e = threadIdx.x; e < TC_BK * cpr; e += NW * WARP) {
         const int r = e / cpr, ch = e - r * cpr;
         const int key = k0 + r;
         const bool ok = key < kend;
         const size_t gofs = ((size_t)(ok ? key : 0) * nkv + kvh) * hd + 8 * ch;
         const unsigned so = (unsigned)(r * ld + 8 * ch) * 2;
-        const int n = ok ? 16 : 0;
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(ssh + so), "l"(gh + gofs), "r"(n));
-        if (LO) asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(ssl + so), "l"(gl + gofs), "r"(n));
+        cp_async16(ssh + so, gh + gofs, ok);
+        if (LO) cp_async16(ssl + so, gl + gofs, ok);
     }
-    asm volatile("cp.async.commit_group;\n" ::);
+    cp_async_commit();
 }
 
 template <bool LO, int HDC, int NW>
@@ -535,8 +498,8 @@ __device__ __forceinline__ void attn_flash_tc_impl(const float* __restrict__ q, 
                 v = *(const float4*)(q + ((size_t)t * nh + head) * hd + 4 * c4);
             }
             uint2 h, l;
-            tc_split(v.x, v.y, h.x, l.x);
-            tc_split(v.z, v.w, h.y, l.y);
+            split_bf16x2(v.x, v.y, h.x, l.x);
+            split_bf16x2(v.z, v.w, h.y, l.y);
             *(uint2*)(Qh + r * ld + 4 * c4) = h;
             *(uint2*)(Ql + r * ld + 4 * c4) = l;
         }
@@ -562,9 +525,9 @@ __device__ __forceinline__ void attn_flash_tc_impl(const float* __restrict__ q, 
     const int a_off = (16 * w + r8 + 8 * bit3) * ld + 8 * bit4;
     const int b_off = (r8 + 8 * bit4) * ld + 8 * bit3;
     const int v_off = (r8 + 8 * bit3) * ld + 8 * bit4;
-    const unsigned sQh = tc_saddr(Qh + a_off), sQl = tc_saddr(Ql + a_off);
-    const unsigned sKh = tc_saddr(Kh + b_off), sKl = tc_saddr(Kl + b_off);
-    const unsigned sVh = tc_saddr(Vh + v_off), sVl = tc_saddr(Vl + v_off);
+    const unsigned sQh = smem_addr(Qh + a_off), sQl = smem_addr(Ql + a_off);
+    const unsigned sKh = smem_addr(Kh + b_off), sKl = smem_addr(Kl + b_off);
+    const unsigned sVh = smem_addr(Vh + v_off), sVl = smem_addr(Vl + v_off);
 
     float o[DT][4];
 #pragma unroll
@@ -577,7 +540,7 @@ __device__ __forceinline__ void attn_flash_tc_impl(const float* __restrict__ q, 
     for (int jt = 0; jt < ntiles; jt++) {
         const int k0 = jt * TC_BK;
         const bool active = k0 <= warp_end;  // some row of this warp sees some key of the tile
-        asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+        cp_async_wait<0>();
         __syncthreads();  // K tile jt landed (and Q staged); every warp is done with V tile jt - 1
         tc_load<LO, NW>(Vh, Vl, vh_g, vl_g, k0, kend, nkv, kvh, hd, ld);
 
@@ -593,22 +556,22 @@ __device__ __forceinline__ void attn_flash_tc_impl(const float* __restrict__ q, 
             for (int kk = 0; kk < TC_MAXD / 16; kk++) {
                 if (kk * 16 < hd) {
                     unsigned qh[4], ql[4];
-                    tc_ldsm(sQh + kk * 32, qh);
-                    tc_ldsm(sQl + kk * 32, ql);
+                    ldmatrix_x4(qh, sQh + kk * 32);
+                    ldmatrix_x4(ql, sQl + kk * 32);
 #pragma unroll
                     for (int np = 0; np < NT / 2; np++) {
                         const unsigned kofs = (unsigned)(np * 16 * ld + kk * 16) * 2;
                         unsigned kh[4];
-                        tc_ldsm(sKh + kofs, kh);
-                        tc_mma(s[2 * np], qh, kh[0], kh[1]);
-                        tc_mma(s[2 * np + 1], qh, kh[2], kh[3]);
-                        tc_mma(sc[2 * np], ql, kh[0], kh[1]);
-                        tc_mma(sc[2 * np + 1], ql, kh[2], kh[3]);
+                        ldmatrix_x4(kh, sKh + kofs);
+                        mma_16816(s[2 * np], qh, kh[0], kh[1]);
+                        mma_16816(s[2 * np + 1], qh, kh[2], kh[3]);
+                        mma_16816(sc[2 * np], ql, kh[0], kh[1]);
+                        mma_16816(sc[2 * np + 1], ql, kh[2], kh[3]);
                         if (LO) {
                             unsigned kl[4];
-                            tc_ldsm(sKl + kofs, kl);
-                            tc_mma(sc[2 * np], qh, kl[0], kl[1]);
-                            tc_mma(sc[2 * np + 1], qh, kl[2], kl[3]);
+                            ldmatrix_x4(kl, sKl + kofs);
+                            mma_16816(sc[2 * np], qh, kl[0], kl[1]);
+                            mma_16816(sc[2 * np + 1], qh, kl[2], kl[3]);
                         }
                     }
                 }
@@ -655,7 +618,7 @@ __device__ __forceinline__ void attn_flash_tc_impl(const float* __restrict__ q, 
                 }
         }
 
-        asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+        cp_async_wait<0>();
         __syncthreads();  // V tile jt landed; every warp is done with K tile jt
         if (jt + 1 < ntiles) tc_load<LO, NW>(Kh, Kl, kh_g, kl_g, k0 + TC_BK, kend, nkv, kvh, hd, ld);
 
@@ -664,25 +627,25 @@ __device__ __forceinline__ void attn_flash_tc_impl(const float* __restrict__ q, 
 #pragma unroll
             for (int j = 0; j < TC_BK / 16; j++) {
                 unsigned ph[4], pl[4];
-                tc_split(s[2 * j][0], s[2 * j][1], ph[0], pl[0]);          // row g,     keys 16j + 2c
-                tc_split(s[2 * j][2], s[2 * j][3], ph[1], pl[1]);          // row g + 8, keys 16j + 2c
-                tc_split(s[2 * j + 1][0], s[2 * j + 1][1], ph[2], pl[2]);  // row g,     keys 16j + 8 + 2c
-                tc_split(s[2 * j + 1][2], s[2 * j + 1][3], ph[3], pl[3]);  // row g + 8, keys 16j + 8 + 2c
+                split_bf16x2(s[2 * j][0], s[2 * j][1], ph[0], pl[0]);          // row g,     keys 16j + 2c
+                split_bf16x2(s[2 * j][2], s[2 * j][3], ph[1], pl[1]);          // row g + 8, keys 16j + 2c
+                split_bf16x2(s[2 * j + 1][0], s[2 * j + 1][1], ph[2], pl[2]);  // row g,     keys 16j + 8 + 2c
+                split_bf16x2(s[2 * j + 1][2], s[2 * j + 1][3], ph[3], pl[3]);  // row g + 8, keys 16j + 8 + 2c
 #pragma unroll
                 for (int dp = 0; dp < DT / 2; dp++) {
                     if (dp * 16 < hd) {
                         const unsigned vofs = (unsigned)(j * 16 * ld + dp * 16) * 2;
                         unsigned vh[4];
-                        tc_ldsm_t(sVh + vofs, vh);
-                        tc_mma(o[2 * dp], ph, vh[0], vh[1]);
-                        tc_mma(o[2 * dp + 1], ph, vh[2], vh[3]);
-                        tc_mma(o[2 * dp], pl, vh[0], vh[1]);
-                        tc_mma(o[2 * dp + 1], pl, vh[2], vh[3]);
+                        ldmatrix_x4_trans(vh, sVh + vofs);
+                        mma_16816(o[2 * dp], ph, vh[0], vh[1]);
+                        mma_16816(o[2 * dp + 1], ph, vh[2], vh[3]);
+                        mma_16816(o[2 * dp], pl, vh[0], vh[1]);
+                        mma_16816(o[2 * dp + 1], pl, vh[2], vh[3]);
                         if (LO) {
                             unsigned vl[4];
-                            tc_ldsm_t(sVl + vofs, vl);
-                            tc_mma(o[2 * dp], ph, vl[0], vl[1]);
-                            tc_mma(o[2 * dp + 1], ph, vl[2], vl[3]);
+                            ldmatrix_x4_trans(vl, sVl + vofs);
+                            mma_16816(o[2 * dp], ph, vl[0], vl[1]);
+                            mma_16816(o[2 * dp + 1], ph, vl[2], vl[3]);
                         }
                     }
                 }
@@ -732,12 +695,12 @@ QW_KERNEL void QW_BOUNDS(256) attn_kv_split(const float* __restrict__ kc, const 
          e += (long long)gridDim.x * blockDim.x) {
         const float4 k = ((const float4*)kc)[e], v = ((const float4*)vc)[e];
         uint2 h, l;
-        tc_split(k.x, k.y, h.x, l.x);
-        tc_split(k.z, k.w, h.y, l.y);
+        split_bf16x2(k.x, k.y, h.x, l.x);
+        split_bf16x2(k.z, k.w, h.y, l.y);
         ((uint2*)kh)[e] = h;
         ((uint2*)kl)[e] = l;
-        tc_split(v.x, v.y, h.x, l.x);
-        tc_split(v.z, v.w, h.y, l.y);
+        split_bf16x2(v.x, v.y, h.x, l.x);
+        split_bf16x2(v.z, v.w, h.y, l.y);
         ((uint2*)vh)[e] = h;
         ((uint2*)vl)[e] = l;
     }

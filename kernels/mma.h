@@ -17,24 +17,52 @@ __device__ __forceinline__ void mma_16816(float* d, const unsigned* a, unsigned 
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// Four 8x8 b16 matrices from shared memory; lane l addresses row l % 8 of matrix l / 8.
-__device__ __forceinline__ void ldmatrix_x4(unsigned* r, const void* smem_row) {
-    unsigned s = (unsigned)__cvta_generic_to_shared(smem_row);
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+// A generic pointer into shared memory as a shared-window address.
+__device__ __forceinline__ unsigned smem_addr(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
+
+// Four 8x8 b16 matrices from shared memory; lane l addresses row l % 8 of
+// matrix l / 8; register i of lane (g, c) gets M_i[g][2c, 2c+1].
+__device__ __forceinline__ void ldmatrix_x4(unsigned* r, unsigned saddr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(s));
+                 : "r"(saddr));
+}
+__device__ __forceinline__ void ldmatrix_x4(unsigned* r, const void* smem_row) {
+    ldmatrix_x4(r, smem_addr(smem_row));
+}
+
+// The same, transposed: register i of lane (g, c) gets M_i[2c, 2c+1][g].
+__device__ __forceinline__ void ldmatrix_x4_trans(unsigned* r, unsigned saddr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(saddr));
 }
 
 // 16 bytes global -> shared, asynchronously; zero-filled when !valid (gmem is not read).
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool valid) {
-    unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+__device__ __forceinline__ void cp_async16(unsigned saddr, const void* gmem, bool valid) {
     int n = valid ? 16 : 0;
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(n));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(saddr), "l"(gmem), "r"(n));
+}
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool valid) {
+    cp_async16(smem_addr(smem), gmem, valid);
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+// Two floats as bf16x2 (round to nearest even), x0 in the low half (the lower k / column).
+__device__ __forceinline__ unsigned pack_bf16x2(float x0, float x1) {
+    unsigned d;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(d) : "f"(x1), "f"(x0));
+    return d;
+}
+
+// hi = bf16(x), lo = bf16(x - hi), for a pair: split-precision operands.
+__device__ __forceinline__ void split_bf16x2(float x0, float x1, unsigned& hi, unsigned& lo) {
+    hi = pack_bf16x2(x0, x1);
+    lo = pack_bf16x2(x0 - bf_lo(hi), x1 - bf_hi(hi));
 }
 
 #endif
