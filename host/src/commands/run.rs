@@ -41,9 +41,10 @@ pub struct Args {
     /// Longest prompt + completion (0 = the model's context length).
     #[arg(long, default_value_t = 0)]
     pub max_model_len: usize,
-    /// Prefix-cache budget in MiB (0 = off).
-    #[arg(long, default_value_t = 1024)]
-    pub prefix_cache_mib: usize,
+    /// Prefix-cache budget in MiB (0 = off; default as `qwasi serve`: 1024
+    /// on the cpu backend, a quarter of the free device memory on cuda/hip).
+    #[arg(long)]
+    pub prefix_cache_mib: Option<usize>,
     /// Directory for compiled components (default: ~/.cache/qwasi/components).
     #[arg(long, value_name = "DIR")]
     pub compile_cache: Option<PathBuf>,
@@ -125,12 +126,18 @@ pub fn run(a: Args) -> Result<i32> {
         // A command's requests wait as long as they need to.
         queue_timeout: Duration::ZERO,
         max_model_len: a.max_model_len,
-        prefix_cache_bytes: a.prefix_cache_mib << 20,
+        prefix_cache_bytes: a.prefix_cache_mib.unwrap_or(serve::CPU_PREFIX_CACHE_MIB) << 20,
         ..ServiceConfig::default()
     };
     let StartedEngine {
         shared, is_demo, ..
-    } = serve::start_engine(a.model.model.as_deref(), &a.backend, service_config, None)?;
+    } = serve::start_engine(
+        a.model.model.as_deref(),
+        &a.backend,
+        service_config,
+        a.prefix_cache_mib.is_none(),
+        None,
+    )?;
     if is_demo {
         eprintln!("note: using the embedded demo model (random weights: its text is meaningless)");
     }

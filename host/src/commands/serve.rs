@@ -102,11 +102,12 @@ pub struct Args {
     /// Record this server in DIR (for `qwasi status` / `qwasi stop`).
     #[arg(long, value_name = "DIR")]
     pub state_dir: Option<PathBuf>,
-    /// Prefix-cache budget in MiB (0 = off): host memory on the cpu backend,
-    /// device memory on cuda/hip, where a snapshot is a full copy of the KV
+    /// Prefix-cache budget in MiB (0 = off): host memory on the cpu backend
+    /// (default 1024), device memory on cuda/hip (default: a quarter of what
+    /// the weights leave free), where a snapshot is a full copy of the KV
     /// prefix (~40 KiB per token of the 35B-A3B model with the f32 KV cache).
-    #[arg(long, default_value_t = 1024)]
-    pub prefix_cache_mib: usize,
+    #[arg(long)]
+    pub prefix_cache_mib: Option<usize>,
     /// Snapshot every N prompt tokens during long prefills (0 = only at
     /// prompt ends, message boundaries and generation ends).
     #[arg(long, default_value_t = qwasi_engine::service::DEFAULT_SNAPSHOT_INTERVAL)]
@@ -419,12 +420,36 @@ pub struct StartedEngine {
 
 /// Loads the model and starts the engine service on `backend` (blocking);
 /// `serve` and `run` share it.
+/// The prefix-cache budget of the cpu backend without `--prefix-cache-mib`.
+pub const CPU_PREFIX_CACHE_MIB: usize = 1024;
+
+/// The device-memory prefix-cache budget without `--prefix-cache-mib`: a
+/// quarter of what the weights leave free, the rest for KV caches and work
+/// buffers (an H200 with the 35B model: ~20 GB, a 131K-token prefix is 5.4 GB).
+#[cfg(any(feature = "cuda", feature = "hip"))]
+fn gpu_prefix_cache(gpu: &qwasi_engine::gpu::model::GpuModel, config: &mut ServiceConfig) {
+    let (used, total) = gpu.memory_used();
+    config.prefix_cache_bytes = (total.saturating_sub(used) / 4) & !((1 << 20) - 1);
+    eprintln!(
+        "[gpu] prefix cache: {} MiB of device memory (a quarter of the free memory; --prefix-cache-mib sets it)",
+        config.prefix_cache_bytes >> 20
+    );
+}
+
+/// Loads the model on `backend` and starts the engine service. `service_config`
+/// carries the prefix-cache budget; with `gpu_budget_auto` a GPU backend sizes
+/// it from its free device memory instead.
 pub fn start_engine(
     model: Option<&Path>,
     backend: &str,
     service_config: ServiceConfig,
+    gpu_budget_auto: bool,
     scripted_turns: Option<&Path>,
 ) -> Result<StartedEngine> {
+    #[cfg_attr(not(any(feature = "cuda", feature = "hip")), allow(unused_mut))]
+    let mut service_config = service_config;
+    #[cfg(not(any(feature = "cuda", feature = "hip")))]
+    let _ = gpu_budget_auto;
     let t0 = std::time::Instant::now();
     let max_prompt_tokens = service_config.max_prompt_tokens as u32;
     let max_completion_tokens = service_config.max_completion_tokens as u32;
@@ -444,12 +469,18 @@ pub fn start_engine(
         "cuda" => {
             let gpu = qwasi_engine::gpu::model::GpuModel::new(config, &weights)?;
             drop(weights);
+            if gpu_budget_auto {
+                gpu_prefix_cache(&gpu, &mut service_config);
+            }
             start_service(gpu, scripted_turns, &tokenizer, &id, service_config)?
         }
         #[cfg(all(feature = "hip", not(feature = "cuda")))]
         "hip" => {
             let gpu = qwasi_engine::gpu::model::GpuModel::new(config, &weights)?;
             drop(weights);
+            if gpu_budget_auto {
+                gpu_prefix_cache(&gpu, &mut service_config);
+            }
             start_service(gpu, scripted_turns, &tokenizer, &id, service_config)?
         }
         _ => start_service(
@@ -496,7 +527,7 @@ fn load(a: &Args) -> Result<(Runtime, String)> {
         max_model_len: a.max_model_len,
         max_prompt_tokens: a.max_prompt_tokens,
         max_completion_tokens: a.max_completion_tokens,
-        prefix_cache_bytes: a.prefix_cache_mib << 20,
+        prefix_cache_bytes: a.prefix_cache_mib.unwrap_or(CPU_PREFIX_CACHE_MIB) << 20,
         snapshot_interval: a.snapshot_interval,
     };
     let StartedEngine {
@@ -508,6 +539,7 @@ fn load(a: &Args) -> Result<(Runtime, String)> {
         a.model.model.as_deref(),
         &a.backend,
         service_config,
+        a.prefix_cache_mib.is_none(),
         a.scripted_turns.as_deref(),
     )?;
 
