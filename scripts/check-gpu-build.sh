@@ -3,7 +3,7 @@
 #   - kernels/*.cu with nvcc 13.0 (sm_90a SASS + sm_80 SASS/PTX) and hipcc (gfx1030
 #     or $QWASI_HIP_ARCHS);
 #   - cargo check of the engine and the qwasi binary with --features cuda and --features hip,
-#     clippy -D warnings of the engine with each;
+#     clippy -D warnings of the engine with each, the GPU model's unit tests (host logic);
 #   - without a GPU, the CUDA example binary and `qwasi verify --backend hip` fail
 #     with their clear "no CUDA driver" / "no HIP runtime|device" message.
 # Installs the toolchains first when missing (scripts/install-gpu-toolchains.sh).
@@ -30,6 +30,8 @@ cargo check -p qwasi --features cuda
 cargo check -p qwasi --features hip
 cargo clippy -p qwasi-engine --features cuda --all-targets -- -D warnings
 cargo clippy -p qwasi-engine --features hip --all-targets -- -D warnings
+# The GPU model's host-side logic (tile tables, KV growth) needs no GPU.
+cargo test -q -p qwasi-engine --features cuda --lib gpu::
 # Without a GPU the backend must say so, not crash.
 cargo run -q -p qwasi-engine --features cuda --example gpu_verify -- --no-fixtures --synthetic qwen3.6-35b-a3b --layers 1 \
   && echo "gpu_verify ran (a GPU is present)" \

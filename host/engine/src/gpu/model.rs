@@ -194,6 +194,16 @@ fn moe_tiles(counts: &[i32], bm: usize) -> Vec<i32> {
     tiles
 }
 
+/// KV rows to allocate for `need` tokens when `cur` are allocated: room for
+/// what usually follows (the next prompt pass, the reply; also more key
+/// splits for decode attention, whose count follows the capacity), at least
+/// doubling, at most `max_len` (unless `need` is more: the caller refuses it).
+fn kv_capacity(need: usize, cur: usize, max_len: usize) -> usize {
+    (need + 4096.max(need / 8))
+        .max(cur * 2)
+        .min(max_len.max(need))
+}
+
 /// Largest expert count and top-k of the MoE kernels (`MOE_MAXE`, `MOE_MAXK` in kernels/compat.h).
 const MOE_MAXE: usize = 1024;
 const MOE_MAXK: usize = 32;
@@ -674,14 +684,8 @@ impl GpuModel {
     }
 
     /// Grows every KV cache of the sequence to hold `need` tokens.
-    /// KV rows to allocate for `need` tokens when `cur` are allocated: room
-    /// for what usually follows (the next prompt pass, the reply; also more
-    /// key splits for decode attention, whose count follows the capacity), at
-    /// least doubling, at most `max_len`.
     fn kv_capacity(&self, need: usize, cur: usize) -> usize {
-        (need + 4096.max(need / 8))
-            .max(cur * 2)
-            .min(self.max_len.max(need))
+        kv_capacity(need, cur, self.max_len)
     }
 
     fn reserve(&self, seq: &mut GpuSequence, need: usize) -> Result<()> {
@@ -1720,4 +1724,49 @@ fn next_sequence_id() -> u64 {
 /// Host-side bf16 helper for tests.
 pub fn to_bf16(v: &[f32]) -> Vec<bf16> {
     v.iter().map(|&x| bf16::from_f32(x)).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn expert_tiles_cover_every_row_once_in_order() {
+        let counts = [0, 3, 130, 0, 64, 1];
+        for bm in [64, 128] {
+            let t = moe_tiles(&counts, bm);
+            let tiles: Vec<&[i32]> = t.chunks(3).collect();
+            // Rows 0.. in order, each tile within one expert and at most bm rows.
+            let mut next = 0;
+            for tile in &tiles {
+                let (e, first, rows) = (tile[0] as usize, tile[1], tile[2]);
+                assert_eq!(first, next);
+                assert!(rows > 0 && rows as usize <= bm);
+                let start: i32 = counts[..e].iter().sum();
+                assert!(first >= start && first + rows <= start + counts[e]);
+                next += rows;
+            }
+            assert_eq!(next, counts.iter().sum::<i32>());
+            let want = if bm == 64 {
+                1 + 3 + 1 + 1
+            } else {
+                1 + 2 + 1 + 1
+            };
+            assert_eq!(tiles.len(), want, "bm {bm}");
+        }
+        assert!(moe_tiles(&[0, 0], 64).is_empty());
+    }
+
+    #[test]
+    fn kv_capacity_leaves_room_doubles_and_stops_at_the_limit() {
+        // A fresh 512-token prompt: 4,096 rows of room.
+        assert_eq!(kv_capacity(512, 0, 262_144), 4608);
+        // Growing: at least double what is there.
+        assert_eq!(kv_capacity(4609, 4608, 262_144), 9216);
+        // Long prompts: an eighth more.
+        assert_eq!(kv_capacity(131_072, 0, 262_144), 147_456);
+        // Never past the limit, unless the need itself is.
+        assert_eq!(kv_capacity(260_000, 160_000, 262_144), 262_144);
+        assert_eq!(kv_capacity(300_000, 0, 262_144), 300_000);
+    }
 }
