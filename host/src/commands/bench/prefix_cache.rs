@@ -695,8 +695,8 @@ fn gpu(a: &Args, backend: &str) -> Result<()> {
         total as f64 / 1e9
     );
 
-    // Beyond the cache: the running sequence (KV capacity doubles: up to
-    // twice the prompt) and the request's two staged snapshots.
+    // Beyond the cache: the running sequence (its KV capacity is at most
+    // twice the prompt while it grows) and the request's two staged snapshots.
     let want = budget + 4 * snap(prompt + COMPARED);
     if want > total.saturating_sub(after_load) {
         eprintln!(
