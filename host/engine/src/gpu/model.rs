@@ -24,7 +24,7 @@ use crate::weights::{Mixer, Mlp, Weights};
 use anyhow::{Context, Result, bail};
 use half::bf16;
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 /// How multi-token projections run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -152,8 +152,18 @@ pub struct GpuSequence {
 }
 
 enum SeqLayer {
-    Gdn { conv: DBuf, s: DBuf },
-    Attn { k: DBuf, v: DBuf },
+    Gdn {
+        conv: DBuf,
+        s: DBuf,
+    },
+    /// Rows `[0, pos)` of a KV buffer are never written again (the cache only
+    /// appends), so snapshots share the buffers (`Arc`) instead of copying
+    /// them; a sequence restored from one copies its rows into buffers of its
+    /// own before it appends.
+    Attn {
+        k: Arc<DBuf>,
+        v: Arc<DBuf>,
+    },
 }
 
 /// Longest token run one pass handles (longer prompts are split).
@@ -670,8 +680,8 @@ impl GpuModel {
                     )?,
                 },
                 LayerKind::Full => SeqLayer::Attn {
-                    k: self.dev.alloc(256)?,
-                    v: self.dev.alloc(256)?,
+                    k: Arc::new(self.dev.alloc(256)?),
+                    v: Arc::new(self.dev.alloc(256)?),
                 },
             });
         }
@@ -701,8 +711,8 @@ impl GpuModel {
                 let nv = self.dev.alloc(cap * row).context("growing the KV cache")?;
                 self.dev.dtod(nk.ptr(), k.ptr(), seq.pos * row)?;
                 self.dev.dtod(nv.ptr(), v.ptr(), seq.pos * row)?;
-                *k = nk;
-                *v = nv;
+                *k = Arc::new(nk);
+                *v = Arc::new(nv);
             }
         }
         seq.cap = cap;
@@ -1617,12 +1627,11 @@ impl Backend for GpuModel {
         Ok(())
     }
 
-    /// A full device copy of the sequence (GDN states and the KV prefix; no page
-    /// sharing yet). `None` when the copy cannot be allocated.
+    /// Device copies of the GDN states (66 MB for the 35B model) and shared
+    /// references to the KV buffers. `None` when the copies cannot be allocated.
     fn snapshot(&self, seq: &GpuSequence) -> Option<Box<dyn SeqSnapshot>> {
         let _guard = self.scratch.lock().unwrap();
         self.dev.bind().ok()?;
-        let row = self.kv_row_bytes();
         let mut layers = Vec::with_capacity(seq.layers.len());
         let mut bytes = 0;
         for l in &seq.layers {
@@ -1635,15 +1644,11 @@ impl Backend for GpuModel {
                     bytes += conv.bytes() + s.bytes();
                     SeqLayer::Gdn { conv: c, s: st }
                 }
-                SeqLayer::Attn { k, v } => {
-                    let n = seq.pos * row;
-                    let kk = self.dev.alloc(n).ok()?;
-                    let vv = self.dev.alloc(n).ok()?;
-                    self.dev.dtod(kk.ptr(), k.ptr(), n).ok()?;
-                    self.dev.dtod(vv.ptr(), v.ptr(), n).ok()?;
-                    bytes += 2 * n;
-                    SeqLayer::Attn { k: kk, v: vv }
-                }
+                // Shared: the sequence only appends past `pos`.
+                SeqLayer::Attn { k, v } => SeqLayer::Attn {
+                    k: k.clone(),
+                    v: v.clone(),
+                },
             });
         }
         Some(Box::new(GpuSnapshot {
@@ -1680,7 +1685,10 @@ impl Backend for GpuModel {
                     let vv = self.dev.alloc(cap * row).ok()?;
                     self.dev.dtod(kk.ptr(), k.ptr(), snap.pos * row).ok()?;
                     self.dev.dtod(vv.ptr(), v.ptr(), snap.pos * row).ok()?;
-                    SeqLayer::Attn { k: kk, v: vv }
+                    SeqLayer::Attn {
+                        k: Arc::new(kk),
+                        v: Arc::new(vv),
+                    }
                 }
             });
         }
@@ -1693,11 +1701,13 @@ impl Backend for GpuModel {
     }
 }
 
-/// An immutable device copy of a sequence at one position.
+/// A sequence at one position: device copies of its GDN states and shared
+/// references to its KV buffers (whose rows `[0, pos)` no one writes again).
 pub struct GpuSnapshot {
     pos: usize,
     kv_f32: bool,
     layers: Vec<SeqLayer>,
+    /// Bytes of the copied GDN states.
     bytes: usize,
 }
 
@@ -1708,8 +1718,16 @@ impl SeqSnapshot for GpuSnapshot {
     fn private_bytes(&self) -> usize {
         self.bytes
     }
+    /// The KV buffers, one page each (by device address: unique while alive),
+    /// so the prefix cache counts a buffer shared by several snapshots once.
     fn pages(&self) -> Vec<(u64, usize)> {
-        Vec::new()
+        self.layers
+            .iter()
+            .flat_map(|l| match l {
+                SeqLayer::Attn { k, v } => vec![(k.ptr(), k.bytes()), (v.ptr(), v.bytes())],
+                SeqLayer::Gdn { .. } => Vec::new(),
+            })
+            .collect()
     }
     fn as_any(&self) -> &dyn std::any::Any {
         self

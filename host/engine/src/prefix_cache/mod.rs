@@ -48,8 +48,8 @@ pub type Staged = Vec<StagedSnapshot>;
 /// Appends `s` to a request's staged snapshots, then drops the oldest (the
 /// shallowest: positions grow) while they hold more than `budget` bytes, so a
 /// long prompt cannot pin more memory in pending snapshots than the cache may
-/// hold (a GPU snapshot is a full copy of the KV rows: 5.4 GB at 131K tokens,
-/// one per snapshot interval otherwise). Pages shared between them count once.
+/// hold (snapshots that own their KV rows, as full copies would, cost GBs
+/// each at long contexts). Pages shared between them count once.
 pub fn stage_bounded(staged: &mut Staged, s: StagedSnapshot, budget: usize) {
     staged.push(s);
     while !staged.is_empty() && staged_bytes(staged) > budget {

@@ -17,12 +17,13 @@
 //!   prefill passes, chunked GDN chunks, attention tiles), so the logprobs
 //!   may differ by rounding: same greedy tokens and max |Δ logprob| ≤ 0.05
 //!   (top alternatives matched by id) pass; the CPU keeps 1e-5;
-//! * every GPU snapshot is a full device copy of the KV prefix and the GDN
-//!   states (no page sharing), so the TTFT runs snapshot only at prompt and
-//!   generation ends (`--snapshot-interval` 0), the sweep is off unless
-//!   `--intervals` is given, and the budget defaults to 32 GiB (a 131K
-//!   prefix alone is 5.4 GB of f32 KV); it is checked against the longest
-//!   prefix before the runs;
+//! * a GPU snapshot copies the GDN states and holds the sequence's whole KV
+//!   buffers (shared with the snapshots of the same sequence: its capacity,
+//!   up to about twice the position), so the TTFT runs snapshot only at
+//!   prompt and generation ends (`--snapshot-interval` 0), the sweep is off
+//!   unless `--intervals` is given, and the budget defaults to 32 GiB (a
+//!   131K prefix is 5.4 GB of f32 KV rows); it is checked against the
+//!   longest prefix before the runs;
 //! * one untimed warm-up request, a progress line per request on stderr,
 //!   and the device memory in use sampled every 20 ms (its maximum) in the
 //!   report.
@@ -60,7 +61,7 @@ pub struct PrefixCacheArgs {
     #[arg(long, value_name = "MIB")]
     prefix_cache_mib: Option<usize>,
     /// Snapshot interval of the TTFT runs (default: the service's, 1024, on
-    /// the CPU; 0 on a GPU, where every snapshot is a full device copy).
+    /// the CPU; 0 on a GPU, so that the cold runs time the prefill alone).
     #[arg(long, value_name = "TOKENS")]
     snapshot_interval: Option<usize>,
 }
@@ -620,22 +621,22 @@ fn gpu(_a: &Args, _backend: &str) -> Result<()> {
     unreachable!("run() refuses every GPU backend in a build without GPU features")
 }
 
-/// Bytes of a GPU snapshot at `pos` tokens (`GpuModel::snapshot`): the K and V
-/// rows of every attention layer, the conv window and state of every GDN layer.
+/// Bytes a GPU snapshot at `pos` tokens holds at most (`GpuModel::snapshot`):
+/// `(kv, gdn)`: the K and V buffers of every attention layer (the sequence's,
+/// shared; their capacity stays under 2 pos + 4096 rows) and the copied conv
+/// windows and states of every GDN layer.
 #[cfg(any(feature = "cuda", feature = "hip"))]
-fn gpu_snapshot_bytes(cfg: &ModelConfig, kv_f32: bool, pos: usize) -> usize {
+fn gpu_snapshot_bytes(cfg: &ModelConfig, kv_f32: bool, pos: usize) -> (usize, usize) {
     use qwasi_engine::config::LayerKind;
     let row = cfg.num_key_value_heads * cfg.head_dim * if kv_f32 { 4 } else { 2 };
     let gdn = 4
         * (cfg.linear_conv_dim() * (cfg.linear_conv_kernel - 1)
             + cfg.linear_num_value_heads * cfg.linear_key_head_dim * cfg.linear_value_head_dim);
-    cfg.layer_kinds
-        .iter()
-        .map(|k| match k {
-            LayerKind::Full => 2 * pos * row,
-            LayerKind::Linear => gdn,
-        })
-        .sum()
+    let count = |kind: LayerKind| cfg.layer_kinds.iter().filter(|&&k| k == kind).count();
+    (
+        count(LayerKind::Full) * 2 * (2 * pos + 4096) * row,
+        count(LayerKind::Linear) * gdn,
+    )
 }
 
 #[cfg(any(feature = "cuda", feature = "hip"))]
@@ -666,12 +667,14 @@ fn gpu(a: &Args, backend: &str) -> Result<()> {
     let longest = *a.prefix_cache.prefixes.iter().max().expect("non-empty");
     let prompt = longest + a.prefix_cache.new_tokens;
     let snap = |pos| gpu_snapshot_bytes(&cfg, kv_f32, pos);
-    let need = snap(longest) + 2 * snap(prompt + COMPARED) + 3 * 4 * cfg.vocab_size;
+    // The cold request's two snapshots share its KV buffers.
+    let ((kv_prefix, gdn), (kv_prompt, _)) = (snap(longest), snap(prompt + COMPARED));
+    let need = kv_prefix + kv_prompt + 3 * gdn + 3 * 4 * cfg.vocab_size;
     let budget = plan.prefix_cache_mib << 20;
     if need > budget {
         bail!(
-            "--prefix-cache-mib {}: the {longest}-token prefix needs at least {} MiB (its \
-             snapshot and the cold request's two; each GPU snapshot is a full device copy)",
+            "--prefix-cache-mib {}: the {longest}-token prefix needs up to {} MiB (its \
+             snapshot and the cold request's two, which hold the sequences' KV buffers)",
             plan.prefix_cache_mib,
             need.div_ceil(1 << 20)
         );
@@ -697,7 +700,7 @@ fn gpu(a: &Args, backend: &str) -> Result<()> {
 
     // Beyond the cache: the running sequence (its KV capacity is at most
     // twice the prompt while it grows) and the request's two staged snapshots.
-    let want = budget + 4 * snap(prompt + COMPARED);
+    let want = budget + 2 * kv_prompt;
     if want > total.saturating_sub(after_load) {
         eprintln!(
             "[prefix-cache] warning: the cache budget, the sequence and its snapshots may need \
@@ -760,8 +763,8 @@ fn gpu(a: &Args, backend: &str) -> Result<()> {
         "how": "cudaMemGetInfo of the whole device, sampled every 20 ms during the runs",
     });
     r["snapshots"] = json!({
-        "storage": "device: a full copy of the KV prefix and the GDN states per snapshot (no page sharing), charged at its size against the budget",
-        "bytes_at_longest_prefix": snap(longest),
+        "storage": "device: a copy of the GDN states per snapshot and the sequence's KV buffers, shared by its snapshots (one page each, counted once)",
+        "bytes_at_longest_prefix_at_most": kv_prefix + gdn,
     });
     let fixtures_ok = r["correctness"]["pass"].as_bool() != Some(false);
     write(
