@@ -54,7 +54,8 @@ fn model() -> Arc<CpuModel> {
 /// The CPU model with snapshot support, failing on demand: when a forward
 /// would move the sequence past `fail_pos` it errors (or panics with
 /// `panic`); `delay` slows each forward (for cancellation tests). Counts
-/// forward/extend calls and the tokens they ran.
+/// forward/extend calls and the tokens they ran. With `copies`, snapshots
+/// own all their bytes (see [`Copied`]).
 struct Faulty {
     model: Arc<CpuModel>,
     fail_pos: Arc<AtomicUsize>,
@@ -62,6 +63,7 @@ struct Faulty {
     delay: Duration,
     forwards: Arc<AtomicUsize>,
     forward_tokens: Arc<AtomicUsize>,
+    copies: Option<Arc<CopyStats>>,
 }
 
 impl Faulty {
@@ -105,10 +107,17 @@ impl Backend for Faulty {
         self.model.extend(seq, tokens)
     }
     fn snapshot(&self, seq: &CpuSequence) -> Option<Box<dyn SeqSnapshot>> {
-        self.model.snapshot(seq)
+        let inner = self.model.snapshot(seq)?;
+        match &self.copies {
+            Some(stats) => Some(Box::new(Copied::new(inner, stats.clone()))),
+            None => Some(inner),
+        }
     }
     fn restore(&self, snap: &dyn SeqSnapshot) -> Option<CpuSequence> {
-        self.model.restore(snap)
+        match snap.as_any().downcast_ref::<Copied>() {
+            Some(c) => self.model.restore(&*c.inner),
+            None => self.model.restore(snap),
+        }
     }
 }
 
@@ -123,6 +132,24 @@ struct Harness {
 
 impl Harness {
     fn new(cache_bytes: usize, interval: usize, delay_ms: u64) -> Self {
+        Self::build(cache_bytes, interval, delay_ms, None)
+    }
+
+    /// Snapshots own all their bytes, as the GPU backend's full copies would.
+    fn with_full_copies(cache_bytes: usize, interval: usize) -> (Self, Arc<CopyStats>) {
+        let stats = Arc::new(CopyStats::default());
+        (
+            Self::build(cache_bytes, interval, 0, Some(stats.clone())),
+            stats,
+        )
+    }
+
+    fn build(
+        cache_bytes: usize,
+        interval: usize,
+        delay_ms: u64,
+        copies: Option<Arc<CopyStats>>,
+    ) -> Self {
         let model = model();
         let fail_pos = Arc::new(AtomicUsize::new(usize::MAX));
         let panic = Arc::new(AtomicBool::new(false));
@@ -135,6 +162,7 @@ impl Harness {
             delay: Duration::from_millis(delay_ms),
             forwards: forwards.clone(),
             forward_tokens: forward_tokens.clone(),
+            copies,
         };
         let cfg = ServiceConfig {
             prefix_cache_bytes: cache_bytes,
@@ -761,17 +789,37 @@ async fn logits_count_against_the_budget() {
     assert!(h.dump()[0].4);
 }
 
-/// Snapshots that own all their bytes, like the GPU backend's device copies
-/// (no shared pages), with the bytes of the live ones tracked.
+/// Bytes of the live [`Copied`] snapshots, now and at most.
+#[derive(Default)]
+struct CopyStats {
+    live: AtomicUsize,
+    peak: AtomicUsize,
+}
+
+/// A snapshot that owns all its bytes (no shared pages), as a full device
+/// copy would.
 struct Copied {
     inner: Box<dyn SeqSnapshot>,
     bytes: usize,
-    live: Arc<AtomicUsize>,
+    stats: Arc<CopyStats>,
+}
+
+impl Copied {
+    fn new(inner: Box<dyn SeqSnapshot>, stats: Arc<CopyStats>) -> Self {
+        let bytes = snapshot_bytes(&*inner);
+        let now = stats.live.fetch_add(bytes, Ordering::SeqCst) + bytes;
+        stats.peak.fetch_max(now, Ordering::SeqCst);
+        Copied {
+            inner,
+            bytes,
+            stats,
+        }
+    }
 }
 
 impl Drop for Copied {
     fn drop(&mut self) {
-        self.live.fetch_sub(self.bytes, Ordering::SeqCst);
+        self.stats.live.fetch_sub(self.bytes, Ordering::SeqCst);
     }
 }
 
@@ -790,55 +838,9 @@ impl SeqSnapshot for Copied {
     }
 }
 
-/// The CPU model behind full-copy snapshots; `peak` is the most snapshot
-/// bytes alive at once.
-struct FullCopies {
-    model: Arc<CpuModel>,
-    live: Arc<AtomicUsize>,
-    peak: Arc<AtomicUsize>,
-}
-
-impl FullCopies {
-    fn bytes(snap: &dyn SeqSnapshot) -> usize {
-        snap.private_bytes() + snap.pages().iter().map(|p| p.1).sum::<usize>()
-    }
-}
-
-impl Backend for FullCopies {
-    type Sequence = CpuSequence;
-    fn name(&self) -> &'static str {
-        "full-copies"
-    }
-    fn config(&self) -> &ModelConfig {
-        self.model.config()
-    }
-    fn new_sequence(&self) -> CpuSequence {
-        self.model.new_sequence()
-    }
-    fn position(&self, seq: &CpuSequence) -> usize {
-        seq.position()
-    }
-    fn forward(&self, seq: &mut CpuSequence, tokens: &[u32]) -> Result<Vec<f32>> {
-        self.model.forward(seq, tokens)
-    }
-    fn extend(&self, seq: &mut CpuSequence, tokens: &[u32]) -> Result<()> {
-        self.model.extend(seq, tokens)
-    }
-    fn snapshot(&self, seq: &CpuSequence) -> Option<Box<dyn SeqSnapshot>> {
-        let inner = self.model.snapshot(seq)?;
-        let bytes = Self::bytes(&*inner);
-        let now = self.live.fetch_add(bytes, Ordering::SeqCst) + bytes;
-        self.peak.fetch_max(now, Ordering::SeqCst);
-        Some(Box::new(Copied {
-            inner,
-            bytes,
-            live: self.live.clone(),
-        }))
-    }
-    fn restore(&self, snap: &dyn SeqSnapshot) -> Option<CpuSequence> {
-        let c = snap.as_any().downcast_ref::<Copied>()?;
-        self.model.restore(&*c.inner)
-    }
+/// A snapshot's states and pages, all counted.
+fn snapshot_bytes(snap: &dyn SeqSnapshot) -> usize {
+    snap.private_bytes() + snap.pages().iter().map(|p| p.1).sum::<usize>()
 }
 
 #[tokio::test]
@@ -846,54 +848,39 @@ async fn pending_full_copy_snapshots_stay_within_the_budget() {
     // A 300-token prompt snapshotted every 16 tokens: 18 interval copies, the
     // prompt's end and the generation's end, ~10.5 end-sized copies in all,
     // under a budget of 3 (room for both ends; the intervals go first).
-    let model = model();
     let full = prompt(300, 40);
     let end = {
+        let model = model();
         let mut seq = model.new_sequence();
         model.extend(&mut seq, &full).unwrap();
-        FullCopies::bytes(&*model.snapshot(&seq).unwrap())
+        snapshot_bytes(&*model.snapshot(&seq).unwrap())
     };
     let budget = 3 * end;
-    let (live, peak) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
-    let backend = FullCopies {
-        model: model.clone(),
-        live: live.clone(),
-        peak: peak.clone(),
-    };
-    let cfg = ServiceConfig {
-        prefix_cache_bytes: budget,
-        snapshot_interval: 16,
-        ..ServiceConfig::default()
-    };
-    let svc = EngineService::start(backend, None, "tiny".into(), cfg);
+    let (h, stats) = Harness::with_full_copies(budget, 16);
     let r = req(&full, 4);
-    let mut h = svc
-        .submit(r.clone(), SubmitOptions::default())
-        .await
-        .unwrap();
-    let out = collect(&mut h).await;
+    let out = h.run(&r, SubmitOptions::default()).await;
     // Pending copies never held more than the budget plus the newest one.
-    let peak = peak.load(Ordering::SeqCst);
+    let peak = stats.peak.load(Ordering::SeqCst);
     assert!(
         peak <= budget + end,
         "peak {peak} > budget {budget} + {end}"
     );
     // The deepest snapshots were kept: the prompt's end is a full hit now,
     // and the output is the cold run's.
-    let (cold_tokens, cold_steps) = cold(&model, &r);
+    let (cold_tokens, cold_steps) = cold(&h.model, &r);
     assert_same("first", &out, &cold_tokens, &cold_steps);
-    let mut h = svc
-        .submit(r.clone(), SubmitOptions::default())
-        .await
-        .unwrap();
-    let again = collect(&mut h).await;
+    let again = h.run(&r, SubmitOptions::default()).await;
     assert_eq!(again.usage().cached_tokens as usize, full.len());
     assert_same("again", &again, &cold_tokens, &cold_steps);
-    let cache = svc.prefix_cache().unwrap();
-    let stats = cache.stats();
-    assert!(stats.bytes <= budget, "{stats:?}");
+    let cache = h.cache();
+    let s = cache.stats();
+    assert!(s.bytes <= budget, "{s:?}");
     // Only the cached copies are alive (their bytes plus stored logits).
-    assert!(live.load(Ordering::SeqCst) <= stats.bytes);
+    assert!(stats.live.load(Ordering::SeqCst) <= s.bytes);
     cache.clear();
-    assert_eq!(live.load(Ordering::SeqCst), 0, "snapshot bytes leaked");
+    assert_eq!(
+        stats.live.load(Ordering::SeqCst),
+        0,
+        "snapshot bytes leaked"
+    );
 }
