@@ -693,11 +693,11 @@ impl GpuModel {
         self.cfg.num_key_value_heads * self.cfg.head_dim * if self.kv_f32 { F } else { B }
     }
 
-    /// Grows every KV cache of the sequence to hold `need` tokens.
     fn kv_capacity(&self, need: usize, cur: usize) -> usize {
         kv_capacity(need, cur, self.max_len)
     }
 
+    /// Grows every KV cache of the sequence to hold `need` tokens.
     fn reserve(&self, seq: &mut GpuSequence, need: usize) -> Result<()> {
         if need <= seq.cap {
             return Ok(());
