@@ -224,9 +224,9 @@ QW_KERNEL void QW_BOUNDS(1024) logits_stats(const float* __restrict__ x, int n, 
 // ~16 mantissa bits of activation precision instead of 8.
 QW_KERNEL void f32_to_bf16_split(const float* __restrict__ x, bf16_t* __restrict__ hi,
                                  bf16_t* __restrict__ lo, long long n) {
-    // Four elements per thread where hi and lo allow 8-byte stores.
+    // Four elements per thread where x allows 16-byte loads and hi, lo 8-byte stores.
     const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if ((n & 3) == 0 && (((size_t)hi | (size_t)lo) & 7) == 0) {
+    if ((n & 3) == 0 && ((((size_t)x & 15) | (((size_t)hi | (size_t)lo) & 7))) == 0) {
         if (4 * i < n) split4(((const float4*)x)[i], hi + 4 * i, lo + 4 * i);
     } else {
         for (long long e = 4 * i; e < min(n, 4 * i + 4); e++) split1(x[e], hi + e, lo + e);
