@@ -660,7 +660,8 @@ async fn an_identical_prompt_is_a_full_hit_with_no_prefill() {
     let first = h.run(&r, SubmitOptions::default()).await;
     assert_eq!(first.usage().cached_tokens, 0);
     assert_same("first", &first, &ct, &cs);
-    // Only the prompt-end snapshot carries logits (VOCAB f32).
+    // The prompt-end and generation-end snapshots carry logits (VOCAB f32),
+    // the interval ones do not.
     let with_logits: Vec<(usize, usize)> = h
         .dump()
         .iter()
@@ -668,9 +669,13 @@ async fn an_identical_prompt_is_a_full_hit_with_no_prefill() {
         .map(|e| (e.2, e.3))
         .collect();
     let state_bytes = h.dump()[0].3;
+    let logit_bytes = VOCAB as usize * 4;
     assert_eq!(
         with_logits,
-        vec![(150, state_bytes + VOCAB as usize * 4)],
+        vec![
+            (150, state_bytes + logit_bytes),
+            (157, state_bytes + logit_bytes)
+        ],
         "{:?}",
         h.dump()
     );
@@ -722,6 +727,18 @@ async fn an_identical_prompt_is_a_full_hit_with_no_prefill() {
     assert_eq!(h.model.page_stats().live_pages(), live, "pages leaked");
     h.fail_pos.store(usize::MAX, Ordering::SeqCst);
 
+    // Prompt + the 7 completion tokens the sequence ran (a resend without a
+    // new message): a full hit on the generation-end snapshot, as cold.
+    let mut resend = p.clone();
+    resend.extend(&first.tokens[..7]);
+    let r2 = req(&resend, 3);
+    let (ct2, cs2) = cold(&h.model, &r2);
+    let (f0, t0) = h.work();
+    let again = h.run(&r2, SubmitOptions::default()).await;
+    assert_eq!(again.usage().cached_tokens as usize, resend.len());
+    assert_eq!(h.work(), (f0 + 2, t0 + 2), "only the decodes run");
+    assert_same("resend", &again, &ct2, &cs2);
+
     h.cache().clear();
     assert_eq!(h.cache().stats().bytes, 0);
     assert_eq!(h.model.page_stats().live_pages(), 0);
@@ -746,10 +763,10 @@ async fn a_snapshot_without_logits_at_the_prompt_end_is_upgraded() {
     assert_eq!(h.work().1 - t0, 64 + 3);
     assert_same("upgrade", &a, &ct, &cs);
     // ... and replaces it with one that has logits (same node, no growth
-    // beyond the logits and the generation-end snapshot at 67).
+    // beyond the logits and the generation-end snapshot at 67, with its own).
     let mut flags: Vec<(usize, bool)> = h.dump().iter().map(|e| (e.2, e.4)).collect();
     flags.sort();
-    assert_eq!(flags, vec![(64, true), (67, false), (100, true)]);
+    assert_eq!(flags, vec![(64, true), (67, true), (100, true)]);
     let own: usize = h.dump().iter().map(|e| e.3).sum();
     assert_eq!(
         h.cache().stats().bytes,

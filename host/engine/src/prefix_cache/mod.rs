@@ -37,8 +37,9 @@ pub struct StagedSnapshot {
     pub snap: Box<dyn SeqSnapshot>,
     /// The logits (`vocab_size` f32) the backend returned for the last of
     /// `tokens`, i.e. the distribution of the token after them. Stored with
-    /// end-of-prompt snapshots so that an identical prompt needs no forward
-    /// pass at all; `None` elsewhere (intervals, guest marks, generation ends).
+    /// end-of-prompt and end-of-generation snapshots so that a prompt equal
+    /// to their tokens needs no forward pass at all; `None` elsewhere
+    /// (intervals, guest marks).
     pub logits: Option<Vec<f32>>,
 }
 
@@ -77,7 +78,7 @@ struct Entry {
     salt: Option<String>,
     tokens: Vec<u32>,
     snap: Arc<dyn SeqSnapshot>,
-    /// The logits after `tokens` (end-of-prompt snapshots only).
+    /// The logits after `tokens` (end-of-prompt and end-of-generation snapshots).
     logits: Option<Arc<[f32]>>,
     last_used: u64,
     /// Leases held by running requests (never evicted while > 0).

@@ -400,7 +400,10 @@ impl<'j, B: Backend> Running<'j, B> {
     }
 
     /// Stages the end-of-generation snapshot (prompt + generated tokens the
-    /// sequence holds), so the next turn of a conversation hits it.
+    /// sequence holds), so the next turn of a conversation hits it. Called
+    /// before the last sampled token is run, so `self.logits` is the
+    /// distribution after exactly those tokens: stored with it, a request that
+    /// resends prompt + completion is a full hit.
     fn stage_end(&mut self, w: &Worker<B>) {
         let Some(cache) = &w.cache else { return };
         let pos = w.backend.position(&self.seq);
@@ -409,14 +412,14 @@ impl<'j, B: Backend> Running<'j, B> {
             return;
         }
         let key = &self.context[..pos];
-        if cache.contains(self.job.opts.cache_salt.as_deref(), key) {
+        if cache.contains_with_logits(self.job.opts.cache_salt.as_deref(), key) {
             return;
         }
         if let Some(snap) = w.backend.snapshot(&self.seq) {
             let s = StagedSnapshot {
                 tokens: key.to_vec(),
                 snap,
-                logits: None,
+                logits: Some(self.logits.clone()),
             };
             stage_bounded(&mut self.staged, s, cache.budget());
         }
