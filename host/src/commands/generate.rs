@@ -177,16 +177,9 @@ fn run_hip(
     )
 }
 
-/// The GPU backend of this build (cuda wins when both features are on).
-#[cfg(any(feature = "cuda", feature = "hip"))]
-const GPU_BACKEND: &str = if cfg!(feature = "cuda") {
-    "cuda"
-} else {
-    "hip"
-};
-
 #[cfg(any(feature = "cuda", feature = "hip"))]
 fn run_synthetic(a: &Args, preset: &str, t_load: Instant) -> Result<()> {
+    use super::GPU_BACKEND;
     if a.backend != GPU_BACKEND {
         bail!("--synthetic needs --backend {GPU_BACKEND}");
     }

@@ -10,6 +10,13 @@ pub mod tokenize;
 pub mod verify;
 
 use clap::Args as ClapArgs;
+
+/// The GPU backend of this build (cuda wins when both features are on).
+pub const GPU_BACKEND: &str = if cfg!(all(feature = "hip", not(feature = "cuda"))) {
+    "hip"
+} else {
+    "cuda"
+};
 use std::path::PathBuf;
 
 /// Options shared by every command that loads a model.

@@ -465,17 +465,8 @@ pub fn start_engine(
     let vocab_size = config.vocab_size as u32;
     let eos_token_ids = config.eos_token_ids.clone();
     let service = match backend {
-        #[cfg(feature = "cuda")]
-        "cuda" => {
-            let gpu = qwasi_engine::gpu::model::GpuModel::new(config, &weights)?;
-            drop(weights);
-            if gpu_budget_auto {
-                gpu_prefix_cache(&gpu, &mut service_config);
-            }
-            start_service(gpu, scripted_turns, &tokenizer, &id, service_config)?
-        }
-        #[cfg(all(feature = "hip", not(feature = "cuda")))]
-        "hip" => {
+        #[cfg(any(feature = "cuda", feature = "hip"))]
+        b if b == super::GPU_BACKEND => {
             let gpu = qwasi_engine::gpu::model::GpuModel::new(config, &weights)?;
             drop(weights);
             if gpu_budget_auto {

@@ -9,7 +9,7 @@ use std::path::PathBuf;
 #[derive(clap::Args)]
 pub struct Args {
     /// Backend to check (cuda, or hip in a `--features hip` build).
-    #[arg(long, default_value = DEFAULT_BACKEND)]
+    #[arg(long, default_value = super::GPU_BACKEND)]
     backend: String,
     /// One fixture directory (with expected.json) instead of all under --fixtures.
     #[arg(long, value_name = "DIR")]
@@ -40,13 +40,6 @@ pub struct Args {
     #[arg(long, value_name = "FILE")]
     json: Option<PathBuf>,
 }
-
-/// The GPU backend of this build (cuda wins when both features are on).
-const DEFAULT_BACKEND: &str = if cfg!(all(feature = "hip", not(feature = "cuda"))) {
-    "hip"
-} else {
-    "cuda"
-};
 
 pub fn run(a: Args) -> Result<()> {
     match a.backend.as_str() {

@@ -70,17 +70,12 @@ fn stats(v: &[f64]) -> Value {
     })
 }
 
-/// The GPU backend of this build (cuda wins when both features are on).
-const DEFAULT_BACKEND: &str = if cfg!(all(feature = "hip", not(feature = "cuda"))) {
-    "hip"
-} else {
-    "cuda"
-};
-
 impl SpeedArgs {
     /// `--backend`, or the GPU of this build.
     pub fn gpu_backend(&self) -> &str {
-        self.backend.as_deref().unwrap_or(DEFAULT_BACKEND)
+        self.backend
+            .as_deref()
+            .unwrap_or(crate::commands::GPU_BACKEND)
     }
 }
 
