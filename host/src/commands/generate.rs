@@ -104,8 +104,7 @@ pub fn run(a: Args) -> Result<()> {
                 load_s,
             )
         }
-        "cuda" => run_cuda(&a, config, weights, tokenizer, prompt, t_load),
-        "hip" => run_hip(&a, config, weights, tokenizer, prompt, t_load),
+        b @ ("cuda" | "hip") => run_gpu(&a, b, config, weights, tokenizer, prompt, t_load),
         other => bail!("unknown backend {other:?} (available: cpu, cuda, hip)"),
     }
 }
@@ -121,60 +120,32 @@ fn prompt_ids(a: &Args, tokenizer: Option<&Tokenizer>) -> Result<Vec<u32>> {
     })
 }
 
-#[cfg(feature = "cuda")]
-fn run_cuda(
+/// The model on the build's GPU backend, or why this build has no `backend`.
+#[cfg_attr(not(any(feature = "cuda", feature = "hip")), allow(unused_variables))]
+fn run_gpu(
     a: &Args,
+    backend: &str,
     config: qwasi_engine::config::ModelConfig,
     weights: qwasi_engine::weights::Weights,
     tokenizer: Option<Tokenizer>,
     prompt: Vec<u32>,
     t_load: Instant,
 ) -> Result<()> {
-    let gpu = qwasi_engine::gpu::model::GpuModel::new(config, &weights)?;
-    drop(weights);
-    let load_s = t_load.elapsed().as_secs_f64();
-    drive(&gpu, a, tokenizer, prompt, load_s)
-}
-
-#[cfg(not(feature = "cuda"))]
-fn run_cuda(
-    _a: &Args,
-    _config: qwasi_engine::config::ModelConfig,
-    _weights: qwasi_engine::weights::Weights,
-    _tokenizer: Option<Tokenizer>,
-    _prompt: Vec<u32>,
-    _t_load: Instant,
-) -> Result<()> {
-    bail!("backend \"cuda\" is not available in this build (rebuild with `--features cuda`)")
-}
-
-#[cfg(all(feature = "hip", not(feature = "cuda")))]
-fn run_hip(
-    a: &Args,
-    config: qwasi_engine::config::ModelConfig,
-    weights: qwasi_engine::weights::Weights,
-    tokenizer: Option<Tokenizer>,
-    prompt: Vec<u32>,
-    t_load: Instant,
-) -> Result<()> {
-    let gpu = qwasi_engine::gpu::model::GpuModel::new(config, &weights)?;
-    drop(weights);
-    let load_s = t_load.elapsed().as_secs_f64();
-    drive(&gpu, a, tokenizer, prompt, load_s)
-}
-
-#[cfg(not(all(feature = "hip", not(feature = "cuda"))))]
-fn run_hip(
-    _a: &Args,
-    _config: qwasi_engine::config::ModelConfig,
-    _weights: qwasi_engine::weights::Weights,
-    _tokenizer: Option<Tokenizer>,
-    _prompt: Vec<u32>,
-    _t_load: Instant,
-) -> Result<()> {
-    bail!(
-        "backend \"hip\" is not available in this build (rebuild with `--features hip`, without cuda)"
-    )
+    #[cfg(any(feature = "cuda", feature = "hip"))]
+    if backend == super::GPU_BACKEND {
+        let gpu = qwasi_engine::gpu::model::GpuModel::new(config, &weights)?;
+        drop(weights);
+        let load_s = t_load.elapsed().as_secs_f64();
+        return drive(&gpu, a, tokenizer, prompt, load_s);
+    }
+    match backend {
+        "cuda" => bail!(
+            "backend \"cuda\" is not available in this build (rebuild with `--features cuda`)"
+        ),
+        _ => bail!(
+            "backend \"hip\" is not available in this build (rebuild with `--features hip`, without cuda)"
+        ),
+    }
 }
 
 #[cfg(any(feature = "cuda", feature = "hip"))]
