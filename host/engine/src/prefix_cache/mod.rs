@@ -26,7 +26,7 @@
 mod trie;
 
 use crate::backend::SeqSnapshot;
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -43,30 +43,73 @@ pub struct StagedSnapshot {
     pub logits: Option<Vec<f32>>,
 }
 
-/// Snapshots a request made, to be committed on success.
-pub type Staged = Vec<StagedSnapshot>;
+/// Snapshots a request made, to be committed on success, and the bytes they
+/// hold (states, logits and distinct pages), kept as snapshots come and go.
+#[derive(Default)]
+pub struct Staged {
+    snaps: VecDeque<StagedSnapshot>,
+    /// Private state and logit bytes of `snaps`.
+    own: usize,
+    /// Page id -> (bytes, how many of `snaps` hold it).
+    pages: HashMap<u64, (usize, usize)>,
+    page_bytes: usize,
+}
 
-/// Appends `s` to a request's staged snapshots, then drops the oldest (the
-/// shallowest: positions grow) while they hold more than `budget` bytes, so a
-/// long prompt cannot pin more memory in pending snapshots than the cache may
-/// hold (snapshots that own their KV rows, as full copies would, cost GBs
-/// each at long contexts). Pages shared between them count once.
-pub fn stage_bounded(staged: &mut Staged, s: StagedSnapshot, budget: usize) {
-    staged.push(s);
-    while !staged.is_empty() && staged_bytes(staged) > budget {
-        staged.remove(0);
+impl Staged {
+    /// Appends `s`, then drops the oldest (the shallowest: positions grow)
+    /// while they hold more than `budget` bytes, so a long prompt cannot pin
+    /// more memory in pending snapshots than the cache may hold (snapshots
+    /// that own their KV rows, as full copies would, cost GBs each at long
+    /// contexts). Pages shared between them count once.
+    pub fn push_bounded(&mut self, s: StagedSnapshot, budget: usize) {
+        self.own += s.snap.private_bytes() + logit_bytes(s.logits.as_deref());
+        for (id, bytes) in s.snap.pages() {
+            let e = self.pages.entry(id).or_insert((bytes, 0));
+            if e.1 == 0 {
+                self.page_bytes += bytes;
+            }
+            e.1 += 1;
+        }
+        self.snaps.push_back(s);
+        while self.bytes() > budget
+            && let Some(old) = self.snaps.pop_front()
+        {
+            self.own -= old.snap.private_bytes() + logit_bytes(old.logits.as_deref());
+            for (id, _) in old.snap.pages() {
+                let e = self.pages.get_mut(&id).expect("counted when staged");
+                e.1 -= 1;
+                if e.1 == 0 {
+                    self.page_bytes -= e.0;
+                    self.pages.remove(&id);
+                }
+            }
+        }
+    }
+
+    /// Bytes held: states, logits and distinct pages.
+    pub fn bytes(&self) -> usize {
+        self.own + self.page_bytes
+    }
+
+    pub fn len(&self) -> usize {
+        self.snaps.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.snaps.is_empty()
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &StagedSnapshot> {
+        self.snaps.iter()
     }
 }
 
-/// Bytes `staged` holds: states, logits and distinct pages.
-fn staged_bytes(staged: &Staged) -> usize {
-    let mut pages = HashMap::new();
-    let mut own = 0;
-    for s in staged {
-        own += s.snap.private_bytes() + logit_bytes(s.logits.as_deref());
-        pages.extend(s.snap.pages());
+impl IntoIterator for Staged {
+    type Item = StagedSnapshot;
+    type IntoIter = std::collections::vec_deque::IntoIter<StagedSnapshot>;
+    fn into_iter(self) -> Self::IntoIter {
+        self.snaps.into_iter()
     }
-    own + pages.values().sum::<usize>()
 }
 
 fn logit_bytes(logits: Option<&[f32]>) -> usize {
@@ -445,31 +488,31 @@ mod tests {
     #[test]
     fn pending_snapshots_stay_within_the_budget_keeping_the_deepest() {
         // Full copies (no shared pages), 100 bytes each, budget for 2.5.
-        let mut s = Staged::new();
+        let mut s = Staged::default();
         for pos in 1..=5 {
-            stage_bounded(&mut s, staged(pos, 100, &[]), 250);
-            assert!(staged_bytes(&s) <= 250);
+            s.push_bounded(staged(pos, 100, &[]), 250);
+            assert!(s.bytes() <= 250);
         }
         let kept: Vec<usize> = s.iter().map(|x| x.snap.position()).collect();
         assert_eq!(kept, [4, 5]);
         // One snapshot larger than the whole budget is never held.
-        stage_bounded(&mut s, staged(6, 300, &[]), 250);
+        s.push_bounded(staged(6, 300, &[]), 250);
         assert!(s.is_empty());
     }
 
     #[test]
     fn shared_pages_count_once_while_staged() {
         // Copy-on-write snapshots over the same pages: 3 x 10 own + 2 pages.
-        let mut s = Staged::new();
-        stage_bounded(&mut s, staged(1, 10, &[7]), 3030);
-        stage_bounded(&mut s, staged(2, 10, &[7, 8]), 3030);
-        stage_bounded(&mut s, staged(3, 10, &[7, 8]), 3030);
+        let mut s = Staged::default();
+        s.push_bounded(staged(1, 10, &[7]), 3030);
+        s.push_bounded(staged(2, 10, &[7, 8]), 3030);
+        s.push_bounded(staged(3, 10, &[7, 8]), 3030);
         assert_eq!(s.len(), 3);
-        assert_eq!(staged_bytes(&s), 2030);
+        assert_eq!(s.bytes(), 2030);
         // A third page: 3040 bytes with all four, so the shallowest goes.
-        stage_bounded(&mut s, staged(4, 10, &[7, 8, 9]), 3030);
+        s.push_bounded(staged(4, 10, &[7, 8, 9]), 3030);
         let kept: Vec<usize> = s.iter().map(|x| x.snap.position()).collect();
         assert_eq!(kept, [2, 3, 4]);
-        assert_eq!(staged_bytes(&s), 3030);
+        assert_eq!(s.bytes(), 3030);
     }
 }

@@ -13,7 +13,7 @@ use super::queue::{Job, Queue};
 use super::{Event, Usage};
 use crate::backend::Backend;
 use crate::generate::FinishReason;
-use crate::prefix_cache::{Lease, PrefixCache, Staged, StagedSnapshot, stage_bounded};
+use crate::prefix_cache::{Lease, PrefixCache, Staged, StagedSnapshot};
 use crate::sampling::Sampler;
 use crate::tokenizer::{IncrementalDecoder, Tokenizer};
 use anyhow::Result;
@@ -243,7 +243,7 @@ impl<'j, B: Backend> Running<'j, B> {
             completion_tokens: 0,
             cached_tokens: 0,
             trailing_text: String::new(),
-            staged: Vec::new(),
+            staged: Staged::default(),
             lease: None,
         };
         if req.max_tokens == 0 {
@@ -267,7 +267,7 @@ impl<'j, B: Backend> Running<'j, B> {
         // one with the logits). On a full hit there is nothing to run: the
         // stored logits give the first token.
         let p = req.prompt.len();
-        let mut staged: Staged = Vec::new();
+        let mut staged = Staged::default();
         let mut cuts = BTreeSet::new();
         if let Some(cache) = &w.cache {
             cuts.extend(
@@ -304,7 +304,7 @@ impl<'j, B: Backend> Running<'j, B> {
                     snap,
                     logits: None,
                 };
-                stage_bounded(&mut staged, s, budget);
+                staged.push_bounded(s, budget);
             }
         }
         let logits = match stored_logits {
@@ -323,7 +323,7 @@ impl<'j, B: Backend> Running<'j, B> {
                 snap,
                 logits: Some(logits.clone()),
             };
-            stage_bounded(&mut staged, s, cache.budget());
+            staged.push_bounded(s, cache.budget());
         }
         w.metrics.add_prompt_tokens(req.prompt.len());
         let mut stops = req.stop_token_ids.clone();
@@ -421,7 +421,7 @@ impl<'j, B: Backend> Running<'j, B> {
                 snap,
                 logits: Some(self.logits.clone()),
             };
-            stage_bounded(&mut self.staged, s, cache.budget());
+            self.staged.push_bounded(s, cache.budget());
         }
     }
 
