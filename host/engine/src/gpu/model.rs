@@ -693,16 +693,12 @@ impl GpuModel {
         self.cfg.num_key_value_heads * self.cfg.head_dim * if self.kv_f32 { F } else { B }
     }
 
-    fn kv_capacity(&self, need: usize, cur: usize) -> usize {
-        kv_capacity(need, cur, self.max_len)
-    }
-
     /// Grows every KV cache of the sequence to hold `need` tokens.
     fn reserve(&self, seq: &mut GpuSequence, need: usize) -> Result<()> {
         if need <= seq.cap {
             return Ok(());
         }
-        let cap = self.kv_capacity(need, seq.cap);
+        let cap = kv_capacity(need, seq.cap, self.max_len);
         let row =
             self.cfg.num_key_value_heads * self.cfg.head_dim * if self.kv_f32 { F } else { B };
         for l in &mut seq.layers {
@@ -1669,7 +1665,7 @@ impl Backend for GpuModel {
         let row = self.kv_row_bytes();
         // Room for the turn that follows, so resuming does not begin by
         // doubling and copying the whole KV cache.
-        let cap = self.kv_capacity(snap.pos, 0);
+        let cap = kv_capacity(snap.pos, 0, self.max_len);
         let mut layers = Vec::with_capacity(snap.layers.len());
         for l in &snap.layers {
             layers.push(match l {
