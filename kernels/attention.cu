@@ -17,6 +17,8 @@ __device__ __forceinline__ void attn_prep_impl(const float* __restrict__ proj, i
                                         int nh, int nkv, int hd, int rot, int pos0, const int* pos_dev,
                                         float theta, float eps) {
     __shared__ float buf[256];
+    QW_GRID_WAIT();
+    QW_GRID_LAUNCH();
     if (pos_dev) pos0 = *pos_dev;
     __shared__ float scratch[32];
     int t = blockIdx.x, head = blockIdx.y;

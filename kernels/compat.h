@@ -34,6 +34,14 @@
 #define QW_GRID_WAIT() ((void)0)
 #define QW_GRID_LAUNCH() ((void)0)
 #endif
+// A load cached in L2 only: coherent across the grid, so it may read a
+// result of a kernel that finished before the predecessor (PDL) without
+// QW_GRID_WAIT(); HIP launches serialise, a plain load does.
+#if defined(QW_CUDA)
+#define QW_LDCG(p) __ldcg(p)
+#else
+#define QW_LDCG(p) (*(p))
+#endif
 #define QW_BOUNDS(n) __launch_bounds__(n)
 // At most n threads per block and at least m resident blocks per multiprocessor.
 #define QW_BOUNDS_MIN(n, m) __launch_bounds__(n, m)

@@ -4,7 +4,7 @@
 // prologues, the MoE router is recomputed inside the expert kernel, the
 // residual add is every output GEMV's epilogue, and the position comes from
 // device memory so a whole step can be replayed as one CUDA graph.
-#include "compat.h"
+#include "mma.h"
 
 // 16-byte weight load that bypasses L1 (weights are read once per token).
 __device__ __forceinline__ uint4 ld_stream(const uint4* p) {
@@ -203,6 +203,8 @@ QW_KERNEL void QW_BOUNDS(256) dec_norm_gemv(const bf16_t* __restrict__ W, const 
 QW_KERNEL void QW_BOUNDS(256) dec_embed(const bf16_t* __restrict__ emb, const unsigned int* __restrict__ tok,
                                        float* __restrict__ x, int H, float* __restrict__ ssq_out, int nssq) {
     __shared__ float scratch[32];
+    QW_GRID_WAIT();
+    QW_GRID_LAUNCH();
     const bf16_t* row = emb + (size_t)tok[0] * H;
     float ss = 0.f;
     for (int i = threadIdx.x; i < H; i += blockDim.x) {
@@ -227,6 +229,8 @@ QW_KERNEL void QW_BOUNDS(512) dec_gdn_step(const float* __restrict__ proj, int n
     __shared__ float qs[GS_RG * GS_ROWS], ks[GS_RG * GS_ROWS];
     __shared__ float red[GS_RG][128];
     __shared__ float wsum[32];
+    QW_GRID_WAIT();
+    QW_GRID_LAUNCH();
     int hv = blockIdx.x;
     int c = threadIdx.x, ty = threadIdx.y;
     int tid = ty * blockDim.x + c, nt = blockDim.x * blockDim.y;
@@ -307,6 +311,8 @@ QW_KERNEL void QW_BOUNDS(PREP_THREADS) dec_gdn_prep(float* __restrict__ proj, fl
                                                    float* __restrict__ g, float* __restrict__ beta,
                                                    int nk, int nv, int dk, int dv, int a_off, float q_scale) {
     __shared__ float scratch[32];
+    QW_GRID_WAIT();
+    QW_GRID_LAUNCH();
     int C = 2 * nk * dk + nv * dv;
     int H = K - 1;
     bool head = blockIdx.x < 2 * nk;
@@ -354,14 +360,16 @@ QW_KERNEL void QW_BOUNDS(PREP_THREADS) dec_gdn_prep(float* __restrict__ proj, fl
 // Top-k of the router logits (ties to the lower index) and the renormalised
 // softmax weights over the chosen experts (p_e / sum of the chosen p), by one
 // warp with the logits in registers, into shared memory. Recomputed by every
-// block of the expert kernel instead of a separate launch.
+// block of both expert kernels instead of a separate launch. The logits are
+// read through L2 only (the down kernel reads them before its grid
+// dependency wait; L2 is coherent, an SM's L1 may hold the last layer's).
 __device__ void router_topk_warp(const float* __restrict__ logits, int E, int k, int* sidx, float* sw) {
     int lane = threadIdx.x % WARP;
     float lv[MOE_MAXE / WARP];
 #pragma unroll
     for (int m = 0; m < MOE_MAXE / WARP; m++) {
         int e = lane + m * WARP;
-        lv[m] = e < E ? logits[e] : -INFINITY;
+        lv[m] = e < E ? QW_LDCG(logits + e) : -INFINITY;
     }
     for (int j = 0; j < k; j++) {
         float bv = -INFINITY;
@@ -406,11 +414,10 @@ __device__ void router_topk_warp(const float* __restrict__ logits, int E, int k,
 // for the k chosen experts e_j. grid (ceil(I / DEC_WARPS), k): warp w of block b
 // owns column i = b * DEC_WARPS + w of expert slot j = blockIdx.y (its gate row
 // i and up row I + i, both in flight together). Router logits are the first E
-// entries of `inp`; block (0, 0) publishes the choice (idx, wts) for the down kernel.
+// entries of `inp`.
 QW_KERNEL void QW_BOUNDS(256) dec_moe_gate_up(const bf16_t* __restrict__ Wgu, const float* __restrict__ x,
                                              const float* __restrict__ ssq, int nssq, const float* __restrict__ nw,
                                              float eps, const float* __restrict__ inp, int E, int k,
-                                             int* __restrict__ idx_out, float* __restrict__ w_out,
                                              float* __restrict__ act, int I, int H) {
     extern __shared__ float xs[];  // [H]
     __shared__ int sidx[MOE_MAXK];
@@ -426,10 +433,6 @@ QW_KERNEL void QW_BOUNDS(256) dec_moe_gate_up(const bf16_t* __restrict__ Wgu, co
         for (int i = threadIdx.x - WARP; i < H; i += blockDim.x - WARP) xs[i] = x[i] * inv * nw[i];
     }
     __syncthreads();
-    if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x < k) {
-        idx_out[threadIdx.x] = sidx[threadIdx.x];
-        w_out[threadIdx.x] = sw[threadIdx.x];
-    }
     int j = blockIdx.y;
     int i = blockIdx.x * DEC_WARPS + w;
     if (i >= I) return;
@@ -466,46 +469,23 @@ QW_KERNEL void QW_BOUNDS(256) dec_moe_gate_up(const bf16_t* __restrict__ Wgu, co
 // grid ceil(H / DEC_WARPS); shared memory: act (k * I) then the shared act (S).
 // Each warp streams its row's k + 1 segments as one virtual row of
 // k * I + S columns (next chunk in flight while the current one is used).
+// The router logits come from the kernel before the gate/up kernel, complete
+// once this kernel may start (PDL): the routing and the first chunk of
+// weights are fetched before the wait for `act`.
 QW_KERNEL void QW_BOUNDS(256) dec_moe_down(const bf16_t* __restrict__ Wd, const bf16_t* __restrict__ Wsd,
-                                          const float* __restrict__ act, const int* __restrict__ idx,
-                                          const float* __restrict__ wts, const float* __restrict__ inp,
+                                          const float* __restrict__ act, const float* __restrict__ inp,
                                           int E, int k, int I, int S, float* __restrict__ y, int H,
                                           float* __restrict__ ssq_out) {
     extern __shared__ float xs[];
     __shared__ int sidx[MOE_MAXK];
     __shared__ float sw[MOE_MAXK];
     float* as = xs + (size_t)k * I;
-    QW_GRID_WAIT();
-    QW_GRID_LAUNCH();
-    if (threadIdx.x < k) {
-        sidx[threadIdx.x] = idx[threadIdx.x];
-        sw[threadIdx.x] = wts[threadIdx.x];
-    }
-#pragma unroll 8
-    for (int i = threadIdx.x; i < k * I; i += blockDim.x) xs[i] = act[i];
-#pragma unroll 2
-    for (int i = threadIdx.x; i < S; i += blockDim.x) as[i] = silu_f(inp[E + 1 + i]) * inp[E + 1 + S + i];
+    if (threadIdx.x < WARP) router_topk_warp(inp, E, k, sidx, sw);
     __syncthreads();
-    float sg = sigmoid_f(inp[E]);
     int lane = threadIdx.x % WARP, w = threadIdx.x / WARP;
     int first = blockIdx.x * DEC_WARPS + w, stride = gridDim.x * DEC_WARPS;
-    float mine = 0.f;
-    if ((I & 7) || (S & 7)) {
-        for (int r = first; r < H; r += stride) {
-            float total = 0.f;
-            for (int j = 0; j < k; j++)
-                total += sw[j] * row_dot(Wd + ((size_t)sidx[j] * H + r) * I, xs + (size_t)j * I, I, lane);
-            if (S > 0) total += sg * row_dot(Wsd + (size_t)r * S, as, S, lane);
-            if (lane == 0) {
-                float o = y[r] + total;
-                y[r] = o;
-                mine += o * o;
-            }
-        }
-        write_ssq(mine, ssq_out);
-        return;
-    }
     int n8I = I >> 3, nR = k * n8I, nv = nR + (S >> 3);
+    bool vec = !((I & 7) || (S & 7));
     auto load = [&](int r, int base, uint4 (&v)[CH]) {
 #pragma unroll
         for (int u = 0; u < CH; u++) {
@@ -525,7 +505,31 @@ QW_KERNEL void QW_BOUNDS(256) dec_moe_down(const bf16_t* __restrict__ Wd, const 
         }
     };
     uint4 v[CH];
-    load(first, 0, v);
+    if (vec) load(first, 0, v);
+    QW_GRID_WAIT();
+    QW_GRID_LAUNCH();
+#pragma unroll 8
+    for (int i = threadIdx.x; i < k * I; i += blockDim.x) xs[i] = act[i];
+#pragma unroll 2
+    for (int i = threadIdx.x; i < S; i += blockDim.x) as[i] = silu_f(inp[E + 1 + i]) * inp[E + 1 + S + i];
+    __syncthreads();
+    float sg = sigmoid_f(inp[E]);
+    float mine = 0.f;
+    if (!vec) {
+        for (int r = first; r < H; r += stride) {
+            float total = 0.f;
+            for (int j = 0; j < k; j++)
+                total += sw[j] * row_dot(Wd + ((size_t)sidx[j] * H + r) * I, xs + (size_t)j * I, I, lane);
+            if (S > 0) total += sg * row_dot(Wsd + (size_t)r * S, as, S, lane);
+            if (lane == 0) {
+                float o = y[r] + total;
+                y[r] = o;
+                mine += o * o;
+            }
+        }
+        write_ssq(mine, ssq_out);
+        return;
+    }
     for (int r = first; r < H; r += stride) {
         float acc = 0.f;
         for (int base = 0; base < nv; base += CH * WARP) {
@@ -561,25 +565,113 @@ QW_KERNEL void QW_BOUNDS(256) dec_moe_down(const bf16_t* __restrict__ Wd, const 
 
 // Decode attention, GQA-aware and split over the key length: grid (nkv, nsplit),
 // block 32 * G threads (G = nh / nkv <= 16 query heads share one KV head; one warp
-// per query head, all reading the same K/V rows, which L1 serves after the
-// first). Each warp walks its split's keys DA_KEYS at a time with all their K
-// and V rows in flight together; online softmax in f32. Writes unnormalised
-// partials (o, running max, sum) per (head, split) for dec_attn_combine.
+// per query head). For long splits (stages >= 1) the block copies its
+// split's K/V rows once into a shared-memory ring of `stages` (1..DA_STAGES)
+// tiles of DA_TILE keys (cp.async, the next tiles in flight while one is
+// used; the host picks the most that fit), and every warp reads them from
+// there: each K/V byte crosses L2 once per block, not once per query head.
+// Both paths do the same arithmetic in the same order. Each warp
+// walks the keys DA_KEYS at a time with an online softmax in f32. Writes
+// unnormalised partials (o, running max, sum) per (head, split) for
+// dec_attn_combine. Dynamic shared memory: stages * 2 * DA_TILE * hd KVs.
 #define DA_KEYS 4
 #define DA_MAXD 8  // head_dim <= 256
+#define DA_TILE 16 // keys per shared-memory tile (a multiple of DA_KEYS)
+#define DA_STAGES 3 // most tiles in the ring
 __device__ __forceinline__ float kv_val(const float* p) { return *p; }
 __device__ __forceinline__ float kv_val(const bf16_t* p) { return bf2f(*p); }
+
+// Keys [t0, t0 + DA_TILE) of KV head g (zeros past s1) into one tile of
+// shared memory ([DA_TILE][hd] for K, then the same for V), by the whole block.
+template <typename KV>
+__device__ __forceinline__ void dec_attn_load_tile(KV* ks, const KV* __restrict__ kc, const KV* __restrict__ vc,
+                                                   int t0, int s1, int nkv, int g, int hd) {
+    KV* vs = ks + DA_TILE * hd;
+    int nt = blockDim.x;
+    if ((hd * (int)sizeof(KV)) % 16 == 0) {
+        int per_row = hd * (int)sizeof(KV) / 16;
+        for (int c = threadIdx.x; c < DA_TILE * per_row; c += nt) {
+            int r = c / per_row, o = c % per_row;
+            bool ok = t0 + r < s1;
+            size_t row = ok ? ((size_t)(t0 + r) * nkv + g) * hd : 0;
+            const uint4* kp = (const uint4*)(kc + row) + o;
+            const uint4* vp = (const uint4*)(vc + row) + o;
+            uint4* kd = (uint4*)(ks + (size_t)r * hd) + o;
+            uint4* vd = (uint4*)(vs + (size_t)r * hd) + o;
+#if defined(QW_CUDA)
+            cp_async16(kd, kp, ok);
+            cp_async16(vd, vp, ok);
+#else
+            *kd = ok ? *kp : make_uint4(0u, 0u, 0u, 0u);
+            *vd = ok ? *vp : make_uint4(0u, 0u, 0u, 0u);
+#endif
+        }
+    } else {
+        for (int c = threadIdx.x; c < DA_TILE * hd; c += nt) {
+            int r = c / hd, d = c % hd;
+            bool ok = t0 + r < s1;
+            size_t at = ((size_t)(t0 + r) * nkv + g) * hd + d;
+            ks[c] = ok ? kc[at] : KV(0);
+            vs[c] = ok ? vc[at] : KV(0);
+        }
+    }
+}
+
+// The online-softmax update of one warp (one query head) with keys s .. s +
+// DA_KEYS - 1 (those >= s1 ignored), their K and V values in registers
+// (lane l holds dims l, l + 32, ...).
+__device__ __forceinline__ void dec_attn_keys(const float (&kr)[DA_KEYS][DA_MAXD], const float (&vr)[DA_KEYS][DA_MAXD],
+                                              int s, int s1, const float (&qv)[DA_MAXD], float (&acc)[DA_MAXD],
+                                              float& m, float& l) {
+    float dot[DA_KEYS];
+#pragma unroll
+    for (int u = 0; u < DA_KEYS; u++) {
+        float t = 0.f;
+#pragma unroll
+        for (int j = 0; j < DA_MAXD; j++) t += qv[j] * kr[u][j];
+        dot[u] = t;
+    }
+#pragma unroll
+    for (int u = 0; u < DA_KEYS; u++) dot[u] = warp_sum(dot[u]);
+    float mn = m;
+#pragma unroll
+    for (int u = 0; u < DA_KEYS; u++)
+        if (s + u < s1) mn = fmaxf(mn, dot[u]);
+    float corr = expf(m - mn);
+    float p[DA_KEYS];
+    float psum = 0.f;
+#pragma unroll
+    for (int u = 0; u < DA_KEYS; u++) {
+        p[u] = s + u < s1 ? expf(dot[u] - mn) : 0.f;
+        psum += p[u];
+    }
+    l = l * corr + psum;
+#pragma unroll
+    for (int j = 0; j < DA_MAXD; j++) {
+        float a = acc[j] * corr;
+#pragma unroll
+        for (int u = 0; u < DA_KEYS; u++) a += p[u] * vr[u][j];
+        acc[j] = a;
+    }
+    m = mn;
+}
 
 template <typename KV>
 __device__ __forceinline__ void dec_attn_impl(const float* __restrict__ q, const KV* __restrict__ kc,
                                               const KV* __restrict__ vc, float* __restrict__ part_o,
                                               float* __restrict__ part_ml, int nh, int nkv, int hd,
-                                              const int* __restrict__ pos_dev, int nsplit, float scale) {
+                                              const int* __restrict__ pos_dev, int nsplit, float scale,
+                                              int stages) {
+    extern __shared__ float4 da_smem[];
+    KV* ring = (KV*)da_smem;
+    const int tile_elems = 2 * DA_TILE * hd;
+    QW_GRID_WAIT();
+    QW_GRID_LAUNCH();
     int g = blockIdx.x, split = blockIdx.y;
     int G = nh / nkv;
     int w = threadIdx.x / WARP, lane = threadIdx.x % WARP;
-    if (w >= G) return;
-    int head = g * G + w;
+    bool active = w < G;
+    int head = g * G + (active ? w : 0);
     int L = *pos_dev + 1;
     int chunk = (L + nsplit - 1) / nsplit;
     int s0 = split * chunk, s1 = min(L, s0 + chunk);
@@ -592,7 +684,10 @@ __device__ __forceinline__ void dec_attn_impl(const float* __restrict__ q, const
         acc[j] = 0.f;
     }
     float m = -INFINITY, l = 0.f;
-    for (int s = s0; s < s1; s += DA_KEYS) {
+    // stages == 0: every warp reads its keys straight from global memory,
+    // DA_KEYS rows in flight (short splits, where the ring's prologue and
+    // barriers cost more than the repeated reads, which L2 serves).
+    for (int s = s0; stages == 0 && active && s < s1; s += DA_KEYS) {
         float kr[DA_KEYS][DA_MAXD], vr[DA_KEYS][DA_MAXD];
 #pragma unroll
         for (int u = 0; u < DA_KEYS; u++) {
@@ -607,38 +702,50 @@ __device__ __forceinline__ void dec_attn_impl(const float* __restrict__ q, const
                 vr[u][j] = in ? kv_val(vp + d) : 0.f;
             }
         }
-        float dot[DA_KEYS];
-#pragma unroll
-        for (int u = 0; u < DA_KEYS; u++) {
-            float t = 0.f;
-#pragma unroll
-            for (int j = 0; j < DA_MAXD; j++) t += qv[j] * kr[u][j];
-            dot[u] = t;
-        }
-#pragma unroll
-        for (int u = 0; u < DA_KEYS; u++) dot[u] = warp_sum(dot[u]);
-        float mn = m;
-#pragma unroll
-        for (int u = 0; u < DA_KEYS; u++)
-            if (s + u < s1) mn = fmaxf(mn, dot[u]);
-        float corr = expf(m - mn);
-        float p[DA_KEYS];
-        float psum = 0.f;
-#pragma unroll
-        for (int u = 0; u < DA_KEYS; u++) {
-            p[u] = s + u < s1 ? expf(dot[u] - mn) : 0.f;
-            psum += p[u];
-        }
-        l = l * corr + psum;
-#pragma unroll
-        for (int j = 0; j < DA_MAXD; j++) {
-            float a = acc[j] * corr;
-#pragma unroll
-            for (int u = 0; u < DA_KEYS; u++) a += p[u] * vr[u][j];
-            acc[j] = a;
-        }
-        m = mn;
+        dec_attn_keys(kr, vr, s, s1, qv, acc, m, l);
     }
+    int ntiles = stages > 0 && s1 > s0 ? (s1 - s0 + DA_TILE - 1) / DA_TILE : 0;
+    // Prologue: the first stages - 1 tiles in flight (one commit group each,
+    // empty past the end, so the wait count below is uniform).
+    for (int p = 0; p < stages - 1; p++) {
+        if (p < ntiles) dec_attn_load_tile<KV>(ring + p * tile_elems, kc, vc, s0 + p * DA_TILE, s1, nkv, g, hd);
+#if defined(QW_CUDA)
+        cp_async_commit();
+#endif
+    }
+    for (int it = 0; it < ntiles; it++) {
+        int nx = it + stages - 1;
+        if (nx < ntiles)
+            dec_attn_load_tile<KV>(ring + (nx % stages) * tile_elems, kc, vc, s0 + nx * DA_TILE, s1, nkv, g, hd);
+#if defined(QW_CUDA)
+        cp_async_commit();
+        // Tile `it` has landed once at most stages - 1 later groups are pending.
+        if (stages >= 3) cp_async_wait<2>();
+        else if (stages == 2) cp_async_wait<1>();
+        else cp_async_wait<0>();
+#endif
+        __syncthreads();
+        const KV* ks = ring + (it % stages) * tile_elems;
+        const KV* vs = ks + DA_TILE * hd;
+        int t0 = s0 + it * DA_TILE;
+        for (int tu = 0; active && tu < DA_TILE && t0 + tu < s1; tu += DA_KEYS) {
+            float kr[DA_KEYS][DA_MAXD], vr[DA_KEYS][DA_MAXD];
+#pragma unroll
+            for (int u = 0; u < DA_KEYS; u++) {
+#pragma unroll
+                for (int j = 0; j < DA_MAXD; j++) {
+                    int d = lane + j * WARP;
+                    bool in = d < hd;
+                    kr[u][j] = in ? kv_val(ks + (tu + u) * hd + d) : 0.f;
+                    vr[u][j] = in ? kv_val(vs + (tu + u) * hd + d) : 0.f;
+                }
+            }
+            dec_attn_keys(kr, vr, t0 + tu, s1, qv, acc, m, l);
+        }
+        // The tile is refilled stages - 1 iterations later: all warps must be done with it.
+        __syncthreads();
+    }
+    if (!active) return;
 #pragma unroll
     for (int j = 0; j < DA_MAXD; j++) {
         int d = lane + j * WARP;
@@ -653,15 +760,15 @@ __device__ __forceinline__ void dec_attn_impl(const float* __restrict__ q, const
 QW_KERNEL void QW_BOUNDS(512) dec_attn_f32(const float* __restrict__ q, const float* __restrict__ kc,
                                             const float* __restrict__ vc, float* __restrict__ part_o,
                                             float* __restrict__ part_ml, int nh, int nkv, int hd,
-                                            const int* __restrict__ pos_dev, int nsplit, float scale) {
-    dec_attn_impl<float>(q, kc, vc, part_o, part_ml, nh, nkv, hd, pos_dev, nsplit, scale);
+                                            const int* __restrict__ pos_dev, int nsplit, float scale, int stages) {
+    dec_attn_impl<float>(q, kc, vc, part_o, part_ml, nh, nkv, hd, pos_dev, nsplit, scale, stages);
 }
 
 QW_KERNEL void QW_BOUNDS(512) dec_attn_bf16(const float* __restrict__ q, const bf16_t* __restrict__ kc,
                                              const bf16_t* __restrict__ vc, float* __restrict__ part_o,
                                              float* __restrict__ part_ml, int nh, int nkv, int hd,
-                                             const int* __restrict__ pos_dev, int nsplit, float scale) {
-    dec_attn_impl<bf16_t>(q, kc, vc, part_o, part_ml, nh, nkv, hd, pos_dev, nsplit, scale);
+                                             const int* __restrict__ pos_dev, int nsplit, float scale, int stages) {
+    dec_attn_impl<bf16_t>(q, kc, vc, part_o, part_ml, nh, nkv, hd, pos_dev, nsplit, scale, stages);
 }
 
 // out[head, d] = (sum_s o_s[d] e^{m_s - M}) / (sum_s l_s e^{m_s - M}) * sigmoid(gate[head, d]).
@@ -672,6 +779,8 @@ QW_KERNEL void QW_BOUNDS(256) dec_attn_combine(const float* __restrict__ part_o,
                                                int nh, int hd, int nsplit) {
     __shared__ float scratch[32];
     __shared__ float red[8][32];
+    QW_GRID_WAIT();
+    QW_GRID_LAUNCH();
     int head = blockIdx.x;
     int lane = threadIdx.x % WARP, grp = threadIdx.x / WARP;
     int d = blockIdx.y * WARP + lane;
@@ -708,6 +817,8 @@ QW_KERNEL void QW_BOUNDS(256) dec_attn_combine(const float* __restrict__ part_o,
 QW_KERNEL void QW_BOUNDS(256) argmax_partial(const float* __restrict__ x, int n, float* __restrict__ part) {
     __shared__ float sv[32], ss[32];
     __shared__ int si[32];
+    QW_GRID_WAIT();
+    QW_GRID_LAUNCH();
     float best = -INFINITY;
     int bi = 0x7fffffff;
     int per = (n + gridDim.x - 1) / gridDim.x;
@@ -750,6 +861,8 @@ QW_KERNEL void QW_BOUNDS(256) argmax_final(const float* __restrict__ part, int n
     __shared__ float sv[32];
     __shared__ int si[32];
     __shared__ float scratch[32];
+    QW_GRID_WAIT();
+    QW_GRID_LAUNCH();
     float best = -INFINITY;
     int bi = 0x7fffffff;
     for (int p = threadIdx.x; p < np; p += blockDim.x) {

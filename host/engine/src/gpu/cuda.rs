@@ -315,6 +315,22 @@ impl Device {
             .with_context(|| format!("kernel {name} not found in the embedded modules"))
     }
 
+    /// Kernel `name`, opted in to `smem` bytes of dynamic shared memory where
+    /// that is above the default 48 KB.
+    fn kernel_with_smem(&self, name: &str, smem: u32) -> Result<sys::CUfunction> {
+        let f = self.kernel(name)?;
+        if smem > 48 * 1024 {
+            unsafe {
+                sys::cuFuncSetAttribute(
+                    f,
+                    sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    smem as i32,
+                );
+            }
+        }
+        Ok(f)
+    }
+
     /// Resident blocks per multiprocessor of kernel `name` at this block size
     /// and dynamic shared memory (at least 1).
     pub fn occupancy(&self, name: &str, block: u32, smem: u32) -> u32 {
@@ -346,10 +362,10 @@ impl Device {
         if !self.pdl || self.profile.is_some() || self.debug {
             return self.launch(name, grid, block, smem, args);
         }
-        let f = self.kernel(name)?;
         if grid.0 == 0 || grid.1 == 0 || grid.2 == 0 {
             return Ok(());
         }
+        let f = self.kernel_with_smem(name, smem)?;
         let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
         attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
         attr.value.programmaticStreamSerializationAllowed = 1;
@@ -380,19 +396,10 @@ impl Device {
         smem: u32,
         args: &[Arg],
     ) -> Result<()> {
-        let f = self.kernel(name)?;
         if grid.0 == 0 || grid.1 == 0 || grid.2 == 0 {
             return Ok(());
         }
-        if smem > 48 * 1024 {
-            unsafe {
-                sys::cuFuncSetAttribute(
-                    f,
-                    sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                    smem as i32,
-                );
-            }
-        }
+        let f = self.kernel_with_smem(name, smem)?;
         let mut params: Vec<*mut c_void> = args.iter().map(Arg::addr).collect();
         self.profiled(name, || {
             unsafe { result::launch_kernel(f, grid, block, smem, self.stream, &mut params) }

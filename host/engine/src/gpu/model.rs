@@ -117,6 +117,9 @@ pub struct GpuModel {
     /// length) or bf16 (`QWASI_KV=bf16`: half the memory and bandwidth; measured
     /// KL 1.2e-2 vs transformers f32 on a one-token prompt at full width).
     pub kv_f32: bool,
+    /// `QWASI_DEC_ATTN=ring|direct`: force decode attention's K/V path
+    /// (default: by split length, see `dec_attn_stages`).
+    dec_attn_ring: Option<bool>,
 }
 
 /// Work buffers, grown on demand and reused across passes.
@@ -386,6 +389,11 @@ impl GpuModel {
                 && std::env::var("QWASI_ATTN").as_deref() != Ok("cuda-cores"),
             gemm,
             kv_f32: std::env::var("QWASI_KV").as_deref() != Ok("bf16"),
+            dec_attn_ring: match std::env::var("QWASI_DEC_ATTN").as_deref() {
+                Ok("ring") => Some(true),
+                Ok("direct") => Some(false),
+                _ => None,
+            },
         }
     }
 

@@ -206,11 +206,15 @@ fn imp(a: &SpeedArgs, runs: usize, out: &Path) -> Result<()> {
         let logits = model.forward(&mut base, &p)?;
         let prefill_profile = model.take_profile();
         print_profile("prefill", &prefill_profile, 1);
-        if let Some(dir) = &a.dump_logits {
-            std::fs::create_dir_all(dir)?;
-            let bytes: Vec<u8> = logits.iter().flat_map(|v| v.to_le_bytes()).collect();
-            std::fs::write(dir.join(format!("qwasi_logits_{len}.f32")), bytes)?;
-        }
+        let dump = |name: String, logits: &[f32]| -> Result<()> {
+            if let Some(dir) = &a.dump_logits {
+                std::fs::create_dir_all(dir)?;
+                let bytes: Vec<u8> = logits.iter().flat_map(|v| v.to_le_bytes()).collect();
+                std::fs::write(dir.join(name), bytes)?;
+            }
+            Ok(())
+        };
+        dump(format!("qwasi_logits_{len}.f32"), &logits)?;
         let snap = model
             .snapshot(&base)
             .ok_or_else(|| anyhow::anyhow!("snapshot failed (device memory?)"))?;
@@ -221,10 +225,15 @@ fn imp(a: &SpeedArgs, runs: usize, out: &Path) -> Result<()> {
         let mut finite = logits.iter().all(|v| v.is_finite());
         {
             let mut seq = model.restore(snap.as_ref()).unwrap();
-            for _ in 0..15.min(a.decode_tokens) {
+            let steps = 15.min(a.decode_tokens);
+            for step in 0..steps {
                 let l = model.forward(&mut seq, &[*host_tokens.last().unwrap()])?;
                 finite &= l.iter().all(|v| v.is_finite());
                 host_tokens.push(qwasi_engine::sampling::argmax(&l));
+                if step + 1 == steps {
+                    // After `steps` decode steps: compares decode paths bit for bit.
+                    dump(format!("qwasi_decode_logits_{len}.f32"), &l)?;
+                }
             }
         }
         all_consistent &= finite;

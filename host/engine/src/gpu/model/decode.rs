@@ -24,6 +24,14 @@ use anyhow::{Result, bail};
 const ARGMAX_BLOCKS: usize = 512;
 /// Most key-length splits of decode attention.
 const MAX_SPLIT: usize = 128;
+/// Keys per shared-memory tile and most tiles in the ring of `dec_attn_*`
+/// (`DA_TILE`, `DA_STAGES` in kernels/decode.cu).
+const DA_TILE: usize = 16;
+const DA_STAGES: usize = 3;
+/// Keys per split from which decode attention copies K/V through shared
+/// memory once per block (H200: 131K decode 118.5 -> 134.9 tok/s) instead of
+/// once per query head (faster for short splits: 512 context 286 vs 277).
+const RING_MIN_KEYS: usize = 256;
 
 /// Device buffers of the decode step (fixed addresses, so graphs stay valid)
 /// and the captured graph of the last sequence shape.
@@ -43,8 +51,6 @@ pub(super) struct DecodeState {
     gdn_o: DBuf,
     g: DBuf,
     beta: DBuf,
-    idx: DBuf,
-    wts: DBuf,
     act: DBuf,
     logits: DBuf,
     part: DBuf,
@@ -105,8 +111,6 @@ impl GpuModel {
             gdn_o: d.alloc(c.linear_value_dim().max(1) * F)?,
             g: d.alloc(c.linear_num_value_heads.max(1) * F)?,
             beta: d.alloc(c.linear_num_value_heads.max(1) * F)?,
-            idx: d.alloc(k.max(1) * 4)?,
-            wts: d.alloc(k.max(1) * F)?,
             act: d.alloc(act * F)?,
             logits: d.alloc(c.vocab_size * F)?,
             part: d.alloc(ARGMAX_BLOCKS * 3 * F)?,
@@ -123,6 +127,22 @@ impl GpuModel {
     /// 128 splits beat 96 at 8K and 288-512 at 32K-131K.
     fn decode_splits(cap: usize) -> usize {
         (cap / 64).clamp(1, MAX_SPLIT)
+    }
+
+    /// Shared-memory ring stages of decode attention for a KV capacity: 0
+    /// (each warp reads K/V from global memory) unless a split may span
+    /// `RING_MIN_KEYS` keys, then as many tiles of `tile` bytes as fit, up to
+    /// `DA_STAGES`. `QWASI_DEC_ATTN=ring|direct` forces a path (same results).
+    fn dec_attn_stages(&self, cap: usize, nsplit: usize, tile: usize) -> usize {
+        let ring = match self.dec_attn_ring {
+            Some(forced) => forced,
+            None => cap.div_ceil(nsplit) >= RING_MIN_KEYS,
+        };
+        if ring {
+            (self.dev.max_shared_per_block() / tile).clamp(1, DA_STAGES)
+        } else {
+            0
+        }
     }
 
     /// Grid of a row-per-warp GEMV: one row per warp, capped at the blocks
@@ -248,7 +268,7 @@ impl GpuModel {
                     let p = in_proj.rows;
                     norm_gemv(in_proj.buf.ptr(), p, layer.input_norm.ptr(), proj)?;
                     let blocks = 2 * nk + vdim.div_ceil(128);
-                    d.launch(
+                    d.launch_pdl(
                         "dec_gdn_prep",
                         (blocks as u32, 1, 1),
                         (128, 1, 1),
@@ -270,7 +290,7 @@ impl GpuModel {
                             f(1.0 / (dk as f32).sqrt()),
                         ],
                     )?;
-                    d.launch(
+                    d.launch_pdl(
                         "dec_gdn_step",
                         (nv as u32, 1, 1),
                         ((32 * dv.div_ceil(32)) as u32, 4, 1),
@@ -303,7 +323,7 @@ impl GpuModel {
                 ) => {
                     let p = pw.rows;
                     norm_gemv(pw.buf.ptr(), p, layer.input_norm.ptr(), proj)?;
-                    d.launch(
+                    d.launch_pdl(
                         if self.kv_f32 {
                             "attn_prep_f32"
                         } else {
@@ -331,7 +351,9 @@ impl GpuModel {
                         ],
                     )?;
                     let nsplit = Self::decode_splits(seq.cap);
-                    d.launch(
+                    let tile = 2 * DA_TILE * hd * if self.kv_f32 { F } else { B };
+                    let stages = self.dec_attn_stages(seq.cap, nsplit, tile);
+                    d.launch_pdl(
                         if self.kv_f32 {
                             "dec_attn_f32"
                         } else {
@@ -339,7 +361,7 @@ impl GpuModel {
                         },
                         (nkv as u32, nsplit as u32, 1),
                         ((32 * (nh / nkv)) as u32, 1, 1),
-                        0,
+                        (stages * tile) as u32,
                         &[
                             Arg::Ptr(ds.q.ptr()),
                             Arg::Ptr(k.ptr()),
@@ -352,9 +374,10 @@ impl GpuModel {
                             Arg::Ptr(pos),
                             i(nsplit),
                             f(1.0 / (hd as f32).sqrt()),
+                            i(stages),
                         ],
                     )?;
-                    d.launch(
+                    d.launch_pdl(
                         "dec_attn_combine",
                         (nh as u32, hd.div_ceil(32) as u32, 1),
                         (256, 1, 1),
@@ -397,8 +420,6 @@ impl GpuModel {
                             Arg::Ptr(proj),
                             i(e),
                             i(k),
-                            Arg::Ptr(ds.idx.ptr()),
-                            Arg::Ptr(ds.wts.ptr()),
                             Arg::Ptr(ds.act.ptr()),
                             i(inter),
                             i(h),
@@ -413,8 +434,6 @@ impl GpuModel {
                             Arg::Ptr(down.ptr()),
                             Arg::Ptr(shared_down.buf.ptr()),
                             Arg::Ptr(ds.act.ptr()),
-                            Arg::Ptr(ds.idx.ptr()),
-                            Arg::Ptr(ds.wts.ptr()),
                             Arg::Ptr(proj),
                             i(e),
                             i(k),
@@ -450,7 +469,7 @@ impl GpuModel {
         }
         let head = self.lm_head();
         norm_gemv(head.buf.ptr(), head.rows, self.norm.ptr(), ds.logits.ptr())?;
-        d.launch(
+        d.launch_pdl(
             "argmax_partial",
             (ARGMAX_BLOCKS as u32, 1, 1),
             (256, 1, 1),
@@ -461,7 +480,7 @@ impl GpuModel {
                 Arg::Ptr(ds.part.ptr()),
             ],
         )?;
-        d.launch(
+        d.launch_pdl(
             "argmax_final",
             (1, 1, 1),
             (256, 1, 1),
