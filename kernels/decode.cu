@@ -565,7 +565,7 @@ QW_KERNEL void QW_BOUNDS(256) dec_moe_down(const bf16_t* __restrict__ Wd, const 
 
 // Decode attention, GQA-aware and split over the key length: grid (nkv, nsplit),
 // block 32 * G threads (G = nh / nkv <= 16 query heads share one KV head; one warp
-// per query head). For long splits (stages >= 1) the block copies its
+// per query head). For long splits (RING, stages >= 1) the block copies its
 // split's K/V rows once into a shared-memory ring of `stages` (1..DA_STAGES)
 // tiles of DA_TILE keys (cp.async, the next tiles in flight while one is
 // used; the host picks the most that fit), and every warp reads them from
@@ -656,7 +656,7 @@ __device__ __forceinline__ void dec_attn_keys(const float (&kr)[DA_KEYS][DA_MAXD
     m = mn;
 }
 
-template <typename KV>
+template <typename KV, bool RING>
 __device__ __forceinline__ void dec_attn_impl(const float* __restrict__ q, const KV* __restrict__ kc,
                                               const KV* __restrict__ vc, float* __restrict__ part_o,
                                               float* __restrict__ part_ml, int nh, int nkv, int hd,
@@ -684,10 +684,10 @@ __device__ __forceinline__ void dec_attn_impl(const float* __restrict__ q, const
         acc[j] = 0.f;
     }
     float m = -INFINITY, l = 0.f;
-    // stages == 0: every warp reads its keys straight from global memory,
+    // Direct (not RING): every warp reads its keys straight from global memory,
     // DA_KEYS rows in flight (short splits, where the ring's prologue and
     // barriers cost more than the repeated reads, which L2 serves).
-    for (int s = s0; stages == 0 && active && s < s1; s += DA_KEYS) {
+    for (int s = s0; !RING && active && s < s1; s += DA_KEYS) {
         float kr[DA_KEYS][DA_MAXD], vr[DA_KEYS][DA_MAXD];
 #pragma unroll
         for (int u = 0; u < DA_KEYS; u++) {
@@ -704,7 +704,7 @@ __device__ __forceinline__ void dec_attn_impl(const float* __restrict__ q, const
         }
         dec_attn_keys(kr, vr, s, s1, qv, acc, m, l);
     }
-    int ntiles = stages > 0 && s1 > s0 ? (s1 - s0 + DA_TILE - 1) / DA_TILE : 0;
+    int ntiles = RING && s1 > s0 ? (s1 - s0 + DA_TILE - 1) / DA_TILE : 0;
     // Prologue: the first stages - 1 tiles in flight (one commit group each,
     // empty past the end, so the wait count below is uniform).
     for (int p = 0; p < stages - 1; p++) {
@@ -757,19 +757,19 @@ __device__ __forceinline__ void dec_attn_impl(const float* __restrict__ q, const
     }
 }
 
-QW_KERNEL void QW_BOUNDS(512) dec_attn_f32(const float* __restrict__ q, const float* __restrict__ kc,
-                                            const float* __restrict__ vc, float* __restrict__ part_o,
-                                            float* __restrict__ part_ml, int nh, int nkv, int hd,
-                                            const int* __restrict__ pos_dev, int nsplit, float scale, int stages) {
-    dec_attn_impl<float>(q, kc, vc, part_o, part_ml, nh, nkv, hd, pos_dev, nsplit, scale, stages);
-}
-
-QW_KERNEL void QW_BOUNDS(512) dec_attn_bf16(const float* __restrict__ q, const bf16_t* __restrict__ kc,
-                                             const bf16_t* __restrict__ vc, float* __restrict__ part_o,
-                                             float* __restrict__ part_ml, int nh, int nkv, int hd,
-                                             const int* __restrict__ pos_dev, int nsplit, float scale, int stages) {
-    dec_attn_impl<bf16_t>(q, kc, vc, part_o, part_ml, nh, nkv, hd, pos_dev, nsplit, scale, stages);
-}
+// dec_attn_{f32,bf16} read K/V directly, the _ring variants through shared
+// memory (separate kernels: each path keeps its own register allocation).
+#define DEC_ATTN(NAME, KV, RING)                                                                              \
+    QW_KERNEL void QW_BOUNDS(512) NAME(const float* __restrict__ q, const KV* __restrict__ kc,                 \
+                                       const KV* __restrict__ vc, float* __restrict__ part_o,                \
+                                       float* __restrict__ part_ml, int nh, int nkv, int hd,                 \
+                                       const int* __restrict__ pos_dev, int nsplit, float scale, int stages) { \
+        dec_attn_impl<KV, RING>(q, kc, vc, part_o, part_ml, nh, nkv, hd, pos_dev, nsplit, scale, stages);   \
+    }
+DEC_ATTN(dec_attn_f32, float, false)
+DEC_ATTN(dec_attn_f32_ring, float, true)
+DEC_ATTN(dec_attn_bf16, bf16_t, false)
+DEC_ATTN(dec_attn_bf16_ring, bf16_t, true)
 
 // out[head, d] = (sum_s o_s[d] e^{m_s - M}) / (sum_s l_s e^{m_s - M}) * sigmoid(gate[head, d]).
 // grid (nh, ceil(hd / 32)), block 256: 32 dims x 8 groups of splits, then a

@@ -130,9 +130,9 @@ impl GpuModel {
     }
 
     /// Shared-memory ring stages of decode attention for a KV capacity: 0
-    /// (each warp reads K/V from global memory) unless a split may span
-    /// `RING_MIN_KEYS` keys, then as many tiles of `tile` bytes as fit, up to
-    /// `DA_STAGES`. `QWASI_DEC_ATTN=ring|direct` forces a path (same results).
+    /// (`dec_attn_*`: each warp reads K/V from global memory) unless a split may span
+    /// `RING_MIN_KEYS` keys, then (`dec_attn_*_ring`) as many tiles of `tile`
+    /// bytes as fit, up to `DA_STAGES`. `QWASI_DEC_ATTN=ring|direct` forces a path (same results).
     fn dec_attn_stages(&self, cap: usize, nsplit: usize, tile: usize) -> usize {
         let ring = match self.dec_attn_ring {
             Some(forced) => forced,
@@ -354,10 +354,11 @@ impl GpuModel {
                     let tile = 2 * DA_TILE * hd * if self.kv_f32 { F } else { B };
                     let stages = self.dec_attn_stages(seq.cap, nsplit, tile);
                     d.launch_pdl(
-                        if self.kv_f32 {
-                            "dec_attn_f32"
-                        } else {
-                            "dec_attn_bf16"
+                        match (self.kv_f32, stages > 0) {
+                            (true, false) => "dec_attn_f32",
+                            (true, true) => "dec_attn_f32_ring",
+                            (false, false) => "dec_attn_bf16",
+                            (false, true) => "dec_attn_bf16_ring",
                         },
                         (nkv as u32, nsplit as u32, 1),
                         ((32 * (nh / nkv)) as u32, 1, 1),
