@@ -728,7 +728,12 @@ __device__ __forceinline__ void dec_attn_impl(const float* __restrict__ q, const
         const KV* ks = ring + (it % stages) * tile_elems;
         const KV* vs = ks + DA_TILE * hd;
         int t0 = s0 + it * DA_TILE;
-        for (int tu = 0; active && tu < DA_TILE && t0 + tu < s1; tu += DA_KEYS) {
+        // Whole tiles, unrolled: keys past s1 are zeros in shared memory and
+        // masked in dec_attn_keys (m is finite after the first tile, so a
+        // fully masked group leaves m, l and acc exactly as they were).
+#pragma unroll
+        for (int tu = 0; tu < DA_TILE; tu += DA_KEYS) {
+            if (!active) break;
             float kr[DA_KEYS][DA_MAXD], vr[DA_KEYS][DA_MAXD];
 #pragma unroll
             for (int u = 0; u < DA_KEYS; u++) {
