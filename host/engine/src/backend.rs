@@ -37,6 +37,15 @@ pub trait Backend: Send + Sync {
     fn restore(&self, _snap: &dyn SeqSnapshot) -> Option<Self::Sequence> {
         None
     }
+
+    /// Prefix cache host tier: a copy of `snap` (one of this backend's
+    /// snapshots) in host memory that [`Backend::restore`] also accepts, so
+    /// the cache can keep a snapshot its device budget pushes out. `None`
+    /// (the default) where snapshots already live in host memory or the copy
+    /// fails; the cache then evicts it.
+    fn demote(&self, _snap: &dyn SeqSnapshot) -> Option<Box<dyn SeqSnapshot>> {
+        None
+    }
 }
 
 /// A backend's immutable snapshot of a sequence at one position. The prefix

@@ -64,6 +64,8 @@ struct Faulty {
     forwards: Arc<AtomicUsize>,
     forward_tokens: Arc<AtomicUsize>,
     copies: Option<Arc<CopyStats>>,
+    /// With a host tier: `demote` makes [`Copied`] snapshots counted here.
+    host: Option<Arc<CopyStats>>,
 }
 
 impl Faulty {
@@ -119,6 +121,15 @@ impl Backend for Faulty {
             None => self.model.restore(snap),
         }
     }
+    /// A "host copy": a fresh snapshot of the same state that owns all its bytes.
+    fn demote(&self, snap: &dyn SeqSnapshot) -> Option<Box<dyn SeqSnapshot>> {
+        let stats = self.host.as_ref()?;
+        let seq = self.restore(snap)?;
+        Some(Box::new(Copied::new(
+            self.model.snapshot(&seq)?,
+            stats.clone(),
+        )))
+    }
 }
 
 struct Harness {
@@ -144,11 +155,30 @@ impl Harness {
         )
     }
 
+    /// A host tier of `host_bytes` behind `cache_bytes`; the returned stats
+    /// count the host copies alive.
+    fn with_host_tier(cache_bytes: usize, host_bytes: usize) -> (Self, Arc<CopyStats>) {
+        let stats = Arc::new(CopyStats::default());
+        let h = Self::build_with(cache_bytes, host_bytes, 0, 0, None, Some(stats.clone()));
+        (h, stats)
+    }
+
     fn build(
         cache_bytes: usize,
         interval: usize,
         delay_ms: u64,
         copies: Option<Arc<CopyStats>>,
+    ) -> Self {
+        Self::build_with(cache_bytes, 0, interval, delay_ms, copies, None)
+    }
+
+    fn build_with(
+        cache_bytes: usize,
+        host_bytes: usize,
+        interval: usize,
+        delay_ms: u64,
+        copies: Option<Arc<CopyStats>>,
+        host: Option<Arc<CopyStats>>,
     ) -> Self {
         let model = model();
         let fail_pos = Arc::new(AtomicUsize::new(usize::MAX));
@@ -163,9 +193,11 @@ impl Harness {
             forwards: forwards.clone(),
             forward_tokens: forward_tokens.clone(),
             copies,
+            host,
         };
         let cfg = ServiceConfig {
             prefix_cache_bytes: cache_bytes,
+            prefix_cache_host_bytes: host_bytes,
             snapshot_interval: interval,
             ..ServiceConfig::default()
         };
@@ -900,4 +932,72 @@ async fn pending_full_copy_snapshots_stay_within_the_budget() {
         0,
         "snapshot bytes leaked"
     );
+}
+
+#[tokio::test]
+async fn a_snapshot_pushed_to_the_host_tier_still_serves_the_next_turn() {
+    // Room on the "device" for one end-of-prompt snapshot of the longer
+    // prompts only: every commit pushes the older snapshots out. With a host
+    // tier they are copied there and resumed from there; without, dropped.
+    let first = prompt(120, 51);
+    let other = prompt(140, 52);
+    let end = {
+        let model = model();
+        let mut seq = model.new_sequence();
+        model.extend(&mut seq, &other).unwrap();
+        snapshot_bytes(&*model.snapshot(&seq).unwrap())
+    };
+    let budget = end + end / 2;
+    let (h, host) = Harness::with_host_tier(budget, 64 * MIB);
+    let a = h.run(&req(&first, 3), SubmitOptions::default()).await;
+    h.run(&req(&other, 3), SubmitOptions::default()).await;
+    let s = h.cache().stats();
+    assert!(s.demotions >= 2 && s.host_bytes > 0, "{s:?}");
+    assert!(s.bytes <= budget, "{s:?}");
+    assert_eq!(s.evictions, 0, "{s:?}");
+    // The next turn of the first conversation resumes from its host copy
+    // (generation end: the prompt and the generated tokens but the last, which
+    // was never fed back) and matches a cold run exactly.
+    let mut turn = first.clone();
+    turn.extend(&a.tokens);
+    turn.extend(prompt(30, 53));
+    let r = req(&turn, 4);
+    let (work0, _) = h.work();
+    let out = h.run(&r, SubmitOptions::default()).await;
+    assert_eq!(
+        out.usage().cached_tokens as usize,
+        first.len() + a.tokens.len() - 1
+    );
+    let (cold_tokens, cold_steps) = cold(&h.model, &r);
+    assert_same("from the host tier", &out, &cold_tokens, &cold_steps);
+    assert!(h.work().0 > work0);
+    let metrics = h.svc.metrics_text();
+    for line in [
+        format!(
+            "qwasi_prefix_cache_demotions_total {}",
+            h.cache().stats().demotions
+        ),
+        format!(
+            "qwasi_prefix_cache_host_bytes {}",
+            h.cache().stats().host_bytes
+        ),
+    ] {
+        assert!(metrics.contains(&line), "{line} missing from\n{metrics}");
+    }
+    // Host copies alive = the host tier's bytes minus stored logits; none after clear.
+    assert!(host.live.load(Ordering::SeqCst) <= h.cache().stats().host_bytes);
+    assert!(host.live.load(Ordering::SeqCst) > 0);
+    h.cache().clear();
+    assert_eq!(host.live.load(Ordering::SeqCst), 0, "host copies leaked");
+
+    // The same without a host tier: the first conversation's snapshots are gone.
+    let h = Harness::new(budget, 0, 0);
+    let a = h.run(&req(&first, 3), SubmitOptions::default()).await;
+    h.run(&req(&other, 3), SubmitOptions::default()).await;
+    let mut turn = first.clone();
+    turn.extend(&a.tokens);
+    turn.extend(prompt(30, 53));
+    let out = h.run(&req(&turn, 4), SubmitOptions::default()).await;
+    assert_eq!(out.usage().cached_tokens, 0);
+    assert!(h.cache().stats().evictions >= 2);
 }

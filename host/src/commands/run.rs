@@ -45,6 +45,9 @@ pub struct Args {
     /// on the cpu backend, a quarter of the free device memory on cuda/hip).
     #[arg(long)]
     pub prefix_cache_mib: Option<usize>,
+    /// Host-memory tier of the prefix cache on cuda/hip, in MiB (0 = none; as `qwasi serve`).
+    #[arg(long, default_value_t = 0)]
+    pub prefix_cache_host_mib: usize,
     /// Directory for compiled components (default: ~/.cache/qwasi/components).
     #[arg(long, value_name = "DIR")]
     pub compile_cache: Option<PathBuf>,
@@ -127,6 +130,7 @@ pub fn run(a: Args) -> Result<i32> {
         queue_timeout: Duration::ZERO,
         max_model_len: a.max_model_len,
         prefix_cache_bytes: a.prefix_cache_mib.unwrap_or(serve::CPU_PREFIX_CACHE_MIB) << 20,
+        prefix_cache_host_bytes: a.prefix_cache_host_mib << 20,
         ..ServiceConfig::default()
     };
     let StartedEngine {

@@ -108,6 +108,11 @@ pub struct Args {
     /// prefix (~40 KiB per token of the 35B-A3B model with the f32 KV cache).
     #[arg(long)]
     pub prefix_cache_mib: Option<usize>,
+    /// Host-memory tier of the prefix cache on cuda/hip, in MiB (0 = none):
+    /// snapshots the device budget pushes out are copied to host memory and
+    /// resumed from there instead of being dropped (no effect on cpu).
+    #[arg(long, default_value_t = 0)]
+    pub prefix_cache_host_mib: usize,
     /// Snapshot every N prompt tokens during long prefills (0 = only at
     /// prompt ends, message boundaries and generation ends).
     #[arg(long, default_value_t = qwasi_engine::service::DEFAULT_SNAPSHOT_INTERVAL)]
@@ -474,13 +479,20 @@ pub fn start_engine(
             }
             start_service(gpu, scripted_turns, &tokenizer, &id, service_config)?
         }
-        _ => start_service(
-            CpuModel::new(config, weights),
-            scripted_turns,
-            &tokenizer,
-            &id,
-            service_config,
-        )?,
+        _ => {
+            if service_config.prefix_cache_host_bytes > 0 {
+                eprintln!(
+                    "[cpu] --prefix-cache-host-mib has no effect: cpu snapshots already live in host memory (--prefix-cache-mib)"
+                );
+            }
+            start_service(
+                CpuModel::new(config, weights),
+                scripted_turns,
+                &tokenizer,
+                &id,
+                service_config,
+            )?
+        }
     };
     let model_info = runtime::bindings::api::qwasi::inference::types::ModelInfo {
         id: id.clone(),
@@ -519,6 +531,7 @@ fn load(a: &Args) -> Result<(Runtime, String)> {
         max_prompt_tokens: a.max_prompt_tokens,
         max_completion_tokens: a.max_completion_tokens,
         prefix_cache_bytes: a.prefix_cache_mib.unwrap_or(CPU_PREFIX_CACHE_MIB) << 20,
+        prefix_cache_host_bytes: a.prefix_cache_host_mib << 20,
         snapshot_interval: a.snapshot_interval,
     };
     let StartedEngine {

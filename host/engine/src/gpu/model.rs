@@ -1663,9 +1663,21 @@ impl Backend for GpuModel {
         }))
     }
 
+    /// From a device snapshot (device-to-device copies) or its host copy
+    /// ([`Backend::demote`]; host-to-device copies): fresh buffers, KV with
+    /// room to grow.
     fn restore(&self, snap: &dyn SeqSnapshot) -> Option<GpuSequence> {
-        let snap = snap.as_any().downcast_ref::<GpuSnapshot>()?;
-        if snap.kv_f32 != self.kv_f32 || snap.layers.len() != self.cfg.num_layers() {
+        let any = snap.as_any();
+        let (device, host) = (
+            any.downcast_ref::<GpuSnapshot>(),
+            any.downcast_ref::<GpuHostSnapshot>(),
+        );
+        let (pos, kv_f32, n) = match (device, host) {
+            (Some(s), _) => (s.pos, s.kv_f32, s.layers.len()),
+            (_, Some(h)) => (h.pos, h.kv_f32, h.layers.len()),
+            _ => return None,
+        };
+        if kv_f32 != self.kv_f32 || n != self.cfg.num_layers() {
             return None;
         }
         let _guard = self.scratch.lock().unwrap();
@@ -1673,35 +1685,135 @@ impl Backend for GpuModel {
         let row = self.kv_row_bytes();
         // Room for the turn that follows, so resuming does not begin by
         // doubling and copying the whole KV cache.
-        let cap = kv_capacity(snap.pos, 0, self.max_len);
-        let mut layers = Vec::with_capacity(snap.layers.len());
-        for l in &snap.layers {
-            layers.push(match l {
-                SeqLayer::Gdn { conv, s } => {
-                    let c = self.dev.alloc(conv.bytes()).ok()?;
-                    let st = self.dev.alloc(s.bytes()).ok()?;
-                    self.dev.dtod(c.ptr(), conv.ptr(), conv.bytes()).ok()?;
-                    self.dev.dtod(st.ptr(), s.ptr(), s.bytes()).ok()?;
-                    SeqLayer::Gdn { conv: c, s: st }
-                }
-                SeqLayer::Attn { k, v } => {
-                    let kk = self.dev.alloc(cap * row).ok()?;
-                    let vv = self.dev.alloc(cap * row).ok()?;
-                    self.dev.dtod(kk.ptr(), k.ptr(), snap.pos * row).ok()?;
-                    self.dev.dtod(vv.ptr(), v.ptr(), snap.pos * row).ok()?;
-                    SeqLayer::Attn {
-                        k: Arc::new(kk),
-                        v: Arc::new(vv),
+        let cap = kv_capacity(pos, 0, self.max_len);
+        let d = &self.dev;
+        let kv = || Some((d.alloc(cap * row).ok()?, d.alloc(cap * row).ok()?));
+        let mut layers = Vec::with_capacity(n);
+        if let Some(s) = device {
+            for l in &s.layers {
+                layers.push(match l {
+                    SeqLayer::Gdn { conv, s } => {
+                        let c = d.alloc(conv.bytes()).ok()?;
+                        let st = d.alloc(s.bytes()).ok()?;
+                        d.dtod(c.ptr(), conv.ptr(), conv.bytes()).ok()?;
+                        d.dtod(st.ptr(), s.ptr(), s.bytes()).ok()?;
+                        SeqLayer::Gdn { conv: c, s: st }
                     }
-                }
-            });
+                    SeqLayer::Attn { k, v } => {
+                        let (kk, vv) = kv()?;
+                        d.dtod(kk.ptr(), k.ptr(), pos * row).ok()?;
+                        d.dtod(vv.ptr(), v.ptr(), pos * row).ok()?;
+                        SeqLayer::Attn {
+                            k: Arc::new(kk),
+                            v: Arc::new(vv),
+                        }
+                    }
+                });
+            }
+        } else if let Some(h) = host {
+            for l in &h.layers {
+                layers.push(match l {
+                    HostLayer::Gdn { conv, s } => {
+                        let c = d.alloc(conv.len()).ok()?;
+                        let st = d.alloc(s.len()).ok()?;
+                        d.htod(c.ptr(), conv).ok()?;
+                        d.htod(st.ptr(), s).ok()?;
+                        SeqLayer::Gdn { conv: c, s: st }
+                    }
+                    HostLayer::Attn { k, v } => {
+                        let (kk, vv) = kv()?;
+                        d.htod(kk.ptr(), k).ok()?;
+                        d.htod(vv.ptr(), v).ok()?;
+                        SeqLayer::Attn {
+                            k: Arc::new(kk),
+                            v: Arc::new(vv),
+                        }
+                    }
+                });
+            }
         }
         Some(GpuSequence {
             id: next_sequence_id(),
-            pos: snap.pos,
+            pos,
             cap,
             layers,
         })
+    }
+
+    /// A host-memory copy of a device snapshot: the GDN states and the KV
+    /// rows it covers (not the buffers' spare capacity).
+    fn demote(&self, snap: &dyn SeqSnapshot) -> Option<Box<dyn SeqSnapshot>> {
+        let snap = snap.as_any().downcast_ref::<GpuSnapshot>()?;
+        let _guard = self.scratch.lock().unwrap();
+        self.dev.bind().ok()?;
+        let rows = snap.pos * self.kv_row_bytes();
+        let copy = |ptr: u64, bytes: usize| -> Option<Vec<u8>> {
+            let mut v = vec![0u8; bytes];
+            self.dev.dtoh(&mut v, ptr).ok()?;
+            Some(v)
+        };
+        let mut layers = Vec::with_capacity(snap.layers.len());
+        let mut bytes = 0;
+        for l in &snap.layers {
+            let h = match l {
+                SeqLayer::Gdn { conv, s } => HostLayer::Gdn {
+                    conv: copy(conv.ptr(), conv.bytes())?,
+                    s: copy(s.ptr(), s.bytes())?,
+                },
+                SeqLayer::Attn { k, v } => HostLayer::Attn {
+                    k: copy(k.ptr(), rows)?,
+                    v: copy(v.ptr(), rows)?,
+                },
+            };
+            bytes += match &h {
+                HostLayer::Gdn { conv, s } => conv.len() + s.len(),
+                HostLayer::Attn { k, v } => k.len() + v.len(),
+            };
+            layers.push(h);
+        }
+        Some(Box::new(GpuHostSnapshot {
+            pos: snap.pos,
+            kv_f32: snap.kv_f32,
+            layers,
+            bytes,
+        }))
+    }
+}
+
+/// One layer of a [`GpuHostSnapshot`]: bytes as they were on the device.
+enum HostLayer {
+    Gdn {
+        conv: Vec<u8>,
+        s: Vec<u8>,
+    },
+    /// KV rows `[0, pos)`.
+    Attn {
+        k: Vec<u8>,
+        v: Vec<u8>,
+    },
+}
+
+/// A snapshot moved to host memory by the prefix cache's host tier; owns
+/// all its bytes.
+pub struct GpuHostSnapshot {
+    pos: usize,
+    kv_f32: bool,
+    layers: Vec<HostLayer>,
+    bytes: usize,
+}
+
+impl SeqSnapshot for GpuHostSnapshot {
+    fn position(&self) -> usize {
+        self.pos
+    }
+    fn private_bytes(&self) -> usize {
+        self.bytes
+    }
+    fn pages(&self) -> Vec<(u64, usize)> {
+        Vec::new()
+    }
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
     }
 }
 

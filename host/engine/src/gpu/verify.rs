@@ -211,6 +211,9 @@ pub struct SmokeReport {
     /// A snapshot taken after the prompt, restored, and decoded one token gives
     /// the same logits as the original sequence (max |difference|).
     pub snapshot_restore_max_diff: Option<f32>,
+    /// The same through the snapshot's host-memory copy (the prefix cache's
+    /// host tier: `demote`, then restore from host memory).
+    pub host_restore_max_diff: Option<f32>,
     pub pass: bool,
 }
 
@@ -244,18 +247,36 @@ pub fn smoke(
     let (pa, pb) = (log_softmax(&la), log_softmax(&lb));
     let k = kl(&pa, &pb);
     let agree = argmax(&la) == argmax(&lb);
-    // Snapshot after the prompt, restore, decode the first greedy token: must equal the original.
+    // Snapshot after the prompt, restore (from the device snapshot and from
+    // its host copy), decode the first greedy token: must equal the original.
     let first = argmax(&la);
-    let restored = match model.snapshot(&a) {
+    let (restored, from_host) = match model.snapshot(&a) {
         Some(snap) => {
             let mut r = model
                 .restore(snap.as_ref())
                 .context("restore of a fresh snapshot failed")?;
-            Some(model.forward(&mut r, &[first])?)
+            let host = model
+                .demote(snap.as_ref())
+                .context("copying a snapshot to host memory failed")?;
+            drop(snap);
+            let mut h = model
+                .restore(host.as_ref())
+                .context("restore from a host copy failed")?;
+            (
+                Some(model.forward(&mut r, &[first])?),
+                Some(model.forward(&mut h, &[first])?),
+            )
         }
-        None => None,
+        None => (None, None),
+    };
+    let max_diff = |x: &[f32], y: &[f32]| {
+        x.iter()
+            .zip(y)
+            .map(|(p, q)| (p - q).abs())
+            .fold(0.0, f32::max)
     };
     let mut snap_diff = None;
+    let mut host_diff = None;
     let mut generated = Vec::new();
     let mut logits = la;
     let t1 = Instant::now();
@@ -263,15 +284,9 @@ pub fn smoke(
         let t = argmax(&logits);
         generated.push(t);
         logits = model.forward(&mut a, &[t])?;
-        if i == 0
-            && let Some(x) = &restored
-        {
-            snap_diff = Some(
-                x.iter()
-                    .zip(&logits)
-                    .map(|(p, q)| (p - q).abs())
-                    .fold(0.0, f32::max),
-            );
+        if i == 0 {
+            snap_diff = restored.as_deref().map(|x| max_diff(x, &logits));
+            host_diff = from_host.as_deref().map(|x| max_diff(x, &logits));
         }
     }
     let dt = t1.elapsed().as_secs_f64();
@@ -288,7 +303,8 @@ pub fn smoke(
         generated,
         decode_tokens_per_s: n_gen as f64 / dt.max(1e-9),
         snapshot_restore_max_diff: snap_diff,
-        pass: finite && k < 1e-2 && snap_diff == Some(0.0),
+        host_restore_max_diff: host_diff,
+        pass: finite && k < 1e-2 && snap_diff == Some(0.0) && host_diff == Some(0.0),
     })
 }
 
@@ -364,7 +380,8 @@ pub fn run_cli(o: &VerifyOptions) -> Result<bool> {
         println!(
             "synthetic {p} ({} layers): load {:.1} s, prefill {} tokens {:.3} s, finite {}, \
              KL(prefill || prefill[..-1]+decode) {:.2e}, top1 agree {}, decode {:.1} tok/s \
-             (correctness build: no graphs, full logits copied per token), snapshot/restore max diff {:?}, tokens {:?}  {}",
+             (correctness build: no graphs, full logits copied per token), snapshot/restore max diff {:?}, \
+             from the host copy {:?}, tokens {:?}  {}",
             r.layers,
             r.load_s,
             r.prompt_len,
@@ -374,6 +391,7 @@ pub fn run_cli(o: &VerifyOptions) -> Result<bool> {
             r.top1_prefill_vs_decode_agree,
             r.decode_tokens_per_s,
             r.snapshot_restore_max_diff,
+            r.host_restore_max_diff,
             r.generated,
             if r.pass { "PASS" } else { "FAIL" }
         );

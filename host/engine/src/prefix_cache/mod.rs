@@ -22,6 +22,11 @@
 //!   (pages are counted by id with a reference count inside the cache). Over the budget, the least
 //!   recently used unpinned snapshots are evicted; a page's memory is freed
 //!   when its last reference (cache or running sequence) goes.
+//! * **Host tier** (backends with device memory): with a host budget, a
+//!   snapshot pushed out of the (device) budget is first *demoted*: the
+//!   backend copies it to host memory ([`crate::backend::Backend::demote`])
+//!   and the entry stays findable, restored from there; the host tier has its
+//!   own budget and LRU eviction.
 
 mod trie;
 
@@ -116,11 +121,23 @@ fn logit_bytes(logits: Option<&[f32]>) -> usize {
     logits.map_or(0, std::mem::size_of_val)
 }
 
+/// A snapshot's private bytes and all its pages (what a copy of it owns).
+fn snapshot_bytes(snap: &dyn SeqSnapshot) -> usize {
+    snap.private_bytes() + snap.pages().iter().map(|p| p.1).sum::<usize>()
+}
+
+/// Copies a snapshot into host memory (the backend's
+/// [`crate::backend::Backend::demote`]); `None` if it cannot.
+pub type Demote<'a> = &'a dyn Fn(&dyn SeqSnapshot) -> Option<Box<dyn SeqSnapshot>>;
+
 /// One cached snapshot.
 struct Entry {
     salt: Option<String>,
     tokens: Vec<u32>,
     snap: Arc<dyn SeqSnapshot>,
+    /// Demoted: `snap` is the backend's host-memory copy (counted in the
+    /// host tier's bytes, no shared pages).
+    host: bool,
     /// The logits after `tokens` (end-of-prompt and end-of-generation snapshots).
     logits: Option<Arc<[f32]>>,
     last_used: u64,
@@ -135,11 +152,14 @@ struct Inner {
     /// Distinct pages held by the cache's snapshots: id -> (references, bytes).
     pages: HashMap<u64, (usize, usize)>,
     page_bytes: usize,
-    /// Private state bytes plus stored logits of every snapshot.
+    /// Private state bytes plus stored logits of every snapshot not demoted.
     private_bytes: usize,
+    /// Everything demoted snapshots hold (they own their bytes) plus their logits.
+    host_bytes: usize,
     next_id: u64,
     clock: u64,
     evictions: u64,
+    demotions: u64,
 }
 
 /// A pinned snapshot handed to a request by [`PrefixCache::lookup`].
@@ -177,12 +197,20 @@ impl Drop for Lease {
 /// Totals for metrics and tests.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct CacheStats {
+    /// Snapshots in both tiers.
     pub snapshots: usize,
-    /// Bytes held: private state bytes + distinct page bytes.
+    /// Bytes held in the backend's own memory: private state bytes +
+    /// distinct page bytes of snapshots not demoted.
     pub bytes: usize,
     pub pages: usize,
+    /// Snapshots dropped from the cache (from either tier).
     pub evictions: u64,
     pub budget: usize,
+    /// Bytes of snapshots demoted to host memory, and their budget (0: no host tier).
+    pub host_bytes: usize,
+    pub host_budget: usize,
+    /// Snapshots moved to the host tier.
+    pub demotions: u64,
 }
 
 /// One entry in [`PrefixCache::dump`]: `(salt, tokens, position, bytes the
@@ -191,14 +219,23 @@ pub type DumpEntry = (Option<String>, Vec<u32>, usize, usize, bool);
 
 pub struct PrefixCache {
     budget: usize,
+    host_budget: usize,
     inner: Mutex<Inner>,
 }
 
 impl PrefixCache {
     /// A cache holding at most `budget_bytes` (0 holds nothing).
     pub fn new(budget_bytes: usize) -> Self {
+        Self::with_host_tier(budget_bytes, 0)
+    }
+
+    /// A cache of `budget_bytes` in the backend's memory whose overflow moves
+    /// to host memory (up to `host_budget_bytes`) where the backend can
+    /// demote snapshots, instead of being evicted.
+    pub fn with_host_tier(budget_bytes: usize, host_budget_bytes: usize) -> Self {
         PrefixCache {
             budget: budget_bytes,
+            host_budget: host_budget_bytes,
             inner: Mutex::default(),
         }
     }
@@ -210,6 +247,10 @@ impl PrefixCache {
 
     pub fn budget(&self) -> usize {
         self.budget
+    }
+
+    pub fn host_budget(&self) -> usize {
+        self.host_budget
     }
 
     /// For `salt`: the snapshot at exactly `prompt` if it carries logits (a
@@ -260,10 +301,17 @@ impl PrefixCache {
     /// any) as used, inserts its staged snapshots (an existing snapshot at
     /// the same tokens is kept and the new one dropped, except that a staged
     /// snapshot with logits replaces an existing one without: same tokens,
-    /// so the same state, now able to serve an identical prompt), then
-    /// evicts least recently used unpinned snapshots until the cache fits its
-    /// budget. Returns how many snapshots were inserted or replaced.
-    pub fn commit(&self, salt: Option<&str>, used: Option<&Lease>, staged: Staged) -> usize {
+    /// so the same state, now able to serve an identical prompt), then moves
+    /// least recently used unpinned snapshots out until the cache fits its
+    /// budget: to the host tier through `demote` where there is one, else
+    /// out of the cache. Returns how many snapshots were inserted or replaced.
+    pub fn commit(
+        &self,
+        salt: Option<&str>,
+        used: Option<&Lease>,
+        staged: Staged,
+        demote: Option<Demote>,
+    ) -> usize {
         let salt = salt.map(str::to_owned);
         let mut inner = self.lock();
         let inner = &mut *inner;
@@ -284,15 +332,19 @@ impl PrefixCache {
             if tokens.is_empty() || tokens.len() != snap.position() {
                 continue;
             }
-            // A snapshot larger than the whole budget can never be held.
-            let own = snap.private_bytes()
-                + logit_bytes(logits.as_deref())
-                + snap.pages().iter().map(|p| p.1).sum::<usize>();
+            // A snapshot larger than the whole budget can never be held (in
+            // the backend's memory, nor in the host tier when there is one).
+            let own = snapshot_bytes(&*snap) + logit_bytes(logits.as_deref());
+            let limit = if demote.is_some() {
+                self.budget.max(self.host_budget)
+            } else {
+                self.budget
+            };
             let existing = inner.trees.get(&salt).and_then(|t| t.get(&tokens));
             if let Some(id) = existing {
                 let e = inner.entries.get_mut(&id).expect("indexed");
                 e.last_used = inner.clock;
-                if e.logits.is_some() || logits.is_none() || own > self.budget {
+                if e.logits.is_some() || logits.is_none() || own > limit {
                     continue;
                 }
                 // Upgrade in place (same id, node and pins): a request
@@ -301,12 +353,13 @@ impl PrefixCache {
                 let logits: Option<Arc<[f32]>> = logits.map(Arc::from);
                 let old_snap = std::mem::replace(&mut e.snap, snap.clone());
                 let old_logits = std::mem::replace(&mut e.logits, logits.clone());
-                Self::account_add(inner, &*snap, logits.as_deref());
-                Self::account_sub(inner, &*old_snap, old_logits.as_deref());
+                let was_host = std::mem::replace(&mut e.host, false);
+                Self::account_add(inner, &*snap, logits.as_deref(), false);
+                Self::account_sub(inner, &*old_snap, old_logits.as_deref(), was_host);
                 inserted += 1;
                 continue;
             }
-            if own > self.budget {
+            if own > limit {
                 continue;
             }
             inner.next_id += 1;
@@ -318,13 +371,14 @@ impl PrefixCache {
                 .insert(&tokens, id);
             let snap: Arc<dyn SeqSnapshot> = Arc::from(snap);
             let logits: Option<Arc<[f32]>> = logits.map(Arc::from);
-            Self::account_add(inner, &*snap, logits.as_deref());
+            Self::account_add(inner, &*snap, logits.as_deref(), false);
             inner.entries.insert(
                 id,
                 Entry {
                     salt: salt.clone(),
                     tokens,
                     snap,
+                    host: false,
                     logits,
                     last_used: inner.clock,
                     pins: Arc::default(),
@@ -332,12 +386,17 @@ impl PrefixCache {
             );
             inserted += 1;
         }
-        Self::evict_to(inner, self.budget);
+        self.fit(inner, demote);
         inserted
     }
 
-    /// Counts a snapshot's private bytes, logits and pages as held.
-    fn account_add(inner: &mut Inner, snap: &dyn SeqSnapshot, logits: Option<&[f32]>) {
+    /// Counts a snapshot's private bytes, logits and pages as held (in the
+    /// host tier's total when `host`).
+    fn account_add(inner: &mut Inner, snap: &dyn SeqSnapshot, logits: Option<&[f32]>, host: bool) {
+        if host {
+            inner.host_bytes += snapshot_bytes(snap) + logit_bytes(logits);
+            return;
+        }
         inner.private_bytes += snap.private_bytes() + logit_bytes(logits);
         for (pid, bytes) in snap.pages() {
             let slot = inner.pages.entry(pid).or_insert((0, bytes));
@@ -350,7 +409,11 @@ impl PrefixCache {
 
     /// The reverse of [`Self::account_add`]; a page no snapshot holds any
     /// more stops being counted.
-    fn account_sub(inner: &mut Inner, snap: &dyn SeqSnapshot, logits: Option<&[f32]>) {
+    fn account_sub(inner: &mut Inner, snap: &dyn SeqSnapshot, logits: Option<&[f32]>, host: bool) {
+        if host {
+            inner.host_bytes -= snapshot_bytes(snap) + logit_bytes(logits);
+            return;
+        }
         inner.private_bytes -= snap.private_bytes() + logit_bytes(logits);
         for (pid, _) in snap.pages() {
             if let Some(slot) = inner.pages.get_mut(&pid) {
@@ -367,16 +430,56 @@ impl PrefixCache {
         inner.private_bytes + inner.page_bytes
     }
 
-    /// Evicts LRU unpinned snapshots until `bytes <= budget` (or none is evictable).
-    fn evict_to(inner: &mut Inner, budget: usize) {
-        while Self::bytes(inner) > budget {
-            let victim = inner
-                .entries
-                .iter()
-                .filter(|(_, e)| e.pins.load(Ordering::SeqCst) == 0)
-                .min_by_key(|(id, e)| (e.last_used, **id))
-                .map(|(id, _)| *id);
-            let Some(id) = victim else { break };
+    /// The least recently used unpinned snapshot of one tier.
+    fn lru(inner: &Inner, host: bool) -> Option<u64> {
+        inner
+            .entries
+            .iter()
+            .filter(|(_, e)| e.host == host && e.pins.load(Ordering::SeqCst) == 0)
+            .min_by_key(|(id, e)| (e.last_used, **id))
+            .map(|(id, _)| *id)
+    }
+
+    /// Moves LRU unpinned snapshots out of the backend's memory until
+    /// `bytes <= budget` (demoted where the host tier takes them, else
+    /// evicted), then evicts LRU host snapshots until the host tier fits.
+    fn fit(&self, inner: &mut Inner, demote: Option<Demote>) {
+        while Self::bytes(inner) > self.budget {
+            let Some(id) = Self::lru(inner, false) else {
+                break;
+            };
+            let demoted = match demote {
+                Some(demote) if self.host_budget > 0 => {
+                    let e = &inner.entries[&id];
+                    let logits = logit_bytes(e.logits.as_deref());
+                    // Not worth a copy that cannot fit.
+                    (snapshot_bytes(&*e.snap) + logits <= self.host_budget)
+                        .then(|| demote(&*e.snap))
+                        .flatten()
+                        .filter(|h| snapshot_bytes(&**h) + logits <= self.host_budget)
+                }
+                _ => None,
+            };
+            match demoted {
+                Some(h) => {
+                    let e = inner.entries.get_mut(&id).expect("chosen above");
+                    let old = std::mem::replace(&mut e.snap, Arc::from(h));
+                    e.host = true;
+                    let (new, logits) = (e.snap.clone(), e.logits.clone());
+                    Self::account_sub(inner, &*old, logits.as_deref(), false);
+                    Self::account_add(inner, &*new, logits.as_deref(), true);
+                    inner.demotions += 1;
+                }
+                None => {
+                    Self::remove(inner, id);
+                    inner.evictions += 1;
+                }
+            }
+        }
+        while inner.host_bytes > self.host_budget {
+            let Some(id) = Self::lru(inner, true) else {
+                break;
+            };
             Self::remove(inner, id);
             inner.evictions += 1;
         }
@@ -392,7 +495,7 @@ impl PrefixCache {
                 inner.trees.remove(&e.salt);
             }
         }
-        Self::account_sub(inner, &*e.snap, e.logits.as_deref());
+        Self::account_sub(inner, &*e.snap, e.logits.as_deref(), e.host);
     }
 
     /// Drops every unpinned snapshot (not counted as evictions).
@@ -417,6 +520,9 @@ impl PrefixCache {
             pages: inner.pages.len(),
             evictions: inner.evictions,
             budget: self.budget,
+            host_bytes: inner.host_bytes,
+            host_budget: self.host_budget,
+            demotions: inner.demotions,
         }
     }
 
@@ -483,6 +589,128 @@ mod tests {
             }),
             logits: None,
         }
+    }
+
+    /// A host copy: owns every byte of the original, no pages; `fail`
+    /// refuses (a host allocation that failed).
+    fn demoter(fail: bool) -> impl Fn(&dyn SeqSnapshot) -> Option<Box<dyn SeqSnapshot>> {
+        move |s: &dyn SeqSnapshot| {
+            (!fail).then(|| {
+                Box::new(Fake {
+                    pos: s.position(),
+                    own: snapshot_bytes(s),
+                    pages: Vec::new(),
+                }) as Box<dyn SeqSnapshot>
+            })
+        }
+    }
+
+    /// Commits one snapshot at `len` tokens of `tok` (own bytes, pages).
+    fn put(
+        c: &PrefixCache,
+        tok: u32,
+        len: usize,
+        own: usize,
+        pages: &[u64],
+        demote: Option<Demote>,
+    ) {
+        let mut st = Staged::default();
+        let mut s = staged(len, own, pages);
+        s.tokens = vec![tok; len];
+        st.push_bounded(s, usize::MAX);
+        c.commit(None, None, st, demote);
+    }
+
+    #[test]
+    fn the_device_budget_demotes_to_the_host_tier_which_evicts_lru() {
+        // Device room for two 100-byte snapshots, host room for three.
+        let c = PrefixCache::with_host_tier(200, 300);
+        let d = demoter(false);
+        for tok in 1..=4 {
+            put(&c, tok, 4, 100, &[], Some(&d));
+        }
+        let s = c.stats();
+        assert_eq!((s.snapshots, s.bytes, s.host_bytes), (4, 200, 200), "{s:?}");
+        assert_eq!((s.demotions, s.evictions), (2, 0));
+        // Demoted snapshots are still found, as host copies.
+        let l = c
+            .lookup(None, &[1, 1, 1, 1, 1])
+            .expect("demoted, not dropped");
+        assert_eq!((l.position(), l.snapshot().pages().len()), (4, 0));
+        drop(l);
+        // Two more: the host tier holds three, so the oldest host copy goes.
+        put(&c, 5, 4, 100, &[], Some(&d));
+        put(&c, 6, 4, 100, &[], Some(&d));
+        let s = c.stats();
+        assert_eq!((s.snapshots, s.bytes, s.host_bytes), (5, 200, 300), "{s:?}");
+        assert_eq!((s.demotions, s.evictions), (4, 1));
+        assert!(c.lookup(None, &[1; 5]).is_none());
+        assert!(c.lookup(None, &[2; 5]).is_some());
+        c.clear();
+        let s = c.stats();
+        assert_eq!((s.snapshots, s.bytes, s.host_bytes, s.pages), (0, 0, 0, 0));
+    }
+
+    #[test]
+    fn demoting_counts_shared_pages_until_their_last_device_holder_goes() {
+        // Two snapshots over one 1000-byte page: demoting the older keeps the
+        // page on the device (the newer holds it); its copy owns 1010 bytes.
+        let c = PrefixCache::with_host_tier(1025, 5000);
+        let d = demoter(false);
+        put(&c, 1, 4, 10, &[7], Some(&d));
+        put(&c, 2, 4, 10, &[7], Some(&d));
+        let s = c.stats();
+        assert_eq!((s.bytes, s.host_bytes, s.pages), (1020, 0, 1));
+        put(&c, 3, 4, 10, &[8], Some(&d));
+        let s = c.stats();
+        // 2030 on the device: snapshot 1 goes (1020 left counting both
+        // pages), then snapshot 2 (page 7 freed): 1010.
+        assert_eq!((s.bytes, s.host_bytes, s.pages), (1010, 2020, 1), "{s:?}");
+        assert_eq!(s.demotions, 2);
+    }
+
+    #[test]
+    fn without_a_host_copy_or_a_host_tier_the_device_budget_evicts() {
+        for (host, fail) in [(0, false), (1000, true)] {
+            let c = PrefixCache::with_host_tier(200, host);
+            let d = demoter(fail);
+            for tok in 1..=3 {
+                put(&c, tok, 4, 100, &[], Some(&d));
+            }
+            let s = c.stats();
+            assert_eq!((s.snapshots, s.bytes, s.host_bytes), (2, 200, 0), "{s:?}");
+            assert_eq!((s.demotions, s.evictions), (0, 1));
+        }
+        // A snapshot larger than the device budget goes straight to the host
+        // tier; one larger than both budgets is not kept.
+        let c = PrefixCache::with_host_tier(200, 1000);
+        let d = demoter(false);
+        put(&c, 1, 4, 500, &[], Some(&d));
+        put(&c, 2, 4, 5000, &[], Some(&d));
+        let s = c.stats();
+        assert_eq!(
+            (s.snapshots, s.bytes, s.host_bytes, s.demotions),
+            (1, 0, 500, 1),
+            "{s:?}"
+        );
+    }
+
+    #[test]
+    fn pinned_snapshots_are_neither_demoted_nor_evicted() {
+        let c = PrefixCache::with_host_tier(100, 100);
+        let d = demoter(false);
+        put(&c, 1, 4, 100, &[], Some(&d));
+        let lease = c.lookup(None, &[1; 5]).unwrap();
+        put(&c, 2, 4, 100, &[], Some(&d));
+        let s = c.stats();
+        // Snapshot 1 is pinned: snapshot 2 (the only unpinned) is demoted.
+        assert_eq!(
+            (s.snapshots, s.bytes, s.host_bytes, s.demotions),
+            (2, 100, 100, 1),
+            "{s:?}"
+        );
+        assert!(c.lookup(None, &[2; 5]).is_some());
+        drop(lease);
     }
 
     #[test]

@@ -339,12 +339,21 @@ impl Metrics {
             "Snapshots in the prefix cache.",
             c.snapshots as u64,
         );
+        gauge(
+            o,
+            "qwasi_prefix_cache_host_bytes",
+            "Bytes of prefix-cache snapshots moved to host memory (the host tier).",
+            c.host_bytes as u64,
+        );
         let _ = writeln!(
             o,
             "# HELP qwasi_prefix_cache_evictions_total Snapshots evicted to stay under the budget.\n\
              # TYPE qwasi_prefix_cache_evictions_total counter\n\
-             qwasi_prefix_cache_evictions_total {}",
-            c.evictions
+             qwasi_prefix_cache_evictions_total {}\n\
+             # HELP qwasi_prefix_cache_demotions_total Snapshots moved from device to host memory.\n\
+             # TYPE qwasi_prefix_cache_demotions_total counter\n\
+             qwasi_prefix_cache_demotions_total {}",
+            c.evictions, c.demotions
         );
 
         self.ttft.render(

@@ -61,8 +61,13 @@ pub struct ServiceConfig {
     pub max_prompt_tokens: usize,
     /// Largest `max_tokens` accepted; 0 = no cap.
     pub max_completion_tokens: usize,
-    /// Prefix-cache budget in bytes; 0 turns the prefix cache off.
+    /// Prefix-cache budget in bytes (in device memory on a GPU backend); 0
+    /// turns the prefix cache off.
     pub prefix_cache_bytes: usize,
+    /// Host-memory tier of the prefix cache for backends with device memory:
+    /// snapshots the device budget pushes out are copied here (and restored
+    /// from here) instead of being dropped. 0 = no host tier.
+    pub prefix_cache_host_bytes: usize,
     /// Snapshot every this many prompt tokens during a prefill (0 = only at
     /// prompt ends, guest marks and generation ends). See docs/PREFIX_CACHE.md
     /// for how the default was chosen.
@@ -82,6 +87,7 @@ impl Default for ServiceConfig {
             max_prompt_tokens: 0,
             max_completion_tokens: 0,
             prefix_cache_bytes: 0,
+            prefix_cache_host_bytes: 0,
             snapshot_interval: DEFAULT_SNAPSHOT_INTERVAL,
         }
     }
@@ -278,8 +284,12 @@ impl EngineService {
         };
         let queue = Arc::new(Queue::new(1));
         let metrics = Arc::new(Metrics::new());
-        let cache = (cfg.prefix_cache_bytes > 0)
-            .then(|| Arc::new(PrefixCache::new(cfg.prefix_cache_bytes)));
+        let cache = (cfg.prefix_cache_bytes > 0).then(|| {
+            Arc::new(PrefixCache::with_host_tier(
+                cfg.prefix_cache_bytes,
+                cfg.prefix_cache_host_bytes,
+            ))
+        });
         worker::spawn(
             backend,
             tokenizer.clone(),

@@ -11,7 +11,7 @@
 use super::metrics::Metrics;
 use super::queue::{Job, Queue};
 use super::{Event, Usage};
-use crate::backend::Backend;
+use crate::backend::{Backend, SeqSnapshot};
 use crate::generate::FinishReason;
 use crate::prefix_cache::{Lease, PrefixCache, Staged, StagedSnapshot};
 use crate::sampling::Sampler;
@@ -105,7 +105,13 @@ impl<B: Backend> Worker<B> {
                 if matches!(f.reason, FinishReason::Stop | FinishReason::Length)
                     && let Some(cache) = &self.cache
                 {
-                    cache.commit(job.opts.cache_salt.as_deref(), f.lease.as_ref(), staged);
+                    let demote = |s: &dyn SeqSnapshot| self.backend.demote(s);
+                    cache.commit(
+                        job.opts.cache_salt.as_deref(),
+                        f.lease.as_ref(),
+                        staged,
+                        Some(&demote),
+                    );
                 }
                 drop(f.lease.take());
                 let usage = Usage {

@@ -60,6 +60,10 @@ pub struct PrefixCacheArgs {
     /// Prefix-cache budget for the runs (default 4096 on the CPU, 32768 on a GPU).
     #[arg(long, value_name = "MIB")]
     prefix_cache_mib: Option<usize>,
+    /// Host-memory tier for a GPU backend's snapshots (0 = none). With a
+    /// small --prefix-cache-mib, cached requests resume from host memory.
+    #[arg(long, value_name = "MIB", default_value_t = 0)]
+    prefix_cache_host_mib: usize,
     /// Snapshot interval of the TTFT runs (default: the service's, 1024, on
     /// the CPU; 0 on a GPU, so that the cold runs time the prefill alone).
     #[arg(long, value_name = "TOKENS")]
@@ -120,6 +124,7 @@ pub fn run(a: &Args) -> Result<()> {
 struct Plan {
     runs: usize,
     prefix_cache_mib: usize,
+    prefix_cache_host_mib: usize,
     /// Snapshot interval of the TTFT runs.
     interval: usize,
     /// Intervals swept.
@@ -155,6 +160,7 @@ impl Plan {
         Ok(Plan {
             runs,
             prefix_cache_mib: p.prefix_cache_mib.unwrap_or(if gpu { 32768 } else { 4096 }),
+            prefix_cache_host_mib: p.prefix_cache_host_mib,
             interval: p.snapshot_interval.unwrap_or(if gpu {
                 0
             } else {
@@ -204,6 +210,9 @@ impl<M: Backend> Backend for Shared<M> {
     }
     fn restore(&self, snap: &dyn SeqSnapshot) -> Option<M::Sequence> {
         self.0.restore(snap)
+    }
+    fn demote(&self, snap: &dyn SeqSnapshot) -> Option<Box<dyn SeqSnapshot>> {
+        self.0.demote(snap)
     }
 }
 
@@ -342,6 +351,7 @@ fn measure<M: Backend + 'static>(
                 max_queue: 4,
                 queue_timeout: Duration::ZERO,
                 prefix_cache_bytes: budget_mib << 20,
+                prefix_cache_host_bytes: plan.prefix_cache_host_mib << 20,
                 snapshot_interval: interval,
                 ..ServiceConfig::default()
             },
@@ -529,6 +539,8 @@ fn report(
             "snapshots": m.stats.snapshots,
             "bytes": m.stats.bytes,
             "evictions": m.stats.evictions,
+            "host_bytes": m.stats.host_bytes,
+            "demotions": m.stats.demotions,
         },
         "wall_s": started.elapsed().as_secs_f64(),
     })
@@ -670,12 +682,14 @@ fn gpu(a: &Args, backend: &str) -> Result<()> {
     // The cold request's two snapshots share its KV buffers.
     let ((kv_prefix, gdn), (kv_prompt, _)) = (snap(longest), snap(prompt + COMPARED));
     let need = kv_prefix + kv_prompt + 3 * gdn + 3 * 4 * cfg.vocab_size;
-    let budget = plan.prefix_cache_mib << 20;
+    let budget = (plan.prefix_cache_mib + plan.prefix_cache_host_mib) << 20;
     if need > budget {
         bail!(
-            "--prefix-cache-mib {}: the {longest}-token prefix needs up to {} MiB (its \
-             snapshot and the cold request's two, which hold the sequences' KV buffers)",
+            "--prefix-cache-mib {} (+ --prefix-cache-host-mib {}): the {longest}-token prefix \
+             needs up to {} MiB (its snapshot and the cold request's two, which hold the \
+             sequences' KV buffers)",
             plan.prefix_cache_mib,
+            plan.prefix_cache_host_mib,
             need.div_ceil(1 << 20)
         );
     }
@@ -737,6 +751,7 @@ fn gpu(a: &Args, backend: &str) -> Result<()> {
         "runs": plan.runs,
         "snapshot_interval": plan.interval,
         "prefix_cache_mib": plan.prefix_cache_mib,
+        "prefix_cache_host_mib": plan.prefix_cache_host_mib,
         "kv_cache": if model.kv_f32 { "f32" } else { "bf16" },
         "warmup_prompt_tokens": plan.warmup,
         "exactness_tolerance": GPU_TOLERANCE,
