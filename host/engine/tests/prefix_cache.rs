@@ -990,6 +990,26 @@ async fn a_snapshot_pushed_to_the_host_tier_still_serves_the_next_turn() {
     h.cache().clear();
     assert_eq!(host.live.load(Ordering::SeqCst), 0, "host copies leaked");
 
+    // A device budget smaller than one snapshot: staged all the same, and
+    // moved to the host tier when the request commits.
+    let (h, _) = Harness::with_host_tier(end / 2, 64 * MIB);
+    let a = h.run(&req(&first, 3), SubmitOptions::default()).await;
+    let s = h.cache().stats();
+    assert!(
+        s.snapshots >= 2 && s.bytes <= end / 2 && s.demotions >= 2,
+        "{s:?}"
+    );
+    let mut turn = first.clone();
+    turn.extend(&a.tokens);
+    turn.extend(prompt(30, 53));
+    let r = req(&turn, 4);
+    let out = h.run(&r, SubmitOptions::default()).await;
+    assert_eq!(
+        out.usage().cached_tokens as usize,
+        first.len() + a.tokens.len() - 1
+    );
+    assert_same("over the device budget", &out, &cold_tokens, &cold_steps);
+
     // The same without a host tier: the first conversation's snapshots are gone.
     let h = Harness::new(budget, 0, 0);
     let a = h.run(&req(&first, 3), SubmitOptions::default()).await;

@@ -253,6 +253,13 @@ impl PrefixCache {
         self.host_budget
     }
 
+    /// The most a request's pending snapshots may hold: what one commit can
+    /// keep, in the backend's memory or, with a host tier, in host memory
+    /// (a snapshot over the device budget is demoted when committed).
+    pub fn staging_budget(&self) -> usize {
+        self.budget.max(self.host_budget)
+    }
+
     /// For `salt`: the snapshot at exactly `prompt` if it carries logits (a
     /// full hit: [`Lease::logits`] is set), else the deepest snapshot whose
     /// tokens are a prefix of `prompt` and shorter than it; pinned until the
@@ -336,7 +343,7 @@ impl PrefixCache {
             // the backend's memory, nor in the host tier when there is one).
             let own = snapshot_bytes(&*snap) + logit_bytes(logits.as_deref());
             let limit = if demote.is_some() {
-                self.budget.max(self.host_budget)
+                self.staging_budget()
             } else {
                 self.budget
             };

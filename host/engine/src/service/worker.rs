@@ -294,7 +294,7 @@ impl<'j, B: Backend> Running<'j, B> {
             cuts.retain(|&q| !cache.contains(salt, &req.prompt[..q]));
         }
         let mut at = cached_tokens;
-        let budget = w.cache.as_ref().map_or(0, |c| c.budget());
+        let budget = w.cache.as_ref().map_or(0, |c| c.staging_budget());
         for q in cuts {
             if job.is_cancelled() {
                 return Ok(Err(Finish {
@@ -329,7 +329,7 @@ impl<'j, B: Backend> Running<'j, B> {
                 snap,
                 logits: Some(logits.clone()),
             };
-            staged.push_bounded(s, cache.budget());
+            staged.push_bounded(s, cache.staging_budget());
         }
         w.metrics.add_prompt_tokens(req.prompt.len());
         let mut stops = req.stop_token_ids.clone();
@@ -427,7 +427,7 @@ impl<'j, B: Backend> Running<'j, B> {
                 snap,
                 logits: Some(self.logits.clone()),
             };
-            self.staged.push_bounded(s, cache.budget());
+            self.staged.push_bounded(s, cache.staging_budget());
         }
     }
 
