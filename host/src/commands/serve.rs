@@ -451,7 +451,6 @@ pub fn start_engine(
     gpu_budget_auto: bool,
     scripted_turns: Option<&Path>,
 ) -> Result<StartedEngine> {
-    #[cfg_attr(not(any(feature = "cuda", feature = "hip")), allow(unused_mut))]
     let mut service_config = service_config;
     #[cfg(not(any(feature = "cuda", feature = "hip")))]
     let _ = gpu_budget_auto;
@@ -484,6 +483,7 @@ pub fn start_engine(
                 eprintln!(
                     "[cpu] --prefix-cache-host-mib has no effect: cpu snapshots already live in host memory (--prefix-cache-mib)"
                 );
+                service_config.prefix_cache_host_bytes = 0;
             }
             start_service(
                 CpuModel::new(config, weights),

@@ -249,10 +249,6 @@ impl PrefixCache {
         self.budget
     }
 
-    pub fn host_budget(&self) -> usize {
-        self.host_budget
-    }
-
     /// The most a request's pending snapshots may hold: what one commit can
     /// keep, in the backend's memory or, with a host tier, in host memory
     /// (a snapshot over the device budget is demoted when committed).
