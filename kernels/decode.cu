@@ -185,6 +185,44 @@ QW_KERNEL void QW_BOUNDS(256) dec_gemv(const bf16_t* __restrict__ W, const float
     if (ssq_out) write_ssq(mine, ssq_out);
 }
 
+// The same for rows of at most 4 chunks (cols % 8 == 0, cols <= 4 * 2048):
+// P = blockDim.x / 256 warps share each row, one chunk each, all loaded
+// before QW_GRID_WAIT(): the whole matrix is requested while the predecessor
+// finishes (a 16.8 MB out projection is in flight at once), and after the
+// wait only the dots remain. Block = 8 rows, as dec_gemv (same ssq_out
+// partials); the P partial dots of a row meet in shared memory.
+QW_KERNEL void QW_BOUNDS(1024) dec_gemv_rows(const bf16_t* __restrict__ W, const float* __restrict__ x,
+                                            float* __restrict__ y, int rows, int cols, int accumulate,
+                                            float* __restrict__ ssq_out) {
+    __shared__ float dots[32];
+    const int P = blockDim.x / (DEC_WARPS * WARP);
+    const int w = threadIdx.x / WARP, lane = threadIdx.x % WARP;
+    const int r = blockIdx.x * DEC_WARPS + w / P, p = w % P;
+    uint4 v[CH];
+    load_chunk(W, r, rows, cols, p * CH * WARP, lane, v);
+    QW_GRID_WAIT();
+    QW_GRID_LAUNCH();
+    const int n8 = cols >> 3;
+    float acc = 0.f;
+#pragma unroll
+    for (int u = 0; u < CH; u++) {
+        int c = p * CH * WARP + lane + u * WARP;
+        if (c < n8) acc += dot8g(v[u], x + 8 * c, nullptr);
+    }
+    acc = warp_sum(acc);
+    if (lane == 0) dots[w] = acc;
+    __syncthreads();
+    float mine = 0.f;
+    if (p == 0 && lane == 0 && r < rows) {
+        float d = 0.f;
+        for (int q = 0; q < P; q++) d += dots[w + q];
+        float o = accumulate ? y[r] + d : d;
+        y[r] = o;
+        mine = o * o;
+    }
+    if (ssq_out) write_ssq(mine, ssq_out);
+}
+
 // y[r] = W[r, :] . rmsnorm(x): the (1+w) weight nw multiplies x on the fly and
 // 1/rms (from the residual kernels' partial sums of squares) scales the dot.
 QW_KERNEL void QW_BOUNDS(256) dec_norm_gemv(const bf16_t* __restrict__ W, const float* __restrict__ x,
@@ -463,6 +501,30 @@ QW_KERNEL void QW_BOUNDS(256) dec_moe_gate_up(const bf16_t* __restrict__ Wgu, co
     if (lane == 0) act[(size_t)j * I + i] = silu_f(gv) * uv;
 }
 
+// Chunk `base` (16-byte units) of down row r's virtual row: the k routed
+// experts' rows (I columns each) then the shared expert's (S), zeros past it.
+__device__ __forceinline__ void down_chunk(const bf16_t* __restrict__ Wd, const bf16_t* __restrict__ Wsd,
+                                           const int* sidx, int k, int I, int S, int H, int r, int base, int lane,
+                                           uint4 (&v)[CH]) {
+    int n8I = I >> 3, nR = k * n8I, nv = nR + (S >> 3);
+#pragma unroll
+    for (int u = 0; u < CH; u++) {
+        int c = base + lane + u * WARP;
+        if (r < H && c < nv) {
+            const uint4* p;
+            if (c < nR) {
+                int j = c / n8I;
+                p = (const uint4*)(Wd + ((size_t)sidx[j] * H + r) * I) + (c - j * n8I);
+            } else {
+                p = (const uint4*)(Wsd + (size_t)r * S) + (c - nR);
+            }
+            v[u] = ld_stream(p);
+        } else {
+            v[u] = make_uint4(0u, 0u, 0u, 0u);
+        }
+    }
+}
+
 // Routed experts, down half, plus the gated shared expert and the residual:
 // y[r] += sum_j w_j Wd[e_j][r, :] . act[j, :]
 //       + sigmoid(inp[E]) * Wsd[r, :] . (silu(inp[E+1 : E+1+S]) * inp[E+1+S : E+1+2S]).
@@ -486,24 +548,7 @@ QW_KERNEL void QW_BOUNDS(256) dec_moe_down(const bf16_t* __restrict__ Wd, const 
     int first = blockIdx.x * DEC_WARPS + w, stride = gridDim.x * DEC_WARPS;
     int n8I = I >> 3, nR = k * n8I, nv = nR + (S >> 3);
     bool vec = !((I & 7) || (S & 7));
-    auto load = [&](int r, int base, uint4 (&v)[CH]) {
-#pragma unroll
-        for (int u = 0; u < CH; u++) {
-            int c = base + lane + u * WARP;
-            if (r < H && c < nv) {
-                const uint4* p;
-                if (c < nR) {
-                    int j = c / n8I;
-                    p = (const uint4*)(Wd + ((size_t)sidx[j] * H + r) * I) + (c - j * n8I);
-                } else {
-                    p = (const uint4*)(Wsd + (size_t)r * S) + (c - nR);
-                }
-                v[u] = ld_stream(p);
-            } else {
-                v[u] = make_uint4(0u, 0u, 0u, 0u);
-            }
-        }
-    };
+    auto load = [&](int r, int base, uint4 (&v)[CH]) { down_chunk(Wd, Wsd, sidx, k, I, S, H, r, base, lane, v); };
     uint4 v[CH];
     if (vec) load(first, 0, v);
     QW_GRID_WAIT();
@@ -559,6 +604,70 @@ QW_KERNEL void QW_BOUNDS(256) dec_moe_down(const bf16_t* __restrict__ Wd, const 
             y[r] = o;
             mine += o * o;
         }
+    }
+    write_ssq(mine, ssq_out);
+}
+
+// dec_moe_down with the virtual row (I, S multiples of 8) split between
+// P = blockDim.x / 256 warps, `span` 16-byte columns each (a multiple of 32,
+// at most DOWN_SPAN), all loaded before the grid wait (the routing too, as
+// above), so after the wait only `act` and the dots remain. Block = 8 rows
+// (same ssq_out partials); a row's P partial dots meet in shared memory.
+#define DOWN_SPAN 9  // 16-byte loads per lane (the 35B model: 2 x 9 x 32 = its 576)
+QW_KERNEL void QW_BOUNDS_MIN(512, 2) dec_moe_down_rows(const bf16_t* __restrict__ Wd, const bf16_t* __restrict__ Wsd,
+                                               const float* __restrict__ act, const float* __restrict__ inp,
+                                               int E, int k, int I, int S, float* __restrict__ y, int H,
+                                               float* __restrict__ ssq_out, int span) {
+    extern __shared__ float xs[];
+    __shared__ int sidx[MOE_MAXK];
+    __shared__ float sw[MOE_MAXK];
+    __shared__ float dots[32];
+    float* as = xs + (size_t)k * I;
+    if (threadIdx.x < WARP) router_topk_warp(inp, E, k, sidx, sw);
+    __syncthreads();
+    const int P = blockDim.x / (DEC_WARPS * WARP);
+    const int w = threadIdx.x / WARP, lane = threadIdx.x % WARP;
+    const int r = blockIdx.x * DEC_WARPS + w / P, p = w % P;
+    const int n8I = I >> 3, nR = k * n8I, nv = nR + (S >> 3);
+    const int c0 = p * span, c1 = min(nv, c0 + span);
+    uint4 v[DOWN_SPAN];
+#pragma unroll
+    for (int u = 0; u < DOWN_SPAN; u++) {
+        int c = c0 + lane + u * WARP;
+        v[u] = make_uint4(0u, 0u, 0u, 0u);
+        if (r < H && c < c1) {
+            int j = c / n8I;
+            v[u] = ld_stream(c < nR ? (const uint4*)(Wd + ((size_t)sidx[j] * H + r) * I) + (c - j * n8I)
+                                    : (const uint4*)(Wsd + (size_t)r * S) + (c - nR));
+        }
+    }
+    QW_GRID_WAIT();
+    QW_GRID_LAUNCH();
+    for (int i = threadIdx.x; i < k * I; i += blockDim.x) xs[i] = act[i];
+    for (int i = threadIdx.x; i < S; i += blockDim.x) as[i] = silu_f(inp[E + 1 + i]) * inp[E + 1 + S + i];
+    __syncthreads();
+    const float sg = sigmoid_f(inp[E]);
+    float acc = 0.f;
+#pragma unroll
+    for (int u = 0; u < DOWN_SPAN; u++) {
+        int c = c0 + lane + u * WARP;
+        if (c < min(nR, c1)) {
+            int j = c / n8I;
+            acc += sw[j] * dot8(v[u], xs + (size_t)j * I + 8 * (c - j * n8I));
+        } else if (c < c1) {
+            acc += sg * dot8(v[u], as + 8 * (c - nR));
+        }
+    }
+    acc = warp_sum(acc);
+    if (lane == 0) dots[w] = acc;
+    __syncthreads();
+    float mine = 0.f;
+    if (p == 0 && lane == 0 && r < H) {
+        float d = 0.f;
+        for (int q = 0; q < P; q++) d += dots[w + q];
+        float o = y[r] + d;
+        y[r] = o;
+        mine = o * o;
     }
     write_ssq(mine, ssq_out);
 }

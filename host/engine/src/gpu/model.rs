@@ -120,6 +120,10 @@ pub struct GpuModel {
     /// `QWASI_DEC_ATTN=ring|direct`: force decode attention's K/V path
     /// (default: by split length, see `dec_attn_stages`).
     dec_attn_ring: Option<bool>,
+    /// `false` with `QWASI_GEMV=stream`: residual GEMVs with short rows keep
+    /// one warp per row (`dec_gemv`, `dec_moe_down`) instead of splitting
+    /// rows between warps (`dec_gemv_rows`, `dec_moe_down_rows`).
+    split_gemv: bool,
 }
 
 /// Work buffers, grown on demand and reused across passes.
@@ -394,6 +398,7 @@ impl GpuModel {
                 Ok("direct") => Some(false),
                 _ => None,
             },
+            split_gemv: std::env::var("QWASI_GEMV").as_deref() != Ok("stream"),
         }
     }
 

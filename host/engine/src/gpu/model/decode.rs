@@ -24,6 +24,10 @@ use anyhow::{Result, bail};
 const ARGMAX_BLOCKS: usize = 512;
 /// Most key-length splits of decode attention.
 const MAX_SPLIT: usize = 128;
+/// Columns one decode GEMV warp loads at once (`CH * WARP * 8` in kernels/decode.cu).
+const GEMV_CHUNK: usize = 2048;
+/// 16-byte loads per lane of `dec_moe_down_rows` (`DOWN_SPAN`).
+const DOWN_SPAN: usize = 9;
 /// Keys per shared-memory tile and most tiles in the ring of `dec_attn_*`
 /// (`DA_TILE`, `DA_STAGES` in kernels/decode.cu).
 const DA_TILE: usize = 16;
@@ -426,24 +430,39 @@ impl GpuModel {
                             i(h),
                         ],
                     )?;
+                    // The virtual row (k routed rows + the shared one) in
+                    // 16-byte columns, split between `warps` warps of `span`
+                    // each where two suffice (dec_moe_down_rows).
+                    let cols16 = (k * inter + sh) / 8;
+                    let warps = cols16.div_ceil(DOWN_SPAN * 32);
+                    let span = cols16.div_ceil(warps).div_ceil(32) * 32;
+                    let split = inter % 8 == 0 && sh % 8 == 0 && warps <= 2 && self.split_gemv;
+                    let mut args = vec![
+                        Arg::Ptr(down.ptr()),
+                        Arg::Ptr(shared_down.buf.ptr()),
+                        Arg::Ptr(ds.act.ptr()),
+                        Arg::Ptr(proj),
+                        i(e),
+                        i(k),
+                        i(inter),
+                        i(sh),
+                        Arg::Ptr(x),
+                        i(h),
+                        Arg::Ptr(ssq),
+                    ];
+                    if split {
+                        args.push(i(span));
+                    }
                     d.launch_pdl(
-                        "dec_moe_down",
+                        if split {
+                            "dec_moe_down_rows"
+                        } else {
+                            "dec_moe_down"
+                        },
                         (h.div_ceil(8) as u32, 1, 1),
-                        (256, 1, 1),
+                        (if split { 256 * warps as u32 } else { 256 }, 1, 1),
                         ((k * inter + sh) * F) as u32,
-                        &[
-                            Arg::Ptr(down.ptr()),
-                            Arg::Ptr(shared_down.buf.ptr()),
-                            Arg::Ptr(ds.act.ptr()),
-                            Arg::Ptr(proj),
-                            i(e),
-                            i(k),
-                            i(inter),
-                            i(sh),
-                            Arg::Ptr(x),
-                            i(h),
-                            Arg::Ptr(ssq),
-                        ],
+                        &args,
                     )?;
                 }
                 DMlp::Dense { gate_up, down } => {
@@ -495,13 +514,18 @@ impl GpuModel {
         )
     }
 
-    /// The residual add `y += W x` for one token (x read through L1), one row
-    /// per warp; each block also writes its rows' sum of squares to `ssq`.
+    /// The residual add `y += W x` for one token (x read through L1), 8 rows
+    /// per block; each block also writes its rows' sum of squares to `ssq`.
+    /// Rows of up to 4 chunks of 2,048 columns go to `dec_gemv_rows` (a warp
+    /// per chunk, the whole matrix loaded before the grid wait), longer or
+    /// unaligned ones to `dec_gemv` (a warp per row, streaming).
     fn dec_gemv(&self, w: u64, x: u64, y: u64, rows: usize, cols: usize, ssq: u64) -> Result<()> {
+        let chunks = cols.div_ceil(GEMV_CHUNK);
+        let split = cols % 8 == 0 && chunks <= 4 && self.split_gemv;
         self.dev.launch_pdl(
-            "dec_gemv",
+            if split { "dec_gemv_rows" } else { "dec_gemv" },
             (rows.div_ceil(8) as u32, 1, 1),
-            (256, 1, 1),
+            (if split { 256 * chunks as u32 } else { 256 }, 1, 1),
             0,
             &[
                 Arg::Ptr(w),
