@@ -436,7 +436,10 @@ impl GpuModel {
                     let cols16 = (k * inter + sh) / 8;
                     let warps = cols16.div_ceil(DOWN_SPAN * 32);
                     let span = cols16.div_ceil(warps).div_ceil(32) * 32;
-                    let split = inter % 8 == 0 && sh % 8 == 0 && warps <= 2 && self.split_gemv;
+                    let split = inter.is_multiple_of(8)
+                        && sh.is_multiple_of(8)
+                        && warps <= 2
+                        && self.split_gemv;
                     let mut args = vec![
                         Arg::Ptr(down.ptr()),
                         Arg::Ptr(shared_down.buf.ptr()),
@@ -521,7 +524,7 @@ impl GpuModel {
     /// unaligned ones to `dec_gemv` (a warp per row, streaming).
     fn dec_gemv(&self, w: u64, x: u64, y: u64, rows: usize, cols: usize, ssq: u64) -> Result<()> {
         let chunks = cols.div_ceil(GEMV_CHUNK);
-        let split = cols % 8 == 0 && chunks <= 4 && self.split_gemv;
+        let split = cols.is_multiple_of(8) && chunks <= 4 && self.split_gemv;
         self.dev.launch_pdl(
             if split { "dec_gemv_rows" } else { "dec_gemv" },
             (rows.div_ceil(8) as u32, 1, 1),
