@@ -185,6 +185,25 @@ QW_KERNEL void QW_BOUNDS(256) dec_gemv(const bf16_t* __restrict__ W, const float
     if (ssq_out) write_ssq(mine, ssq_out);
 }
 
+// Epilogue of the split-row kernels: each warp's lane-partial dot of its
+// slice (slice w % P of row r) is reduced, the row's P slices meet in shared
+// memory, and the row's first warp adds the total into y[r] (or stores it).
+// Returns y[r]^2 on that lane, 0 elsewhere (for write_ssq). Whole block.
+__device__ __forceinline__ float rows_epilogue(float acc, int r, int rows, int P, bool accumulate,
+                                               float* __restrict__ y) {
+    __shared__ float dots[32];
+    const int w = threadIdx.x / WARP, lane = threadIdx.x % WARP;
+    acc = warp_sum(acc);
+    if (lane == 0) dots[w] = acc;
+    __syncthreads();
+    if (w % P != 0 || lane != 0 || r >= rows) return 0.f;
+    float d = 0.f;
+    for (int q = 0; q < P; q++) d += dots[w + q];
+    const float o = accumulate ? y[r] + d : d;
+    y[r] = o;
+    return o * o;
+}
+
 // The same for rows of at most 4 chunks (cols % 8 == 0, cols <= 4 * 2048):
 // P = blockDim.x / 256 warps share each row, one chunk each, all loaded
 // before QW_GRID_WAIT(): the whole matrix is requested while the predecessor
@@ -194,7 +213,6 @@ QW_KERNEL void QW_BOUNDS(256) dec_gemv(const bf16_t* __restrict__ W, const float
 QW_KERNEL void QW_BOUNDS(1024) dec_gemv_rows(const bf16_t* __restrict__ W, const float* __restrict__ x,
                                             float* __restrict__ y, int rows, int cols, int accumulate,
                                             float* __restrict__ ssq_out) {
-    __shared__ float dots[32];
     const int P = blockDim.x / (DEC_WARPS * WARP);
     const int w = threadIdx.x / WARP, lane = threadIdx.x % WARP;
     const int r = blockIdx.x * DEC_WARPS + w / P, p = w % P;
@@ -209,17 +227,7 @@ QW_KERNEL void QW_BOUNDS(1024) dec_gemv_rows(const bf16_t* __restrict__ W, const
         int c = p * CH * WARP + lane + u * WARP;
         if (c < n8) acc += dot8g(v[u], x + 8 * c, nullptr);
     }
-    acc = warp_sum(acc);
-    if (lane == 0) dots[w] = acc;
-    __syncthreads();
-    float mine = 0.f;
-    if (p == 0 && lane == 0 && r < rows) {
-        float d = 0.f;
-        for (int q = 0; q < P; q++) d += dots[w + q];
-        float o = accumulate ? y[r] + d : d;
-        y[r] = o;
-        mine = o * o;
-    }
+    float mine = rows_epilogue(acc, r, rows, P, accumulate, y);
     if (ssq_out) write_ssq(mine, ssq_out);
 }
 
@@ -621,7 +629,6 @@ QW_KERNEL void QW_BOUNDS_MIN(512, 2) dec_moe_down_rows(const bf16_t* __restrict_
     extern __shared__ float xs[];
     __shared__ int sidx[MOE_MAXK];
     __shared__ float sw[MOE_MAXK];
-    __shared__ float dots[32];
     float* as = xs + (size_t)k * I;
     if (threadIdx.x < WARP) router_topk_warp(inp, E, k, sidx, sw);
     __syncthreads();
@@ -658,18 +665,7 @@ QW_KERNEL void QW_BOUNDS_MIN(512, 2) dec_moe_down_rows(const bf16_t* __restrict_
             acc += sg * dot8(v[u], as + 8 * (c - nR));
         }
     }
-    acc = warp_sum(acc);
-    if (lane == 0) dots[w] = acc;
-    __syncthreads();
-    float mine = 0.f;
-    if (p == 0 && lane == 0 && r < H) {
-        float d = 0.f;
-        for (int q = 0; q < P; q++) d += dots[w + q];
-        float o = y[r] + d;
-        y[r] = o;
-        mine = o * o;
-    }
-    write_ssq(mine, ssq_out);
+    write_ssq(rows_epilogue(acc, r, H, P, true, y), ssq_out);
 }
 
 // Decode attention, GQA-aware and split over the key length: grid (nkv, nsplit),
