@@ -8,7 +8,9 @@
 #      times (QWASI_GPU_PROFILE=1: event pairs around every launch, no graphs)
 #      in $OUT/profile.json;
 #   3. with HF=1: transformers on the same synthetic weights
-#      (scripts/device/hf_bench.py; wheels in .whl carried), $OUT/hf.json.
+#      (scripts/device/hf_bench.py; wheels in .whl carried), $OUT/hf.json,
+#      then both side by side with the ratios added to $OUT/speed.json
+#      (`transformers`, `comparison`; scripts/device/speed_ratio.py).
 # Env: LENS, DECODE (128), RUNS (5), WARMUPS (2), EXTRA (more bench flags).
 set -uo pipefail
 OUT=${OUT:-/tmp/qwasi-out}
@@ -34,6 +36,7 @@ if [ "${HF:-0}" = 1 ]; then
   fi
   PYTHONUNBUFFERED=1 python3 scripts/device/hf_bench.py --lens "${LENS:-512,8192}" \
     --decode "${DECODE:-128}" --json "$OUT/hf.json" ${HF_EXTRA:-} 2>&1 | tee "$OUT/hf.log" || rc=1
+  python3 scripts/device/speed_ratio.py "$OUT/speed.json" "$OUT/hf.json" || rc=1
 fi
 echo "exit $rc"
 exit $rc
