@@ -33,8 +33,9 @@ const DOWN_SPAN: usize = 9;
 const DA_TILE: usize = 16;
 const DA_STAGES: usize = 3;
 /// Keys per split from which decode attention copies K/V through shared
-/// memory once per block (H200: 131K decode 118.5 -> 134.9 tok/s) instead of
-/// once per query head (faster for short splits: 512 context 286 vs 277).
+/// memory once per block instead of once per query head (H200, 131K: 3.23
+/// instead of 5.15 ms per step); direct reads stay faster for short splits
+/// (512 context: 286 vs 277 tok/s with the ring forced).
 const RING_MIN_KEYS: usize = 256;
 
 /// Device buffers of the decode step (fixed addresses, so graphs stay valid)
@@ -134,9 +135,10 @@ impl GpuModel {
     }
 
     /// Shared-memory ring stages of decode attention for a KV capacity: 0
-    /// (`dec_attn_*`: each warp reads K/V from global memory) unless a split may span
-    /// `RING_MIN_KEYS` keys, then (`dec_attn_*_ring`) as many tiles of `tile`
-    /// bytes as fit, up to `DA_STAGES`. `QWASI_DEC_ATTN=ring|direct` forces a path (same results).
+    /// (`dec_attn_*`: each warp reads K/V from global memory) unless a split
+    /// may span `RING_MIN_KEYS` keys, then (`dec_attn_*_ring`) as many tiles
+    /// of `tile` bytes as fit, up to `DA_STAGES`. `QWASI_DEC_ATTN=ring|direct`
+    /// forces a path (the same results, bit for bit).
     fn dec_attn_stages(&self, cap: usize, nsplit: usize, tile: usize) -> usize {
         let ring = match self.dec_attn_ring {
             Some(forced) => forced,
