@@ -992,7 +992,7 @@ async fn a_snapshot_pushed_to_the_host_tier_still_serves_the_next_turn() {
 
     // A device budget smaller than one snapshot: staged all the same, and
     // moved to the host tier when the request commits.
-    let (h, _) = Harness::with_host_tier(end / 2, 64 * MIB);
+    let (h, host) = Harness::with_host_tier(end / 2, 64 * MIB);
     let a = h.run(&req(&first, 3), SubmitOptions::default()).await;
     let s = h.cache().stats();
     assert!(
@@ -1009,6 +1009,31 @@ async fn a_snapshot_pushed_to_the_host_tier_still_serves_the_next_turn() {
         first.len() + a.tokens.len() - 1
     );
     assert_same("over the device budget", &out, &cold_tokens, &cold_steps);
+
+    // A request that fails or panics resuming from the host tier, mid-prefill
+    // or mid-decode, leaves both tiers exactly as they were.
+    let before = (
+        h.dump(),
+        h.cache().stats(),
+        host.live.load(Ordering::SeqCst),
+    );
+    let mut longer = turn.clone();
+    longer.extend(prompt(40, 54));
+    for panic in [false, true] {
+        h.panic.store(panic, Ordering::SeqCst);
+        for fail_pos in [turn.len() + 10, longer.len() + 2] {
+            h.fail_pos.store(fail_pos, Ordering::SeqCst);
+            let out = h.run(&req(&longer, 6), SubmitOptions::default()).await;
+            assert!(matches!(out.end, Event::Failed(_)), "{:?}", out.end);
+            let after = (
+                h.dump(),
+                h.cache().stats(),
+                host.live.load(Ordering::SeqCst),
+            );
+            assert_eq!(after, before, "panic={panic} fail_pos={fail_pos}");
+        }
+    }
+    h.fail_pos.store(usize::MAX, Ordering::SeqCst);
 
     // The same without a host tier: the first conversation's snapshots are gone.
     let h = Harness::new(budget, 0, 0);
