@@ -11,7 +11,9 @@
 #      (scripts/device/hf_bench.py; wheels in .whl carried), $OUT/hf.json,
 #      then both side by side with the ratios added to $OUT/speed.json
 #      (`transformers`, `comparison`; scripts/device/speed_ratio.py).
-# Env: LENS, DECODE (128), RUNS (5), WARMUPS (2), EXTRA (more bench flags).
+# Env: LENS, DECODE (128), RUNS (5), WARMUPS (2), EXTRA (more bench flags, e.g.
+# --ttft-max 131072 to time long prompts 2 + 5 times too), HF_LENS (the
+# transformers lengths, default $LENS).
 set -uo pipefail
 OUT=${OUT:-/tmp/qwasi-out}
 mkdir -p "$OUT"
@@ -34,7 +36,7 @@ if [ "${HF:-0}" = 1 ]; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
       && export PYTHONPATH=/tmp/site
   fi
-  PYTHONUNBUFFERED=1 python3 scripts/device/hf_bench.py --lens "${LENS:-512,8192}" \
+  PYTHONUNBUFFERED=1 python3 scripts/device/hf_bench.py --lens "${HF_LENS:-${LENS:-512,8192}}" \
     --decode "${DECODE:-128}" --json "$OUT/hf.json" ${HF_EXTRA:-} 2>&1 | tee "$OUT/hf.log" || rc=1
   python3 scripts/device/speed_ratio.py "$OUT/speed.json" "$OUT/hf.json" || rc=1
 fi
