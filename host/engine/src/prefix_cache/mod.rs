@@ -324,6 +324,13 @@ impl PrefixCache {
         {
             e.last_used = inner.clock;
         }
+        // What one snapshot may hold: the backend's budget, or the host
+        // tier's when it can take what that budget pushes out.
+        let limit = if demote.is_some() {
+            self.staging_budget()
+        } else {
+            self.budget
+        };
         let mut inserted = 0;
         for StagedSnapshot {
             tokens,
@@ -335,14 +342,8 @@ impl PrefixCache {
             if tokens.is_empty() || tokens.len() != snap.position() {
                 continue;
             }
-            // A snapshot larger than the whole budget can never be held (in
-            // the backend's memory, nor in the host tier when there is one).
+            // A snapshot larger than the whole budget can never be held.
             let own = snapshot_bytes(&*snap) + logit_bytes(logits.as_deref());
-            let limit = if demote.is_some() {
-                self.staging_budget()
-            } else {
-                self.budget
-            };
             let existing = inner.trees.get(&salt).and_then(|t| t.get(&tokens));
             if let Some(id) = existing {
                 let e = inner.entries.get_mut(&id).expect("indexed");
