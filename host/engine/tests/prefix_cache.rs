@@ -1046,3 +1046,56 @@ async fn a_snapshot_pushed_to_the_host_tier_still_serves_the_next_turn() {
     assert_eq!(out.usage().cached_tokens, 0);
     assert!(h.cache().stats().evictions >= 2);
 }
+
+#[tokio::test]
+async fn a_hit_on_a_host_copy_moves_it_back_to_the_device() {
+    // As above: the second conversation pushes the first's snapshots to the
+    // host tier. The first prompt again is a full hit on its host copy; the
+    // request's commit promotes the snapshots it used back to the device
+    // and demotes the second conversation's, now least recently used.
+    let first = prompt(120, 61);
+    let other = prompt(140, 62);
+    let end = {
+        let model = model();
+        let mut seq = model.new_sequence();
+        model.extend(&mut seq, &other).unwrap();
+        snapshot_bytes(&*model.snapshot(&seq).unwrap())
+    };
+    let budget = end + end / 2;
+    let (h, host) = Harness::with_host_tier(budget, 64 * MIB);
+    let r = req(&first, 3);
+    h.run(&r, SubmitOptions::default()).await;
+    h.run(&req(&other, 3), SubmitOptions::default()).await;
+    let tiers = |tokens: &[u32]| -> Vec<bool> {
+        h.dump()
+            .iter()
+            .filter(|e| e.1.starts_with(tokens))
+            .map(|e| e.5)
+            .collect()
+    };
+    assert_eq!(tiers(&first), [true, true]);
+    let demoted = h.cache().stats().demotions;
+    let work0 = h.work();
+    let out = h.run(&r, SubmitOptions::default()).await;
+    assert_eq!(out.usage().cached_tokens as usize, first.len());
+    // No prefill: only the generated tokens but the last were fed back.
+    assert_eq!(h.work().1 - work0.1, out.tokens.len() - 1);
+    let (cold_tokens, cold_steps) = cold(&h.model, &r);
+    assert_same("promoted", &out, &cold_tokens, &cold_steps);
+    let s = h.cache().stats();
+    assert_eq!(s.promotions, 2, "{s:?}");
+    assert!(s.demotions > demoted && s.bytes <= budget, "{s:?}");
+    assert_eq!(tiers(&first), [false, false]);
+    assert_eq!(tiers(&other), [true, true]);
+    assert!(
+        h.svc
+            .metrics_text()
+            .contains("qwasi_prefix_cache_promotions_total 2")
+    );
+    // Served from the device copy now, still exactly the cold run.
+    let again = h.run(&r, SubmitOptions::default()).await;
+    assert_same("from the device again", &again, &cold_tokens, &cold_steps);
+    assert_eq!(h.cache().stats().promotions, 2);
+    h.cache().clear();
+    assert_eq!(host.live.load(Ordering::SeqCst), 0, "host copies leaked");
+}

@@ -26,7 +26,11 @@
 //!   snapshot pushed out of the (device) budget is first *demoted*: the
 //!   backend copies it to host memory ([`crate::backend::Backend::demote`])
 //!   and the entry stays findable, restored from there; the host tier has its
-//!   own budget and LRU eviction.
+//!   own budget and LRU eviction. A request that resumed from a host copy
+//!   stages a device snapshot of the restored state; its commit *promotes*
+//!   the entry back to the device (the host copy is dropped) unless the
+//!   device budget pushes it out again at once, in which case the entry
+//!   keeps its host copy (no second copy is made).
 
 mod trie;
 
@@ -160,6 +164,7 @@ struct Inner {
     clock: u64,
     evictions: u64,
     demotions: u64,
+    promotions: u64,
 }
 
 /// A pinned snapshot handed to a request by [`PrefixCache::lookup`].
@@ -169,6 +174,7 @@ pub struct Lease {
     pins: Arc<AtomicUsize>,
     /// Set on a full hit only: the snapshot covers the whole prompt.
     logits: Option<Arc<[f32]>>,
+    host: bool,
 }
 
 impl Lease {
@@ -185,6 +191,13 @@ impl Lease {
     /// logits that predict the first generated token; `None` otherwise.
     pub fn logits(&self) -> Option<&[f32]> {
         self.logits.as_deref()
+    }
+
+    /// The snapshot is a host-memory copy (the host tier): a snapshot of the
+    /// state restored from it, committed at the same tokens, promotes the
+    /// entry back to the device.
+    pub fn in_host_memory(&self) -> bool {
+        self.host
     }
 }
 
@@ -211,11 +224,14 @@ pub struct CacheStats {
     pub host_budget: usize,
     /// Snapshots moved to the host tier.
     pub demotions: u64,
+    /// Host-tier snapshots moved back to the device after a hit.
+    pub promotions: u64,
 }
 
 /// One entry in [`PrefixCache::dump`]: `(salt, tokens, position, bytes the
-/// entry owns alone (private state + stored logits), has logits)`.
-pub type DumpEntry = (Option<String>, Vec<u32>, usize, usize, bool);
+/// entry owns alone (private state + stored logits), has logits, in the
+/// host tier)`.
+pub type DumpEntry = (Option<String>, Vec<u32>, usize, usize, bool, bool);
 
 pub struct PrefixCache {
     budget: usize,
@@ -277,6 +293,7 @@ impl PrefixCache {
             snap: e.snap.clone(),
             pins: e.pins.clone(),
             logits: full.and(e.logits.clone()),
+            host: e.host,
         })
     }
 
@@ -289,22 +306,25 @@ impl PrefixCache {
             .is_some_and(|t| t.get(tokens).is_some())
     }
 
-    /// True if a snapshot at exactly `tokens` exists for `salt` and carries
-    /// the logits after them (it can serve an identical prompt).
+    /// True if a snapshot at exactly `tokens` exists for `salt`, carries the
+    /// logits after them (it can serve an identical prompt) and is in the
+    /// backend's memory. (A host copy is worth staging again: the commit
+    /// promotes it.)
     pub fn contains_with_logits(&self, salt: Option<&str>, tokens: &[u32]) -> bool {
         let inner = self.lock();
         inner
             .trees
             .get(&salt.map(str::to_owned))
             .and_then(|t| t.get(tokens))
-            .is_some_and(|id| inner.entries[&id].logits.is_some())
+            .is_some_and(|id| inner.entries[&id].logits.is_some() && !inner.entries[&id].host)
     }
 
     /// Commits a successful request: marks the snapshot it resumed from (if
     /// any) as used, inserts its staged snapshots (an existing snapshot at
     /// the same tokens is kept and the new one dropped, except that a staged
-    /// snapshot with logits replaces an existing one without: same tokens,
-    /// so the same state, now able to serve an identical prompt), then moves
+    /// snapshot replaces an existing one without logits if it has them (same
+    /// tokens, so the same state, now able to serve an identical prompt) and
+    /// an existing host copy (a promotion back to the device), then moves
     /// least recently used unpinned snapshots out until the cache fits its
     /// budget: to the host tier through `demote` where there is one, else
     /// out of the cache. Returns how many snapshots were inserted or replaced.
@@ -332,6 +352,9 @@ impl PrefixCache {
             self.budget
         };
         let mut inserted = 0;
+        // Promoted entries' host copies, kept until `fit` has settled which
+        // entries stay on the device.
+        let mut promoted = HashMap::new();
         for StagedSnapshot {
             tokens,
             snap,
@@ -348,18 +371,23 @@ impl PrefixCache {
             if let Some(id) = existing {
                 let e = inner.entries.get_mut(&id).expect("indexed");
                 e.last_used = inner.clock;
-                if e.logits.is_some() || logits.is_none() || own > limit {
+                let upgrade = e.logits.is_none() && logits.is_some();
+                // A promotion alone must fit the device budget itself.
+                if !(upgrade && own <= limit || e.host && own <= self.budget) {
                     continue;
                 }
-                // Upgrade in place (same id, node and pins): a request
+                // Replace in place (same id, node and pins): a request
                 // holding a lease on the old snapshot keeps its own `Arc`.
                 let snap: Arc<dyn SeqSnapshot> = Arc::from(snap);
-                let logits: Option<Arc<[f32]>> = logits.map(Arc::from);
+                let logits: Option<Arc<[f32]>> = logits.map(Arc::from).or(e.logits.clone());
                 let old_snap = std::mem::replace(&mut e.snap, snap.clone());
                 let old_logits = std::mem::replace(&mut e.logits, logits.clone());
                 let was_host = std::mem::replace(&mut e.host, false);
                 Self::account_add(inner, &*snap, logits.as_deref(), false);
                 Self::account_sub(inner, &*old_snap, old_logits.as_deref(), was_host);
+                if was_host {
+                    promoted.insert(id, old_snap);
+                }
                 inserted += 1;
                 continue;
             }
@@ -390,7 +418,8 @@ impl PrefixCache {
             );
             inserted += 1;
         }
-        self.fit(inner, demote);
+        self.fit(inner, demote, &mut promoted);
+        inner.promotions += promoted.len() as u64;
         inserted
     }
 
@@ -447,11 +476,27 @@ impl PrefixCache {
     /// Moves LRU unpinned snapshots out of the backend's memory until
     /// `bytes <= budget` (demoted where the host tier takes them, else
     /// evicted), then evicts LRU host snapshots until the host tier fits.
-    fn fit(&self, inner: &mut Inner, demote: Option<Demote>) {
+    /// An entry promoted by this commit that has to go again gets its host
+    /// copy back from `promoted` (removed there) instead of a new copy.
+    fn fit(
+        &self,
+        inner: &mut Inner,
+        demote: Option<Demote>,
+        promoted: &mut HashMap<u64, Arc<dyn SeqSnapshot>>,
+    ) {
         while Self::bytes(inner) > self.budget {
             let Some(id) = Self::lru(inner, false) else {
                 break;
             };
+            if let Some(h) = promoted.remove(&id) {
+                let e = inner.entries.get_mut(&id).expect("chosen above");
+                let device = std::mem::replace(&mut e.snap, h);
+                e.host = true;
+                let (host, logits) = (e.snap.clone(), e.logits.clone());
+                Self::account_sub(inner, &*device, logits.as_deref(), false);
+                Self::account_add(inner, &*host, logits.as_deref(), true);
+                continue;
+            }
             let demoted = match demote {
                 Some(demote) if self.host_budget > 0 => {
                     let e = &inner.entries[&id];
@@ -527,6 +572,7 @@ impl PrefixCache {
             host_bytes: inner.host_bytes,
             host_budget: self.host_budget,
             demotions: inner.demotions,
+            promotions: inner.promotions,
         }
     }
 
@@ -543,6 +589,7 @@ impl PrefixCache {
                     e.snap.position(),
                     e.snap.private_bytes() + logit_bytes(e.logits.as_deref()),
                     e.logits.is_some(),
+                    e.host,
                 )
             })
             .collect();
@@ -715,6 +762,57 @@ mod tests {
         );
         assert!(c.lookup(None, &[2; 5]).is_some());
         drop(lease);
+    }
+
+    #[test]
+    fn a_hit_on_a_host_copy_promotes_it_back_to_the_device() {
+        // Device room for two 100-byte snapshots: the third commit demotes 1.
+        let c = PrefixCache::with_host_tier(200, 300);
+        let d = demoter(false);
+        for tok in 1..=3 {
+            put(&c, tok, 4, 100, &[], Some(&d));
+        }
+        let lease = c.lookup(None, &[1; 5]).unwrap();
+        assert!(lease.in_host_memory());
+        assert!(!c.lookup(None, &[3; 5]).unwrap().in_host_memory());
+        // The request that resumed from it stages the restored (device) state.
+        let mut st = Staged::default();
+        st.push_bounded(staged(4, 100, &[]), usize::MAX);
+        assert_eq!(c.commit(None, Some(&lease), st, Some(&d)), 1);
+        drop(lease);
+        let s = c.stats();
+        // 1 is on the device again; 2, now the least recently used, went to the host.
+        assert_eq!((s.snapshots, s.bytes, s.host_bytes), (3, 200, 100), "{s:?}");
+        assert_eq!((s.promotions, s.demotions, s.evictions), (1, 2, 0));
+        let host: Vec<(u32, bool)> = c.dump().iter().map(|e| (e.1[0], e.5)).collect();
+        assert_eq!(host, [(1, false), (2, true), (3, false)]);
+    }
+
+    #[test]
+    fn a_promotion_the_device_budget_cannot_keep_reuses_the_host_copy() {
+        let c = PrefixCache::with_host_tier(100, 1000);
+        let copies = AtomicUsize::new(0);
+        let inner = demoter(false);
+        let d = |s: &dyn SeqSnapshot| {
+            copies.fetch_add(1, Ordering::SeqCst);
+            inner(s)
+        };
+        put(&c, 1, 4, 100, &[], Some(&d));
+        put(&c, 2, 4, 100, &[], Some(&d));
+        assert_eq!(copies.load(Ordering::SeqCst), 1);
+        // One commit promotes 1 and adds a deeper snapshot: room for one only.
+        // 2 (older) is demoted, then 1 (same clock, older id) goes back to
+        // its host copy without a new one.
+        let mut st = Staged::default();
+        st.push_bounded(staged(4, 100, &[]), usize::MAX);
+        st.push_bounded(staged(8, 100, &[]), usize::MAX);
+        assert_eq!(c.commit(None, None, st, Some(&d)), 2);
+        let s = c.stats();
+        assert_eq!((s.snapshots, s.bytes, s.host_bytes), (3, 100, 200), "{s:?}");
+        assert_eq!((s.promotions, s.demotions), (0, 2));
+        assert_eq!(copies.load(Ordering::SeqCst), 2);
+        let tiers: Vec<(usize, bool)> = c.dump().iter().map(|e| (e.2, e.5)).collect();
+        assert_eq!(tiers, [(4, true), (8, false), (4, true)]);
     }
 
     #[test]

@@ -352,8 +352,11 @@ impl Metrics {
              qwasi_prefix_cache_evictions_total {}\n\
              # HELP qwasi_prefix_cache_demotions_total Snapshots moved from device to host memory.\n\
              # TYPE qwasi_prefix_cache_demotions_total counter\n\
-             qwasi_prefix_cache_demotions_total {}",
-            c.evictions, c.demotions
+             qwasi_prefix_cache_demotions_total {}\n\
+             # HELP qwasi_prefix_cache_promotions_total Host-tier snapshots moved back to the device after a hit.\n\
+             # TYPE qwasi_prefix_cache_promotions_total counter\n\
+             qwasi_prefix_cache_promotions_total {}",
+            c.evictions, c.demotions, c.promotions
         );
 
         self.ttft.render(

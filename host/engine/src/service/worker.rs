@@ -274,6 +274,19 @@ impl<'j, B: Backend> Running<'j, B> {
         // stored logits give the first token.
         let p = req.prompt.len();
         let mut staged = Staged::default();
+        // Resumed from a host copy: the restored state, staged as it is, moves
+        // the entry back to the device when the request commits.
+        if let (Some(cache), Some(l)) = (&w.cache, &lease)
+            && l.in_host_memory()
+            && let Some(snap) = w.backend.snapshot(&seq)
+        {
+            let s = StagedSnapshot {
+                tokens: req.prompt[..cached_tokens].to_vec(),
+                snap,
+                logits: stored_logits.clone(),
+            };
+            staged.push_bounded(s, cache.staging_budget());
+        }
         let mut cuts = BTreeSet::new();
         if let Some(cache) = &w.cache {
             cuts.extend(
@@ -319,8 +332,10 @@ impl<'j, B: Backend> Running<'j, B> {
         };
         // A snapshot already at the prompt's end but without logits (an
         // interval, a mark or a generation end of another request) is
-        // replaced by this one on commit.
+        // replaced by this one on commit. (A full hit has one, staged above
+        // if it is a host copy.)
         if let Some(cache) = &w.cache
+            && cached_tokens < p
             && !cache.contains_with_logits(salt, &req.prompt)
             && let Some(snap) = w.backend.snapshot(&seq)
         {

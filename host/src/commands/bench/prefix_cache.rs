@@ -541,6 +541,7 @@ fn report(
             "evictions": m.stats.evictions,
             "host_bytes": m.stats.host_bytes,
             "demotions": m.stats.demotions,
+            "promotions": m.stats.promotions,
         },
         "wall_s": started.elapsed().as_secs_f64(),
     })
