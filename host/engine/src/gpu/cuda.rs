@@ -46,6 +46,35 @@ impl Drop for DBuf {
     }
 }
 
+/// Page-locked host memory: the device copies to and from it at the link's
+/// speed (pageable memory goes through the driver's staging buffer). Freed
+/// on drop.
+pub struct HostBuf {
+    ptr: *mut u8,
+    bytes: usize,
+    ctx: Arc<CudaContext>,
+}
+
+// Plain memory owned by this value; the driver is not involved until drop.
+unsafe impl Send for HostBuf {}
+unsafe impl Sync for HostBuf {}
+
+impl std::ops::Deref for HostBuf {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        unsafe { std::slice::from_raw_parts(self.ptr, self.bytes) }
+    }
+}
+
+impl Drop for HostBuf {
+    fn drop(&mut self) {
+        let _ = self.ctx.bind_to_thread();
+        unsafe {
+            let _ = result::free_host(self.ptr.cast());
+        }
+    }
+}
+
 pub struct Device {
     ctx: Arc<CudaContext>,
     funcs: HashMap<String, sys::CUfunction>,
@@ -263,6 +292,23 @@ impl Device {
             bytes,
             ctx: self.ctx.clone(),
         })
+    }
+
+    /// `bytes` at `src` copied into new page-locked host memory (filled by
+    /// the copy before anyone can read it).
+    pub fn download_pinned(&self, src: u64, bytes: usize) -> Result<HostBuf> {
+        let ptr = unsafe { result::malloc_host(bytes.max(16), 0) }
+            .map_err(|e| anyhow::anyhow!("cuMemHostAlloc of {bytes} bytes failed: {e:?}"))?;
+        let b = HostBuf {
+            ptr: ptr.cast(),
+            bytes,
+            ctx: self.ctx.clone(),
+        };
+        if bytes > 0 {
+            unsafe { sys::cuMemcpyDtoH_v2(ptr, src, bytes).result() }
+                .map_err(|e| anyhow::anyhow!("copy from device: {e:?}"))?;
+        }
+        Ok(b)
     }
 
     pub fn alloc_zeroed(&self, bytes: usize) -> Result<DBuf> {

@@ -65,6 +65,8 @@ struct Api {
     mem_get_info: unsafe extern "C" fn(*mut usize, *mut usize) -> HipError,
     malloc: unsafe extern "C" fn(*mut *mut c_void, usize) -> HipError,
     free: unsafe extern "C" fn(*mut c_void) -> HipError,
+    host_malloc: unsafe extern "C" fn(*mut *mut c_void, usize, u32) -> HipError,
+    host_free: unsafe extern "C" fn(*mut c_void) -> HipError,
     memcpy_async: unsafe extern "C" fn(*mut c_void, *const c_void, usize, i32, Handle) -> HipError,
     memset_async: unsafe extern "C" fn(*mut c_void, i32, usize, Handle) -> HipError,
     stream_destroy: unsafe extern "C" fn(Handle) -> HipError,
@@ -233,6 +235,33 @@ impl Drop for DBuf {
     }
 }
 
+/// Page-locked host memory: the device copies to and from it at the link's
+/// speed (pageable memory is staged by the runtime). Freed on drop.
+pub struct HostBuf {
+    ptr: *mut u8,
+    bytes: usize,
+    api: Arc<Api>,
+}
+
+// Plain memory owned by this value; the runtime is not involved until drop.
+unsafe impl Send for HostBuf {}
+unsafe impl Sync for HostBuf {}
+
+impl std::ops::Deref for HostBuf {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        unsafe { std::slice::from_raw_parts(self.ptr, self.bytes) }
+    }
+}
+
+impl Drop for HostBuf {
+    fn drop(&mut self) {
+        unsafe {
+            let _ = (self.api.host_free)(self.ptr.cast());
+        }
+    }
+}
+
 /// An instantiated HIP graph (one captured decode step).
 pub struct Graph {
     exec: Handle,
@@ -341,6 +370,8 @@ impl Device {
                 mem_get_info: sym!(b"hipMemGetInfo"),
                 malloc: sym!(b"hipMalloc"),
                 free: sym!(b"hipFree"),
+                host_malloc: sym!(b"hipHostMalloc"),
+                host_free: sym!(b"hipHostFree"),
                 memcpy_async: sym!(b"hipMemcpyAsync"),
                 memset_async: sym!(b"hipMemsetAsync"),
                 stream_destroy: sym!(b"hipStreamDestroy"),
@@ -589,6 +620,25 @@ impl Device {
             bytes,
             api: self.api.clone(),
         })
+    }
+
+    /// `bytes` at `src` copied into new page-locked host memory (filled by
+    /// the copy before anyone can read it).
+    pub fn download_pinned(&self, src: u64, bytes: usize) -> Result<HostBuf> {
+        let mut p: *mut c_void = std::ptr::null_mut();
+        self.api.check(
+            unsafe { (self.api.host_malloc)(&mut p, bytes.max(16), 0) },
+            &format!("hipHostMalloc of {bytes} bytes failed"),
+        )?;
+        let b = HostBuf {
+            ptr: p.cast(),
+            bytes,
+            api: self.api.clone(),
+        };
+        if bytes > 0 {
+            self.copy(p, src as *const c_void, bytes, D2H)?;
+        }
+        Ok(b)
     }
 
     pub fn alloc_zeroed(&self, bytes: usize) -> Result<DBuf> {
