@@ -892,18 +892,21 @@ fn snapshot_bytes(snap: &dyn SeqSnapshot) -> usize {
     snap.private_bytes() + snap.pages().iter().map(|p| p.1).sum::<usize>()
 }
 
+/// The bytes of a snapshot after `tokens` on the test model.
+fn end_snapshot_bytes(tokens: &[u32]) -> usize {
+    let model = model();
+    let mut seq = model.new_sequence();
+    model.extend(&mut seq, tokens).unwrap();
+    snapshot_bytes(&*model.snapshot(&seq).unwrap())
+}
+
 #[tokio::test]
 async fn pending_full_copy_snapshots_stay_within_the_budget() {
     // A 300-token prompt snapshotted every 16 tokens: 18 interval copies, the
     // prompt's end and the generation's end, ~10.5 end-sized copies in all,
     // under a budget of 3 (room for both ends; the intervals go first).
     let full = prompt(300, 40);
-    let end = {
-        let model = model();
-        let mut seq = model.new_sequence();
-        model.extend(&mut seq, &full).unwrap();
-        snapshot_bytes(&*model.snapshot(&seq).unwrap())
-    };
+    let end = end_snapshot_bytes(&full);
     let budget = 3 * end;
     let (h, stats) = Harness::with_full_copies(budget, 16);
     let r = req(&full, 4);
@@ -941,12 +944,7 @@ async fn a_snapshot_pushed_to_the_host_tier_still_serves_the_next_turn() {
     // tier they are copied there and resumed from there; without, dropped.
     let first = prompt(120, 51);
     let other = prompt(140, 52);
-    let end = {
-        let model = model();
-        let mut seq = model.new_sequence();
-        model.extend(&mut seq, &other).unwrap();
-        snapshot_bytes(&*model.snapshot(&seq).unwrap())
-    };
+    let end = end_snapshot_bytes(&other);
     let budget = end + end / 2;
     let (h, host) = Harness::with_host_tier(budget, 64 * MIB);
     let a = h.run(&req(&first, 3), SubmitOptions::default()).await;
@@ -1055,12 +1053,7 @@ async fn a_hit_on_a_host_copy_moves_it_back_to_the_device() {
     // and demotes the second conversation's, now least recently used.
     let first = prompt(120, 61);
     let other = prompt(140, 62);
-    let end = {
-        let model = model();
-        let mut seq = model.new_sequence();
-        model.extend(&mut seq, &other).unwrap();
-        snapshot_bytes(&*model.snapshot(&seq).unwrap())
-    };
+    let end = end_snapshot_bytes(&other);
     let budget = end + end / 2;
     let (h, host) = Harness::with_host_tier(budget, 64 * MIB);
     let r = req(&first, 3);

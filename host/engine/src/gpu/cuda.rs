@@ -2,7 +2,7 @@
 //! modules, device buffers, launches on one stream (capturable into CUDA
 //! graphs), cuBLAS GEMMs, and an optional per-kernel event profile.
 
-use super::Arg;
+use super::{Arg, HostBuf};
 use anyhow::{Context, Result, bail};
 use cudarc::cublas::sys as cbs;
 use cudarc::driver::{CudaContext, result, sys};
@@ -42,35 +42,6 @@ impl Drop for DBuf {
             unsafe {
                 let _ = result::free_sync(self.ptr);
             }
-        }
-    }
-}
-
-/// Page-locked host memory: the device copies to and from it at the link's
-/// speed (pageable memory goes through the driver's staging buffer). Freed
-/// on drop.
-pub struct HostBuf {
-    ptr: *mut u8,
-    bytes: usize,
-    ctx: Arc<CudaContext>,
-}
-
-// Plain memory owned by this value; the driver is not involved until drop.
-unsafe impl Send for HostBuf {}
-unsafe impl Sync for HostBuf {}
-
-impl std::ops::Deref for HostBuf {
-    type Target = [u8];
-    fn deref(&self) -> &[u8] {
-        unsafe { std::slice::from_raw_parts(self.ptr, self.bytes) }
-    }
-}
-
-impl Drop for HostBuf {
-    fn drop(&mut self) {
-        let _ = self.ctx.bind_to_thread();
-        unsafe {
-            let _ = result::free_host(self.ptr.cast());
         }
     }
 }
@@ -299,11 +270,13 @@ impl Device {
     pub fn download_pinned(&self, src: u64, bytes: usize) -> Result<HostBuf> {
         let ptr = unsafe { result::malloc_host(bytes.max(16), 0) }
             .map_err(|e| anyhow::anyhow!("cuMemHostAlloc of {bytes} bytes failed: {e:?}"))?;
-        let b = HostBuf {
-            ptr: ptr.cast(),
-            bytes,
-            ctx: self.ctx.clone(),
-        };
+        let ctx = self.ctx.clone();
+        let b = HostBuf::new(ptr.cast(), bytes, move |p| {
+            let _ = ctx.bind_to_thread();
+            unsafe {
+                let _ = result::free_host(p);
+            }
+        });
         if bytes > 0 {
             unsafe { sys::cuMemcpyDtoH_v2(ptr, src, bytes).result() }
                 .map_err(|e| anyhow::anyhow!("copy from device: {e:?}"))?;

@@ -9,7 +9,7 @@
 //! values below checked against the ROCm 5.2 and 7.1 headers): it has not run
 //! on AMD hardware yet.
 
-use super::Arg;
+use super::{Arg, HostBuf};
 use anyhow::{Context, Result, bail};
 use std::collections::HashMap;
 use std::ffi::{CStr, CString, c_char, c_void};
@@ -231,33 +231,6 @@ impl Drop for DBuf {
             unsafe {
                 let _ = (self.api.free)(self.ptr as *mut c_void);
             }
-        }
-    }
-}
-
-/// Page-locked host memory: the device copies to and from it at the link's
-/// speed (pageable memory is staged by the runtime). Freed on drop.
-pub struct HostBuf {
-    ptr: *mut u8,
-    bytes: usize,
-    api: Arc<Api>,
-}
-
-// Plain memory owned by this value; the runtime is not involved until drop.
-unsafe impl Send for HostBuf {}
-unsafe impl Sync for HostBuf {}
-
-impl std::ops::Deref for HostBuf {
-    type Target = [u8];
-    fn deref(&self) -> &[u8] {
-        unsafe { std::slice::from_raw_parts(self.ptr, self.bytes) }
-    }
-}
-
-impl Drop for HostBuf {
-    fn drop(&mut self) {
-        unsafe {
-            let _ = (self.api.host_free)(self.ptr.cast());
         }
     }
 }
@@ -630,11 +603,10 @@ impl Device {
             unsafe { (self.api.host_malloc)(&mut p, bytes.max(16), 0) },
             &format!("hipHostMalloc of {bytes} bytes failed"),
         )?;
-        let b = HostBuf {
-            ptr: p.cast(),
-            bytes,
-            api: self.api.clone(),
-        };
+        let api = self.api.clone();
+        let b = HostBuf::new(p.cast(), bytes, move |p| unsafe {
+            let _ = (api.host_free)(p);
+        });
         if bytes > 0 {
             self.copy(p, src as *const c_void, bytes, D2H)?;
         }

@@ -14,6 +14,10 @@ pub mod cuda;
 #[cfg(feature = "hip")]
 pub mod hip;
 #[cfg(any(feature = "cuda", feature = "hip"))]
+mod host_buf;
+#[cfg(any(feature = "cuda", feature = "hip"))]
+pub use host_buf::HostBuf;
+#[cfg(any(feature = "cuda", feature = "hip"))]
 pub mod model;
 #[cfg(any(feature = "cuda", feature = "hip"))]
 pub mod verify;

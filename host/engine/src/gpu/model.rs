@@ -14,10 +14,10 @@ mod decode;
 mod gdn_prefill;
 
 #[cfg(feature = "cuda")]
-use super::cuda::{DBuf, Device, HostBuf};
+use super::cuda::{DBuf, Device};
 #[cfg(all(feature = "hip", not(feature = "cuda")))]
-use super::hip::{DBuf, Device, HostBuf};
-use super::{Arg, f, i};
+use super::hip::{DBuf, Device};
+use super::{Arg, HostBuf, f, i};
 use crate::backend::{Backend, SeqSnapshot};
 use crate::config::{LayerKind, MlpConfig, ModelConfig};
 use crate::weights::{Mixer, Mlp, Weights};
