@@ -16,7 +16,9 @@
 //!   before (the dropped snapshots release their KV pages).
 //! * **Atomicity**: everything is behind one mutex; a snapshot is inserted
 //!   whole and never mutated afterwards (shared as `Arc<dyn SeqSnapshot>`), so
-//!   readers never see a half-written snapshot.
+//!   readers never see a half-written snapshot. [`PrefixCache::stats`] reads
+//!   totals published at the end of each change instead, so a metrics scrape
+//!   never waits for a commit's copies to the host tier.
 //! * **Bytes**: each snapshot's private bytes (recurrent states) and stored
 //!   logits, plus every distinct KV page referenced by any snapshot, once
 //!   (pages are counted by id with a reference count inside the cache). Over the budget, the least
@@ -237,6 +239,8 @@ pub struct PrefixCache {
     budget: usize,
     host_budget: usize,
     inner: Mutex<Inner>,
+    /// The totals as of the last change (see [`Self::stats`]).
+    published: Mutex<CacheStats>,
 }
 
 impl PrefixCache {
@@ -253,6 +257,11 @@ impl PrefixCache {
             budget: budget_bytes,
             host_budget: host_budget_bytes,
             inner: Mutex::default(),
+            published: Mutex::new(CacheStats {
+                budget: budget_bytes,
+                host_budget: host_budget_bytes,
+                ..CacheStats::default()
+            }),
         }
     }
 
@@ -420,6 +429,7 @@ impl PrefixCache {
         }
         self.fit(inner, demote, &mut promoted);
         inner.promotions += promoted.len() as u64;
+        self.publish(inner);
         inserted
     }
 
@@ -559,13 +569,19 @@ impl PrefixCache {
         for id in ids {
             Self::remove(&mut inner, id);
         }
+        self.publish(&inner);
     }
 
+    /// The totals as of the last commit or clear (never waits for one in
+    /// progress).
     pub fn stats(&self) -> CacheStats {
-        let inner = self.lock();
-        CacheStats {
+        *self.published.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn publish(&self, inner: &Inner) {
+        *self.published.lock().unwrap_or_else(|e| e.into_inner()) = CacheStats {
             snapshots: inner.entries.len(),
-            bytes: Self::bytes(&inner),
+            bytes: Self::bytes(inner),
             pages: inner.pages.len(),
             evictions: inner.evictions,
             budget: self.budget,
@@ -573,7 +589,7 @@ impl PrefixCache {
             host_budget: self.host_budget,
             demotions: inner.demotions,
             promotions: inner.promotions,
-        }
+        };
     }
 
     /// Every snapshot, sorted (for tests: compare the cache before and after).
@@ -813,6 +829,46 @@ mod tests {
         assert_eq!(copies.load(Ordering::SeqCst), 2);
         let tiers: Vec<(usize, bool)> = c.dump().iter().map(|e| (e.2, e.5)).collect();
         assert_eq!(tiers, [(4, true), (8, false), (4, true)]);
+    }
+
+    #[test]
+    fn stats_do_not_wait_for_a_commit_copying_to_the_host_tier() {
+        use std::sync::mpsc;
+        use std::time::Duration;
+        let c = Arc::new(PrefixCache::with_host_tier(100, 1000));
+        put(&c, 1, 4, 100, &[], None);
+        let (copying, copying_rx) = mpsc::channel();
+        let (release, release_rx) = mpsc::channel::<()>();
+        let committer = {
+            let c = c.clone();
+            std::thread::spawn(move || {
+                let copy = demoter(false);
+                let d = move |s: &dyn SeqSnapshot| {
+                    copying.send(()).unwrap();
+                    release_rx.recv().unwrap();
+                    copy(s)
+                };
+                put(&c, 2, 4, 100, &[], Some(&d));
+            })
+        };
+        // The commit holds the cache lock while it demotes snapshot 1.
+        copying_rx.recv().unwrap();
+        let (got, got_rx) = mpsc::channel();
+        let reader = {
+            let c = c.clone();
+            std::thread::spawn(move || got.send(c.stats()).unwrap())
+        };
+        let during = got_rx.recv_timeout(Duration::from_secs(10));
+        release.send(()).unwrap();
+        committer.join().unwrap();
+        reader.join().unwrap();
+        let during = during.expect("stats() waited for the commit");
+        assert_eq!((during.snapshots, during.demotions), (1, 0));
+        let after = c.stats();
+        assert_eq!(
+            (after.snapshots, after.demotions, after.host_bytes),
+            (2, 1, 100)
+        );
     }
 
     #[test]
