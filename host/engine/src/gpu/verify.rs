@@ -214,6 +214,9 @@ pub struct SmokeReport {
     /// The same through the snapshot's host-memory copy (the prefix cache's
     /// host tier: `demote`, then restore from host memory).
     pub host_restore_max_diff: Option<f32>,
+    /// The same through a device snapshot of the state restored from the host
+    /// copy (what the prefix cache promotes back to the device after a hit).
+    pub promoted_restore_max_diff: Option<f32>,
     pub pass: bool,
 }
 
@@ -247,10 +250,11 @@ pub fn smoke(
     let (pa, pb) = (log_softmax(&la), log_softmax(&lb));
     let k = kl(&pa, &pb);
     let agree = argmax(&la) == argmax(&lb);
-    // Snapshot after the prompt, restore (from the device snapshot and from
-    // its host copy), decode the first greedy token: must equal the original.
+    // Snapshot after the prompt, restore (from the device snapshot, from its
+    // host copy, and from a device snapshot of the state restored from that
+    // copy), decode the first greedy token: must equal the original.
     let first = argmax(&la);
-    let (restored, from_host) = match model.snapshot(&a) {
+    let (restored, from_host, promoted) = match model.snapshot(&a) {
         Some(snap) => {
             let mut r = model
                 .restore(snap.as_ref())
@@ -262,12 +266,20 @@ pub fn smoke(
             let mut h = model
                 .restore(host.as_ref())
                 .context("restore from a host copy failed")?;
+            let again = model
+                .snapshot(&h)
+                .context("snapshot of a sequence restored from host memory failed")?;
+            drop(host);
+            let mut p = model
+                .restore(again.as_ref())
+                .context("restore of the promoted snapshot failed")?;
             (
                 Some(model.forward(&mut r, &[first])?),
                 Some(model.forward(&mut h, &[first])?),
+                Some(model.forward(&mut p, &[first])?),
             )
         }
-        None => (None, None),
+        None => (None, None, None),
     };
     let max_diff = |x: &[f32], y: &[f32]| {
         x.iter()
@@ -277,6 +289,7 @@ pub fn smoke(
     };
     let mut snap_diff = None;
     let mut host_diff = None;
+    let mut promoted_diff = None;
     let mut generated = Vec::new();
     let mut logits = la;
     let t1 = Instant::now();
@@ -287,6 +300,7 @@ pub fn smoke(
         if i == 0 {
             snap_diff = restored.as_deref().map(|x| max_diff(x, &logits));
             host_diff = from_host.as_deref().map(|x| max_diff(x, &logits));
+            promoted_diff = promoted.as_deref().map(|x| max_diff(x, &logits));
         }
     }
     let dt = t1.elapsed().as_secs_f64();
@@ -304,7 +318,12 @@ pub fn smoke(
         decode_tokens_per_s: n_gen as f64 / dt.max(1e-9),
         snapshot_restore_max_diff: snap_diff,
         host_restore_max_diff: host_diff,
-        pass: finite && k < 1e-2 && snap_diff == Some(0.0) && host_diff == Some(0.0),
+        promoted_restore_max_diff: promoted_diff,
+        pass: finite
+            && k < 1e-2
+            && [snap_diff, host_diff, promoted_diff]
+                .iter()
+                .all(|d| *d == Some(0.0)),
     })
 }
 
@@ -381,7 +400,7 @@ pub fn run_cli(o: &VerifyOptions) -> Result<bool> {
             "synthetic {p} ({} layers): load {:.1} s, prefill {} tokens {:.3} s, finite {}, \
              KL(prefill || prefill[..-1]+decode) {:.2e}, top1 agree {}, decode {:.1} tok/s \
              (correctness build: no graphs, full logits copied per token), snapshot/restore max diff {:?}, \
-             from the host copy {:?}, tokens {:?}  {}",
+             from the host copy {:?}, promoted back {:?}, tokens {:?}  {}",
             r.layers,
             r.load_s,
             r.prompt_len,
@@ -392,6 +411,7 @@ pub fn run_cli(o: &VerifyOptions) -> Result<bool> {
             r.decode_tokens_per_s,
             r.snapshot_restore_max_diff,
             r.host_restore_max_diff,
+            r.promoted_restore_max_diff,
             r.generated,
             if r.pass { "PASS" } else { "FAIL" }
         );
