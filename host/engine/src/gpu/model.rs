@@ -117,9 +117,9 @@ pub struct GpuModel {
     /// length) or bf16 (`QWASI_KV=bf16`: half the memory and bandwidth; measured
     /// KL 1.2e-2 vs transformers f32 on a one-token prompt at full width).
     pub kv_f32: bool,
-    /// `QWASI_DEC_ATTN=ring|direct`: force decode attention's K/V path
-    /// (default: by split length, see `dec_attn_stages`).
-    dec_attn_ring: Option<bool>,
+    /// `QWASI_DEC_ATTN=ring|direct|keys|keys1`: force decode attention's
+    /// kernel (default: ring or direct by split length, see `dec_attn_plan`).
+    dec_attn: decode::DecAttnPath,
     /// `false` with `QWASI_GEMV=stream`: residual GEMVs with short rows keep
     /// one warp per row (`dec_gemv`, `dec_moe_down`) instead of splitting
     /// rows between warps (`dec_gemv_rows`, `dec_moe_down_rows`).
@@ -393,11 +393,7 @@ impl GpuModel {
                 && std::env::var("QWASI_ATTN").as_deref() != Ok("cuda-cores"),
             gemm,
             kv_f32: std::env::var("QWASI_KV").as_deref() != Ok("bf16"),
-            dec_attn_ring: match std::env::var("QWASI_DEC_ATTN").as_deref() {
-                Ok("ring") => Some(true),
-                Ok("direct") => Some(false),
-                _ => None,
-            },
+            dec_attn: decode::DecAttnPath::from_env(),
             split_gemv: std::env::var("QWASI_GEMV").as_deref() != Ok("stream"),
         }
     }

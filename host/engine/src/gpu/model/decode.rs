@@ -37,6 +37,112 @@ const DA_STAGES: usize = 3;
 /// instead of 5.15 ms per step); direct reads stay faster for short splits
 /// (512 context: 286 vs 277 tok/s with the ring forced).
 const RING_MIN_KEYS: usize = 256;
+/// Keys per tile and most query heads per warp of `dec_attn_*_keys`
+/// (`DK_TILE`, `DK_MAXH` in kernels/decode_attn_keys.cu); head_dim at most 256.
+const DK_TILE: usize = 32;
+const DK_MAXH: usize = 2;
+
+/// Decode attention's kernel family (`QWASI_DEC_ATTN`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum DecAttnPath {
+    /// `dec_attn_*_ring` when a split may span `RING_MIN_KEYS` keys, else
+    /// `dec_attn_*` (direct reads).
+    Auto,
+    Direct,
+    Ring,
+    /// `dec_attn_*_keys`: lanes own keys in the QK pass, each warp serves
+    /// `heads_per_warp` query heads (`keys`: 2, `keys1`: 1). Not yet the
+    /// default: written after the last H200 session, unmeasured.
+    Keys {
+        heads_per_warp: usize,
+    },
+}
+
+impl DecAttnPath {
+    pub(super) fn from_env() -> Self {
+        match std::env::var("QWASI_DEC_ATTN").as_deref() {
+            Ok("ring") => DecAttnPath::Ring,
+            Ok("direct") => DecAttnPath::Direct,
+            Ok("keys") => DecAttnPath::Keys { heads_per_warp: 2 },
+            Ok("keys1") => DecAttnPath::Keys { heads_per_warp: 1 },
+            _ => DecAttnPath::Auto,
+        }
+    }
+}
+
+/// One decode-attention launch: kernel, threads per block, dynamic shared
+/// memory and ring stages.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) struct DecAttnPlan {
+    pub kernel: &'static str,
+    pub threads: usize,
+    pub smem: usize,
+    pub stages: usize,
+}
+
+/// The launch of `path` for `group` query heads per KV head of `hd` dims,
+/// a split of up to `split_keys` keys, `kv_bytes` per KV value and
+/// `max_smem` bytes of shared memory per block. `Keys` falls back to `Auto`
+/// where the kernel does not apply (head_dim not a multiple of 32 16-byte
+/// lanes or over 256, heads not divisible per warp, too little shared memory).
+pub(super) fn dec_attn_plan(
+    path: DecAttnPath,
+    group: usize,
+    hd: usize,
+    split_keys: usize,
+    kv_bytes: usize,
+    max_smem: usize,
+) -> DecAttnPlan {
+    let f32_kv = kv_bytes == F;
+    if let DecAttnPath::Keys { heads_per_warp } = path {
+        let vn = 16 / kv_bytes;
+        let fixed = (group * hd + group * DK_TILE) * F;
+        let tile = DK_TILE * (2 * hd + vn) * kv_bytes;
+        let stages = max_smem.saturating_sub(fixed) / tile;
+        if hd % (32 * vn) == 0
+            && hd <= 256
+            && heads_per_warp <= DK_MAXH
+            && group % heads_per_warp == 0
+            && group * 32 / heads_per_warp <= 512
+            && stages >= 1
+        {
+            let stages = stages.min(DA_STAGES);
+            return DecAttnPlan {
+                kernel: match (f32_kv, heads_per_warp) {
+                    (true, 1) => "dec_attn_f32_keys1",
+                    (true, _) => "dec_attn_f32_keys",
+                    (false, _) => "dec_attn_bf16_keys",
+                },
+                threads: group * 32 / heads_per_warp,
+                smem: fixed + stages * tile,
+                stages,
+            };
+        }
+        // bf16 has one head per warp only as the default kernels.
+    }
+    let tile = 2 * DA_TILE * hd * kv_bytes;
+    let ring = match path {
+        DecAttnPath::Ring => true,
+        DecAttnPath::Direct => false,
+        _ => split_keys >= RING_MIN_KEYS,
+    };
+    let stages = if ring {
+        (max_smem / tile).clamp(1, DA_STAGES)
+    } else {
+        0
+    };
+    DecAttnPlan {
+        kernel: match (f32_kv, ring) {
+            (true, false) => "dec_attn_f32",
+            (true, true) => "dec_attn_f32_ring",
+            (false, false) => "dec_attn_bf16",
+            (false, true) => "dec_attn_bf16_ring",
+        },
+        threads: 32 * group,
+        smem: stages * tile,
+        stages,
+    }
+}
 
 /// Device buffers of the decode step (fixed addresses, so graphs stay valid)
 /// and the captured graph of the last sequence shape.
@@ -132,23 +238,6 @@ impl GpuModel {
     /// 128 splits beat 96 at 8K and 288-512 at 32K-131K.
     fn decode_splits(cap: usize) -> usize {
         (cap / 64).clamp(1, MAX_SPLIT)
-    }
-
-    /// Shared-memory ring stages of decode attention for a KV capacity: 0
-    /// (`dec_attn_*`: each warp reads K/V from global memory) unless a split
-    /// may span `RING_MIN_KEYS` keys, then (`dec_attn_*_ring`) as many tiles
-    /// of `tile` bytes as fit, up to `DA_STAGES`. `QWASI_DEC_ATTN=ring|direct`
-    /// forces a path (the same results, bit for bit).
-    fn dec_attn_stages(&self, cap: usize, nsplit: usize, tile: usize) -> usize {
-        let ring = match self.dec_attn_ring {
-            Some(forced) => forced,
-            None => cap.div_ceil(nsplit) >= RING_MIN_KEYS,
-        };
-        if ring {
-            (self.dev.max_shared_per_block() / tile).clamp(1, DA_STAGES)
-        } else {
-            0
-        }
     }
 
     /// Grid of a row-per-warp GEMV: one row per warp, capped at the blocks
@@ -357,18 +446,19 @@ impl GpuModel {
                         ],
                     )?;
                     let nsplit = Self::decode_splits(seq.cap);
-                    let tile = 2 * DA_TILE * hd * if self.kv_f32 { F } else { B };
-                    let stages = self.dec_attn_stages(seq.cap, nsplit, tile);
+                    let plan = dec_attn_plan(
+                        self.dec_attn,
+                        nh / nkv,
+                        hd,
+                        seq.cap.div_ceil(nsplit),
+                        if self.kv_f32 { F } else { B },
+                        d.max_shared_per_block(),
+                    );
                     d.launch_pdl(
-                        match (self.kv_f32, stages > 0) {
-                            (true, false) => "dec_attn_f32",
-                            (true, true) => "dec_attn_f32_ring",
-                            (false, false) => "dec_attn_bf16",
-                            (false, true) => "dec_attn_bf16_ring",
-                        },
+                        plan.kernel,
                         (nkv as u32, nsplit as u32, 1),
-                        ((32 * (nh / nkv)) as u32, 1, 1),
-                        (stages * tile) as u32,
+                        (plan.threads as u32, 1, 1),
+                        plan.smem as u32,
                         &[
                             Arg::Ptr(ds.q.ptr()),
                             Arg::Ptr(k.ptr()),
@@ -381,7 +471,7 @@ impl GpuModel {
                             Arg::Ptr(pos),
                             i(nsplit),
                             f(1.0 / (hd as f32).sqrt()),
-                            i(stages),
+                            i(plan.stages),
                         ],
                     )?;
                     d.launch_pdl(
@@ -703,5 +793,65 @@ impl GpuModel {
         })?;
         let gemv = time(&|w| self.dec_gemv(w, x.ptr(), y.ptr(), rows, cols, ssq.ptr()))?;
         Ok((bytes, read, gemv))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The H200's opt-in shared memory per block.
+    const H200_SMEM: usize = 232_448;
+
+    #[test]
+    fn decode_attention_launches() {
+        // Qwen3.6-35B: 8 query heads per KV head, head_dim 256, f32 KV.
+        let plan = |path, keys, kv, smem| dec_attn_plan(path, 8, 256, keys, kv, smem);
+        let auto = DecAttnPath::Auto;
+        assert_eq!(plan(auto, 100, F, H200_SMEM).kernel, "dec_attn_f32");
+        assert_eq!(plan(auto, 100, F, H200_SMEM).smem, 0);
+        let ring = plan(auto, 1024, F, H200_SMEM);
+        assert_eq!(
+            (ring.kernel, ring.threads, ring.stages, ring.smem),
+            ("dec_attn_f32_ring", 256, 3, 3 * 32 * 1024)
+        );
+        assert_eq!(
+            plan(DecAttnPath::Ring, 100, B, H200_SMEM).kernel,
+            "dec_attn_bf16_ring"
+        );
+        // Keys: q and p (9,216 bytes), then 32-key tiles of padded K and V.
+        let keys = plan(DecAttnPath::Keys { heads_per_warp: 2 }, 100, F, H200_SMEM);
+        let tile = 32 * (2 * 256 + 4) * 4;
+        assert_eq!(
+            (keys.kernel, keys.threads, keys.stages, keys.smem),
+            ("dec_attn_f32_keys", 128, 3, 9216 + 3 * tile)
+        );
+        let one = plan(DecAttnPath::Keys { heads_per_warp: 1 }, 100, F, H200_SMEM);
+        assert_eq!((one.kernel, one.threads), ("dec_attn_f32_keys1", 256));
+        let bf = plan(DecAttnPath::Keys { heads_per_warp: 2 }, 100, B, H200_SMEM);
+        assert_eq!(
+            (bf.kernel, bf.smem),
+            ("dec_attn_bf16_keys", 9216 + 3 * 32 * 520 * 2)
+        );
+        // 99 KB (sm_86/89): one stage.
+        assert_eq!(
+            plan(DecAttnPath::Keys { heads_per_warp: 2 }, 100, F, 101_376).stages,
+            1
+        );
+        // Where the kernel does not apply, the default kernels run.
+        let keys2 = DecAttnPath::Keys { heads_per_warp: 2 };
+        assert_eq!(
+            dec_attn_plan(keys2, 8, 64, 1024, F, H200_SMEM).kernel,
+            "dec_attn_f32_ring"
+        );
+        assert_eq!(
+            dec_attn_plan(keys2, 3, 256, 100, F, H200_SMEM).kernel,
+            "dec_attn_f32"
+        );
+        assert_eq!(
+            dec_attn_plan(keys2, 8, 128, 100, B, H200_SMEM).kernel,
+            "dec_attn_bf16"
+        );
+        assert_eq!(plan(keys2, 100, F, 40_000).kernel, "dec_attn_f32");
     }
 }
