@@ -99,10 +99,10 @@ pub(super) fn dec_attn_plan(
         let fixed = (group * hd + group * DK_TILE) * F;
         let tile = DK_TILE * (2 * hd + vn) * kv_bytes;
         let stages = max_smem.saturating_sub(fixed) / tile;
-        if hd % (32 * vn) == 0
+        if hd.is_multiple_of(32 * vn)
             && hd <= 256
             && heads_per_warp <= DK_MAXH
-            && group % heads_per_warp == 0
+            && group.is_multiple_of(heads_per_warp)
             && group * 32 / heads_per_warp <= 512
             && stages >= 1
         {
