@@ -1,6 +1,7 @@
 //! What every compute backend (cpu, cuda, hip) provides to the generation loop.
 
 use crate::config::ModelConfig;
+use crate::sampling::Sampled;
 use anyhow::Result;
 use std::any::Any;
 
@@ -17,6 +18,23 @@ pub trait Backend: Send + Sync {
     /// Appends `tokens` (at least one) to the sequence and returns the logits
     /// (`vocab_size` f32) that predict the token after the last one.
     fn forward(&self, seq: &mut Self::Sequence, tokens: &[u32]) -> Result<Vec<f32>>;
+
+    /// Appends `tokens` (at least one) and returns the greedy next token and
+    /// its log-probability ([`crate::sampling::greedy`] of `forward`'s
+    /// logits, the default). The service calls it instead of `forward` for
+    /// requests that need nothing else ([`crate::sampling::SamplingParams::argmax_only`])
+    /// where [`Backend::greedy_on_device`] says it saves work.
+    fn forward_greedy(&self, seq: &mut Self::Sequence, tokens: &[u32]) -> Result<Sampled> {
+        Ok(crate::sampling::greedy(&self.forward(seq, tokens)?))
+    }
+
+    /// True where [`Backend::forward_greedy`] picks the token without handing
+    /// the logits to the host (a GPU: 12 bytes back per token instead of the
+    /// vocabulary's logits). Then argmax-only requests decode through it
+    /// and their end-of-generation snapshot stores no logits.
+    fn greedy_on_device(&self) -> bool {
+        false
+    }
 
     /// Appends `tokens` (at least one) without computing logits (prefill
     /// segments that end at a snapshot point). Same state as `forward`.

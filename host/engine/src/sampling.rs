@@ -134,6 +134,23 @@ impl SamplingParams {
     pub fn is_greedy(&self) -> bool {
         self.temperature.is_nan() || self.temperature <= 0.0
     }
+
+    /// Greedy with nothing else needed from the distribution (no logit bias,
+    /// no penalties, no top alternatives): [`greedy`] of the raw logits is
+    /// what [`Sampler::sample`] returns, so a backend may pick the token
+    /// itself ([`crate::backend::Backend::forward_greedy`]).
+    pub fn argmax_only(&self) -> bool {
+        let rep = self.repetition_penalty;
+        self.is_greedy()
+            && self
+                .logit_bias
+                .iter()
+                .all(|&(_, b)| !b.is_finite() || b == 0.0)
+            && !(rep.is_finite() && rep > 0.0 && rep != 1.0)
+            && finite_or_zero(self.presence_penalty) == 0.0
+            && finite_or_zero(self.frequency_penalty) == 0.0
+            && self.logprobs.unwrap_or(0) == 0
+    }
 }
 
 /// One sampled token.
@@ -1016,6 +1033,17 @@ pub fn top_logprobs(logprobs: &[f32], k: usize) -> Vec<(u32, f32)> {
         .collect()
 }
 
+/// The greedy pick of raw `logits`: the argmax (ties to the lowest id, NaN
+/// ignored) and its log-probability, no alternatives; what [`Sampler::sample`]
+/// returns when [`SamplingParams::argmax_only`] holds.
+pub fn greedy(logits: &[f32]) -> Sampled {
+    let params = SamplingParams {
+        seed: Some(0),
+        ..SamplingParams::default()
+    };
+    Sampler::new(params).sample(logits, &[], 0)
+}
+
 /// Index of the largest logit; ties go to the lowest id, NaN is ignored;
 /// 0 for an empty or all-NaN slice.
 pub fn argmax(logits: &[f32]) -> u32 {
@@ -1106,6 +1134,77 @@ mod tests {
             seed: Some(seed),
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn greedy_is_what_an_argmax_only_sampler_picks() {
+        let mut cases = vec![logits(5000, 1, 3.0), vec![1.0, 3.0, 3.0, -2.0]];
+        let mut nan = logits(300, 2, 2.0);
+        nan[7] = f32::NAN;
+        nan[9] = 50.0;
+        nan[11] = 50.0;
+        cases.push(nan);
+        cases.push(vec![f32::NEG_INFINITY, 0.5, f32::NEG_INFINITY]);
+        for z in &cases {
+            for logprobs in [None, Some(0)] {
+                let p = SamplingParams {
+                    logprobs,
+                    ..Default::default()
+                };
+                assert!(p.argmax_only());
+                let want = Sampler::new(p).sample(z, &[3, 4], 1);
+                let got = greedy(z);
+                assert_eq!(got.token, want.token);
+                assert_eq!(got.logprob.to_bits(), want.logprob.to_bits());
+                assert!(got.top.is_empty() && want.top.is_empty());
+            }
+        }
+        assert_eq!(
+            greedy(&[1.0, 3.0, 3.0]).token,
+            1,
+            "ties go to the lowest id"
+        );
+    }
+
+    #[test]
+    fn argmax_only_excludes_whatever_needs_the_distribution() {
+        let greedy = SamplingParams::default();
+        assert!(greedy.argmax_only());
+        let not = [
+            params(0.7, 1),
+            SamplingParams {
+                logprobs: Some(2),
+                ..Default::default()
+            },
+            SamplingParams {
+                repetition_penalty: 1.1,
+                ..Default::default()
+            },
+            SamplingParams {
+                presence_penalty: -0.5,
+                ..Default::default()
+            },
+            SamplingParams {
+                frequency_penalty: 0.1,
+                ..Default::default()
+            },
+            SamplingParams {
+                logit_bias: vec![(3, -1.0)],
+                ..Default::default()
+            },
+        ];
+        for p in not {
+            assert!(!p.argmax_only(), "{p:?}");
+        }
+        // Settings that change nothing keep it.
+        let same = SamplingParams {
+            top_k: 5,
+            top_p: 0.5,
+            min_p: 0.2,
+            logit_bias: vec![(3, 0.0)],
+            ..Default::default()
+        };
+        assert!(same.argmax_only());
     }
 
     fn softmax64(z: &[f32], t: f64) -> Vec<f64> {

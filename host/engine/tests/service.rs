@@ -4,12 +4,12 @@
 mod common;
 
 use anyhow::{Result, bail};
-use qwasi_engine::backend::Backend;
+use qwasi_engine::backend::{Backend, SeqSnapshot};
 use qwasi_engine::config::ModelConfig;
 use qwasi_engine::cpu::{CpuModel, CpuSequence};
 use qwasi_engine::demo::RandomWeights;
 use qwasi_engine::generate::{FinishReason, GenerateRequest, generate};
-use qwasi_engine::sampling::SamplingParams;
+use qwasi_engine::sampling::{Sampled, SamplingParams, greedy};
 use qwasi_engine::service::{
     EngineService, Event, GenerationHandle, ServiceConfig, SubmitError, SubmitOptions,
 };
@@ -787,4 +787,154 @@ fn the_api_is_send() {
     send(&svc.drained());
     sync::<GenerationHandle>();
     sync::<EngineService>();
+}
+
+/// The CPU model posing as a backend that picks greedy tokens itself (as the
+/// GPU does on the device), counting both kinds of calls.
+struct DeviceGreedy {
+    model: Arc<CpuModel>,
+    forwards: Arc<AtomicUsize>,
+    greedy: Arc<AtomicUsize>,
+}
+
+impl Backend for DeviceGreedy {
+    type Sequence = CpuSequence;
+    fn name(&self) -> &'static str {
+        "device-greedy"
+    }
+    fn config(&self) -> &ModelConfig {
+        self.model.config()
+    }
+    fn new_sequence(&self) -> CpuSequence {
+        self.model.new_sequence()
+    }
+    fn position(&self, seq: &CpuSequence) -> usize {
+        self.model.position(seq)
+    }
+    fn forward(&self, seq: &mut CpuSequence, tokens: &[u32]) -> Result<Vec<f32>> {
+        self.forwards.fetch_add(1, Ordering::SeqCst);
+        self.model.forward(seq, tokens)
+    }
+    fn forward_greedy(&self, seq: &mut CpuSequence, tokens: &[u32]) -> Result<Sampled> {
+        self.greedy.fetch_add(1, Ordering::SeqCst);
+        Ok(greedy(&self.model.forward(seq, tokens)?))
+    }
+    fn greedy_on_device(&self) -> bool {
+        true
+    }
+    fn snapshot(&self, seq: &CpuSequence) -> Option<Box<dyn SeqSnapshot>> {
+        self.model.snapshot(seq)
+    }
+    fn restore(&self, snap: &dyn SeqSnapshot) -> Option<CpuSequence> {
+        self.model.restore(snap)
+    }
+}
+
+#[tokio::test]
+async fn argmax_only_requests_decode_through_forward_greedy() {
+    let forwards = Arc::new(AtomicUsize::new(0));
+    let picked = Arc::new(AtomicUsize::new(0));
+    let backend = DeviceGreedy {
+        model: model(),
+        forwards: forwards.clone(),
+        greedy: picked.clone(),
+    };
+    let svc = EngineService::start(backend, None, "tiny".into(), base_cfg());
+    let (host, _) = service(0, base_cfg());
+    let prompt: Vec<u32> = (1..40).collect();
+    let with = |f: fn(&mut SamplingParams)| {
+        let mut s = SamplingParams::default();
+        f(&mut s);
+        s
+    };
+    // (sampling, decoded through forward_greedy)
+    let cases = [
+        (SamplingParams::default(), true),
+        (with(|s| s.logprobs = Some(0)), true),
+        (with(|s| s.logprobs = Some(3)), false),
+        (with(|s| s.repetition_penalty = 1.3), false),
+        (with(|s| s.presence_penalty = 0.5), false),
+        (with(|s| s.logit_bias = vec![(5, 2.0)]), false),
+        (
+            with(|s| {
+                s.temperature = 0.8;
+                s.seed = Some(3);
+            }),
+            false,
+        ),
+    ];
+    for (sampling, device) in cases {
+        let mut r = req(&prompt, 6);
+        r.sampling = sampling.clone();
+        forwards.store(0, Ordering::SeqCst);
+        picked.store(0, Ordering::SeqCst);
+        let mut h = svc
+            .submit(r.clone(), SubmitOptions::default())
+            .await
+            .unwrap();
+        let got = collect(&mut h).await;
+        let mut h = host.submit(r, SubmitOptions::default()).await.unwrap();
+        let want = collect(&mut h).await;
+        // Same tokens, logprobs and ending as picking from the full logits.
+        assert_eq!(got, want, "{sampling:?}");
+        assert_eq!(tokens(&got).len(), 6);
+        let calls = (
+            forwards.load(Ordering::SeqCst),
+            picked.load(Ordering::SeqCst),
+        );
+        // The prefill always returns the logits; 5 decode steps follow.
+        let expect = if device { (1, 5) } else { (6, 0) };
+        assert_eq!(calls, expect, "{sampling:?}");
+    }
+}
+
+#[tokio::test]
+async fn a_greedy_turn_decoded_on_the_device_still_caches_its_end() {
+    let cfg = ServiceConfig {
+        prefix_cache_bytes: 64 << 20,
+        ..base_cfg()
+    };
+    let backend = DeviceGreedy {
+        model: model(),
+        forwards: Arc::default(),
+        greedy: Arc::default(),
+    };
+    let svc = EngineService::start(backend, None, "tiny".into(), cfg.clone());
+    let (host, _) = service(0, cfg);
+    let prompt: Vec<u32> = (1..40).collect();
+    let first = collect(
+        &mut svc
+            .submit(req(&prompt, 5), SubmitOptions::default())
+            .await
+            .unwrap(),
+    )
+    .await;
+    // The end-of-generation snapshot (no logits: none came back) is there.
+    let cache = svc.prefix_cache().unwrap();
+    let mut end = prompt.clone();
+    end.extend(&tokens(&first)[..4]);
+    assert!(cache.contains(None, &end));
+    assert!(!cache.contains_with_logits(None, &end));
+    // The next turn resumes from it and matches the host path's run.
+    let mut turn = end.clone();
+    turn.extend([tokens(&first)[4], 7, 8, 9]);
+    let got = collect(
+        &mut svc
+            .submit(req(&turn, 5), SubmitOptions::default())
+            .await
+            .unwrap(),
+    )
+    .await;
+    let want = collect(
+        &mut host
+            .submit(req(&turn, 5), SubmitOptions::default())
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(tokens(&got), tokens(&want));
+    match got.last() {
+        Some(Event::Finished { usage, .. }) => assert_eq!(usage.cached_tokens as usize, end.len()),
+        other => panic!("{other:?}"),
+    }
 }

@@ -20,6 +20,7 @@ use super::hip::{DBuf, Device};
 use super::{Arg, HostBuf, f, i};
 use crate::backend::{Backend, SeqSnapshot};
 use crate::config::{LayerKind, MlpConfig, ModelConfig};
+use crate::sampling::Sampled;
 use crate::weights::{Mixer, Mlp, Weights};
 use anyhow::{Context, Result, bail};
 use half::bf16;
@@ -1508,33 +1509,6 @@ impl GpuModel {
         Ok(())
     }
 
-    /// Greedy token and its log-probability computed on the device from the last
-    /// forward's logits buffer (no full copy): `(token, logprob)`.
-    pub fn forward_greedy(&self, seq: &mut GpuSequence, tokens: &[u32]) -> Result<(u32, f32)> {
-        let mut sc = self.scratch.lock().unwrap();
-        self.dev.bind()?;
-        if tokens.len() == 1 && self.fused_decode {
-            self.check_tokens(seq, tokens)?;
-            let (_, st) = self.decode_step(seq, tokens[0])?;
-            let mut out = [0f32; 3];
-            self.dev.dtoh(&mut out, st)?;
-            return Ok((out[0].to_bits(), -out[2]));
-        }
-        let logits = self.logits_device(seq, tokens, &mut sc)?;
-        let st = sc.get(&self.dev, "stats", 16)?;
-        self.dev.launch(
-            "logits_stats",
-            (1, 1, 1),
-            (1024, 1, 1),
-            0,
-            &[Arg::Ptr(logits), i(self.cfg.vocab_size), Arg::Ptr(st)],
-        )?;
-        let mut out = [0f32; 3];
-        self.dev.dtoh(&mut out, st)?;
-        let tok = out[0].to_bits();
-        Ok((tok, -out[2]))
-    }
-
     fn logits_device(
         &self,
         seq: &mut GpuSequence,
@@ -1618,6 +1592,45 @@ impl Backend for GpuModel {
         let mut out = vec![0f32; self.cfg.vocab_size];
         self.dev.dtoh(&mut out, logits)?;
         Ok(out)
+    }
+
+    /// The greedy token and its log-probability computed on the device
+    /// (argmax and log-sum-exp of the logits buffer): 12 bytes come back, not
+    /// the logits.
+    fn forward_greedy(&self, seq: &mut GpuSequence, tokens: &[u32]) -> Result<Sampled> {
+        let mut sc = self.scratch.lock().unwrap();
+        self.dev.bind()?;
+        if tokens.len() == 1 && self.fused_decode {
+            self.check_tokens(seq, tokens)?;
+            let (_, st) = self.decode_step(seq, tokens[0])?;
+            let mut out = [0f32; 3];
+            self.dev.dtoh(&mut out, st)?;
+            return Ok(Sampled {
+                token: out[0].to_bits(),
+                logprob: -out[2],
+                top: Vec::new(),
+            });
+        }
+        let logits = self.logits_device(seq, tokens, &mut sc)?;
+        let st = sc.get(&self.dev, "stats", 16)?;
+        self.dev.launch(
+            "logits_stats",
+            (1, 1, 1),
+            (1024, 1, 1),
+            0,
+            &[Arg::Ptr(logits), i(self.cfg.vocab_size), Arg::Ptr(st)],
+        )?;
+        let mut out = [0f32; 3];
+        self.dev.dtoh(&mut out, st)?;
+        Ok(Sampled {
+            token: out[0].to_bits(),
+            logprob: -out[2],
+            top: Vec::new(),
+        })
+    }
+
+    fn greedy_on_device(&self) -> bool {
+        true
     }
 
     fn extend(&self, seq: &mut GpuSequence, tokens: &[u32]) -> Result<()> {

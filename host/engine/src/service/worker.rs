@@ -14,7 +14,7 @@ use super::{Event, Usage};
 use crate::backend::{Backend, SeqSnapshot};
 use crate::generate::FinishReason;
 use crate::prefix_cache::{Lease, PrefixCache, Staged, StagedSnapshot};
-use crate::sampling::Sampler;
+use crate::sampling::{Sampled, Sampler};
 use crate::tokenizer::{IncrementalDecoder, Tokenizer};
 use anyhow::Result;
 use std::collections::BTreeSet;
@@ -226,8 +226,13 @@ struct Running<'j, B: Backend> {
     stops: Vec<u32>,
     decoder: Option<IncrementalDecoder>,
     want_logprobs: bool,
-    /// Logits predicting the next token.
+    /// Logits predicting the next token (empty once `next` replaces them).
     logits: Vec<f32>,
+    /// Decode through [`Backend::forward_greedy`]: the request needs only the
+    /// argmax and the backend picks it on the device.
+    argmax_only: bool,
+    /// The next token as the backend picked it (`argmax_only`).
+    next: Option<Sampled>,
     /// Generated tokens (the stop token not included).
     generated: usize,
     /// Sampled tokens (the stop token included).
@@ -364,6 +369,8 @@ impl<'j, B: Backend> Running<'j, B> {
             decoder,
             want_logprobs: req.sampling.logprobs.is_some(),
             logits,
+            argmax_only: req.sampling.argmax_only() && w.backend.greedy_on_device(),
+            next: None,
             generated: 0,
             sampled: 0,
             cached_tokens,
@@ -377,9 +384,12 @@ impl<'j, B: Backend> Running<'j, B> {
     /// `Some(finish)` when the request is over.
     fn step(&mut self, w: &Worker<B>) -> Result<Option<Finish>> {
         let req = &self.job.req;
-        let s = self
-            .sampler
-            .sample(&self.logits, &self.context, req.prompt.len());
+        let s = match self.next.take() {
+            Some(s) => s,
+            None => self
+                .sampler
+                .sample(&self.logits, &self.context, req.prompt.len()),
+        };
         let now = Instant::now();
         match self.last_sample {
             None => w.metrics.observe_ttft(now - self.job.submitted),
@@ -416,7 +426,12 @@ impl<'j, B: Backend> Running<'j, B> {
             self.stage_end(w);
             return Ok(Some(self.finish(FinishReason::Length, None)));
         }
-        self.logits = w.backend.forward(&mut self.seq, &[token])?;
+        if self.argmax_only {
+            self.next = Some(w.backend.forward_greedy(&mut self.seq, &[token])?);
+            self.logits.clear();
+        } else {
+            self.logits = w.backend.forward(&mut self.seq, &[token])?;
+        }
         Ok(None)
     }
 
@@ -424,7 +439,9 @@ impl<'j, B: Backend> Running<'j, B> {
     /// sequence holds), so the next turn of a conversation hits it. Called
     /// before the last sampled token is run, so `self.logits` is the
     /// distribution after exactly those tokens: stored with it, a request that
-    /// resends prompt + completion is a full hit.
+    /// resends prompt + completion is a full hit. (Decoded through
+    /// `forward_greedy` there are no logits: the snapshot is still a prefix
+    /// for the next turn.)
     fn stage_end(&mut self, w: &Worker<B>) {
         let Some(cache) = &w.cache else { return };
         let pos = w.backend.position(&self.seq);
@@ -433,14 +450,20 @@ impl<'j, B: Backend> Running<'j, B> {
             return;
         }
         let key = &self.context[..pos];
-        if cache.contains_with_logits(self.job.opts.cache_salt.as_deref(), key) {
+        let salt = self.job.opts.cache_salt.as_deref();
+        let logits = (!self.logits.is_empty()).then(|| self.logits.clone());
+        let held = match logits {
+            Some(_) => cache.contains_with_logits(salt, key),
+            None => cache.contains(salt, key),
+        };
+        if held {
             return;
         }
         if let Some(snap) = w.backend.snapshot(&self.seq) {
             let s = StagedSnapshot {
                 tokens: key.to_vec(),
                 snap,
-                logits: Some(self.logits.clone()),
+                logits,
             };
             self.staged.push_bounded(s, cache.staging_budget());
         }

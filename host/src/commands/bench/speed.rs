@@ -188,7 +188,7 @@ fn imp(a: &SpeedArgs, runs: usize, out: &Path) -> Result<()> {
         for r in 0..warm + timed {
             let mut seq = model.new_sequence();
             let t = Instant::now();
-            let (tok, _) = model.forward_greedy(&mut seq, &p)?;
+            let tok = model.forward_greedy(&mut seq, &p)?.token;
             let dt = t.elapsed().as_secs_f64();
             if r >= warm {
                 ttft.push(dt * 1e3);
@@ -249,7 +249,7 @@ fn imp(a: &SpeedArgs, runs: usize, out: &Path) -> Result<()> {
             let mut got = vec![tok];
             let t = Instant::now();
             for _ in 0..a.decode_tokens {
-                tok = model.forward_greedy(&mut seq, &[tok])?.0;
+                tok = model.forward_greedy(&mut seq, &[tok])?.token;
                 got.push(tok);
             }
             let dt = t.elapsed().as_secs_f64();
