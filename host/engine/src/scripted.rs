@@ -18,6 +18,7 @@ use anyhow::{Context, Result, anyhow, bail};
 
 use crate::backend::{Backend, SeqSnapshot};
 use crate::config::ModelConfig;
+use crate::sampling::Sampled;
 use crate::tokenizer::Tokenizer;
 
 pub struct ScriptedBackend {
@@ -225,11 +226,82 @@ impl<B: Backend> Backend for Scripted<B> {
             Scripted::Script(_) => None,
         }
     }
+
+    fn demote(&self, snap: &dyn SeqSnapshot) -> Option<Box<dyn SeqSnapshot>> {
+        match self {
+            Scripted::Real(b) => b.demote(snap),
+            Scripted::Script(_) => None,
+        }
+    }
+
+    fn forward_greedy(&self, seq: &mut Self::Sequence, tokens: &[u32]) -> Result<Sampled> {
+        match (self, seq) {
+            (Scripted::Real(b), ScriptedSeq::Real(q)) => b.forward_greedy(q, tokens),
+            (Scripted::Script(s), ScriptedSeq::Script(q)) => s.forward_greedy(q, tokens),
+            _ => bail!("a sequence of the other backend"),
+        }
+    }
+
+    fn greedy_on_device(&self) -> bool {
+        match self {
+            Scripted::Real(b) => b.greedy_on_device(),
+            Scripted::Script(s) => s.greedy_on_device(),
+        }
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `serve` always wraps its backend: what the wrapped one does beyond
+    /// forward must come through (the host tier, device greedy).
+    #[test]
+    fn the_real_backend_keeps_its_host_tier_and_device_greedy() {
+        struct Snap;
+        impl SeqSnapshot for Snap {
+            fn position(&self) -> usize {
+                0
+            }
+            fn private_bytes(&self) -> usize {
+                0
+            }
+            fn pages(&self) -> Vec<(u64, usize)> {
+                Vec::new()
+            }
+            fn as_any(&self) -> &dyn std::any::Any {
+                self
+            }
+        }
+        struct Probe(ModelConfig);
+        impl Backend for Probe {
+            type Sequence = ();
+            fn name(&self) -> &'static str {
+                "probe"
+            }
+            fn config(&self) -> &ModelConfig {
+                &self.0
+            }
+            fn new_sequence(&self) {}
+            fn position(&self, _: &()) -> usize {
+                0
+            }
+            fn forward(&self, _: &mut (), _: &[u32]) -> Result<Vec<f32>> {
+                Ok(vec![0.0, 2.0, 1.0])
+            }
+            fn demote(&self, _: &dyn SeqSnapshot) -> Option<Box<dyn SeqSnapshot>> {
+                Some(Box::new(Snap))
+            }
+            fn greedy_on_device(&self) -> bool {
+                true
+            }
+        }
+        let b = Scripted::wrap(Probe(crate::demo::config()), None, None).unwrap();
+        assert!(b.greedy_on_device());
+        assert!(b.demote(&Snap).is_some());
+        let mut seq = b.new_sequence();
+        assert_eq!(b.forward_greedy(&mut seq, &[1]).unwrap().token, 1);
+    }
 
     #[test]
     fn forces_each_turn_then_eos() {

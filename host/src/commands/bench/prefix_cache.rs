@@ -214,6 +214,12 @@ impl<M: Backend> Backend for Shared<M> {
     fn demote(&self, snap: &dyn SeqSnapshot) -> Option<Box<dyn SeqSnapshot>> {
         self.0.demote(snap)
     }
+    fn forward_greedy(&self, seq: &mut M::Sequence, tokens: &[u32]) -> Result<Sampled> {
+        self.0.forward_greedy(seq, tokens)
+    }
+    fn greedy_on_device(&self) -> bool {
+        self.0.greedy_on_device()
+    }
 }
 
 /// Seeded ordinary (non-special) token ids.
