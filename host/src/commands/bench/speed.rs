@@ -144,6 +144,7 @@ pub fn synthetic_model(a: &SpeedArgs) -> Result<qwasi_engine::gpu::model::GpuMod
 #[cfg(any(feature = "cuda", feature = "hip"))]
 fn imp(a: &SpeedArgs, runs: usize, out: &Path) -> Result<()> {
     use qwasi_engine::backend::Backend;
+    use qwasi_engine::sampling::{Sampler, SamplingParams};
     use std::time::Instant;
 
     // 1. Correctness of this build: every reference fixture.
@@ -266,17 +267,39 @@ fn imp(a: &SpeedArgs, runs: usize, out: &Path) -> Result<()> {
         let host_agree = tokens.iter().zip(&host_tokens).all(|(a, b)| a == b);
         all_consistent &= host_agree;
         let profile = model.take_profile();
+        // Requests that sample (temperature > 0) take every step's logits
+        // to the host, as `serve` does: the same steps with its sampler.
+        let mut sampled_rates = Vec::new();
+        for _ in 0..runs.min(3) {
+            let mut seq = model
+                .restore(snap.as_ref())
+                .ok_or_else(|| anyhow::anyhow!("restore failed"))?;
+            let mut sampler = Sampler::new(SamplingParams {
+                temperature: 0.7,
+                top_p: 0.95,
+                seed: Some(1),
+                ..Default::default()
+            });
+            let mut tok = first;
+            let t = Instant::now();
+            for _ in 0..a.decode_tokens {
+                let l = model.forward(&mut seq, &[tok])?;
+                tok = sampler.sample(&l, &[], 0).token;
+            }
+            sampled_rates.push(a.decode_tokens as f64 / t.elapsed().as_secs_f64());
+        }
         let ctx = len + a.decode_tokens / 2;
         let bytes = model.step_bytes(ctx);
         let floor_s = bytes.total() as f64 / bw;
         let med_rate = super::median(&rates);
         let (used, total) = model.memory_used();
         eprintln!(
-            "[bench] L {len:>6}: TTFT {:>9.1} ms, decode {:>7.1} tok/s ({:.0}% of the {:.0} tok/s floor), tokens consistent: {}, logits finite: {finite}, device memory {:.1} GB",
+            "[bench] L {len:>6}: TTFT {:>9.1} ms, decode {:>7.1} tok/s ({:.0}% of the {:.0} tok/s floor; sampled on the host {:.1}), tokens consistent: {}, logits finite: {finite}, device memory {:.1} GB",
             super::median(&ttft),
             med_rate,
             100.0 * med_rate * floor_s,
             1.0 / floor_s,
+            super::median(&sampled_rates),
             host_agree,
             used as f64 / 1e9
         );
@@ -295,6 +318,8 @@ fn imp(a: &SpeedArgs, runs: usize, out: &Path) -> Result<()> {
             "fraction_of_bandwidth_bound": med_rate * floor_s,
             "first_tokens": &tokens[..tokens.len().min(16)],
             "greedy_equals_host_argmax_16": host_agree,
+            "sampled_decode_tok_per_s": stats(&sampled_rates),
+            "sampled_decode": "temperature 0.7, top_p 0.95: each step's logits copied to the host and sampled there",
             "host_logits_finite": finite,
             "device_memory_used_bytes": used,
             "device_memory_total_bytes": total,
