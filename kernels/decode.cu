@@ -823,11 +823,7 @@ __device__ __forceinline__ void dec_attn_impl(const float* __restrict__ q, const
         if (nx < ntiles)
             dec_attn_load_tile<KV>(ring + (nx % stages) * tile_elems, kc, vc, s0 + nx * DA_TILE, s1, nkv, g, hd);
 #if defined(QW_CUDA)
-        cp_async_commit();
-        // Tile `it` has landed once at most stages - 1 later groups are pending.
-        if (stages >= 3) cp_async_wait<2>();
-        else if (stages == 2) cp_async_wait<1>();
-        else cp_async_wait<0>();
+        cp_async_ring_step(stages);  // tile `it` has landed
 #endif
         __syncthreads();
         const KV* ks = ring + (it % stages) * tile_elems;

@@ -115,11 +115,7 @@ __device__ __forceinline__ void dec_attn_keys_impl(const float* __restrict__ q, 
         const int nx = it + stages - 1;
         if (nx < ntiles) load(nx, ring + (nx % stages) * tile_elems);
 #if defined(QW_CUDA)
-        cp_async_commit();
-        // Tile `it` has landed once at most stages - 1 later groups are pending.
-        if (stages >= 3) cp_async_wait<2>();
-        else if (stages == 2) cp_async_wait<1>();
-        else cp_async_wait<0>();
+        cp_async_ring_step(stages);  // tile `it` has landed
 #endif
         __syncthreads();
         const KV* ks = ring + (it % stages) * tile_elems;

@@ -34,12 +34,14 @@ fn model() -> Arc<CpuModel> {
 }
 
 /// The CPU model, optionally slowed down per forward, panicking or failing
-/// on magic prompt tokens.
+/// on magic prompt tokens. With `greedy`, it poses as a backend that picks
+/// greedy tokens itself (as the GPU does on the device) and counts those calls.
 struct TestBackend {
     model: Arc<CpuModel>,
     delay: Duration,
     /// Counts forward calls.
     forwards: Arc<AtomicUsize>,
+    greedy: Option<Arc<AtomicUsize>>,
 }
 
 impl Backend for TestBackend {
@@ -71,6 +73,21 @@ impl Backend for TestBackend {
         }
         self.model.forward(seq, tokens)
     }
+    fn forward_greedy(&self, seq: &mut CpuSequence, tokens: &[u32]) -> Result<Sampled> {
+        if let Some(n) = &self.greedy {
+            n.fetch_add(1, Ordering::SeqCst);
+        }
+        Ok(greedy(&self.model.forward(seq, tokens)?))
+    }
+    fn greedy_on_device(&self) -> bool {
+        self.greedy.is_some()
+    }
+    fn snapshot(&self, seq: &CpuSequence) -> Option<Box<dyn SeqSnapshot>> {
+        self.model.snapshot(seq)
+    }
+    fn restore(&self, snap: &dyn SeqSnapshot) -> Option<CpuSequence> {
+        self.model.restore(snap)
+    }
 }
 
 fn base_cfg() -> ServiceConfig {
@@ -90,6 +107,7 @@ fn service(delay_ms: u64, cfg: ServiceConfig) -> (EngineService, Arc<CpuModel>) 
         model: m.clone(),
         delay: Duration::from_millis(delay_ms),
         forwards: Arc::default(),
+        greedy: None,
     };
     (EngineService::start(backend, None, "tiny".into(), cfg), m)
 }
@@ -357,6 +375,7 @@ async fn dropping_the_handle_cancels_within_a_step() {
         model: model(),
         delay: Duration::from_millis(STEP),
         forwards: forwards.clone(),
+        greedy: None,
     };
     let svc = EngineService::start(backend, None, "tiny".into(), base_cfg());
     let a = svc
@@ -728,6 +747,7 @@ async fn detokenized_text_matches_the_tokenizer() {
         model: model(),
         delay: Duration::ZERO,
         forwards: Arc::default(),
+        greedy: None,
     };
     let svc = EngineService::start(backend, Some(tok.clone()), "tiny".into(), base_cfg());
     let r = GenerateRequest {
@@ -789,55 +809,15 @@ fn the_api_is_send() {
     sync::<EngineService>();
 }
 
-/// The CPU model posing as a backend that picks greedy tokens itself (as the
-/// GPU does on the device), counting both kinds of calls.
-struct DeviceGreedy {
-    model: Arc<CpuModel>,
-    forwards: Arc<AtomicUsize>,
-    greedy: Arc<AtomicUsize>,
-}
-
-impl Backend for DeviceGreedy {
-    type Sequence = CpuSequence;
-    fn name(&self) -> &'static str {
-        "device-greedy"
-    }
-    fn config(&self) -> &ModelConfig {
-        self.model.config()
-    }
-    fn new_sequence(&self) -> CpuSequence {
-        self.model.new_sequence()
-    }
-    fn position(&self, seq: &CpuSequence) -> usize {
-        self.model.position(seq)
-    }
-    fn forward(&self, seq: &mut CpuSequence, tokens: &[u32]) -> Result<Vec<f32>> {
-        self.forwards.fetch_add(1, Ordering::SeqCst);
-        self.model.forward(seq, tokens)
-    }
-    fn forward_greedy(&self, seq: &mut CpuSequence, tokens: &[u32]) -> Result<Sampled> {
-        self.greedy.fetch_add(1, Ordering::SeqCst);
-        Ok(greedy(&self.model.forward(seq, tokens)?))
-    }
-    fn greedy_on_device(&self) -> bool {
-        true
-    }
-    fn snapshot(&self, seq: &CpuSequence) -> Option<Box<dyn SeqSnapshot>> {
-        self.model.snapshot(seq)
-    }
-    fn restore(&self, snap: &dyn SeqSnapshot) -> Option<CpuSequence> {
-        self.model.restore(snap)
-    }
-}
-
 #[tokio::test]
 async fn argmax_only_requests_decode_through_forward_greedy() {
     let forwards = Arc::new(AtomicUsize::new(0));
     let picked = Arc::new(AtomicUsize::new(0));
-    let backend = DeviceGreedy {
+    let backend = TestBackend {
         model: model(),
+        delay: Duration::ZERO,
         forwards: forwards.clone(),
-        greedy: picked.clone(),
+        greedy: Some(picked.clone()),
     };
     let svc = EngineService::start(backend, None, "tiny".into(), base_cfg());
     let (host, _) = service(0, base_cfg());
@@ -894,10 +874,11 @@ async fn a_greedy_turn_decoded_on_the_device_still_caches_its_end() {
         prefix_cache_bytes: 64 << 20,
         ..base_cfg()
     };
-    let backend = DeviceGreedy {
+    let backend = TestBackend {
         model: model(),
+        delay: Duration::ZERO,
         forwards: Arc::default(),
-        greedy: Arc::default(),
+        greedy: Some(Arc::default()),
     };
     let svc = EngineService::start(backend, None, "tiny".into(), cfg.clone());
     let (host, _) = service(0, cfg);
