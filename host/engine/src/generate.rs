@@ -75,9 +75,16 @@ pub fn generate<B: Backend>(
     if req.max_tokens == 0 {
         return Ok(result);
     }
+    // Argmax-only requests on a backend that picks greedy tokens itself
+    // decode through `forward_greedy` (the logits stay on the device).
+    let device_greedy = req.sampling.argmax_only() && backend.greedy_on_device();
     let mut logits = backend.forward(&mut seq, &req.prompt)?;
+    let mut next: Option<Sampled> = None;
     loop {
-        let s = sampler.sample(&logits, &context, req.prompt.len());
+        let s = match next.take() {
+            Some(s) => s,
+            None => sampler.sample(&logits, &context, req.prompt.len()),
+        };
         let is_stop = stops.contains(&s.token);
         let flow = on_token(&s, is_stop);
         result.steps.push(s.clone());
@@ -95,7 +102,11 @@ pub fn generate<B: Backend>(
         if result.tokens.len() >= req.max_tokens || context.len() >= cfg.max_position_embeddings {
             break;
         }
-        logits = backend.forward(&mut seq, &[s.token])?;
+        if device_greedy {
+            next = Some(backend.forward_greedy(&mut seq, &[s.token])?);
+        } else {
+            logits = backend.forward(&mut seq, &[s.token])?;
+        }
     }
     Ok(result)
 }

@@ -868,6 +868,39 @@ async fn argmax_only_requests_decode_through_forward_greedy() {
     }
 }
 
+#[test]
+fn generate_decodes_argmax_only_requests_through_forward_greedy() {
+    let picked = Arc::new(AtomicUsize::new(0));
+    let forwards = Arc::new(AtomicUsize::new(0));
+    let backend = TestBackend {
+        model: model(),
+        delay: Duration::ZERO,
+        forwards: forwards.clone(),
+        greedy: Some(picked.clone()),
+    };
+    let m = model();
+    for (logprobs, device) in [(None, true), (Some(2), false)] {
+        let mut r = GenerateRequest {
+            ignore_eos: false,
+            ..req(&[1, 2, 3, 4, 5], 10)
+        };
+        r.sampling.logprobs = logprobs;
+        forwards.store(0, Ordering::SeqCst);
+        picked.store(0, Ordering::SeqCst);
+        let got = generate(&backend, &r, |_, _| ControlFlow::Continue(())).unwrap();
+        let want = generate(&*m, &r, |_, _| ControlFlow::Continue(())).unwrap();
+        assert_eq!(got.tokens, want.tokens);
+        assert_eq!(got.steps, want.steps);
+        let steps = got.steps.len();
+        let calls = (
+            forwards.load(Ordering::SeqCst),
+            picked.load(Ordering::SeqCst),
+        );
+        let expect = if device { (1, steps - 1) } else { (steps, 0) };
+        assert_eq!(calls, expect, "logprobs {logprobs:?}");
+    }
+}
+
 #[tokio::test]
 async fn a_greedy_turn_decoded_on_the_device_still_caches_its_end() {
     let cfg = ServiceConfig {
