@@ -66,6 +66,45 @@ pub trait Backend: Send + Sync {
     }
 }
 
+/// A shared backend (several services or threads over one loaded model):
+/// every method, the optional ones included, is the inner backend's.
+impl<B: Backend> Backend for std::sync::Arc<B> {
+    type Sequence = B::Sequence;
+    fn name(&self) -> &'static str {
+        (**self).name()
+    }
+    fn config(&self) -> &ModelConfig {
+        (**self).config()
+    }
+    fn new_sequence(&self) -> B::Sequence {
+        (**self).new_sequence()
+    }
+    fn position(&self, seq: &B::Sequence) -> usize {
+        (**self).position(seq)
+    }
+    fn forward(&self, seq: &mut B::Sequence, tokens: &[u32]) -> Result<Vec<f32>> {
+        (**self).forward(seq, tokens)
+    }
+    fn forward_greedy(&self, seq: &mut B::Sequence, tokens: &[u32]) -> Result<Sampled> {
+        (**self).forward_greedy(seq, tokens)
+    }
+    fn greedy_on_device(&self) -> bool {
+        (**self).greedy_on_device()
+    }
+    fn extend(&self, seq: &mut B::Sequence, tokens: &[u32]) -> Result<()> {
+        (**self).extend(seq, tokens)
+    }
+    fn snapshot(&self, seq: &B::Sequence) -> Option<Box<dyn SeqSnapshot>> {
+        (**self).snapshot(seq)
+    }
+    fn restore(&self, snap: &dyn SeqSnapshot) -> Option<B::Sequence> {
+        (**self).restore(snap)
+    }
+    fn demote(&self, snap: &dyn SeqSnapshot) -> Option<Box<dyn SeqSnapshot>> {
+        (**self).demote(snap)
+    }
+}
+
 /// A backend's immutable snapshot of a sequence at one position. The prefix
 /// cache stores these without knowing their layout; only the backend that
 /// made one can restore it (by downcasting `as_any`).
@@ -78,4 +117,63 @@ pub trait SeqSnapshot: Any + Send + Sync {
     /// prefix cache counts a page held by several snapshots once.
     fn pages(&self) -> Vec<(u64, usize)>;
     fn as_any(&self) -> &dyn Any;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::scripted::Scripted;
+
+    /// `serve` wraps its backend in `Scripted`, the benchmarks share one in
+    /// an `Arc`: what the wrapped backend does beyond `forward` must come
+    /// through (the host tier, device greedy).
+    #[test]
+    fn wrappers_pass_the_optional_methods_through() {
+        struct Snap;
+        impl SeqSnapshot for Snap {
+            fn position(&self) -> usize {
+                0
+            }
+            fn private_bytes(&self) -> usize {
+                0
+            }
+            fn pages(&self) -> Vec<(u64, usize)> {
+                Vec::new()
+            }
+            fn as_any(&self) -> &dyn std::any::Any {
+                self
+            }
+        }
+        struct Probe(ModelConfig);
+        impl Backend for Probe {
+            type Sequence = ();
+            fn name(&self) -> &'static str {
+                "probe"
+            }
+            fn config(&self) -> &ModelConfig {
+                &self.0
+            }
+            fn new_sequence(&self) {}
+            fn position(&self, _: &()) -> usize {
+                0
+            }
+            fn forward(&self, _: &mut (), _: &[u32]) -> Result<Vec<f32>> {
+                Ok(vec![0.0, 2.0, 1.0])
+            }
+            fn demote(&self, _: &dyn SeqSnapshot) -> Option<Box<dyn SeqSnapshot>> {
+                Some(Box::new(Snap))
+            }
+            fn greedy_on_device(&self) -> bool {
+                true
+            }
+        }
+        fn check<B: Backend>(b: B) {
+            assert!(b.greedy_on_device());
+            assert!(b.demote(&Snap).is_some());
+            let mut seq = b.new_sequence();
+            assert_eq!(b.forward_greedy(&mut seq, &[1]).unwrap().token, 1);
+        }
+        check(Scripted::wrap(Probe(crate::demo::config()), None, None).unwrap());
+        check(std::sync::Arc::new(Probe(crate::demo::config())));
+    }
 }

@@ -254,55 +254,6 @@ impl<B: Backend> Backend for Scripted<B> {
 mod tests {
     use super::*;
 
-    /// `serve` always wraps its backend: what the wrapped one does beyond
-    /// forward must come through (the host tier, device greedy).
-    #[test]
-    fn the_real_backend_keeps_its_host_tier_and_device_greedy() {
-        struct Snap;
-        impl SeqSnapshot for Snap {
-            fn position(&self) -> usize {
-                0
-            }
-            fn private_bytes(&self) -> usize {
-                0
-            }
-            fn pages(&self) -> Vec<(u64, usize)> {
-                Vec::new()
-            }
-            fn as_any(&self) -> &dyn std::any::Any {
-                self
-            }
-        }
-        struct Probe(ModelConfig);
-        impl Backend for Probe {
-            type Sequence = ();
-            fn name(&self) -> &'static str {
-                "probe"
-            }
-            fn config(&self) -> &ModelConfig {
-                &self.0
-            }
-            fn new_sequence(&self) {}
-            fn position(&self, _: &()) -> usize {
-                0
-            }
-            fn forward(&self, _: &mut (), _: &[u32]) -> Result<Vec<f32>> {
-                Ok(vec![0.0, 2.0, 1.0])
-            }
-            fn demote(&self, _: &dyn SeqSnapshot) -> Option<Box<dyn SeqSnapshot>> {
-                Some(Box::new(Snap))
-            }
-            fn greedy_on_device(&self) -> bool {
-                true
-            }
-        }
-        let b = Scripted::wrap(Probe(crate::demo::config()), None, None).unwrap();
-        assert!(b.greedy_on_device());
-        assert!(b.demote(&Snap).is_some());
-        let mut seq = b.new_sequence();
-        assert_eq!(b.forward_greedy(&mut seq, &[1]).unwrap().token, 1);
-    }
-
     #[test]
     fn forces_each_turn_then_eos() {
         let tok = crate::tokenizer::Tokenizer::qwen36().unwrap();

@@ -30,8 +30,7 @@
 
 use super::{Args, median, ms};
 use anyhow::{Context, Result, bail};
-use qwasi_engine::backend::{Backend, SeqSnapshot};
-use qwasi_engine::config::ModelConfig;
+use qwasi_engine::backend::Backend;
 use qwasi_engine::cpu::CpuModel;
 use qwasi_engine::generate::GenerateRequest;
 use qwasi_engine::model::LoadedModel;
@@ -182,46 +181,6 @@ impl Plan {
     }
 }
 
-/// Lets several services share one loaded model.
-struct Shared<M>(Arc<M>);
-
-impl<M: Backend> Backend for Shared<M> {
-    type Sequence = M::Sequence;
-    fn name(&self) -> &'static str {
-        self.0.name()
-    }
-    fn config(&self) -> &ModelConfig {
-        self.0.config()
-    }
-    fn new_sequence(&self) -> M::Sequence {
-        self.0.new_sequence()
-    }
-    fn position(&self, seq: &M::Sequence) -> usize {
-        self.0.position(seq)
-    }
-    fn forward(&self, seq: &mut M::Sequence, tokens: &[u32]) -> Result<Vec<f32>> {
-        self.0.forward(seq, tokens)
-    }
-    fn extend(&self, seq: &mut M::Sequence, tokens: &[u32]) -> Result<()> {
-        self.0.extend(seq, tokens)
-    }
-    fn snapshot(&self, seq: &M::Sequence) -> Option<Box<dyn SeqSnapshot>> {
-        self.0.snapshot(seq)
-    }
-    fn restore(&self, snap: &dyn SeqSnapshot) -> Option<M::Sequence> {
-        self.0.restore(snap)
-    }
-    fn demote(&self, snap: &dyn SeqSnapshot) -> Option<Box<dyn SeqSnapshot>> {
-        self.0.demote(snap)
-    }
-    fn forward_greedy(&self, seq: &mut M::Sequence, tokens: &[u32]) -> Result<Sampled> {
-        self.0.forward_greedy(seq, tokens)
-    }
-    fn greedy_on_device(&self) -> bool {
-        self.0.greedy_on_device()
-    }
-}
-
 /// Seeded ordinary (non-special) token ids.
 fn tokens(n: usize, seed: u64, vocab: usize) -> Vec<u32> {
     let mut s = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
@@ -350,7 +309,7 @@ fn measure<M: Backend + 'static>(
         .build()?;
     let service = |interval: usize, budget_mib: usize| {
         EngineService::start(
-            Shared(model.clone()),
+            model.clone(),
             None,
             model_id.to_string(),
             ServiceConfig {
@@ -645,7 +604,11 @@ fn gpu(_a: &Args, _backend: &str) -> Result<()> {
 /// shared; their capacity stays under 2 pos + 4096 rows) and the copied conv
 /// windows and states of every GDN layer.
 #[cfg(any(feature = "cuda", feature = "hip"))]
-fn gpu_snapshot_bytes(cfg: &ModelConfig, kv_f32: bool, pos: usize) -> (usize, usize) {
+fn gpu_snapshot_bytes(
+    cfg: &qwasi_engine::config::ModelConfig,
+    kv_f32: bool,
+    pos: usize,
+) -> (usize, usize) {
     use qwasi_engine::config::LayerKind;
     let row = cfg.num_key_value_heads * cfg.head_dim * if kv_f32 { 4 } else { 2 };
     let gdn = 4
