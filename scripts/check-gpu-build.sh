@@ -4,6 +4,8 @@
 #     or $QWASI_HIP_ARCHS);
 #   - cargo check of the engine and the qwasi binary with --features cuda and --features hip,
 #     clippy -D warnings of the engine with each, the GPU model's unit tests (host logic);
+#   - kernel logic on the CPU where a stand-in header makes a kernel plain C++
+#     (scripts/check-kernels-cpu.sh);
 #   - without a GPU, the CUDA example binary and `qwasi verify --backend hip` fail
 #     with their clear "no CUDA driver" / "no HIP runtime|device" message.
 # Installs the toolchains first when missing (scripts/install-gpu-toolchains.sh).
@@ -24,6 +26,8 @@ for f in kernels/*.cu; do
     hipcc --genco -O3 -std=c++17 --offload-arch="$a" -Ikernels -o "$tmp/$n-$a.hsaco" "$f"
   done
 done
+# Kernel logic on the CPU (kernels/decode_attn_keys.cu against a reference).
+scripts/check-kernels-cpu.sh
 cargo check -p qwasi-engine --features cuda --all-targets
 cargo check -p qwasi-engine --features hip --all-targets
 cargo check -p qwasi --features cuda
