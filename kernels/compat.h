@@ -4,7 +4,11 @@
 // (ROCm 5.2 has no hip_bf16.h).
 #pragma once
 
-#if defined(__HIPCC__) || defined(__HIP_PLATFORM_AMD__) || defined(__HIP__)
+#if defined(QW_CPU)
+// Plain C++ for kernel-logic tests on the CPU (tests/kernels_cpu/cpu_runtime.h,
+// scripts/check-kernels-cpu.sh): the HIP path's code, no asm.
+#include "cpu_runtime.h"
+#elif defined(__HIPCC__) || defined(__HIP_PLATFORM_AMD__) || defined(__HIP__)
 #include <hip/hip_runtime.h>
 #define QW_HIP 1
 // Every reduction in these kernels works on groups of 32 lanes, so they are also
@@ -20,7 +24,14 @@
 #define QW_SYNCWARP() __syncwarp()
 #endif
 
+#if defined(QW_CPU)
+#define QW_KERNEL
+// Dynamic shared memory, `extern __shared__ T name[]` on a GPU.
+#define QW_DYN_SMEM(T, name) QW_CPU_DYN_SMEM(T, name)
+#else
 #define QW_KERNEL extern "C" __global__
+#define QW_DYN_SMEM(T, name) extern __shared__ T name[]
+#endif
 
 // Programmatic dependent launch (Hopper): a kernel launched with the PDL
 // attribute may start while its predecessor finishes; QW_GRID_WAIT() blocks
@@ -42,9 +53,14 @@
 #else
 #define QW_LDCG(p) (*(p))
 #endif
+#if defined(QW_CPU)
+#define QW_BOUNDS(n)
+#define QW_BOUNDS_MIN(n, m)
+#else
 #define QW_BOUNDS(n) __launch_bounds__(n)
 // At most n threads per block and at least m resident blocks per multiprocessor.
 #define QW_BOUNDS_MIN(n, m) __launch_bounds__(n, m)
+#endif
 
 typedef unsigned short bf16_t;
 

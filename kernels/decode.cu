@@ -465,7 +465,7 @@ QW_KERNEL void QW_BOUNDS(256) dec_moe_gate_up(const bf16_t* __restrict__ Wgu, co
                                              const float* __restrict__ ssq, int nssq, const float* __restrict__ nw,
                                              float eps, const float* __restrict__ inp, int E, int k,
                                              float* __restrict__ act, int I, int H) {
-    extern __shared__ float xs[];  // [H]
+    QW_DYN_SMEM(float, xs);  // [H]
     __shared__ int sidx[MOE_MAXK];
     __shared__ float sw[MOE_MAXK];
     QW_GRID_WAIT();
@@ -546,7 +546,7 @@ QW_KERNEL void QW_BOUNDS(256) dec_moe_down(const bf16_t* __restrict__ Wd, const 
                                           const float* __restrict__ act, const float* __restrict__ inp,
                                           int E, int k, int I, int S, float* __restrict__ y, int H,
                                           float* __restrict__ ssq_out) {
-    extern __shared__ float xs[];
+    QW_DYN_SMEM(float, xs);
     __shared__ int sidx[MOE_MAXK];
     __shared__ float sw[MOE_MAXK];
     float* as = xs + (size_t)k * I;
@@ -626,7 +626,7 @@ QW_KERNEL void QW_BOUNDS_MIN(512, 2) dec_moe_down_rows(const bf16_t* __restrict_
                                                const float* __restrict__ act, const float* __restrict__ inp,
                                                int E, int k, int I, int S, float* __restrict__ y, int H,
                                                float* __restrict__ ssq_out, int span) {
-    extern __shared__ float xs[];
+    QW_DYN_SMEM(float, xs);
     __shared__ int sidx[MOE_MAXK];
     __shared__ float sw[MOE_MAXK];
     float* as = xs + (size_t)k * I;
@@ -767,7 +767,7 @@ __device__ __forceinline__ void dec_attn_impl(const float* __restrict__ q, const
                                               float* __restrict__ part_ml, int nh, int nkv, int hd,
                                               const int* __restrict__ pos_dev, int nsplit, float scale,
                                               int stages) {
-    extern __shared__ float4 da_smem[];
+    QW_DYN_SMEM(float4, da_smem);
     KV* ring = (KV*)da_smem;
     const int tile_elems = 2 * DA_TILE * hd;
     QW_GRID_WAIT();

@@ -53,7 +53,7 @@ __device__ __forceinline__ void dec_attn_keys_impl(const float* __restrict__ q, 
                                                    const int* __restrict__ pos_dev, int nsplit, float scale,
                                                    int stages) {
     constexpr int VN = 16 / sizeof(KV);
-    extern __shared__ float4 dk_smem[];
+    QW_DYN_SMEM(float4, dk_smem);
     const int G = nh / nkv;
     const int kld = hd + VN;  // padded K row: lane l's 16-byte reads start 4 l banks apart
     float* qs = (float*)dk_smem;

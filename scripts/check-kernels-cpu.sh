@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Kernel logic without a GPU: compiles kernel sources as plain C++ against
-# tests/kernels_cpu/mma.h (threads as std::threads, barriers for
-# __syncthreads and warp exchanges) and checks their results against a
-# double-precision reference. Covers indexing, masking and the math; not the
+# Kernel logic without a GPU: compiles kernel sources as plain C++ (QW_CPU:
+# kernels/compat.h takes tests/kernels_cpu/cpu_runtime.h, threads as
+# std::threads, barriers for __syncthreads and warp shuffles) and checks
+# their results against double-precision references
+# (tests/kernels_cpu/*_check.cpp). Covers indexing, masking and the math; not the
 # CUDA-only paths (cp.async, PDL), which the GPU runs check.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -12,7 +13,9 @@ if ! command -v "$CXX" >/dev/null; then
 fi
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-# The kernel's `#include "mma.h"` must find the stand-in: build in one folder.
-cp tests/kernels_cpu/mma.h tests/kernels_cpu/dec_attn_keys_check.cpp kernels/decode_attn_keys.cu "$tmp/"
-"$CXX" -std=c++20 -O2 -pthread -o "$tmp/dec_attn_keys_check" "$tmp/dec_attn_keys_check.cpp"
-"$tmp/dec_attn_keys_check"
+for t in tests/kernels_cpu/*_check.cpp; do
+  n=$(basename "$t" .cpp)
+  echo "== $n"
+  "$CXX" -std=c++20 -O2 -pthread -DQW_CPU -Ikernels -Itests/kernels_cpu -o "$tmp/$n" "$t"
+  "$tmp/$n"
+done
