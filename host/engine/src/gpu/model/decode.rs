@@ -102,6 +102,7 @@ pub(super) fn dec_attn_plan(
         if hd.is_multiple_of(32 * vn)
             && hd <= 256
             && heads_per_warp <= DK_MAXH
+            && (f32_kv || heads_per_warp == 2)
             && group.is_multiple_of(heads_per_warp)
             && group * 32 / heads_per_warp <= 512
             && stages >= 1
@@ -111,14 +112,13 @@ pub(super) fn dec_attn_plan(
                 kernel: match (f32_kv, heads_per_warp) {
                     (true, 1) => "dec_attn_f32_keys1",
                     (true, _) => "dec_attn_f32_keys",
-                    (false, _) => "dec_attn_bf16_keys",
+                    (false, _) => "dec_attn_bf16_keys", // two heads per warp only
                 },
                 threads: group * 32 / heads_per_warp,
                 smem: fixed + stages * tile,
                 stages,
             };
         }
-        // bf16 has one head per warp only as the default kernels.
     }
     let tile = 2 * DA_TILE * hd * kv_bytes;
     let ring = match path {
@@ -853,5 +853,8 @@ mod tests {
             "dec_attn_bf16"
         );
         assert_eq!(plan(keys2, 100, F, 40_000).kernel, "dec_attn_f32");
+        // No bf16 kernel with one head per warp.
+        let keys1 = DecAttnPath::Keys { heads_per_warp: 1 };
+        assert_eq!(plan(keys1, 100, B, H200_SMEM).kernel, "dec_attn_bf16");
     }
 }
