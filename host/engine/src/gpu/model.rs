@@ -125,6 +125,9 @@ pub struct GpuModel {
     /// one warp per row (`dec_gemv`, `dec_moe_down`) instead of splitting
     /// rows between warps (`dec_gemv_rows`, `dec_moe_down_rows`).
     split_gemv: bool,
+    /// Prefix-cache host copies in page-locked memory (`false` with
+    /// `QWASI_HOST_TIER=pageable`).
+    pinned_host_tier: bool,
 }
 
 /// Work buffers, grown on demand and reused across passes.
@@ -396,6 +399,7 @@ impl GpuModel {
             kv_f32: std::env::var("QWASI_KV").as_deref() != Ok("bf16"),
             dec_attn: decode::DecAttnPath::from_env(),
             split_gemv: std::env::var("QWASI_GEMV").as_deref() != Ok("stream"),
+            pinned_host_tier: std::env::var("QWASI_HOST_TIER").as_deref() != Ok("pageable"),
         }
     }
 
@@ -1761,9 +1765,10 @@ impl Backend for GpuModel {
         let _guard = self.scratch.lock().unwrap();
         self.dev.bind().ok()?;
         let rows = snap.pos * self.kv_row_bytes();
-        let pinned = std::env::var("QWASI_HOST_TIER").map_or(true, |v| v != "pageable");
         let copy = |ptr: u64, bytes: usize| -> Option<HostBytes> {
-            if pinned && let Ok(b) = self.dev.download_pinned(ptr, bytes) {
+            if self.pinned_host_tier
+                && let Ok(b) = self.dev.download_pinned(ptr, bytes)
+            {
                 return Some(HostBytes::Pinned(b));
             }
             let mut v = vec![0u8; bytes];
