@@ -44,6 +44,22 @@ struct TestBackend {
     greedy: Option<Arc<AtomicUsize>>,
 }
 
+impl TestBackend {
+    fn new(
+        model: Arc<CpuModel>,
+        delay: Duration,
+        forwards: Arc<AtomicUsize>,
+        greedy: Option<Arc<AtomicUsize>>,
+    ) -> Self {
+        TestBackend {
+            model,
+            delay,
+            forwards,
+            greedy,
+        }
+    }
+}
+
 impl Backend for TestBackend {
     type Sequence = CpuSequence;
     fn name(&self) -> &'static str {
@@ -103,12 +119,12 @@ fn base_cfg() -> ServiceConfig {
 
 fn service(delay_ms: u64, cfg: ServiceConfig) -> (EngineService, Arc<CpuModel>) {
     let m = model();
-    let backend = TestBackend {
-        model: m.clone(),
-        delay: Duration::from_millis(delay_ms),
-        forwards: Arc::default(),
-        greedy: None,
-    };
+    let backend = TestBackend::new(
+        m.clone(),
+        Duration::from_millis(delay_ms),
+        Arc::default(),
+        None,
+    );
     (EngineService::start(backend, None, "tiny".into(), cfg), m)
 }
 
@@ -371,12 +387,7 @@ async fn waiting_past_the_timeout_answers_503() {
 async fn dropping_the_handle_cancels_within_a_step() {
     const STEP: u64 = 100;
     let forwards = Arc::new(AtomicUsize::new(0));
-    let backend = TestBackend {
-        model: model(),
-        delay: Duration::from_millis(STEP),
-        forwards: forwards.clone(),
-        greedy: None,
-    };
+    let backend = TestBackend::new(model(), Duration::from_millis(STEP), forwards.clone(), None);
     let svc = EngineService::start(backend, None, "tiny".into(), base_cfg());
     let a = svc
         .submit(req(&[1, 2, 3], 1000), SubmitOptions::default())
@@ -743,12 +754,7 @@ async fn max_tokens_zero_finishes_at_once() {
 #[tokio::test]
 async fn detokenized_text_matches_the_tokenizer() {
     let tok = Tokenizer::qwen36().unwrap();
-    let backend = TestBackend {
-        model: model(),
-        delay: Duration::ZERO,
-        forwards: Arc::default(),
-        greedy: None,
-    };
+    let backend = TestBackend::new(model(), Duration::ZERO, Arc::default(), None);
     let svc = EngineService::start(backend, Some(tok.clone()), "tiny".into(), base_cfg());
     let r = GenerateRequest {
         sampling: SamplingParams {
@@ -813,12 +819,12 @@ fn the_api_is_send() {
 async fn argmax_only_requests_decode_through_forward_greedy() {
     let forwards = Arc::new(AtomicUsize::new(0));
     let picked = Arc::new(AtomicUsize::new(0));
-    let backend = TestBackend {
-        model: model(),
-        delay: Duration::ZERO,
-        forwards: forwards.clone(),
-        greedy: Some(picked.clone()),
-    };
+    let backend = TestBackend::new(
+        model(),
+        Duration::ZERO,
+        forwards.clone(),
+        Some(picked.clone()),
+    );
     let svc = EngineService::start(backend, None, "tiny".into(), base_cfg());
     let (host, _) = service(0, base_cfg());
     let prompt: Vec<u32> = (1..40).collect();
@@ -872,12 +878,12 @@ async fn argmax_only_requests_decode_through_forward_greedy() {
 fn generate_decodes_argmax_only_requests_through_forward_greedy() {
     let picked = Arc::new(AtomicUsize::new(0));
     let forwards = Arc::new(AtomicUsize::new(0));
-    let backend = TestBackend {
-        model: model(),
-        delay: Duration::ZERO,
-        forwards: forwards.clone(),
-        greedy: Some(picked.clone()),
-    };
+    let backend = TestBackend::new(
+        model(),
+        Duration::ZERO,
+        forwards.clone(),
+        Some(picked.clone()),
+    );
     let m = model();
     for (logprobs, device) in [(None, true), (Some(2), false)] {
         let mut r = GenerateRequest {
@@ -907,12 +913,12 @@ async fn a_greedy_turn_decoded_on_the_device_still_caches_its_end() {
         prefix_cache_bytes: 64 << 20,
         ..base_cfg()
     };
-    let backend = TestBackend {
-        model: model(),
-        delay: Duration::ZERO,
-        forwards: Arc::default(),
-        greedy: Some(Arc::default()),
-    };
+    let backend = TestBackend::new(
+        model(),
+        Duration::ZERO,
+        Arc::default(),
+        Some(Arc::default()),
+    );
     let svc = EngineService::start(backend, None, "tiny".into(), cfg.clone());
     let (host, _) = service(0, cfg);
     let prompt: Vec<u32> = (1..40).collect();
