@@ -270,6 +270,8 @@ fn imp(a: &SpeedArgs, runs: usize, out: &Path) -> Result<()> {
         // Requests that sample (temperature > 0) take every step's logits
         // to the host, as `serve` does: the same steps with its sampler.
         let mut sampled_rates = Vec::new();
+        // Per token: the step with the logits copy, and the host sampler.
+        let (mut forward_s, mut sampler_s) = (Vec::new(), Vec::new());
         for _ in 0..runs.min(3) {
             let mut seq = model
                 .restore(snap.as_ref())
@@ -282,11 +284,18 @@ fn imp(a: &SpeedArgs, runs: usize, out: &Path) -> Result<()> {
             });
             let mut tok = first;
             let t = Instant::now();
+            let (mut fwd, mut smp) = (0.0, 0.0);
             for _ in 0..a.decode_tokens {
+                let t0 = Instant::now();
                 let l = model.forward(&mut seq, &[tok])?;
+                let t1 = Instant::now();
                 tok = sampler.sample(&l, &[], 0).token;
+                fwd += (t1 - t0).as_secs_f64();
+                smp += t1.elapsed().as_secs_f64();
             }
             sampled_rates.push(a.decode_tokens as f64 / t.elapsed().as_secs_f64());
+            forward_s.push(1e3 * fwd / a.decode_tokens as f64);
+            sampler_s.push(1e3 * smp / a.decode_tokens as f64);
         }
         let ctx = len + a.decode_tokens / 2;
         let bytes = model.step_bytes(ctx);
@@ -294,12 +303,14 @@ fn imp(a: &SpeedArgs, runs: usize, out: &Path) -> Result<()> {
         let med_rate = super::median(&rates);
         let (used, total) = model.memory_used();
         eprintln!(
-            "[bench] L {len:>6}: TTFT {:>9.1} ms, decode {:>7.1} tok/s ({:.0}% of the {:.0} tok/s floor; sampled on the host {:.1}), tokens consistent: {}, logits finite: {finite}, device memory {:.1} GB",
+            "[bench] L {len:>6}: TTFT {:>9.1} ms, decode {:>7.1} tok/s ({:.0}% of the {:.0} tok/s floor; sampled on the host {:.1}: step+copy {:.2} ms, sampler {:.2} ms), tokens consistent: {}, logits finite: {finite}, device memory {:.1} GB",
             super::median(&ttft),
             med_rate,
             100.0 * med_rate * floor_s,
             1.0 / floor_s,
             super::median(&sampled_rates),
+            super::median(&forward_s),
+            super::median(&sampler_s),
             host_agree,
             used as f64 / 1e9
         );
@@ -320,6 +331,8 @@ fn imp(a: &SpeedArgs, runs: usize, out: &Path) -> Result<()> {
             "greedy_equals_host_argmax_16": host_agree,
             "sampled_decode_tok_per_s": stats(&sampled_rates),
             "sampled_decode": "temperature 0.7, top_p 0.95: each step's logits copied to the host and sampled there",
+            "sampled_step_and_copy_ms": stats(&forward_s),
+            "sampled_host_sampler_ms": stats(&sampler_s),
             "host_logits_finite": finite,
             "device_memory_used_bytes": used,
             "device_memory_total_bytes": total,
