@@ -140,16 +140,66 @@ impl SamplingParams {
     /// what [`Sampler::sample`] returns, so a backend may pick the token
     /// itself ([`crate::backend::Backend::forward_greedy`]).
     pub fn argmax_only(&self) -> bool {
+        self.is_greedy() && self.raw_logits() && self.logprobs.unwrap_or(0) == 0
+    }
+
+    /// No logit bias or penalty changes a logit: sampling sees the raw logits.
+    fn raw_logits(&self) -> bool {
         let rep = self.repetition_penalty;
-        self.is_greedy()
-            && self
-                .logit_bias
-                .iter()
-                .all(|&(_, b)| !b.is_finite() || b == 0.0)
+        self.logit_bias
+            .iter()
+            .all(|&(_, b)| !b.is_finite() || b == 0.0)
             && !(rep.is_finite() && rep > 0.0 && rep != 1.0)
             && finite_or_zero(self.presence_penalty) == 0.0
             && finite_or_zero(self.frequency_penalty) == 0.0
-            && self.logprobs.unwrap_or(0) == 0
+    }
+}
+
+impl SamplingParams {
+    /// True when [`Sampler::sample_top`] over the `k` highest logits gives
+    /// what [`Sampler::sample`] gives over all `vocab_size`: no logit bias or
+    /// penalties, at most `k` alternatives, and either greedy or a top-k of at
+    /// most `k` (top-p and min-p then only look inside it). A backend may
+    /// then hand over just those logits ([`crate::backend::Backend::forward_top`]).
+    pub fn samples_from_top(&self, k: usize, vocab_size: usize) -> bool {
+        self.raw_logits()
+            && self.logprobs.unwrap_or(0) <= k
+            && (self.is_greedy() || (self.top_k >= 1 && self.top_k <= k && self.top_k < vocab_size))
+    }
+}
+
+/// Candidates a backend hands over for [`Sampler::sample_top`].
+pub const TOP_CANDIDATES: usize = 64;
+
+/// The head of one logits row: what sampling needs when
+/// [`SamplingParams::samples_from_top`] holds.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TopLogits {
+    /// `(id, logit)` of the largest logits, larger first, ties by lower id
+    /// (NaN counts as -inf, -0.0 as 0.0): the host sampler's key order.
+    pub top: Vec<(u32, f32)>,
+    /// `ln Σ e^(z - max)` over the whole row (NaN when the max is not finite).
+    pub lse: f64,
+}
+
+/// [`TopLogits`] of `logits` on the host: the reference for a backend's own.
+pub fn top_logits(logits: &[f32], k: usize) -> TopLogits {
+    let mut work = vec![0f32; logits.len()];
+    let max = copy_sanitized_max(logits, &mut work);
+    let mut keys: Vec<u64> = work
+        .iter()
+        .enumerate()
+        .map(|(i, &z)| key(z, i as u32))
+        .collect();
+    let k = k.min(keys.len());
+    if k > 0 && k < keys.len() {
+        keys.select_nth_unstable_by(k - 1, |a, b| b.cmp(a));
+    }
+    keys.truncate(k);
+    keys.sort_unstable_by(|a, b| b.cmp(a));
+    TopLogits {
+        top: keys.iter().map(|&k| (key_id(k), key_logit(k))).collect(),
+        lse: log_sum_exp(&work, max),
     }
 }
 
@@ -231,6 +281,8 @@ pub struct Sampler {
     heap: BinaryHeap<Reverse<u64>>,
     /// Survivor ids, ascending (list mode).
     ids: Vec<u32>,
+    /// `(id, weight)` of the listed candidates.
+    pairs: Vec<(u32, f32)>,
     /// Per-bucket counts or masses for the histogram cut-offs.
     counts: Vec<u32>,
     masses: Vec<f64>,
@@ -264,6 +316,7 @@ impl Sampler {
             keys: Vec::new(),
             heap: BinaryHeap::new(),
             ids: Vec::new(),
+            pairs: Vec::new(),
             counts: Vec::new(),
             masses: Vec::new(),
             gen_counts: Vec::new(),
@@ -397,6 +450,59 @@ impl Sampler {
         }
     }
 
+    /// [`Sampler::sample`] from the head of the logits alone; the same token,
+    /// RNG stream and log-probabilities (up to `top.lse`'s rounding) where
+    /// [`SamplingParams::samples_from_top`] holds for `top.top.len()`.
+    pub fn sample_top(&mut self, top: &TopLogits) -> Sampled {
+        let Some(&(first, z_max)) = top.top.first() else {
+            return Sampled {
+                token: 0,
+                logprob: f32::NAN,
+                top: Vec::new(),
+            };
+        };
+        let token = if self.params.is_greedy() {
+            first
+        } else {
+            // As `draw`: one draw per call, an infinite max picks the first.
+            let u = self.rng.next_u64();
+            if z_max.is_infinite() {
+                first
+            } else {
+                let t = self.params.temperature;
+                let weight = |k: u64| exp_nonpos((key_logit(k) - z_max) / t);
+                self.keys.clear();
+                let n = self.params.top_k.min(top.top.len());
+                self.keys
+                    .extend(top.top[..n].iter().map(|&(i, z)| key(z, i)));
+                if self.params.top_p < 1.0 {
+                    nucleus_among(&mut self.keys, |k| qz(weight(k)), self.params.top_p);
+                }
+                self.pairs.clear();
+                self.pairs
+                    .extend(self.keys.iter().map(|&k| (key_id(k), weight(k))));
+                draw_among(
+                    &mut self.pairs,
+                    &mut self.ids,
+                    self.params.min_p.min(1.0),
+                    u,
+                )
+            }
+        };
+        let lp = |x: f32| ((x as f64 - z_max as f64) - top.lse) as f32;
+        let logit = top
+            .top
+            .iter()
+            .find(|&&(i, _)| i == token)
+            .map_or(f32::NAN, |&(_, z)| z);
+        let k = self.params.logprobs.unwrap_or(0).min(top.top.len());
+        Sampled {
+            token,
+            logprob: lp(logit),
+            top: top.top[..k].iter().map(|&(i, z)| (i, lp(z))).collect(),
+        }
+    }
+
     /// Temperature, truncation and the draw over `self.work`. Also returns
     /// the sum of the weights over the whole vocabulary when it was computed.
     fn draw(&mut self, z_max: f32) -> (u32, Option<f64>) {
@@ -440,10 +546,7 @@ impl Sampler {
             let w = &self.w;
             let weight = |k: u64| qz(w[key_id(k) as usize]);
             if self.listed {
-                let mass: u64 = self.keys.iter().map(|&k| weight(k)).sum();
-                let target = ((top_p as f64 * mass as f64).ceil() as u64).max(1);
-                let n = nucleus_len(&mut self.keys, weight, target);
-                self.keys.truncate(n);
+                nucleus_among(&mut self.keys, weight, top_p);
             } else if cut > 0 && top_k <= BIG_LIST_MAX {
                 // Large top-k: the nucleus among its k keys.
                 self.keys.clear();
@@ -486,25 +589,15 @@ impl Sampler {
 
         if self.listed {
             let w = &self.w;
-            self.ids.clear();
-            self.ids.extend(
-                self.keys
-                    .iter()
-                    .map(|&k| key_id(k))
-                    .filter(|&i| w[i as usize] >= min_p && w[i as usize] > 0.0),
+            self.pairs.clear();
+            self.pairs.extend(self.keys.iter().map(|&k| {
+                let i = key_id(k);
+                (i, w[i as usize])
+            }));
+            return (
+                draw_among(&mut self.pairs, &mut self.ids, min_p, u),
+                full_total,
             );
-            self.ids.sort_unstable();
-            let unit = unit_f64(u);
-            let total: f64 = self.ids.iter().map(|&i| w[i as usize] as f64).sum();
-            let r = unit * total;
-            let mut cum = 0.0f64;
-            for &i in &self.ids {
-                cum += w[i as usize] as f64;
-                if r < cum {
-                    return (i, full_total);
-                }
-            }
-            return (self.ids.last().copied().unwrap_or(0), full_total);
         }
         if cut > 0 || use_min_p {
             self.mask(cut, min_p);
@@ -727,6 +820,35 @@ fn nucleus_len(keys: &mut [u64], weight: impl Fn(u64) -> u64, target: u64) -> us
         }
         lo = mid + 1;
     }
+}
+
+/// Keeps the top-`p` nucleus of a candidate list: the shortest prefix by
+/// key whose quantised weight reaches `top_p` of the list's.
+fn nucleus_among(keys: &mut Vec<u64>, weight: impl Fn(u64) -> u64, top_p: f32) {
+    let mass: u64 = keys.iter().map(|&k| weight(k)).sum();
+    let target = ((top_p as f64 * mass as f64).ceil() as u64).max(1);
+    let n = nucleus_len(keys, &weight, target);
+    keys.truncate(n);
+}
+
+/// The draw among listed candidates `(id, weight)`: drops those under
+/// `min_p` (or of weight 0), then walks the rest in id order. The survivors'
+/// ids are left in `ids`.
+fn draw_among(pairs: &mut Vec<(u32, f32)>, ids: &mut Vec<u32>, min_p: f32, u: u64) -> u32 {
+    pairs.retain(|&(_, w)| w >= min_p && w > 0.0);
+    pairs.sort_unstable_by_key(|&(i, _)| i);
+    ids.clear();
+    ids.extend(pairs.iter().map(|&(i, _)| i));
+    let total: f64 = pairs.iter().map(|&(_, w)| w as f64).sum();
+    let r = unit_f64(u) * total;
+    let mut cum = 0.0f64;
+    for &(i, w) in pairs.iter() {
+        cum += w as f64;
+        if r < cum {
+            return i;
+        }
+    }
+    ids.last().copied().unwrap_or(0)
 }
 
 /// `z`'s bits mapped so that unsigned order is float order (-0.0 taken as
@@ -1205,6 +1327,118 @@ mod tests {
             ..Default::default()
         };
         assert!(same.argmax_only());
+    }
+
+    #[test]
+    fn sampling_from_the_top_logits_is_sampling_from_all() {
+        // Ties, -0.0 and NaN in the row; temperature, top-k, top-p, min-p and
+        // alternatives in every combination the top path accepts.
+        let vocab = 3000;
+        let k = TOP_CANDIDATES;
+        let mut cases = 0;
+        for (row, scale) in [(1u64, 1.0f32), (2, 4.0), (3, 0.05)] {
+            let mut z = logits(vocab, row, scale);
+            z[17] = z[5];
+            z[40] = f32::NAN;
+            z[41] = -0.0;
+            z[42] = 0.0;
+            for (temperature, top_k, top_p, min_p, lp) in [
+                (0.0, 0, 1.0, 0.0, Some(5)),
+                (0.0, 3, 0.5, 0.1, Some(20)),
+                (0.7, 20, 0.95, 0.0, None),
+                (1.0, 64, 1.0, 0.0, Some(0)),
+                (1.3, 1, 1.0, 0.0, None),
+                (0.6, 20, 0.8, 0.05, Some(3)),
+                (2.0, 50, 0.3, 0.0, Some(20)),
+            ] {
+                let p = SamplingParams {
+                    temperature,
+                    top_k,
+                    top_p,
+                    min_p,
+                    logprobs: lp,
+                    seed: Some(row * 31 + top_k as u64),
+                    ..Default::default()
+                };
+                assert!(p.samples_from_top(k, vocab), "{p:?}");
+                let (mut full, mut top) = (Sampler::new(p.clone()), Sampler::new(p.clone()));
+                let head = top_logits(&z, k);
+                for _ in 0..50 {
+                    assert_eq!(full.sample(&z, &[], 0), top.sample_top(&head), "{p:?}");
+                    cases += 1;
+                }
+            }
+        }
+        assert_eq!(cases, 3 * 7 * 50);
+    }
+
+    #[test]
+    fn top_logits_are_the_key_order_head_of_the_row() {
+        let mut z = logits(500, 9, 2.0);
+        z[3] = f32::NAN;
+        z[100] = z[7];
+        let t = top_logits(&z, 10);
+        assert_eq!(t.top.len(), 10);
+        let mut ids: Vec<u32> = (0..500).filter(|&i| i != 3).collect();
+        ids.sort_by(|&a, &b| z[b as usize].total_cmp(&z[a as usize]).then(a.cmp(&b)));
+        let want: Vec<(u32, f32)> = ids[..10].iter().map(|&i| (i, z[i as usize])).collect();
+        assert_eq!(t.top, want);
+        let m = want[0].1 as f64;
+        let s: f64 = z
+            .iter()
+            .filter(|x| !x.is_nan())
+            .map(|&x| (x as f64 - m).exp())
+            .sum();
+        assert!((t.lse - s.ln()).abs() < 1e-6, "{} vs {}", t.lse, s.ln());
+        // More than the row: all of it, NaN as -inf last.
+        let all = top_logits(&z[..5], 64);
+        assert_eq!(all.top.len(), 5);
+        assert_eq!(all.top[4], (3, f32::NEG_INFINITY));
+    }
+
+    #[test]
+    fn the_top_path_excludes_what_needs_the_whole_row() {
+        let vocab = 1000;
+        let ok = SamplingParams {
+            temperature: 0.7,
+            top_k: 20,
+            top_p: 0.95,
+            ..Default::default()
+        };
+        assert!(ok.samples_from_top(64, vocab));
+        assert!(SamplingParams::default().samples_from_top(64, vocab));
+        let not = [
+            params(0.7, 1), // no top-k: the whole row
+            SamplingParams {
+                top_k: 65,
+                ..ok.clone()
+            },
+            SamplingParams {
+                top_k: 1000,
+                ..ok.clone()
+            },
+            SamplingParams {
+                repetition_penalty: 1.1,
+                ..ok.clone()
+            },
+            SamplingParams {
+                presence_penalty: 0.5,
+                ..ok.clone()
+            },
+            SamplingParams {
+                logit_bias: vec![(3, 2.0)],
+                ..ok.clone()
+            },
+        ];
+        for p in not {
+            assert!(!p.samples_from_top(64, vocab), "{p:?}");
+        }
+        // More alternatives than candidates.
+        let many = SamplingParams {
+            logprobs: Some(20),
+            ..ok
+        };
+        assert!(many.samples_from_top(20, vocab) && !many.samples_from_top(16, vocab));
     }
 
     fn softmax64(z: &[f32], t: f64) -> Vec<f64> {
