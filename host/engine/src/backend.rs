@@ -1,7 +1,7 @@
 //! What every compute backend (cpu, cuda, hip) provides to the generation loop.
 
 use crate::config::ModelConfig;
-use crate::sampling::Sampled;
+use crate::sampling::{Sampled, TopLogits};
 use anyhow::Result;
 use std::any::Any;
 
@@ -23,16 +23,26 @@ pub trait Backend: Send + Sync {
     /// its log-probability ([`crate::sampling::greedy`] of `forward`'s
     /// logits, the default). The service calls it instead of `forward` for
     /// requests that need nothing else ([`crate::sampling::SamplingParams::argmax_only`])
-    /// where [`Backend::greedy_on_device`] says it saves work.
+    /// where [`Backend::logits_on_device`] says it saves work.
     fn forward_greedy(&self, seq: &mut Self::Sequence, tokens: &[u32]) -> Result<Sampled> {
         Ok(crate::sampling::greedy(&self.forward(seq, tokens)?))
     }
 
-    /// True where [`Backend::forward_greedy`] picks the token without handing
-    /// the logits to the host (a GPU: 12 bytes back per token instead of the
-    /// vocabulary's logits). Then argmax-only requests decode through it
-    /// and their end-of-generation snapshot stores no logits.
-    fn greedy_on_device(&self) -> bool {
+    /// Appends `tokens` (at least one) and returns the head of the next
+    /// token's logits: the `k` largest and the row's log-sum-exp
+    /// ([`crate::sampling::top_logits`] of `forward`'s logits, the default).
+    /// Requests that [`crate::sampling::SamplingParams::samples_from_top`]
+    /// sample from it where [`Backend::logits_on_device`].
+    fn forward_top(&self, seq: &mut Self::Sequence, tokens: &[u32], k: usize) -> Result<TopLogits> {
+        Ok(crate::sampling::top_logits(&self.forward(seq, tokens)?, k))
+    }
+
+    /// True where [`Backend::forward_greedy`] and [`Backend::forward_top`]
+    /// read the logits where they are (a GPU: 12 bytes or 520 bytes back per
+    /// token instead of the vocabulary's logits). Then requests they serve
+    /// decode through them ([`crate::readout::Readout`]) and their
+    /// end-of-generation snapshot stores no logits.
+    fn logits_on_device(&self) -> bool {
         false
     }
 
@@ -88,8 +98,11 @@ impl<B: Backend> Backend for std::sync::Arc<B> {
     fn forward_greedy(&self, seq: &mut B::Sequence, tokens: &[u32]) -> Result<Sampled> {
         (**self).forward_greedy(seq, tokens)
     }
-    fn greedy_on_device(&self) -> bool {
-        (**self).greedy_on_device()
+    fn forward_top(&self, seq: &mut B::Sequence, tokens: &[u32], k: usize) -> Result<TopLogits> {
+        (**self).forward_top(seq, tokens, k)
+    }
+    fn logits_on_device(&self) -> bool {
+        (**self).logits_on_device()
     }
     fn extend(&self, seq: &mut B::Sequence, tokens: &[u32]) -> Result<()> {
         (**self).extend(seq, tokens)
@@ -163,12 +176,12 @@ mod tests {
             fn demote(&self, _: &dyn SeqSnapshot) -> Option<Box<dyn SeqSnapshot>> {
                 Some(Box::new(Snap))
             }
-            fn greedy_on_device(&self) -> bool {
+            fn logits_on_device(&self) -> bool {
                 true
             }
         }
         fn check<B: Backend>(b: B) {
-            assert!(b.greedy_on_device());
+            assert!(b.logits_on_device());
             assert!(b.demote(&Snap).is_some());
             let mut seq = b.new_sequence();
             assert_eq!(b.forward_greedy(&mut seq, &[1]).unwrap().token, 1);

@@ -2,6 +2,7 @@
 //! token at a time until a stop token, the token limit or the context limit.
 
 use crate::backend::Backend;
+use crate::readout::{Next, Readout};
 use crate::sampling::{Sampled, Sampler, SamplingParams};
 use anyhow::{Result, bail};
 use serde::Serialize;
@@ -75,9 +76,8 @@ pub fn generate<B: Backend>(
     if req.max_tokens == 0 {
         return Ok(result);
     }
-    // Argmax-only requests on a backend that picks greedy tokens itself
-    // decode through `forward_greedy` (the logits stay on the device).
-    let device_greedy = req.sampling.argmax_only() && backend.greedy_on_device();
+    // Requests that allow it read less than the logits from the device.
+    let readout = Readout::choose(&req.sampling, backend);
     let mut logits = backend.forward(&mut seq, &req.prompt)?;
     let mut next: Option<Sampled> = None;
     loop {
@@ -102,10 +102,9 @@ pub fn generate<B: Backend>(
         if result.tokens.len() >= req.max_tokens || context.len() >= cfg.max_position_embeddings {
             break;
         }
-        if device_greedy {
-            next = Some(backend.forward_greedy(&mut seq, &[s.token])?);
-        } else {
-            logits = backend.forward(&mut seq, &[s.token])?;
+        match readout.step(backend, &mut seq, &[s.token], &mut sampler)? {
+            Next::Sampled(s) => next = Some(s),
+            Next::Logits(l) => logits = l,
         }
     }
     Ok(result)

@@ -15,6 +15,7 @@ pub mod gpu;
 pub mod model;
 pub mod prefix_cache;
 pub mod presets;
+pub mod readout;
 pub mod sampling;
 pub mod scripted;
 pub mod service;

@@ -182,6 +182,12 @@ pub struct TopLogits {
     pub lse: f64,
 }
 
+/// `(id, logit)` of a key in the sampler's order (`sortable(z) << 32 | !id`),
+/// as a backend that sorts on the device hands it over.
+pub fn key_parts(k: u64) -> (u32, f32) {
+    (key_id(k), key_logit(k))
+}
+
 /// [`TopLogits`] of `logits` on the host: the reference for a backend's own.
 pub fn top_logits(logits: &[f32], k: usize) -> TopLogits {
     let mut work = vec![0f32; logits.len()];

@@ -18,7 +18,7 @@ use anyhow::{Context, Result, anyhow, bail};
 
 use crate::backend::{Backend, SeqSnapshot};
 use crate::config::ModelConfig;
-use crate::sampling::Sampled;
+use crate::sampling::{Sampled, TopLogits};
 use crate::tokenizer::Tokenizer;
 
 pub struct ScriptedBackend {
@@ -242,10 +242,18 @@ impl<B: Backend> Backend for Scripted<B> {
         }
     }
 
-    fn greedy_on_device(&self) -> bool {
+    fn forward_top(&self, seq: &mut Self::Sequence, tokens: &[u32], k: usize) -> Result<TopLogits> {
+        match (self, seq) {
+            (Scripted::Real(b), ScriptedSeq::Real(q)) => b.forward_top(q, tokens, k),
+            (Scripted::Script(s), ScriptedSeq::Script(q)) => s.forward_top(q, tokens, k),
+            _ => bail!("a sequence of the other backend"),
+        }
+    }
+
+    fn logits_on_device(&self) -> bool {
         match self {
-            Scripted::Real(b) => b.greedy_on_device(),
-            Scripted::Script(s) => s.greedy_on_device(),
+            Scripted::Real(b) => b.logits_on_device(),
+            Scripted::Script(s) => s.logits_on_device(),
         }
     }
 }

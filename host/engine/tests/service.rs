@@ -9,7 +9,8 @@ use qwasi_engine::config::ModelConfig;
 use qwasi_engine::cpu::{CpuModel, CpuSequence};
 use qwasi_engine::demo::RandomWeights;
 use qwasi_engine::generate::{FinishReason, GenerateRequest, generate};
-use qwasi_engine::sampling::{Sampled, SamplingParams, greedy};
+use qwasi_engine::readout::Readout;
+use qwasi_engine::sampling::{Sampled, SamplingParams, TopLogits, greedy, top_logits};
 use qwasi_engine::service::{
     EngineService, Event, GenerationHandle, ServiceConfig, SubmitError, SubmitOptions,
 };
@@ -34,14 +35,16 @@ fn model() -> Arc<CpuModel> {
 }
 
 /// The CPU model, optionally slowed down per forward, panicking or failing
-/// on magic prompt tokens. With `greedy`, it poses as a backend that picks
-/// greedy tokens itself (as the GPU does on the device) and counts those calls.
+/// on magic prompt tokens. With `greedy`, it poses as a backend that keeps
+/// the logits on the device (as the GPU does): it counts the calls that pick
+/// greedy tokens in `greedy` and those that read the logits' head in `tops`.
 struct TestBackend {
     model: Arc<CpuModel>,
     delay: Duration,
     /// Counts forward calls.
     forwards: Arc<AtomicUsize>,
     greedy: Option<Arc<AtomicUsize>>,
+    tops: Arc<AtomicUsize>,
 }
 
 impl TestBackend {
@@ -56,6 +59,7 @@ impl TestBackend {
             delay,
             forwards,
             greedy,
+            tops: Arc::default(),
         }
     }
 }
@@ -95,7 +99,11 @@ impl Backend for TestBackend {
         }
         Ok(greedy(&self.model.forward(seq, tokens)?))
     }
-    fn greedy_on_device(&self) -> bool {
+    fn forward_top(&self, seq: &mut CpuSequence, tokens: &[u32], k: usize) -> Result<TopLogits> {
+        self.tops.fetch_add(1, Ordering::SeqCst);
+        Ok(top_logits(&self.model.forward(seq, tokens)?, k))
+    }
+    fn logits_on_device(&self) -> bool {
         self.greedy.is_some()
     }
     fn snapshot(&self, seq: &CpuSequence) -> Option<Box<dyn SeqSnapshot>> {
@@ -815,8 +823,18 @@ fn the_api_is_send() {
     sync::<EngineService>();
 }
 
+/// Calls per request of `forward`, `forward_greedy` and `forward_top` when
+/// the prefill (always `forward`) is followed by `steps` decode steps read as `path`.
+fn expected_calls(path: Readout, steps: usize) -> (usize, usize, usize) {
+    match path {
+        Readout::Logits => (1 + steps, 0, 0),
+        Readout::Greedy => (1, steps, 0),
+        Readout::Top => (1, 0, steps),
+    }
+}
+
 #[tokio::test]
-async fn argmax_only_requests_decode_through_forward_greedy() {
+async fn requests_read_as_little_of_the_logits_as_their_sampling_needs() {
     let forwards = Arc::new(AtomicUsize::new(0));
     let picked = Arc::new(AtomicUsize::new(0));
     let backend = TestBackend::new(
@@ -825,6 +843,7 @@ async fn argmax_only_requests_decode_through_forward_greedy() {
         forwards.clone(),
         Some(picked.clone()),
     );
+    let tops = backend.tops.clone();
     let svc = EngineService::start(backend, None, "tiny".into(), base_cfg());
     let (host, _) = service(0, base_cfg());
     let prompt: Vec<u32> = (1..40).collect();
@@ -833,27 +852,48 @@ async fn argmax_only_requests_decode_through_forward_greedy() {
         f(&mut s);
         s
     };
-    // (sampling, decoded through forward_greedy)
+    let sampled = |f: fn(&mut SamplingParams)| {
+        let mut s = SamplingParams {
+            temperature: 0.8,
+            seed: Some(3),
+            ..Default::default()
+        };
+        f(&mut s);
+        s
+    };
     let cases = [
-        (SamplingParams::default(), true),
-        (with(|s| s.logprobs = Some(0)), true),
-        (with(|s| s.logprobs = Some(3)), false),
-        (with(|s| s.repetition_penalty = 1.3), false),
-        (with(|s| s.presence_penalty = 0.5), false),
-        (with(|s| s.logit_bias = vec![(5, 2.0)]), false),
+        (SamplingParams::default(), Readout::Greedy),
+        (with(|s| s.logprobs = Some(0)), Readout::Greedy),
+        (with(|s| s.logprobs = Some(3)), Readout::Top),
+        (with(|s| s.repetition_penalty = 1.3), Readout::Logits),
+        (with(|s| s.presence_penalty = 0.5), Readout::Logits),
+        (with(|s| s.logit_bias = vec![(5, 2.0)]), Readout::Logits),
+        (sampled(|_| {}), Readout::Logits),
+        (sampled(|s| s.top_k = 20), Readout::Top),
         (
-            with(|s| {
-                s.temperature = 0.8;
-                s.seed = Some(3);
+            sampled(|s| {
+                s.top_k = 40;
+                s.top_p = 0.9;
+                s.min_p = 0.05;
+                s.logprobs = Some(5);
             }),
-            false,
+            Readout::Top,
+        ),
+        (sampled(|s| s.top_k = 65), Readout::Logits),
+        (
+            sampled(|s| {
+                s.top_k = 20;
+                s.frequency_penalty = 0.3;
+            }),
+            Readout::Logits,
         ),
     ];
-    for (sampling, device) in cases {
+    for (sampling, path) in cases {
         let mut r = req(&prompt, 6);
         r.sampling = sampling.clone();
         forwards.store(0, Ordering::SeqCst);
         picked.store(0, Ordering::SeqCst);
+        tops.store(0, Ordering::SeqCst);
         let mut h = svc
             .submit(r.clone(), SubmitOptions::default())
             .await
@@ -861,21 +901,20 @@ async fn argmax_only_requests_decode_through_forward_greedy() {
         let got = collect(&mut h).await;
         let mut h = host.submit(r, SubmitOptions::default()).await.unwrap();
         let want = collect(&mut h).await;
-        // Same tokens, logprobs and ending as picking from the full logits.
+        // Same tokens, logprobs and ending as sampling from the full logits.
         assert_eq!(got, want, "{sampling:?}");
         assert_eq!(tokens(&got).len(), 6);
         let calls = (
             forwards.load(Ordering::SeqCst),
             picked.load(Ordering::SeqCst),
+            tops.load(Ordering::SeqCst),
         );
-        // The prefill always returns the logits; 5 decode steps follow.
-        let expect = if device { (1, 5) } else { (6, 0) };
-        assert_eq!(calls, expect, "{sampling:?}");
+        assert_eq!(calls, expected_calls(path, 5), "{sampling:?}");
     }
 }
 
 #[test]
-fn generate_decodes_argmax_only_requests_through_forward_greedy() {
+fn generate_reads_as_little_of_the_logits_as_its_sampling_needs() {
     let picked = Arc::new(AtomicUsize::new(0));
     let forwards = Arc::new(AtomicUsize::new(0));
     let backend = TestBackend::new(
@@ -884,26 +923,35 @@ fn generate_decodes_argmax_only_requests_through_forward_greedy() {
         forwards.clone(),
         Some(picked.clone()),
     );
+    let tops = backend.tops.clone();
     let m = model();
-    for (logprobs, device) in [(None, true), (Some(2), false)] {
+    for (temperature, top_k, logprobs, path) in [
+        (0.0, 0, None, Readout::Greedy),
+        (0.0, 0, Some(2), Readout::Top),
+        (0.7, 10, Some(2), Readout::Top),
+        (0.7, 0, None, Readout::Logits),
+    ] {
         let mut r = GenerateRequest {
             ignore_eos: false,
             ..req(&[1, 2, 3, 4, 5], 10)
         };
+        r.sampling.temperature = temperature;
+        r.sampling.top_k = top_k;
         r.sampling.logprobs = logprobs;
+        r.sampling.seed = Some(11);
         forwards.store(0, Ordering::SeqCst);
         picked.store(0, Ordering::SeqCst);
+        tops.store(0, Ordering::SeqCst);
         let got = generate(&backend, &r, |_, _| ControlFlow::Continue(())).unwrap();
         let want = generate(&*m, &r, |_, _| ControlFlow::Continue(())).unwrap();
         assert_eq!(got.tokens, want.tokens);
         assert_eq!(got.steps, want.steps);
-        let steps = got.steps.len();
         let calls = (
             forwards.load(Ordering::SeqCst),
             picked.load(Ordering::SeqCst),
+            tops.load(Ordering::SeqCst),
         );
-        let expect = if device { (1, steps - 1) } else { (steps, 0) };
-        assert_eq!(calls, expect, "logprobs {logprobs:?}");
+        assert_eq!(calls, expected_calls(path, got.steps.len() - 1), "{r:?}");
     }
 }
 

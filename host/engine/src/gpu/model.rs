@@ -20,7 +20,7 @@ use super::hip::{DBuf, Device};
 use super::{Arg, HostBuf, f, i};
 use crate::backend::{Backend, SeqSnapshot};
 use crate::config::{LayerKind, MlpConfig, ModelConfig};
-use crate::sampling::Sampled;
+use crate::sampling::{Sampled, TopLogits};
 use crate::weights::{Mixer, Mlp, Weights};
 use anyhow::{Context, Result, bail};
 use half::bf16;
@@ -1633,7 +1633,56 @@ impl Backend for GpuModel {
         })
     }
 
-    fn greedy_on_device(&self) -> bool {
+    /// The head of the logits read on the device (kernels/sampling.cu): 64
+    /// keys and two floats come back instead of the row.
+    fn forward_top(&self, seq: &mut GpuSequence, tokens: &[u32], k: usize) -> Result<TopLogits> {
+        const TOP_K: usize = 64; // kernels/sampling.cu TOP_K
+        const PER_PART: usize = 4096 - TOP_K; // one sort round per slice
+        if k > TOP_K {
+            bail!("the device reads at most {TOP_K} top logits, {k} asked for");
+        }
+        let mut sc = self.scratch.lock().unwrap();
+        self.dev.bind()?;
+        let logits = self.logits_device(seq, tokens, &mut sc)?;
+        let n = self.cfg.vocab_size;
+        let parts = n.div_ceil(PER_PART);
+        let keys = sc.get(&self.dev, "top_parts", parts * TOP_K * 8)?;
+        let ms = sc.get(&self.dev, "top_ms", parts * 2 * F)?;
+        let out = sc.get(&self.dev, "top_out", TOP_K * 8 + 2 * F)?;
+        self.dev.launch(
+            "logits_top_part",
+            (parts as u32, 1, 1),
+            (1024, 1, 1),
+            0,
+            &[
+                Arg::Ptr(logits),
+                i(n),
+                i(PER_PART),
+                Arg::Ptr(keys),
+                Arg::Ptr(ms),
+            ],
+        )?;
+        self.dev.launch(
+            "logits_top_merge",
+            (1, 1, 1),
+            (1024, 1, 1),
+            0,
+            &[Arg::Ptr(keys), Arg::Ptr(ms), i(parts), Arg::Ptr(out)],
+        )?;
+        let mut head = [0u64; TOP_K + 1];
+        self.dev.dtoh(&mut head, out)?;
+        let lse = f32::from_bits((head[TOP_K] >> 32) as u32);
+        let top = head[..k.min(n)]
+            .iter()
+            .map(|&key| crate::sampling::key_parts(key))
+            .collect();
+        Ok(TopLogits {
+            top,
+            lse: lse as f64,
+        })
+    }
+
+    fn logits_on_device(&self) -> bool {
         true
     }
 

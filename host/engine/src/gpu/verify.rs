@@ -7,7 +7,7 @@ use crate::backend::Backend;
 use crate::cpu::CpuModel;
 use crate::generate::{GenerateRequest, generate};
 use crate::model::LoadedModel;
-use crate::sampling::{SamplingParams, argmax, log_softmax};
+use crate::sampling::{SamplingParams, TOP_CANDIDATES, TopLogits, argmax, log_softmax, top_logits};
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
 use std::ops::ControlFlow;
@@ -217,6 +217,12 @@ pub struct SmokeReport {
     /// The same through a device snapshot of the state restored from the host
     /// copy (what the prefix cache promotes back to the device after a hit).
     pub promoted_restore_max_diff: Option<f32>,
+    /// A twin sequence read through `forward_top` (prefill, then every decode
+    /// step): its 64 largest logits equal the host's `top_logits` of the same
+    /// step's full logits, ids and values bit for bit.
+    pub top_readout_equal: bool,
+    /// ... and its log-sum-exp's largest difference from the host's.
+    pub top_readout_max_lse_diff: f64,
     pub pass: bool,
 }
 
@@ -290,6 +296,17 @@ pub fn smoke(
     let mut snap_diff = None;
     let mut host_diff = None;
     let mut promoted_diff = None;
+    // The sampling readout on a twin sequence, every step against the host's.
+    let mut c = model.new_sequence();
+    let (mut top_equal, mut top_lse_diff) = (true, 0.0f64);
+    let mut check_top = |top: TopLogits, logits: &[f32]| {
+        let want = top_logits(logits, TOP_CANDIDATES);
+        let same = |(i, x): &(u32, f32), (j, y): &(u32, f32)| i == j && x.to_bits() == y.to_bits();
+        top_equal &= top.top.len() == want.top.len()
+            && top.top.iter().zip(&want.top).all(|(a, b)| same(a, b));
+        top_lse_diff = top_lse_diff.max((top.lse - want.lse).abs());
+    };
+    check_top(model.forward_top(&mut c, &prompt, TOP_CANDIDATES)?, &la);
     let mut generated = Vec::new();
     let mut logits = la;
     let t1 = Instant::now();
@@ -297,6 +314,7 @@ pub fn smoke(
         let t = argmax(&logits);
         generated.push(t);
         logits = model.forward(&mut a, &[t])?;
+        check_top(model.forward_top(&mut c, &[t], TOP_CANDIDATES)?, &logits);
         if i == 0 {
             snap_diff = restored.as_deref().map(|x| max_diff(x, &logits));
             host_diff = from_host.as_deref().map(|x| max_diff(x, &logits));
@@ -319,7 +337,11 @@ pub fn smoke(
         snapshot_restore_max_diff: snap_diff,
         host_restore_max_diff: host_diff,
         promoted_restore_max_diff: promoted_diff,
+        top_readout_equal: top_equal,
+        top_readout_max_lse_diff: top_lse_diff,
         pass: finite
+            && top_equal
+            && top_lse_diff < 1e-4
             && k < 1e-2
             && [snap_diff, host_diff, promoted_diff]
                 .iter()
@@ -400,7 +422,7 @@ pub fn run_cli(o: &VerifyOptions) -> Result<bool> {
             "synthetic {p} ({} layers): load {:.1} s, prefill {} tokens {:.3} s, finite {}, \
              KL(prefill || prefill[..-1]+decode) {:.2e}, top1 agree {}, decode {:.1} tok/s \
              (correctness build: no graphs, full logits copied per token), snapshot/restore max diff {:?}, \
-             from the host copy {:?}, promoted back {:?}, tokens {:?}  {}",
+             from the host copy {:?}, promoted back {:?}, top-64 readout equal {} (lse diff {:.1e}), tokens {:?}  {}",
             r.layers,
             r.load_s,
             r.prompt_len,
@@ -412,6 +434,8 @@ pub fn run_cli(o: &VerifyOptions) -> Result<bool> {
             r.snapshot_restore_max_diff,
             r.host_restore_max_diff,
             r.promoted_restore_max_diff,
+            r.top_readout_equal,
+            r.top_readout_max_lse_diff,
             r.generated,
             if r.pass { "PASS" } else { "FAIL" }
         );

@@ -14,6 +14,7 @@ use super::{Event, Usage};
 use crate::backend::{Backend, SeqSnapshot};
 use crate::generate::FinishReason;
 use crate::prefix_cache::{Lease, PrefixCache, Staged, StagedSnapshot};
+use crate::readout::{Next, Readout};
 use crate::sampling::{Sampled, Sampler};
 use crate::tokenizer::{IncrementalDecoder, Tokenizer};
 use anyhow::Result;
@@ -228,10 +229,9 @@ struct Running<'j, B: Backend> {
     want_logprobs: bool,
     /// Logits predicting the next token (empty once `next` replaces them).
     logits: Vec<f32>,
-    /// Decode through [`Backend::forward_greedy`]: the request needs only the
-    /// argmax and the backend picks it on the device.
-    argmax_only: bool,
-    /// The next token as the backend picked it (`argmax_only`).
+    /// What each decode step reads back ([`Readout`]).
+    readout: Readout,
+    /// The next token, drawn when the step read less than the logits.
     next: Option<Sampled>,
     /// Generated tokens (the stop token not included).
     generated: usize,
@@ -369,7 +369,7 @@ impl<'j, B: Backend> Running<'j, B> {
             decoder,
             want_logprobs: req.sampling.logprobs.is_some(),
             logits,
-            argmax_only: req.sampling.argmax_only() && w.backend.greedy_on_device(),
+            readout: Readout::choose(&req.sampling, &w.backend),
             next: None,
             generated: 0,
             sampled: 0,
@@ -426,11 +426,15 @@ impl<'j, B: Backend> Running<'j, B> {
             self.stage_end(w);
             return Ok(Some(self.finish(FinishReason::Length, None)));
         }
-        if self.argmax_only {
-            self.next = Some(w.backend.forward_greedy(&mut self.seq, &[token])?);
-            self.logits.clear();
-        } else {
-            self.logits = w.backend.forward(&mut self.seq, &[token])?;
+        match self
+            .readout
+            .step(&w.backend, &mut self.seq, &[token], &mut self.sampler)?
+        {
+            Next::Sampled(s) => {
+                self.next = Some(s);
+                self.logits.clear();
+            }
+            Next::Logits(l) => self.logits = l,
         }
         Ok(None)
     }
@@ -440,8 +444,8 @@ impl<'j, B: Backend> Running<'j, B> {
     /// before the last sampled token is run, so `self.logits` is the
     /// distribution after exactly those tokens: stored with it, a request that
     /// resends prompt + completion is a full hit. (Decoded through
-    /// `forward_greedy` there are no logits: the snapshot is still a prefix
-    /// for the next turn.)
+    /// `forward_greedy` or `forward_top` there are no logits: the snapshot is
+    /// still a prefix for the next turn.)
     fn stage_end(&mut self, w: &Worker<B>) {
         let Some(cache) = &w.cache else { return };
         let pos = w.backend.position(&self.seq);

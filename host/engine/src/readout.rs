@@ -1,0 +1,60 @@
+//! What a decode step hands back for the next token: the whole logits row
+//! for the host sampler, or, where the backend keeps the logits on the device
+//! ([`Backend::logits_on_device`]) and the request allows it, only the greedy
+//! pick ([`Backend::forward_greedy`]) or the row's head
+//! ([`Backend::forward_top`], sampled by [`Sampler::sample_top`]). Either way
+//! the request gets the same tokens and RNG stream.
+
+use crate::backend::Backend;
+use crate::sampling::{Sampled, Sampler, SamplingParams, TOP_CANDIDATES};
+use anyhow::Result;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Readout {
+    /// The logits row, sampled on the host.
+    Logits,
+    /// The argmax and its logprob ([`SamplingParams::argmax_only`]).
+    Greedy,
+    /// The top [`TOP_CANDIDATES`] logits and the log-sum-exp
+    /// ([`SamplingParams::samples_from_top`]).
+    Top,
+}
+
+/// A step's result: the token already drawn, or the logits to draw it from.
+pub enum Next {
+    Sampled(Sampled),
+    Logits(Vec<f32>),
+}
+
+impl Readout {
+    pub fn choose<B: Backend>(params: &SamplingParams, backend: &B) -> Self {
+        if !backend.logits_on_device() {
+            Readout::Logits
+        } else if params.argmax_only() {
+            Readout::Greedy
+        } else if params.samples_from_top(TOP_CANDIDATES, backend.config().vocab_size) {
+            Readout::Top
+        } else {
+            Readout::Logits
+        }
+    }
+
+    /// Appends `tokens` to `seq` and reads the next token's distribution;
+    /// [`Readout::Top`] draws from it with `sampler` right away.
+    pub fn step<B: Backend>(
+        self,
+        backend: &B,
+        seq: &mut B::Sequence,
+        tokens: &[u32],
+        sampler: &mut Sampler,
+    ) -> Result<Next> {
+        Ok(match self {
+            Readout::Logits => Next::Logits(backend.forward(seq, tokens)?),
+            Readout::Greedy => Next::Sampled(backend.forward_greedy(seq, tokens)?),
+            Readout::Top => {
+                let top = backend.forward_top(seq, tokens, TOP_CANDIDATES)?;
+                Next::Sampled(sampler.sample_top(&top))
+            }
+        })
+    }
+}

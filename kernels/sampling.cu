@@ -1,0 +1,99 @@
+// The head of one logits row for sampling on the host (Backend::forward_top):
+// the TOP_K largest (logit, id) pairs in the host sampler's key order (larger
+// logit first, then lower id; NaN as -inf, -0.0 as 0.0) and the row's
+// log-sum-exp. 64 keys and two floats come back instead of the row.
+// logits_top_part sorts slices of the row in shared memory, keeping each
+// slice's TOP_K; logits_top_merge does the same over those heads.
+#include "compat.h"
+
+#define TOP_SORT 4096  // keys per bitonic sort
+#define TOP_K 64       // kept per slice, and returned
+#define TOP_THREADS 1024
+
+typedef unsigned long long top_key_t;
+
+// host/engine/src/sampling.rs `key`: sortable(z) << 32 | !id, so that unsigned
+// order is (logit, then lower id) order; 0 is below every real key.
+__device__ __forceinline__ top_key_t top_key(float z, unsigned id) {
+    if (z != z) z = -INFINITY;
+    unsigned b = __float_as_uint(__fadd_rn(z, 0.f));  // -0.0 + 0.0 = 0.0
+    b = (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+    return ((top_key_t)b << 32) | (top_key_t)(~id);
+}
+
+// Sorts s[0, TOP_SORT) descending (bitonic; every thread of the block).
+__device__ void top_sort_desc(top_key_t* s) {
+    for (int k = 2; k <= TOP_SORT; k <<= 1)
+        for (int j = k >> 1; j > 0; j >>= 1) {
+            for (int t = threadIdx.x; t < TOP_SORT / 2; t += blockDim.x) {
+                const int i = 2 * t - (t & (j - 1)), l = i + j;  // i has bit j clear
+                const top_key_t a = s[i], b = s[l];
+                if ((i & k) == 0 ? a < b : a > b) {
+                    s[i] = b;
+                    s[l] = a;
+                }
+            }
+            __syncthreads();
+        }
+}
+
+// The TOP_K largest of key(0..n) into s[0, TOP_K): rounds of TOP_SORT - TOP_K
+// new keys sorted together with the best so far.
+template <typename Key>
+__device__ void top_rounds(top_key_t* s, int n, Key key) {
+    for (int i = threadIdx.x; i < TOP_K; i += blockDim.x) s[i] = 0;
+    for (int base = 0; base < n; base += TOP_SORT - TOP_K) {
+        for (int i = threadIdx.x; i < TOP_SORT - TOP_K; i += blockDim.x)
+            s[TOP_K + i] = base + i < n ? key(base + i) : 0;
+        __syncthreads();
+        top_sort_desc(s);
+    }
+    __syncthreads();
+}
+
+// Block b: the slice [b * per_part, (b + 1) * per_part) of x[0, n): its
+// TOP_K keys to keys[b * TOP_K, ...), its max and Σ e^(z - max) to ms[2b, 2b+1].
+QW_KERNEL void QW_BOUNDS(TOP_THREADS) logits_top_part(const float* __restrict__ x, int n, int per_part,
+                                                      top_key_t* __restrict__ keys, float* __restrict__ ms) {
+    __shared__ top_key_t s[TOP_SORT];
+    __shared__ float scratch[32];
+    const int lo = blockIdx.x * per_part, hi = min(n, lo + per_part);
+    float m = -INFINITY;
+    for (int i = lo + threadIdx.x; i < hi; i += blockDim.x) m = fmaxf(m, x[i]);  // fmaxf skips NaN
+    m = block_max(m, scratch);
+    float e = 0.f;
+    for (int i = lo + threadIdx.x; i < hi; i += blockDim.x) {
+        const float z = x[i];
+        if (z == m) e += 1.f;  // also an infinite max
+        else if (z == z) e += expf(z - m);
+    }
+    e = block_sum(e, scratch);
+    top_rounds(s, hi - lo, [&](int i) { return top_key(x[lo + i], (unsigned)(lo + i)); });
+    for (int i = threadIdx.x; i < TOP_K; i += blockDim.x) keys[(size_t)blockIdx.x * TOP_K + i] = s[i];
+    if (threadIdx.x == 0) {
+        ms[2 * blockIdx.x] = m;
+        ms[2 * blockIdx.x + 1] = e;
+    }
+}
+
+// One block: the best TOP_K of the parts' keys to out[0, TOP_K) (as keys),
+// then the row's max and ln Σ e^(z - max) as two floats after them.
+QW_KERNEL void QW_BOUNDS(TOP_THREADS) logits_top_merge(const top_key_t* __restrict__ keys,
+                                                       const float* __restrict__ ms, int parts,
+                                                       top_key_t* __restrict__ out) {
+    __shared__ top_key_t s[TOP_SORT];
+    top_rounds(s, parts * TOP_K, [&](int i) { return keys[i]; });
+    for (int i = threadIdx.x; i < TOP_K; i += blockDim.x) out[i] = s[i];
+    if (threadIdx.x == 0) {
+        float m = -INFINITY;
+        for (int p = 0; p < parts; p++) m = fmaxf(m, ms[2 * p]);
+        double e = 0.0;
+        for (int p = 0; p < parts; p++) {
+            const float mp = ms[2 * p], ep = ms[2 * p + 1];
+            if (ep > 0.f) e += (double)ep * (mp == m ? 1.0 : exp((double)mp - (double)m));
+        }
+        float* stats = (float*)(out + TOP_K);
+        stats[0] = m;
+        stats[1] = m == INFINITY || m == -INFINITY ? NAN : (float)log(e);
+    }
+}

@@ -1,0 +1,87 @@
+// The sampling head of a logits row on the CPU (QW_CPU): logits_top_part then
+// logits_top_merge (kernels/sampling.cu) against a sort of (logit, id) pairs
+// and a double-precision log-sum-exp. Rows shorter and longer than one sort,
+// slices of one and several rounds, more parts than one merge round, ties,
+// NaN, -0.0 and infinities. Exit 1 on a mismatch.
+#include <cstdio>
+#include <random>
+#include <vector>
+#include "sampling.cu"
+
+static int failures = 0;
+
+// Expected order: larger logit first (NaN as -inf, -0.0 equal to 0.0), then lower id.
+static void check(const char* what, const std::vector<float>& x, int per_part, unsigned threads) {
+    const int n = (int)x.size(), parts = (n + per_part - 1) / per_part;
+    std::vector<top_key_t> keys((size_t)parts * TOP_K), out(TOP_K + 1);
+    std::vector<float> ms(2 * parts);
+    qw_cpu::launch({(unsigned)parts, 1, 1}, {threads, 1, 1},
+                   [&] { logits_top_part(x.data(), n, per_part, keys.data(), ms.data()); });
+    qw_cpu::launch({1, 1, 1}, {threads, 1, 1}, [&] { logits_top_merge(keys.data(), ms.data(), parts, out.data()); });
+
+    auto val = [&](int i) { return std::isnan(x[i]) ? -INFINITY : x[i]; };
+    std::vector<int> ids(n);
+    for (int i = 0; i < n; i++) ids[i] = i;
+    std::stable_sort(ids.begin(), ids.end(), [&](int a, int b) { return val(a) > val(b); });
+    const int k = std::min(n, TOP_K);
+    for (int r = 0; r < TOP_K; r++) {
+        const top_key_t got = out[r];
+        const unsigned id = ~(unsigned)got;
+        if (r >= k) {
+            if (got != 0) { std::printf("%s: slot %d should be empty\n", what, r); failures++; }
+            continue;
+        }
+        const float z = val(ids[r]);
+        if (id != (unsigned)ids[r] || got != top_key(z, ids[r])) {
+            std::printf("%s: rank %d: id %u, want %d (logit %g)\n", what, r, id, ids[r], z);
+            failures++;
+            return;
+        }
+    }
+    double m = -INFINITY;
+    for (int i = 0; i < n; i++) m = std::max(m, (double)val(i));
+    double e = 0;
+    for (int i = 0; i < n; i++) e += val(i) == m ? 1.0 : std::exp((double)val(i) - m);
+    const float* stats = (const float*)(out.data() + TOP_K);
+    const bool finite = std::isfinite(m);
+    const double lse = finite ? std::log(e) : NAN;
+    const bool ok = stats[0] == (float)m && (finite ? std::fabs(stats[1] - lse) < 2e-6 : std::isnan(stats[1]));
+    if (!ok) {
+        std::printf("%s: max %g lse %.9g, want %g %.9g\n", what, stats[0], stats[1], m, lse);
+        failures++;
+    }
+}
+
+int main() {
+    std::mt19937 rng(7);
+    std::normal_distribution<float> nd(0.f, 3.f);
+    int runs = 0;
+    const int step = TOP_SORT - TOP_K;
+    for (int n : {1, 5, 63, 64, 65, step, step + 1, 10000, 70 * step + 17}) {
+        for (int per_part : {step, 3 * step + 5}) {
+            if (n > 20000 && per_part != step) continue;
+            std::vector<float> x(n);
+            for (auto& v : x) v = std::round(nd(rng) * 8.f) / 8.f;  // many ties
+            if (n > 70) {
+                x[3] = NAN;
+                x[11] = -0.0f;
+                x[12] = 0.0f;
+                x[n - 1] = x[0];
+            }
+            check("row", x, per_part, 128);
+            runs++;
+            if (n == 10000) {
+                std::vector<float> y = x;
+                y[500] = INFINITY;
+                y[900] = INFINITY;
+                check("+inf", y, per_part, 128);
+                std::vector<float> z(n, -INFINITY);
+                z[7] = NAN;
+                check("all -inf", z, per_part, 128);
+                runs += 2;
+            }
+        }
+    }
+    std::printf("top: %d rows, %s\n", runs, failures ? "FAIL" : "ok");
+    return failures ? 1 : 0;
+}
