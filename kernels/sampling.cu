@@ -1,9 +1,12 @@
-// The head of one logits row for sampling on the host (Backend::forward_top):
-// the TOP_K largest (logit, id) pairs in the host sampler's key order (larger
-// logit first, then lower id; NaN as -inf, -0.0 as 0.0) and the row's
-// log-sum-exp. 64 keys and two floats come back instead of the row.
-// logits_top_part sorts slices of the row in shared memory, keeping each
-// slice's TOP_K; logits_top_merge does the same over those heads.
+// Reading one logits row for sampling on the host without copying it.
+// The head (Backend::forward_top): the TOP_K largest (logit, id) pairs in the
+// host sampler's key order (larger logit first, then lower id; NaN as -inf,
+// -0.0 as 0.0) and the row's log-sum-exp; 64 keys and two floats come back
+// instead of the row. logits_top_part sorts slices of the row in shared
+// memory, keeping each slice's TOP_K; logits_top_merge does the same over
+// those heads. The weights (Backend::forward_weighted): logits_weights sums
+// the row's temperature weights per 64 tokens bit for bit as the host
+// sampler does, so the host draws the block and then the token in it.
 #include "compat.h"
 
 #define TOP_SORT 4096  // keys per bitonic sort
@@ -96,4 +99,57 @@ QW_KERNEL void QW_BOUNDS(TOP_THREADS) logits_top_merge(const top_key_t* __restri
         stats[0] = m;
         stats[1] = m == INFINITY || m == -INFINITY ? NAN : (float)log(e);
     }
+}
+
+// e^x for x <= 0 as host/engine/src/sampling.rs `exp_nonpos` computes it
+// (Cephes' expf polynomial), each operation rounded on its own as Rust does
+// (no contraction into FMAs), so the bits equal the host's.
+__device__ __forceinline__ float exp_nonpos_host(float x) {
+    const float MAGIC = 12582912.0f;  // 1.5 * 2^23
+    const bool in_range = x >= -87.0f;
+    x = in_range ? x : -87.0f;
+    x = x < 0.0f ? x : 0.0f;
+    const float t = __fadd_rn(__fmul_rn(x, 1.44269504088896340736f), MAGIC);
+    const float n = __fsub_rn(t, MAGIC);
+    const int ni = (int)__float_as_uint(t) - (int)__float_as_uint(MAGIC);
+    const float r = __fsub_rn(__fsub_rn(x, __fmul_rn(n, 0.6933594f)), __fmul_rn(n, -2.1219444e-4f));
+    float p = __fadd_rn(__fmul_rn(1.9875691e-4f, r), 1.3982e-3f);
+    p = __fadd_rn(__fmul_rn(p, r), 8.333452e-3f);
+    p = __fadd_rn(__fmul_rn(p, r), 4.1665796e-2f);
+    p = __fadd_rn(__fmul_rn(p, r), 1.6666665e-1f);
+    p = __fadd_rn(__fmul_rn(p, r), 0.5f);
+    p = __fadd_rn(__fadd_rn(__fmul_rn(p, __fmul_rn(r, r)), r), 1.0f);
+    const float e = __fmul_rn(p, __uint_as_float((unsigned)(ni + 127) << 23));
+    return in_range ? e : 0.0f;
+}
+
+#define WEIGHT_BLOCK 64  // host/engine/src/sampling.rs BLOCK
+
+// One thread per WEIGHT_BLOCK logits: blocks[b] = the sum of the weights
+// e^((z - max) / t) (0 under min_p, NaN logits 0) of block b, formed as the
+// host sampler's `block_sum` forms it: 8 f32 lanes over whole groups of 8,
+// the lanes added in f64, then the rest. `head`: logits_top_merge's output
+// (the row's max after its keys).
+QW_KERNEL void QW_BOUNDS(256) logits_weights(const float* __restrict__ x, int n, const top_key_t* __restrict__ head,
+                                             float t, float min_p, double* __restrict__ blocks) {
+    const int b = blockIdx.x * blockDim.x + threadIdx.x;
+    if (b * WEIGHT_BLOCK >= n) return;
+    const float max = ((const float*)(head + TOP_K))[0];
+    const float* z = x + (size_t)b * WEIGHT_BLOCK;
+    const int len = min(WEIGHT_BLOCK, n - b * WEIGHT_BLOCK), full = len & ~7;
+    auto weight = [&](int j) {
+        float v = z[j];
+        if (v != v) v = -INFINITY;
+        const float w = exp_nonpos_host(__fdiv_rn(__fsub_rn(v, max), t));
+        return w < min_p ? 0.0f : w;
+    };
+    float lanes[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+    for (int j = 0; j < full; j += 8)
+#pragma unroll
+        for (int a = 0; a < 8; a++) lanes[a] = __fadd_rn(lanes[a], weight(j + a));
+    double s = 0.0;
+#pragma unroll
+    for (int a = 0; a < 8; a++) s = __dadd_rn(s, (double)lanes[a]);
+    for (int j = full; j < len; j++) s = __dadd_rn(s, (double)weight(j));
+    blocks[b] = s;
 }

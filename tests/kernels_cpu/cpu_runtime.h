@@ -99,7 +99,13 @@ inline unsigned __float_as_uint(float f) { unsigned u; std::memcpy(&u, &f, 4); r
 inline float __int_as_float(int u) { float f; std::memcpy(&f, &u, 4); return f; }
 inline int __float_as_int(float f) { int u; std::memcpy(&u, &f, 4); return u; }
 inline float rsqrtf(float x) { return 1.f / std::sqrt(x); }
+// IEEE operations, rounded one at a time (the harness builds without -ffast-math
+// and x86-64 does not contract a * b + c unless asked).
 inline float __fadd_rn(float a, float b) { return a + b; }
+inline float __fsub_rn(float a, float b) { return a - b; }
+inline float __fmul_rn(float a, float b) { return a * b; }
+inline float __fdiv_rn(float a, float b) { return a / b; }
+inline double __dadd_rn(double a, double b) { return a + b; }
 template <typename T>
 inline T __ldg(const T* p) { return *p; }
 // CUDA's integer min/max overloads.

@@ -1,8 +1,11 @@
-// The sampling head of a logits row on the CPU (QW_CPU): logits_top_part then
-// logits_top_merge (kernels/sampling.cu) against a sort of (logit, id) pairs
-// and a double-precision log-sum-exp. Rows shorter and longer than one sort,
+// The sampling readout of a logits row on the CPU (QW_CPU), kernels/sampling.cu:
+// logits_top_part then logits_top_merge against a sort of (logit, id) pairs
+// and a double-precision log-sum-exp (rows shorter and longer than one sort,
 // slices of one and several rounds, more parts than one merge round, ties,
-// NaN, -0.0 and infinities. Exit 1 on a mismatch.
+// NaN, -0.0 and infinities); then logits_weights' block sums against double
+// precision (temperatures, min-p, partial last blocks). Bit equality with the
+// host sampler's own sums is checked on the GPU (`qwasi verify --synthetic`).
+// Exit 1 on a mismatch.
 #include <cstdio>
 #include <random>
 #include <vector>
@@ -50,6 +53,26 @@ static void check(const char* what, const std::vector<float>& x, int per_part, u
         std::printf("%s: max %g lse %.9g, want %g %.9g\n", what, stats[0], stats[1], m, lse);
         failures++;
     }
+    if (!finite) return;
+    for (float t : {0.3f, 1.0f, 1.7f})
+        for (float min_p : {0.0f, 0.05f}) {
+            const int nb = (n + WEIGHT_BLOCK - 1) / WEIGHT_BLOCK;
+            std::vector<double> blocks(nb, -1.0);
+            qw_cpu::launch({(unsigned)((nb + 63) / 64), 1, 1}, {64, 1, 1},
+                           [&] { logits_weights(x.data(), n, out.data(), t, min_p, blocks.data()); });
+            for (int b = 0; b < nb; b++) {
+                double want = 0;
+                for (int i = b * WEIGHT_BLOCK; i < std::min(n, (b + 1) * WEIGHT_BLOCK); i++) {
+                    const double w = std::exp(((double)val(i) - m) / t);
+                    want += w < min_p ? 0.0 : w;
+                }
+                if (std::fabs(blocks[b] - want) > 1e-6 * std::max(1.0, want)) {
+                    std::printf("%s: t %g min_p %g block %d: %.9g, want %.9g\n", what, t, min_p, b, blocks[b], want);
+                    failures++;
+                    return;
+                }
+            }
+        }
 }
 
 int main() {

@@ -1,7 +1,7 @@
 //! What every compute backend (cpu, cuda, hip) provides to the generation loop.
 
 use crate::config::ModelConfig;
-use crate::sampling::{Sampled, TopLogits};
+use crate::sampling::{Sampled, TopLogits, WeightedRow};
 use anyhow::Result;
 use std::any::Any;
 
@@ -37,7 +37,36 @@ pub trait Backend: Send + Sync {
         Ok(crate::sampling::top_logits(&self.forward(seq, tokens)?, k))
     }
 
-    /// True where [`Backend::forward_greedy`] and [`Backend::forward_top`]
+    /// Appends `tokens` (at least one) and weights the next token's row
+    /// where it lies ([`crate::sampling::weight_blocks`] with temperature `t`
+    /// and `min_p`); `pick` chooses a block from the block sums, and the head
+    /// (`k` largest, as `forward_top`) and that block's logits come back.
+    /// Requests that [`crate::sampling::SamplingParams::samples_from_weights`]
+    /// draw through it where [`Backend::logits_on_device`].
+    fn forward_weighted(
+        &self,
+        seq: &mut Self::Sequence,
+        tokens: &[u32],
+        k: usize,
+        t: f32,
+        min_p: f32,
+        pick: &mut dyn FnMut(&[f64]) -> usize,
+    ) -> Result<WeightedRow> {
+        let logits = self.forward(seq, tokens)?;
+        let head = crate::sampling::top_logits(&logits, k);
+        let max = head.top.first().map_or(f32::NEG_INFINITY, |p| p.1);
+        let block = pick(&crate::sampling::weight_blocks(&logits, max, t, min_p));
+        let n = crate::sampling::WEIGHT_BLOCK;
+        let start = (block * n).min(logits.len());
+        Ok(WeightedRow {
+            head,
+            block,
+            logits: logits[start..(start + n).min(logits.len())].to_vec(),
+        })
+    }
+
+    /// True where [`Backend::forward_greedy`], [`Backend::forward_top`] and
+    /// [`Backend::forward_weighted`]
     /// read the logits where they are (a GPU: 12 bytes or 520 bytes back per
     /// token instead of the vocabulary's logits). Then requests they serve
     /// decode through them ([`crate::readout::Readout`]) and their
@@ -100,6 +129,17 @@ impl<B: Backend> Backend for std::sync::Arc<B> {
     }
     fn forward_top(&self, seq: &mut B::Sequence, tokens: &[u32], k: usize) -> Result<TopLogits> {
         (**self).forward_top(seq, tokens, k)
+    }
+    fn forward_weighted(
+        &self,
+        seq: &mut B::Sequence,
+        tokens: &[u32],
+        k: usize,
+        t: f32,
+        min_p: f32,
+        pick: &mut dyn FnMut(&[f64]) -> usize,
+    ) -> Result<WeightedRow> {
+        (**self).forward_weighted(seq, tokens, k, t, min_p, pick)
     }
     fn logits_on_device(&self) -> bool {
         (**self).logits_on_device()

@@ -2,8 +2,10 @@
 //! for the host sampler, or, where the backend keeps the logits on the device
 //! ([`Backend::logits_on_device`]) and the request allows it, only the greedy
 //! pick ([`Backend::forward_greedy`]) or the row's head
-//! ([`Backend::forward_top`], sampled by [`Sampler::sample_top`]). Either way
-//! the request gets the same tokens and RNG stream.
+//! ([`Backend::forward_top`], sampled by [`Sampler::sample_top`]), or the
+//! block sums of the row's weights and one block ([`Backend::forward_weighted`],
+//! drawn by [`Sampler::start_row_draw`]). Either way the request gets the same
+//! tokens and RNG stream.
 
 use crate::backend::Backend;
 use crate::sampling::{Sampled, Sampler, SamplingParams, TOP_CANDIDATES};
@@ -18,6 +20,9 @@ pub enum Readout {
     /// The top [`TOP_CANDIDATES`] logits and the log-sum-exp
     /// ([`SamplingParams::samples_from_top`]).
     Top,
+    /// The head, the row's block sums of weights and one block's logits
+    /// ([`SamplingParams::samples_from_weights`]).
+    Weighted,
 }
 
 /// A step's result: the token already drawn, or the logits to draw it from.
@@ -34,6 +39,8 @@ impl Readout {
             Readout::Greedy
         } else if params.samples_from_top(TOP_CANDIDATES, backend.config().vocab_size) {
             Readout::Top
+        } else if params.samples_from_weights(TOP_CANDIDATES, backend.config().vocab_size) {
+            Readout::Weighted
         } else {
             Readout::Logits
         }
@@ -54,6 +61,24 @@ impl Readout {
             Readout::Top => {
                 let top = backend.forward_top(seq, tokens, TOP_CANDIDATES)?;
                 Next::Sampled(sampler.sample_top(&top))
+            }
+            Readout::Weighted => {
+                let draw = sampler.start_row_draw();
+                let mut picked = None;
+                let row = backend.forward_weighted(
+                    seq,
+                    tokens,
+                    TOP_CANDIDATES,
+                    draw.temperature,
+                    draw.min_p,
+                    &mut |blocks| {
+                        let p = draw.pick(blocks);
+                        picked = Some(p);
+                        p.block
+                    },
+                )?;
+                let pick = picked.ok_or_else(|| anyhow::anyhow!("the backend picked no block"))?;
+                Next::Sampled(draw.finish(&row, &pick))
             }
         })
     }

@@ -166,6 +166,18 @@ impl SamplingParams {
             && self.logprobs.unwrap_or(0) <= k
             && (self.is_greedy() || (self.top_k >= 1 && self.top_k <= k && self.top_k < vocab_size))
     }
+
+    /// True when [`Sampler::sample`] draws from the whole row with nothing
+    /// but temperature and min-p (no top-k or top-p, no bias or penalties,
+    /// at most `k` alternatives): a backend may then weight the row where it
+    /// is and hand over block sums ([`crate::backend::Backend::forward_weighted`]).
+    pub fn samples_from_weights(&self, k: usize, vocab_size: usize) -> bool {
+        self.raw_logits()
+            && !self.is_greedy()
+            && (self.top_k == 0 || self.top_k >= vocab_size)
+            && self.top_p >= 1.0
+            && self.logprobs.unwrap_or(0) <= k
+    }
 }
 
 /// Candidates a backend hands over for [`Sampler::sample_top`].
@@ -180,6 +192,102 @@ pub struct TopLogits {
     pub top: Vec<(u32, f32)>,
     /// `ln Σ e^(z - max)` over the whole row (NaN when the max is not finite).
     pub lse: f64,
+}
+
+/// Tokens per block of [`weight_blocks`].
+pub const WEIGHT_BLOCK: usize = BLOCK;
+
+/// A row weighted where it lies ([`crate::backend::Backend::forward_weighted`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct WeightedRow {
+    /// The row's head, as [`top_logits`].
+    pub head: TopLogits,
+    /// The block the draw opened, and its logits.
+    pub block: usize,
+    pub logits: Vec<f32>,
+}
+
+/// The weights [`Sampler::sample`] draws from without top-k or top-p:
+/// `e^((z - max) / t)`, 0 under `min_p` and for NaN.
+fn row_weights(logits: &[f32], max: f32, t: f32, min_p: f32, w: &mut [f32]) {
+    for (w, &z) in w.iter_mut().zip(logits) {
+        let z = if z.is_nan() { f32::NEG_INFINITY } else { z };
+        let x = exp_nonpos((z - max) / t);
+        *w = if x < min_p { 0.0 } else { x };
+    }
+}
+
+/// The sums of [`row_weights`] per [`WEIGHT_BLOCK`] tokens, as the sampler
+/// forms them: the reference a backend's own must equal bit for bit.
+pub fn weight_blocks(logits: &[f32], max: f32, t: f32, min_p: f32) -> Vec<f64> {
+    let mut w = [0f32; BLOCK];
+    logits
+        .chunks(BLOCK)
+        .map(|c| {
+            row_weights(c, max, t, min_p, &mut w[..c.len()]);
+            block_sum(&w[..c.len()])
+        })
+        .collect()
+}
+
+/// One draw of [`Sampler::sample`] over a row weighted where it lies: the
+/// RNG output it consumes and the settings the weights need.
+#[derive(Clone, Copy, Debug)]
+pub struct RowDraw {
+    u: u64,
+    pub temperature: f32,
+    pub min_p: f32,
+    logprobs: usize,
+}
+
+impl RowDraw {
+    /// The block the draw lands in, from the row's block sums.
+    pub fn pick(&self, blocks: &[f64]) -> BlockPick {
+        pick_block(blocks, self.u)
+    }
+
+    /// The token inside the picked block, with its logprob and the head's
+    /// alternatives.
+    pub fn finish(&self, row: &WeightedRow, pick: &BlockPick) -> Sampled {
+        let head = &row.head;
+        let Some(&(first, max)) = head.top.first() else {
+            return Sampled {
+                token: 0,
+                logprob: f32::NAN,
+                top: Vec::new(),
+            };
+        };
+        let start = pick.block * BLOCK;
+        let token = if max.is_infinite() {
+            first // as `draw`
+        } else {
+            let mut w = [0f32; BLOCK];
+            let n = row.logits.len().min(BLOCK);
+            row_weights(
+                &row.logits[..n],
+                max,
+                self.temperature,
+                self.min_p,
+                &mut w[..n],
+            );
+            walk_block(&w[..n], pick)
+        };
+        let lp = |x: f32| ((x as f64 - max as f64) - head.lse) as f32;
+        let logit = match (token as usize).checked_sub(start) {
+            Some(j) if j < row.logits.len() => row.logits[j],
+            _ => head
+                .top
+                .iter()
+                .find(|p| p.0 == token)
+                .map_or(f32::NAN, |p| p.1),
+        };
+        let k = self.logprobs.min(head.top.len());
+        Sampled {
+            token,
+            logprob: lp(logit),
+            top: head.top[..k].iter().map(|&(i, z)| (i, lp(z))).collect(),
+        }
+    }
 }
 
 /// `(id, logit)` of a key in the sampler's order (`sortable(z) << 32 | !id`),
@@ -509,6 +617,18 @@ impl Sampler {
         }
     }
 
+    /// Starts [`Sampler::sample`]'s draw over a row weighted where it lies
+    /// (valid where [`SamplingParams::samples_from_weights`] holds): takes
+    /// the RNG output a call of `sample` takes.
+    pub fn start_row_draw(&mut self) -> RowDraw {
+        RowDraw {
+            u: self.rng.next_u64(),
+            temperature: self.params.temperature,
+            min_p: self.params.min_p.min(1.0),
+            logprobs: self.params.logprobs.unwrap_or(0),
+        }
+    }
+
     /// Temperature, truncation and the draw over `self.work`. Also returns
     /// the sum of the weights over the whole vocabulary when it was computed.
     fn draw(&mut self, z_max: f32) -> (u32, Option<f64>) {
@@ -765,34 +885,58 @@ fn block_sum(w: &[f32]) -> f64 {
 /// Draws a token with probability proportional to `w`, using the block sums
 /// to skip ahead. Never returns a token of weight 0 (unless all are 0).
 fn blocked_walk(w: &[f32], blocks: &[f64], u: u64) -> u32 {
+    let pick = pick_block(blocks, u);
+    let start = pick.block * BLOCK;
+    walk_block(&w[start..(start + BLOCK).min(w.len())], &pick)
+}
+
+/// Where [`blocked_walk`]'s draw lands among the blocks.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct BlockPick {
+    /// The block to walk.
+    pub block: usize,
+    /// The draw, `unit(u) * total`, and the weight before the block; `None`:
+    /// the draw passed every block (rounding), take the block's last token.
+    walk: Option<(f64, f64)>,
+}
+
+/// The block of `blocks` (sums of [`BLOCK`] weights) that the draw `u` lands in.
+fn pick_block(blocks: &[f64], u: u64) -> BlockPick {
     let total: f64 = blocks.iter().sum();
     let r = unit_f64(u) * total;
     let mut cum = 0.0f64;
     let mut last_block = None;
-    for (b, (&s, wb)) in blocks.iter().zip(w.chunks(BLOCK)).enumerate() {
+    for (b, &s) in blocks.iter().enumerate() {
         if s > 0.0 {
             last_block = Some(b);
         }
         if cum + s > r {
-            let mut c = cum;
-            for (j, &x) in wb.iter().enumerate() {
-                c += x as f64;
-                if x > 0.0 && r < c {
-                    return (b * BLOCK + j) as u32;
-                }
-            }
-            return last_positive(w, b);
+            return BlockPick {
+                block: b,
+                walk: Some((r, cum)),
+            };
         }
         cum += s;
     }
-    last_block.map_or(0, |b| last_positive(w, b))
+    BlockPick {
+        block: last_block.unwrap_or(0),
+        walk: None,
+    }
 }
 
-/// The last token of block `b` with a positive weight.
-fn last_positive(w: &[f32], b: usize) -> u32 {
-    let start = b * BLOCK;
-    let end = (start + BLOCK).min(w.len());
-    (start..end).rev().find(|&i| w[i] > 0.0).unwrap_or(start) as u32
+/// The token the draw picks inside its block (`wb`: the block's weights).
+fn walk_block(wb: &[f32], pick: &BlockPick) -> u32 {
+    let start = (pick.block * BLOCK) as u32;
+    if let Some((r, mut c)) = pick.walk {
+        for (j, &x) in wb.iter().enumerate() {
+            c += x as f64;
+            if x > 0.0 && r < c {
+                return start + j as u32;
+            }
+        }
+    }
+    // The last token of the block with a positive weight.
+    start + (0..wb.len()).rev().find(|&j| wb[j] > 0.0).unwrap_or(0) as u32
 }
 
 /// The smallest number `n` of the largest keys whose weight reaches `target`;
@@ -1379,6 +1523,66 @@ mod tests {
     }
 
     #[test]
+    fn drawing_from_block_sums_is_sampling_from_the_row() {
+        // What a backend that weights the row where it lies does, with the
+        // host's reference functions: the same tokens, stream and logprobs.
+        let vocab = 3001; // a partial last block
+        let mut cases = 0;
+        for (row, scale) in [(4u64, 1.0f32), (5, 6.0), (6, 0.02)] {
+            let mut z = logits(vocab, row, scale);
+            z[9] = f32::NAN;
+            z[10] = f32::NEG_INFINITY;
+            z[64] = z[63];
+            for (temperature, min_p, lp) in [
+                (1.0, 0.0, Some(5)),
+                (0.7, 0.0, None),
+                (0.3, 0.05, Some(20)),
+                (1.5, 0.2, Some(0)),
+                (1.0, 1.0, None),
+            ] {
+                let p = SamplingParams {
+                    temperature,
+                    min_p,
+                    logprobs: lp,
+                    seed: Some(row * 7 + (temperature * 10.0) as u64),
+                    ..Default::default()
+                };
+                assert!(p.samples_from_weights(TOP_CANDIDATES, vocab), "{p:?}");
+                let (mut full, mut split) = (Sampler::new(p.clone()), Sampler::new(p.clone()));
+                let head = top_logits(&z, TOP_CANDIDATES);
+                for _ in 0..50 {
+                    let draw = split.start_row_draw();
+                    let blocks = weight_blocks(&z, head.top[0].1, draw.temperature, draw.min_p);
+                    let pick = draw.pick(&blocks);
+                    let start = pick.block * WEIGHT_BLOCK;
+                    let row = WeightedRow {
+                        head: head.clone(),
+                        block: pick.block,
+                        logits: z[start..(start + WEIGHT_BLOCK).min(vocab)].to_vec(),
+                    };
+                    assert_eq!(full.sample(&z, &[], 0), draw.finish(&row, &pick), "{p:?}");
+                    cases += 1;
+                }
+            }
+        }
+        assert_eq!(cases, 3 * 5 * 50);
+        // An infinite logit wins, as in `sample`.
+        let mut z = logits(200, 1, 1.0);
+        z[150] = f32::INFINITY;
+        let p = params(0.9, 2);
+        let mut s = Sampler::new(p);
+        let draw = s.start_row_draw();
+        let head = top_logits(&z, TOP_CANDIDATES);
+        let pick = draw.pick(&weight_blocks(&z, f32::INFINITY, 0.9, 0.0));
+        let row = WeightedRow {
+            head,
+            block: pick.block,
+            logits: z[pick.block * 64..(pick.block * 64 + 64).min(200)].to_vec(),
+        };
+        assert_eq!(draw.finish(&row, &pick).token, 150);
+    }
+
+    #[test]
     fn top_logits_are_the_key_order_head_of_the_row() {
         let mut z = logits(500, 9, 2.0);
         z[3] = f32::NAN;
@@ -1403,7 +1607,7 @@ mod tests {
     }
 
     #[test]
-    fn the_top_path_excludes_what_needs_the_whole_row() {
+    fn the_top_and_row_paths_take_only_what_they_can_draw_exactly() {
         let vocab = 1000;
         let ok = SamplingParams {
             temperature: 0.7,
@@ -1438,6 +1642,34 @@ mod tests {
         ];
         for p in not {
             assert!(!p.samples_from_top(64, vocab), "{p:?}");
+        }
+        // The whole-row path: temperature and min-p only.
+        let row = SamplingParams {
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.1,
+            ..ok.clone()
+        };
+        assert!(row.samples_from_weights(64, vocab) && !row.samples_from_top(64, vocab));
+        for p in [
+            SamplingParams {
+                top_p: 0.9,
+                ..row.clone()
+            },
+            SamplingParams {
+                top_k: 5,
+                ..row.clone()
+            },
+            SamplingParams {
+                temperature: 0.0,
+                ..row.clone()
+            },
+            SamplingParams {
+                repetition_penalty: 1.2,
+                ..row.clone()
+            },
+        ] {
+            assert!(!p.samples_from_weights(64, vocab), "{p:?}");
         }
         // More alternatives than candidates.
         let many = SamplingParams {

@@ -18,7 +18,7 @@ use anyhow::{Context, Result, anyhow, bail};
 
 use crate::backend::{Backend, SeqSnapshot};
 use crate::config::ModelConfig;
-use crate::sampling::{Sampled, TopLogits};
+use crate::sampling::{Sampled, TopLogits, WeightedRow};
 use crate::tokenizer::Tokenizer;
 
 pub struct ScriptedBackend {
@@ -246,6 +246,26 @@ impl<B: Backend> Backend for Scripted<B> {
         match (self, seq) {
             (Scripted::Real(b), ScriptedSeq::Real(q)) => b.forward_top(q, tokens, k),
             (Scripted::Script(s), ScriptedSeq::Script(q)) => s.forward_top(q, tokens, k),
+            _ => bail!("a sequence of the other backend"),
+        }
+    }
+
+    fn forward_weighted(
+        &self,
+        seq: &mut Self::Sequence,
+        tokens: &[u32],
+        k: usize,
+        t: f32,
+        min_p: f32,
+        pick: &mut dyn FnMut(&[f64]) -> usize,
+    ) -> Result<WeightedRow> {
+        match (self, seq) {
+            (Scripted::Real(b), ScriptedSeq::Real(q)) => {
+                b.forward_weighted(q, tokens, k, t, min_p, pick)
+            }
+            (Scripted::Script(s), ScriptedSeq::Script(q)) => {
+                s.forward_weighted(q, tokens, k, t, min_p, pick)
+            }
             _ => bail!("a sequence of the other backend"),
         }
     }

@@ -10,7 +10,10 @@ use qwasi_engine::cpu::{CpuModel, CpuSequence};
 use qwasi_engine::demo::RandomWeights;
 use qwasi_engine::generate::{FinishReason, GenerateRequest, generate};
 use qwasi_engine::readout::Readout;
-use qwasi_engine::sampling::{Sampled, SamplingParams, TopLogits, greedy, top_logits};
+use qwasi_engine::sampling::{
+    Sampled, SamplingParams, TopLogits, WEIGHT_BLOCK, WeightedRow, greedy, top_logits,
+    weight_blocks,
+};
 use qwasi_engine::service::{
     EngineService, Event, GenerationHandle, ServiceConfig, SubmitError, SubmitOptions,
 };
@@ -37,7 +40,8 @@ fn model() -> Arc<CpuModel> {
 /// The CPU model, optionally slowed down per forward, panicking or failing
 /// on magic prompt tokens. With `greedy`, it poses as a backend that keeps
 /// the logits on the device (as the GPU does): it counts the calls that pick
-/// greedy tokens in `greedy` and those that read the logits' head in `tops`.
+/// greedy tokens in `greedy`, those that read the logits' head in `tops` and
+/// those that weight the row in `weighted` (each with the host's reference).
 struct TestBackend {
     model: Arc<CpuModel>,
     delay: Duration,
@@ -45,6 +49,7 @@ struct TestBackend {
     forwards: Arc<AtomicUsize>,
     greedy: Option<Arc<AtomicUsize>>,
     tops: Arc<AtomicUsize>,
+    weighted: Arc<AtomicUsize>,
 }
 
 impl TestBackend {
@@ -60,6 +65,7 @@ impl TestBackend {
             forwards,
             greedy,
             tops: Arc::default(),
+            weighted: Arc::default(),
         }
     }
 }
@@ -102,6 +108,27 @@ impl Backend for TestBackend {
     fn forward_top(&self, seq: &mut CpuSequence, tokens: &[u32], k: usize) -> Result<TopLogits> {
         self.tops.fetch_add(1, Ordering::SeqCst);
         Ok(top_logits(&self.model.forward(seq, tokens)?, k))
+    }
+    fn forward_weighted(
+        &self,
+        seq: &mut CpuSequence,
+        tokens: &[u32],
+        k: usize,
+        t: f32,
+        min_p: f32,
+        pick: &mut dyn FnMut(&[f64]) -> usize,
+    ) -> Result<WeightedRow> {
+        self.weighted.fetch_add(1, Ordering::SeqCst);
+        let logits = self.model.forward(seq, tokens)?;
+        let head = top_logits(&logits, k);
+        let block = pick(&weight_blocks(&logits, head.top[0].1, t, min_p));
+        let start = block * WEIGHT_BLOCK;
+        let end = (start + WEIGHT_BLOCK).min(logits.len());
+        Ok(WeightedRow {
+            head,
+            block,
+            logits: logits[start..end].to_vec(),
+        })
     }
     fn logits_on_device(&self) -> bool {
         self.greedy.is_some()
@@ -823,27 +850,39 @@ fn the_api_is_send() {
     sync::<EngineService>();
 }
 
-/// Calls per request of `forward`, `forward_greedy` and `forward_top` when
-/// the prefill (always `forward`) is followed by `steps` decode steps read as `path`.
-fn expected_calls(path: Readout, steps: usize) -> (usize, usize, usize) {
+/// Calls per request of `forward`, `forward_greedy`, `forward_top` and
+/// `forward_weighted` when the prefill (always `forward`) is followed by
+/// `steps` decode steps read as `path`.
+fn expected_calls(path: Readout, steps: usize) -> [usize; 4] {
     match path {
-        Readout::Logits => (1 + steps, 0, 0),
-        Readout::Greedy => (1, steps, 0),
-        Readout::Top => (1, 0, steps),
+        Readout::Logits => [1 + steps, 0, 0, 0],
+        Readout::Greedy => [1, steps, 0, 0],
+        Readout::Top => [1, 0, steps, 0],
+        Readout::Weighted => [1, 0, 0, steps],
     }
 }
 
-#[tokio::test]
-async fn requests_read_as_little_of_the_logits_as_their_sampling_needs() {
-    let forwards = Arc::new(AtomicUsize::new(0));
-    let picked = Arc::new(AtomicUsize::new(0));
-    let backend = TestBackend::new(
+/// A device-reading test backend and its counters in [`expected_calls`]' order.
+fn counting_backend() -> (TestBackend, [Arc<AtomicUsize>; 4]) {
+    let (forwards, picked) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let b = TestBackend::new(
         model(),
         Duration::ZERO,
         forwards.clone(),
         Some(picked.clone()),
     );
-    let tops = backend.tops.clone();
+    let counters = [forwards, picked, b.tops.clone(), b.weighted.clone()];
+    (b, counters)
+}
+
+/// The counts since the last call.
+fn take_calls(counters: &[Arc<AtomicUsize>; 4]) -> [usize; 4] {
+    [0, 1, 2, 3].map(|i| counters[i].swap(0, Ordering::SeqCst))
+}
+
+#[tokio::test]
+async fn requests_read_as_little_of_the_logits_as_their_sampling_needs() {
+    let (backend, counters) = counting_backend();
     let svc = EngineService::start(backend, None, "tiny".into(), base_cfg());
     let (host, _) = service(0, base_cfg());
     let prompt: Vec<u32> = (1..40).collect();
@@ -868,7 +907,15 @@ async fn requests_read_as_little_of_the_logits_as_their_sampling_needs() {
         (with(|s| s.repetition_penalty = 1.3), Readout::Logits),
         (with(|s| s.presence_penalty = 0.5), Readout::Logits),
         (with(|s| s.logit_bias = vec![(5, 2.0)]), Readout::Logits),
-        (sampled(|_| {}), Readout::Logits),
+        (sampled(|_| {}), Readout::Weighted),
+        (
+            sampled(|s| {
+                s.min_p = 0.1;
+                s.logprobs = Some(4);
+            }),
+            Readout::Weighted,
+        ),
+        (sampled(|s| s.top_p = 0.9), Readout::Logits),
         (sampled(|s| s.top_k = 20), Readout::Top),
         (
             sampled(|s| {
@@ -891,9 +938,7 @@ async fn requests_read_as_little_of_the_logits_as_their_sampling_needs() {
     for (sampling, path) in cases {
         let mut r = req(&prompt, 6);
         r.sampling = sampling.clone();
-        forwards.store(0, Ordering::SeqCst);
-        picked.store(0, Ordering::SeqCst);
-        tops.store(0, Ordering::SeqCst);
+        take_calls(&counters);
         let mut h = svc
             .submit(r.clone(), SubmitOptions::default())
             .await
@@ -904,32 +949,23 @@ async fn requests_read_as_little_of_the_logits_as_their_sampling_needs() {
         // Same tokens, logprobs and ending as sampling from the full logits.
         assert_eq!(got, want, "{sampling:?}");
         assert_eq!(tokens(&got).len(), 6);
-        let calls = (
-            forwards.load(Ordering::SeqCst),
-            picked.load(Ordering::SeqCst),
-            tops.load(Ordering::SeqCst),
+        assert_eq!(
+            take_calls(&counters),
+            expected_calls(path, 5),
+            "{sampling:?}"
         );
-        assert_eq!(calls, expected_calls(path, 5), "{sampling:?}");
     }
 }
 
 #[test]
 fn generate_reads_as_little_of_the_logits_as_its_sampling_needs() {
-    let picked = Arc::new(AtomicUsize::new(0));
-    let forwards = Arc::new(AtomicUsize::new(0));
-    let backend = TestBackend::new(
-        model(),
-        Duration::ZERO,
-        forwards.clone(),
-        Some(picked.clone()),
-    );
-    let tops = backend.tops.clone();
+    let (backend, counters) = counting_backend();
     let m = model();
     for (temperature, top_k, logprobs, path) in [
         (0.0, 0, None, Readout::Greedy),
         (0.0, 0, Some(2), Readout::Top),
         (0.7, 10, Some(2), Readout::Top),
-        (0.7, 0, None, Readout::Logits),
+        (0.7, 0, None, Readout::Weighted),
     ] {
         let mut r = GenerateRequest {
             ignore_eos: false,
@@ -939,19 +975,16 @@ fn generate_reads_as_little_of_the_logits_as_its_sampling_needs() {
         r.sampling.top_k = top_k;
         r.sampling.logprobs = logprobs;
         r.sampling.seed = Some(11);
-        forwards.store(0, Ordering::SeqCst);
-        picked.store(0, Ordering::SeqCst);
-        tops.store(0, Ordering::SeqCst);
+        take_calls(&counters);
         let got = generate(&backend, &r, |_, _| ControlFlow::Continue(())).unwrap();
         let want = generate(&*m, &r, |_, _| ControlFlow::Continue(())).unwrap();
         assert_eq!(got.tokens, want.tokens);
         assert_eq!(got.steps, want.steps);
-        let calls = (
-            forwards.load(Ordering::SeqCst),
-            picked.load(Ordering::SeqCst),
-            tops.load(Ordering::SeqCst),
+        assert_eq!(
+            take_calls(&counters),
+            expected_calls(path, got.steps.len() - 1),
+            "{r:?}"
         );
-        assert_eq!(calls, expected_calls(path, got.steps.len() - 1), "{r:?}");
     }
 }
 

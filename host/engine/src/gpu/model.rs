@@ -20,7 +20,7 @@ use super::hip::{DBuf, Device};
 use super::{Arg, HostBuf, f, i};
 use crate::backend::{Backend, SeqSnapshot};
 use crate::config::{LayerKind, MlpConfig, ModelConfig};
-use crate::sampling::{Sampled, TopLogits};
+use crate::sampling::{Sampled, TopLogits, WEIGHT_BLOCK, WeightedRow, key_parts};
 use crate::weights::{Mixer, Mlp, Weights};
 use anyhow::{Context, Result, bail};
 use half::bf16;
@@ -181,6 +181,23 @@ enum SeqLayer {
 const PREFILL_CHUNK: usize = 16_384;
 
 const F: usize = 4; // bytes per f32
+/// kernels/sampling.cu: keys per head (TOP_K), logits per slice of the first
+/// pass (one sort round), and the head's size in 8-byte words (keys, then
+/// the max and the log-sum-exp as two f32).
+const TOP_KEYS: usize = 64;
+const TOP_PER_PART: usize = 4096 - TOP_KEYS;
+const HEAD_WORDS: usize = TOP_KEYS + 1;
+
+/// The first `k` entries of a head read back from the device.
+fn head_of(words: &[u64], k: usize) -> Result<TopLogits> {
+    if k > TOP_KEYS {
+        bail!("the device reads at most {TOP_KEYS} top logits, {k} asked for");
+    }
+    Ok(TopLogits {
+        top: words[..k].iter().map(|&w| key_parts(w)).collect(),
+        lse: f32::from_bits((words[TOP_KEYS] >> 32) as u32) as f64,
+    })
+}
 /// Query and key tile of `attn_flash_*` (kernels/attention.cu, CUDA build).
 #[cfg(feature = "cuda")]
 const FA_BQ: usize = 64;
@@ -1535,6 +1552,37 @@ impl GpuModel {
         Ok(logits)
     }
 
+    /// Launches the head of `logits` (kernels/sampling.cu): `HEAD_WORDS`
+    /// words at the returned buffer, followed by `extra` bytes for the caller.
+    fn read_head(&self, sc: &mut Scratch, logits: u64, extra: usize) -> Result<u64> {
+        let n = self.cfg.vocab_size;
+        let parts = n.div_ceil(TOP_PER_PART);
+        let keys = sc.get(&self.dev, "top_parts", parts * TOP_KEYS * 8)?;
+        let ms = sc.get(&self.dev, "top_ms", parts * 2 * F)?;
+        let out = sc.get(&self.dev, "top_out", HEAD_WORDS * 8 + extra)?;
+        self.dev.launch(
+            "logits_top_part",
+            (parts as u32, 1, 1),
+            (1024, 1, 1),
+            0,
+            &[
+                Arg::Ptr(logits),
+                i(n),
+                i(TOP_PER_PART),
+                Arg::Ptr(keys),
+                Arg::Ptr(ms),
+            ],
+        )?;
+        self.dev.launch(
+            "logits_top_merge",
+            (1, 1, 1),
+            (1024, 1, 1),
+            0,
+            &[Arg::Ptr(keys), Arg::Ptr(ms), i(parts), Arg::Ptr(out)],
+        )?;
+        Ok(out)
+    }
+
     fn check_tokens(&self, seq: &GpuSequence, tokens: &[u32]) -> Result<()> {
         if tokens.is_empty() {
             bail!("forward needs at least one token");
@@ -1636,49 +1684,63 @@ impl Backend for GpuModel {
     /// The head of the logits read on the device (kernels/sampling.cu): 64
     /// keys and two floats come back instead of the row.
     fn forward_top(&self, seq: &mut GpuSequence, tokens: &[u32], k: usize) -> Result<TopLogits> {
-        const TOP_K: usize = 64; // kernels/sampling.cu TOP_K
-        const PER_PART: usize = 4096 - TOP_K; // one sort round per slice
-        if k > TOP_K {
-            bail!("the device reads at most {TOP_K} top logits, {k} asked for");
-        }
+        let mut sc = self.scratch.lock().unwrap();
+        self.dev.bind()?;
+        let logits = self.logits_device(seq, tokens, &mut sc)?;
+        let out = self.read_head(&mut sc, logits, 0)?;
+        let mut head = [0u64; HEAD_WORDS];
+        self.dev.dtoh(&mut head, out)?;
+        head_of(&head, k.min(self.cfg.vocab_size))
+    }
+
+    /// The row weighted on the device (kernels/sampling.cu `logits_weights`,
+    /// the host sampler's block sums bit for bit): the head and the block
+    /// sums come back in one copy, then the picked block's 64 logits.
+    fn forward_weighted(
+        &self,
+        seq: &mut GpuSequence,
+        tokens: &[u32],
+        k: usize,
+        t: f32,
+        min_p: f32,
+        pick: &mut dyn FnMut(&[f64]) -> usize,
+    ) -> Result<WeightedRow> {
         let mut sc = self.scratch.lock().unwrap();
         self.dev.bind()?;
         let logits = self.logits_device(seq, tokens, &mut sc)?;
         let n = self.cfg.vocab_size;
-        let parts = n.div_ceil(PER_PART);
-        let keys = sc.get(&self.dev, "top_parts", parts * TOP_K * 8)?;
-        let ms = sc.get(&self.dev, "top_ms", parts * 2 * F)?;
-        let out = sc.get(&self.dev, "top_out", TOP_K * 8 + 2 * F)?;
+        let nb = n.div_ceil(WEIGHT_BLOCK);
+        let out = self.read_head(&mut sc, logits, nb * 8)?;
+        let blocks = out + (HEAD_WORDS * 8) as u64;
         self.dev.launch(
-            "logits_top_part",
-            (parts as u32, 1, 1),
-            (1024, 1, 1),
+            "logits_weights",
+            (nb.div_ceil(256) as u32, 1, 1),
+            (256, 1, 1),
             0,
             &[
                 Arg::Ptr(logits),
                 i(n),
-                i(PER_PART),
-                Arg::Ptr(keys),
-                Arg::Ptr(ms),
+                Arg::Ptr(out),
+                f(t),
+                f(min_p),
+                Arg::Ptr(blocks),
             ],
         )?;
-        self.dev.launch(
-            "logits_top_merge",
-            (1, 1, 1),
-            (1024, 1, 1),
-            0,
-            &[Arg::Ptr(keys), Arg::Ptr(ms), i(parts), Arg::Ptr(out)],
-        )?;
-        let mut head = [0u64; TOP_K + 1];
-        self.dev.dtoh(&mut head, out)?;
-        let lse = f32::from_bits((head[TOP_K] >> 32) as u32);
-        let top = head[..k.min(n)]
+        let mut all = vec![0u64; HEAD_WORDS + nb];
+        self.dev.dtoh(&mut all, out)?;
+        let head = head_of(&all[..HEAD_WORDS], k.min(n))?;
+        let sums: Vec<f64> = all[HEAD_WORDS..]
             .iter()
-            .map(|&key| crate::sampling::key_parts(key))
+            .map(|&b| f64::from_bits(b))
             .collect();
-        Ok(TopLogits {
-            top,
-            lse: lse as f64,
+        let block = pick(&sums).min(nb - 1);
+        let start = block * WEIGHT_BLOCK;
+        let mut row = vec![0f32; WEIGHT_BLOCK.min(n - start)];
+        self.dev.dtoh(&mut row, logits + (start * F) as u64)?;
+        Ok(WeightedRow {
+            head,
+            block,
+            logits: row,
         })
     }
 

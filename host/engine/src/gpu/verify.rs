@@ -7,7 +7,10 @@ use crate::backend::Backend;
 use crate::cpu::CpuModel;
 use crate::generate::{GenerateRequest, generate};
 use crate::model::LoadedModel;
-use crate::sampling::{SamplingParams, TOP_CANDIDATES, TopLogits, argmax, log_softmax, top_logits};
+use crate::sampling::{
+    SamplingParams, TOP_CANDIDATES, TopLogits, WEIGHT_BLOCK, argmax, log_softmax, top_logits,
+    weight_blocks,
+};
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
 use std::ops::ControlFlow;
@@ -223,6 +226,11 @@ pub struct SmokeReport {
     pub top_readout_equal: bool,
     /// ... and its log-sum-exp's largest difference from the host's.
     pub top_readout_max_lse_diff: f64,
+    /// A third twin read through `forward_weighted` (temperatures 1, 0.7,
+    /// 0.3 with min-p 0.05, 1.5 in turn): its block sums equal the host's
+    /// `weight_blocks` of the same step's logits bit for bit, and the block
+    /// it hands back equals those logits.
+    pub weighted_readout_equal: bool,
     pub pass: bool,
 }
 
@@ -307,6 +315,29 @@ pub fn smoke(
         top_lse_diff = top_lse_diff.max((top.lse - want.lse).abs());
     };
     check_top(model.forward_top(&mut c, &prompt, TOP_CANDIDATES)?, &la);
+    let mut d = model.new_sequence();
+    let mut weighted_equal = true;
+    let mut check_weighted =
+        |d: &mut _, tokens: &[u32], logits: &[f32], step: usize| -> Result<()> {
+            let (t, min_p) = [(1.0, 0.0), (0.7, 0.0), (0.3, 0.05), (1.5, 0.0)][step % 4];
+            let max = top_logits(logits, 1).top[0].1;
+            let want = weight_blocks(logits, max, t, min_p);
+            let mut same = false;
+            // Open the block holding the argmax: a block with weight in it.
+            let row = model.forward_weighted(d, tokens, TOP_CANDIDATES, t, min_p, &mut |got| {
+                same = got.len() == want.len()
+                    && got
+                        .iter()
+                        .zip(&want)
+                        .all(|(a, b)| a.to_bits() == b.to_bits());
+                argmax(logits) as usize / WEIGHT_BLOCK
+            })?;
+            let start = row.block * WEIGHT_BLOCK;
+            let end = (start + WEIGHT_BLOCK).min(logits.len());
+            weighted_equal &= same && row.logits == logits[start..end];
+            Ok(())
+        };
+    check_weighted(&mut d, &prompt, &la, 0)?;
     let mut generated = Vec::new();
     let mut logits = la;
     let t1 = Instant::now();
@@ -315,6 +346,7 @@ pub fn smoke(
         generated.push(t);
         logits = model.forward(&mut a, &[t])?;
         check_top(model.forward_top(&mut c, &[t], TOP_CANDIDATES)?, &logits);
+        check_weighted(&mut d, &[t], &logits, i + 1)?;
         if i == 0 {
             snap_diff = restored.as_deref().map(|x| max_diff(x, &logits));
             host_diff = from_host.as_deref().map(|x| max_diff(x, &logits));
@@ -339,8 +371,10 @@ pub fn smoke(
         promoted_restore_max_diff: promoted_diff,
         top_readout_equal: top_equal,
         top_readout_max_lse_diff: top_lse_diff,
+        weighted_readout_equal: weighted_equal,
         pass: finite
             && top_equal
+            && weighted_equal
             && top_lse_diff < 1e-4
             && k < 1e-2
             && [snap_diff, host_diff, promoted_diff]
@@ -422,7 +456,7 @@ pub fn run_cli(o: &VerifyOptions) -> Result<bool> {
             "synthetic {p} ({} layers): load {:.1} s, prefill {} tokens {:.3} s, finite {}, \
              KL(prefill || prefill[..-1]+decode) {:.2e}, top1 agree {}, decode {:.1} tok/s \
              (correctness build: no graphs, full logits copied per token), snapshot/restore max diff {:?}, \
-             from the host copy {:?}, promoted back {:?}, top-64 readout equal {} (lse diff {:.1e}), tokens {:?}  {}",
+             from the host copy {:?}, promoted back {:?}, top-64 readout equal {} (lse diff {:.1e}), weighted readout equal {}, tokens {:?}  {}",
             r.layers,
             r.load_s,
             r.prompt_len,
@@ -436,6 +470,7 @@ pub fn run_cli(o: &VerifyOptions) -> Result<bool> {
             r.promoted_restore_max_diff,
             r.top_readout_equal,
             r.top_readout_max_lse_diff,
+            r.weighted_readout_equal,
             r.generated,
             if r.pass { "PASS" } else { "FAIL" }
         );

@@ -60,10 +60,9 @@ pub fn prompt(len: usize, vocab: usize) -> Vec<u32> {
         .collect()
 }
 
-#[cfg_attr(not(any(feature = "cuda", feature = "hip")), allow(dead_code))]
 /// Decode with `params` sampling, each step read back as `serve` reads it
-/// ([`Readout::choose`]): the rate, and per token the step with its read-back
-/// and the host sampler.
+/// ([`Readout::choose`], [`Readout::step`]): the rate, and per token the
+/// host sampler's share where the whole row comes to the host.
 #[cfg(any(feature = "cuda", feature = "hip"))]
 fn sampled_decode<B: qwasi_engine::backend::Backend>(
     model: &B,
@@ -74,50 +73,42 @@ fn sampled_decode<B: qwasi_engine::backend::Backend>(
     what: &str,
     params: qwasi_engine::sampling::SamplingParams,
 ) -> Result<Value> {
-    use qwasi_engine::readout::Readout;
-    use qwasi_engine::sampling::{Sampler, TOP_CANDIDATES};
+    use qwasi_engine::readout::{Next, Readout};
+    use qwasi_engine::sampling::Sampler;
     use std::time::Instant;
     let readout = Readout::choose(&params, model);
-    let (mut rates, mut step_ms, mut sampler_ms) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut rates, mut sampler_ms) = (Vec::new(), Vec::new());
     for _ in 0..runs {
         let mut seq = model
             .restore(snap)
             .ok_or_else(|| anyhow::anyhow!("restore failed"))?;
         let mut sampler = Sampler::new(params.clone());
         let mut tok = first;
-        let (mut step, mut draw) = (0.0, 0.0);
+        let mut host = 0.0;
         let t = Instant::now();
         for _ in 0..tokens {
-            let t0 = Instant::now();
-            tok = if readout == Readout::Top {
-                let top = model.forward_top(&mut seq, &[tok], TOP_CANDIDATES)?;
-                step += t0.elapsed().as_secs_f64();
-                let t1 = Instant::now();
-                let s = sampler.sample_top(&top);
-                draw += t1.elapsed().as_secs_f64();
-                s.token
-            } else {
-                let l = model.forward(&mut seq, &[tok])?;
-                step += t0.elapsed().as_secs_f64();
-                let t1 = Instant::now();
-                let s = sampler.sample(&l, &[], 0);
-                draw += t1.elapsed().as_secs_f64();
-                s.token
+            tok = match readout.step(model, &mut seq, &[tok], &mut sampler)? {
+                Next::Sampled(s) => s.token,
+                Next::Logits(l) => {
+                    let t1 = Instant::now();
+                    let s = sampler.sample(&l, &[], 0);
+                    host += t1.elapsed().as_secs_f64();
+                    s.token
+                }
             };
         }
         rates.push(tokens as f64 / t.elapsed().as_secs_f64());
-        step_ms.push(1e3 * step / tokens as f64);
-        sampler_ms.push(1e3 * draw / tokens as f64);
+        sampler_ms.push(1e3 * host / tokens as f64);
     }
     Ok(json!({
         "sampling": what,
         "readout": format!("{readout:?}"),
         "tok_per_s": stats(&rates),
-        "step_and_read_back_ms": stats(&step_ms),
-        "host_sampler_ms": stats(&sampler_ms),
+        "host_sampler_ms_per_token": stats(&sampler_ms),
     }))
 }
 
+#[cfg_attr(not(any(feature = "cuda", feature = "hip")), allow(dead_code))]
 fn stats(v: &[f64]) -> Value {
     json!({
         "median": super::median(v),
@@ -334,9 +325,13 @@ fn imp(a: &SpeedArgs, runs: usize, out: &Path) -> Result<()> {
             seed: Some(1),
             ..Default::default()
         };
-        let row = SamplingParams {
+        let nucleus = SamplingParams {
             top_k: 0,
             ..qwen.clone()
+        };
+        let plain = SamplingParams {
+            top_p: 1.0,
+            ..nucleus.clone()
         };
         let mut sampled = Vec::new();
         for (what, params) in [
@@ -345,8 +340,12 @@ fn imp(a: &SpeedArgs, runs: usize, out: &Path) -> Result<()> {
                 qwen,
             ),
             (
+                "temperature 0.7: the row's weights summed per 64 tokens on the device, the block and token drawn on the host",
+                plain,
+            ),
+            (
                 "temperature 0.7, top_p 0.95: each step's logits copied to the host and sampled there",
-                row,
+                nucleus,
             ),
         ] {
             sampled.push(sampled_decode(
@@ -365,7 +364,7 @@ fn imp(a: &SpeedArgs, runs: usize, out: &Path) -> Result<()> {
         let med_rate = super::median(&rates);
         let (used, total) = model.memory_used();
         eprintln!(
-            "[bench] L {len:>6}: TTFT {:>9.1} ms, decode {:>7.1} tok/s ({:.0}% of the {:.0} tok/s floor; sampled: top-k on the device {:.1}, top-p on the host {:.1}), tokens consistent: {}, logits finite: {finite}, device memory {:.1} GB",
+            "[bench] L {len:>6}: TTFT {:>9.1} ms, decode {:>7.1} tok/s ({:.0}% of the {:.0} tok/s floor; sampled: top-k {:.1}, temperature {:.1} read on the device, top-p on the host {:.1}), tokens consistent: {}, logits finite: {finite}, device memory {:.1} GB",
             super::median(&ttft),
             med_rate,
             100.0 * med_rate * floor_s,
@@ -374,6 +373,9 @@ fn imp(a: &SpeedArgs, runs: usize, out: &Path) -> Result<()> {
                 .as_f64()
                 .unwrap_or(f64::NAN),
             sampled[1]["tok_per_s"]["median"]
+                .as_f64()
+                .unwrap_or(f64::NAN),
+            sampled[2]["tok_per_s"]["median"]
                 .as_f64()
                 .unwrap_or(f64::NAN),
             host_agree,
