@@ -1,7 +1,7 @@
 //! What every compute backend (cpu, cuda, hip) provides to the generation loop.
 
 use crate::config::ModelConfig;
-use crate::sampling::{Sampled, TopLogits, WeightedRow};
+use crate::sampling::{RowRead, Sampled, TopLogits, WeightedRow};
 use anyhow::Result;
 use std::any::Any;
 
@@ -39,10 +39,11 @@ pub trait Backend: Send + Sync {
 
     /// Appends `tokens` (at least one) and weights the next token's row
     /// where it lies ([`crate::sampling::weight_blocks`] with temperature `t`
-    /// and `min_p`); `pick` chooses a block from the block sums, and the head
-    /// (`k` largest, as `forward_top`) and that block's logits come back.
-    /// Requests that [`crate::sampling::SamplingParams::samples_from_weights`]
-    /// draw through it where [`Backend::logits_on_device`].
+    /// and `min_p`); `plan` decides from the head (`k` largest, as
+    /// `forward_top`) and the block sums what else to read: nothing, one
+    /// block's logits or the whole row. Requests that
+    /// [`crate::sampling::SamplingParams::samples_from_weights`] draw through
+    /// it where [`Backend::logits_on_device`].
     fn forward_weighted(
         &self,
         seq: &mut Self::Sequence,
@@ -50,19 +51,17 @@ pub trait Backend: Send + Sync {
         k: usize,
         t: f32,
         min_p: f32,
-        pick: &mut dyn FnMut(&[f64]) -> usize,
+        plan: &mut dyn FnMut(&TopLogits, &[f64]) -> RowRead,
     ) -> Result<WeightedRow> {
         let logits = self.forward(seq, tokens)?;
         let head = crate::sampling::top_logits(&logits, k);
         let max = head.top.first().map_or(f32::NEG_INFINITY, |p| p.1);
-        let block = pick(&crate::sampling::weight_blocks(&logits, max, t, min_p));
-        let n = crate::sampling::WEIGHT_BLOCK;
-        let start = (block * n).min(logits.len());
-        Ok(WeightedRow {
-            head,
-            block,
-            logits: logits[start..(start + n).min(logits.len())].to_vec(),
-        })
+        let read = plan(
+            &head,
+            &crate::sampling::weight_blocks(&logits, max, t, min_p),
+        );
+        let logits = crate::sampling::row_read(&logits, read);
+        Ok(WeightedRow { head, read, logits })
     }
 
     /// True where [`Backend::forward_greedy`], [`Backend::forward_top`] and
@@ -137,9 +136,9 @@ impl<B: Backend> Backend for std::sync::Arc<B> {
         k: usize,
         t: f32,
         min_p: f32,
-        pick: &mut dyn FnMut(&[f64]) -> usize,
+        plan: &mut dyn FnMut(&TopLogits, &[f64]) -> RowRead,
     ) -> Result<WeightedRow> {
-        (**self).forward_weighted(seq, tokens, k, t, min_p, pick)
+        (**self).forward_weighted(seq, tokens, k, t, min_p, plan)
     }
     fn logits_on_device(&self) -> bool {
         (**self).logits_on_device()

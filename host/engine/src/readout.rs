@@ -20,7 +20,8 @@ pub enum Readout {
     /// The top [`TOP_CANDIDATES`] logits and the log-sum-exp
     /// ([`SamplingParams::samples_from_top`]).
     Top,
-    /// The head, the row's block sums of weights and one block's logits
+    /// The head and the row's block sums of weights, then one block's
+    /// logits, nothing more, or (top-p reaching past the head) the row
     /// ([`SamplingParams::samples_from_weights`]).
     Weighted,
 }
@@ -64,21 +65,21 @@ impl Readout {
             }
             Readout::Weighted => {
                 let draw = sampler.start_row_draw();
-                let mut picked = None;
+                let mut planned = None;
                 let row = backend.forward_weighted(
                     seq,
                     tokens,
                     TOP_CANDIDATES,
                     draw.temperature,
-                    draw.min_p,
-                    &mut |blocks| {
-                        let p = draw.pick(blocks);
-                        picked = Some(p);
-                        p.block
+                    draw.weights_min_p(),
+                    &mut |head, blocks| {
+                        let p = draw.plan(head, blocks);
+                        planned = Some(p);
+                        p.read()
                     },
                 )?;
-                let pick = picked.ok_or_else(|| anyhow::anyhow!("the backend picked no block"))?;
-                Next::Sampled(draw.finish(&row, &pick))
+                let plan = planned.ok_or_else(|| anyhow::anyhow!("the backend planned no draw"))?;
+                Next::Sampled(sampler.finish_row(&draw, &plan, &row))
             }
         })
     }

@@ -167,15 +167,14 @@ impl SamplingParams {
             && (self.is_greedy() || (self.top_k >= 1 && self.top_k <= k && self.top_k < vocab_size))
     }
 
-    /// True when [`Sampler::sample`] draws from the whole row with nothing
-    /// but temperature and min-p (no top-k or top-p, no bias or penalties,
-    /// at most `k` alternatives): a backend may then weight the row where it
-    /// is and hand over block sums ([`crate::backend::Backend::forward_weighted`]).
+    /// True when [`Sampler::sample`] draws from the whole row with
+    /// temperature, top-p and min-p only (no top-k, bias or penalties, at
+    /// most `k` alternatives): a backend may then weight the row where it
+    /// lies and hand over block sums ([`crate::backend::Backend::forward_weighted`]).
     pub fn samples_from_weights(&self, k: usize, vocab_size: usize) -> bool {
         self.raw_logits()
             && !self.is_greedy()
             && (self.top_k == 0 || self.top_k >= vocab_size)
-            && self.top_p >= 1.0
             && self.logprobs.unwrap_or(0) <= k
     }
 }
@@ -197,13 +196,25 @@ pub struct TopLogits {
 /// Tokens per block of [`weight_blocks`].
 pub const WEIGHT_BLOCK: usize = BLOCK;
 
-/// A row weighted where it lies ([`crate::backend::Backend::forward_weighted`]).
+/// What a draw over a row weighted where it lies needs back besides the
+/// head and the block sums ([`crate::backend::Backend::forward_weighted`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RowRead {
+    /// Nothing more: the draw was decided among the head.
+    Head,
+    /// The logits of one block of [`WEIGHT_BLOCK`] tokens.
+    Block(usize),
+    /// The whole row: the nucleus reaches past the head.
+    Whole,
+}
+
+/// A row weighted where it lies, as read back.
 #[derive(Clone, Debug, PartialEq)]
 pub struct WeightedRow {
     /// The row's head, as [`top_logits`].
     pub head: TopLogits,
-    /// The block the draw opened, and its logits.
-    pub block: usize,
+    /// What was read besides, and its logits (empty for [`RowRead::Head`]).
+    pub read: RowRead,
     pub logits: Vec<f32>,
 }
 
@@ -230,63 +241,100 @@ pub fn weight_blocks(logits: &[f32], max: f32, t: f32, min_p: f32) -> Vec<f64> {
         .collect()
 }
 
+/// The logits a [`RowRead`] asks for out of the whole row.
+pub fn row_read(logits: &[f32], read: RowRead) -> Vec<f32> {
+    match read {
+        RowRead::Head => Vec::new(),
+        RowRead::Block(b) => {
+            let start = (b * BLOCK).min(logits.len());
+            logits[start..(start + BLOCK).min(logits.len())].to_vec()
+        }
+        RowRead::Whole => logits.to_vec(),
+    }
+}
+
 /// One draw of [`Sampler::sample`] over a row weighted where it lies: the
 /// RNG output it consumes and the settings the weights need.
 #[derive(Clone, Copy, Debug)]
 pub struct RowDraw {
     u: u64,
     pub temperature: f32,
-    pub min_p: f32,
-    logprobs: usize,
+    top_p: f32,
+    min_p: f32,
+}
+
+/// Where a [`RowDraw`] stands once the block sums are known.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum RowPlan {
+    /// Decided among the head (top-p with the whole nucleus in it).
+    Token(u32),
+    /// The token lies in this block.
+    Block(BlockPick),
+    /// Only the whole row can decide (top-p reaching past the head).
+    Whole,
+}
+
+impl RowPlan {
+    pub fn read(&self) -> RowRead {
+        match self {
+            RowPlan::Token(_) => RowRead::Head,
+            RowPlan::Block(p) => RowRead::Block(p.block),
+            RowPlan::Whole => RowRead::Whole,
+        }
+    }
 }
 
 impl RowDraw {
-    /// The block the draw lands in, from the row's block sums.
-    pub fn pick(&self, blocks: &[f64]) -> BlockPick {
-        pick_block(blocks, self.u)
+    /// The min-p the backend applies to the weights before summing them:
+    /// with top-p the sampler sums them unmasked (min-p then applies to the
+    /// nucleus), as [`Sampler::sample`] does.
+    pub fn weights_min_p(&self) -> f32 {
+        if self.top_p < 1.0 { 0.0 } else { self.min_p }
     }
 
-    /// The token inside the picked block, with its logprob and the head's
-    /// alternatives.
-    pub fn finish(&self, row: &WeightedRow, pick: &BlockPick) -> Sampled {
-        let head = &row.head;
-        let Some(&(first, max)) = head.top.first() else {
-            return Sampled {
-                token: 0,
-                logprob: f32::NAN,
-                top: Vec::new(),
-            };
+    /// What decides the draw, from the head and the row's block sums of
+    /// [`weight_blocks`] (with [`RowDraw::weights_min_p`]).
+    pub fn plan(&self, head: &TopLogits, blocks: &[f64]) -> RowPlan {
+        let Some(&(first, z_max)) = head.top.first() else {
+            return RowPlan::Token(0);
         };
-        let start = pick.block * BLOCK;
-        let token = if max.is_infinite() {
-            first // as `draw`
-        } else {
-            let mut w = [0f32; BLOCK];
-            let n = row.logits.len().min(BLOCK);
-            row_weights(
-                &row.logits[..n],
-                max,
-                self.temperature,
-                self.min_p,
-                &mut w[..n],
-            );
-            walk_block(&w[..n], pick)
-        };
-        let lp = |x: f32| ((x as f64 - max as f64) - head.lse) as f32;
-        let logit = match (token as usize).checked_sub(start) {
-            Some(j) if j < row.logits.len() => row.logits[j],
-            _ => head
-                .top
-                .iter()
-                .find(|p| p.0 == token)
-                .map_or(f32::NAN, |p| p.1),
-        };
-        let k = self.logprobs.min(head.top.len());
-        Sampled {
-            token,
-            logprob: lp(logit),
-            top: head.top[..k].iter().map(|&(i, z)| (i, lp(z))).collect(),
+        if z_max.is_infinite() {
+            return RowPlan::Token(first); // as `draw`
         }
+        if self.top_p >= 1.0 {
+            return RowPlan::Block(pick_block(blocks, self.u));
+        }
+        // `draw`'s top-p without top-k: the nucleus among the heavy tokens
+        // when they reach the target, else the histogram over the whole row.
+        let t = self.temperature;
+        let floor = z_max + t * PREFILTER_LOG_W;
+        let weight = |z: f32| exp_nonpos((z - z_max) / t);
+        let mut heavy: Vec<(u32, f32)> = head
+            .top
+            .iter()
+            .copied()
+            .filter(|&(_, z)| z >= floor && weight(z) > 0.0)
+            .collect();
+        let complete = heavy.len() < head.top.len()
+            || heavy.len() == head.top.len() && head.top.len() < TOP_CANDIDATES;
+        if !complete {
+            return RowPlan::Whole;
+        }
+        heavy.sort_unstable_by_key(|&(i, _)| i);
+        let mass: f64 = heavy.iter().map(|&(_, z)| weight(z) as f64).sum();
+        let target = self.top_p as f64 * blocks.iter().sum::<f64>();
+        if mass < target {
+            return RowPlan::Whole;
+        }
+        let mut keys: Vec<u64> = heavy.iter().map(|&(i, z)| key(z, i)).collect();
+        let target = ((target * Q_SCALE as f64).ceil() as u64).max(1);
+        let n = nucleus_len(&mut keys, |k| qz(weight(key_logit(k))), target);
+        keys.truncate(n);
+        let mut pairs: Vec<(u32, f32)> = keys
+            .iter()
+            .map(|&k| (key_id(k), weight(key_logit(k))))
+            .collect();
+        RowPlan::Token(draw_among(&mut pairs, &mut Vec::new(), self.min_p, self.u))
     }
 }
 
@@ -397,6 +445,8 @@ pub struct Sampler {
     ids: Vec<u32>,
     /// `(id, weight)` of the listed candidates.
     pairs: Vec<(u32, f32)>,
+    /// The RNG output of a draw begun elsewhere ([`Sampler::finish_row`]).
+    pending_draw: Option<u64>,
     /// Per-bucket counts or masses for the histogram cut-offs.
     counts: Vec<u32>,
     masses: Vec<f64>,
@@ -431,6 +481,7 @@ impl Sampler {
             heap: BinaryHeap::new(),
             ids: Vec::new(),
             pairs: Vec::new(),
+            pending_draw: None,
             counts: Vec::new(),
             masses: Vec::new(),
             gen_counts: Vec::new(),
@@ -624,8 +675,55 @@ impl Sampler {
         RowDraw {
             u: self.rng.next_u64(),
             temperature: self.params.temperature,
+            top_p: self.params.top_p,
             min_p: self.params.min_p.min(1.0),
-            logprobs: self.params.logprobs.unwrap_or(0),
+        }
+    }
+
+    /// The token `draw` planned, with its logprob and the head's
+    /// alternatives; [`RowPlan::Whole`] samples `row.logits`, the whole row,
+    /// with the draw's RNG output.
+    pub fn finish_row(&mut self, draw: &RowDraw, plan: &RowPlan, row: &WeightedRow) -> Sampled {
+        let head = &row.head;
+        let token = match *plan {
+            RowPlan::Whole => {
+                self.pending_draw = Some(draw.u);
+                return self.sample(&row.logits, &[], 0);
+            }
+            RowPlan::Token(t) => t,
+            RowPlan::Block(pick) => {
+                let max = head.top.first().map_or(f32::NEG_INFINITY, |p| p.1);
+                let n = row.logits.len().min(BLOCK);
+                let mut w = [0f32; BLOCK];
+                row_weights(
+                    &row.logits[..n],
+                    max,
+                    draw.temperature,
+                    draw.min_p,
+                    &mut w[..n],
+                );
+                walk_block(&w[..n], &pick)
+            }
+        };
+        let max = head.top.first().map_or(f32::NEG_INFINITY, |p| p.1);
+        let lp = |x: f32| ((x as f64 - max as f64) - head.lse) as f32;
+        let in_block = match (row.read, plan) {
+            (RowRead::Block(b), _) => (token as usize)
+                .checked_sub(b * BLOCK)
+                .and_then(|j| row.logits.get(j)),
+            _ => None,
+        };
+        let logit = in_block.copied().unwrap_or_else(|| {
+            head.top
+                .iter()
+                .find(|p| p.0 == token)
+                .map_or(f32::NAN, |p| p.1)
+        });
+        let k = self.params.logprobs.unwrap_or(0).min(head.top.len());
+        Sampled {
+            token,
+            logprob: lp(logit),
+            top: head.top[..k].iter().map(|&(i, z)| (i, lp(z))).collect(),
         }
     }
 
@@ -634,7 +732,10 @@ impl Sampler {
     fn draw(&mut self, z_max: f32) -> (u32, Option<f64>) {
         // One draw per non-greedy call, whatever happens below, so the stream
         // position only depends on the number of calls.
-        let u = self.rng.next_u64();
+        let u = self
+            .pending_draw
+            .take()
+            .unwrap_or_else(|| self.rng.next_u64());
         self.listed = false;
         if z_max.is_infinite() {
             return (first_index_of(&self.work, z_max), None);
@@ -1522,26 +1623,57 @@ mod tests {
         assert_eq!(cases, 3 * 7 * 50);
     }
 
+    /// One draw through the weighted-row path with the host's reference
+    /// functions standing in for a backend's; also what it read.
+    fn row_sample(s: &mut Sampler, z: &[f32]) -> (Sampled, RowRead) {
+        let draw = s.start_row_draw();
+        let head = top_logits(z, TOP_CANDIDATES);
+        let max = head.top[0].1;
+        let blocks = weight_blocks(z, max, draw.temperature, draw.weights_min_p());
+        let plan = draw.plan(&head, &blocks);
+        let row = WeightedRow {
+            head,
+            read: plan.read(),
+            logits: row_read(z, plan.read()),
+        };
+        (s.finish_row(&draw, &plan, &row), plan.read())
+    }
+
     #[test]
     fn drawing_from_block_sums_is_sampling_from_the_row() {
-        // What a backend that weights the row where it lies does, with the
-        // host's reference functions: the same tokens, stream and logprobs.
+        // The same tokens, stream and logprobs as `sample`; every way the
+        // draw can be decided: in a block, among the head (top-p), or from
+        // the whole row (a nucleus past the head).
         let vocab = 3001; // a partial last block
-        let mut cases = 0;
-        for (row, scale) in [(4u64, 1.0f32), (5, 6.0), (6, 0.02)] {
-            let mut z = logits(vocab, row, scale);
+        let mut reads = [0usize; 3];
+        // One likely token over a tail of light ones (each under the 2^-12
+        // weight that makes a token heavy) holding a quarter of the mass:
+        // top-p must reach into the tail, past the head.
+        let mut tail = vec![-9.0f32; vocab];
+        tail[1234] = 0.0;
+        for (row, scale) in [(4u64, 1.0f32), (5, 6.0), (6, 0.02), (7, 30.0), (8, 0.0)] {
+            let mut z = if scale == 0.0 {
+                tail.clone()
+            } else {
+                logits(vocab, row, scale)
+            };
             z[9] = f32::NAN;
             z[10] = f32::NEG_INFINITY;
             z[64] = z[63];
-            for (temperature, min_p, lp) in [
-                (1.0, 0.0, Some(5)),
-                (0.7, 0.0, None),
-                (0.3, 0.05, Some(20)),
-                (1.5, 0.2, Some(0)),
-                (1.0, 1.0, None),
+            for (temperature, top_p, min_p, lp) in [
+                (1.0, 1.0, 0.0, Some(5)),
+                (0.7, 1.0, 0.0, None),
+                (0.3, 1.0, 0.05, Some(20)),
+                (1.5, 1.0, 0.2, Some(0)),
+                (1.0, 1.0, 1.0, None),
+                (0.7, 0.95, 0.0, Some(3)),
+                (1.0, 0.5, 0.1, None),
+                (1.0, 0.9, 0.0, Some(2)),
+                (0.2, 0.9, 0.0, Some(20)),
             ] {
                 let p = SamplingParams {
                     temperature,
+                    top_p,
                     min_p,
                     logprobs: lp,
                     seed: Some(row * 7 + (temperature * 10.0) as u64),
@@ -1549,37 +1681,23 @@ mod tests {
                 };
                 assert!(p.samples_from_weights(TOP_CANDIDATES, vocab), "{p:?}");
                 let (mut full, mut split) = (Sampler::new(p.clone()), Sampler::new(p.clone()));
-                let head = top_logits(&z, TOP_CANDIDATES);
-                for _ in 0..50 {
-                    let draw = split.start_row_draw();
-                    let blocks = weight_blocks(&z, head.top[0].1, draw.temperature, draw.min_p);
-                    let pick = draw.pick(&blocks);
-                    let start = pick.block * WEIGHT_BLOCK;
-                    let row = WeightedRow {
-                        head: head.clone(),
-                        block: pick.block,
-                        logits: z[start..(start + WEIGHT_BLOCK).min(vocab)].to_vec(),
-                    };
-                    assert_eq!(full.sample(&z, &[], 0), draw.finish(&row, &pick), "{p:?}");
-                    cases += 1;
+                for _ in 0..40 {
+                    let (got, read) = row_sample(&mut split, &z);
+                    assert_eq!(full.sample(&z, &[], 0), got, "{p:?}");
+                    reads[match read {
+                        RowRead::Head => 0,
+                        RowRead::Block(_) => 1,
+                        RowRead::Whole => 2,
+                    }] += 1;
                 }
             }
         }
-        assert_eq!(cases, 3 * 5 * 50);
+        assert!(reads.iter().all(|&n| n > 0), "{reads:?}");
         // An infinite logit wins, as in `sample`.
         let mut z = logits(200, 1, 1.0);
         z[150] = f32::INFINITY;
-        let p = params(0.9, 2);
-        let mut s = Sampler::new(p);
-        let draw = s.start_row_draw();
-        let head = top_logits(&z, TOP_CANDIDATES);
-        let pick = draw.pick(&weight_blocks(&z, f32::INFINITY, 0.9, 0.0));
-        let row = WeightedRow {
-            head,
-            block: pick.block,
-            logits: z[pick.block * 64..(pick.block * 64 + 64).min(200)].to_vec(),
-        };
-        assert_eq!(draw.finish(&row, &pick).token, 150);
+        let mut s = Sampler::new(params(0.9, 2));
+        assert_eq!(row_sample(&mut s, &z).0.token, 150);
     }
 
     #[test]
@@ -1643,19 +1761,15 @@ mod tests {
         for p in not {
             assert!(!p.samples_from_top(64, vocab), "{p:?}");
         }
-        // The whole-row path: temperature and min-p only.
+        // The whole-row path: temperature, top-p and min-p only.
         let row = SamplingParams {
             top_k: 0,
-            top_p: 1.0,
+            top_p: 0.9,
             min_p: 0.1,
             ..ok.clone()
         };
         assert!(row.samples_from_weights(64, vocab) && !row.samples_from_top(64, vocab));
         for p in [
-            SamplingParams {
-                top_p: 0.9,
-                ..row.clone()
-            },
             SamplingParams {
                 top_k: 5,
                 ..row.clone()

@@ -18,7 +18,7 @@ use anyhow::{Context, Result, anyhow, bail};
 
 use crate::backend::{Backend, SeqSnapshot};
 use crate::config::ModelConfig;
-use crate::sampling::{Sampled, TopLogits, WeightedRow};
+use crate::sampling::{RowRead, Sampled, TopLogits, WeightedRow};
 use crate::tokenizer::Tokenizer;
 
 pub struct ScriptedBackend {
@@ -257,14 +257,14 @@ impl<B: Backend> Backend for Scripted<B> {
         k: usize,
         t: f32,
         min_p: f32,
-        pick: &mut dyn FnMut(&[f64]) -> usize,
+        plan: &mut dyn FnMut(&TopLogits, &[f64]) -> RowRead,
     ) -> Result<WeightedRow> {
         match (self, seq) {
             (Scripted::Real(b), ScriptedSeq::Real(q)) => {
-                b.forward_weighted(q, tokens, k, t, min_p, pick)
+                b.forward_weighted(q, tokens, k, t, min_p, plan)
             }
             (Scripted::Script(s), ScriptedSeq::Script(q)) => {
-                s.forward_weighted(q, tokens, k, t, min_p, pick)
+                s.forward_weighted(q, tokens, k, t, min_p, plan)
             }
             _ => bail!("a sequence of the other backend"),
         }

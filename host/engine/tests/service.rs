@@ -11,7 +11,7 @@ use qwasi_engine::demo::RandomWeights;
 use qwasi_engine::generate::{FinishReason, GenerateRequest, generate};
 use qwasi_engine::readout::Readout;
 use qwasi_engine::sampling::{
-    Sampled, SamplingParams, TopLogits, WEIGHT_BLOCK, WeightedRow, greedy, top_logits,
+    RowRead, Sampled, SamplingParams, TopLogits, WeightedRow, greedy, row_read, top_logits,
     weight_blocks,
 };
 use qwasi_engine::service::{
@@ -116,18 +116,16 @@ impl Backend for TestBackend {
         k: usize,
         t: f32,
         min_p: f32,
-        pick: &mut dyn FnMut(&[f64]) -> usize,
+        plan: &mut dyn FnMut(&TopLogits, &[f64]) -> RowRead,
     ) -> Result<WeightedRow> {
         self.weighted.fetch_add(1, Ordering::SeqCst);
         let logits = self.model.forward(seq, tokens)?;
         let head = top_logits(&logits, k);
-        let block = pick(&weight_blocks(&logits, head.top[0].1, t, min_p));
-        let start = block * WEIGHT_BLOCK;
-        let end = (start + WEIGHT_BLOCK).min(logits.len());
+        let read = plan(&head, &weight_blocks(&logits, head.top[0].1, t, min_p));
         Ok(WeightedRow {
             head,
-            block,
-            logits: logits[start..end].to_vec(),
+            read,
+            logits: row_read(&logits, read),
         })
     }
     fn logits_on_device(&self) -> bool {
@@ -915,7 +913,14 @@ async fn requests_read_as_little_of_the_logits_as_their_sampling_needs() {
             }),
             Readout::Weighted,
         ),
-        (sampled(|s| s.top_p = 0.9), Readout::Logits),
+        (sampled(|s| s.top_p = 0.9), Readout::Weighted),
+        (
+            sampled(|s| {
+                s.top_p = 0.5;
+                s.repetition_penalty = 1.1;
+            }),
+            Readout::Logits,
+        ),
         (sampled(|s| s.top_k = 20), Readout::Top),
         (
             sampled(|s| {

@@ -20,7 +20,7 @@ use super::hip::{DBuf, Device};
 use super::{Arg, HostBuf, f, i};
 use crate::backend::{Backend, SeqSnapshot};
 use crate::config::{LayerKind, MlpConfig, ModelConfig};
-use crate::sampling::{Sampled, TopLogits, WEIGHT_BLOCK, WeightedRow, key_parts};
+use crate::sampling::{RowRead, Sampled, TopLogits, WEIGHT_BLOCK, WeightedRow, key_parts};
 use crate::weights::{Mixer, Mlp, Weights};
 use anyhow::{Context, Result, bail};
 use half::bf16;
@@ -1695,7 +1695,8 @@ impl Backend for GpuModel {
 
     /// The row weighted on the device (kernels/sampling.cu `logits_weights`,
     /// the host sampler's block sums bit for bit): the head and the block
-    /// sums come back in one copy, then the picked block's 64 logits.
+    /// sums come back in one copy, then what `plan` asks for (one block's 64
+    /// logits, or nothing, or the row).
     fn forward_weighted(
         &self,
         seq: &mut GpuSequence,
@@ -1703,7 +1704,7 @@ impl Backend for GpuModel {
         k: usize,
         t: f32,
         min_p: f32,
-        pick: &mut dyn FnMut(&[f64]) -> usize,
+        plan: &mut dyn FnMut(&TopLogits, &[f64]) -> RowRead,
     ) -> Result<WeightedRow> {
         let mut sc = self.scratch.lock().unwrap();
         self.dev.bind()?;
@@ -1733,13 +1734,20 @@ impl Backend for GpuModel {
             .iter()
             .map(|&b| f64::from_bits(b))
             .collect();
-        let block = pick(&sums).min(nb - 1);
-        let start = block * WEIGHT_BLOCK;
-        let mut row = vec![0f32; WEIGHT_BLOCK.min(n - start)];
+        let read = plan(&head, &sums);
+        let (start, len) = match read {
+            RowRead::Head => (0, 0),
+            RowRead::Block(b) => {
+                let start = (b * WEIGHT_BLOCK).min(n);
+                (start, WEIGHT_BLOCK.min(n - start))
+            }
+            RowRead::Whole => (0, n),
+        };
+        let mut row = vec![0f32; len];
         self.dev.dtoh(&mut row, logits + (start * F) as u64)?;
         Ok(WeightedRow {
             head,
-            block,
+            read,
             logits: row,
         })
     }

@@ -316,8 +316,9 @@ fn imp(a: &SpeedArgs, runs: usize, out: &Path) -> Result<()> {
         all_consistent &= host_agree;
         let profile = model.take_profile();
         // Requests that sample, read back as `serve` reads them: Qwen's
-        // recommended top-k 20 from the logits' head on the device, and
-        // top-p alone from the whole row on the host.
+        // recommended top-k 20 (the logits' head), temperature alone (the
+        // row weighted on the device) and top-p alone (the same, or the
+        // row on the host when the nucleus reaches past the head).
         let qwen = SamplingParams {
             temperature: 0.7,
             top_k: 20,
@@ -344,7 +345,7 @@ fn imp(a: &SpeedArgs, runs: usize, out: &Path) -> Result<()> {
                 plain,
             ),
             (
-                "temperature 0.7, top_p 0.95: each step's logits copied to the host and sampled there",
+                "temperature 0.7, top_p 0.95: weighted on the device; decided among the 64 largest when the nucleus lies there, else the row is copied to the host and sampled there",
                 nucleus,
             ),
         ] {
@@ -364,7 +365,7 @@ fn imp(a: &SpeedArgs, runs: usize, out: &Path) -> Result<()> {
         let med_rate = super::median(&rates);
         let (used, total) = model.memory_used();
         eprintln!(
-            "[bench] L {len:>6}: TTFT {:>9.1} ms, decode {:>7.1} tok/s ({:.0}% of the {:.0} tok/s floor; sampled: top-k {:.1}, temperature {:.1} read on the device, top-p on the host {:.1}), tokens consistent: {}, logits finite: {finite}, device memory {:.1} GB",
+            "[bench] L {len:>6}: TTFT {:>9.1} ms, decode {:>7.1} tok/s ({:.0}% of the {:.0} tok/s floor; sampled: top-k {:.1}, temperature {:.1}, top-p {:.1}), tokens consistent: {}, logits finite: {finite}, device memory {:.1} GB",
             super::median(&ttft),
             med_rate,
             100.0 * med_rate * floor_s,
