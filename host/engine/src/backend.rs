@@ -1,7 +1,7 @@
 //! What every compute backend (cpu, cuda, hip) provides to the generation loop.
 
 use crate::config::ModelConfig;
-use crate::sampling::{RowRead, Sampled, TopLogits, WeightedRow};
+use crate::sampling::{RowPlanner, Sampled, TopLogits, WeightedRow, Weighting};
 use anyhow::Result;
 use std::any::Any;
 
@@ -38,27 +38,24 @@ pub trait Backend: Send + Sync {
     }
 
     /// Appends `tokens` (at least one) and weights the next token's row
-    /// where it lies ([`crate::sampling::weight_blocks`] with temperature `t`
-    /// and `min_p`); `plan` decides from the head (`k` largest, as
-    /// `forward_top`) and the block sums what else to read: nothing, one
-    /// block's logits or the whole row. Requests that
+    /// where it lies as `w` says ([`crate::sampling::weight_blocks`]); `plan`
+    /// decides from the head (as `forward_top`) and the block sums what else
+    /// to read: nothing, one block's logits or the whole row. Requests that
     /// [`crate::sampling::SamplingParams::samples_from_weights`] draw through
     /// it where [`Backend::logits_on_device`].
     fn forward_weighted(
         &self,
         seq: &mut Self::Sequence,
         tokens: &[u32],
-        k: usize,
-        t: f32,
-        min_p: f32,
-        plan: &mut dyn FnMut(&TopLogits, &[f64]) -> RowRead,
+        w: Weighting,
+        plan: &mut RowPlanner,
     ) -> Result<WeightedRow> {
         let logits = self.forward(seq, tokens)?;
-        let head = crate::sampling::top_logits(&logits, k);
+        let head = crate::sampling::top_logits(&logits, w.head);
         let max = head.top.first().map_or(f32::NEG_INFINITY, |p| p.1);
         let read = plan(
             &head,
-            &crate::sampling::weight_blocks(&logits, max, t, min_p),
+            &crate::sampling::weight_blocks(&logits, max, w.temperature, w.min_p),
         );
         let logits = crate::sampling::row_read(&logits, read);
         Ok(WeightedRow { head, read, logits })
@@ -133,12 +130,10 @@ impl<B: Backend> Backend for std::sync::Arc<B> {
         &self,
         seq: &mut B::Sequence,
         tokens: &[u32],
-        k: usize,
-        t: f32,
-        min_p: f32,
-        plan: &mut dyn FnMut(&TopLogits, &[f64]) -> RowRead,
+        w: Weighting,
+        plan: &mut RowPlanner,
     ) -> Result<WeightedRow> {
-        (**self).forward_weighted(seq, tokens, k, t, min_p, plan)
+        (**self).forward_weighted(seq, tokens, w, plan)
     }
     fn logits_on_device(&self) -> bool {
         (**self).logits_on_device()

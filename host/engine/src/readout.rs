@@ -69,9 +69,7 @@ impl Readout {
                 let row = backend.forward_weighted(
                     seq,
                     tokens,
-                    TOP_CANDIDATES,
-                    draw.temperature,
-                    draw.weights_min_p(),
+                    draw.weighting(),
                     &mut |head, blocks| {
                         let p = draw.plan(head, blocks);
                         planned = Some(p);

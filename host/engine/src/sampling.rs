@@ -241,6 +241,19 @@ pub fn weight_blocks(logits: &[f32], max: f32, t: f32, min_p: f32) -> Vec<f64> {
         .collect()
 }
 
+/// How a backend weights a row for [`crate::backend::Backend::forward_weighted`]:
+/// `e^((z - max) / temperature)`, 0 under `min_p`, and the `head` largest
+/// logits besides.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Weighting {
+    pub head: usize,
+    pub temperature: f32,
+    pub min_p: f32,
+}
+
+/// Decides from the head and the block sums what else a weighted read needs.
+pub type RowPlanner<'a> = dyn FnMut(&TopLogits, &[f64]) -> RowRead + 'a;
+
 /// The logits a [`RowRead`] asks for out of the whole row.
 pub fn row_read(logits: &[f32], read: RowRead) -> Vec<f32> {
     match read {
@@ -258,7 +271,7 @@ pub fn row_read(logits: &[f32], read: RowRead) -> Vec<f32> {
 #[derive(Clone, Copy, Debug)]
 pub struct RowDraw {
     u: u64,
-    pub temperature: f32,
+    temperature: f32,
     top_p: f32,
     min_p: f32,
 }
@@ -285,15 +298,19 @@ impl RowPlan {
 }
 
 impl RowDraw {
-    /// The min-p the backend applies to the weights before summing them:
-    /// with top-p the sampler sums them unmasked (min-p then applies to the
-    /// nucleus), as [`Sampler::sample`] does.
-    pub fn weights_min_p(&self) -> f32 {
-        if self.top_p < 1.0 { 0.0 } else { self.min_p }
+    /// How the backend weights the row: with top-p the sampler sums the
+    /// weights unmasked (min-p then applies to the nucleus), as
+    /// [`Sampler::sample`] does.
+    pub fn weighting(&self) -> Weighting {
+        Weighting {
+            head: TOP_CANDIDATES,
+            temperature: self.temperature,
+            min_p: if self.top_p < 1.0 { 0.0 } else { self.min_p },
+        }
     }
 
     /// What decides the draw, from the head and the row's block sums of
-    /// [`weight_blocks`] (with [`RowDraw::weights_min_p`]).
+    /// [`weight_blocks`] (as [`RowDraw::weighting`] asks).
     pub fn plan(&self, head: &TopLogits, blocks: &[f64]) -> RowPlan {
         let Some(&(first, z_max)) = head.top.first() else {
             return RowPlan::Token(0);
@@ -1629,7 +1646,8 @@ mod tests {
         let draw = s.start_row_draw();
         let head = top_logits(z, TOP_CANDIDATES);
         let max = head.top[0].1;
-        let blocks = weight_blocks(z, max, draw.temperature, draw.weights_min_p());
+        let w = draw.weighting();
+        let blocks = weight_blocks(z, max, w.temperature, w.min_p);
         let plan = draw.plan(&head, &blocks);
         let row = WeightedRow {
             head,

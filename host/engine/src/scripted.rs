@@ -18,7 +18,7 @@ use anyhow::{Context, Result, anyhow, bail};
 
 use crate::backend::{Backend, SeqSnapshot};
 use crate::config::ModelConfig;
-use crate::sampling::{RowRead, Sampled, TopLogits, WeightedRow};
+use crate::sampling::{RowPlanner, Sampled, TopLogits, WeightedRow, Weighting};
 use crate::tokenizer::Tokenizer;
 
 pub struct ScriptedBackend {
@@ -254,18 +254,12 @@ impl<B: Backend> Backend for Scripted<B> {
         &self,
         seq: &mut Self::Sequence,
         tokens: &[u32],
-        k: usize,
-        t: f32,
-        min_p: f32,
-        plan: &mut dyn FnMut(&TopLogits, &[f64]) -> RowRead,
+        w: Weighting,
+        plan: &mut RowPlanner,
     ) -> Result<WeightedRow> {
         match (self, seq) {
-            (Scripted::Real(b), ScriptedSeq::Real(q)) => {
-                b.forward_weighted(q, tokens, k, t, min_p, plan)
-            }
-            (Scripted::Script(s), ScriptedSeq::Script(q)) => {
-                s.forward_weighted(q, tokens, k, t, min_p, plan)
-            }
+            (Scripted::Real(b), ScriptedSeq::Real(q)) => b.forward_weighted(q, tokens, w, plan),
+            (Scripted::Script(s), ScriptedSeq::Script(q)) => s.forward_weighted(q, tokens, w, plan),
             _ => bail!("a sequence of the other backend"),
         }
     }

@@ -11,8 +11,8 @@ use qwasi_engine::demo::RandomWeights;
 use qwasi_engine::generate::{FinishReason, GenerateRequest, generate};
 use qwasi_engine::readout::Readout;
 use qwasi_engine::sampling::{
-    RowRead, Sampled, SamplingParams, TopLogits, WeightedRow, greedy, row_read, top_logits,
-    weight_blocks,
+    RowPlanner, Sampled, SamplingParams, TopLogits, WeightedRow, Weighting, greedy, row_read,
+    top_logits, weight_blocks,
 };
 use qwasi_engine::service::{
     EngineService, Event, GenerationHandle, ServiceConfig, SubmitError, SubmitOptions,
@@ -113,15 +113,16 @@ impl Backend for TestBackend {
         &self,
         seq: &mut CpuSequence,
         tokens: &[u32],
-        k: usize,
-        t: f32,
-        min_p: f32,
-        plan: &mut dyn FnMut(&TopLogits, &[f64]) -> RowRead,
+        w: Weighting,
+        plan: &mut RowPlanner,
     ) -> Result<WeightedRow> {
         self.weighted.fetch_add(1, Ordering::SeqCst);
         let logits = self.model.forward(seq, tokens)?;
-        let head = top_logits(&logits, k);
-        let read = plan(&head, &weight_blocks(&logits, head.top[0].1, t, min_p));
+        let head = top_logits(&logits, w.head);
+        let read = plan(
+            &head,
+            &weight_blocks(&logits, head.top[0].1, w.temperature, w.min_p),
+        );
         Ok(WeightedRow {
             head,
             read,

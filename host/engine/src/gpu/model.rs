@@ -20,7 +20,9 @@ use super::hip::{DBuf, Device};
 use super::{Arg, HostBuf, f, i};
 use crate::backend::{Backend, SeqSnapshot};
 use crate::config::{LayerKind, MlpConfig, ModelConfig};
-use crate::sampling::{RowRead, Sampled, TopLogits, WEIGHT_BLOCK, WeightedRow, key_parts};
+use crate::sampling::{
+    RowPlanner, RowRead, Sampled, TopLogits, WEIGHT_BLOCK, WeightedRow, Weighting, key_parts,
+};
 use crate::weights::{Mixer, Mlp, Weights};
 use anyhow::{Context, Result, bail};
 use half::bf16;
@@ -1701,10 +1703,8 @@ impl Backend for GpuModel {
         &self,
         seq: &mut GpuSequence,
         tokens: &[u32],
-        k: usize,
-        t: f32,
-        min_p: f32,
-        plan: &mut dyn FnMut(&TopLogits, &[f64]) -> RowRead,
+        w: Weighting,
+        plan: &mut RowPlanner,
     ) -> Result<WeightedRow> {
         let mut sc = self.scratch.lock().unwrap();
         self.dev.bind()?;
@@ -1722,14 +1722,14 @@ impl Backend for GpuModel {
                 Arg::Ptr(logits),
                 i(n),
                 Arg::Ptr(out),
-                f(t),
-                f(min_p),
+                f(w.temperature),
+                f(w.min_p),
                 Arg::Ptr(blocks),
             ],
         )?;
         let mut all = vec![0u64; HEAD_WORDS + nb];
         self.dev.dtoh(&mut all, out)?;
-        let head = head_of(&all[..HEAD_WORDS], k.min(n))?;
+        let head = head_of(&all[..HEAD_WORDS], w.head.min(n))?;
         let sums: Vec<f64> = all[HEAD_WORDS..]
             .iter()
             .map(|&b| f64::from_bits(b))

@@ -8,8 +8,8 @@ use crate::cpu::CpuModel;
 use crate::generate::{GenerateRequest, generate};
 use crate::model::LoadedModel;
 use crate::sampling::{
-    RowRead, SamplingParams, TOP_CANDIDATES, TopLogits, WEIGHT_BLOCK, argmax, log_softmax,
-    top_logits, weight_blocks,
+    RowRead, SamplingParams, TOP_CANDIDATES, TopLogits, WEIGHT_BLOCK, Weighting, argmax,
+    log_softmax, top_logits, weight_blocks,
 };
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
@@ -325,15 +325,19 @@ pub fn smoke(
             let mut same = false;
             // Open the block holding the argmax: a block with weight in it.
             let block = argmax(logits) as usize / WEIGHT_BLOCK;
-            let row =
-                model.forward_weighted(d, tokens, TOP_CANDIDATES, t, min_p, &mut |_, got| {
-                    same = got.len() == want.len()
-                        && got
-                            .iter()
-                            .zip(&want)
-                            .all(|(a, b)| a.to_bits() == b.to_bits());
-                    RowRead::Block(block)
-                })?;
+            let w = Weighting {
+                head: TOP_CANDIDATES,
+                temperature: t,
+                min_p,
+            };
+            let row = model.forward_weighted(d, tokens, w, &mut |_, got| {
+                same = got.len() == want.len()
+                    && got
+                        .iter()
+                        .zip(&want)
+                        .all(|(a, b)| a.to_bits() == b.to_bits());
+                RowRead::Block(block)
+            })?;
             let start = block * WEIGHT_BLOCK;
             let end = (start + WEIGHT_BLOCK).min(logits.len());
             same &= row.read == RowRead::Block(block);
