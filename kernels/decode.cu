@@ -461,34 +461,22 @@ __device__ void router_topk_warp(const float* __restrict__ logits, int E, int k,
 // owns column i = b * DEC_WARPS + w of expert slot j = blockIdx.y (its gate row
 // i and up row I + i, both in flight together). Router logits are the first E
 // entries of `inp`.
-// `early`: the router ran as its own launch before the predecessor (the shared
-// expert's GEMV), so the routing, the residual and its sums of squares are all
-// complete once this kernel may start (PDL), and the whole product runs before
-// the grid wait, overlapping the predecessor. The successor (the down kernel)
-// may start at once: before its own wait it reads only the routing and
-// weights; this kernel still waits before its stores, so that it completes
-// after the shared expert's GEMV, whose outputs the down kernel reads after
-// its wait. Otherwise the router shares the predecessor and everything waits
-// for it.
 QW_KERNEL void QW_BOUNDS(256) dec_moe_gate_up(const bf16_t* __restrict__ Wgu, const float* __restrict__ x,
                                              const float* __restrict__ ssq, int nssq, const float* __restrict__ nw,
                                              float eps, const float* __restrict__ inp, int E, int k,
-                                             float* __restrict__ act, int I, int H, int early) {
+                                             float* __restrict__ act, int I, int H) {
     QW_DYN_SMEM(float, xs);  // [H]
     __shared__ int sidx[MOE_MAXK];
     __shared__ float sw[MOE_MAXK];
-    if (!early) QW_GRID_WAIT();
+    QW_GRID_WAIT();
     QW_GRID_LAUNCH();
     int lane = threadIdx.x % WARP, w = threadIdx.x / WARP;
     if (w == 0) {
         router_topk_warp(inp, E, k, sidx, sw);
     } else {
-        // The post-attention norm of the hidden state, into shared memory
-        // (through L2: written by kernels that finished before this one started).
-        float ss = 0.f;
-        for (int i = lane; i < nssq; i += WARP) ss += QW_LDCG(ssq + i);
-        const float inv = rsqrtf(warp_sum(ss) / H + eps);
-        for (int i = threadIdx.x - WARP; i < H; i += blockDim.x - WARP) xs[i] = QW_LDCG(x + i) * inv * nw[i];
+        // The post-attention norm of the hidden state, into shared memory.
+        float inv = inv_rms(ssq, nssq, H, eps);
+        for (int i = threadIdx.x - WARP; i < H; i += blockDim.x - WARP) xs[i] = x[i] * inv * nw[i];
     }
     __syncthreads();
     int j = blockIdx.y;
@@ -518,7 +506,6 @@ QW_KERNEL void QW_BOUNDS(256) dec_moe_gate_up(const bf16_t* __restrict__ Wgu, co
         gv = row_dot(gr, xs, H, lane);
         uv = row_dot(ur, xs, H, lane);
     }
-    if (early) QW_GRID_WAIT();
     if (lane == 0) act[(size_t)j * I + i] = silu_f(gv) * uv;
 }
 

@@ -127,11 +127,6 @@ pub struct GpuModel {
     /// one warp per row (`dec_gemv`, `dec_moe_down`) instead of splitting
     /// rows between warps (`dec_gemv_rows`, `dec_moe_down_rows`).
     split_gemv: bool,
-    /// `false` with `QWASI_ROUTING=late`: the MoE router shares one decode
-    /// GEMV launch with the shared expert and the routed gate/up kernel waits
-    /// for both, instead of the router running first and the gate/up kernel
-    /// overlapping the shared expert's rows.
-    early_routing: bool,
     /// Prefix-cache host copies in page-locked memory (`false` with
     /// `QWASI_HOST_TIER=pageable`).
     pinned_host_tier: bool,
@@ -423,7 +418,6 @@ impl GpuModel {
             kv_f32: std::env::var("QWASI_KV").as_deref() != Ok("bf16"),
             dec_attn: decode::DecAttnPath::from_env(),
             split_gemv: std::env::var("QWASI_GEMV").as_deref() != Ok("stream"),
-            early_routing: std::env::var("QWASI_ROUTING").as_deref() != Ok("late"),
             pinned_host_tier: std::env::var("QWASI_HOST_TIER").as_deref() != Ok("pageable"),
         }
     }

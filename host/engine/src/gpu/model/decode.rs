@@ -6,10 +6,8 @@
 //! Per layer: GDN = norm+in_proj GEMV, conv/L2/gates prep, recurrence+gated
 //! norm (one block per head), out_proj GEMV+residual (4 kernels); attention =
 //! norm+proj GEMV, q/k norm+RoPE+KV append, split-K attention, combine+gate,
-//! o_proj GEMV+residual (5); MoE = norm+router GEMV, norm+shared-expert GEMV,
-//! routed gate/up (router top-k recomputed per block; it runs alongside the
-//! shared GEMV), routed+shared down+residual (4; `QWASI_ROUTING=late`: one
-//! router+shared GEMV that the gate/up kernel waits for, 3). Then
+//! o_proj GEMV+residual (5); MoE = norm+router/shared GEMV, routed gate/up
+//! (router top-k recomputed per block), routed+shared down+residual (3). Then
 //! norm+lm_head GEMV and a two-stage argmax/log-sum-exp. Every kernel that
 //! updates the hidden state also writes per-block sums of squares, so the next
 //! RMSNorm is a scale inside the following GEMV rather than a kernel.
@@ -503,21 +501,7 @@ impl GpuModel {
                     shared_down,
                 } => {
                     let (e, k, inter, sh) = mlp_dims(c);
-                    let early = self.early_routing;
-                    if early {
-                        // The router first, on its own, so the routed gate/up
-                        // kernel overlaps the shared expert's rows.
-                        let shared_rows = input.buf.ptr() + (e * h * 2) as u64;
-                        norm_gemv(input.buf.ptr(), e, layer.post_norm.ptr(), proj)?;
-                        norm_gemv(
-                            shared_rows,
-                            input.rows - e,
-                            layer.post_norm.ptr(),
-                            proj + (e * F) as u64,
-                        )?;
-                    } else {
-                        norm_gemv(input.buf.ptr(), input.rows, layer.post_norm.ptr(), proj)?;
-                    }
+                    norm_gemv(input.buf.ptr(), input.rows, layer.post_norm.ptr(), proj)?;
                     d.launch_pdl(
                         "dec_moe_gate_up",
                         (inter.div_ceil(8) as u32, k as u32, 1),
@@ -536,7 +520,6 @@ impl GpuModel {
                             Arg::Ptr(ds.act.ptr()),
                             i(inter),
                             i(h),
-                            i(early as usize),
                         ],
                     )?;
                     // The virtual row (k routed rows + the shared one) in
