@@ -62,11 +62,11 @@ pub trait Backend: Send + Sync {
     }
 
     /// True where [`Backend::forward_greedy`], [`Backend::forward_top`] and
-    /// [`Backend::forward_weighted`]
-    /// read the logits where they are (a GPU: 12 bytes or 520 bytes back per
-    /// token instead of the vocabulary's logits). Then requests they serve
-    /// decode through them ([`crate::readout::Readout`]) and their
-    /// end-of-generation snapshot stores no logits.
+    /// [`Backend::forward_weighted`] read the logits where they are (a GPU:
+    /// 12 bytes, 520 bytes or the block sums back per token instead of the
+    /// vocabulary's logits). Then requests they serve decode through them
+    /// ([`crate::readout::Readout`]) and their end-of-generation snapshot
+    /// stores no logits.
     fn logits_on_device(&self) -> bool {
         false
     }

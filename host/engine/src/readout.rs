@@ -48,7 +48,8 @@ impl Readout {
     }
 
     /// Appends `tokens` to `seq` and reads the next token's distribution;
-    /// [`Readout::Top`] draws from it with `sampler` right away.
+    /// every path but [`Readout::Logits`] draws the token with `sampler`
+    /// right away (the same RNG call `sample` would make next).
     pub fn step<B: Backend>(
         self,
         backend: &B,

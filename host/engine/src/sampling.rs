@@ -724,8 +724,8 @@ impl Sampler {
         };
         let max = head.top.first().map_or(f32::NEG_INFINITY, |p| p.1);
         let lp = |x: f32| ((x as f64 - max as f64) - head.lse) as f32;
-        let in_block = match (row.read, plan) {
-            (RowRead::Block(b), _) => (token as usize)
+        let in_block = match row.read {
+            RowRead::Block(b) => (token as usize)
                 .checked_sub(b * BLOCK)
                 .and_then(|j| row.logits.get(j)),
             _ => None,

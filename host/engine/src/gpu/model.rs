@@ -190,16 +190,22 @@ const TOP_KEYS: usize = 64;
 const TOP_PER_PART: usize = 4096 - TOP_KEYS;
 const HEAD_WORDS: usize = TOP_KEYS + 1;
 
-/// The first `k` entries of a head read back from the device.
-fn head_of(words: &[u64], k: usize) -> Result<TopLogits> {
+/// Fails (before any work) when more than the device's head is asked for.
+fn check_head(k: usize) -> Result<()> {
     if k > TOP_KEYS {
         bail!("the device reads at most {TOP_KEYS} top logits, {k} asked for");
     }
-    Ok(TopLogits {
+    Ok(())
+}
+
+/// The first `k` (at most `TOP_KEYS`) entries of a head read back from the device.
+fn head_of(words: &[u64], k: usize) -> TopLogits {
+    TopLogits {
         top: words[..k].iter().map(|&w| key_parts(w)).collect(),
         lse: f32::from_bits((words[TOP_KEYS] >> 32) as u32) as f64,
-    })
+    }
 }
+
 /// Query and key tile of `attn_flash_*` (kernels/attention.cu, CUDA build).
 #[cfg(feature = "cuda")]
 const FA_BQ: usize = 64;
@@ -1686,13 +1692,14 @@ impl Backend for GpuModel {
     /// The head of the logits read on the device (kernels/sampling.cu): 64
     /// keys and two floats come back instead of the row.
     fn forward_top(&self, seq: &mut GpuSequence, tokens: &[u32], k: usize) -> Result<TopLogits> {
+        check_head(k)?;
         let mut sc = self.scratch.lock().unwrap();
         self.dev.bind()?;
         let logits = self.logits_device(seq, tokens, &mut sc)?;
         let out = self.read_head(&mut sc, logits, 0)?;
         let mut head = [0u64; HEAD_WORDS];
         self.dev.dtoh(&mut head, out)?;
-        head_of(&head, k.min(self.cfg.vocab_size))
+        Ok(head_of(&head, k.min(self.cfg.vocab_size)))
     }
 
     /// The row weighted on the device (kernels/sampling.cu `logits_weights`,
@@ -1706,6 +1713,7 @@ impl Backend for GpuModel {
         w: Weighting,
         plan: &mut RowPlanner,
     ) -> Result<WeightedRow> {
+        check_head(w.head)?;
         let mut sc = self.scratch.lock().unwrap();
         self.dev.bind()?;
         let logits = self.logits_device(seq, tokens, &mut sc)?;
@@ -1729,7 +1737,7 @@ impl Backend for GpuModel {
         )?;
         let mut all = vec![0u64; HEAD_WORDS + nb];
         self.dev.dtoh(&mut all, out)?;
-        let head = head_of(&all[..HEAD_WORDS], w.head.min(n))?;
+        let head = head_of(&all[..HEAD_WORDS], w.head.min(n));
         let sums: Vec<f64> = all[HEAD_WORDS..]
             .iter()
             .map(|&b| f64::from_bits(b))
