@@ -347,11 +347,13 @@ pub fn smoke(
     check_weighted(&mut d, &prompt, &la, 0)?;
     let mut generated = Vec::new();
     let mut logits = la;
-    let t1 = Instant::now();
+    let mut decode_s = 0.0;
     for i in 0..n_gen {
         let t = argmax(&logits);
         generated.push(t);
+        let t1 = Instant::now();
         logits = model.forward(&mut a, &[t])?;
+        decode_s += t1.elapsed().as_secs_f64();
         check_top(model.forward_top(&mut c, &[t], TOP_CANDIDATES)?, &logits);
         check_weighted(&mut d, &[t], &logits, i + 1)?;
         if i == 0 {
@@ -360,7 +362,6 @@ pub fn smoke(
             promoted_diff = promoted.as_deref().map(|x| max_diff(x, &logits));
         }
     }
-    let dt = t1.elapsed().as_secs_f64();
     let finite = finite && logits.iter().all(|v| v.is_finite());
     Ok(SmokeReport {
         preset: preset.into(),
@@ -372,7 +373,7 @@ pub fn smoke(
         kl_prefill_vs_decode: k,
         top1_prefill_vs_decode_agree: agree,
         generated,
-        decode_tokens_per_s: n_gen as f64 / dt.max(1e-9),
+        decode_tokens_per_s: n_gen as f64 / decode_s.max(1e-9),
         snapshot_restore_max_diff: snap_diff,
         host_restore_max_diff: host_diff,
         promoted_restore_max_diff: promoted_diff,

@@ -359,6 +359,11 @@ fn imp(a: &SpeedArgs, runs: usize, out: &Path) -> Result<()> {
                 params,
             )?);
         }
+        let sampled_rate = |i: usize| {
+            sampled[i]["tok_per_s"]["median"]
+                .as_f64()
+                .unwrap_or(f64::NAN)
+        };
         let ctx = len + a.decode_tokens / 2;
         let bytes = model.step_bytes(ctx);
         let floor_s = bytes.total() as f64 / bw;
@@ -370,15 +375,9 @@ fn imp(a: &SpeedArgs, runs: usize, out: &Path) -> Result<()> {
             med_rate,
             100.0 * med_rate * floor_s,
             1.0 / floor_s,
-            sampled[0]["tok_per_s"]["median"]
-                .as_f64()
-                .unwrap_or(f64::NAN),
-            sampled[1]["tok_per_s"]["median"]
-                .as_f64()
-                .unwrap_or(f64::NAN),
-            sampled[2]["tok_per_s"]["median"]
-                .as_f64()
-                .unwrap_or(f64::NAN),
+            sampled_rate(0),
+            sampled_rate(1),
+            sampled_rate(2),
             host_agree,
             used as f64 / 1e9
         );
