@@ -124,23 +124,29 @@ __device__ __forceinline__ float exp_nonpos_host(float x) {
 }
 
 #define WEIGHT_BLOCK 64  // host/engine/src/sampling.rs BLOCK
+#define PREFILTER_LOG_W (-8.317766f)  // host/engine/src/sampling.rs PREFILTER_LOG_W: ln 2^-12
 
 // One thread per WEIGHT_BLOCK logits: blocks[b] = the sum of the weights
 // e^((z - max) / t) (0 under min_p, NaN logits 0) of block b, formed as the
 // host sampler's `block_sum` forms it: 8 f32 lanes over whole groups of 8,
 // the lanes added in f64, then the rest. `head`: logits_top_merge's output
-// (the row's max after its keys).
+// (the row's max after its keys). heavy[warp] counts the warp's tokens with
+// z >= max + t ln 2^-12 and an (unmasked) weight > 0: the tokens the host
+// sampler's top-p tries first.
 QW_KERNEL void QW_BOUNDS(256) logits_weights(const float* __restrict__ x, int n, const top_key_t* __restrict__ head,
-                                             float t, float min_p, double* __restrict__ blocks) {
+                                             float t, float min_p, double* __restrict__ blocks,
+                                             unsigned* __restrict__ heavy) {
     const int b = blockIdx.x * blockDim.x + threadIdx.x;
-    if (b * WEIGHT_BLOCK >= n) return;
-    const float max = ((const float*)(head + TOP_K))[0];
+    const float zmax = ((const float*)(head + TOP_K))[0];
+    const float heavy_floor = __fadd_rn(zmax, __fmul_rn(t, PREFILTER_LOG_W));
     const float* z = x + (size_t)b * WEIGHT_BLOCK;
-    const int len = min(WEIGHT_BLOCK, n - b * WEIGHT_BLOCK), full = len & ~7;
+    const int len = max(0, min(WEIGHT_BLOCK, n - b * WEIGHT_BLOCK)), full = len & ~7;
+    unsigned count = 0;
     auto weight = [&](int j) {
         float v = z[j];
         if (v != v) v = -INFINITY;
-        const float w = exp_nonpos_host(__fdiv_rn(__fsub_rn(v, max), t));
+        const float w = exp_nonpos_host(__fdiv_rn(__fsub_rn(v, zmax), t));
+        count += v >= heavy_floor && w > 0.0f;
         return w < min_p ? 0.0f : w;
     };
     float lanes[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
@@ -151,5 +157,8 @@ QW_KERNEL void QW_BOUNDS(256) logits_weights(const float* __restrict__ x, int n,
 #pragma unroll
     for (int a = 0; a < 8; a++) s = __dadd_rn(s, (double)lanes[a]);
     for (int j = full; j < len; j++) s = __dadd_rn(s, (double)weight(j));
-    blocks[b] = s;
+    if (len > 0) blocks[b] = s;
+    // Every lane reaches the reduction (none returned early).
+    for (int m = WARP / 2; m > 0; m >>= 1) count += SHFL_XOR(count, m);
+    if (threadIdx.x % WARP == 0) heavy[b / WARP] = count;
 }

@@ -3,7 +3,9 @@
 // and a double-precision log-sum-exp (rows shorter and longer than one sort,
 // slices of one and several rounds, more parts than one merge round, ties,
 // NaN, -0.0 and infinities); then logits_weights' block sums against double
-// precision (temperatures, min-p, partial last blocks). Bit equality with the
+// precision (temperatures, min-p, partial last blocks) and its count of heavy
+// tokens (those within ln 2^-12 of the max at the temperature) against a
+// count. Bit equality with the
 // host sampler's own sums is checked on the GPU (`qwasi verify --synthetic`).
 // Exit 1 on a mismatch.
 #include <cstdio>
@@ -56,10 +58,20 @@ static void check(const char* what, const std::vector<float>& x, int per_part, u
     if (!finite) return;
     for (float t : {0.3f, 1.0f, 1.7f})
         for (float min_p : {0.0f, 0.05f}) {
-            const int nb = (n + WEIGHT_BLOCK - 1) / WEIGHT_BLOCK;
+            const int nb = (n + WEIGHT_BLOCK - 1) / WEIGHT_BLOCK, grid = (nb + 63) / 64;
             std::vector<double> blocks(nb, -1.0);
-            qw_cpu::launch({(unsigned)((nb + 63) / 64), 1, 1}, {64, 1, 1},
-                           [&] { logits_weights(x.data(), n, out.data(), t, min_p, blocks.data()); });
+            std::vector<unsigned> heavy(grid * 64 / WARP, ~0u);
+            qw_cpu::launch({(unsigned)grid, 1, 1}, {64, 1, 1},
+                           [&] { logits_weights(x.data(), n, out.data(), t, min_p, blocks.data(), heavy.data()); });
+            const float heavy_floor = (float)m + t * PREFILTER_LOG_W;
+            unsigned want_heavy = 0, got_heavy = 0;
+            for (int i = 0; i < n; i++) want_heavy += val(i) >= heavy_floor;
+            for (unsigned h : heavy) got_heavy += h;
+            if (got_heavy != want_heavy) {
+                std::printf("%s: t %g: %u heavy tokens, want %u\n", what, t, got_heavy, want_heavy);
+                failures++;
+                return;
+            }
             for (int b = 0; b < nb; b++) {
                 double want = 0;
                 for (int i = b * WEIGHT_BLOCK; i < std::min(n, (b + 1) * WEIGHT_BLOCK); i++) {

@@ -51,14 +51,7 @@ pub trait Backend: Send + Sync {
         plan: &mut RowPlanner,
     ) -> Result<WeightedRow> {
         let logits = self.forward(seq, tokens)?;
-        let head = crate::sampling::top_logits(&logits, w.head);
-        let max = head.top.first().map_or(f32::NEG_INFINITY, |p| p.1);
-        let read = plan(
-            &head,
-            &crate::sampling::weight_blocks(&logits, max, w.temperature, w.min_p),
-        );
-        let logits = crate::sampling::row_read(&logits, read);
-        Ok(WeightedRow { head, read, logits })
+        Ok(crate::sampling::read_weighted(&logits, w, plan))
     }
 
     /// True where [`Backend::forward_greedy`], [`Backend::forward_top`] and

@@ -251,8 +251,17 @@ pub struct Weighting {
     pub min_p: f32,
 }
 
-/// Decides from the head and the block sums what else a weighted read needs.
-pub type RowPlanner<'a> = dyn FnMut(&TopLogits, &[f64]) -> RowRead + 'a;
+/// What a backend sums over a weighted row besides its head.
+#[derive(Clone, Copy, Debug)]
+pub struct RowSums<'a> {
+    /// [`weight_blocks`].
+    pub blocks: &'a [f64],
+    /// [`heavy_count`].
+    pub heavy: usize,
+}
+
+/// Decides from the head and the row's sums what else a weighted read needs.
+pub type RowPlanner<'a> = dyn FnMut(&TopLogits, RowSums) -> RowRead + 'a;
 
 /// The logits a [`RowRead`] asks for out of the whole row.
 pub fn row_read(logits: &[f32], read: RowRead) -> Vec<f32> {
@@ -264,6 +273,37 @@ pub fn row_read(logits: &[f32], read: RowRead) -> Vec<f32> {
         }
         RowRead::Whole => logits.to_vec(),
     }
+}
+
+/// [`crate::backend::Backend::forward_weighted`]'s read of `logits` on the
+/// host: the reference a backend's own must equal.
+pub fn read_weighted(logits: &[f32], w: Weighting, plan: &mut RowPlanner) -> WeightedRow {
+    let head = top_logits(logits, w.head);
+    let max = head.top.first().map_or(f32::NEG_INFINITY, |p| p.1);
+    let blocks = weight_blocks(logits, max, w.temperature, w.min_p);
+    let heavy = heavy_count(logits, max, w.temperature);
+    let read = plan(
+        &head,
+        RowSums {
+            blocks: &blocks,
+            heavy,
+        },
+    );
+    WeightedRow {
+        head,
+        read,
+        logits: row_read(logits, read),
+    }
+}
+
+/// How many tokens the sampler's top-p looks at first ("heavy": logit at
+/// least `max + t ln 2^-12` and a weight above 0), as a backend counts them.
+pub fn heavy_count(logits: &[f32], max: f32, t: f32) -> usize {
+    let floor = max + t * PREFILTER_LOG_W;
+    logits
+        .iter()
+        .filter(|&&z| z >= floor && exp_nonpos((z - max) / t) > 0.0)
+        .count()
 }
 
 /// One draw of [`Sampler::sample`] over a row weighted where it lies: the
@@ -309,9 +349,9 @@ impl RowDraw {
         }
     }
 
-    /// What decides the draw, from the head and the row's block sums of
-    /// [`weight_blocks`] (as [`RowDraw::weighting`] asks).
-    pub fn plan(&self, head: &TopLogits, blocks: &[f64]) -> RowPlan {
+    /// What decides the draw, from the head and the row's sums (of
+    /// [`weight_blocks`] as [`RowDraw::weighting`] asks, and [`heavy_count`]).
+    pub fn plan(&self, head: &TopLogits, sums: RowSums) -> RowPlan {
         let Some(&(first, z_max)) = head.top.first() else {
             return RowPlan::Token(0);
         };
@@ -319,10 +359,15 @@ impl RowDraw {
             return RowPlan::Token(first); // as `draw`
         }
         if self.top_p >= 1.0 {
-            return RowPlan::Block(pick_block(blocks, self.u));
+            return RowPlan::Block(pick_block(sums.blocks, self.u));
         }
         // `draw`'s top-p without top-k: the nucleus among the heavy tokens
-        // when they reach the target, else the histogram over the whole row.
+        // (a key-order prefix of the row) when they are at most LIST_MAX and
+        // reach the target, else a histogram over the whole row. Decided here
+        // when that nucleus lies in the head.
+        if sums.heavy > LIST_MAX {
+            return RowPlan::Whole;
+        }
         let t = self.temperature;
         let floor = z_max + t * PREFILTER_LOG_W;
         let weight = |z: f32| exp_nonpos((z - z_max) / t);
@@ -332,20 +377,28 @@ impl RowDraw {
             .copied()
             .filter(|&(_, z)| z >= floor && weight(z) > 0.0)
             .collect();
-        let complete = heavy.len() < head.top.len()
-            || heavy.len() == head.top.len() && head.top.len() < TOP_CANDIDATES;
-        if !complete {
-            return RowPlan::Whole;
-        }
+        let all_heavy = heavy.len() == sums.heavy;
         heavy.sort_unstable_by_key(|&(i, _)| i);
         let mass: f64 = heavy.iter().map(|&(_, z)| weight(z) as f64).sum();
-        let target = self.top_p as f64 * blocks.iter().sum::<f64>();
-        if mass < target {
+        let target = self.top_p as f64 * sums.blocks.iter().sum::<f64>();
+        // With heavy tokens past the head, the sampler's sum over all of them
+        // (in id order, rounding included) reaches the target for sure only
+        // when the head's alone clears it by a margin.
+        let needed = if all_heavy {
+            target
+        } else {
+            target * (1.0 + 1e-9)
+        };
+        if mass < needed {
             return RowPlan::Whole;
         }
         let mut keys: Vec<u64> = heavy.iter().map(|&(i, z)| key(z, i)).collect();
         let target = ((target * Q_SCALE as f64).ceil() as u64).max(1);
-        let n = nucleus_len(&mut keys, |k| qz(weight(key_logit(k))), target);
+        let qweight = |k: u64| qz(weight(key_logit(k)));
+        if !all_heavy && keys.iter().map(|&k| qweight(k)).sum::<u64>() < target {
+            return RowPlan::Whole; // the nucleus reaches past the head
+        }
+        let n = nucleus_len(&mut keys, qweight, target);
         keys.truncate(n);
         let mut pairs: Vec<(u32, f32)> = keys
             .iter()
@@ -1644,17 +1697,14 @@ mod tests {
     /// functions standing in for a backend's; also what it read.
     fn row_sample(s: &mut Sampler, z: &[f32]) -> (Sampled, RowRead) {
         let draw = s.start_row_draw();
-        let head = top_logits(z, TOP_CANDIDATES);
-        let max = head.top[0].1;
-        let w = draw.weighting();
-        let blocks = weight_blocks(z, max, w.temperature, w.min_p);
-        let plan = draw.plan(&head, &blocks);
-        let row = WeightedRow {
-            head,
-            read: plan.read(),
-            logits: row_read(z, plan.read()),
-        };
-        (s.finish_row(&draw, &plan, &row), plan.read())
+        let mut planned = None;
+        let row = read_weighted(z, draw.weighting(), &mut |head, sums| {
+            let p = draw.plan(head, sums);
+            planned = Some(p);
+            p.read()
+        });
+        let plan = planned.unwrap();
+        (s.finish_row(&draw, &plan, &row), row.read)
     }
 
     #[test]
@@ -1711,6 +1761,30 @@ mod tests {
             }
         }
         assert!(reads.iter().all(|&n| n > 0), "{reads:?}");
+        // More heavy tokens than the head holds (6 likely ones, 200 light
+        // but heavy ones), the nucleus among the likely ones: decided in the
+        // head, as `sample` decides it.
+        let mut z = vec![-20.0f32; vocab];
+        for i in 0..6 {
+            z[100 * i + 7] = 10.0;
+        }
+        for i in 0..200 {
+            z[10 * i + 1000] = 3.0;
+        }
+        assert_eq!(heavy_count(&z, 10.0, 1.0), 206);
+        let p = SamplingParams {
+            temperature: 1.0,
+            top_p: 0.9,
+            logprobs: Some(1),
+            seed: Some(9),
+            ..Default::default()
+        };
+        let (mut full, mut split) = (Sampler::new(p.clone()), Sampler::new(p));
+        for _ in 0..20 {
+            let (got, read) = row_sample(&mut split, &z);
+            assert_eq!(read, RowRead::Head);
+            assert_eq!(full.sample(&z, &[], 0), got);
+        }
         // An infinite logit wins, as in `sample`.
         let mut z = logits(200, 1, 1.0);
         z[150] = f32::INFINITY;

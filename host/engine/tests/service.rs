@@ -11,8 +11,8 @@ use qwasi_engine::demo::RandomWeights;
 use qwasi_engine::generate::{FinishReason, GenerateRequest, generate};
 use qwasi_engine::readout::Readout;
 use qwasi_engine::sampling::{
-    RowPlanner, Sampled, SamplingParams, TopLogits, WeightedRow, Weighting, greedy, row_read,
-    top_logits, weight_blocks,
+    RowPlanner, Sampled, SamplingParams, TopLogits, WeightedRow, Weighting, greedy, read_weighted,
+    top_logits,
 };
 use qwasi_engine::service::{
     EngineService, Event, GenerationHandle, ServiceConfig, SubmitError, SubmitOptions,
@@ -117,17 +117,7 @@ impl Backend for TestBackend {
         plan: &mut RowPlanner,
     ) -> Result<WeightedRow> {
         self.weighted.fetch_add(1, Ordering::SeqCst);
-        let logits = self.model.forward(seq, tokens)?;
-        let head = top_logits(&logits, w.head);
-        let read = plan(
-            &head,
-            &weight_blocks(&logits, head.top[0].1, w.temperature, w.min_p),
-        );
-        Ok(WeightedRow {
-            head,
-            read,
-            logits: row_read(&logits, read),
-        })
+        Ok(read_weighted(&self.model.forward(seq, tokens)?, w, plan))
     }
     fn logits_on_device(&self) -> bool {
         self.greedy.is_some()

@@ -21,7 +21,8 @@ use super::{Arg, HostBuf, f, i};
 use crate::backend::{Backend, SeqSnapshot};
 use crate::config::{LayerKind, MlpConfig, ModelConfig};
 use crate::sampling::{
-    RowPlanner, RowRead, Sampled, TopLogits, WEIGHT_BLOCK, WeightedRow, Weighting, key_parts,
+    RowPlanner, RowRead, RowSums, Sampled, TopLogits, WEIGHT_BLOCK, WeightedRow, Weighting,
+    key_parts,
 };
 use crate::weights::{Mixer, Mlp, Weights};
 use anyhow::{Context, Result, bail};
@@ -1719,11 +1720,16 @@ impl Backend for GpuModel {
         let logits = self.logits_device(seq, tokens, &mut sc)?;
         let n = self.cfg.vocab_size;
         let nb = n.div_ceil(WEIGHT_BLOCK);
-        let out = self.read_head(&mut sc, logits, nb * 8)?;
+        // One thread per block of 64 logits, 256 per launch block; then a
+        // heavy-token count per warp (two to an 8-byte word).
+        let grid = nb.div_ceil(256);
+        let warps = grid * 256 / 32;
+        let out = self.read_head(&mut sc, logits, nb * 8 + warps * 4)?;
         let blocks = out + (HEAD_WORDS * 8) as u64;
+        let heavy = blocks + (nb * 8) as u64;
         self.dev.launch(
             "logits_weights",
-            (nb.div_ceil(256) as u32, 1, 1),
+            (grid as u32, 1, 1),
             (256, 1, 1),
             0,
             &[
@@ -1733,16 +1739,27 @@ impl Backend for GpuModel {
                 f(w.temperature),
                 f(w.min_p),
                 Arg::Ptr(blocks),
+                Arg::Ptr(heavy),
             ],
         )?;
-        let mut all = vec![0u64; HEAD_WORDS + nb];
+        let mut all = vec![0u64; HEAD_WORDS + nb + warps.div_ceil(2)];
         self.dev.dtoh(&mut all, out)?;
         let head = head_of(&all[..HEAD_WORDS], w.head.min(n));
-        let sums: Vec<f64> = all[HEAD_WORDS..]
+        let sums: Vec<f64> = all[HEAD_WORDS..HEAD_WORDS + nb]
             .iter()
             .map(|&b| f64::from_bits(b))
             .collect();
-        let read = plan(&head, &sums);
+        let heavy_words = &all[HEAD_WORDS + nb..];
+        let heavy: usize = (0..warps)
+            .map(|k| (heavy_words[k / 2] >> (32 * (k % 2))) as u32 as usize)
+            .sum();
+        let read = plan(
+            &head,
+            RowSums {
+                blocks: &sums,
+                heavy,
+            },
+        );
         let (start, len) = match read {
             RowRead::Head => (0, 0),
             RowRead::Block(b) => {

@@ -9,7 +9,7 @@ use crate::generate::{GenerateRequest, generate};
 use crate::model::LoadedModel;
 use crate::sampling::{
     RowRead, SamplingParams, TOP_CANDIDATES, TopLogits, WEIGHT_BLOCK, Weighting, argmax,
-    log_softmax, top_logits, weight_blocks,
+    heavy_count, log_softmax, top_logits, weight_blocks,
 };
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
@@ -228,8 +228,9 @@ pub struct SmokeReport {
     pub top_readout_max_lse_diff: f64,
     /// A third twin read through `forward_weighted` (temperatures 1, 0.7,
     /// 0.3 with min-p 0.05, 1.5 in turn): its block sums equal the host's
-    /// `weight_blocks` of the same step's logits bit for bit, and the block
-    /// it hands back equals those logits.
+    /// `weight_blocks` of the same step's logits bit for bit, its heavy-token
+    /// count the host's `heavy_count`, and the block it hands back those
+    /// logits.
     pub weighted_readout_equal: bool,
     pub pass: bool,
 }
@@ -322,6 +323,7 @@ pub fn smoke(
             let (t, min_p) = [(1.0, 0.0), (0.7, 0.0), (0.3, 0.05), (1.5, 0.0)][step % 4];
             let max = top_logits(logits, 1).top[0].1;
             let want = weight_blocks(logits, max, t, min_p);
+            let want_heavy = heavy_count(logits, max, t);
             let mut same = false;
             // Open the block holding the argmax: a block with weight in it.
             let block = argmax(logits) as usize / WEIGHT_BLOCK;
@@ -331,8 +333,10 @@ pub fn smoke(
                 min_p,
             };
             let row = model.forward_weighted(d, tokens, w, &mut |_, got| {
-                same = got.len() == want.len()
+                same = got.heavy == want_heavy
+                    && got.blocks.len() == want.len()
                     && got
+                        .blocks
                         .iter()
                         .zip(&want)
                         .all(|(a, b)| a.to_bits() == b.to_bits());
