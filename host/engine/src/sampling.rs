@@ -153,9 +153,7 @@ impl SamplingParams {
             && finite_or_zero(self.presence_penalty) == 0.0
             && finite_or_zero(self.frequency_penalty) == 0.0
     }
-}
 
-impl SamplingParams {
     /// True when [`Sampler::sample_top`] over the `k` highest logits gives
     /// what [`Sampler::sample`] gives over all `vocab_size`: no logit bias or
     /// penalties, at most `k` alternatives, and either greedy or a top-k of at
@@ -193,6 +191,32 @@ pub struct TopLogits {
     pub lse: f64,
 }
 
+impl TopLogits {
+    /// The row's largest logit (-inf for an empty head).
+    pub fn max(&self) -> f32 {
+        self.top.first().map_or(f32::NEG_INFINITY, |p| p.1)
+    }
+
+    /// `token` drawn, with its log-probability (its logit from the head
+    /// unless given) and the first `alternatives` of the head's.
+    fn sampled(&self, token: u32, logit: Option<f32>, alternatives: usize) -> Sampled {
+        let max = self.max() as f64;
+        let lp = |x: f32| ((x as f64 - max) - self.lse) as f32;
+        let logit = logit.unwrap_or_else(|| {
+            self.top
+                .iter()
+                .find(|p| p.0 == token)
+                .map_or(f32::NAN, |p| p.1)
+        });
+        let k = alternatives.min(self.top.len());
+        Sampled {
+            token,
+            logprob: lp(logit),
+            top: self.top[..k].iter().map(|&(i, z)| (i, lp(z))).collect(),
+        }
+    }
+}
+
 /// Tokens per block of [`weight_blocks`].
 pub const WEIGHT_BLOCK: usize = BLOCK;
 
@@ -223,7 +247,7 @@ pub struct WeightedRow {
 fn row_weights(logits: &[f32], max: f32, t: f32, min_p: f32, w: &mut [f32]) {
     for (w, &z) in w.iter_mut().zip(logits) {
         let z = if z.is_nan() { f32::NEG_INFINITY } else { z };
-        let x = exp_nonpos((z - max) / t);
+        let x = temp_weight(z, max, t);
         *w = if x < min_p { 0.0 } else { x };
     }
 }
@@ -279,7 +303,7 @@ pub fn row_read(logits: &[f32], read: RowRead) -> Vec<f32> {
 /// host: the reference a backend's own must equal.
 pub fn read_weighted(logits: &[f32], w: Weighting, plan: &mut RowPlanner) -> WeightedRow {
     let head = top_logits(logits, w.head);
-    let max = head.top.first().map_or(f32::NEG_INFINITY, |p| p.1);
+    let max = head.max();
     let blocks = weight_blocks(logits, max, w.temperature, w.min_p);
     let heavy = heavy_count(logits, max, w.temperature);
     let read = plan(
@@ -299,10 +323,10 @@ pub fn read_weighted(logits: &[f32], w: Weighting, plan: &mut RowPlanner) -> Wei
 /// How many tokens the sampler's top-p looks at first ("heavy": logit at
 /// least `max + t ln 2^-12` and a weight above 0), as a backend counts them.
 pub fn heavy_count(logits: &[f32], max: f32, t: f32) -> usize {
-    let floor = max + t * PREFILTER_LOG_W;
+    let floor = heavy_floor(max, t);
     logits
         .iter()
-        .filter(|&&z| z >= floor && exp_nonpos((z - max) / t) > 0.0)
+        .filter(|&&z| z >= floor && temp_weight(z, max, t) > 0.0)
         .count()
 }
 
@@ -369,8 +393,8 @@ impl RowDraw {
             return RowPlan::Whole;
         }
         let t = self.temperature;
-        let floor = z_max + t * PREFILTER_LOG_W;
-        let weight = |z: f32| exp_nonpos((z - z_max) / t);
+        let floor = heavy_floor(z_max, t);
+        let weight = |z: f32| temp_weight(z, z_max, t);
         let mut heavy: Vec<(u32, f32)> = head
             .top
             .iter()
@@ -430,7 +454,7 @@ pub fn top_logits(logits: &[f32], k: usize) -> TopLogits {
     keys.truncate(k);
     keys.sort_unstable_by(|a, b| b.cmp(a));
     TopLogits {
-        top: keys.iter().map(|&k| (key_id(k), key_logit(k))).collect(),
+        top: keys.iter().map(|&k| key_parts(k)).collect(),
         lse: log_sum_exp(&work, max),
     }
 }
@@ -515,8 +539,6 @@ pub struct Sampler {
     ids: Vec<u32>,
     /// `(id, weight)` of the listed candidates.
     pairs: Vec<(u32, f32)>,
-    /// The RNG output of a draw begun elsewhere ([`Sampler::finish_row`]).
-    pending_draw: Option<u64>,
     /// Per-bucket counts or masses for the histogram cut-offs.
     counts: Vec<u32>,
     masses: Vec<f64>,
@@ -551,7 +573,6 @@ impl Sampler {
             heap: BinaryHeap::new(),
             ids: Vec::new(),
             pairs: Vec::new(),
-            pending_draw: None,
             counts: Vec::new(),
             masses: Vec::new(),
             gen_counts: Vec::new(),
@@ -651,6 +672,18 @@ impl Sampler {
     /// `context`: prompt tokens followed by generated tokens; `prompt_len`
     /// splits them. Never panics; an empty `logits` gives token 0.
     pub fn sample(&mut self, logits: &[f32], context: &[u32], prompt_len: usize) -> Sampled {
+        self.sample_with(logits, context, prompt_len, None)
+    }
+
+    /// [`Sampler::sample`], with the draw's RNG output taken already (`u`)
+    /// or taken here.
+    fn sample_with(
+        &mut self,
+        logits: &[f32],
+        context: &[u32],
+        prompt_len: usize,
+        u: Option<u64>,
+    ) -> Sampled {
         if logits.is_empty() {
             return Sampled {
                 token: 0,
@@ -663,7 +696,7 @@ impl Sampler {
             (first_index_of(&self.work, prep.work_max), None)
         } else {
             let t = self.params.temperature;
-            let (token, total) = self.draw(prep.work_max);
+            let (token, total) = self.draw(prep.work_max, u);
             // Untouched logits at T = 1: the weights' total is the raw Σ e^(x - max).
             let reuse = !prep.modified && t == 1.0 && total.is_some();
             (token, total.filter(|_| reuse))
@@ -705,7 +738,7 @@ impl Sampler {
                 first
             } else {
                 let t = self.params.temperature;
-                let weight = |k: u64| exp_nonpos((key_logit(k) - z_max) / t);
+                let weight = |k: u64| temp_weight(key_logit(k), z_max, t);
                 self.keys.clear();
                 let n = self.params.top_k.min(top.top.len());
                 self.keys
@@ -724,18 +757,7 @@ impl Sampler {
                 )
             }
         };
-        let lp = |x: f32| ((x as f64 - z_max as f64) - top.lse) as f32;
-        let logit = top
-            .top
-            .iter()
-            .find(|&&(i, _)| i == token)
-            .map_or(f32::NAN, |&(_, z)| z);
-        let k = self.params.logprobs.unwrap_or(0).min(top.top.len());
-        Sampled {
-            token,
-            logprob: lp(logit),
-            top: top.top[..k].iter().map(|&(i, z)| (i, lp(z))).collect(),
-        }
+        top.sampled(token, None, self.params.logprobs.unwrap_or(0))
     }
 
     /// Starts [`Sampler::sample`]'s draw over a row weighted where it lies
@@ -754,20 +776,17 @@ impl Sampler {
     /// alternatives; [`RowPlan::Whole`] samples `row.logits`, the whole row,
     /// with the draw's RNG output.
     pub fn finish_row(&mut self, draw: &RowDraw, plan: &RowPlan, row: &WeightedRow) -> Sampled {
-        let head = &row.head;
         let token = match *plan {
             RowPlan::Whole => {
-                self.pending_draw = Some(draw.u);
-                return self.sample(&row.logits, &[], 0);
+                return self.sample_with(&row.logits, &[], 0, Some(draw.u));
             }
             RowPlan::Token(t) => t,
             RowPlan::Block(pick) => {
-                let max = head.top.first().map_or(f32::NEG_INFINITY, |p| p.1);
                 let n = row.logits.len().min(BLOCK);
                 let mut w = [0f32; BLOCK];
                 row_weights(
                     &row.logits[..n],
-                    max,
+                    row.head.max(),
                     draw.temperature,
                     draw.min_p,
                     &mut w[..n],
@@ -775,37 +794,23 @@ impl Sampler {
                 walk_block(&w[..n], &pick)
             }
         };
-        let max = head.top.first().map_or(f32::NEG_INFINITY, |p| p.1);
-        let lp = |x: f32| ((x as f64 - max as f64) - head.lse) as f32;
         let in_block = match row.read {
             RowRead::Block(b) => (token as usize)
                 .checked_sub(b * BLOCK)
-                .and_then(|j| row.logits.get(j)),
+                .and_then(|j| row.logits.get(j).copied()),
             _ => None,
         };
-        let logit = in_block.copied().unwrap_or_else(|| {
-            head.top
-                .iter()
-                .find(|p| p.0 == token)
-                .map_or(f32::NAN, |p| p.1)
-        });
-        let k = self.params.logprobs.unwrap_or(0).min(head.top.len());
-        Sampled {
-            token,
-            logprob: lp(logit),
-            top: head.top[..k].iter().map(|&(i, z)| (i, lp(z))).collect(),
-        }
+        row.head
+            .sampled(token, in_block, self.params.logprobs.unwrap_or(0))
     }
 
-    /// Temperature, truncation and the draw over `self.work`. Also returns
-    /// the sum of the weights over the whole vocabulary when it was computed.
-    fn draw(&mut self, z_max: f32) -> (u32, Option<f64>) {
+    /// Temperature, truncation and the draw over `self.work` (with the RNG
+    /// output `u` when the caller took it). Also returns the sum of the
+    /// weights over the whole vocabulary when it was computed.
+    fn draw(&mut self, z_max: f32, u: Option<u64>) -> (u32, Option<f64>) {
         // One draw per non-greedy call, whatever happens below, so the stream
         // position only depends on the number of calls.
-        let u = self
-            .pending_draw
-            .take()
-            .unwrap_or_else(|| self.rng.next_u64());
+        let u = u.unwrap_or_else(|| self.rng.next_u64());
         self.listed = false;
         if z_max.is_infinite() {
             return (first_index_of(&self.work, z_max), None);
@@ -829,7 +834,7 @@ impl Sampler {
             self.heap_top_k(top_k);
             for &k in &self.keys {
                 let i = key_id(k) as usize;
-                self.w[i] = exp_nonpos((self.work[i] - z_max) / t);
+                self.w[i] = temp_weight(self.work[i], z_max, t);
             }
             self.listed = true;
         } else {
@@ -860,7 +865,7 @@ impl Sampler {
                 let target = top_p as f64 * self.blocks.iter().sum::<f64>();
                 // Usually the nucleus lies among the heavy tokens: those with
                 // w >= ~2^-12, selected by logit so they are a prefix in key order.
-                let floor = z_max + t * PREFILTER_LOG_W;
+                let floor = heavy_floor(z_max, t);
                 let mut heavy = 0.0f64;
                 for (i, (&z, &w)) in self.work.iter().zip(&self.w).enumerate() {
                     if z >= floor && w > 0.0 {
@@ -1216,6 +1221,20 @@ fn finite_or_zero(x: f32) -> f32 {
     if x.is_finite() { x } else { 0.0 }
 }
 
+/// A logit's weight at temperature `t`: `e^((z - max) / t)`, the one
+/// formula every path (and the device, bit for bit) uses.
+#[inline(always)]
+fn temp_weight(z: f32, max: f32, t: f32) -> f32 {
+    exp_nonpos((z - max) / t)
+}
+
+/// The lowest logit of a "heavy" token, the ones top-p looks at first: a
+/// weight of at least ~2^-12 of the maximum's.
+#[inline]
+fn heavy_floor(max: f32, t: f32) -> f32 {
+    max + t * PREFILTER_LOG_W
+}
+
 /// `e^x` for `x <= 0`: larger `x` is taken as 0, NaN and anything below -87
 /// give 0. Cephes' `expf` polynomial, ~1 ulp, in plain f32 arithmetic so it
 /// vectorises and gives the same bits on every platform.
@@ -1291,7 +1310,7 @@ multiversion! {
         let mut total = 0.0f64;
         for (zb, wb) in work.chunks(BLOCK).zip(w.chunks_mut(BLOCK)) {
             for (w, &z) in wb.iter_mut().zip(zb) {
-                *w = exp_nonpos((z - z_max) / t);
+                *w = temp_weight(z, z_max, t);
             }
             let s = block_sum(wb);
             blocks.push(s);
@@ -2172,7 +2191,7 @@ mod tests {
                         ..Default::default()
                     });
                     let prep = s.prepare(&z, &[], 0);
-                    s.draw(prep.work_max);
+                    s.draw(prep.work_max, None);
                     let got = s.survivors();
                     let want = reference_survivors(&z, t, k, top_p, min_p);
                     let exact = top_p == 1.0 && min_p == 0.0;

@@ -21,8 +21,8 @@ use super::{Arg, HostBuf, f, i};
 use crate::backend::{Backend, SeqSnapshot};
 use crate::config::{LayerKind, MlpConfig, ModelConfig};
 use crate::sampling::{
-    RowPlanner, RowRead, RowSums, Sampled, TopLogits, WEIGHT_BLOCK, WeightedRow, Weighting,
-    key_parts,
+    RowPlanner, RowRead, RowSums, Sampled, TOP_CANDIDATES, TopLogits, WEIGHT_BLOCK, WeightedRow,
+    Weighting, key_parts,
 };
 use crate::weights::{Mixer, Mlp, Weights};
 use anyhow::{Context, Result, bail};
@@ -184,10 +184,10 @@ enum SeqLayer {
 const PREFILL_CHUNK: usize = 16_384;
 
 const F: usize = 4; // bytes per f32
-/// kernels/sampling.cu: keys per head (TOP_K), logits per slice of the first
-/// pass (one sort round), and the head's size in 8-byte words (keys, then
-/// the max and the log-sum-exp as two f32).
-const TOP_KEYS: usize = 64;
+/// kernels/sampling.cu: keys per head (TOP_K, the sampler's candidates),
+/// logits per slice of the first pass (one sort round), and the head's size
+/// in 8-byte words (keys, then the max and the log-sum-exp as two f32).
+const TOP_KEYS: usize = TOP_CANDIDATES;
 const TOP_PER_PART: usize = 4096 - TOP_KEYS;
 const HEAD_WORDS: usize = TOP_KEYS + 1;
 

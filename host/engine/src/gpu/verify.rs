@@ -321,7 +321,7 @@ pub fn smoke(
     let mut check_weighted =
         |d: &mut _, tokens: &[u32], logits: &[f32], step: usize| -> Result<()> {
             let (t, min_p) = [(1.0, 0.0), (0.7, 0.0), (0.3, 0.05), (1.5, 0.0)][step % 4];
-            let max = top_logits(logits, 1).top[0].1;
+            let max = top_logits(logits, 1).max();
             let want = weight_blocks(logits, max, t, min_p);
             let want_heavy = heavy_count(logits, max, t);
             let mut same = false;
