@@ -5,6 +5,7 @@
 // residual add is every output GEMV's epilogue, and the position comes from
 // device memory so a whole step can be replayed as one CUDA graph.
 #include "mma.h"
+#include "norm_partials.h"
 
 // 16-byte weight load that bypasses L1 (weights are read once per token).
 __device__ __forceinline__ uint4 ld_stream(const uint4* p) {
@@ -142,28 +143,6 @@ __device__ __forceinline__ void gemv_rows(const bf16_t* __restrict__ W, const fl
 __device__ __forceinline__ void prefetch_first(const bf16_t* __restrict__ W, int rows, int cols, uint4 (&v)[CH]) {
     if ((cols & 7) == 0)
         load_chunk(W, blockIdx.x * DEC_WARPS + threadIdx.x / WARP, rows, cols, 0, threadIdx.x % WARP, v);
-}
-
-// 1 / rms of the hidden state from the residual kernels' per-block sums of
-// squares (ssq[0 .. nssq)), by one warp (every lane gets it).
-__device__ __forceinline__ float inv_rms(const float* __restrict__ ssq, int nssq, int dim, float eps) {
-    float ss = 0.f;
-    for (int i = threadIdx.x % WARP; i < nssq; i += WARP) ss += ssq[i];
-    return rsqrtf(warp_sum(ss) / dim + eps);
-}
-
-// The residual kernels' epilogue: block b writes the sum of squares of the
-// rows it produced (one value per warp in `mine`, lane 0) to ssq_out[b].
-__device__ __forceinline__ void write_ssq(float mine, float* __restrict__ ssq_out) {
-    __shared__ float part[32];
-    int lane = threadIdx.x % WARP, w = threadIdx.x / WARP;
-    if (lane == 0) part[w] = mine;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        float t = 0.f;
-        for (int i = 0; i < (int)(blockDim.x / WARP); i++) t += part[i];
-        ssq_out[blockIdx.x] = t;
-    }
 }
 
 // y[r] (+)= W[r, :] . x. With ssq_out (the residual add into the hidden

@@ -63,6 +63,8 @@ pub struct Device {
     /// Programmatic dependent launch (compute capability >= 9.0, unless
     /// `QWASI_PDL=0`): see [`Device::launch_pdl`].
     pdl: bool,
+    /// Compute capability 9.0 or later (bulk copies, mbarrier transactions).
+    sm90: bool,
     /// `QWASI_GPU_PROFILE=1`: an event pair around every launch (see [`Device::take_profile`]).
     profile: Option<std::sync::Mutex<Vec<Timing>>>,
 }
@@ -159,6 +161,7 @@ impl Device {
         let env_on = |k: &str| std::env::var_os(k).is_some_and(|v| v != "0");
         Ok(Device {
             pdl: major >= 9 && std::env::var("QWASI_PDL").as_deref() != Ok("0"),
+            sm90: major >= 9,
             ctx,
             funcs,
             cublas,
@@ -174,6 +177,12 @@ impl Device {
     /// Largest (opt-in) dynamic shared memory one block may use, in bytes.
     pub fn max_shared_per_block(&self) -> usize {
         self.max_smem
+    }
+
+    /// Whether kernels can use bulk copies into shared memory (`cp.async.bulk`
+    /// with mbarriers: compute capability 9.0 and later).
+    pub fn bulk_copies(&self) -> bool {
+        self.sm90
     }
 
     /// Starts recording this thread's launches into a graph instead of running them.

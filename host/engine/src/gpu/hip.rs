@@ -467,6 +467,11 @@ impl Device {
         self.blas.as_ref().err().map(String::as_str)
     }
 
+    /// Bulk copies into shared memory (`cp.async.bulk`) are CUDA-only.
+    pub fn bulk_copies(&self) -> bool {
+        false
+    }
+
     /// Whether this runtime has stream capture and graphs.
     pub fn graphs_supported(&self) -> bool {
         self.api.capture.is_some()

@@ -128,6 +128,9 @@ pub struct GpuModel {
     /// one warp per row (`dec_gemv`, `dec_moe_down`) instead of splitting
     /// rows between warps (`dec_gemv_rows`, `dec_moe_down_rows`).
     split_gemv: bool,
+    /// Decode GEMVs fed by bulk copies (`kernels/gemv_bulk.cu`), where the
+    /// GPU has them, unless `QWASI_GEMV=rows|stream`.
+    bulk_gemv: Option<decode::BulkGemv>,
     /// Prefix-cache host copies in page-locked memory (`false` with
     /// `QWASI_HOST_TIER=pageable`).
     pinned_host_tier: bool,
@@ -404,6 +407,7 @@ impl GpuModel {
             }
             _ => gemm,
         };
+        let bulk_gemv = decode::BulkGemv::from_env(&dev);
         GpuModel {
             max_len: cfg.max_position_embeddings,
             dev,
@@ -425,6 +429,7 @@ impl GpuModel {
             kv_f32: std::env::var("QWASI_KV").as_deref() != Ok("bf16"),
             dec_attn: decode::DecAttnPath::from_env(),
             split_gemv: std::env::var("QWASI_GEMV").as_deref() != Ok("stream"),
+            bulk_gemv,
             pinned_host_tier: std::env::var("QWASI_HOST_TIER").as_deref() != Ok("pageable"),
         }
     }

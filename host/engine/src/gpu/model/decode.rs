@@ -13,9 +13,9 @@
 //! RMSNorm is a scale inside the following GEMV rather than a kernel.
 
 #[cfg(feature = "cuda")]
-use super::super::cuda::{DBuf, Graph};
+use super::super::cuda::{DBuf, Device, Graph};
 #[cfg(all(feature = "hip", not(feature = "cuda")))]
-use super::super::hip::{DBuf, Graph};
+use super::super::hip::{DBuf, Device, Graph};
 use super::{B, DMixer, DMlp, F, GpuModel, GpuSequence, SeqLayer, mlp_dims};
 use crate::gpu::{Arg, f, i};
 use anyhow::{Result, bail};
@@ -41,6 +41,92 @@ const RING_MIN_KEYS: usize = 256;
 /// (`DK_TILE`, `DK_MAXH` in kernels/decode_attn_keys.cu); head_dim at most 256.
 const DK_TILE: usize = 32;
 const DK_MAXH: usize = 2;
+
+/// Most ring slots of `dec_gemv_bulk*` (`BULK_MAX_STAGES` in kernels/gemv_bulk.cu).
+const BULK_MAX_STAGES: usize = 8;
+
+/// The bulk-copy decode GEMVs' launch shape: ring slots of 32 KB per block
+/// (`QWASI_BULK_STAGES`, default 4) and blocks per SM (`QWASI_BULK_BLOCKS`,
+/// default 1). On the H200 (8K decode, tok/s): 2 slots 269.8, 3: 282.3,
+/// 4: 294.9, 5: 293.0, 6: 285.4, 7: 276.8; 2 blocks of 3 slots 291.9.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct BulkGemv {
+    stages: usize,
+    blocks_per_sm: usize,
+}
+
+impl BulkGemv {
+    pub(super) fn from_env(dev: &Device) -> Option<Self> {
+        if !dev.bulk_copies()
+            || matches!(
+                std::env::var("QWASI_GEMV").as_deref(),
+                Ok("rows" | "stream")
+            )
+        {
+            return None;
+        }
+        let num = |k: &str, d: usize| {
+            std::env::var(k)
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(d)
+        };
+        Some(BulkGemv {
+            stages: num("QWASI_BULK_STAGES", 4).clamp(1, BULK_MAX_STAGES),
+            blocks_per_sm: num("QWASI_BULK_BLOCKS", 1).max(1),
+        })
+    }
+}
+
+/// One `dec_gemv_bulk*` launch.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) struct BulkPlan {
+    pub kernel: &'static str,
+    pub grid: usize,
+    pub smem: usize,
+    pub stages: usize,
+}
+
+impl BulkGemv {
+    /// The launch for a `rows` x `cols` matrix at address `w`, or `None`
+    /// where the kernels do not apply (columns not a multiple of 8 or over
+    /// 4,096, weights not 16-byte aligned, not one slot of shared memory).
+    /// A residual GEMV writes a partial sum of squares per block into
+    /// `out_blocks` entries, so it has at most that many blocks.
+    pub(super) fn plan(
+        &self,
+        w: u64,
+        rows: usize,
+        cols: usize,
+        max_smem: usize,
+        sms: u32,
+        out_blocks: Option<usize>,
+    ) -> Option<BulkPlan> {
+        if !cols.is_multiple_of(8) || cols > 2 * GEMV_CHUNK || !w.is_multiple_of(16) || rows == 0 {
+            return None;
+        }
+        let (kernel, slot_rows) = if cols <= GEMV_CHUNK {
+            ("dec_gemv_bulk1", 8)
+        } else {
+            ("dec_gemv_bulk2", 4)
+        };
+        let slot = slot_rows * cols * B;
+        let stages = self.stages.min(max_smem / slot);
+        if stages == 0 {
+            return None;
+        }
+        let grid = rows
+            .div_ceil(slot_rows)
+            .min(sms as usize * self.blocks_per_sm)
+            .min(out_blocks.unwrap_or(usize::MAX));
+        Some(BulkPlan {
+            kernel,
+            grid,
+            smem: stages * slot,
+            stages,
+        })
+    }
+}
 
 /// Decode attention's kernel family (`QWASI_DEC_ATTN`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -329,6 +415,9 @@ impl GpuModel {
         let vdim = c.linear_value_dim();
         let proj = ds.proj.ptr();
         let norm_gemv = |w: u64, rows: usize, norm: u64, y: u64| {
+            if self.bulk_gemv(w, x, y, rows, h, Some(norm), ssq, nssq)? {
+                return Ok(());
+            }
             d.launch_pdl(
                 "dec_norm_gemv",
                 (self.gemv_grid("dec_norm_gemv", rows, 0), 1, 1),
@@ -405,7 +494,7 @@ impl GpuModel {
                             Arg::Ptr(ds.gdn_o.ptr()),
                         ],
                     )?;
-                    self.dec_gemv(out_proj.buf.ptr(), ds.gdn_o.ptr(), x, h, vdim, ssq)?;
+                    self.dec_gemv(out_proj.buf.ptr(), ds.gdn_o.ptr(), x, h, vdim, ssq, nssq)?;
                 }
                 (
                     DMixer::Attn {
@@ -489,7 +578,7 @@ impl GpuModel {
                             i(nsplit),
                         ],
                     )?;
-                    self.dec_gemv(o_proj.buf.ptr(), ds.att_o.ptr(), x, h, nh * hd, ssq)?;
+                    self.dec_gemv(o_proj.buf.ptr(), ds.att_o.ptr(), x, h, nh * hd, ssq, nssq)?;
                 }
                 _ => bail!("layer state does not match the layer kind"),
             }
@@ -578,7 +667,7 @@ impl GpuModel {
                             i(1),
                         ],
                     )?;
-                    self.dec_gemv(down.buf.ptr(), ds.act.ptr(), x, h, inter, ssq)?;
+                    self.dec_gemv(down.buf.ptr(), ds.act.ptr(), x, h, inter, ssq, nssq)?;
                 }
             }
         }
@@ -614,7 +703,20 @@ impl GpuModel {
     /// Rows of up to 4 chunks of 2,048 columns go to `dec_gemv_rows` (a warp
     /// per chunk, the whole matrix loaded before the grid wait), longer or
     /// unaligned ones to `dec_gemv` (a warp per row, streaming).
-    fn dec_gemv(&self, w: u64, x: u64, y: u64, rows: usize, cols: usize, ssq: u64) -> Result<()> {
+    #[allow(clippy::too_many_arguments)]
+    fn dec_gemv(
+        &self,
+        w: u64,
+        x: u64,
+        y: u64,
+        rows: usize,
+        cols: usize,
+        ssq: u64,
+        nssq: usize,
+    ) -> Result<()> {
+        if self.bulk_gemv(w, x, y, rows, cols, None, ssq, nssq)? {
+            return Ok(());
+        }
         let chunks = cols.div_ceil(GEMV_CHUNK);
         let split = cols.is_multiple_of(8) && chunks <= 4 && self.split_gemv;
         self.dev.launch_pdl(
@@ -632,6 +734,68 @@ impl GpuModel {
                 Arg::Ptr(ssq),
             ],
         )
+    }
+}
+
+impl GpuModel {
+    /// `W . x` by `dec_gemv_bulk*` (weights through a bulk-copy ring) where
+    /// the GPU has bulk copies and the matrix fits the kernel (16-byte aligned,
+    /// columns a multiple of 8 and at most 4,096); `Ok(false)` otherwise.
+    /// With `norm` (the RMSNorm weight): `y = W . rmsnorm(x)` from the `nssq`
+    /// partial sums of squares at `ssq`. Without: `y += W . x`, and the new
+    /// partial sums of `y` to `ssq` (`nssq` entries, zeros past the grid).
+    #[allow(clippy::too_many_arguments)]
+    fn bulk_gemv(
+        &self,
+        w: u64,
+        x: u64,
+        y: u64,
+        rows: usize,
+        cols: usize,
+        norm: Option<u64>,
+        ssq: u64,
+        nssq: usize,
+    ) -> Result<bool> {
+        let Some(b) = self.bulk_gemv else {
+            return Ok(false);
+        };
+        let d = &self.dev;
+        let out_blocks = if norm.is_some() { None } else { Some(nssq) };
+        let Some(plan) = b.plan(
+            w,
+            rows,
+            cols,
+            d.max_shared_per_block(),
+            d.sm_count,
+            out_blocks,
+        ) else {
+            return Ok(false);
+        };
+        let (in_ssq, nw, accumulate, ssq_out) = match norm {
+            Some(nw) => (ssq, nw, 0, 0),
+            None => (0, 0, 1, ssq),
+        };
+        d.launch_pdl(
+            plan.kernel,
+            (plan.grid as u32, 1, 1),
+            (256, 1, 1),
+            plan.smem as u32,
+            &[
+                Arg::Ptr(w),
+                Arg::Ptr(x),
+                Arg::Ptr(in_ssq),
+                i(nssq),
+                Arg::Ptr(nw),
+                f(self.cfg.rms_norm_eps),
+                Arg::Ptr(y),
+                i(rows),
+                i(cols),
+                i(accumulate),
+                Arg::Ptr(ssq_out),
+                i(plan.stages),
+            ],
+        )?;
+        Ok(true)
     }
 }
 
@@ -791,7 +955,8 @@ impl GpuModel {
                 ],
             )
         })?;
-        let gemv = time(&|w| self.dec_gemv(w, x.ptr(), y.ptr(), rows, cols, ssq.ptr()))?;
+        let nssq = rows.div_ceil(8);
+        let gemv = time(&|w| self.dec_gemv(w, x.ptr(), y.ptr(), rows, cols, ssq.ptr(), nssq))?;
         Ok((bytes, read, gemv))
     }
 }
@@ -802,6 +967,45 @@ mod tests {
 
     /// The H200's opt-in shared memory per block.
     const H200_SMEM: usize = 232_448;
+
+    #[test]
+    fn bulk_gemv_launches() {
+        let b = BulkGemv {
+            stages: 4,
+            blocks_per_sm: 1,
+        };
+        // GDN in_proj of the 35B model: 12,352 rows of 2,048 columns, 132 SMs.
+        assert_eq!(
+            b.plan(0, 12_352, 2048, H200_SMEM, 132, None),
+            Some(BulkPlan {
+                kernel: "dec_gemv_bulk1",
+                grid: 132,
+                smem: 4 * 32768,
+                stages: 4
+            })
+        );
+        // The out projection (4,096 columns): 4-row slots, one block per
+        // partial sum of squares at most.
+        let out = b.plan(0, 2048, 4096, H200_SMEM, 132, Some(256)).unwrap();
+        assert_eq!(
+            (out.kernel, out.grid, out.smem),
+            ("dec_gemv_bulk2", 132, 4 * 32768)
+        );
+        assert_eq!(
+            b.plan(0, 2048, 4096, H200_SMEM, 132, Some(8)).unwrap().grid,
+            8
+        );
+        // A small model: fewer slots than SMs; slots shrink with the row.
+        let small = b.plan(0, 100, 64, H200_SMEM, 132, None).unwrap();
+        assert_eq!((small.grid, small.smem), (13, 4 * 8 * 64 * 2));
+        // Less shared memory: fewer slots; none fits: the other kernels.
+        assert_eq!(b.plan(0, 64, 2048, 70_000, 132, None).unwrap().stages, 2);
+        assert_eq!(b.plan(0, 64, 2048, 30_000, 132, None), None);
+        // Unaligned rows or weights, or rows too long.
+        assert_eq!(b.plan(0, 64, 100, H200_SMEM, 132, None), None);
+        assert_eq!(b.plan(8, 64, 2048, H200_SMEM, 132, None), None);
+        assert_eq!(b.plan(0, 64, 4104, H200_SMEM, 132, None), None);
+    }
 
     #[test]
     fn decode_attention_launches() {

@@ -1,0 +1,195 @@
+// Decode GEMVs whose weights arrive by bulk copy (Hopper: cp.async.bulk into a
+// shared-memory ring, completion counted by an mbarrier). One thread keeps
+// `stages` slots of R consecutive rows in flight per block, so the bytes in
+// flight no longer depend on registers: a block per SM with a 128 KB ring
+// requests 17 MB over the GPU before its grid dependency wait (a whole
+// 4,096-column out projection). Each warp owns a fixed slice of the columns (its activations in
+// registers), every warp reads every row of a slot, and the 8 warps' partial
+// dots meet in shared memory.
+//
+// Elsewhere (HIP, sm_80, the CPU harness) the block copies each slot itself
+// before using it: the same arithmetic, without the overlap. The host picks
+// these kernels only where the bulk copy exists.
+#include "mma.h"
+#include "norm_partials.h"
+
+#if defined(QW_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define QW_BULK 1
+#endif
+
+#define BULK_WARPS 8        // warps per block (256 threads)
+#define BULK_MAX_STAGES 8   // most ring slots
+
+#if defined(QW_BULK)
+__device__ __forceinline__ void mbar_init(unsigned long long* bar, unsigned count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(bar)), "r"(count) : "memory");
+}
+
+// Makes the initialised barriers visible to the bulk-copy (async) proxy.
+__device__ __forceinline__ void mbar_fence_init() { asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory"); }
+
+// `bytes` (a multiple of 16, both addresses 16-byte aligned) from global to
+// shared memory; `bar` completes its phase when they have landed.
+__device__ __forceinline__ void bulk_copy(void* dst, const void* src, unsigned bytes, unsigned long long* bar) {
+    const unsigned b = smem_addr(bar);
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(b), "r"(bytes) : "memory");
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                     smem_addr(dst)),
+                 "l"(src), "r"(bytes), "r"(b)
+                 : "memory");
+}
+
+// Waits until `bar` completes the phase of this parity.
+__device__ __forceinline__ void mbar_wait(unsigned long long* bar, unsigned parity) {
+    const unsigned b = smem_addr(bar);
+    unsigned done;
+    do {
+        asm volatile(
+            "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}"
+            : "=r"(done)
+            : "r"(b), "r"(parity)
+            : "memory");
+    } while (!done);
+}
+#endif
+
+// 8 bf16 weights . 8 f32 activations held in registers.
+__device__ __forceinline__ float dot8r(uint4 w, const float (&a)[8]) {
+    return bf_lo(w.x) * a[0] + bf_hi(w.x) * a[1] + bf_lo(w.y) * a[2] + bf_hi(w.y) * a[3] + bf_lo(w.z) * a[4] +
+           bf_hi(w.z) * a[5] + bf_lo(w.w) * a[6] + bf_hi(w.w) * a[7];
+}
+
+// Sums each of R per-lane values over the warp with log2(R) + log2(32 / R)
+// shuffles per lane instead of R * 5: every halving step trades half of the
+// values with the partner lane. Lane l returns the total of value l / (32 / R).
+template <int R>
+__device__ __forceinline__ float warp_sum_rows(float (&v)[R], int lane) {
+#pragma unroll
+    for (int n = R, m = WARP / 2; n > 1; n >>= 1, m >>= 1) {
+        const bool up = lane & m;
+#pragma unroll
+        for (int j = 0; j < n / 2; j++) {
+            const float send = up ? v[j] : v[j + n / 2];
+            const float keep = up ? v[j + n / 2] : v[j];
+            v[j] = keep + SHFL_XOR(send, m);
+        }
+    }
+    float t = v[0];
+#pragma unroll
+    for (int m = WARP / (2 * R); m > 0; m >>= 1) t += SHFL_XOR(t, m);
+    return t;
+}
+
+// y = W . x for W [rows][cols] bf16 (cols % 8 == 0, cols <= UM * 2048), in
+// one of two modes:
+//   norm (ssq set): y[r] = (W[r] . (x * nw)) / rms(x), the rms from the
+//     residual kernels' nssq partial sums of squares (dec_norm_gemv's job);
+//   residual (ssq null): y[r] (+)= W[r] . x, and with ssq_out each block
+//     writes the sum of squares of its new rows to ssq_out[blockIdx.x] and
+//     block 0 zeroes ssq_out[gridDim.x .. nssq) (dec_gemv's job).
+// Block b takes a contiguous run of the matrix's slots of R = 8 / UM rows
+// (32 KB at the largest cols); dynamic shared memory: stages slots.
+template <int UM>
+__device__ __forceinline__ void gemv_bulk(const bf16_t* __restrict__ W, const float* __restrict__ x,
+                                          const float* __restrict__ ssq, int nssq, const float* __restrict__ nw,
+                                          float eps, float* __restrict__ y, int rows, int cols, int accumulate,
+                                          float* __restrict__ ssq_out, int stages) {
+    constexpr int R = 8 / UM;
+    constexpr int G = WARP / R;  // lanes that end up with one row's total
+    QW_DYN_SMEM(uint4, ring);
+    __shared__ float part[2][BULK_WARPS][R];
+    const int tid = threadIdx.x, lane = tid % WARP, w = tid / WARP;
+    const int n8 = cols >> 3, slot16 = R * n8;
+    const int nslots = (rows + R - 1) / R;
+    const int g0 = (int)((long long)nslots * blockIdx.x / gridDim.x);
+    const int n = (int)((long long)nslots * (blockIdx.x + 1) / gridDim.x) - g0;
+    const uint4* W4 = (const uint4*)W;
+    auto slot_rows = [&](int it) { return min(R, rows - (g0 + it) * R); };
+#if defined(QW_BULK)
+    __shared__ unsigned long long full[BULK_MAX_STAGES];
+    auto issue = [&](int it) {
+        const int s = it % stages;
+        bulk_copy(ring + (size_t)s * slot16, W4 + (size_t)(g0 + it) * slot16, (unsigned)(slot_rows(it) * n8 * 16),
+                  &full[s]);
+    };
+    if (tid == 0) {
+        for (int s = 0; s < stages; s++) mbar_init(&full[s], 1);
+        mbar_fence_init();
+        for (int it = 0; it < min(stages, n); it++) issue(it);
+    }
+    __syncthreads();
+#endif
+    QW_GRID_WAIT();
+    QW_GRID_LAUNCH();
+    // This lane's columns: 16-byte chunk c = u * 256 + w * 32 + lane.
+    float xr[UM][8];
+#pragma unroll
+    for (int u = 0; u < UM; u++) {
+        const int c = u * BULK_WARPS * WARP + w * WARP + lane;
+#pragma unroll
+        for (int e = 0; e < 8; e++) xr[u][e] = c < n8 ? x[8 * c + e] * (nw ? nw[8 * c + e] : 1.f) : 0.f;
+    }
+    const float inv = ssq ? inv_rms(ssq, nssq, cols, eps) : 1.f;
+    float mine = 0.f;
+    for (int it = 0; it < n; it++) {
+        const int s = it % stages, nr = slot_rows(it);
+        const uint4* sw = ring + (size_t)s * slot16;
+#if defined(QW_BULK)
+        mbar_wait(&full[s], (unsigned)(it / stages) & 1u);
+#else
+        for (int i = tid; i < nr * n8; i += blockDim.x) ring[(size_t)s * slot16 + i] = W4[(size_t)(g0 + it) * slot16 + i];
+        __syncthreads();
+#endif
+        float acc[R];
+#pragma unroll
+        for (int j = 0; j < R; j++) {
+            acc[j] = 0.f;
+            if (j < nr) {
+#pragma unroll
+                for (int u = 0; u < UM; u++) {
+                    const int c = u * BULK_WARPS * WARP + w * WARP + lane;
+                    if (c < n8) acc[j] += dot8r(sw[j * n8 + c], xr[u]);
+                }
+            }
+        }
+        const float t = warp_sum_rows<R>(acc, lane);
+        if (lane % G == 0) part[it & 1][w][lane / G] = t;
+        __syncthreads();  // the slot is read and the partials are in
+#if defined(QW_BULK)
+        if (tid == 0 && it + stages < n) issue(it + stages);
+#endif
+        if (w == 0 && lane < nr) {
+            const int r = (g0 + it) * R + lane;
+            float d = 0.f;
+#pragma unroll
+            for (int q = 0; q < BULK_WARPS; q++) d += part[it & 1][q][lane];
+            if (ssq) {
+                y[r] = d * inv;
+            } else {
+                const float o = accumulate ? y[r] + d : d;
+                y[r] = o;
+                mine += o * o;
+            }
+        }
+    }
+    if (ssq_out) {
+        write_ssq(warp_sum(mine), ssq_out);
+        if (blockIdx.x == 0)
+            for (int i = (int)gridDim.x + tid; i < nssq; i += blockDim.x) ssq_out[i] = 0.f;
+    }
+}
+
+// cols <= 2048: 8 rows per slot; cols <= 4096: 4 rows per slot. 256 threads.
+QW_KERNEL void QW_BOUNDS(256) dec_gemv_bulk1(const bf16_t* __restrict__ W, const float* __restrict__ x,
+                                            const float* __restrict__ ssq, int nssq, const float* __restrict__ nw,
+                                            float eps, float* __restrict__ y, int rows, int cols, int accumulate,
+                                            float* __restrict__ ssq_out, int stages) {
+    gemv_bulk<1>(W, x, ssq, nssq, nw, eps, y, rows, cols, accumulate, ssq_out, stages);
+}
+
+QW_KERNEL void QW_BOUNDS(256) dec_gemv_bulk2(const bf16_t* __restrict__ W, const float* __restrict__ x,
+                                            const float* __restrict__ ssq, int nssq, const float* __restrict__ nw,
+                                            float eps, float* __restrict__ y, int rows, int cols, int accumulate,
+                                            float* __restrict__ ssq_out, int stages) {
+    gemv_bulk<2>(W, x, ssq, nssq, nw, eps, y, rows, cols, accumulate, ssq_out, stages);
+}
