@@ -28,14 +28,19 @@ __device__ __forceinline__ void mbar_init(unsigned long long* bar, unsigned coun
 // Makes the initialised barriers visible to the bulk-copy (async) proxy.
 __device__ __forceinline__ void mbar_fence_init() { asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory"); }
 
+// The producer's arrival on `bar` for a phase that completes once `bytes`
+// of bulk copies have landed (announced before the copies are issued).
+__device__ __forceinline__ void mbar_expect(unsigned long long* bar, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)), "r"(bytes)
+                 : "memory");
+}
+
 // `bytes` (a multiple of 16, both addresses 16-byte aligned) from global to
-// shared memory; `bar` completes its phase when they have landed.
+// shared memory, counted on `bar`.
 __device__ __forceinline__ void bulk_copy(void* dst, const void* src, unsigned bytes, unsigned long long* bar) {
-    const unsigned b = smem_addr(bar);
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(b), "r"(bytes) : "memory");
     asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
                      smem_addr(dst)),
-                 "l"(src), "r"(bytes), "r"(b)
+                 "l"(src), "r"(bytes), "r"(smem_addr(bar))
                  : "memory");
 }
 
@@ -80,6 +85,125 @@ __device__ __forceinline__ float warp_sum_rows(float (&v)[R], int lane) {
     return t;
 }
 
+// A run of consecutive 16-byte units of weights copied into a ring slot at
+// `dst16` units from its start.
+struct BulkSeg {
+    const uint4* src;
+    int n16, dst16;
+};
+
+// The ring of one block: `stages` slots of `slot16` 16-byte units (dynamic
+// shared memory), each holding R weight rows of n8 units for one step `it`
+// of the block's run of n steps. `segs(it, seg)` names the (at most two)
+// segments that fill step it's slot and returns how many; `rows(it)` how many
+// of its R rows hold weights. Every warp dots its column slice of every row
+// with the activations in registers (xr, chunk c = u * 256 + w * 32 + lane),
+// the 8 warps' partials meet in shared memory, and `emit(it, lane, part)`
+// runs on lanes 0 .. rows(it) - 1 of warp 0 with part[q * R + row] the
+// partial of warp q (sum them in q order).
+//
+// With bulk copies, `bulk_ring_start` (before the grid dependency wait when
+// the weights are known then) issues the first slots and every slot freed
+// is refilled at once; without, each slot is copied by the block when used.
+template <int R>
+struct BulkRing {
+    uint4* ring;
+    int slot16, n8, stages, n;
+#if defined(QW_BULK)
+    unsigned long long* full;
+#endif
+
+    template <typename Segs>
+    __device__ __forceinline__ void fill(int it, Segs segs) {
+        BulkSeg seg[2];
+        const int ns = segs(it, seg);
+        uint4* dst = ring + (size_t)(it % stages) * slot16;
+#if defined(QW_BULK)
+        unsigned bytes = 0;
+        for (int q = 0; q < ns; q++) bytes += 16u * (unsigned)seg[q].n16;
+        mbar_expect(&full[it % stages], bytes);
+        for (int q = 0; q < ns; q++)
+            bulk_copy(dst + seg[q].dst16, seg[q].src, 16u * (unsigned)seg[q].n16, &full[it % stages]);
+#else
+        for (int q = 0; q < ns; q++)
+            for (int i = threadIdx.x; i < seg[q].n16; i += blockDim.x) dst[seg[q].dst16 + i] = seg[q].src[i];
+#endif
+    }
+
+    // Thread 0 initialises the slot barriers and issues the first slots;
+    // the whole block must call it (it ends with a block barrier).
+    template <typename Segs>
+    __device__ __forceinline__ void start(Segs segs) {
+#if defined(QW_BULK)
+        if (threadIdx.x == 0) {
+            for (int s = 0; s < stages; s++) mbar_init(&full[s], 1);
+            mbar_fence_init();
+            for (int it = 0; it < min(stages, n); it++) fill(it, segs);
+        }
+        __syncthreads();
+#endif
+    }
+
+    template <int UM, typename Segs, typename Rows, typename Emit>
+    __device__ __forceinline__ void run(const float (&xr)[UM][8], Segs segs, Rows rows, Emit emit) {
+        constexpr int G = WARP / R;  // lanes that end up with one row's total
+        __shared__ float part[2][BULK_WARPS * R];
+        const int lane = threadIdx.x % WARP, w = threadIdx.x / WARP;
+        for (int it = 0; it < n; it++) {
+            const int s = it % stages, nr = rows(it);
+            const uint4* sw = ring + (size_t)s * slot16;
+#if defined(QW_BULK)
+            mbar_wait(&full[s], (unsigned)(it / stages) & 1u);
+#else
+            fill(it, segs);
+            __syncthreads();
+#endif
+            float acc[R];
+#pragma unroll
+            for (int j = 0; j < R; j++) {
+                acc[j] = 0.f;
+                if (j < nr) {
+#pragma unroll
+                    for (int u = 0; u < UM; u++) {
+                        const int c = u * BULK_WARPS * WARP + w * WARP + lane;
+                        if (c < n8) acc[j] += dot8r(sw[j * n8 + c], xr[u]);
+                    }
+                }
+            }
+            const float t = warp_sum_rows<R>(acc, lane);
+            if (lane % G == 0) part[it & 1][w * R + lane / G] = t;
+            __syncthreads();  // the slot is read and the partials are in
+#if defined(QW_BULK)
+            if (threadIdx.x == 0 && it + stages < n) fill(it + stages, segs);
+#endif
+            if (w == 0 && lane < nr) emit(it, lane, (const float*)part[it & 1]);
+        }
+    }
+};
+
+// The activations of this lane's column chunks (c = u * 256 + w * 32 + lane),
+// times nw where given; zeros past n8 chunks.
+template <int UM>
+__device__ __forceinline__ void lane_columns(const float* __restrict__ x, const float* __restrict__ nw, int n8,
+                                             float (&xr)[UM][8]) {
+    const int lane = threadIdx.x % WARP, w = threadIdx.x / WARP;
+#pragma unroll
+    for (int u = 0; u < UM; u++) {
+        const int c = u * BULK_WARPS * WARP + w * WARP + lane;
+#pragma unroll
+        for (int e = 0; e < 8; e++) xr[u][e] = c < n8 ? x[8 * c + e] * (nw ? nw[8 * c + e] : 1.f) : 0.f;
+    }
+}
+
+// Sum of the 8 warps' partials of `row` (in warp order).
+template <int R>
+__device__ __forceinline__ float row_total(const float* part, int row) {
+    float d = 0.f;
+#pragma unroll
+    for (int q = 0; q < BULK_WARPS; q++) d += part[q * R + row];
+    return d;
+}
+
 // y = W . x for W [rows][cols] bf16 (cols % 8 == 0, cols <= UM * 2048), in
 // one of two modes:
 //   norm (ssq set): y[r] = (W[r] . (x * nw)) / rms(x), the rms from the
@@ -95,87 +219,44 @@ __device__ __forceinline__ void gemv_bulk(const bf16_t* __restrict__ W, const fl
                                           float eps, float* __restrict__ y, int rows, int cols, int accumulate,
                                           float* __restrict__ ssq_out, int stages) {
     constexpr int R = 8 / UM;
-    constexpr int G = WARP / R;  // lanes that end up with one row's total
-    QW_DYN_SMEM(uint4, ring);
-    __shared__ float part[2][BULK_WARPS][R];
-    const int tid = threadIdx.x, lane = tid % WARP, w = tid / WARP;
-    const int n8 = cols >> 3, slot16 = R * n8;
+    QW_DYN_SMEM(uint4, ring_mem);
+    const int n8 = cols >> 3;
     const int nslots = (rows + R - 1) / R;
     const int g0 = (int)((long long)nslots * blockIdx.x / gridDim.x);
     const int n = (int)((long long)nslots * (blockIdx.x + 1) / gridDim.x) - g0;
-    const uint4* W4 = (const uint4*)W;
-    auto slot_rows = [&](int it) { return min(R, rows - (g0 + it) * R); };
+    BulkRing<R> ring{ring_mem, R * n8, n8, stages, n};
 #if defined(QW_BULK)
     __shared__ unsigned long long full[BULK_MAX_STAGES];
-    auto issue = [&](int it) {
-        const int s = it % stages;
-        bulk_copy(ring + (size_t)s * slot16, W4 + (size_t)(g0 + it) * slot16, (unsigned)(slot_rows(it) * n8 * 16),
-                  &full[s]);
-    };
-    if (tid == 0) {
-        for (int s = 0; s < stages; s++) mbar_init(&full[s], 1);
-        mbar_fence_init();
-        for (int it = 0; it < min(stages, n); it++) issue(it);
-    }
-    __syncthreads();
+    ring.full = full;
 #endif
+    const uint4* W4 = (const uint4*)W;
+    auto slot_rows = [&](int it) { return min(R, rows - (g0 + it) * R); };
+    auto segs = [&](int it, BulkSeg(&seg)[2]) {
+        seg[0] = {W4 + (size_t)(g0 + it) * R * n8, slot_rows(it) * n8, 0};
+        return 1;
+    };
+    ring.start(segs);
     QW_GRID_WAIT();
     QW_GRID_LAUNCH();
-    // This lane's columns: 16-byte chunk c = u * 256 + w * 32 + lane.
     float xr[UM][8];
-#pragma unroll
-    for (int u = 0; u < UM; u++) {
-        const int c = u * BULK_WARPS * WARP + w * WARP + lane;
-#pragma unroll
-        for (int e = 0; e < 8; e++) xr[u][e] = c < n8 ? x[8 * c + e] * (nw ? nw[8 * c + e] : 1.f) : 0.f;
-    }
+    lane_columns<UM>(x, nw, n8, xr);
     const float inv = ssq ? inv_rms(ssq, nssq, cols, eps) : 1.f;
     float mine = 0.f;
-    for (int it = 0; it < n; it++) {
-        const int s = it % stages, nr = slot_rows(it);
-        const uint4* sw = ring + (size_t)s * slot16;
-#if defined(QW_BULK)
-        mbar_wait(&full[s], (unsigned)(it / stages) & 1u);
-#else
-        for (int i = tid; i < nr * n8; i += blockDim.x) ring[(size_t)s * slot16 + i] = W4[(size_t)(g0 + it) * slot16 + i];
-        __syncthreads();
-#endif
-        float acc[R];
-#pragma unroll
-        for (int j = 0; j < R; j++) {
-            acc[j] = 0.f;
-            if (j < nr) {
-#pragma unroll
-                for (int u = 0; u < UM; u++) {
-                    const int c = u * BULK_WARPS * WARP + w * WARP + lane;
-                    if (c < n8) acc[j] += dot8r(sw[j * n8 + c], xr[u]);
-                }
-            }
+    ring.template run<UM>(xr, segs, slot_rows, [&](int it, int lane, const float* part) {
+        const int r = (g0 + it) * R + lane;
+        const float d = row_total<R>(part, lane);
+        if (ssq) {
+            y[r] = d * inv;
+        } else {
+            const float o = accumulate ? y[r] + d : d;
+            y[r] = o;
+            mine += o * o;
         }
-        const float t = warp_sum_rows<R>(acc, lane);
-        if (lane % G == 0) part[it & 1][w][lane / G] = t;
-        __syncthreads();  // the slot is read and the partials are in
-#if defined(QW_BULK)
-        if (tid == 0 && it + stages < n) issue(it + stages);
-#endif
-        if (w == 0 && lane < nr) {
-            const int r = (g0 + it) * R + lane;
-            float d = 0.f;
-#pragma unroll
-            for (int q = 0; q < BULK_WARPS; q++) d += part[it & 1][q][lane];
-            if (ssq) {
-                y[r] = d * inv;
-            } else {
-                const float o = accumulate ? y[r] + d : d;
-                y[r] = o;
-                mine += o * o;
-            }
-        }
-    }
+    });
     if (ssq_out) {
         write_ssq(warp_sum(mine), ssq_out);
         if (blockIdx.x == 0)
-            for (int i = (int)gridDim.x + tid; i < nssq; i += blockDim.x) ssq_out[i] = 0.f;
+            for (int i = (int)gridDim.x + threadIdx.x; i < nssq; i += blockDim.x) ssq_out[i] = 0.f;
     }
 }
 
@@ -192,4 +273,85 @@ QW_KERNEL void QW_BOUNDS(256) dec_gemv_bulk2(const bf16_t* __restrict__ W, const
                                             float eps, float* __restrict__ y, int rows, int cols, int accumulate,
                                             float* __restrict__ ssq_out, int stages) {
     gemv_bulk<2>(W, x, ssq, nssq, nw, eps, y, rows, cols, accumulate, ssq_out, stages);
+}
+
+// Top-k of the router logits (NaN as -inf, ties to the lower index) and the
+// renormalised softmax weights over the chosen experts (p_e / sum of the
+// chosen p), into shared memory, by the whole block: each logit's rank is
+// counted against all E (one shared-memory pass, not k warp-wide rounds).
+// The same experts in the same order, and the same weights bit for bit, as
+// decode.cu's router_topk_warp. E <= MOE_MAXE; ends with a block barrier.
+__device__ __forceinline__ void router_topk_block(const float* __restrict__ logits, int E, int k, int* sidx,
+                                                  float* sw) {
+    __shared__ float lg[MOE_MAXE];
+    for (int e = threadIdx.x; e < E; e += blockDim.x) {
+        const float v = logits[e];
+        lg[e] = v != v ? -INFINITY : v;
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < E; e += blockDim.x) {
+        const float v = lg[e];
+        int rank = 0;
+        for (int o = 0; o < E; o++) rank += lg[o] > v || (lg[o] == v && o < e);
+        if (rank < k) {
+            sidx[rank] = e;
+            sw[rank] = v;
+        }
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float top = sw[0], total = 0.f;
+        for (int j = 0; j < k; j++) {
+            sw[j] = expf(sw[j] - top);
+            total += sw[j];
+        }
+        for (int j = 0; j < k; j++) sw[j] /= total;
+    }
+    __syncthreads();
+}
+
+// Routed experts, gate/up half, through the ring: act[j, i] =
+// silu(Wg[e_j][i] . n) * (Wu[e_j][i] . n) with n = rmsnorm(x) * nw (from the
+// partial sums of squares) for the k chosen experts e_j. A slot holds 4 gate
+// rows i0 .. i0 + 3 of one expert and the same 4 up rows (I % 4 == 0,
+// H % 8 == 0, H <= 2048); block b takes a contiguous run of the k * I / 4
+// slots. The routing needs the previous kernel's router logits (the first E
+// entries of inp), so the copies start after the grid wait.
+QW_KERNEL void QW_BOUNDS(256) dec_moe_gate_up_bulk(const bf16_t* __restrict__ Wgu, const float* __restrict__ x,
+                                                  const float* __restrict__ ssq, int nssq,
+                                                  const float* __restrict__ nw, float eps,
+                                                  const float* __restrict__ inp, int E, int k,
+                                                  float* __restrict__ act, int I, int H, int stages) {
+    QW_DYN_SMEM(uint4, ring_mem);
+    __shared__ int sidx[MOE_MAXK];
+    __shared__ float sw[MOE_MAXK];
+    const int n8 = H >> 3, per = I / 4;
+    const int nslots = k * per;
+    const int g0 = (int)((long long)nslots * blockIdx.x / gridDim.x);
+    const int n = (int)((long long)nslots * (blockIdx.x + 1) / gridDim.x) - g0;
+    BulkRing<8> ring{ring_mem, 8 * n8, n8, stages, n};
+#if defined(QW_BULK)
+    __shared__ unsigned long long full[BULK_MAX_STAGES];
+    ring.full = full;
+#endif
+    const uint4* W4 = (const uint4*)Wgu;
+    auto segs = [&](int it, BulkSeg(&seg)[2]) {
+        const int g = g0 + it, j = g / per, i0 = (g % per) * 4;
+        const uint4* gate = W4 + ((size_t)sidx[j] * 2 * I + i0) * n8;
+        seg[0] = {gate, 4 * n8, 0};
+        seg[1] = {gate + (size_t)I * n8, 4 * n8, 4 * n8};
+        return 2;
+    };
+    QW_GRID_WAIT();
+    QW_GRID_LAUNCH();
+    router_topk_block(inp, E, k, sidx, sw);
+    ring.start(segs);
+    float xr[1][8];
+    lane_columns<1>(x, nw, n8, xr);
+    const float inv = inv_rms(ssq, nssq, H, eps);
+    ring.template run<1>(xr, segs, [](int) { return 8; }, [&](int it, int lane, const float* part) {
+        if (lane >= 4) return;
+        const int g = g0 + it, j = g / per, i = (g % per) * 4 + lane;
+        act[(size_t)j * I + i] = silu_f(row_total<8>(part, lane) * inv) * (row_total<8>(part, lane + 4) * inv);
+    });
 }

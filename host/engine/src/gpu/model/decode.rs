@@ -53,6 +53,9 @@ const BULK_MAX_STAGES: usize = 8;
 pub(super) struct BulkGemv {
     stages: usize,
     blocks_per_sm: usize,
+    /// The routed experts' gate/up too (`dec_moe_gate_up_bulk`), unless
+    /// `QWASI_GEMV=bulk-dense`.
+    moe: bool,
 }
 
 impl BulkGemv {
@@ -74,6 +77,7 @@ impl BulkGemv {
         Some(BulkGemv {
             stages: num("QWASI_BULK_STAGES", 4).clamp(1, BULK_MAX_STAGES),
             blocks_per_sm: num("QWASI_BULK_BLOCKS", 1).max(1),
+            moe: std::env::var("QWASI_GEMV").as_deref() != Ok("bulk-dense"),
         })
     }
 }
@@ -110,18 +114,64 @@ impl BulkGemv {
         } else {
             ("dec_gemv_bulk2", 4)
         };
-        let slot = slot_rows * cols * B;
-        let stages = self.stages.min(max_smem / slot);
-        if stages == 0 {
+        let mut plan = self.ring(
+            kernel,
+            rows.div_ceil(slot_rows),
+            slot_rows * cols * B,
+            max_smem,
+            sms,
+        )?;
+        plan.grid = plan.grid.min(out_blocks.unwrap_or(usize::MAX));
+        Some(plan)
+    }
+
+    /// `dec_moe_gate_up_bulk` for `k` experts of `inter` gate and up rows of
+    /// `h` columns at `w`: slots of 4 gate and 4 up rows, so `inter % 4 == 0`
+    /// and the row as for [`BulkGemv::plan`].
+    pub(super) fn moe_plan(
+        &self,
+        w: u64,
+        k: usize,
+        inter: usize,
+        h: usize,
+        max_smem: usize,
+        sms: u32,
+    ) -> Option<BulkPlan> {
+        if !self.moe
+            || !inter.is_multiple_of(4)
+            || !h.is_multiple_of(8)
+            || h > GEMV_CHUNK
+            || !w.is_multiple_of(16)
+            || k == 0
+        {
             return None;
         }
-        let grid = rows
-            .div_ceil(slot_rows)
-            .min(sms as usize * self.blocks_per_sm)
-            .min(out_blocks.unwrap_or(usize::MAX));
+        self.ring(
+            "dec_moe_gate_up_bulk",
+            k * inter / 4,
+            8 * h * B,
+            max_smem,
+            sms,
+        )
+    }
+
+    /// `slots` slots of `slot` bytes over at most `blocks_per_sm` blocks per
+    /// SM, as many ring slots per block as asked and shared memory allows.
+    fn ring(
+        &self,
+        kernel: &'static str,
+        slots: usize,
+        slot: usize,
+        max_smem: usize,
+        sms: u32,
+    ) -> Option<BulkPlan> {
+        let stages = self.stages.min(max_smem / slot);
+        if stages == 0 || slots == 0 {
+            return None;
+        }
         Some(BulkPlan {
             kernel,
-            grid,
+            grid: slots.min(sms as usize * self.blocks_per_sm),
             smem: stages * slot,
             stages,
         })
@@ -591,26 +641,60 @@ impl GpuModel {
                 } => {
                     let (e, k, inter, sh) = mlp_dims(c);
                     norm_gemv(input.buf.ptr(), input.rows, layer.post_norm.ptr(), proj)?;
-                    d.launch_pdl(
-                        "dec_moe_gate_up",
-                        (inter.div_ceil(8) as u32, k as u32, 1),
-                        (256, 1, 1),
-                        (h * F) as u32,
-                        &[
-                            Arg::Ptr(gate_up.ptr()),
-                            Arg::Ptr(x),
-                            Arg::Ptr(ssq),
-                            i(nssq),
-                            Arg::Ptr(layer.post_norm.ptr()),
-                            f(eps),
-                            Arg::Ptr(proj),
-                            i(e),
-                            i(k),
-                            Arg::Ptr(ds.act.ptr()),
-                            i(inter),
-                            i(h),
-                        ],
-                    )?;
+                    let bulk = self.bulk_gemv.and_then(|b| {
+                        b.moe_plan(
+                            gate_up.ptr(),
+                            k,
+                            inter,
+                            h,
+                            d.max_shared_per_block(),
+                            d.sm_count,
+                        )
+                    });
+                    if let Some(plan) = bulk {
+                        d.launch_pdl(
+                            plan.kernel,
+                            (plan.grid as u32, 1, 1),
+                            (256, 1, 1),
+                            plan.smem as u32,
+                            &[
+                                Arg::Ptr(gate_up.ptr()),
+                                Arg::Ptr(x),
+                                Arg::Ptr(ssq),
+                                i(nssq),
+                                Arg::Ptr(layer.post_norm.ptr()),
+                                f(eps),
+                                Arg::Ptr(proj),
+                                i(e),
+                                i(k),
+                                Arg::Ptr(ds.act.ptr()),
+                                i(inter),
+                                i(h),
+                                i(plan.stages),
+                            ],
+                        )?;
+                    } else {
+                        d.launch_pdl(
+                            "dec_moe_gate_up",
+                            (inter.div_ceil(8) as u32, k as u32, 1),
+                            (256, 1, 1),
+                            (h * F) as u32,
+                            &[
+                                Arg::Ptr(gate_up.ptr()),
+                                Arg::Ptr(x),
+                                Arg::Ptr(ssq),
+                                i(nssq),
+                                Arg::Ptr(layer.post_norm.ptr()),
+                                f(eps),
+                                Arg::Ptr(proj),
+                                i(e),
+                                i(k),
+                                Arg::Ptr(ds.act.ptr()),
+                                i(inter),
+                                i(h),
+                            ],
+                        )?;
+                    }
                     // The virtual row (k routed rows + the shared one) in
                     // 16-byte columns, split between `warps` warps of `span`
                     // each where two suffice (dec_moe_down_rows).
@@ -973,6 +1057,7 @@ mod tests {
         let b = BulkGemv {
             stages: 4,
             blocks_per_sm: 1,
+            moe: true,
         };
         // GDN in_proj of the 35B model: 12,352 rows of 2,048 columns, 132 SMs.
         assert_eq!(
@@ -1001,6 +1086,14 @@ mod tests {
         // Less shared memory: fewer slots; none fits: the other kernels.
         assert_eq!(b.plan(0, 64, 2048, 70_000, 132, None).unwrap().stages, 2);
         assert_eq!(b.plan(0, 64, 2048, 30_000, 132, None), None);
+        // The routed experts' gate/up: 8 experts x 512 rows in slots of 4 + 4 rows.
+        let moe = b.moe_plan(0, 8, 512, 2048, H200_SMEM, 132).unwrap();
+        assert_eq!(
+            (moe.kernel, moe.grid, moe.smem),
+            ("dec_moe_gate_up_bulk", 132, 4 * 32768)
+        );
+        assert_eq!(b.moe_plan(0, 8, 24, 64, H200_SMEM, 132).unwrap().grid, 48);
+        assert_eq!(b.moe_plan(0, 8, 30, 64, H200_SMEM, 132), None);
         // Unaligned rows or weights, or rows too long.
         assert_eq!(b.plan(0, 64, 100, H200_SMEM, 132, None), None);
         assert_eq!(b.plan(8, 64, 2048, H200_SMEM, 132, None), None);
