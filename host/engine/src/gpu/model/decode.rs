@@ -53,8 +53,11 @@ const BULK_MAX_STAGES: usize = 8;
 pub(super) struct BulkGemv {
     stages: usize,
     blocks_per_sm: usize,
-    /// The routed experts' gate/up too (`dec_moe_gate_up_bulk`), unless
-    /// `QWASI_GEMV=bulk-dense`.
+    /// The routed experts' gate/up too (`dec_moe_gate_up_bulk`), only with
+    /// `QWASI_GEMV=bulk-moe`: on the H200 it cost 5% (8K decode 280.0 vs
+    /// 294.5 tok/s): its copies can only start once the block has the
+    /// routing, and one 128 KB block per SM leaves the next kernel (the down
+    /// pass, which loads all its weights before its grid wait) little room.
     moe: bool,
 }
 
@@ -77,7 +80,7 @@ impl BulkGemv {
         Some(BulkGemv {
             stages: num("QWASI_BULK_STAGES", 4).clamp(1, BULK_MAX_STAGES),
             blocks_per_sm: num("QWASI_BULK_BLOCKS", 1).max(1),
-            moe: std::env::var("QWASI_GEMV").as_deref() != Ok("bulk-dense"),
+            moe: std::env::var("QWASI_GEMV").as_deref() == Ok("bulk-moe"),
         })
     }
 }
@@ -305,6 +308,12 @@ pub(super) struct DecodeState {
     stats: DBuf,
     graph: Option<((u64, usize), Graph)>,
     graphs_ok: bool,
+    /// `QWASI_DEC_SKIP=stage,...`, measurement only: the step leaves these
+    /// stages out (wrong tokens), so a benchmark shows what each costs inside
+    /// the graph: in_proj, gdn_prep, gdn_step, out_proj, attn_proj,
+    /// attn_prep, attn, attn_combine, o_proj, moe_input, moe_gate_up,
+    /// moe_down, lm_head.
+    skip: Vec<String>,
 }
 
 impl GpuModel {
@@ -366,6 +375,9 @@ impl GpuModel {
             graphs_ok: std::env::var("QWASI_GRAPHS").as_deref() != Ok("0")
                 && !d.debug
                 && !d.profiling(),
+            skip: std::env::var("QWASI_DEC_SKIP")
+                .map(|v| v.split(',').map(|s| s.trim().to_string()).collect())
+                .unwrap_or_default(),
         })
     }
 
@@ -440,6 +452,8 @@ impl GpuModel {
         let pos = ds.step.ptr() + 4;
         let ssq = ds.ssq.ptr();
         let nssq = ds.nssq;
+        // `QWASI_DEC_SKIP` (measurement only, see DecodeState::skip).
+        let on = |stage: &str| !ds.skip.iter().any(|s| s == stage);
         d.launch(
             "dec_embed",
             (1, 1, 1),
@@ -500,51 +514,59 @@ impl GpuModel {
                     SeqLayer::Gdn { conv: cst, s },
                 ) => {
                     let p = in_proj.rows;
-                    norm_gemv(in_proj.buf.ptr(), p, layer.input_norm.ptr(), proj)?;
+                    if on("in_proj") {
+                        norm_gemv(in_proj.buf.ptr(), p, layer.input_norm.ptr(), proj)?;
+                    }
                     let blocks = 2 * nk + vdim.div_ceil(128);
-                    d.launch_pdl(
-                        "dec_gdn_prep",
-                        (blocks as u32, 1, 1),
-                        (128, 1, 1),
-                        0,
-                        &[
-                            Arg::Ptr(proj),
-                            Arg::Ptr(cst.ptr()),
-                            Arg::Ptr(conv.ptr()),
-                            i(c.linear_conv_kernel),
-                            Arg::Ptr(a_log.ptr()),
-                            Arg::Ptr(dt_bias.ptr()),
-                            Arg::Ptr(ds.g.ptr()),
-                            Arg::Ptr(ds.beta.ptr()),
-                            i(nk),
-                            i(nv),
-                            i(dk),
-                            i(dv),
-                            i(conv_dim + vdim),
-                            f(1.0 / (dk as f32).sqrt()),
-                        ],
-                    )?;
-                    d.launch_pdl(
-                        "dec_gdn_step",
-                        (nv as u32, 1, 1),
-                        ((32 * dv.div_ceil(32)) as u32, 4, 1),
-                        0,
-                        &[
-                            Arg::Ptr(proj),
-                            i(nk),
-                            i(nv),
-                            i(dk),
-                            i(dv),
-                            Arg::Ptr(ds.g.ptr()),
-                            Arg::Ptr(ds.beta.ptr()),
-                            Arg::Ptr(s.ptr()),
-                            Arg::Ptr(proj + (conv_dim * F) as u64),
-                            Arg::Ptr(norm.ptr()),
-                            f(eps),
-                            Arg::Ptr(ds.gdn_o.ptr()),
-                        ],
-                    )?;
-                    self.dec_gemv(out_proj.buf.ptr(), ds.gdn_o.ptr(), x, h, vdim, ssq, nssq)?;
+                    if on("gdn_prep") {
+                        d.launch_pdl(
+                            "dec_gdn_prep",
+                            (blocks as u32, 1, 1),
+                            (128, 1, 1),
+                            0,
+                            &[
+                                Arg::Ptr(proj),
+                                Arg::Ptr(cst.ptr()),
+                                Arg::Ptr(conv.ptr()),
+                                i(c.linear_conv_kernel),
+                                Arg::Ptr(a_log.ptr()),
+                                Arg::Ptr(dt_bias.ptr()),
+                                Arg::Ptr(ds.g.ptr()),
+                                Arg::Ptr(ds.beta.ptr()),
+                                i(nk),
+                                i(nv),
+                                i(dk),
+                                i(dv),
+                                i(conv_dim + vdim),
+                                f(1.0 / (dk as f32).sqrt()),
+                            ],
+                        )?;
+                    }
+                    if on("gdn_step") {
+                        d.launch_pdl(
+                            "dec_gdn_step",
+                            (nv as u32, 1, 1),
+                            ((32 * dv.div_ceil(32)) as u32, 4, 1),
+                            0,
+                            &[
+                                Arg::Ptr(proj),
+                                i(nk),
+                                i(nv),
+                                i(dk),
+                                i(dv),
+                                Arg::Ptr(ds.g.ptr()),
+                                Arg::Ptr(ds.beta.ptr()),
+                                Arg::Ptr(s.ptr()),
+                                Arg::Ptr(proj + (conv_dim * F) as u64),
+                                Arg::Ptr(norm.ptr()),
+                                f(eps),
+                                Arg::Ptr(ds.gdn_o.ptr()),
+                            ],
+                        )?;
+                    }
+                    if on("out_proj") {
+                        self.dec_gemv(out_proj.buf.ptr(), ds.gdn_o.ptr(), x, h, vdim, ssq, nssq)?;
+                    }
                 }
                 (
                     DMixer::Attn {
@@ -556,34 +578,38 @@ impl GpuModel {
                     SeqLayer::Attn { k, v },
                 ) => {
                     let p = pw.rows;
-                    norm_gemv(pw.buf.ptr(), p, layer.input_norm.ptr(), proj)?;
-                    d.launch_pdl(
-                        if self.kv_f32 {
-                            "attn_prep_f32"
-                        } else {
-                            "attn_prep_bf16"
-                        },
-                        (1, (nh + nkv) as u32, 1),
-                        (256, 1, 1),
-                        0,
-                        &[
-                            Arg::Ptr(proj),
-                            i(p),
-                            Arg::Ptr(q_norm.ptr()),
-                            Arg::Ptr(k_norm.ptr()),
-                            Arg::Ptr(ds.q.ptr()),
-                            Arg::Ptr(k.ptr()),
-                            Arg::Ptr(v.ptr()),
-                            i(nh),
-                            i(nkv),
-                            i(hd),
-                            i(c.rotary_dim),
-                            i(0),
-                            Arg::Ptr(pos),
-                            f(c.rope_theta as f32),
-                            f(eps),
-                        ],
-                    )?;
+                    if on("attn_proj") {
+                        norm_gemv(pw.buf.ptr(), p, layer.input_norm.ptr(), proj)?;
+                    }
+                    if on("attn_prep") {
+                        d.launch_pdl(
+                            if self.kv_f32 {
+                                "attn_prep_f32"
+                            } else {
+                                "attn_prep_bf16"
+                            },
+                            (1, (nh + nkv) as u32, 1),
+                            (256, 1, 1),
+                            0,
+                            &[
+                                Arg::Ptr(proj),
+                                i(p),
+                                Arg::Ptr(q_norm.ptr()),
+                                Arg::Ptr(k_norm.ptr()),
+                                Arg::Ptr(ds.q.ptr()),
+                                Arg::Ptr(k.ptr()),
+                                Arg::Ptr(v.ptr()),
+                                i(nh),
+                                i(nkv),
+                                i(hd),
+                                i(c.rotary_dim),
+                                i(0),
+                                Arg::Ptr(pos),
+                                f(c.rope_theta as f32),
+                                f(eps),
+                            ],
+                        )?;
+                    }
                     let nsplit = Self::decode_splits(seq.cap);
                     let plan = dec_attn_plan(
                         self.dec_attn,
@@ -593,42 +619,48 @@ impl GpuModel {
                         if self.kv_f32 { F } else { B },
                         d.max_shared_per_block(),
                     );
-                    d.launch_pdl(
-                        plan.kernel,
-                        (nkv as u32, nsplit as u32, 1),
-                        (plan.threads as u32, 1, 1),
-                        plan.smem as u32,
-                        &[
-                            Arg::Ptr(ds.q.ptr()),
-                            Arg::Ptr(k.ptr()),
-                            Arg::Ptr(v.ptr()),
-                            Arg::Ptr(ds.att_po.ptr()),
-                            Arg::Ptr(ds.att_pml.ptr()),
-                            i(nh),
-                            i(nkv),
-                            i(hd),
-                            Arg::Ptr(pos),
-                            i(nsplit),
-                            f(1.0 / (hd as f32).sqrt()),
-                            i(plan.stages),
-                        ],
-                    )?;
-                    d.launch_pdl(
-                        "dec_attn_combine",
-                        (nh as u32, hd.div_ceil(32) as u32, 1),
-                        (256, 1, 1),
-                        0,
-                        &[
-                            Arg::Ptr(ds.att_po.ptr()),
-                            Arg::Ptr(ds.att_pml.ptr()),
-                            Arg::Ptr(proj),
-                            Arg::Ptr(ds.att_o.ptr()),
-                            i(nh),
-                            i(hd),
-                            i(nsplit),
-                        ],
-                    )?;
-                    self.dec_gemv(o_proj.buf.ptr(), ds.att_o.ptr(), x, h, nh * hd, ssq, nssq)?;
+                    if on("attn") {
+                        d.launch_pdl(
+                            plan.kernel,
+                            (nkv as u32, nsplit as u32, 1),
+                            (plan.threads as u32, 1, 1),
+                            plan.smem as u32,
+                            &[
+                                Arg::Ptr(ds.q.ptr()),
+                                Arg::Ptr(k.ptr()),
+                                Arg::Ptr(v.ptr()),
+                                Arg::Ptr(ds.att_po.ptr()),
+                                Arg::Ptr(ds.att_pml.ptr()),
+                                i(nh),
+                                i(nkv),
+                                i(hd),
+                                Arg::Ptr(pos),
+                                i(nsplit),
+                                f(1.0 / (hd as f32).sqrt()),
+                                i(plan.stages),
+                            ],
+                        )?;
+                    }
+                    if on("attn_combine") {
+                        d.launch_pdl(
+                            "dec_attn_combine",
+                            (nh as u32, hd.div_ceil(32) as u32, 1),
+                            (256, 1, 1),
+                            0,
+                            &[
+                                Arg::Ptr(ds.att_po.ptr()),
+                                Arg::Ptr(ds.att_pml.ptr()),
+                                Arg::Ptr(proj),
+                                Arg::Ptr(ds.att_o.ptr()),
+                                i(nh),
+                                i(hd),
+                                i(nsplit),
+                            ],
+                        )?;
+                    }
+                    if on("o_proj") {
+                        self.dec_gemv(o_proj.buf.ptr(), ds.att_o.ptr(), x, h, nh * hd, ssq, nssq)?;
+                    }
                 }
                 _ => bail!("layer state does not match the layer kind"),
             }
@@ -640,7 +672,9 @@ impl GpuModel {
                     shared_down,
                 } => {
                     let (e, k, inter, sh) = mlp_dims(c);
-                    norm_gemv(input.buf.ptr(), input.rows, layer.post_norm.ptr(), proj)?;
+                    if on("moe_input") {
+                        norm_gemv(input.buf.ptr(), input.rows, layer.post_norm.ptr(), proj)?;
+                    }
                     let bulk = self.bulk_gemv.and_then(|b| {
                         b.moe_plan(
                             gate_up.ptr(),
@@ -651,7 +685,8 @@ impl GpuModel {
                             d.sm_count,
                         )
                     });
-                    if let Some(plan) = bulk {
+                    let gate_up_on = on("moe_gate_up");
+                    if let Some(plan) = bulk.filter(|_| gate_up_on) {
                         d.launch_pdl(
                             plan.kernel,
                             (plan.grid as u32, 1, 1),
@@ -673,7 +708,7 @@ impl GpuModel {
                                 i(plan.stages),
                             ],
                         )?;
-                    } else {
+                    } else if gate_up_on {
                         d.launch_pdl(
                             "dec_moe_gate_up",
                             (inter.div_ceil(8) as u32, k as u32, 1),
@@ -721,17 +756,19 @@ impl GpuModel {
                     if split {
                         args.push(i(span));
                     }
-                    d.launch_pdl(
-                        if split {
-                            "dec_moe_down_rows"
-                        } else {
-                            "dec_moe_down"
-                        },
-                        (h.div_ceil(8) as u32, 1, 1),
-                        (if split { 256 * warps as u32 } else { 256 }, 1, 1),
-                        ((k * inter + sh) * F) as u32,
-                        &args,
-                    )?;
+                    if on("moe_down") {
+                        d.launch_pdl(
+                            if split {
+                                "dec_moe_down_rows"
+                            } else {
+                                "dec_moe_down"
+                            },
+                            (h.div_ceil(8) as u32, 1, 1),
+                            (if split { 256 * warps as u32 } else { 256 }, 1, 1),
+                            ((k * inter + sh) * F) as u32,
+                            &args,
+                        )?;
+                    }
                 }
                 DMlp::Dense { gate_up, down } => {
                     let inter = down.cols;
@@ -756,7 +793,9 @@ impl GpuModel {
             }
         }
         let head = self.lm_head();
-        norm_gemv(head.buf.ptr(), head.rows, self.norm.ptr(), ds.logits.ptr())?;
+        if on("lm_head") {
+            norm_gemv(head.buf.ptr(), head.rows, self.norm.ptr(), ds.logits.ptr())?;
+        }
         d.launch_pdl(
             "argmax_partial",
             (ARGMAX_BLOCKS as u32, 1, 1),
