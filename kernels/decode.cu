@@ -436,14 +436,17 @@ __device__ void router_topk_warp(const float* __restrict__ logits, int E, int k,
 
 // Routed experts, gate/up half: act[j, i] = silu(Wg[e_j][i] . n) * (Wu[e_j][i] . n),
 // n = rmsnorm(x) * nw computed in the prologue from the partial sums of squares,
-// for the k chosen experts e_j. grid (ceil(I / DEC_WARPS), k): warp w of block b
-// owns column i = b * DEC_WARPS + w of expert slot j = blockIdx.y (its gate row
-// i and up row I + i, both in flight together). Router logits are the first E
-// entries of `inp`.
+// for the k chosen experts e_j. grid (ceil(I / (DEC_WARPS * pairs)), k): warp
+// w of block b owns columns i = (b * DEC_WARPS + w) * pairs + p, p < pairs, of
+// expert slot j = blockIdx.y (gate row i and up row I + i in flight together,
+// one pair after another), so that with pairs = 2 the 35B model's 256 blocks
+// are resident at once (two blocks per SM at this kernel's registers) instead
+// of running in two waves, each repeating the routing and the norm. Router
+// logits are the first E entries of `inp`.
 QW_KERNEL void QW_BOUNDS(256) dec_moe_gate_up(const bf16_t* __restrict__ Wgu, const float* __restrict__ x,
                                              const float* __restrict__ ssq, int nssq, const float* __restrict__ nw,
                                              float eps, const float* __restrict__ inp, int E, int k,
-                                             float* __restrict__ act, int I, int H) {
+                                             float* __restrict__ act, int I, int H, int pairs) {
     QW_DYN_SMEM(float, xs);  // [H]
     __shared__ int sidx[MOE_MAXK];
     __shared__ float sw[MOE_MAXK];
@@ -459,33 +462,35 @@ QW_KERNEL void QW_BOUNDS(256) dec_moe_gate_up(const bf16_t* __restrict__ Wgu, co
     }
     __syncthreads();
     int j = blockIdx.y;
-    int i = blockIdx.x * DEC_WARPS + w;
-    if (i >= I) return;
-    const bf16_t* gr = Wgu + ((size_t)sidx[j] * 2 * I + i) * H;
-    const bf16_t* ur = gr + (size_t)I * H;
-    float gv = 0.f, uv = 0.f;
-    if ((H & 7) == 0) {
-        int n8 = H >> 3;
-        for (int base = 0; base < n8; base += CH * WARP) {
-            uint4 a[CH], b[CH];
-            load_chunk(gr, 0, 1, H, base, lane, a);
-            load_chunk(ur, 0, 1, H, base, lane, b);
+    for (int p = 0; p < pairs; p++) {
+        const int i = (blockIdx.x * DEC_WARPS + w) * pairs + p;
+        if (i >= I) return;
+        const bf16_t* gr = Wgu + ((size_t)sidx[j] * 2 * I + i) * H;
+        const bf16_t* ur = gr + (size_t)I * H;
+        float gv = 0.f, uv = 0.f;
+        if ((H & 7) == 0) {
+            int n8 = H >> 3;
+            for (int base = 0; base < n8; base += CH * WARP) {
+                uint4 a[CH], b[CH];
+                load_chunk(gr, 0, 1, H, base, lane, a);
+                load_chunk(ur, 0, 1, H, base, lane, b);
 #pragma unroll
-            for (int u = 0; u < CH; u++) {
-                int c = base + lane + u * WARP;
-                if (c < n8) {
-                    gv += dot8(a[u], xs + 8 * c);
-                    uv += dot8(b[u], xs + 8 * c);
+                for (int u = 0; u < CH; u++) {
+                    int c = base + lane + u * WARP;
+                    if (c < n8) {
+                        gv += dot8(a[u], xs + 8 * c);
+                        uv += dot8(b[u], xs + 8 * c);
+                    }
                 }
             }
+            gv = warp_sum(gv);
+            uv = warp_sum(uv);
+        } else {
+            gv = row_dot(gr, xs, H, lane);
+            uv = row_dot(ur, xs, H, lane);
         }
-        gv = warp_sum(gv);
-        uv = warp_sum(uv);
-    } else {
-        gv = row_dot(gr, xs, H, lane);
-        uv = row_dot(ur, xs, H, lane);
+        if (lane == 0) act[(size_t)j * I + i] = silu_f(gv) * uv;
     }
-    if (lane == 0) act[(size_t)j * I + i] = silu_f(gv) * uv;
 }
 
 // Chunk `base` (16-byte units) of down row r's virtual row: the k routed

@@ -321,6 +321,8 @@ pub(super) struct DecodeState {
     /// attn_prep, attn, attn_combine, o_proj, moe_input, moe_gate_up,
     /// moe_down, lm_head.
     skip: Vec<String>,
+    /// Gate/up row pairs per warp of `dec_moe_gate_up` (`QWASI_MOE_PAIRS`).
+    moe_pairs: usize,
 }
 
 impl GpuModel {
@@ -382,6 +384,11 @@ impl GpuModel {
             graphs_ok: std::env::var("QWASI_GRAPHS").as_deref() != Ok("0")
                 && !d.debug
                 && !d.profiling(),
+            moe_pairs: std::env::var("QWASI_MOE_PAIRS")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(1usize)
+                .max(1),
             skip: std::env::var("QWASI_DEC_SKIP")
                 .map(|v| v.split(',').map(|s| s.trim().to_string()).collect())
                 .unwrap_or_default(),
@@ -718,7 +725,7 @@ impl GpuModel {
                     } else if gate_up_on {
                         d.launch_pdl(
                             "dec_moe_gate_up",
-                            (inter.div_ceil(8) as u32, k as u32, 1),
+                            (inter.div_ceil(8 * ds.moe_pairs) as u32, k as u32, 1),
                             (256, 1, 1),
                             (h * F) as u32,
                             &[
@@ -734,6 +741,7 @@ impl GpuModel {
                                 Arg::Ptr(ds.act.ptr()),
                                 i(inter),
                                 i(h),
+                                i(ds.moe_pairs),
                             ],
                         )?;
                     }
