@@ -117,14 +117,15 @@ impl BulkGemv {
         } else {
             ("dec_gemv_bulk2", 4)
         };
-        let blocks = (sms as usize * self.blocks_per_sm).min(out_blocks.unwrap_or(usize::MAX));
-        self.ring(
+        let mut plan = self.ring(
             kernel,
             rows.div_ceil(slot_rows),
             slot_rows * cols * B,
             max_smem,
-            blocks,
-        )
+            sms,
+        )?;
+        plan.grid = plan.grid.min(out_blocks.unwrap_or(usize::MAX));
+        Some(plan)
     }
 
     /// `dec_moe_gate_up_bulk` for `k` experts of `inter` gate and up rows of
@@ -148,40 +149,32 @@ impl BulkGemv {
         {
             return None;
         }
-        let blocks = sms as usize * self.blocks_per_sm;
         self.ring(
             "dec_moe_gate_up_bulk",
             k * inter / 4,
             8 * h * B,
             max_smem,
-            blocks,
+            sms,
         )
     }
 
-    /// `slots` slots of `slot` bytes over at most `blocks` blocks, as many
-    /// ring slots per block as asked, as shared memory allows and as a block
-    /// has slots of work: a small matrix (the MoE router and shared expert,
-    /// 1-2 slots per block) takes a small ring, which leaves room on the SM
-    /// for its neighbours' blocks.
+    /// `slots` slots of `slot` bytes over at most `blocks_per_sm` blocks per
+    /// SM, as many ring slots per block as asked and shared memory allows.
     fn ring(
         &self,
         kernel: &'static str,
         slots: usize,
         slot: usize,
         max_smem: usize,
-        blocks: usize,
+        sms: u32,
     ) -> Option<BulkPlan> {
-        let grid = slots.min(blocks);
-        let stages = self
-            .stages
-            .min(max_smem / slot)
-            .min(slots.div_ceil(grid.max(1)));
+        let stages = self.stages.min(max_smem / slot);
         if stages == 0 || slots == 0 {
             return None;
         }
         Some(BulkPlan {
             kernel,
-            grid,
+            grid: slots.min(sms as usize * self.blocks_per_sm),
             smem: stages * slot,
             stages,
         })
@@ -1130,19 +1123,15 @@ mod tests {
             (out.kernel, out.grid, out.smem),
             ("dec_gemv_bulk2", 132, 4 * 32768)
         );
-        let few = b.plan(0, 2048, 4096, H200_SMEM, 132, Some(8)).unwrap();
-        assert_eq!((few.grid, few.stages), (8, 4));
-        // A small model: fewer slots than SMs, one per block, so a ring of one.
-        let small = b.plan(0, 100, 64, H200_SMEM, 132, None).unwrap();
-        assert_eq!((small.grid, small.stages, small.smem), (13, 1, 8 * 64 * 2));
-        // The MoE router + shared expert (1,281 rows): 161 slots, at most 2 per block.
-        let router = b.plan(0, 1281, 2048, H200_SMEM, 132, None).unwrap();
-        assert_eq!((router.grid, router.stages), (132, 2));
-        // Less shared memory: fewer slots; none fits: the other kernels.
         assert_eq!(
-            b.plan(0, 12_352, 2048, 70_000, 132, None).unwrap().stages,
-            2
+            b.plan(0, 2048, 4096, H200_SMEM, 132, Some(8)).unwrap().grid,
+            8
         );
+        // A small model: fewer slots than SMs; slots shrink with the row.
+        let small = b.plan(0, 100, 64, H200_SMEM, 132, None).unwrap();
+        assert_eq!((small.grid, small.smem), (13, 4 * 8 * 64 * 2));
+        // Less shared memory: fewer slots; none fits: the other kernels.
+        assert_eq!(b.plan(0, 64, 2048, 70_000, 132, None).unwrap().stages, 2);
         assert_eq!(b.plan(0, 64, 2048, 30_000, 132, None), None);
         // The routed experts' gate/up: 8 experts x 512 rows in slots of 4 + 4 rows.
         let moe = b.moe_plan(0, 8, 512, 2048, H200_SMEM, 132).unwrap();
