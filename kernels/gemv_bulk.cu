@@ -85,18 +85,9 @@ __device__ __forceinline__ float warp_sum_rows(float (&v)[R], int lane) {
     return t;
 }
 
-// A run of consecutive 16-byte units of weights copied into a ring slot at
-// `dst16` units from its start.
-struct BulkSeg {
-    const uint4* src;
-    int n16, dst16;
-};
-
 // The ring of one block: `stages` slots of `slot16` 16-byte units (dynamic
 // shared memory), each holding R weight rows of n8 units for one step `it`
-// of the block's run of n steps. `segs(it, seg)` names the (at most two)
-// segments that fill step it's slot and returns how many; `rows(it)` how many
-// of its R rows hold weights. Every warp dots its column slice of every row
+// of the block's run of n steps: `rows(it)` rows (at most R) from `src(it)`. Every warp dots its column slice of every row
 // with the activations in registers (xr, chunk c = u * 256 + w * 32 + lane),
 // the 8 warps' partials meet in shared memory, and `emit(it, lane, part)`
 // runs on lanes 0 .. rows(it) - 1 of warp 0 with part[q * R + row] the
@@ -113,39 +104,35 @@ struct BulkRing {
     unsigned long long* full;
 #endif
 
-    template <typename Segs>
-    __device__ __forceinline__ void fill(int it, Segs segs) {
-        BulkSeg seg[2];
-        const int ns = segs(it, seg);
+    template <typename Src, typename Rows>
+    __device__ __forceinline__ void fill(int it, Src src, Rows rows) {
+        const uint4* from = src(it);
+        const int n16 = rows(it) * n8;
         uint4* dst = ring + (size_t)(it % stages) * slot16;
 #if defined(QW_BULK)
-        unsigned bytes = 0;
-        for (int q = 0; q < ns; q++) bytes += 16u * (unsigned)seg[q].n16;
-        mbar_expect(&full[it % stages], bytes);
-        for (int q = 0; q < ns; q++)
-            bulk_copy(dst + seg[q].dst16, seg[q].src, 16u * (unsigned)seg[q].n16, &full[it % stages]);
+        mbar_expect(&full[it % stages], 16u * (unsigned)n16);
+        bulk_copy(dst, from, 16u * (unsigned)n16, &full[it % stages]);
 #else
-        for (int q = 0; q < ns; q++)
-            for (int i = threadIdx.x; i < seg[q].n16; i += blockDim.x) dst[seg[q].dst16 + i] = seg[q].src[i];
+        for (int i = threadIdx.x; i < n16; i += blockDim.x) dst[i] = from[i];
 #endif
     }
 
     // Thread 0 initialises the slot barriers and issues the first slots;
     // the whole block must call it (it ends with a block barrier).
-    template <typename Segs>
-    __device__ __forceinline__ void start(Segs segs) {
+    template <typename Src, typename Rows>
+    __device__ __forceinline__ void start(Src src, Rows rows) {
 #if defined(QW_BULK)
         if (threadIdx.x == 0) {
             for (int s = 0; s < stages; s++) mbar_init(&full[s], 1);
             mbar_fence_init();
-            for (int it = 0; it < min(stages, n); it++) fill(it, segs);
+            for (int it = 0; it < min(stages, n); it++) fill(it, src, rows);
         }
         __syncthreads();
 #endif
     }
 
-    template <int UM, typename Segs, typename Rows, typename Emit>
-    __device__ __forceinline__ void run(const float (&xr)[UM][8], Segs segs, Rows rows, Emit emit) {
+    template <int UM, typename Src, typename Rows, typename Emit>
+    __device__ __forceinline__ void run(const float (&xr)[UM][8], Src src, Rows rows, Emit emit) {
         constexpr int G = WARP / R;  // lanes that end up with one row's total
         __shared__ float part[2][BULK_WARPS * R];
         const int lane = threadIdx.x % WARP, w = threadIdx.x / WARP;
@@ -155,7 +142,7 @@ struct BulkRing {
 #if defined(QW_BULK)
             mbar_wait(&full[s], (unsigned)(it / stages) & 1u);
 #else
-            fill(it, segs);
+            fill(it, src, rows);
             __syncthreads();
 #endif
             float acc[R];
@@ -174,7 +161,7 @@ struct BulkRing {
             if (lane % G == 0) part[it & 1][w * R + lane / G] = t;
             __syncthreads();  // the slot is read and the partials are in
 #if defined(QW_BULK)
-            if (threadIdx.x == 0 && it + stages < n) fill(it + stages, segs);
+            if (threadIdx.x == 0 && it + stages < n) fill(it + stages, src, rows);
 #endif
             if (w == 0 && lane < nr) emit(it, lane, (const float*)part[it & 1]);
         }
@@ -231,18 +218,15 @@ __device__ __forceinline__ void gemv_bulk(const bf16_t* __restrict__ W, const fl
 #endif
     const uint4* W4 = (const uint4*)W;
     auto slot_rows = [&](int it) { return min(R, rows - (g0 + it) * R); };
-    auto segs = [&](int it, BulkSeg(&seg)[2]) {
-        seg[0] = {W4 + (size_t)(g0 + it) * R * n8, slot_rows(it) * n8, 0};
-        return 1;
-    };
-    ring.start(segs);
+    auto src = [&](int it) { return W4 + (size_t)(g0 + it) * R * n8; };
+    ring.start(src, slot_rows);
     QW_GRID_WAIT();
     QW_GRID_LAUNCH();
     float xr[UM][8];
     lane_columns<UM>(x, nw, n8, xr);
     const float inv = ssq ? inv_rms(ssq, nssq, cols, eps) : 1.f;
     float mine = 0.f;
-    ring.template run<UM>(xr, segs, slot_rows, [&](int it, int lane, const float* part) {
+    ring.template run<UM>(xr, src, slot_rows, [&](int it, int lane, const float* part) {
         const int r = (g0 + it) * R + lane;
         const float d = row_total<R>(part, lane);
         if (ssq) {
@@ -273,85 +257,4 @@ QW_KERNEL void QW_BOUNDS(256) dec_gemv_bulk2(const bf16_t* __restrict__ W, const
                                             float eps, float* __restrict__ y, int rows, int cols, int accumulate,
                                             float* __restrict__ ssq_out, int stages) {
     gemv_bulk<2>(W, x, ssq, nssq, nw, eps, y, rows, cols, accumulate, ssq_out, stages);
-}
-
-// Top-k of the router logits (NaN as -inf, ties to the lower index) and the
-// renormalised softmax weights over the chosen experts (p_e / sum of the
-// chosen p), into shared memory, by the whole block: each logit's rank is
-// counted against all E (one shared-memory pass, not k warp-wide rounds).
-// The same experts in the same order, and the same weights bit for bit, as
-// decode.cu's router_topk_warp. E <= MOE_MAXE; ends with a block barrier.
-__device__ __forceinline__ void router_topk_block(const float* __restrict__ logits, int E, int k, int* sidx,
-                                                  float* sw) {
-    __shared__ float lg[MOE_MAXE];
-    for (int e = threadIdx.x; e < E; e += blockDim.x) {
-        const float v = logits[e];
-        lg[e] = v != v ? -INFINITY : v;
-    }
-    __syncthreads();
-    for (int e = threadIdx.x; e < E; e += blockDim.x) {
-        const float v = lg[e];
-        int rank = 0;
-        for (int o = 0; o < E; o++) rank += lg[o] > v || (lg[o] == v && o < e);
-        if (rank < k) {
-            sidx[rank] = e;
-            sw[rank] = v;
-        }
-    }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        float top = sw[0], total = 0.f;
-        for (int j = 0; j < k; j++) {
-            sw[j] = expf(sw[j] - top);
-            total += sw[j];
-        }
-        for (int j = 0; j < k; j++) sw[j] /= total;
-    }
-    __syncthreads();
-}
-
-// Routed experts, gate/up half, through the ring: act[j, i] =
-// silu(Wg[e_j][i] . n) * (Wu[e_j][i] . n) with n = rmsnorm(x) * nw (from the
-// partial sums of squares) for the k chosen experts e_j. A slot holds 4 gate
-// rows i0 .. i0 + 3 of one expert and the same 4 up rows (I % 4 == 0,
-// H % 8 == 0, H <= 2048); block b takes a contiguous run of the k * I / 4
-// slots. The routing needs the previous kernel's router logits (the first E
-// entries of inp), so the copies start after the grid wait.
-QW_KERNEL void QW_BOUNDS(256) dec_moe_gate_up_bulk(const bf16_t* __restrict__ Wgu, const float* __restrict__ x,
-                                                  const float* __restrict__ ssq, int nssq,
-                                                  const float* __restrict__ nw, float eps,
-                                                  const float* __restrict__ inp, int E, int k,
-                                                  float* __restrict__ act, int I, int H, int stages) {
-    QW_DYN_SMEM(uint4, ring_mem);
-    __shared__ int sidx[MOE_MAXK];
-    __shared__ float sw[MOE_MAXK];
-    const int n8 = H >> 3, per = I / 4;
-    const int nslots = k * per;
-    const int g0 = (int)((long long)nslots * blockIdx.x / gridDim.x);
-    const int n = (int)((long long)nslots * (blockIdx.x + 1) / gridDim.x) - g0;
-    BulkRing<8> ring{ring_mem, 8 * n8, n8, stages, n};
-#if defined(QW_BULK)
-    __shared__ unsigned long long full[BULK_MAX_STAGES];
-    ring.full = full;
-#endif
-    const uint4* W4 = (const uint4*)Wgu;
-    auto segs = [&](int it, BulkSeg(&seg)[2]) {
-        const int g = g0 + it, j = g / per, i0 = (g % per) * 4;
-        const uint4* gate = W4 + ((size_t)sidx[j] * 2 * I + i0) * n8;
-        seg[0] = {gate, 4 * n8, 0};
-        seg[1] = {gate + (size_t)I * n8, 4 * n8, 4 * n8};
-        return 2;
-    };
-    QW_GRID_WAIT();
-    QW_GRID_LAUNCH();
-    router_topk_block(inp, E, k, sidx, sw);
-    ring.start(segs);
-    float xr[1][8];
-    lane_columns<1>(x, nw, n8, xr);
-    const float inv = inv_rms(ssq, nssq, H, eps);
-    ring.template run<1>(xr, segs, [](int) { return 8; }, [&](int it, int lane, const float* part) {
-        if (lane >= 4) return;
-        const int g = g0 + it, j = g / per, i = (g % per) * 4 + lane;
-        act[(size_t)j * I + i] = silu_f(row_total<8>(part, lane) * inv) * (row_total<8>(part, lane + 4) * inv);
-    });
 }

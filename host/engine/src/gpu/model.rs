@@ -129,8 +129,7 @@ pub struct GpuModel {
     /// rows between warps (`dec_gemv_rows`, `dec_moe_down_rows`).
     split_gemv: bool,
     /// Decode GEMVs fed by bulk copies (`kernels/gemv_bulk.cu`), where the
-    /// GPU has them, unless `QWASI_GEMV=rows|stream` (`bulk-moe`: the routed
-    /// experts' gate/up too).
+    /// GPU has them, unless `QWASI_GEMV=rows|stream`.
     bulk_gemv: Option<decode::BulkGemv>,
     /// Prefix-cache host copies in page-locked memory (`false` with
     /// `QWASI_HOST_TIER=pageable`).

@@ -53,12 +53,6 @@ const BULK_MAX_STAGES: usize = 8;
 pub(super) struct BulkGemv {
     stages: usize,
     blocks_per_sm: usize,
-    /// The routed experts' gate/up too (`dec_moe_gate_up_bulk`), only with
-    /// `QWASI_GEMV=bulk-moe`: on the H200 it cost 5% (8K decode 280.0 vs
-    /// 294.5 tok/s): its copies can only start once the block has the
-    /// routing, and one 128 KB block per SM leaves the next kernel (the down
-    /// pass, which loads all its weights before its grid wait) little room.
-    moe: bool,
 }
 
 impl BulkGemv {
@@ -80,7 +74,6 @@ impl BulkGemv {
         Some(BulkGemv {
             stages: num("QWASI_BULK_STAGES", 4).clamp(1, BULK_MAX_STAGES),
             blocks_per_sm: num("QWASI_BULK_BLOCKS", 1).max(1),
-            moe: std::env::var("QWASI_GEMV").as_deref() == Ok("bulk-moe"),
         })
     }
 }
@@ -126,36 +119,6 @@ impl BulkGemv {
         )?;
         plan.grid = plan.grid.min(out_blocks.unwrap_or(usize::MAX));
         Some(plan)
-    }
-
-    /// `dec_moe_gate_up_bulk` for `k` experts of `inter` gate and up rows of
-    /// `h` columns at `w`: slots of 4 gate and 4 up rows, so `inter % 4 == 0`
-    /// and the row as for [`BulkGemv::plan`].
-    pub(super) fn moe_plan(
-        &self,
-        w: u64,
-        k: usize,
-        inter: usize,
-        h: usize,
-        max_smem: usize,
-        sms: u32,
-    ) -> Option<BulkPlan> {
-        if !self.moe
-            || !inter.is_multiple_of(4)
-            || !h.is_multiple_of(8)
-            || h > GEMV_CHUNK
-            || !w.is_multiple_of(16)
-            || k == 0
-        {
-            return None;
-        }
-        self.ring(
-            "dec_moe_gate_up_bulk",
-            k * inter / 4,
-            8 * h * B,
-            max_smem,
-            sms,
-        )
     }
 
     /// `slots` slots of `slot` bytes over at most `blocks_per_sm` blocks per
@@ -314,7 +277,9 @@ pub(super) struct DecodeState {
     /// attn_prep, attn, attn_combine, o_proj, moe_input, moe_gate_up,
     /// moe_down, lm_head.
     skip: Vec<String>,
-    /// Gate/up row pairs per warp of `dec_moe_gate_up` (`QWASI_MOE_PAIRS`).
+    /// Gate/up row pairs per warp of `dec_moe_gate_up` (`QWASI_MOE_PAIRS`,
+    /// default 2: on the H200 512/8K decode 333.0/302.5 tok/s against
+    /// 320.5/289.4 with 1 and 320.0/289.9 with 4).
     moe_pairs: usize,
 }
 
@@ -380,7 +345,7 @@ impl GpuModel {
             moe_pairs: std::env::var("QWASI_MOE_PAIRS")
                 .ok()
                 .and_then(|v| v.parse().ok())
-                .unwrap_or(1usize)
+                .unwrap_or(2usize)
                 .max(1),
             skip: std::env::var("QWASI_DEC_SKIP")
                 .map(|v| v.split(',').map(|s| s.trim().to_string()).collect())
@@ -682,40 +647,7 @@ impl GpuModel {
                     if on("moe_input") {
                         norm_gemv(input.buf.ptr(), input.rows, layer.post_norm.ptr(), proj)?;
                     }
-                    let bulk = self.bulk_gemv.and_then(|b| {
-                        b.moe_plan(
-                            gate_up.ptr(),
-                            k,
-                            inter,
-                            h,
-                            d.max_shared_per_block(),
-                            d.sm_count,
-                        )
-                    });
-                    let gate_up_on = on("moe_gate_up");
-                    if let Some(plan) = bulk.filter(|_| gate_up_on) {
-                        d.launch_pdl(
-                            plan.kernel,
-                            (plan.grid as u32, 1, 1),
-                            (256, 1, 1),
-                            plan.smem as u32,
-                            &[
-                                Arg::Ptr(gate_up.ptr()),
-                                Arg::Ptr(x),
-                                Arg::Ptr(ssq),
-                                i(nssq),
-                                Arg::Ptr(layer.post_norm.ptr()),
-                                f(eps),
-                                Arg::Ptr(proj),
-                                i(e),
-                                i(k),
-                                Arg::Ptr(ds.act.ptr()),
-                                i(inter),
-                                i(h),
-                                i(plan.stages),
-                            ],
-                        )?;
-                    } else if gate_up_on {
+                    if on("moe_gate_up") {
                         d.launch_pdl(
                             "dec_moe_gate_up",
                             (inter.div_ceil(8 * ds.moe_pairs) as u32, k as u32, 1),
@@ -1104,7 +1036,6 @@ mod tests {
         let b = BulkGemv {
             stages: 4,
             blocks_per_sm: 1,
-            moe: true,
         };
         // GDN in_proj of the 35B model: 12,352 rows of 2,048 columns, 132 SMs.
         assert_eq!(
@@ -1133,14 +1064,6 @@ mod tests {
         // Less shared memory: fewer slots; none fits: the other kernels.
         assert_eq!(b.plan(0, 64, 2048, 70_000, 132, None).unwrap().stages, 2);
         assert_eq!(b.plan(0, 64, 2048, 30_000, 132, None), None);
-        // The routed experts' gate/up: 8 experts x 512 rows in slots of 4 + 4 rows.
-        let moe = b.moe_plan(0, 8, 512, 2048, H200_SMEM, 132).unwrap();
-        assert_eq!(
-            (moe.kernel, moe.grid, moe.smem),
-            ("dec_moe_gate_up_bulk", 132, 4 * 32768)
-        );
-        assert_eq!(b.moe_plan(0, 8, 24, 64, H200_SMEM, 132).unwrap().grid, 48);
-        assert_eq!(b.moe_plan(0, 8, 30, 64, H200_SMEM, 132), None);
         // Unaligned rows or weights, or rows too long.
         assert_eq!(b.plan(0, 64, 100, H200_SMEM, 132, None), None);
         assert_eq!(b.plan(8, 64, 2048, H200_SMEM, 132, None), None);
