@@ -241,30 +241,22 @@ QW_KERNEL void QW_BOUNDS(256) dec_embed(const bf16_t* __restrict__ emb, const un
     for (int i = threadIdx.x; i < nssq; i += blockDim.x) ssq_out[i] = i == 0 ? ss : 0.f;
 }
 
-// One value head per block: the delta-rule step (T = 1) with the state in
-// registers (thread (c, ty) holds S[ty + RG j][c]), then the head's gated
-// RMSNorm: out[hv, c] = rmsnorm(o)[c] * nw[c] * silu(z[hv, c]) -- the input of
-// the out projection. block (32 * ceil(dv / 32), RG = 4), dk <= 4 * 32.
+// The delta-rule step (T = 1) of value head hv with the state in registers
+// (thread (c, ty) holds S[ty + RG j][c]), then the head's gated RMSNorm:
+// out[hv, c] = rmsnorm(o)[c] * nw[c] * silu(z[hv, c]) -- the input of the out
+// projection. qs, ks: the head's normalised q (scaled) and k in shared
+// memory, ready (a block barrier before the call); v: this thread's value
+// (column c); decay = exp(g), b = beta. block (32 * ceil(dv / 32), RG = 4),
+// dk <= 4 * 32.
 #define GS_RG 4
 #define GS_ROWS 32
-QW_KERNEL void QW_BOUNDS(512) dec_gdn_step(const float* __restrict__ proj, int nk, int nv, int dk, int dv,
-                                          const float* __restrict__ g, const float* __restrict__ beta,
-                                          float* __restrict__ S, const float* __restrict__ z,
-                                          const float* __restrict__ nw, float eps, float* __restrict__ out) {
-    __shared__ float qs[GS_RG * GS_ROWS], ks[GS_RG * GS_ROWS];
+__device__ __forceinline__ void gdn_head_step(const float* qs, const float* ks, float v, float decay, float b, int hv,
+                                              int dk, int dv, float* __restrict__ S, const float* __restrict__ z,
+                                              const float* __restrict__ nw, float eps, float* __restrict__ out) {
     __shared__ float red[GS_RG][128];
     __shared__ float wsum[32];
-    QW_GRID_WAIT();
-    QW_GRID_LAUNCH();
-    int hv = blockIdx.x;
     int c = threadIdx.x, ty = threadIdx.y;
-    int tid = ty * blockDim.x + c, nt = blockDim.x * blockDim.y;
-    int hk = hv / (nv / nk), key_dim = nk * dk;
     bool valid = c < dv;
-    for (int i = tid; i < dk; i += nt) {
-        qs[i] = proj[hk * dk + i];
-        ks[i] = proj[key_dim + hk * dk + i];
-    }
     float* Sh = S + (size_t)hv * dk * dv;
     float sr[GS_ROWS];
 #pragma unroll
@@ -272,9 +264,6 @@ QW_KERNEL void QW_BOUNDS(512) dec_gdn_step(const float* __restrict__ proj, int n
         int i = ty + GS_RG * j;
         sr[j] = (valid && i < dk) ? Sh[(size_t)i * dv + c] : 0.f;
     }
-    __syncthreads();
-    float decay = expf(g[hv]);
-    float b = beta[hv];
     float p = 0.f;
 #pragma unroll
     for (int j = 0; j < GS_ROWS; j++) {
@@ -286,7 +275,6 @@ QW_KERNEL void QW_BOUNDS(512) dec_gdn_step(const float* __restrict__ proj, int n
     float kv = 0.f;
     for (int r = 0; r < GS_RG; r++) kv += red[r][c];
     kv *= decay;
-    float v = valid ? proj[2 * key_dim + hv * dv + c] : 0.f;
     float delta = b * (v - kv);
     __syncthreads();
     float o = 0.f;
@@ -321,6 +309,109 @@ QW_KERNEL void QW_BOUNDS(512) dec_gdn_step(const float* __restrict__ proj, int n
         float inv = rsqrtf(ss / dv + eps);
         out[(size_t)hv * dv + c] = red[0][c] * inv * nw[c] * silu_f(z[(size_t)hv * dv + c]);
     }
+}
+
+// One value head per block: gdn_head_step on the row dec_gdn_prep left in
+// proj (q, k, v after conv, SiLU and the L2 norms) with its gates g, beta.
+QW_KERNEL void QW_BOUNDS(512) dec_gdn_step(const float* __restrict__ proj, int nk, int nv, int dk, int dv,
+                                          const float* __restrict__ g, const float* __restrict__ beta,
+                                          float* __restrict__ S, const float* __restrict__ z,
+                                          const float* __restrict__ nw, float eps, float* __restrict__ out) {
+    __shared__ float qs[GS_RG * GS_ROWS], ks[GS_RG * GS_ROWS];
+    QW_GRID_WAIT();
+    QW_GRID_LAUNCH();
+    int hv = blockIdx.x;
+    int tid = threadIdx.y * blockDim.x + threadIdx.x, nt = blockDim.x * blockDim.y;
+    int hk = hv / (nv / nk), key_dim = nk * dk;
+    for (int i = tid; i < dk; i += nt) {
+        qs[i] = proj[hk * dk + i];
+        ks[i] = proj[key_dim + hk * dk + i];
+    }
+    float v = threadIdx.x < dv ? proj[2 * key_dim + hv * dv + threadIdx.x] : 0.f;
+    __syncthreads();
+    gdn_head_step(qs, ks, v, expf(g[hv]), beta[hv], hv, dk, dv, S, z, nw, eps, out);
+}
+
+// dec_gdn_prep and dec_gdn_step in one launch, one value head per block
+// (block (32 * ceil(dv / 32), 4), 2 dk + dv <= its threads): the causal conv
+// + SiLU of the head's q and k channels (key head hk) and its v channels, the
+// L2 norms of q (times q_scale) and k, the gates, then gdn_head_step. The
+// nv / nk value heads of a key head each compute its q/k conv; the last of
+// them updates that conv history, only once the others have read it (they
+// count themselves in done[hk]; the blocks are few enough to be resident
+// together, and on the CPU blocks run in order, the last one last). Every
+// block updates its own v channels' history. done[] is zero between launches.
+QW_KERNEL void QW_BOUNDS(512) dec_gdn_fused(const float* __restrict__ proj, float* __restrict__ conv_state,
+                                           const float* __restrict__ conv_w, int K, const float* __restrict__ a_log,
+                                           const float* __restrict__ dt_bias, int a_off, int nk, int nv, int dk,
+                                           int dv, float q_scale, float* __restrict__ S,
+                                           const float* __restrict__ z, const float* __restrict__ nw, float eps,
+                                           float* __restrict__ out, unsigned int* __restrict__ done) {
+    __shared__ float qs[GS_RG * GS_ROWS], ks[GS_RG * GS_ROWS], vs[128];
+    __shared__ float scratch[32];
+    QW_GRID_WAIT();
+    QW_GRID_LAUNCH();
+    const int hv = blockIdx.x, group = nv / nk, hk = hv / group, key_dim = nk * dk;
+    const int tid = threadIdx.y * blockDim.x + threadIdx.x;
+    const int H = K - 1;
+    const bool last = hv % group == group - 1;
+    // Thread t < 2 dk + dv: channel t of [q_hk | k_hk | v_hv].
+    const int nch = 2 * dk + dv;
+    int ch = -1;
+    if (tid < nch) ch = tid < dk ? hk * dk + tid : tid < 2 * dk ? key_dim + hk * dk + tid - dk : 2 * key_dim + hv * dv + tid - 2 * dk;
+    float cur = 0.f, act = 0.f;
+    if (ch >= 0) {
+        const float* wk = conv_w + (size_t)ch * K;
+        const float* hist = conv_state + (size_t)ch * H;
+        cur = proj[ch];
+        float acc = wk[H] * cur;
+        for (int q = 0; q < H; q++) acc += wk[q] * hist[q];
+        act = silu_f(acc);
+    }
+    // The q and k L2 norms: per-warp sums of squares (a warp is 32
+    // consecutive threads: blockDim.x is a multiple of 32), then over warps.
+    const int lane = tid % WARP, warp = tid / WARP, nwarps = blockDim.x * blockDim.y / WARP;
+    const float sq_q = warp_sum(tid < dk ? act * act : 0.f);
+    const float sq_k = warp_sum(tid >= dk && tid < 2 * dk ? act * act : 0.f);
+    if (lane == 0) {
+        scratch[warp] = sq_q;
+        scratch[16 + warp] = sq_k;
+    }
+    __syncthreads();
+    float qss = 0.f, kss = 0.f;
+    for (int w = 0; w < nwarps; w++) {
+        qss += scratch[w];
+        kss += scratch[16 + w];
+    }
+    if (tid < dk) qs[tid] = act * (rsqrtf(qss + 1e-6f) * q_scale);
+    else if (tid < 2 * dk) ks[tid - dk] = act * rsqrtf(kss + 1e-6f);
+    else if (tid < nch) vs[tid - 2 * dk] = act;
+    // The conv history: v channels now; q/k by the group's last block once
+    // the others have read theirs (the reads above precede block_sum's barriers).
+    auto shift = [&]() {
+        float* hist = conv_state + (size_t)ch * H;
+        for (int q = 0; q + 1 < H; q++) hist[q] = hist[q + 1];
+        if (H > 0) hist[H - 1] = cur;
+    };
+    if (tid >= 2 * dk && tid < nch) shift();
+    if (!last) {
+        if (tid == 0) {
+            __threadfence();
+            atomicAdd(&done[hk], 1u);
+        }
+    } else {
+        if (tid == 0 && group > 1) {
+            while (atomicAdd(&done[hk], 0u) < (unsigned)(group - 1)) {
+            }
+            done[hk] = 0u;
+        }
+        __syncthreads();
+        if (tid < 2 * dk) shift();
+    }
+    const float b = sigmoid_f(proj[a_off + nv + hv]);
+    const float decay = expf(-expf(a_log[hv]) * softplus_f(proj[a_off + hv] + dt_bias[hv]));
+    __syncthreads();
+    gdn_head_step(qs, ks, threadIdx.x < dv ? vs[threadIdx.x] : 0.f, decay, b, hv, dk, dv, S, z, nw, eps, out);
 }
 
 // GDN step preparation, in place on the projection row: causal conv (state

@@ -36,19 +36,21 @@ inline thread_local dim3 threadIdx, blockIdx;
 inline dim3 blockDim, gridDim;
 
 namespace qw_cpu {
+// This thread's index in its block (x fastest, as warps are formed on a GPU).
+inline thread_local unsigned tid;
 inline std::unique_ptr<std::barrier<>> block_barrier;
 inline std::vector<std::unique_ptr<std::barrier<>>> warp_barriers;
 inline unsigned long long slots[1024];  // one exchange slot per thread
 alignas(16) inline unsigned char dyn_smem[256 * 1024];
 
-inline void sync_warp() { warp_barriers[threadIdx.x / WARP]->arrive_and_wait(); }
+inline void sync_warp() { warp_barriers[tid / WARP]->arrive_and_wait(); }
 
 // `v` of lane (lane ^ m) of this thread's warp; every lane must call it.
 template <typename T>
 T shfl_xor(T v, int m) {
     static_assert(sizeof(T) <= 8);
-    const unsigned lane = threadIdx.x % WARP, base = threadIdx.x - lane;
-    std::memcpy(&slots[threadIdx.x], &v, sizeof(T));
+    const unsigned lane = tid % WARP, base = tid - lane;
+    std::memcpy(&slots[tid], &v, sizeof(T));
     sync_warp();
     T o;
     std::memcpy(&o, &slots[base + (lane ^ (unsigned)m)], sizeof(T));
@@ -75,7 +77,8 @@ inline void launch(dim3 grid, dim3 block, const std::function<void()>& kernel) {
     std::vector<std::thread> ts;
     for (unsigned t = 0; t < n; t++)
         ts.emplace_back([&, t] {
-            threadIdx = {t, 0, 0};
+            qw_cpu::tid = t;
+            threadIdx = {t % block.x, t / block.x % block.y, t / (block.x * block.y)};
             for (unsigned b = 0; b < blocks; b++) {
                 blockIdx = {b % grid.x, b / grid.x % grid.y, b / (grid.x * grid.y)};
                 kernel();
@@ -91,6 +94,10 @@ inline void launch(dim3 grid, dim3 block, const std::function<void()>& kernel) {
 #define SHFL_XOR(v, m) qw_cpu::shfl_xor((v), (m))
 #define QW_SYNCWARP() qw_cpu::sync_warp()
 inline void __syncthreads() { qw_cpu::block_barrier->arrive_and_wait(); }
+// Blocks run one after another here: a plain read-modify-write is atomic
+// enough, the fence a no-op beyond ordering.
+inline unsigned atomicAdd(unsigned* p, unsigned v) { return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST); }
+inline void __threadfence() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
 // Dynamic shared memory (QW_DYN_SMEM in compat.h).
 #define QW_CPU_DYN_SMEM(T, name) T* name = reinterpret_cast<T*>(qw_cpu::dyn_smem)
 
