@@ -244,26 +244,36 @@ QW_KERNEL void QW_BOUNDS(256) dec_embed(const bf16_t* __restrict__ emb, const un
 // The delta-rule step (T = 1) of value head hv with the state in registers
 // (thread (c, ty) holds S[ty + RG j][c]), then the head's gated RMSNorm:
 // out[hv, c] = rmsnorm(o)[c] * nw[c] * silu(z[hv, c]) -- the input of the out
-// projection. qs, ks: the head's normalised q (scaled) and k in shared
-// memory, ready (a block barrier before the call); v: this thread's value
-// (column c); decay = exp(g), b = beta. block (32 * ceil(dv / 32), RG = 4),
-// dk <= 4 * 32.
+// projection. sr: this thread's state rows (gdn_load_state); qs, ks: the
+// head's normalised q (scaled) and k in shared memory, ready (a block
+// barrier before the call); v: this thread's value (column c); decay =
+// exp(g), b = beta. block (32 * ceil(dv / 32), RG = 4), dk <= 4 * 32.
 #define GS_RG 4
 #define GS_ROWS 32
-__device__ __forceinline__ void gdn_head_step(const float* qs, const float* ks, float v, float decay, float b, int hv,
-                                              int dk, int dv, float* __restrict__ S, const float* __restrict__ z,
-                                              const float* __restrict__ nw, float eps, float* __restrict__ out) {
+
+// The state rows of thread (c, ty) of value head hv. The state is this
+// layer's own, last written by this kernel one token earlier, so it is read
+// before the grid dependency wait, while the in projection still streams.
+__device__ __forceinline__ void gdn_load_state(const float* __restrict__ S, int hv, int dk, int dv,
+                                               float (&sr)[GS_ROWS]) {
+    const int c = threadIdx.x, ty = threadIdx.y;
+    const float* Sh = S + (size_t)hv * dk * dv;
+#pragma unroll
+    for (int j = 0; j < GS_ROWS; j++) {
+        int i = ty + GS_RG * j;
+        sr[j] = (c < dv && i < dk) ? Sh[(size_t)i * dv + c] : 0.f;
+    }
+}
+
+__device__ __forceinline__ void gdn_head_step(float (&sr)[GS_ROWS], const float* qs, const float* ks, float v,
+                                              float decay, float b, int hv, int dk, int dv, float* __restrict__ S,
+                                              const float* __restrict__ z, const float* __restrict__ nw, float eps,
+                                              float* __restrict__ out) {
     __shared__ float red[GS_RG][128];
     __shared__ float wsum[32];
     int c = threadIdx.x, ty = threadIdx.y;
     bool valid = c < dv;
     float* Sh = S + (size_t)hv * dk * dv;
-    float sr[GS_ROWS];
-#pragma unroll
-    for (int j = 0; j < GS_ROWS; j++) {
-        int i = ty + GS_RG * j;
-        sr[j] = (valid && i < dk) ? Sh[(size_t)i * dv + c] : 0.f;
-    }
     float p = 0.f;
 #pragma unroll
     for (int j = 0; j < GS_ROWS; j++) {
@@ -318,9 +328,11 @@ QW_KERNEL void QW_BOUNDS(512) dec_gdn_step(const float* __restrict__ proj, int n
                                           float* __restrict__ S, const float* __restrict__ z,
                                           const float* __restrict__ nw, float eps, float* __restrict__ out) {
     __shared__ float qs[GS_RG * GS_ROWS], ks[GS_RG * GS_ROWS];
+    int hv = blockIdx.x;
+    float sr[GS_ROWS];
+    gdn_load_state(S, hv, dk, dv, sr);
     QW_GRID_WAIT();
     QW_GRID_LAUNCH();
-    int hv = blockIdx.x;
     int tid = threadIdx.y * blockDim.x + threadIdx.x, nt = blockDim.x * blockDim.y;
     int hk = hv / (nv / nk), key_dim = nk * dk;
     for (int i = tid; i < dk; i += nt) {
@@ -329,7 +341,7 @@ QW_KERNEL void QW_BOUNDS(512) dec_gdn_step(const float* __restrict__ proj, int n
     }
     float v = threadIdx.x < dv ? proj[2 * key_dim + hv * dv + threadIdx.x] : 0.f;
     __syncthreads();
-    gdn_head_step(qs, ks, v, expf(g[hv]), beta[hv], hv, dk, dv, S, z, nw, eps, out);
+    gdn_head_step(sr, qs, ks, v, expf(g[hv]), beta[hv], hv, dk, dv, S, z, nw, eps, out);
 }
 
 // dec_gdn_prep and dec_gdn_step in one launch, one value head per block
@@ -349,9 +361,11 @@ QW_KERNEL void QW_BOUNDS(512) dec_gdn_fused(const float* __restrict__ proj, floa
                                            float* __restrict__ out, unsigned int* __restrict__ done) {
     __shared__ float qs[GS_RG * GS_ROWS], ks[GS_RG * GS_ROWS], vs[128];
     __shared__ float scratch[32];
+    const int hv = blockIdx.x, group = nv / nk, hk = hv / group, key_dim = nk * dk;
+    float sr[GS_ROWS];
+    gdn_load_state(S, hv, dk, dv, sr);
     QW_GRID_WAIT();
     QW_GRID_LAUNCH();
-    const int hv = blockIdx.x, group = nv / nk, hk = hv / group, key_dim = nk * dk;
     const int tid = threadIdx.y * blockDim.x + threadIdx.x;
     const int H = K - 1;
     const bool last = hv % group == group - 1;
@@ -411,7 +425,7 @@ QW_KERNEL void QW_BOUNDS(512) dec_gdn_fused(const float* __restrict__ proj, floa
     const float b = sigmoid_f(proj[a_off + nv + hv]);
     const float decay = expf(-expf(a_log[hv]) * softplus_f(proj[a_off + hv] + dt_bias[hv]));
     __syncthreads();
-    gdn_head_step(qs, ks, threadIdx.x < dv ? vs[threadIdx.x] : 0.f, decay, b, hv, dk, dv, S, z, nw, eps, out);
+    gdn_head_step(sr, qs, ks, threadIdx.x < dv ? vs[threadIdx.x] : 0.f, decay, b, hv, dk, dv, S, z, nw, eps, out);
 }
 
 // GDN step preparation, in place on the projection row: causal conv (state
