@@ -94,10 +94,6 @@ inline void launch(dim3 grid, dim3 block, const std::function<void()>& kernel) {
 #define SHFL_XOR(v, m) qw_cpu::shfl_xor((v), (m))
 #define QW_SYNCWARP() qw_cpu::sync_warp()
 inline void __syncthreads() { qw_cpu::block_barrier->arrive_and_wait(); }
-// Blocks run one after another here: a plain read-modify-write is atomic
-// enough, the fence a no-op beyond ordering.
-inline unsigned atomicAdd(unsigned* p, unsigned v) { return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST); }
-inline void __threadfence() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
 // Dynamic shared memory (QW_DYN_SMEM in compat.h).
 #define QW_CPU_DYN_SMEM(T, name) T* name = reinterpret_cast<T*>(qw_cpu::dyn_smem)
 

@@ -273,16 +273,10 @@ pub(super) struct DecodeState {
     graphs_ok: bool,
     /// `QWASI_DEC_SKIP=stage,...`, measurement only: the step leaves these
     /// stages out (wrong tokens), so a benchmark shows what each costs inside
-    /// the graph: in_proj, gdn_prep, gdn_step (the fused kernel too), out_proj, attn_proj,
+    /// the graph: in_proj, gdn_prep, gdn_step, out_proj, attn_proj,
     /// attn_prep, attn, attn_combine, o_proj, moe_input, moe_gate_up,
     /// moe_down, lm_head.
     skip: Vec<String>,
-    /// The q/k conv-history hand-off counters of `dec_gdn_fused` (one per
-    /// key head, zero between launches).
-    gdn_done: DBuf,
-    /// `dec_gdn_fused` (`false` with `QWASI_GDN_DECODE=split`, or where its
-    /// value heads exceed the SMs or its threads the channels).
-    gdn_fused: bool,
     /// Gate/up row pairs per warp of `dec_moe_gate_up` (`QWASI_MOE_PAIRS`,
     /// default 2: on the H200 512/8K decode 333.0/302.5 tok/s against
     /// 320.5/289.4 with 1 and 320.0/289.9 with 4).
@@ -348,11 +342,6 @@ impl GpuModel {
             graphs_ok: std::env::var("QWASI_GRAPHS").as_deref() != Ok("0")
                 && !d.debug
                 && !d.profiling(),
-            gdn_done: d.alloc_zeroed(c.linear_num_key_heads.max(1) * 4)?,
-            gdn_fused: std::env::var("QWASI_GDN_DECODE").as_deref() != Ok("split")
-                && 2 * c.linear_key_head_dim + c.linear_value_head_dim
-                    <= 4 * 32 * c.linear_value_head_dim.div_ceil(32)
-                && c.linear_num_value_heads <= d.sm_count as usize,
             moe_pairs: std::env::var("QWASI_MOE_PAIRS")
                 .ok()
                 .and_then(|v| v.parse().ok())
@@ -501,36 +490,7 @@ impl GpuModel {
                         norm_gemv(in_proj.buf.ptr(), p, layer.input_norm.ptr(), proj)?;
                     }
                     let blocks = 2 * nk + vdim.div_ceil(128);
-                    let step_block = ((32 * dv.div_ceil(32)) as u32, 4, 1);
-                    if ds.gdn_fused && on("gdn_step") {
-                        d.launch_pdl(
-                            "dec_gdn_fused",
-                            (nv as u32, 1, 1),
-                            step_block,
-                            0,
-                            &[
-                                Arg::Ptr(proj),
-                                Arg::Ptr(cst.ptr()),
-                                Arg::Ptr(conv.ptr()),
-                                i(c.linear_conv_kernel),
-                                Arg::Ptr(a_log.ptr()),
-                                Arg::Ptr(dt_bias.ptr()),
-                                i(conv_dim + vdim),
-                                i(nk),
-                                i(nv),
-                                i(dk),
-                                i(dv),
-                                f(1.0 / (dk as f32).sqrt()),
-                                Arg::Ptr(s.ptr()),
-                                Arg::Ptr(proj + (conv_dim * F) as u64),
-                                Arg::Ptr(norm.ptr()),
-                                f(eps),
-                                Arg::Ptr(ds.gdn_o.ptr()),
-                                Arg::Ptr(ds.gdn_done.ptr()),
-                            ],
-                        )?;
-                    }
-                    if !ds.gdn_fused && on("gdn_prep") {
+                    if on("gdn_prep") {
                         d.launch_pdl(
                             "dec_gdn_prep",
                             (blocks as u32, 1, 1),
@@ -554,11 +514,11 @@ impl GpuModel {
                             ],
                         )?;
                     }
-                    if !ds.gdn_fused && on("gdn_step") {
+                    if on("gdn_step") {
                         d.launch_pdl(
                             "dec_gdn_step",
                             (nv as u32, 1, 1),
-                            step_block,
+                            ((32 * dv.div_ceil(32)) as u32, 4, 1),
                             0,
                             &[
                                 Arg::Ptr(proj),
