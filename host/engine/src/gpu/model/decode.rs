@@ -37,6 +37,12 @@ const DA_STAGES: usize = 3;
 /// instead of 5.15 ms per step); direct reads stay faster for short splits
 /// (512 context: 286 vs 277 tok/s with the ring forced).
 const RING_MIN_KEYS: usize = 256;
+/// Keys per split (f32 KV) from which `Auto` takes the key-parallel kernel
+/// with one query head per warp (`keys1`): on the H200 at 131K context
+/// (1,024+ keys per split) 157.9 against 151.2 tok/s through the ring, at
+/// 32K (256-512) 230.8 against 235.4 (7ec1de9,
+/// `benchmarks/dec-attn-keys-h200-7ec1de9.json`).
+const KEYS1_MIN_KEYS: usize = 1024;
 /// Keys per tile and most query heads per warp of `dec_attn_*_keys`
 /// (`DK_TILE`, `DK_MAXH` in kernels/decode_attn_keys.cu); head_dim at most 256.
 const DK_TILE: usize = 32;
@@ -147,14 +153,14 @@ impl BulkGemv {
 /// Decode attention's kernel family (`QWASI_DEC_ATTN`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum DecAttnPath {
-    /// `dec_attn_*_ring` when a split may span `RING_MIN_KEYS` keys, else
-    /// `dec_attn_*` (direct reads).
+    /// `dec_attn_f32_keys1` when a split of f32 keys may span
+    /// `KEYS1_MIN_KEYS` keys, else `dec_attn_*_ring` when it may span
+    /// `RING_MIN_KEYS`, else `dec_attn_*` (direct reads).
     Auto,
     Direct,
     Ring,
     /// `dec_attn_*_keys`: lanes own keys in the QK pass, each warp serves
-    /// `heads_per_warp` query heads (`keys`: 2, `keys1`: 1). Not yet the
-    /// default: written after the last H200 session, unmeasured.
+    /// `heads_per_warp` query heads (`keys`: 2, `keys1`: 1).
     Keys {
         heads_per_warp: usize,
     },
@@ -184,7 +190,8 @@ pub(super) struct DecAttnPlan {
 
 /// The launch of `path` for `group` query heads per KV head of `hd` dims,
 /// a split of up to `split_keys` keys, `kv_bytes` per KV value and
-/// `max_smem` bytes of shared memory per block. `Keys` falls back to `Auto`
+/// `max_smem` bytes of shared memory per block. `Auto` takes `keys1` for
+/// splits of `KEYS1_MIN_KEYS` f32 keys and more. `Keys` falls back to `Auto`
 /// where the kernel does not apply (head_dim not a multiple of 32 16-byte
 /// lanes or over 256, heads not divisible per warp, too little shared memory).
 pub(super) fn dec_attn_plan(
@@ -196,6 +203,12 @@ pub(super) fn dec_attn_plan(
     max_smem: usize,
 ) -> DecAttnPlan {
     let f32_kv = kv_bytes == F;
+    let path = match path {
+        DecAttnPath::Auto if f32_kv && split_keys >= KEYS1_MIN_KEYS => {
+            DecAttnPath::Keys { heads_per_warp: 1 }
+        }
+        p => p,
+    };
     if let DecAttnPath::Keys { heads_per_warp } = path {
         let vn = 16 / kv_bytes;
         let fixed = (group * hd + group * DK_TILE) * F;
@@ -1077,7 +1090,7 @@ mod tests {
         let auto = DecAttnPath::Auto;
         assert_eq!(plan(auto, 100, F, H200_SMEM).kernel, "dec_attn_f32");
         assert_eq!(plan(auto, 100, F, H200_SMEM).smem, 0);
-        let ring = plan(auto, 1024, F, H200_SMEM);
+        let ring = plan(auto, 1023, F, H200_SMEM);
         assert_eq!(
             (ring.kernel, ring.threads, ring.stages, ring.smem),
             ("dec_attn_f32_ring", 256, 3, 3 * 32 * 1024)
@@ -1085,6 +1098,14 @@ mod tests {
         assert_eq!(
             plan(DecAttnPath::Ring, 100, B, H200_SMEM).kernel,
             "dec_attn_bf16_ring"
+        );
+        // Long f32 splits: the key-parallel kernel, one head per warp; bf16
+        // KV keeps the ring.
+        assert_eq!(plan(auto, 1024, F, H200_SMEM).kernel, "dec_attn_f32_keys1");
+        assert_eq!(plan(auto, 4096, B, H200_SMEM).kernel, "dec_attn_bf16_ring");
+        assert_eq!(
+            plan(DecAttnPath::Ring, 4096, F, H200_SMEM).kernel,
+            "dec_attn_f32_ring"
         );
         // Keys: q and p (9,216 bytes), then 32-key tiles of padded K and V.
         let keys = plan(DecAttnPath::Keys { heads_per_warp: 2 }, 100, F, H200_SMEM);
