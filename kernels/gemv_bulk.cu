@@ -3,9 +3,9 @@
 // `stages` slots of R consecutive rows in flight per block, so the bytes in
 // flight no longer depend on registers: a block per SM with a 128 KB ring
 // requests 17 MB over the GPU before its grid dependency wait (a whole
-// 4,096-column out projection). Each warp owns a fixed slice of the columns (its activations in
-// registers), every warp reads every row of a slot, and the 8 warps' partial
-// dots meet in shared memory.
+// 4,096-column out projection). Each warp owns a fixed slice of the columns
+// (its activations in registers), every warp reads every row of a slot, and
+// the 8 warps' partial dots meet in shared memory.
 //
 // Elsewhere (HIP, sm_80, the CPU harness) the block copies each slot itself
 // before using it: the same arithmetic, without the overlap. The host picks
@@ -87,14 +87,15 @@ __device__ __forceinline__ float warp_sum_rows(float (&v)[R], int lane) {
 
 // The ring of one block: `stages` slots of `slot16` 16-byte units (dynamic
 // shared memory), each holding R weight rows of n8 units for one step `it`
-// of the block's run of n steps: `rows(it)` rows (at most R) from `src(it)`. Every warp dots its column slice of every row
-// with the activations in registers (xr, chunk c = u * 256 + w * 32 + lane),
-// the 8 warps' partials meet in shared memory, and `emit(it, lane, part)`
-// runs on lanes 0 .. rows(it) - 1 of warp 0 with part[q * R + row] the
-// partial of warp q (sum them in q order).
+// of the block's run of n steps: `rows(it)` rows (at most R) from `src(it)`.
+// Every warp dots its column slice of every row with the activations in
+// registers (xr, chunk c = u * 256 + w * 32 + lane), the 8 warps' partials
+// meet in shared memory, and `emit(it, lane, part)` runs on lanes 0 ..
+// rows(it) - 1 of warp 0 with part[q * R + row] the partial of warp q (sum
+// them in q order).
 //
-// With bulk copies, `bulk_ring_start` (before the grid dependency wait when
-// the weights are known then) issues the first slots and every slot freed
+// With bulk copies, `start` (before the grid dependency wait: weights do not
+// depend on the previous kernel) issues the first slots and every slot freed
 // is refilled at once; without, each slot is copied by the block when used.
 template <int R>
 struct BulkRing {

@@ -61,6 +61,15 @@ pub(super) struct BulkGemv {
     blocks_per_sm: usize,
 }
 
+/// One `dec_gemv_bulk*` launch.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) struct BulkPlan {
+    pub kernel: &'static str,
+    pub grid: usize,
+    pub smem: usize,
+    pub stages: usize,
+}
+
 impl BulkGemv {
     pub(super) fn from_env(dev: &Device) -> Option<Self> {
         if !dev.bulk_copies()
@@ -82,18 +91,7 @@ impl BulkGemv {
             blocks_per_sm: num("QWASI_BULK_BLOCKS", 1).max(1),
         })
     }
-}
 
-/// One `dec_gemv_bulk*` launch.
-#[derive(Debug, PartialEq, Eq)]
-pub(super) struct BulkPlan {
-    pub kernel: &'static str,
-    pub grid: usize,
-    pub smem: usize,
-    pub stages: usize,
-}
-
-impl BulkGemv {
     /// The launch for a `rows` x `cols` matrix at address `w`, or `None`
     /// where the kernels do not apply (columns not a multiple of 8 or over
     /// 4,096, weights not 16-byte aligned, not one slot of shared memory).
@@ -116,34 +114,18 @@ impl BulkGemv {
         } else {
             ("dec_gemv_bulk2", 4)
         };
-        let mut plan = self.ring(
-            kernel,
-            rows.div_ceil(slot_rows),
-            slot_rows * cols * B,
-            max_smem,
-            sms,
-        )?;
-        plan.grid = plan.grid.min(out_blocks.unwrap_or(usize::MAX));
-        Some(plan)
-    }
-
-    /// `slots` slots of `slot` bytes over at most `blocks_per_sm` blocks per
-    /// SM, as many ring slots per block as asked and shared memory allows.
-    fn ring(
-        &self,
-        kernel: &'static str,
-        slots: usize,
-        slot: usize,
-        max_smem: usize,
-        sms: u32,
-    ) -> Option<BulkPlan> {
+        let slot = slot_rows * cols * B;
         let stages = self.stages.min(max_smem / slot);
-        if stages == 0 || slots == 0 {
+        if stages == 0 {
             return None;
         }
+        let grid = rows
+            .div_ceil(slot_rows)
+            .min(sms as usize * self.blocks_per_sm)
+            .min(out_blocks.unwrap_or(usize::MAX));
         Some(BulkPlan {
             kernel,
-            grid: slots.min(sms as usize * self.blocks_per_sm),
+            grid,
             smem: stages * slot,
             stages,
         })
