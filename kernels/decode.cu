@@ -439,8 +439,11 @@ __device__ void router_topk_warp(const float* __restrict__ logits, int E, int k,
 #pragma unroll
         for (int m = 0; m < MOE_MAXE / WARP; m++)
             if (lane + m * WARP == bi) lv[m] = -INFINITY;
+        // Nothing selectable (every remaining logit NaN or -inf: a broken
+        // hidden state): expert 0 with weight 0, or NaN when all are, so the
+        // expert kernels never index past the experts.
         if (lane == 0) {
-            sidx[j] = bi;
+            sidx[j] = bi < E ? bi : 0;
             sw[j] = bv;
         }
     }

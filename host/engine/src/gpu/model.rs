@@ -1671,11 +1671,7 @@ impl Backend for GpuModel {
             let (_, st) = self.decode_step(seq, tokens[0])?;
             let mut out = [0f32; 3];
             self.dev.dtoh(&mut out, st)?;
-            return Ok(Sampled {
-                token: out[0].to_bits(),
-                logprob: -out[2],
-                top: Vec::new(),
-            });
+            return greedy_sampled(out, self.cfg.vocab_size);
         }
         let logits = self.logits_device(seq, tokens, &mut sc)?;
         let st = sc.get(&self.dev, "stats", 16)?;
@@ -1688,11 +1684,7 @@ impl Backend for GpuModel {
         )?;
         let mut out = [0f32; 3];
         self.dev.dtoh(&mut out, st)?;
-        Ok(Sampled {
-            token: out[0].to_bits(),
-            logprob: -out[2],
-            top: Vec::new(),
-        })
+        greedy_sampled(out, self.cfg.vocab_size)
     }
 
     /// The head of the logits read on the device (kernels/sampling.cu): 64
@@ -2051,9 +2043,34 @@ pub fn to_bf16(v: &[f32]) -> Vec<bf16> {
     v.iter().map(|&x| bf16::from_f32(x)).collect()
 }
 
+/// The device argmax `[token bits, max, log-sum-exp]` as a sampled token.
+/// The argmax kernels find no token when every logit is NaN or -inf (a
+/// broken hidden state): an error, not a token id past the vocabulary.
+fn greedy_sampled(out: [f32; 3], vocab: usize) -> Result<Sampled> {
+    let token = out[0].to_bits();
+    if token as usize >= vocab {
+        bail!("the model produced no finite logit (all NaN or -inf); generation stopped");
+    }
+    Ok(Sampled {
+        token,
+        logprob: -out[2],
+        top: Vec::new(),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_greedy_step_without_a_finite_logit_is_an_error() {
+        let ok = greedy_sampled([f32::from_bits(7), 1.5, 0.25], 100).unwrap();
+        assert_eq!((ok.token, ok.logprob), (7, -0.25));
+        // argmax_final's "nothing found" index.
+        let err = greedy_sampled([f32::from_bits(0x7fff_ffff), f32::NEG_INFINITY, 0.0], 100);
+        assert!(err.unwrap_err().to_string().contains("no finite logit"));
+        assert!(greedy_sampled([f32::from_bits(100), 0.0, 0.0], 100).is_err());
+    }
 
     #[test]
     fn expert_tiles_cover_every_row_once_in_order() {
