@@ -68,10 +68,42 @@ __device__ __forceinline__ unsigned pack_bf16x2(float x0, float x1) {
     return d;
 }
 
+#elif defined(QW_CPU)
+// The CPU harness (tests/kernels_cpu) emulates the warp-wide product: every
+// lane posts its fragments, then computes its four outputs from all of them
+// (the bf16 products are exact in f32; the sum order differs from the
+// hardware's, which the checks' tolerances cover).
+__device__ __forceinline__ void mma_16816(float* d, const unsigned* a, unsigned b0, unsigned b1) {
+    static unsigned frag[1024][6];
+    const unsigned lane = qw_cpu::tid % WARP, base = qw_cpu::tid - lane;
+    for (int i = 0; i < 4; i++) frag[qw_cpu::tid][i] = a[i];
+    frag[qw_cpu::tid][4] = b0;
+    frag[qw_cpu::tid][5] = b1;
+    qw_cpu::sync_warp();
+    auto half = [](unsigned w, int k) { return k & 1 ? bf_hi(w) : bf_lo(w); };
+    // A[r][k]: lane 4 (r % 8) + (k % 8) / 2, register (r >= 8) + 2 (k >= 8);
+    // B[k][n]: lane 4 n + (k % 8) / 2, register 4 + (k >= 8).
+    auto A = [&](int r, int k) { return half(frag[base + 4 * (r % 8) + (k % 8) / 2][(r >= 8) + 2 * (k >= 8)], k); };
+    auto B = [&](int k, int n) { return half(frag[base + 4 * n + (k % 8) / 2][4 + (k >= 8)], k); };
+    const int g = lane >> 2, c = lane & 3;
+    for (int e = 0; e < 4; e++) {
+        const int r = g + 8 * (e >> 1), n = 2 * c + (e & 1);
+        float t = d[e];
+        for (int k = 0; k < 16; k++) t += A(r, k) * B(k, n);
+        d[e] = t;
+    }
+    qw_cpu::sync_warp();
+}
+
+__device__ __forceinline__ unsigned pack_bf16x2(float x0, float x1) {
+    return (unsigned)f2bf(x0) | ((unsigned)f2bf(x1) << 16);
+}
+#endif
+
+#if defined(QW_CUDA) || defined(QW_CPU)
 // hi = bf16(x), lo = bf16(x - hi), for a pair: split-precision operands.
 __device__ __forceinline__ void split_bf16x2(float x0, float x1, unsigned& hi, unsigned& lo) {
     hi = pack_bf16x2(x0, x1);
     lo = pack_bf16x2(x0 - bf_lo(hi), x1 - bf_hi(hi));
 }
-
 #endif

@@ -1,6 +1,7 @@
 // Decode attention on the CPU (QW_CPU): every kernel family of
 // kernels/decode.cu (dec_attn_*: direct and ring) and
-// kernels/decode_attn_keys.cu (dec_attn_*_keys), each followed by the real
+// kernels/decode_attn_keys.cu (dec_attn_*_keys) and kernels/decode_attn_tc.cu
+// (dec_attn_*_tc, tensor cores: the mma emulated), each followed by the real
 // dec_attn_combine, against gated softmax attention in double precision.
 // GQA, f32 and bf16 KV, head_dim 256 and 128, 1 and 3 ring stages, split
 // lengths that are not multiples of the tiles, empty splits. Exit 1 on a
@@ -11,15 +12,16 @@
 #include <vector>
 #include "decode.cu"
 #include "decode_attn_keys.cu"
+#include "decode_attn_tc.cu"
 
 struct Shape {
     int nkv, G, hd, L, nsplit;
 };
 
 // Max |error| of `attn` (partials for every (KV head, split) block of
-// 32 G / heads_per_warp threads) merged by dec_attn_combine.
+// `threads` threads) merged by dec_attn_combine.
 template <typename KV, typename Attn>
-static double check(const Shape& s, int heads_per_warp, Attn attn, unsigned seed) {
+static double check(const Shape& s, unsigned threads, Attn attn, unsigned seed) {
     const int nh = s.nkv * s.G, hd = s.hd, L = s.L;
     std::mt19937 rng(seed);
     std::normal_distribution<float> nd(0.f, 1.f);
@@ -42,7 +44,6 @@ static double check(const Shape& s, int heads_per_warp, Attn attn, unsigned seed
     }
     std::vector<float> po((size_t)nh * s.nsplit * hd, NAN), pml((size_t)nh * s.nsplit * 2, NAN), out(nh * hd, NAN);
     const int pos = L - 1;
-    const unsigned threads = 32 * s.G / heads_per_warp;
     qw_cpu::launch({(unsigned)s.nkv, (unsigned)s.nsplit, 1}, {threads, 1, 1},
                    [&] { attn(q.data(), kc.data(), vc.data(), po.data(), pml.data(), &pos); });
     qw_cpu::launch({(unsigned)nh, (unsigned)((hd + 31) / 32), 1}, {256, 1, 1},
@@ -95,13 +96,13 @@ int main() {
         for (int st : {0, 1, 3}) {
             const std::string tag = st ? "_ring/" + std::to_string(st) : "";
             report("dec_attn_f32" + tag, s,
-                   check<float>(s, 1, [&](const float* q, const float* k, const float* v, float* po, float* pml,
+                   check<float>(s, 32 * s.G, [&](const float* q, const float* k, const float* v, float* po, float* pml,
                                           const int* pos) {
                        (st ? dec_attn_f32_ring : dec_attn_f32)(q, k, v, po, pml, nh, s.nkv, s.hd, pos, s.nsplit,
                                                                 scale, st);
                    }, 11));
             report("dec_attn_bf16" + tag, s,
-                   check<bf16_t>(s, 1, [&](const float* q, const bf16_t* k, const bf16_t* v, float* po, float* pml,
+                   check<bf16_t>(s, 32 * s.G, [&](const float* q, const bf16_t* k, const bf16_t* v, float* po, float* pml,
                                            const int* pos) {
                        (st ? dec_attn_bf16_ring : dec_attn_bf16)(q, k, v, po, pml, nh, s.nkv, s.hd, pos, s.nsplit,
                                                                   scale, st);
@@ -110,22 +111,33 @@ int main() {
         for (int st : {1, 3}) {
             const std::string tag = "/" + std::to_string(st);
             report("dec_attn_f32_keys" + tag, s,
-                   check<float>(s, 2, [&](const float* q, const float* k, const float* v, float* po, float* pml,
+                   check<float>(s, 16 * s.G, [&](const float* q, const float* k, const float* v, float* po, float* pml,
                                           const int* pos) {
                        dec_attn_f32_keys(q, k, v, po, pml, nh, s.nkv, s.hd, pos, s.nsplit, scale, st);
                    }, 13));
             report("dec_attn_f32_keys1" + tag, s,
-                   check<float>(s, 1, [&](const float* q, const float* k, const float* v, float* po, float* pml,
+                   check<float>(s, 32 * s.G, [&](const float* q, const float* k, const float* v, float* po, float* pml,
                                           const int* pos) {
                        dec_attn_f32_keys1(q, k, v, po, pml, nh, s.nkv, s.hd, pos, s.nsplit, scale, st);
                    }, 14));
             if (s.hd % 256 == 0)
                 report("dec_attn_bf16_keys" + tag, s,
-                       check<bf16_t>(s, 2, [&](const float* q, const bf16_t* k, const bf16_t* v, float* po,
+                       check<bf16_t>(s, 16 * s.G, [&](const float* q, const bf16_t* k, const bf16_t* v, float* po,
                                                float* pml, const int* pos) {
                            dec_attn_bf16_keys(q, k, v, po, pml, nh, s.nkv, s.hd, pos, s.nsplit, scale, st);
                        }, 15));
         }
+        // Tensor cores: head-dim slices of DT_WARPS warps, G <= 8.
+        report("dec_attn_f32_tc", s,
+               check<float>(s, 32 * DT_WARPS, [&](const float* q, const float* k, const float* v, float* po,
+                                                 float* pml, const int* pos) {
+                   dec_attn_f32_tc(q, k, v, po, pml, nh, s.nkv, s.hd, pos, s.nsplit, scale, 0);
+               }, 16));
+        report("dec_attn_bf16_tc", s,
+               check<bf16_t>(s, 32 * DT_WARPS, [&](const float* q, const bf16_t* k, const bf16_t* v, float* po,
+                                                  float* pml, const int* pos) {
+                   dec_attn_bf16_tc(q, k, v, po, pml, nh, s.nkv, s.hd, pos, s.nsplit, scale, 0);
+               }, 17));
     }
     std::printf("%d of %d kernel runs match\n", n - bad, n);
     return bad ? 1 : 0;

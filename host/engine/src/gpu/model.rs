@@ -121,8 +121,8 @@ pub struct GpuModel {
     /// length) or bf16 (`QWASI_KV=bf16`: half the memory and bandwidth; measured
     /// KL 1.2e-2 vs transformers f32 on a one-token prompt at full width).
     pub kv_f32: bool,
-    /// `QWASI_DEC_ATTN=ring|direct|keys|keys1`: force decode attention's
-    /// kernel (default: ring or direct by split length, see `dec_attn_plan`).
+    /// `QWASI_DEC_ATTN=tc|ring|direct|keys|keys1`: force decode attention's
+    /// kernel (default: tensor cores where they apply, see `dec_attn_plan`).
     dec_attn: decode::DecAttnPath,
     /// `false` with `QWASI_GEMV=stream`: residual GEMVs with short rows keep
     /// one warp per row (`dec_gemv`, `dec_moe_down`) instead of splitting

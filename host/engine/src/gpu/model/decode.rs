@@ -43,6 +43,12 @@ const RING_MIN_KEYS: usize = 256;
 /// 32K (256-512) 230.8 against 235.4 (7ec1de9,
 /// `benchmarks/dec-attn-keys-h200-7ec1de9.json`).
 const KEYS1_MIN_KEYS: usize = 1024;
+/// Warps per block, most query heads per KV head and k16 steps per warp of
+/// `dec_attn_*_tc` (`DT_WARPS`, `DT_HEADS`, `DT_MAXKK` in
+/// kernels/decode_attn_tc.cu): head_dim a multiple of 64, at most 256.
+const DT_WARPS: usize = 4;
+const DT_HEADS: usize = 8;
+const DT_MAXKK: usize = 4;
 /// Keys per tile and most query heads per warp of `dec_attn_*_keys`
 /// (`DK_TILE`, `DK_MAXH` in kernels/decode_attn_keys.cu); head_dim at most 256.
 const DK_TILE: usize = 32;
@@ -135,6 +141,9 @@ impl BulkGemv {
 /// Decode attention's kernel family (`QWASI_DEC_ATTN`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum DecAttnPath {
+    /// `dec_attn_*_tc` where it applies (CUDA; on the H200 at 512 / 8K /
+    /// 32K / 131K context: 345.7 / 327.2 / 286.7 / 201.5 tok/s against
+    /// 342.8 / 307.5 / 264.4 / 172.5 for the kernels below). Otherwise
     /// `dec_attn_f32_keys1` when a split of f32 keys may span
     /// `KEYS1_MIN_KEYS` keys, else `dec_attn_*_ring` when it may span
     /// `RING_MIN_KEYS`, else `dec_attn_*` (direct reads).
@@ -146,6 +155,9 @@ pub(super) enum DecAttnPath {
     Keys {
         heads_per_warp: usize,
     },
+    /// `dec_attn_*_tc`: the query heads of a KV head as one side of a
+    /// tensor-core product with 16-key tiles (CUDA only).
+    Tensor,
 }
 
 impl DecAttnPath {
@@ -155,6 +167,7 @@ impl DecAttnPath {
             Ok("direct") => DecAttnPath::Direct,
             Ok("keys") => DecAttnPath::Keys { heads_per_warp: 2 },
             Ok("keys1") => DecAttnPath::Keys { heads_per_warp: 1 },
+            Ok("tc") => DecAttnPath::Tensor,
             _ => DecAttnPath::Auto,
         }
     }
@@ -175,7 +188,10 @@ pub(super) struct DecAttnPlan {
 /// `max_smem` bytes of shared memory per block. `Auto` takes `keys1` for
 /// splits of `KEYS1_MIN_KEYS` f32 keys and more. `Keys` falls back to `Auto`
 /// where the kernel does not apply (head_dim not a multiple of 32 16-byte
-/// lanes or over 256, heads not divisible per warp, too little shared memory).
+/// lanes or over 256, heads not divisible per warp, too little shared memory),
+/// and so does `Tensor` (no `tensor_cores`, more than 8 heads per KV head,
+/// head_dim not a multiple of 64 or over 256). `Auto` takes `Tensor` where
+/// it applies.
 pub(super) fn dec_attn_plan(
     path: DecAttnPath,
     group: usize,
@@ -183,8 +199,31 @@ pub(super) fn dec_attn_plan(
     split_keys: usize,
     kv_bytes: usize,
     max_smem: usize,
+    tensor_cores: bool,
 ) -> DecAttnPlan {
     let f32_kv = kv_bytes == F;
+    if matches!(path, DecAttnPath::Auto | DecAttnPath::Tensor)
+        && tensor_cores
+        && group <= DT_HEADS
+        && hd.is_multiple_of(16 * DT_WARPS)
+        && hd <= 16 * DT_WARPS * DT_MAXKK
+    {
+        return DecAttnPlan {
+            kernel: if f32_kv {
+                "dec_attn_f32_tc"
+            } else {
+                "dec_attn_bf16_tc"
+            },
+            threads: 32 * DT_WARPS,
+            smem: 0,
+            stages: 0,
+        };
+    }
+    let path = if path == DecAttnPath::Tensor {
+        DecAttnPath::Auto
+    } else {
+        path
+    };
     let path = match path {
         DecAttnPath::Auto if f32_kv && split_keys >= KEYS1_MIN_KEYS => {
             DecAttnPath::Keys { heads_per_warp: 1 }
@@ -585,6 +624,7 @@ impl GpuModel {
                         seq.cap.div_ceil(nsplit),
                         if self.kv_f32 { F } else { B },
                         d.max_shared_per_block(),
+                        self.tc_attention,
                     );
                     if on("attn") {
                         d.launch_pdl(
@@ -1068,7 +1108,8 @@ mod tests {
     #[test]
     fn decode_attention_launches() {
         // Qwen3.6-35B: 8 query heads per KV head, head_dim 256, f32 KV.
-        let plan = |path, keys, kv, smem| dec_attn_plan(path, 8, 256, keys, kv, smem);
+        // Without tensor cores (HIP), then with them below.
+        let plan = |path, keys, kv, smem| dec_attn_plan(path, 8, 256, keys, kv, smem, false);
         let auto = DecAttnPath::Auto;
         assert_eq!(plan(auto, 100, F, H200_SMEM).kernel, "dec_attn_f32");
         assert_eq!(plan(auto, 100, F, H200_SMEM).smem, 0);
@@ -1111,20 +1152,48 @@ mod tests {
         // Where the kernel does not apply, the default kernels run.
         let keys2 = DecAttnPath::Keys { heads_per_warp: 2 };
         assert_eq!(
-            dec_attn_plan(keys2, 8, 64, 1024, F, H200_SMEM).kernel,
+            dec_attn_plan(keys2, 8, 64, 1024, F, H200_SMEM, false).kernel,
             "dec_attn_f32_ring"
         );
         assert_eq!(
-            dec_attn_plan(keys2, 3, 256, 100, F, H200_SMEM).kernel,
+            dec_attn_plan(keys2, 3, 256, 100, F, H200_SMEM, true).kernel,
             "dec_attn_f32"
         );
         assert_eq!(
-            dec_attn_plan(keys2, 8, 128, 100, B, H200_SMEM).kernel,
+            dec_attn_plan(keys2, 8, 128, 100, B, H200_SMEM, true).kernel,
             "dec_attn_bf16"
         );
         assert_eq!(plan(keys2, 100, F, 40_000).kernel, "dec_attn_f32");
         // No bf16 kernel with one head per warp.
         let keys1 = DecAttnPath::Keys { heads_per_warp: 1 };
         assert_eq!(plan(keys1, 100, B, H200_SMEM).kernel, "dec_attn_bf16");
+        // Tensor cores (the default where they apply): 4 warps, no dynamic
+        // shared memory, f32 or bf16 KV.
+        let plan = |path, keys, kv, smem| dec_attn_plan(path, 8, 256, keys, kv, smem, true);
+        assert_eq!(plan(auto, 100, F, H200_SMEM).kernel, "dec_attn_f32_tc");
+        assert_eq!(plan(auto, 4096, B, H200_SMEM).kernel, "dec_attn_bf16_tc");
+        assert_eq!(
+            plan(DecAttnPath::Ring, 4096, F, H200_SMEM).kernel,
+            "dec_attn_f32_ring"
+        );
+        let tc = plan(DecAttnPath::Tensor, 4096, F, H200_SMEM);
+        assert_eq!(
+            (tc.kernel, tc.threads, tc.smem),
+            ("dec_attn_f32_tc", 128, 0)
+        );
+        assert_eq!(
+            plan(DecAttnPath::Tensor, 100, B, H200_SMEM).kernel,
+            "dec_attn_bf16_tc"
+        );
+        // Where it does not apply: as Auto.
+        let no_tc = |group, hd, tensor_cores| {
+            dec_attn_plan(DecAttnPath::Tensor, group, hd, 100, F, H200_SMEM, tensor_cores).kernel
+        };
+        assert_eq!(no_tc(8, 256, false), "dec_attn_f32");
+        assert_eq!(no_tc(16, 256, true), "dec_attn_f32");
+        assert_eq!(no_tc(8, 96, true), "dec_attn_f32");
+        assert_eq!(no_tc(8, 128, true), "dec_attn_f32_tc");
+        let auto_16 = dec_attn_plan(auto, 16, 256, 100, F, H200_SMEM, true);
+        assert_eq!(auto_16.kernel, "dec_attn_f32");
     }
 }
