@@ -18,10 +18,15 @@
 // so every warp holds the same scores, maxima and sums and no warp states
 // need merging at the end. Each warp reads its fragments straight from global
 // memory (every 32-byte sector it touches is used whole), the next tile's in
-// flight while the current one is multiplied.
+// flight while the current one is multiplied; the `_ring` variants instead
+// copy each warp's slices into its own shared-memory ring of `stages` tiles
+// (cp.async, stages - 1 tiles in flight, no registers held by them) and read
+// the fragments from there. Dynamic shared memory (ring only): DT_WARPS *
+// stages tiles of K [16][dw + 8] and V [16][dw + 16 / sizeof(KV)] (KV
+// elements; the pads make the fragment reads conflict-free).
 //
-// A split whose first tile lies wholly before the newest key loads it before
-// the grid dependency wait: those rows were written by earlier steps, and the
+// Tiles that lie wholly before the newest key are requested before the grid
+// dependency wait: those rows were written by earlier steps, and the
 // position comes from the step buffer the host wrote before the launch.
 #include "mma.h"
 
@@ -59,26 +64,50 @@ __device__ __forceinline__ void dt_put(float (&d)[2], float a, float b) {
 }
 __device__ __forceinline__ void dt_put(unsigned& d, unsigned a, unsigned b) { d = a | (b << 16); }
 
-// Keys [t0, t0 + 16) of the slice (zeros from s1 on); key t's row at kc + t * rs.
+// One tile's fragments: key r's K row slice at kp + r * krs and V row slice
+// at vp + r * vrs (r < 16), keys r >= nvalid read as zeros.
 template <typename KV>
-__device__ __forceinline__ void dt_load(DtFrag<KV>& f, const KV* __restrict__ kc, const KV* __restrict__ vc,
-                                        int t0, int s1, size_t rs, int nkk, int g, int c) {
+__device__ __forceinline__ void dt_load(DtFrag<KV>& f, const KV* __restrict__ kp, const KV* __restrict__ vp,
+                                        size_t krs, size_t vrs, int nvalid, int nkk, int g, int c) {
 #pragma unroll
     for (int kk = 0; kk < DT_MAXKK; kk++) {
         if (kk >= nkk) break;
 #pragma unroll
         for (int i = 0; i < 4; i++) {
-            const int key = t0 + g + 8 * (i & 1);
-            const KV* p = kc + (size_t)key * rs + 16 * kk + 2 * c + 8 * (i >> 1);
-            const bool ok = key < s1;
+            const int r = g + 8 * (i & 1);
+            const KV* p = kp + (size_t)r * krs + 16 * kk + 2 * c + 8 * (i >> 1);
+            const bool ok = r < nvalid;
             dt_put(f.k[kk][i], dt_ld(p, ok), dt_ld(p + 1, ok));
         }
 #pragma unroll
         for (int i = 0; i < 4; i++) {
-            const int key = t0 + 2 * c + 8 * (i >> 1);
-            const KV* p = vc + (size_t)key * rs + 16 * kk + g + 8 * (i & 1);
-            dt_put(f.v[kk][i], dt_ld(p, key < s1), dt_ld(p + rs, key + 1 < s1));
+            const int r = 2 * c + 8 * (i >> 1);
+            const KV* p = vp + (size_t)r * vrs + 16 * kk + g + 8 * (i & 1);
+            dt_put(f.v[kk][i], dt_ld(p, r < nvalid), dt_ld(p + vrs, r + 1 < nvalid));
         }
+    }
+}
+
+// Tile t's slices of this warp (rows from kw / vw + key * rs, zeros from s1
+// on) into one slot of its ring: K [16][kld], then V [16][vld]; one lane per
+// 16-byte chunk, round robin.
+template <typename KV>
+__device__ __forceinline__ void dt_copy(KV* ks, const KV* __restrict__ kw, const KV* __restrict__ vw, int t0,
+                                        int s1, size_t rs, int dw, int kld, int vld, int lane) {
+    constexpr int VN = 16 / sizeof(KV);
+    KV* vs = ks + DT_KEYS * kld;
+    const int cpr = dw / VN;  // chunks per row slice
+    for (int e = lane; e < DT_KEYS * cpr; e += WARP) {
+        const int r = e / cpr, o = (e - r * cpr) * VN;
+        const bool ok = t0 + r < s1;
+        const size_t src = (size_t)(ok ? t0 + r : 0) * rs + o;
+#if defined(QW_CUDA)
+        cp_async16(ks + r * kld + o, kw + src, ok);
+        cp_async16(vs + r * vld + o, vw + src, ok);
+#else
+        *(uint4*)(ks + r * kld + o) = ok ? *(const uint4*)(kw + src) : make_uint4(0u, 0u, 0u, 0u);
+        *(uint4*)(vs + r * vld + o) = ok ? *(const uint4*)(vw + src) : make_uint4(0u, 0u, 0u, 0u);
+#endif
     }
 }
 
@@ -97,11 +126,12 @@ __device__ __forceinline__ void dt_split(const unsigned (&x)[4], unsigned (&hi)[
 
 // A's register order for mma_16816 is (row g, k 2c), (row g + 8, k 2c),
 // (row g, k 2c + 8), (row g + 8, k 2c + 8): i = (row half) + 2 (k half), as loaded.
-template <typename KV>
+template <typename KV, bool RING>
 __device__ __forceinline__ void dt_attn_impl(const float* __restrict__ q, const KV* __restrict__ kc,
                                              const KV* __restrict__ vc, float* __restrict__ part_o,
                                              float* __restrict__ part_ml, int nh, int nkv, int hd,
-                                             const int* __restrict__ pos_dev, int nsplit, float scale) {
+                                             const int* __restrict__ pos_dev, int nsplit, float scale,
+                                             int stages) {
     constexpr bool LO = sizeof(KV) == 4;
     // Partial scores [2][DT_WARPS][32 lanes][4] (double-buffered by tile
     // parity: one block barrier per tile), then per warp P [16 keys][8 heads + 1].
@@ -120,12 +150,36 @@ __device__ __forceinline__ void dt_attn_impl(const float* __restrict__ q, const 
     const KV* kw = kc + (size_t)kvh * hd + d0;  // this warp's slice of key 0's row
     const KV* vw = vc + (size_t)kvh * hd + d0;
 
+    // Ring: this warp's slots (K [16][kld] then V [16][vld] each).
+    QW_DYN_SMEM(float4, dt_smem);
+    const int kld = dw + 8, vld = dw + 16 / (int)sizeof(KV);
+    const int slot = DT_KEYS * (kld + vld);
+    KV* ring = (KV*)dt_smem + (size_t)w * stages * slot;
+    // The first stages - 1 tiles in flight, one commit group each (empty past
+    // the end, so the wait count in the loop is uniform).
+    auto prologue = [&]() {
+        for (int p = 0; p < stages - 1; p++) {
+            if (p < ntiles) dt_copy(ring + p * slot, kw, vw, s0 + p * DT_KEYS, s1, rs, dw, kld, vld, lane);
+#if defined(QW_CUDA)
+            cp_async_commit();
+#endif
+        }
+    };
+
     DtFrag<KV> cur, nxt;
-    const bool early = s0 + DT_KEYS < L;  // tile 0 ends before the newest key
-    if (ntiles > 0 && early) dt_load(cur, kw, vw, s0, s1, rs, nkk, g, c);
+    // Tiles requested before the wait must end before the newest key (L - 1).
+    const int ahead = RING ? stages - 1 : 1;
+    const bool early = s1 < L || s0 + ahead * DT_KEYS < L;
+    if (early) {
+        if (RING) prologue();
+        else if (ntiles > 0) dt_load(cur, kw + s0 * rs, vw + s0 * rs, rs, rs, s1 - s0, nkk, g, c);
+    }
     QW_GRID_WAIT();
     QW_GRID_LAUNCH();
-    if (ntiles > 0 && !early) dt_load(cur, kw, vw, s0, s1, rs, nkk, g, c);
+    if (!early) {
+        if (RING) prologue();
+        else if (ntiles > 0) dt_load(cur, kw + s0 * rs, vw + s0 * rs, rs, rs, s1 - s0, nkk, g, c);
+    }
 
     // B of S (k = dims, n = heads): Q[head g][d0 + 16 kk + 2c (+1), + 8 (+1)], scaled and split.
     unsigned qh[DT_MAXKK][2], ql[DT_MAXKK][2];
@@ -156,7 +210,20 @@ __device__ __forceinline__ void dt_attn_impl(const float* __restrict__ q, const 
 
     for (int t = 0; t < ntiles; t++) {
         const int t0 = s0 + t * DT_KEYS;
-        if (t + 1 < ntiles) dt_load(nxt, kw, vw, t0 + DT_KEYS, s1, rs, nkk, g, c);
+        if (RING) {
+            QW_SYNCWARP();  // every lane is done with the slot refilled here (tile t - 1's)
+            const int nx = t + stages - 1;
+            if (nx < ntiles) dt_copy(ring + (nx % stages) * slot, kw, vw, s0 + nx * DT_KEYS, s1, rs, dw, kld, vld, lane);
+#if defined(QW_CUDA)
+            cp_async_ring_step(stages);  // this lane's copies of tile t have landed
+#endif
+            QW_SYNCWARP();  // and every lane's
+            const KV* ks = ring + (t % stages) * slot;
+            dt_load(cur, ks, ks + DT_KEYS * kld, kld, vld, DT_KEYS, nkk, g, c);
+        } else if (t + 1 < ntiles) {
+            const size_t at = (size_t)(t0 + DT_KEYS) * rs;
+            dt_load(nxt, kw + at, vw + at, rs, rs, s1 - t0 - DT_KEYS, nkk, g, c);
+        }
 
         // Partial S^T over this warp's dims: s[e] = S[key g + 8 (e >> 1)][head 2c + (e & 1)].
         float s[4] = {0.f, 0.f, 0.f, 0.f};
@@ -224,7 +291,7 @@ __device__ __forceinline__ void dt_attn_impl(const float* __restrict__ q, const 
             mma_16816(o[kk], vh, pl[0], pl[1]);
             if (LO) mma_16816(o[kk], vl, ph[0], ph[1]);
         }
-        if (t + 1 < ntiles) cur = nxt;
+        if (!RING && t + 1 < ntiles) cur = nxt;
     }
 
     // Outputs: heads 2c, 2c + 1 (those < G); the sums over the lanes of one c.
@@ -255,20 +322,23 @@ __device__ __forceinline__ void dt_attn_impl(const float* __restrict__ q, const 
 #else
 // HIP has no mma.sync: the kernels exist (every listed name must load) but do
 // nothing; the host never launches them in a HIP build.
-template <typename KV>
+template <typename KV, bool RING>
 __device__ __forceinline__ void dt_attn_impl(const float*, const KV*, const KV*, float*, float*, int, int, int,
-                                             const int*, int, float) {}
+                                             const int*, int, float, int) {}
 #endif
 
-// Arguments as dec_attn_* (the trailing `stages` unused). Block DT_WARPS * 32;
-// needs G = nh / nkv <= 8 and hd a multiple of 16 DT_WARPS, at most 256 (the host checks).
-#define DEC_ATTN_TC(NAME, KV)                                                                                 \
+// Arguments as dec_attn_* (`stages`: ring slots per warp, 2..4, `_ring` only).
+// Block DT_WARPS * 32; needs G = nh / nkv <= 8 and hd a multiple of 16 DT_WARPS,
+// at most 256 (the host checks).
+#define DEC_ATTN_TC(NAME, KV, RING)                                                                           \
     QW_KERNEL void QW_BOUNDS(DT_WARPS * WARP) NAME(const float* __restrict__ q, const KV* __restrict__ kc,    \
                                                    const KV* __restrict__ vc, float* __restrict__ part_o,    \
                                                    float* __restrict__ part_ml, int nh, int nkv, int hd,     \
                                                    const int* __restrict__ pos_dev, int nsplit, float scale, \
-                                                   int) {                                                    \
-        dt_attn_impl<KV>(q, kc, vc, part_o, part_ml, nh, nkv, hd, pos_dev, nsplit, scale);                   \
+                                                   int stages) {                                             \
+        dt_attn_impl<KV, RING>(q, kc, vc, part_o, part_ml, nh, nkv, hd, pos_dev, nsplit, scale, stages);     \
     }
-DEC_ATTN_TC(dec_attn_f32_tc, float)
-DEC_ATTN_TC(dec_attn_bf16_tc, bf16_t)
+DEC_ATTN_TC(dec_attn_f32_tc, float, false)
+DEC_ATTN_TC(dec_attn_bf16_tc, bf16_t, false)
+DEC_ATTN_TC(dec_attn_f32_tc_ring, float, true)
+DEC_ATTN_TC(dec_attn_bf16_tc_ring, bf16_t, true)

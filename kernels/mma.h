@@ -51,12 +51,13 @@ template <int N>
 __device__ __forceinline__ void cp_async_wait() {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
-// One step of a ring of `stages` (1..3) shared-memory tiles: commits this
+// One step of a ring of `stages` (1..4) shared-memory tiles: commits this
 // thread's copies of the newest tile, then waits until the oldest has landed
 // (at most stages - 1 later groups still pending).
 __device__ __forceinline__ void cp_async_ring_step(int stages) {
     cp_async_commit();
-    if (stages >= 3) cp_async_wait<2>();
+    if (stages >= 4) cp_async_wait<3>();
+    else if (stages == 3) cp_async_wait<2>();
     else if (stages == 2) cp_async_wait<1>();
     else cp_async_wait<0>();
 }

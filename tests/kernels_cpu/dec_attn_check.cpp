@@ -127,7 +127,21 @@ int main() {
                            dec_attn_bf16_keys(q, k, v, po, pml, nh, s.nkv, s.hd, pos, s.nsplit, scale, st);
                        }, 15));
         }
-        // Tensor cores: head-dim slices of DT_WARPS warps, G <= 8.
+        // Tensor cores: head-dim slices of DT_WARPS warps, G <= 8; fragments
+        // from global memory, or through each warp's ring of 1-4 slots.
+        for (int st : {1, 2, 4}) {
+            const std::string tag = "/" + std::to_string(st);
+            report("dec_attn_f32_tc_ring" + tag, s,
+                   check<float>(s, 32 * DT_WARPS, [&](const float* q, const float* k, const float* v, float* po,
+                                                     float* pml, const int* pos) {
+                       dec_attn_f32_tc_ring(q, k, v, po, pml, nh, s.nkv, s.hd, pos, s.nsplit, scale, st);
+                   }, 18));
+            report("dec_attn_bf16_tc_ring" + tag, s,
+                   check<bf16_t>(s, 32 * DT_WARPS, [&](const float* q, const bf16_t* k, const bf16_t* v, float* po,
+                                                      float* pml, const int* pos) {
+                       dec_attn_bf16_tc_ring(q, k, v, po, pml, nh, s.nkv, s.hd, pos, s.nsplit, scale, st);
+                   }, 19));
+        }
         report("dec_attn_f32_tc", s,
                check<float>(s, 32 * DT_WARPS, [&](const float* q, const float* k, const float* v, float* po,
                                                  float* pml, const int* pos) {

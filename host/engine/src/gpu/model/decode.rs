@@ -49,6 +49,7 @@ const KEYS1_MIN_KEYS: usize = 1024;
 const DT_WARPS: usize = 4;
 const DT_HEADS: usize = 8;
 const DT_MAXKK: usize = 4;
+const DT_KEYS: usize = 16;
 /// Keys per tile and most query heads per warp of `dec_attn_*_keys`
 /// (`DK_TILE`, `DK_MAXH` in kernels/decode_attn_keys.cu); head_dim at most 256.
 const DK_TILE: usize = 32;
@@ -156,8 +157,12 @@ pub(super) enum DecAttnPath {
         heads_per_warp: usize,
     },
     /// `dec_attn_*_tc`: the query heads of a KV head as one side of a
-    /// tensor-core product with 16-key tiles (CUDA only).
-    Tensor,
+    /// tensor-core product with 16-key tiles (CUDA only); with `ring` slots
+    /// (2..=4) `dec_attn_*_tc_ring`, the tiles copied through a
+    /// shared-memory ring per warp instead of read into registers.
+    Tensor {
+        ring: usize,
+    },
 }
 
 impl DecAttnPath {
@@ -167,7 +172,10 @@ impl DecAttnPath {
             Ok("direct") => DecAttnPath::Direct,
             Ok("keys") => DecAttnPath::Keys { heads_per_warp: 2 },
             Ok("keys1") => DecAttnPath::Keys { heads_per_warp: 1 },
-            Ok("tc") => DecAttnPath::Tensor,
+            Ok("tc") => DecAttnPath::Tensor { ring: 0 },
+            Ok(v) if v.starts_with("tc-ring") => DecAttnPath::Tensor {
+                ring: v["tc-ring".len()..].parse().unwrap_or(3).clamp(2, 4),
+            },
             _ => DecAttnPath::Auto,
         }
     }
@@ -202,24 +210,35 @@ pub(super) fn dec_attn_plan(
     tensor_cores: bool,
 ) -> DecAttnPlan {
     let f32_kv = kv_bytes == F;
-    if matches!(path, DecAttnPath::Auto | DecAttnPath::Tensor)
+    let tensor = match path {
+        DecAttnPath::Auto => Some(0),
+        DecAttnPath::Tensor { ring } => Some(ring),
+        _ => None,
+    };
+    if let Some(ring) = tensor
         && tensor_cores
         && group <= DT_HEADS
         && hd.is_multiple_of(16 * DT_WARPS)
         && hd <= 16 * DT_WARPS * DT_MAXKK
     {
+        // Ring slot per warp: K [16][dw + 8] and V [16][dw + 16 / kv_bytes].
+        let dw = hd / DT_WARPS;
+        let slot = DT_KEYS * (2 * dw + 8 + 16 / kv_bytes) * kv_bytes;
+        let fit = ring.min(max_smem / (DT_WARPS * slot));
+        let ring = (fit >= 2).then_some(fit);
         return DecAttnPlan {
-            kernel: if f32_kv {
-                "dec_attn_f32_tc"
-            } else {
-                "dec_attn_bf16_tc"
+            kernel: match (f32_kv, ring.is_some()) {
+                (true, false) => "dec_attn_f32_tc",
+                (false, false) => "dec_attn_bf16_tc",
+                (true, true) => "dec_attn_f32_tc_ring",
+                (false, true) => "dec_attn_bf16_tc_ring",
             },
             threads: 32 * DT_WARPS,
-            smem: 0,
-            stages: 0,
+            smem: ring.map_or(0, |r| DT_WARPS * r * slot),
+            stages: ring.unwrap_or(0),
         };
     }
-    let path = if path == DecAttnPath::Tensor {
+    let path = if tensor.is_some() {
         DecAttnPath::Auto
     } else {
         path
@@ -1176,23 +1195,37 @@ mod tests {
             plan(DecAttnPath::Ring, 4096, F, H200_SMEM).kernel,
             "dec_attn_f32_ring"
         );
-        let tc = plan(DecAttnPath::Tensor, 4096, F, H200_SMEM);
+        let tc = plan(DecAttnPath::Tensor { ring: 0 }, 4096, F, H200_SMEM);
         assert_eq!(
             (tc.kernel, tc.threads, tc.smem),
             ("dec_attn_f32_tc", 128, 0)
         );
         assert_eq!(
-            plan(DecAttnPath::Tensor, 100, B, H200_SMEM).kernel,
+            plan(DecAttnPath::Tensor { ring: 0 }, 100, B, H200_SMEM).kernel,
             "dec_attn_bf16_tc"
         );
         // Where it does not apply: as Auto.
         let no_tc = |group, hd, tensor_cores| {
-            dec_attn_plan(DecAttnPath::Tensor, group, hd, 100, F, H200_SMEM, tensor_cores).kernel
+            dec_attn_plan(DecAttnPath::Tensor { ring: 0 }, group, hd, 100, F, H200_SMEM, tensor_cores).kernel
         };
         assert_eq!(no_tc(8, 256, false), "dec_attn_f32");
         assert_eq!(no_tc(16, 256, true), "dec_attn_f32");
         assert_eq!(no_tc(8, 96, true), "dec_attn_f32");
         assert_eq!(no_tc(8, 128, true), "dec_attn_f32_tc");
+        // Ring: 4 warps x 3 slots of K [16][72] + V [16][68] f32 (bf16: V [16][72]).
+        let r3 = plan(DecAttnPath::Tensor { ring: 3 }, 4096, F, H200_SMEM);
+        assert_eq!(
+            (r3.kernel, r3.smem, r3.stages),
+            ("dec_attn_f32_tc_ring", 4 * 3 * 16 * 140 * 4, 3)
+        );
+        let r2 = plan(DecAttnPath::Tensor { ring: 2 }, 4096, B, H200_SMEM);
+        assert_eq!(
+            (r2.kernel, r2.smem),
+            ("dec_attn_bf16_tc_ring", 4 * 2 * 16 * 144 * 2)
+        );
+        // Too little shared memory for two slots: registers.
+        let small = plan(DecAttnPath::Tensor { ring: 4 }, 4096, F, 60_000);
+        assert_eq!((small.kernel, small.smem), ("dec_attn_f32_tc", 0));
         let auto_16 = dec_attn_plan(auto, 16, 256, 100, F, H200_SMEM, true);
         assert_eq!(auto_16.kernel, "dec_attn_f32");
     }
