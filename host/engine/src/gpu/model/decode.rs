@@ -50,6 +50,12 @@ const DT_WARPS: usize = 4;
 const DT_HEADS: usize = 8;
 const DT_MAXKK: usize = 4;
 const DT_KEYS: usize = 16;
+/// Ring slots per warp of the default decode attention (`dec_attn_*_tc_ring`).
+/// H200, 8K / 32K / 131K decode (tok/s): registers 326.3 / 287.4 / 201.2,
+/// 2 slots 331.1 / 305.9 / 232.8, 3: 328.4 / 303.0 / 233.8, 4: 322.2 /
+/// 286.1 / 198.4 (`benchmarks/dec-attn-tc-feeds-h200-13987e6.json`); the logits
+/// are bit-identical.
+const TC_RING: usize = 2;
 /// Keys per tile and most query heads per warp of `dec_attn_*_keys`
 /// (`DK_TILE`, `DK_MAXH` in kernels/decode_attn_keys.cu); head_dim at most 256.
 const DK_TILE: usize = 32;
@@ -142,9 +148,11 @@ impl BulkGemv {
 /// Decode attention's kernel family (`QWASI_DEC_ATTN`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum DecAttnPath {
-    /// `dec_attn_*_tc` where it applies (CUDA; on the H200 at 512 / 8K /
-    /// 32K / 131K context: 345.7 / 327.2 / 286.7 / 201.5 tok/s against
-    /// 342.8 / 307.5 / 264.4 / 172.5 for the kernels below). Otherwise
+    /// `dec_attn_*_tc_ring` with `TC_RING` slots where it applies (CUDA;
+    /// on the H200 the register-fed `dec_attn_*_tc` gave 345.7 / 327.2 /
+    /// 286.7 / 201.5 tok/s at 512 / 8K / 32K / 131K context against 342.8 /
+    /// 307.5 / 264.4 / 172.5 for the kernels below, and the ring more
+    /// at long context, see `TC_RING`). Otherwise
     /// `dec_attn_f32_keys1` when a split of f32 keys may span
     /// `KEYS1_MIN_KEYS` keys, else `dec_attn_*_ring` when it may span
     /// `RING_MIN_KEYS`, else `dec_attn_*` (direct reads).
@@ -211,7 +219,7 @@ pub(super) fn dec_attn_plan(
 ) -> DecAttnPlan {
     let f32_kv = kv_bytes == F;
     let tensor = match path {
-        DecAttnPath::Auto => Some(0),
+        DecAttnPath::Auto => Some(TC_RING),
         DecAttnPath::Tensor { ring } => Some(ring),
         _ => None,
     };
@@ -1189,8 +1197,15 @@ mod tests {
         // Tensor cores (the default where they apply): 4 warps, no dynamic
         // shared memory, f32 or bf16 KV.
         let plan = |path, keys, kv, smem| dec_attn_plan(path, 8, 256, keys, kv, smem, true);
-        assert_eq!(plan(auto, 100, F, H200_SMEM).kernel, "dec_attn_f32_tc");
-        assert_eq!(plan(auto, 4096, B, H200_SMEM).kernel, "dec_attn_bf16_tc");
+        let a = plan(auto, 100, F, H200_SMEM);
+        assert_eq!(
+            (a.kernel, a.stages, a.smem),
+            ("dec_attn_f32_tc_ring", 2, 4 * 2 * 16 * 140 * 4)
+        );
+        assert_eq!(
+            plan(auto, 4096, B, H200_SMEM).kernel,
+            "dec_attn_bf16_tc_ring"
+        );
         assert_eq!(
             plan(DecAttnPath::Ring, 4096, F, H200_SMEM).kernel,
             "dec_attn_f32_ring"
@@ -1206,7 +1221,16 @@ mod tests {
         );
         // Where it does not apply: as Auto.
         let no_tc = |group, hd, tensor_cores| {
-            dec_attn_plan(DecAttnPath::Tensor { ring: 0 }, group, hd, 100, F, H200_SMEM, tensor_cores).kernel
+            dec_attn_plan(
+                DecAttnPath::Tensor { ring: 0 },
+                group,
+                hd,
+                100,
+                F,
+                H200_SMEM,
+                tensor_cores,
+            )
+            .kernel
         };
         assert_eq!(no_tc(8, 256, false), "dec_attn_f32");
         assert_eq!(no_tc(16, 256, true), "dec_attn_f32");
