@@ -67,6 +67,9 @@ int main() {
     std::vector<float> small(60);
     for (auto& v : small) v = nd(rng);
     check("60 experts, top-4", small, 4);
+    std::vector<float> big(1000);  // 32 logits per lane, MOE_MAXK chosen
+    for (auto& v : big) v = (float)(int)(nd(rng) * 4);
+    check("1000 experts, top-32, ties", big, MOE_MAXK);
     for (int e = 0; e < 256; e++) x[e] = e % 50 == 7 ? nd(rng) : NAN;  // 5 finite
     check("mostly NaN", x, 8);
     for (int e = 0; e < 256; e++) x[e] = e == 3 ? 1.f : -INFINITY;
