@@ -410,33 +410,24 @@ QW_KERNEL void QW_BOUNDS(PREP_THREADS) dec_gdn_prep(float* __restrict__ proj, fl
 // read through L2 only (the down kernel reads them before its grid
 // dependency wait; L2 is coherent, an SM's L1 may hold the last layer's).
 __device__ void router_topk_warp(const float* __restrict__ logits, int E, int k, int* sidx, float* sw) {
-    const int lane = threadIdx.x % WARP, nm = (E + WARP - 1) / WARP;
+    int lane = threadIdx.x % WARP;
     float lv[MOE_MAXE / WARP];
 #pragma unroll
     for (int m = 0; m < MOE_MAXE / WARP; m++) {
-        const int e = lane + m * WARP;
-        lv[m] = m < nm && e < E ? QW_LDCG(logits + e) : -INFINITY;
+        int e = lane + m * WARP;
+        lv[m] = e < E ? QW_LDCG(logits + e) : -INFINITY;
     }
-    // This lane's best (ascending e: the first of equals wins; NaN never
-    // does), recomputed only by the lane whose expert a round takes.
-    auto local_best = [&](float& bv, int& bi) {
-        bv = -INFINITY;
-        bi = 0x7fffffff;
+    for (int j = 0; j < k; j++) {
+        float bv = -INFINITY;
+        int bi = 0x7fffffff;
 #pragma unroll
         for (int m = 0; m < MOE_MAXE / WARP; m++) {
-            if (m >= nm) break;
-            if (lv[m] > bv) {
+            int e = lane + m * WARP;
+            if (lv[m] > bv) {  // ascending e per lane: the first of equals wins
                 bv = lv[m];
-                bi = lane + m * WARP;
+                bi = e;
             }
         }
-    };
-    float lbv;
-    int lbi;
-    local_best(lbv, lbi);
-    for (int j = 0; j < k; j++) {
-        float bv = lbv;
-        int bi = lbi;
         for (int sh = WARP / 2; sh > 0; sh >>= 1) {
             float ov = SHFL_XOR(bv, sh);
             int oi = SHFL_XOR(bi, sh);
@@ -445,12 +436,9 @@ __device__ void router_topk_warp(const float* __restrict__ logits, int E, int k,
                 bi = oi;
             }
         }
-        if (bi == lbi) {  // this lane's expert was taken (when nothing was selectable, nothing changes)
 #pragma unroll
-            for (int m = 0; m < MOE_MAXE / WARP; m++)
-                if (lane + m * WARP == bi) lv[m] = -INFINITY;
-            local_best(lbv, lbi);
-        }
+        for (int m = 0; m < MOE_MAXE / WARP; m++)
+            if (lane + m * WARP == bi) lv[m] = -INFINITY;
         // Nothing selectable (every remaining logit NaN or -inf: a broken
         // hidden state): expert 0 with weight 0, or NaN when all are, so the
         // expert kernels never index past the experts.
