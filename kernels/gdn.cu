@@ -27,23 +27,47 @@ QW_KERNEL void conv_silu(float* __restrict__ x, int x_stride, float* __restrict_
 
 // Prefill form of conv_silu, parallel over (token, channel): out[t, ch] (row stride C)
 // = silu(w[ch][K-1] x[t] + sum_{j<K-1} w[ch][j] seq[t + j]) with seq = state[ch] ++ x[:, ch],
-// the same arithmetic in the same order as conv_silu. Reads x and the old state only;
-// conv_state_update must run after it. grid (ceil(C / 256), T), block 256; K <= 9.
+// the same arithmetic in the same order as conv_silu. Each thread takes CONV_TPT
+// consecutive tokens of one channel with its weights and the window of the last
+// K-1 inputs in registers, so every input is read once per thread, not K times.
+// Reads x and the old state only; conv_state_update must run after it.
+// grid (ceil(C / 256), ceil(T / CONV_TPT)), block 256; 1 <= K <= CONV_MAXK.
+#define CONV_TPT 8
+#define CONV_MAXK 8  // conv_silu's limit too (the host checks)
 QW_KERNEL void QW_BOUNDS(256) conv_silu_tokens(const float* __restrict__ x, int x_stride,
                                                const float* __restrict__ state, const float* __restrict__ w,
                                                float* __restrict__ out, int T, int C, int K) {
-    int ch = blockIdx.x * blockDim.x + threadIdx.x;
-    int t = blockIdx.y;
-    if (ch >= C || t >= T) return;
-    int H = K - 1;
-    const float* wk = w + (size_t)ch * K;
-    float acc = wk[H] * x[(size_t)t * x_stride + ch];
-    for (int j = 0; j < H; j++) {
-        int s = t + j;  // index into seq; seq[s] = state[s] for s < H, else x[s - H]
-        float hv = s < H ? state[(size_t)ch * H + s] : x[(size_t)(s - H) * x_stride + ch];
-        acc += wk[j] * hv;
+    const int ch = blockIdx.x * blockDim.x + threadIdx.x;
+    const int t0 = blockIdx.y * CONV_TPT;
+    if (ch >= C || t0 >= T) return;
+    const int H = K - 1;
+    float wk[CONV_MAXK], win[CONV_MAXK - 1];
+#pragma unroll
+    for (int j = 0; j < CONV_MAXK; j++) wk[j] = j < K ? w[(size_t)ch * K + j] : 0.f;
+    // win[j] = seq[t0 + j]: seq[s] = state[s] for s < H, else x[s - H].
+#pragma unroll
+    for (int j = 0; j < CONV_MAXK - 1; j++) {
+        const int s = t0 + j;
+        win[j] = j >= H ? 0.f : s < H ? state[(size_t)ch * H + s] : x[(size_t)(s - H) * x_stride + ch];
     }
-    out[(size_t)t * C + ch] = silu_f(acc);
+#pragma unroll
+    for (int u = 0; u < CONV_TPT; u++) {
+        const int t = t0 + u;
+        if (t >= T) break;
+        const float cur = x[(size_t)t * x_stride + ch];
+        float acc = 0.f;
+#pragma unroll
+        for (int j = 0; j < CONV_MAXK; j++)
+            if (j == H) acc = wk[j] * cur;  // wk[H] * x[t] first, then the window in order
+#pragma unroll
+        for (int j = 0; j < CONV_MAXK - 1; j++)
+            if (j < H) acc += wk[j] * win[j];
+        out[(size_t)t * C + ch] = silu_f(acc);
+        // Slide: seq[t + 1 .. t + H] = win[1..H-1] ++ x[t].
+#pragma unroll
+        for (int j = 0; j < CONV_MAXK - 1; j++)
+            if (j < H) win[j] = j + 1 < H ? win[j + 1] : cur;
+    }
 }
 
 // After conv_silu_tokens: state[ch] <- the last K-1 entries of state[ch] ++ x[:T, ch]
@@ -96,7 +120,7 @@ QW_KERNEL void QW_BOUNDS(256) gdn_recurrent(const float* __restrict__ qkv, int s
                                             int dk, int dv, const float* __restrict__ g,
                                             const float* __restrict__ beta, float* __restrict__ S,
                                             float* __restrict__ out, int T) {
-    extern __shared__ float smem[];
+    QW_DYN_SMEM(float, smem);
     float* Ss = smem;               // [dk][32]
     float* qs = Ss + dk * 32;       // [dk]
     float* ks = qs + dk;            // [dk]

@@ -258,8 +258,20 @@ fn kv_capacity(need: usize, cur: usize, max_len: usize) -> usize {
 const MOE_MAXE: usize = 1024;
 const MOE_MAXK: usize = 32;
 
+/// Tokens per thread and longest conv kernel of `conv_silu_tokens`
+/// (`CONV_TPT`, `CONV_MAXK` in kernels/gdn.cu).
+const CONV_TPT: usize = 8;
+const CONV_MAXK: usize = 8;
+
 /// Refuses geometries the kernels do not handle, before anything is allocated.
 fn check_supported(cfg: &ModelConfig) -> Result<()> {
+    if !(1..=CONV_MAXK).contains(&cfg.linear_conv_kernel) {
+        bail!(
+            "the GPU backend handles GDN conv kernels of 1 to {CONV_MAXK} taps; \
+             this model has {} (use --backend cpu)",
+            cfg.linear_conv_kernel
+        );
+    }
     let (e, k, _, _) = mlp_dims(cfg);
     if e > MOE_MAXE || k > MOE_MAXK {
         bail!(
@@ -828,7 +840,11 @@ impl GpuModel {
                         let co = sc.get(d, "conv_o", t * conv_dim * F)?;
                         d.launch(
                             "conv_silu_tokens",
-                            ((conv_dim as u32).div_ceil(256), t as u32, 1),
+                            (
+                                (conv_dim as u32).div_ceil(256),
+                                t.div_ceil(CONV_TPT) as u32,
+                                1,
+                            ),
                             (256, 1, 1),
                             0,
                             &[
