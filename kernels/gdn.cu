@@ -50,11 +50,14 @@ QW_KERNEL void QW_BOUNDS(256) conv_silu_tokens(const float* __restrict__ x, int 
         const int s = t0 + j;
         win[j] = j >= H ? 0.f : s < H ? state[(size_t)ch * H + s] : x[(size_t)(s - H) * x_stride + ch];
     }
+    float xs[CONV_TPT];  // the thread's inputs, all requested before the first is used
+#pragma unroll
+    for (int u = 0; u < CONV_TPT; u++) xs[u] = t0 + u < T ? x[(size_t)(t0 + u) * x_stride + ch] : 0.f;
 #pragma unroll
     for (int u = 0; u < CONV_TPT; u++) {
         const int t = t0 + u;
         if (t >= T) break;
-        const float cur = x[(size_t)t * x_stride + ch];
+        const float cur = xs[u];
         float acc = 0.f;
 #pragma unroll
         for (int j = 0; j < CONV_MAXK; j++)
