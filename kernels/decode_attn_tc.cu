@@ -11,8 +11,9 @@
 // S ~ Kh Qh + Kl Qh + Kh Ql, O ~ Vh Ph + Vl Ph + Vh Pl; a bf16 cache is exact
 // in one term, so its lo products are skipped.
 //
-// grid (nkv, nsplit), block DT_WARPS warps, which split the head dimension:
-// warp w owns dims [w dw, (w + 1) dw), dw = hd / DT_WARPS (a multiple of 16),
+// grid (nkv, nsplit), block nw <= DT_WARPS warps (4 for head_dim 128 and 256;
+// fewer for small heads), which split the head dimension: warp w owns dims
+// [w dw, (w + 1) dw), dw = hd / nw (a multiple of 16, at most 16 DT_MAXKK),
 // its slice of every K row for partial scores and of every V row for its
 // slice of O. The partial scores meet in shared memory, summed in warp order,
 // so every warp holds the same scores, maxima and sums and no warp states
@@ -21,7 +22,7 @@
 // flight while the current one is multiplied; the `_ring` variants instead
 // copy each warp's slices into its own shared-memory ring of `stages` tiles
 // (cp.async, stages - 1 tiles in flight, no registers held by them) and read
-// the fragments from there. Dynamic shared memory (ring only): DT_WARPS *
+// the fragments from there. Dynamic shared memory (ring only): nw *
 // stages tiles of K [16][dw + 8] and V [16][dw + 16 / sizeof(KV)] (KV
 // elements; the pads make the fragment reads conflict-free).
 //
@@ -30,9 +31,9 @@
 // position comes from the step buffer the host wrote before the launch.
 #include "mma.h"
 
-#define DT_WARPS 4  // warps per block (head-dim slices)
+#define DT_WARPS 4  // most warps per block (head-dim slices)
 #define DT_KEYS 16  // keys per tile (the m16 side of the QK product)
-#define DT_MAXKK 4  // k16 steps per warp slice: hd <= 16 * DT_MAXKK * DT_WARPS = 256
+#define DT_MAXKK 4  // most k16 steps per warp slice: hd <= 16 * DT_MAXKK * DT_WARPS = 256
 #define DT_HEADS 8  // query heads per KV head at most (the n8 side)
 
 #if defined(QW_CUDA) || defined(QW_CPU)
@@ -141,7 +142,7 @@ __device__ __forceinline__ void dt_attn_impl(const float* __restrict__ q, const 
     const int kvh = blockIdx.x, split = blockIdx.y;
     const int w = threadIdx.x / WARP, lane = threadIdx.x % WARP;
     const int g = lane >> 2, c = lane & 3;
-    const int dw = hd / DT_WARPS, nkk = dw / 16, d0 = w * dw;
+    const int nw = blockDim.x / WARP, dw = hd / nw, nkk = dw / 16, d0 = w * dw;
     const int L = *pos_dev + 1;
     const int chunk = (L + nsplit - 1) / nsplit;
     const int s0 = split * chunk, s1 = min(L, s0 + chunk);
@@ -244,7 +245,7 @@ __device__ __forceinline__ void dt_attn_impl(const float* __restrict__ q, const 
         __syncthreads();  // every warp's partials of tile t (tile t - 2's buffer is free: all passed t - 1's barrier)
 #pragma unroll
         for (int e = 0; e < 4; e++) s[e] = 0.f;
-        for (int v = 0; v < DT_WARPS; v++) {
+        for (int v = 0; v < nw; v++) {
             const float* ys = sx[t & 1][v][lane];
 #pragma unroll
             for (int e = 0; e < 4; e++) s[e] += ys[e];
@@ -328,8 +329,8 @@ __device__ __forceinline__ void dt_attn_impl(const float*, const KV*, const KV*,
 #endif
 
 // Arguments as dec_attn_* (`stages`: ring slots per warp, 2..4, `_ring` only).
-// Block DT_WARPS * 32; needs G = nh / nkv <= 8 and hd a multiple of 16 DT_WARPS,
-// at most 256 (the host checks).
+// Block 32 nw threads, nw <= DT_WARPS; needs G = nh / nkv <= 8 and hd / nw a
+// multiple of 16, at most 16 DT_MAXKK (the host checks).
 #define DEC_ATTN_TC(NAME, KV, RING)                                                                           \
     QW_KERNEL void QW_BOUNDS(DT_WARPS * WARP) NAME(const float* __restrict__ q, const KV* __restrict__ kc,    \
                                                    const KV* __restrict__ vc, float* __restrict__ part_o,    \

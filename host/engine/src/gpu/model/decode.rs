@@ -43,9 +43,9 @@ const RING_MIN_KEYS: usize = 256;
 /// 32K (256-512) 230.8 against 235.4 (7ec1de9,
 /// `benchmarks/dec-attn-keys-h200-7ec1de9.json`).
 const KEYS1_MIN_KEYS: usize = 1024;
-/// Warps per block, most query heads per KV head and k16 steps per warp of
+/// Most warps per block, query heads per KV head and k16 steps per warp of
 /// `dec_attn_*_tc` (`DT_WARPS`, `DT_HEADS`, `DT_MAXKK` in
-/// kernels/decode_attn_tc.cu): head_dim a multiple of 64, at most 256.
+/// kernels/decode_attn_tc.cu): each warp takes a slice of 16 to 64 dims.
 const DT_WARPS: usize = 4;
 const DT_HEADS: usize = 8;
 const DT_MAXKK: usize = 4;
@@ -206,8 +206,8 @@ pub(super) struct DecAttnPlan {
 /// where the kernel does not apply (head_dim not a multiple of 32 16-byte
 /// lanes or over 256, heads not divisible per warp, too little shared memory),
 /// and so does `Tensor` (no `tensor_cores`, more than 8 heads per KV head,
-/// head_dim not a multiple of 64 or over 256). `Auto` takes `Tensor` where
-/// it applies.
+/// head_dim not split into 1, 2 or 4 slices of 16 to 64 dims in multiples
+/// of 16). `Auto` takes `Tensor` where it applies.
 pub(super) fn dec_attn_plan(
     path: DecAttnPath,
     group: usize,
@@ -223,16 +223,19 @@ pub(super) fn dec_attn_plan(
         DecAttnPath::Tensor { ring } => Some(ring),
         _ => None,
     };
+    // The most warps whose head-dim slices are whole k16 steps, at most DT_MAXKK.
+    let warps = [DT_WARPS, 2, 1]
+        .into_iter()
+        .find(|&w| hd.is_multiple_of(16 * w) && hd / w <= 16 * DT_MAXKK);
     if let Some(ring) = tensor
         && tensor_cores
         && group <= DT_HEADS
-        && hd.is_multiple_of(16 * DT_WARPS)
-        && hd <= 16 * DT_WARPS * DT_MAXKK
+        && let Some(warps) = warps
     {
         // Ring slot per warp: K [16][dw + 8] and V [16][dw + 16 / kv_bytes].
-        let dw = hd / DT_WARPS;
+        let dw = hd / warps;
         let slot = DT_KEYS * (2 * dw + 8 + 16 / kv_bytes) * kv_bytes;
-        let fit = ring.min(max_smem / (DT_WARPS * slot));
+        let fit = ring.min(max_smem / (warps * slot));
         let ring = (fit >= 2).then_some(fit);
         return DecAttnPlan {
             kernel: match (f32_kv, ring.is_some()) {
@@ -241,8 +244,8 @@ pub(super) fn dec_attn_plan(
                 (true, true) => "dec_attn_f32_tc_ring",
                 (false, true) => "dec_attn_bf16_tc_ring",
             },
-            threads: 32 * DT_WARPS,
-            smem: ring.map_or(0, |r| DT_WARPS * r * slot),
+            threads: 32 * warps,
+            smem: ring.map_or(0, |r| warps * r * slot),
             stages: ring.unwrap_or(0),
         };
     }
@@ -1234,8 +1237,18 @@ mod tests {
         };
         assert_eq!(no_tc(8, 256, false), "dec_attn_f32");
         assert_eq!(no_tc(16, 256, true), "dec_attn_f32");
-        assert_eq!(no_tc(8, 96, true), "dec_attn_f32");
+        assert_eq!(no_tc(8, 80, true), "dec_attn_f32");
+        assert_eq!(no_tc(8, 512, true), "dec_attn_f32");
         assert_eq!(no_tc(8, 128, true), "dec_attn_f32_tc");
+        // Small heads: fewer warps (the test fixtures' head_dim 32: 2 of 16 dims).
+        let warps =
+            |hd| dec_attn_plan(DecAttnPath::Auto, 4, hd, 100, F, H200_SMEM, true).threads / 32;
+        assert_eq!((warps(32), warps(64), warps(96), warps(256)), (2, 4, 2, 4));
+        let small = dec_attn_plan(DecAttnPath::Auto, 4, 32, 100, F, H200_SMEM, true);
+        assert_eq!(
+            (small.kernel, small.smem),
+            ("dec_attn_f32_tc_ring", 2 * 2 * 16 * (32 + 8 + 4) * 4)
+        );
         // Ring: 4 warps x 3 slots of K [16][72] + V [16][68] f32 (bf16: V [16][72]).
         let r3 = plan(DecAttnPath::Tensor { ring: 3 }, 4096, F, H200_SMEM);
         assert_eq!(
