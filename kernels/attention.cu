@@ -197,12 +197,12 @@ QW_KERNEL void QW_BOUNDS(256) attn_combine(const float* __restrict__ part_o, con
 #if defined(QW_CUDA)
 #define FA_BQ 64
 #define FA_BK 32
-#define FA_BOUNDS __launch_bounds__(256, 2)
+#define FA_BOUNDS QW_BOUNDS_MIN(256, 2)
 #else
 // LDS is 64 KB on RDNA: 32 x 16 tiles need 52,480 bytes at hd 256 (a HIP host must size smem with these).
 #define FA_BQ 32
 #define FA_BK 16
-#define FA_BOUNDS __launch_bounds__(256)
+#define FA_BOUNDS QW_BOUNDS(256)
 #endif
 #define FA_QPT (FA_BQ / 16)
 #define FA_KPT (FA_BK / 16)
@@ -244,7 +244,7 @@ __device__ __forceinline__ void attn_flash_impl(const float* __restrict__ q, con
                                                 const KV* __restrict__ vc, const float* __restrict__ proj,
                                                 int stride, float* __restrict__ out, int T, int nh, int nkv,
                                                 int hd, int pos0, float scale) {
-    extern __shared__ float4 fa_smem[];
+    QW_DYN_SMEM(float4, fa_smem);
     const int hd4 = hd >> 2, ld4 = hd4 + 1;  // row stride in float4 (+1: conflict-free LDS.128)
     const int PLD = FA_BK + 4;
     float4* Qs = fa_smem;                      // [FA_BQ][ld4]
@@ -425,6 +425,8 @@ ATTN_FLASH(attn_flash_bf16, bf16_t)
 // tiles first (concurrent blocks scan the same K/V: L2 reuse); block 32 NW threads.
 // Needs hd % 16 == 0, 16 <= hd <= 256, nh % nkv == 0 (the host checks). HDC > 0
 // compiles the head dim in (the model's 256); HDC == 0 reads it from the argument.
+// The CPU harness (QW_CPU) runs this code on mma.h's emulated mma, ldmatrix and cp.async
+// (tests/kernels_cpu/attn_tc_check.cpp).
 //
 // Fragment layouts (lane = threadIdx % 32, g = lane >> 2, c = lane & 3):
 //   A 16x16: a0 = A[g][2c,2c+1], a1 = A[g+8][2c..], a2 = A[g][2c+8..], a3 = A[g+8][2c+8..]
@@ -435,7 +437,7 @@ ATTN_FLASH(attn_flash_bf16, bf16_t)
 #define TC_PAD 8
 #define TC_MAXD 256
 
-#if defined(QW_CUDA)
+#if defined(QW_CUDA) || defined(QW_CPU)
 
 // Keys [k0, k0 + TC_BK) of kv head kvh from the planes gh (and gl when LO),
 // [pos][nkv][hd] bf16, into the tiles sh, sl [TC_BK][ld] (16-byte cp.async chunks;
@@ -470,7 +472,7 @@ __device__ __forceinline__ void attn_flash_tc_impl(const float* __restrict__ q, 
     const int hd = HDC > 0 ? HDC : hd_arg;
     const int ld = hd + TC_PAD;
 
-    extern __shared__ float4 tc_smem[];
+    QW_DYN_SMEM(float4, tc_smem);
     bf16_t* Qh = (bf16_t*)tc_smem;   // [ROWS][ld]
     bf16_t* Ql = Qh + ROWS * ld;     // [ROWS][ld]
     bf16_t* Kh = Ql + ROWS * ld;     // [TC_BK][ld]
@@ -692,7 +694,7 @@ __device__ __forceinline__ void attn_flash_tc_impl(const float*, const bf16_t*, 
 QW_KERNEL void QW_BOUNDS(256) attn_kv_split(const float* __restrict__ kc, const float* __restrict__ vc,
                                             bf16_t* __restrict__ kh, bf16_t* __restrict__ kl,
                                             bf16_t* __restrict__ vh, bf16_t* __restrict__ vl, long long n4) {
-#if defined(QW_CUDA)
+#if defined(QW_CUDA) || defined(QW_CPU)
     for (long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x; e < n4;
          e += (long long)gridDim.x * blockDim.x) {
         const float4 k = ((const float4*)kc)[e], v = ((const float4*)vc)[e];

@@ -1,8 +1,9 @@
-// Tensor-core primitives of sm_80 and later (CUDA only): bf16 mma.sync
-// m16n8k16 with f32 accumulation, ldmatrix and cp.async. Fragment layouts
-// (lane l, g = l >> 2, c = l & 3): A (16x16, row) a0 = A[g][2c..], a1 = A[g+8][2c..],
-// a2 = A[g][2c+8..], a3 = A[g+8][2c+8..]; B (16x8, col) b0 = B[2c..][g],
-// b1 = B[2c+8..][g]; C (16x8) c0,c1 = C[g][2c..], c2,c3 = C[g+8][2c..].
+// Tensor-core primitives of sm_80 and later (CUDA; emulated under QW_CPU for
+// the CPU harness): bf16 mma.sync m16n8k16 with f32 accumulation, ldmatrix and
+// cp.async. Fragment layouts (lane l, g = l >> 2, c = l & 3): A (16x16, row)
+// a0 = A[g][2c..], a1 = A[g+8][2c..], a2 = A[g][2c+8..], a3 = A[g+8][2c+8..];
+// B (16x8, col) b0 = B[2c..][g], b1 = B[2c+8..][g]; C (16x8) c0,c1 = C[g][2c..],
+// c2,c3 = C[g+8][2c..].
 #pragma once
 #include "compat.h"
 
@@ -99,6 +100,55 @@ __device__ __forceinline__ void mma_16816(float* d, const unsigned* a, unsigned 
 __device__ __forceinline__ unsigned pack_bf16x2(float x0, float x1) {
     return (unsigned)f2bf(x0) | ((unsigned)f2bf(x1) << 16);
 }
+
+// A shared-window address is the byte offset into the harness's dynamic shared
+// memory (the only shared memory the kernels address by an `unsigned`).
+__device__ __forceinline__ unsigned smem_addr(const void* p) {
+    return (unsigned)((const unsigned char*)p - qw_cpu::dyn_smem);
+}
+
+// ldmatrix, warp-cooperative like mma_16816: every lane posts the row it
+// supplies (lanes 8i..8i+7: rows 0..7 of matrix i, 16 contiguous bytes each),
+// then register i of lane (g, c) takes M_i[g][2c], M_i[g][2c+1] (.trans:
+// M_i[2c][g], M_i[2c+1][g]), the first in the low half.
+__device__ __forceinline__ void ldmatrix_x4_cpu(unsigned* r, const void* row, bool trans) {
+    static const unsigned char* rows[1024];
+    const unsigned lane = qw_cpu::tid % WARP, base = qw_cpu::tid - lane;
+    rows[qw_cpu::tid] = (const unsigned char*)row;
+    qw_cpu::sync_warp();
+    auto el = [&](int i, int y, int x) {  // M_i[y][x]
+        bf16_t v;
+        std::memcpy(&v, rows[base + 8 * i + y] + 2 * x, 2);
+        return (unsigned)v;
+    };
+    const int g = lane >> 2, c = lane & 3;
+    for (int i = 0; i < 4; i++)
+        r[i] = trans ? el(i, 2 * c, g) | el(i, 2 * c + 1, g) << 16 : el(i, g, 2 * c) | el(i, g, 2 * c + 1) << 16;
+    qw_cpu::sync_warp();
+}
+__device__ __forceinline__ void ldmatrix_x4(unsigned* r, unsigned saddr) {
+    ldmatrix_x4_cpu(r, qw_cpu::dyn_smem + saddr, false);
+}
+// Any shared memory (a `__shared__` static too), as on the GPU.
+__device__ __forceinline__ void ldmatrix_x4(unsigned* r, const void* smem_row) { ldmatrix_x4_cpu(r, smem_row, false); }
+__device__ __forceinline__ void ldmatrix_x4_trans(unsigned* r, unsigned saddr) {
+    ldmatrix_x4_cpu(r, qw_cpu::dyn_smem + saddr, true);
+}
+
+// cp.async as a synchronous copy (zeros when !valid, gmem not read): the data
+// has landed when the call returns, so commit / wait are no-ops. The pointer
+// form takes any shared memory, the address form dynamic shared memory.
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool valid) {
+    if (valid) std::memcpy(smem, gmem, 16);
+    else std::memset(smem, 0, 16);
+}
+__device__ __forceinline__ void cp_async16(unsigned saddr, const void* gmem, bool valid) {
+    cp_async16(qw_cpu::dyn_smem + saddr, gmem, valid);
+}
+__device__ __forceinline__ void cp_async_commit() {}
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {}
+__device__ __forceinline__ void cp_async_ring_step(int) {}
 #endif
 
 #if defined(QW_CUDA) || defined(QW_CPU)

@@ -1,0 +1,136 @@
+// Prompt (prefill) attention on tensor cores on the CPU (QW_CPU): the 4-warp
+// kernels of kernels/attention.cu, attn_flash_tc_f32_w4 (f32 cache, its hi / lo
+// bf16 planes written by the real attn_kv_split) and attn_flash_tc_bf16_w4
+// (bf16 cache, its own hi plane), with mma.sync, ldmatrix (.trans) and
+// cp.async emulated (kernels/mma.h), against causal GQA attention with the
+// sigmoid output gate in double precision (the bf16-rounded K / V for the bf16
+// cache). G 2, 4 and 8 query heads per KV head, head_dim 32, 48, 64 and 256,
+// prompts from position 0 and after a 37-token prefix, pair counts T * G that
+// are not multiples of the block's 64 rows, cache rows past the prompt and
+// unused shared memory filled with NaN; on two shapes also the 8-warp kernels
+// (attn_flash_tc_f32 / _bf16, and the model's attn_flash_tc_*_d256 at head_dim
+// 256). Exit 1 on a mismatch.
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <vector>
+#include "attention.cu"
+
+struct Shape {
+    int nkv, G, hd, T, pos0;
+    int w8 = 0;  // also the 8-warp kernels: 1 attn_flash_tc_{f32,bf16}, 2 the _d256 ones
+};
+
+// Split-precision operands (~16 mantissa bits) give up to ~2e-5 on outputs of
+// magnitude up to ~4; a dropped lo term is off by ~1e-3, a wrong mask or
+// fragment by 1e-2 or more.
+constexpr double TOL = 1e-4;
+
+using Kernel = void (*)(const float*, const bf16_t*, const bf16_t*, const bf16_t*, const bf16_t*, const float*, int,
+                        float*, int, int, int, int, int, float);
+
+// Max |error| of one run of `kernel` (NW warps; BF16: bf16 cache) over every
+// output, INFINITY if any is not finite.
+template <bool BF16>
+static double check(Kernel kernel, int NW, const Shape& s, unsigned seed) {
+    const int ROWS = 16 * NW;
+    const int nkv = s.nkv, G = s.G, nh = nkv * G, hd = s.hd, T = s.T, pos0 = s.pos0;
+    const int L = pos0 + T, cap = L + 9;  // cache rows; [L, cap) were never written (NaN)
+    const int stride = nh * 2 * hd + 2 * nkv * hd + 12;  // proj rows: [query | gate] per q head, then k, v, padding
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> nd(0.f, 1.f);
+    std::vector<float> q((size_t)T * nh * hd), proj((size_t)T * stride);
+    for (auto& x : q) x = 1.5f * nd(rng);  // scores of sd ~1.5: softmax neither flat nor one-hot
+    for (auto& x : proj) x = nd(rng);
+    const size_t plane = (size_t)cap * nkv * hd, used = (size_t)L * nkv * hd;
+    std::vector<float> kf(plane, NAN), vf(plane, NAN);
+    for (size_t i = 0; i < used; i++) {
+        kf[i] = nd(rng);
+        vf[i] = nd(rng);
+    }
+    const bf16_t bnan = 0x7fc0;
+    std::vector<bf16_t> kh(plane, bnan), kl(plane, bnan), vh(plane, bnan), vl(plane, bnan);
+    if (BF16) {
+        for (size_t i = 0; i < used; i++) {
+            kh[i] = f2bf(kf[i]);
+            vh[i] = f2bf(vf[i]);
+            kf[i] = bf2f(kh[i]);
+            vf[i] = bf2f(vh[i]);
+        }
+    } else {
+        // Rows [0, L) as the host splits them: a grid-stride loop of 3 blocks.
+        qw_cpu::launch({3, 1, 1}, {256, 1, 1}, [&] {
+            attn_kv_split(kf.data(), vf.data(), kh.data(), kl.data(), vh.data(), vl.data(), (long long)(used / 4));
+        });
+    }
+
+    std::vector<float> out((size_t)T * nh * hd, NAN);
+    std::memset(qw_cpu::dyn_smem, 0xff, sizeof qw_cpu::dyn_smem);  // bf16 NaN everywhere not staged
+    const float scale = 1.f / std::sqrt((float)hd);
+    const unsigned blocks = (unsigned)((T * G + ROWS - 1) / ROWS);
+    qw_cpu::launch({blocks, (unsigned)nkv, 1}, {(unsigned)(NW * WARP), 1, 1}, [&] {
+        kernel(q.data(), kh.data(), BF16 ? nullptr : kl.data(), vh.data(), BF16 ? nullptr : vl.data(), proj.data(),
+               stride, out.data(), T, nh, nkv, hd, pos0, scale);
+    });
+
+    double worst = 0;
+    std::vector<double> p(L);
+    for (int t = 0; t < T; t++)
+        for (int h = 0; h < nh; h++) {
+            const int g = h / G, n = pos0 + t + 1;  // keys 0 ..= pos0 + t
+            const float* qp = &q[((size_t)t * nh + h) * hd];
+            double mx = -1e300, den = 0;
+            for (int j = 0; j < n; j++) {
+                double d = 0;
+                for (int i = 0; i < hd; i++) d += (double)qp[i] * kf[((size_t)j * nkv + g) * hd + i];
+                p[j] = d * scale;
+                mx = std::max(mx, p[j]);
+            }
+            for (int j = 0; j < n; j++) den += (p[j] = std::exp(p[j] - mx));
+            for (int i = 0; i < hd; i++) {
+                double o = 0;
+                for (int j = 0; j < n; j++) o += p[j] * vf[((size_t)j * nkv + g) * hd + i];
+                const double gate = proj[(size_t)t * stride + (size_t)h * 2 * hd + hd + i];
+                const double want = o / den / (1.0 + std::exp(-gate));
+                const double got = out[((size_t)t * nh + h) * hd + i];
+                if (!std::isfinite(got)) return INFINITY;
+                worst = std::max(worst, std::fabs(got - want));
+            }
+        }
+    return worst;
+}
+
+int main() {
+    const Shape shapes[] = {
+        {2, 2, 32, 45, 0},   // 90 pairs per kv head: a full block and a ragged one
+        {2, 2, 64, 70, 37},  // after a prefix: 140 pairs, 107 keys (4 key tiles, the last partial)
+        {1, 4, 64, 23, 0},   // 92 pairs
+        {1, 4, 32, 50, 37},  // 200 pairs, the last block 8 rows
+        {2, 2, 48, 21, 37},  // hd 48: three k16 steps, three d16 pairs
+        {2, 4, 64, 70, 37, 1},  // G 4 over two kv heads: 280 pairs, 5 (w8: 3) blocks per kv head
+        {1, 8, 256, 9, 37, 2},  // the model's head_dim and group: 72 pairs
+    };
+    int bad = 0, n = 0;
+    auto report = [&](const char* name, const Shape& s, double err) {
+        const bool ok = err < TOL;
+        bad += !ok;
+        n++;
+        std::printf("%-23s nh %d nkv %d hd %3d T %2d pos0 %2d  max |err| %.2e  %s\n", name, s.nkv * s.G, s.nkv, s.hd,
+                    s.T, s.pos0, err, ok ? "ok" : "FAIL");
+    };
+    unsigned seed = 21;
+    for (const Shape& s : shapes) {
+        report("attn_flash_tc_f32_w4", s, check<false>(attn_flash_tc_f32_w4, 4, s, seed++));
+        report("attn_flash_tc_bf16_w4", s, check<true>(attn_flash_tc_bf16_w4, 4, s, seed++));
+        if (s.w8 == 1) {
+            report("attn_flash_tc_f32", s, check<false>(attn_flash_tc_f32, 8, s, seed++));
+            report("attn_flash_tc_bf16", s, check<true>(attn_flash_tc_bf16, 8, s, seed++));
+        }
+        if (s.w8 == 2) {  // head_dim 256 compiled in
+            report("attn_flash_tc_f32_d256", s, check<false>(attn_flash_tc_f32_d256, 8, s, seed++));
+            report("attn_flash_tc_bf16_d256", s, check<true>(attn_flash_tc_bf16_d256, 8, s, seed++));
+        }
+    }
+    std::printf("%d of %d kernel runs match (tolerance %.0e)\n", n - bad, n, TOL);
+    return bad ? 1 : 0;
+}
