@@ -3,8 +3,10 @@
 # kernels/compat.h takes tests/kernels_cpu/cpu_runtime.h, threads as
 # std::threads, barriers for __syncthreads and warp shuffles) and checks
 # their results against double-precision references
-# (tests/kernels_cpu/*_check.cpp). Covers indexing, masking and the math; not the
-# CUDA-only paths (cp.async, PDL), which the GPU runs check.
+# (tests/kernels_cpu/*_check.cpp). Covers indexing, masking and the math, with
+# kernels/mma.h's mma.sync, ldmatrix and cp.async emulated (cp.async as a
+# synchronous copy); not the timing-dependent paths (PDL, bulk copies with
+# mbarriers, the asynchrony of cp.async), which the GPU runs check.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 CXX=${CXX:-g++}
