@@ -2089,6 +2089,27 @@ mod tests {
     }
 
     #[test]
+    fn geometries_the_kernels_cannot_run_are_refused_before_any_work() {
+        let mut cfg = crate::presets::qwen36_35b_a3b();
+        assert!(check_supported(&cfg).is_ok());
+        // conv_silu / conv_silu_tokens keep at most 8 taps in registers.
+        for taps in [0, 9] {
+            cfg.linear_conv_kernel = taps;
+            let err = check_supported(&cfg).unwrap_err().to_string();
+            assert!(err.contains("conv kernels of 1 to 8 taps"), "{err}");
+        }
+        cfg.linear_conv_kernel = 8;
+        assert!(check_supported(&cfg).is_ok());
+        cfg.mlp = MlpConfig::Moe {
+            num_experts: 2048,
+            top_k: 8,
+            intermediate: 512,
+            shared_intermediate: 512,
+        };
+        assert!(check_supported(&cfg).is_err());
+    }
+
+    #[test]
     fn expert_tiles_cover_every_row_once_in_order() {
         let counts = [0, 3, 130, 0, 64, 1];
         for bm in [64, 128] {
