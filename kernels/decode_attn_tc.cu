@@ -47,6 +47,7 @@ __device__ __forceinline__ unsigned dt_ld(const bf16_t* p, bool ok) { return ok 
 // warp's dims 16 kk + ... (the caller offsets the pointers by its slice):
 //   k[kk][i]: A of S (rows = keys, cols = dims): key g + 8 (i & 1), dims 2c + 8 (i >> 1) and +1;
 //   v[kk][i]: A of O^T (rows = dims, cols = keys): dim g + 8 (i & 1), keys 2c + 8 (i >> 1) and +1.
+// i = (row half) + 2 (k half) is mma_16816's register order for A.
 // f32: both values; bf16: the packed pair (the mma operand itself).
 template <typename KV>
 struct DtFrag;
@@ -102,13 +103,8 @@ __device__ __forceinline__ void dt_copy(KV* ks, const KV* __restrict__ kw, const
         const int r = e / cpr, o = (e - r * cpr) * VN;
         const bool ok = t0 + r < s1;
         const size_t src = (size_t)(ok ? t0 + r : 0) * rs + o;
-#if defined(QW_CUDA)
         cp_async16(ks + r * kld + o, kw + src, ok);
         cp_async16(vs + r * vld + o, vw + src, ok);
-#else
-        *(uint4*)(ks + r * kld + o) = ok ? *(const uint4*)(kw + src) : make_uint4(0u, 0u, 0u, 0u);
-        *(uint4*)(vs + r * vld + o) = ok ? *(const uint4*)(vw + src) : make_uint4(0u, 0u, 0u, 0u);
-#endif
     }
 }
 
@@ -125,8 +121,6 @@ __device__ __forceinline__ void dt_split(const unsigned (&x)[4], unsigned (&hi)[
     }
 }
 
-// A's register order for mma_16816 is (row g, k 2c), (row g + 8, k 2c),
-// (row g, k 2c + 8), (row g + 8, k 2c + 8): i = (row half) + 2 (k half), as loaded.
 template <typename KV, bool RING>
 __device__ __forceinline__ void dt_attn_impl(const float* __restrict__ q, const KV* __restrict__ kc,
                                              const KV* __restrict__ vc, float* __restrict__ part_o,
@@ -161,9 +155,7 @@ __device__ __forceinline__ void dt_attn_impl(const float* __restrict__ q, const 
     auto prologue = [&]() {
         for (int p = 0; p < stages - 1; p++) {
             if (p < ntiles) dt_copy(ring + p * slot, kw, vw, s0 + p * DT_KEYS, s1, rs, dw, kld, vld, lane);
-#if defined(QW_CUDA)
             cp_async_commit();
-#endif
         }
     };
 
@@ -215,9 +207,7 @@ __device__ __forceinline__ void dt_attn_impl(const float* __restrict__ q, const 
             QW_SYNCWARP();  // every lane is done with the slot refilled here (tile t - 1's)
             const int nx = t + stages - 1;
             if (nx < ntiles) dt_copy(ring + (nx % stages) * slot, kw, vw, s0 + nx * DT_KEYS, s1, rs, dw, kld, vld, lane);
-#if defined(QW_CUDA)
             cp_async_ring_step(stages);  // this lane's copies of tile t have landed
-#endif
             QW_SYNCWARP();  // and every lane's
             const KV* ks = ring + (t % stages) * slot;
             dt_load(cur, ks, ks + DT_KEYS * kld, kld, vld, DT_KEYS, nkk, g, c);

@@ -182,7 +182,7 @@ impl DecAttnPath {
             Ok("keys1") => DecAttnPath::Keys { heads_per_warp: 1 },
             Ok("tc") => DecAttnPath::Tensor { ring: 0 },
             Ok(v) if v.starts_with("tc-ring") => DecAttnPath::Tensor {
-                ring: v["tc-ring".len()..].parse().unwrap_or(3).clamp(2, 4),
+                ring: v["tc-ring".len()..].parse().unwrap_or(TC_RING).clamp(2, 4),
             },
             _ => DecAttnPath::Auto,
         }
