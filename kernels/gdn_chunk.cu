@@ -29,7 +29,7 @@ QW_KERNEL void QW_BOUNDS(256) gdn_chunk_prep(const float* __restrict__ qkv, int 
                                              int dv, const float* __restrict__ g, const float* __restrict__ beta,
                                              float* __restrict__ WT, float* __restrict__ U, float* __restrict__ Gc,
                                              int T) {
-    extern __shared__ float smem[];
+    QW_DYN_SMEM(float, smem);
     float* Ks = smem;                  // [64][GC_LD]
     float* Vs = Ks + GC_C * GC_LD;     // [64][GC_LD]
     float* As = Vs + GC_C * GC_LD;     // [64][GC_LDA]
@@ -193,7 +193,7 @@ QW_KERNEL void QW_BOUNDS(256) gdn_chunk_state(const float* __restrict__ qkv, int
                                               int dv, const float* __restrict__ WT, float* __restrict__ U,
                                               const float* __restrict__ Gc, float* __restrict__ S,
                                               float* __restrict__ Sc, int T) {
-    extern __shared__ float smem[];
+    QW_DYN_SMEM(float, smem);
     float* WTs = smem;                 // [128][64]
     float* Ks = WTs + GC_D * GC_C;     // [64][128]
     float* Us = Ks + GC_C * GC_D;      // [64][32]
@@ -220,6 +220,7 @@ QW_KERNEL void QW_BOUNDS(256) gdn_chunk_state(const float* __restrict__ qkv, int
         int d = w * 16 + r;
         Ss[d * 32 + lane] = (d < dk && cvalid) ? Sh[(size_t)d * dv + c] : 0.f;
     }
+    __syncthreads();  // the zeros land before the first chunk's rows overwrite them
 
     // Prefetch registers: W^T (dk*16 float4s), k (n*dk), U tile (64 x 32), G (64).
     float4 pw[8];
@@ -346,7 +347,7 @@ QW_KERNEL void QW_BOUNDS(256) gdn_chunk_state(const float* __restrict__ qkv, int
 QW_KERNEL void QW_BOUNDS(256) gdn_chunk_out(const float* __restrict__ qkv, int stride, int nk, int nv, int dk,
                                             int dv, const float* __restrict__ U, const float* __restrict__ Gc,
                                             const float* __restrict__ Sc, float* __restrict__ out, int T) {
-    extern __shared__ float smem[];
+    QW_DYN_SMEM(float, smem);
     float* Qs = smem;                  // [64][GC_LD]
     float* Ks = Qs + GC_C * GC_LD;     // [64][GC_LD]
     float* Ps = Ks + GC_C * GC_LD;     // [64][GC_LDA]
