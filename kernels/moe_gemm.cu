@@ -31,6 +31,9 @@ __device__ __forceinline__ void moe_gemm_impl(const bf16_t* __restrict__ ahi, co
     const bf16_t* Wb = W + (size_t)e * w_stride;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int wm = warp >> 1, wn = warp & 1;
+    // Warps whose 32 rows all lie past the tile's last row only help load: an
+    // expert's last tile is usually partial, and the products are the bound.
+    const bool active = wm * 32 < rows;
 
     auto load = [&](int stage, int k0) {
         for (int i = tid; i < MG_BM * (MG_BK / 8); i += NT) {
@@ -68,6 +71,7 @@ __device__ __forceinline__ void moe_gemm_impl(const bf16_t* __restrict__ ahi, co
         __syncthreads();          // ... and everyone's; stage (kt - 1) % NS is free
         if (kt + NS - 1 < nk) load((kt + NS - 1) % NS, (kt + NS - 1) * MG_BK);
         else cp_async_commit();
+        if (!active) continue;
 #pragma unroll
         for (int kk = 0; kk < MG_BK; kk += 16) {
             unsigned ah[2][4], al[2][4];
