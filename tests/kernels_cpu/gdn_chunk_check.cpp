@@ -38,15 +38,16 @@ struct Geometry {
     size_t wt, u, gc, sc;  // scratch, floats: gdn_chunk_wt, _u, _g, _s
 };
 static Geometry geometry(int T, int nv, int dk, int dv) {
-    const size_t C = 64, D = 128;  // CHUNK, MAX_DIM
+    const size_t C = 64, D = 128;        // CHUNK, MAX_DIM
+    const size_t LD = D + 4, LDA = C + 4;  // LD, LDA (row strides of the shared tiles)
     const unsigned nch = (unsigned)((T + C - 1) / C);
     Geometry g;
     // gdn_chunk_prep: (chunk, value head).
-    g.prep = {{nch, (unsigned)nv, 1}, {256, 1, 1}, 2 * C * (D + 1) + C * (C + 1) + 2 * C};
+    g.prep = {{nch, (unsigned)nv, 1}, {256, 1, 1}, 2 * C * LD + C * LDA + 16 * 48 + 3 * C};
     // gdn_chunk_state: (value head, 32-column value tile), serial over chunks.
-    g.state = {{(unsigned)nv, (unsigned)(dv + 31) / 32, 1}, {256, 1, 1}, 2 * D * C + C * 32 + D * 32 + 2 * C};
+    g.state = {{(unsigned)nv, (unsigned)(dv + 31) / 32, 1}, {512, 1, 1}, 2 * D * C + C * 32 + 2 * D * 32 + 2 * C};
     // gdn_chunk_out: (chunk, value head).
-    g.out = {{nch, (unsigned)nv, 1}, {256, 1, 1}, 2 * C * (D + 1) + C * (C + 1) + C};
+    g.out = {{nch, (unsigned)nv, 1}, {256, 1, 1}, 2 * C * LD + C * LDA + 32 * LD + C};
     g.wt = (size_t)nv * nch * dk * C;
     g.u = (size_t)nv * T * dv;
     g.gc = (size_t)nv * T;

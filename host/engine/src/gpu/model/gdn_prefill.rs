@@ -13,18 +13,25 @@ use anyhow::Result;
 const CHUNK: usize = 64;
 /// Largest key / value head dimension the kernels handle (`GC_D`).
 const MAX_DIM: usize = 128;
+/// Padded row strides of the kernels' shared tiles (`GC_LD`, `GC_LDA`, `GC_LDX`)
+/// and the rows of S_c the output kernel stages at a time (`GC_SL`).
+const LD: usize = MAX_DIM + 4;
+const LDA: usize = CHUNK + 4;
+const LDX: usize = 48;
+const SLICE: usize = 32;
 /// Dynamic shared memory of the three kernels, in floats (see the kernel comments).
-const PREP_SMEM: usize = 2 * CHUNK * (MAX_DIM + 1) + CHUNK * (CHUNK + 1) + 2 * CHUNK;
-const STATE_SMEM: usize = 2 * MAX_DIM * CHUNK + CHUNK * 32 + MAX_DIM * 32 + 2 * CHUNK;
-const OUT_SMEM: usize = 2 * CHUNK * (MAX_DIM + 1) + CHUNK * (CHUNK + 1) + CHUNK;
+const PREP_SMEM: usize = 2 * CHUNK * LD + CHUNK * LDA + 16 * LDX + 3 * CHUNK;
+const STATE_SMEM: usize = 2 * MAX_DIM * CHUNK + CHUNK * 32 + 2 * MAX_DIM * 32 + 2 * CHUNK;
+const OUT_SMEM: usize = 2 * CHUNK * LD + CHUNK * LDA + SLICE * LD + CHUNK;
 
 impl GpuModel {
     /// The delta rule over `t` tokens for every value head: q/k/v from the conv
     /// output rows `proj` (row stride `p`), `g`/`beta` `[t][nv]`, state `s`
     /// `[nv][dk][dv]` updated in place, outputs `o` `[t][nv][dv]`. The chunked
     /// kernels for prompts; the token-serial kernel for one token, with
-    /// `QWASI_GDN=serial`, for head dimensions above 128, and where the chunked
-    /// kernels' shared memory does not fit (RDNA's 64 KB per block).
+    /// `QWASI_GDN=serial`, for head dimensions above 128 or not multiples of 4,
+    /// and where the chunked kernels' shared memory does not fit (RDNA's 64 KB
+    /// per block).
     #[allow(clippy::too_many_arguments)]
     pub(super) fn gdn_recurrence(
         &self,
@@ -50,10 +57,9 @@ impl GpuModel {
     fn chunked_gdn_fits(&self) -> bool {
         let c = &self.cfg;
         let (nk, nv) = (c.linear_num_key_heads, c.linear_num_value_heads);
-        let dims_ok = c.linear_key_head_dim <= MAX_DIM
-            && c.linear_value_head_dim <= MAX_DIM
-            && nk != 0
-            && nv % nk == 0;
+        let (dk, dv) = (c.linear_key_head_dim, c.linear_value_head_dim);
+        let dims_ok =
+            dk <= MAX_DIM && dv <= MAX_DIM && dk % 4 == 0 && dv % 4 == 0 && nk != 0 && nv % nk == 0;
         #[cfg(all(feature = "hip", not(feature = "cuda")))]
         let dims_ok = dims_ok
             && PREP_SMEM.max(STATE_SMEM).max(OUT_SMEM) * F <= self.dev.max_shared_per_block();
@@ -150,7 +156,7 @@ impl GpuModel {
         d.launch(
             "gdn_chunk_state",
             (nv as u32, (dv as u32).div_ceil(32), 1),
-            (256, 1, 1),
+            (512, 1, 1),
             (STATE_SMEM * F) as u32,
             &[
                 Arg::Ptr(proj),
