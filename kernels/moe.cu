@@ -156,60 +156,134 @@ QW_KERNEL void QW_BOUNDS(256) router_topk_warp(const float* __restrict__ logits,
 // adding the k expert outputs in ascending expert order (as the per-expert
 // scatter_add_rows sequence does).
 
-// Exclusive prefix sum of one int per thread over a 256-thread block; *total = the block sum.
-__device__ __forceinline__ int block_excl_scan256(int v, int* sh /* [256] */, int* total) {
-    int tid = threadIdx.x;
-    sh[tid] = v;
+// Sum of one int per thread over a 256-thread block, returned to every thread
+// (XOR-shuffle warp sums, the 8 warp sums through shared memory, one __syncthreads;
+// sh must not be rewritten until every thread has returned).
+__device__ __forceinline__ int block_isum256(int v, int* sh /* [256 / WARP] */) {
+#pragma unroll
+    for (int m = WARP / 2; m > 0; m >>= 1) v += SHFL_XOR(v, m);
+    if (threadIdx.x % WARP == 0) sh[threadIdx.x / WARP] = v;
     __syncthreads();
-    for (int off = 1; off < 256; off <<= 1) {
-        int add = tid >= off ? sh[tid - off] : 0;
-        __syncthreads();
-        sh[tid] += add;
-        __syncthreads();
-    }
-    int incl = sh[tid];
-    *total = sh[255];
-    __syncthreads();
-    return incl - v;
+    int t = 0;
+#pragma unroll
+    for (int i = 0; i < 256 / WARP; i++) t += sh[i];
+    return t;
 }
 
 // counts[e] = #{n < N : idx[n] == e} for e < E (block e); block E counts the
 // entries outside [0, E) into counts[E]. grid E + 1, block 256.
 QW_KERNEL void QW_BOUNDS(256) moe_plan_count(const int* __restrict__ idx, int N, int E, int* __restrict__ counts) {
-    __shared__ int sh[256];
+    __shared__ int sh[256 / WARP];
     int e = blockIdx.x, c = 0;
     for (int n = threadIdx.x; n < N; n += 256) {
         int x = idx[n];
         c += e < E ? x == e : (x < 0 || x >= E);
     }
-    int total;
-    block_excl_scan256(c, sh, &total);
+    const int total = block_isum256(c, sh);
     if (threadIdx.x == 0) counts[e] = total;
 }
 
+// Exclusive prefix sum of v over this thread's group of WARP lanes with XOR
+// shuffles only (the one shuffle compat.h has on CUDA, HIP and the CPU);
+// *total = the group's sum. Before the step for m, v is the sum of the aligned
+// m lanes holding this one and pre the part below this lane; the partner
+// (lane ^ m) holds the sibling m lanes, which lie below when lane & m.
+__device__ __forceinline__ unsigned long long warp_excl_scan_u64(unsigned long long v,
+                                                                  unsigned long long* total) {
+    const int lane = threadIdx.x % WARP;
+    unsigned long long pre = 0;
+#pragma unroll
+    for (int m = 1; m < WARP; m <<= 1) {
+        const unsigned long long o = SHFL_XOR(v, m);
+        if (lane & m) pre += o;
+        v += o;
+    }
+    *total = v;
+    return pre;
+}
+
+// Quads (4 consecutive entries) per thread per moe_plan_place tile: a tile is
+// 256 * 4 * MOE_PLAN_QUADS entries; the counts of a thread's quads travel as
+// 16-bit fields of one 64-bit word (at most 1024 per field and tile).
+#define MOE_PLAN_QUADS 4
+#define MOE_PLAN_TILE (256 * 4 * MOE_PLAN_QUADS)
+
 // Block e writes its entries at [off_e, off_e + counts[e]) in increasing n (so in
-// increasing token): rows[p] = n / k, slot[n] = p. Thread i scans
-// the contiguous segment [i * seg, (i + 1) * seg) twice (count, scan, place).
-// grid E, block 256.
+// increasing token): rows[p] = n / k, slot[n] = p; off_e = counts[0] + .. + counts[e - 1].
+// Every block has to look at all N entries, so the block walks idx in coalesced
+// tiles: quad q of a tile is its entries 4 (256 q + i) .. +3 for thread i, one
+// 16-byte load where idx is 16-byte aligned (scalar loads at the ragged end), the
+// MOE_PLAN_QUADS loads of a thread in flight together. One block-wide exclusive
+// scan per tile (XOR-shuffle warp scans of the packed per-quad match counts, the
+// 8 warp totals in shared memory, one __syncthreads) gives each match its place
+// in (quad, thread, entry) = increasing-n order. off_e is a block reduction of
+// counts[0..e); an empty expert returns at once and the walk stops once all
+// counts[e] entries are placed (counts must be moe_plan_count's for this idx,
+// which the offsets always needed). grid E, block 256.
 QW_KERNEL void QW_BOUNDS(256) moe_plan_place(const int* __restrict__ idx, int N, int k, int E,
                                              const int* __restrict__ counts, int* __restrict__ rows,
                                              int* __restrict__ slot) {
-    __shared__ int sh[256];
-    int e = blockIdx.x;
-    int off = 0;
-    for (int j = 0; j < e; j++) off += counts[j];
-    int seg = (N + 255) / 256;
-    int n0 = threadIdx.x * seg, n1 = min(N, n0 + seg);
-    int c = 0;
-    for (int n = n0; n < n1; n++) c += idx[n] == e;
-    int total;
-    int p = off + block_excl_scan256(c, sh, &total);
-    for (int n = n0; n < n1; n++) {
-        if (idx[n] == e) {
-            rows[p] = n / k;
-            slot[n] = p;
-            p++;
+    __shared__ int osum[256 / WARP];
+    // Warp totals of the tiles, double-buffered: a tile's writes go to the half
+    // that the tile before last read, and the last tile's __syncthreads separates them.
+    __shared__ unsigned long long wsum[2][256 / WARP];
+    const int e = blockIdx.x, tid = threadIdx.x, lane = tid % WARP, w = tid / WARP;
+    const int cnt = counts[e];
+    if (cnt == 0) return;  // the whole block
+    int s = 0;
+    for (int j = tid; j < e; j += 256) s += counts[j];
+    int base = block_isum256(s, osum);  // off_e
+    const int end = base + cnt;
+    const bool vec = ((size_t)idx & 15) == 0;
+    for (int t0 = 0, it = 0; t0 < N; t0 += MOE_PLAN_TILE, it++) {
+        int v[MOE_PLAN_QUADS][4];
+#pragma unroll
+        for (int q = 0; q < MOE_PLAN_QUADS; q++) {
+            const int n0 = t0 + 4 * (256 * q + tid);
+            if (vec && n0 + 4 <= N) {
+                const uint4 u = *(const uint4*)(idx + n0);
+                v[q][0] = (int)u.x;
+                v[q][1] = (int)u.y;
+                v[q][2] = (int)u.z;
+                v[q][3] = (int)u.w;
+            } else {
+#pragma unroll
+                for (int i = 0; i < 4; i++) v[q][i] = n0 + i < N ? idx[n0 + i] : -1;
+            }
         }
+        unsigned long long c = 0;  // 16-bit field q: matches in quad q
+#pragma unroll
+        for (int q = 0; q < MOE_PLAN_QUADS; q++)
+            c |= (unsigned long long)((v[q][0] == e) + (v[q][1] == e) + (v[q][2] == e) + (v[q][3] == e))
+                 << (16 * q);
+        unsigned long long wt, pre = warp_excl_scan_u64(c, &wt);
+        unsigned long long* ws = wsum[it & 1];
+        if (lane == 0) ws[w] = wt;
+        __syncthreads();
+        unsigned long long tot = 0;
+        for (int i = 0; i < 256 / WARP; i++) {
+            const unsigned long long x = ws[i];
+            if (i < w) pre += x;
+            tot += x;
+        }
+#pragma unroll
+        for (int q = 0; q < MOE_PLAN_QUADS; q++) {
+            // Places before quad q of this thread: all matches of quads < q, then
+            // those of quad q in the threads below.
+            int p = base + (int)((pre >> (16 * q)) & 0xffff);
+            if ((c >> (16 * q)) & 0xffff) {
+                const int n0 = t0 + 4 * (256 * q + tid);
+#pragma unroll
+                for (int i = 0; i < 4; i++)
+                    if (v[q][i] == e) {
+                        rows[p] = (n0 + i) / k;
+                        slot[n0 + i] = p;
+                        p++;
+                    }
+            }
+            base += (int)((tot >> (16 * q)) & 0xffff);
+        }
+        if (base >= end) break;  // the same for every thread
     }
 }
 
