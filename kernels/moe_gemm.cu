@@ -2,7 +2,10 @@
 // one cuBLAS call per expert and operand half (1,024 calls per layer before).
 //
 // Rows are sorted by expert (moe_plan_*); `tiles` lists (expert, first row, row
-// count <= MG_BM) per block row. Y[r][n] = sum_k (ahi[r][k] + alo[r][k]) * W_e[n][k]
+// count <= MG_BM) per block row: grid (ceil(N / MG_BN), tiles). The column blocks
+// of a row tile are neighbours in launch order, so its activation rows are read
+// from DRAM once and then from L2 (with the tiles in x, each of the N / MG_BN
+// passes over the tiles re-read every activation row from DRAM). Y[r][n] = sum_k (ahi[r][k] + alo[r][k]) * W_e[n][k]
 // with W_e = W + e * w_stride a [N][K] bf16 matrix and the activation split into
 // two bf16 terms (~16 mantissa bits, as the cuBLAS split path), f32 accumulation.
 // Needs K % MG_BK == 0 and 16-byte aligned rows (K % 8 == 0); the host checks.
@@ -26,8 +29,8 @@ __device__ __forceinline__ void moe_gemm_impl(const bf16_t* __restrict__ ahi, co
     typedef bf16_t BTile[MG_BN * MG_LD];
     ATile* As = (ATile*)mg_smem;                      // [stage][hi, lo]
     BTile* Bs = (BTile*)(mg_smem + NS * 2 * MG_BM * MG_LD);  // [stage]
-    const int e = tiles[3 * blockIdx.x], r0 = tiles[3 * blockIdx.x + 1], rows = tiles[3 * blockIdx.x + 2];
-    const int n0 = blockIdx.y * MG_BN;
+    const int e = tiles[3 * blockIdx.y], r0 = tiles[3 * blockIdx.y + 1], rows = tiles[3 * blockIdx.y + 2];
+    const int n0 = blockIdx.x * MG_BN;
     const bf16_t* Wb = W + (size_t)e * w_stride;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int wm = warp >> 1, wn = warp & 1;
@@ -133,10 +136,10 @@ QW_KERNEL void QW_BOUNDS(256) moe_gemm_split128(const bf16_t* __restrict__ ahi, 
 __device__ __forceinline__ void moe_gemm_fma(const bf16_t* __restrict__ ahi, const bf16_t* __restrict__ alo,
                                              const bf16_t* __restrict__ W, long long w_stride,
                                              const int* __restrict__ tiles, float* __restrict__ Y, int N, int K) {
-    const int e = tiles[3 * blockIdx.x], r0 = tiles[3 * blockIdx.x + 1], rows = tiles[3 * blockIdx.x + 2];
+    const int e = tiles[3 * blockIdx.y], r0 = tiles[3 * blockIdx.y + 1], rows = tiles[3 * blockIdx.y + 2];
     const bf16_t* Wb = W + (size_t)e * w_stride;
     for (int i = threadIdx.x; i < rows * MG_BN; i += blockDim.x) {
-        const int r = i / MG_BN, n = blockIdx.y * MG_BN + i % MG_BN;
+        const int r = i / MG_BN, n = blockIdx.x * MG_BN + i % MG_BN;
         if (n >= N) continue;
         const size_t a = (size_t)(r0 + r) * K;
         float acc = 0.f;

@@ -1351,6 +1351,13 @@ impl GpuModel {
             let busy = hc[..e].iter().filter(|&&c| c > 0).count().max(1);
             let bm = if nn / busy >= 128 { 128 } else { 64 };
             let tiles = moe_tiles(&hc[..e], bm);
+            // The tiles are the grid's y dimension.
+            if tiles.len() / 3 > 65_535 {
+                bail!(
+                    "{} expert row tiles exceed the grid's 65,535",
+                    tiles.len() / 3
+                );
+            }
             let buf = sc.get(d, "moe_tiles", tiles.len() * 4)?;
             d.htod(buf, &tiles)?;
             Some((buf, (tiles.len() / 3) as u32, bm))
@@ -1366,7 +1373,7 @@ impl GpuModel {
                     } else {
                         "moe_gemm_split"
                     },
-                    (nt, rows.div_ceil(MG_BN) as u32, 1),
+                    (rows.div_ceil(MG_BN) as u32, nt, 1),
                     (2 * bm as u32, 1, 1),
                     (MG_STAGES * (2 * bm + MG_BN) * MG_LD * B) as u32,
                     &[
