@@ -110,6 +110,9 @@ pub struct GpuModel {
     /// `false` with `QWASI_MOE=cublas` (and in HIP builds): prompt experts run as
     /// per-expert cuBLAS calls instead of one grouped tensor-core kernel per matrix.
     grouped_moe: bool,
+    /// Pipeline stages of the 128-row grouped expert GEMM: 2, or 3 with
+    /// `QWASI_MOE_STAGES=3` (`moe_gemm_split128_s3`).
+    moe_stages: usize,
     /// `false` with `QWASI_ATTN=cuda-cores` (and in HIP builds): prompt
     /// attention without tensor cores (`attn_flash_*`).
     #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
@@ -435,6 +438,11 @@ impl GpuModel {
             chunked_gdn: std::env::var("QWASI_GDN").as_deref() != Ok("serial"),
             grouped_moe: cfg!(feature = "cuda")
                 && std::env::var("QWASI_MOE").as_deref() != Ok("cublas"),
+            moe_stages: if std::env::var("QWASI_MOE_STAGES").as_deref() == Ok("3") {
+                3
+            } else {
+                MG_STAGES
+            },
             tc_attention: cfg!(feature = "cuda")
                 && std::env::var("QWASI_ATTN").as_deref() != Ok("cuda-cores"),
             gemm,
@@ -1367,15 +1375,16 @@ impl GpuModel {
         let grouped =
             |a_hi: u64, a_lo: u64, w: &DBuf, y: u64, rows: usize, cols: usize| -> Result<()> {
                 let (buf, nt, bm) = tiles.expect("grouped path");
+                let (name, stages) = match (bm, self.moe_stages) {
+                    (128, 3) => ("moe_gemm_split128_s3", 3),
+                    (128, _) => ("moe_gemm_split128", MG_STAGES),
+                    _ => ("moe_gemm_split", MG_STAGES),
+                };
                 d.launch(
-                    if bm == 128 {
-                        "moe_gemm_split128"
-                    } else {
-                        "moe_gemm_split"
-                    },
+                    name,
                     (rows.div_ceil(MG_BN) as u32, nt, 1),
                     (2 * bm as u32, 1, 1),
-                    (MG_STAGES * (2 * bm + MG_BN) * MG_LD * B) as u32,
+                    (stages * (2 * bm + MG_BN) * MG_LD * B) as u32,
                     &[
                         Arg::Ptr(a_hi),
                         Arg::Ptr(a_lo),
