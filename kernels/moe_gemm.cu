@@ -15,7 +15,8 @@
 #define MG_BK 32
 #define MG_LD (MG_BK + 8)  // bf16 per shared row: 80 bytes, conflict-free ldmatrix
 
-#if defined(QW_CUDA)
+#if defined(QW_CUDA) || defined(QW_CPU)
+// (QW_CPU: the CPU harness runs this mma.sync path, tests/kernels_cpu/moe_gemm_check.cpp.)
 // WM x 2 warps, each a 32 x 64 sub-tile (2 x 8 mma tiles) of a BM = 32 WM row
 // tile; NS-stage cp.async ring in dynamic shared memory: A hi, A lo [BM][MG_LD]
 // per stage, then B [MG_BN][MG_LD] per stage (NS (2 BM + MG_BN) MG_LD bf16 in all).
@@ -24,7 +25,7 @@ __device__ __forceinline__ void moe_gemm_impl(const bf16_t* __restrict__ ahi, co
                                               const bf16_t* __restrict__ W, long long w_stride,
                                               const int* __restrict__ tiles, float* __restrict__ Y, int N, int K) {
     constexpr int MG_BM = 32 * WM, NT = 64 * WM;
-    extern __shared__ __align__(16) bf16_t mg_smem[];
+    __align__(16) QW_DYN_SMEM(bf16_t, mg_smem);
     typedef bf16_t ATile[2][MG_BM * MG_LD];
     typedef bf16_t BTile[MG_BN * MG_LD];
     ATile* As = (ATile*)mg_smem;                      // [stage][hi, lo]

@@ -1,0 +1,159 @@
+// The grouped expert GEMM of prompts on the CPU (QW_CPU): moe_gemm_split
+// (64-row tiles, 128 threads) and moe_gemm_split128 (128-row tiles, 256
+// threads) of kernels/moe_gemm.cu, their mma.sync / ldmatrix / cp.async path
+// (kernels/mma.h emulates it), launched as the host launches them
+// (host/engine/src/gpu/model.rs: the tile table of `moe_tiles`, grid (tiles,
+// ceil(N / MG_BN)), block 2 BM, MG_STAGES (2 BM + MG_BN) MG_LD bf16 of dynamic
+// shared memory), against Y[r][n] = sum_k (hi + lo)[r][k] W_e[n][k] in double
+// precision. The activations are split as gather_split_bf16 splits them
+// (split1: hi = bf16(x), lo = bf16(x - hi)). Expert row counts give tiles of
+// 1, 16, 31, 32, 33, 63, 64 (and for 128-row tiles 65, 97, 128) rows, experts
+// with 0, 1, BM, BM + 1 and 2 BM + 33 rows: every boundary of the warps that
+// skip the products when their 32 rows lie past the tile's last row. N 192,
+// 200 (not a multiple of MG_BN or of 8) and 256, K 64, 96 (an odd number of
+// MG_BK steps over the 2-stage ring) and 32 (one step). Y rows past the last
+// tile, activation rows past the last row, a weight block past the last expert
+// and the unused shared memory are NaN; Y outside the tiles and the shared
+// memory past the host's dynamic size must stay untouched. Exit 1 on a
+// mismatch.
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+#include "moe_gemm.cu"
+
+// Rows of Y and of the activations past the tiles (canaries).
+constexpr int PAD_ROWS = 3;
+constexpr int MG_STAGES = 2;  // model.rs MG_STAGES (the kernels' NS)
+// f32 accumulation of 2K exact bf16 products: <= ~4e-7 of sum |terms| in
+// practice (at most 2K 2^-24 ~1.1e-5 at K 96, far from reached); a dropped lo
+// term (|lo| <= 2^-9 |x|) is off by up to ~1e-3 of it (most outputs past
+// 1e-5), a wrong fragment, row or operand by ~1, a skipped product or a NaN
+// fails outright.
+constexpr double TOL = 1e-5;
+
+using Kernel = void (*)(const bf16_t*, const bf16_t*, const bf16_t*, long long, const int*, float*, int, int);
+
+struct Case {
+    int bm;
+    std::vector<int> counts;  // rows per expert
+    int N, K;
+};
+
+// model.rs moe_tiles: (expert, first row, rows <= bm) over rows sorted by expert.
+static std::vector<int> moe_tiles(const std::vector<int>& counts, int bm) {
+    std::vector<int> t;
+    int start = 0;
+    for (int e = 0; e < (int)counts.size(); e++) {
+        for (int r = 0; r < counts[e]; r += bm) t.insert(t.end(), {e, start + r, std::min(counts[e] - r, bm)});
+        start += counts[e];
+    }
+    return t;
+}
+
+static bool run(const Case& c, unsigned seed) {
+    const int bm = c.bm, N = c.N, K = c.K, E = (int)c.counts.size();
+    Kernel kernel = bm == 128 ? moe_gemm_split128 : moe_gemm_split;
+    int nn = 0;
+    for (int n : c.counts) nn += n;
+    const std::vector<int> tiles = moe_tiles(c.counts, bm);
+    const unsigned nt = (unsigned)(tiles.size() / 3);
+
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> nd(0.f, 1.f);
+    const bf16_t bnan = 0x7fc0;
+    const long long w_stride = (long long)N * K;
+    std::vector<bf16_t> W((size_t)(E + 1) * w_stride, bnan);  // expert E: NaN, never read
+    for (size_t i = 0; i < (size_t)E * w_stride; i++) W[i] = f2bf(0.5f * nd(rng));
+    std::vector<bf16_t> hi((size_t)(nn + PAD_ROWS) * K, bnan), lo(hi.size(), bnan);
+    std::vector<double> x((size_t)nn * K);  // hi + lo, exactly
+    std::vector<int> owner(nn);             // each row's expert
+    for (int r = 0, e = 0, left = 0; r < nn; r++) {
+        while (left == 0) left = c.counts[e++];
+        owner[r] = e - 1;
+        left--;
+        const float scale = std::exp(nd(rng));  // rows of different magnitudes
+        for (int k = 0; k < K; k++) {
+            const size_t i = (size_t)r * K + k;
+            split1(scale * nd(rng), &hi[i], &lo[i]);
+            x[i] = (double)bf2f(hi[i]) + (double)bf2f(lo[i]);
+        }
+    }
+
+    std::vector<float> Y((size_t)(nn + PAD_ROWS) * N, NAN);
+    const size_t smem = (size_t)MG_STAGES * (2 * bm + MG_BN) * MG_LD * sizeof(bf16_t);
+    if (smem > sizeof qw_cpu::dyn_smem) {
+        std::printf("dynamic shared memory %zu > the harness's %zu\n", smem, sizeof qw_cpu::dyn_smem);
+        return false;
+    }
+    std::memset(qw_cpu::dyn_smem, 0xff, sizeof qw_cpu::dyn_smem);  // bf16 NaN everywhere not staged
+    const unsigned gy = (unsigned)((N + MG_BN - 1) / MG_BN);
+    const auto t0 = std::chrono::steady_clock::now();
+    qw_cpu::launch({nt, gy, 1}, {(unsigned)(2 * bm), 1, 1},
+                   [&] { kernel(hi.data(), lo.data(), W.data(), w_stride, tiles.data(), Y.data(), N, K); });
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+
+    bool smem_ok = true;
+    for (size_t i = smem; i < sizeof qw_cpu::dyn_smem; i++) smem_ok &= qw_cpu::dyn_smem[i] == 0xff;
+
+    double worst_rel = 0, worst_abs = 0;
+    long bad = 0, canary = 0;
+    for (int r = 0; r < nn + PAD_ROWS; r++)
+        for (int n = 0; n < N; n++) {
+            const float got = Y[(size_t)r * N + n];
+            if (r >= nn) {
+                canary += !std::isnan(got);
+                continue;
+            }
+            const bf16_t* w = &W[(size_t)owner[r] * w_stride + (size_t)n * K];
+            double want = 0, mag = 0;
+            for (int k = 0; k < K; k++) {
+                const double t = x[(size_t)r * K + k] * (double)bf2f(w[k]);
+                want += t;
+                mag += std::fabs(t);
+            }
+            const double err = std::fabs((double)got - want), rel = err / mag;
+            if (!(rel <= TOL)) {  // NaN too
+                if (bad < 3)
+                    std::printf("  Y[%d][%d] (expert %d) = %.8g, want %.8g (err %.2e of %.2e)\n", r, n, owner[r], got,
+                                want, err, mag);
+                bad++;
+            }
+            worst_rel = std::isnan(rel) ? INFINITY : std::max(worst_rel, rel);
+            worst_abs = std::isnan(err) ? INFINITY : std::max(worst_abs, err);
+        }
+
+    std::string rows;
+    for (size_t i = 2; i < tiles.size(); i += 3) rows += std::to_string(tiles[i]) + (i + 3 < tiles.size() ? "," : "");
+    const bool ok = bad == 0 && canary == 0 && smem_ok;
+    std::printf("%-17s N %3d K %2d counts", bm == 128 ? "moe_gemm_split128" : "moe_gemm_split", N, K);
+    for (int n : c.counts) std::printf(" %d", n);
+    std::printf(" | tiles %s | %ld bad, %ld canaries hit%s, max err %.2e abs, %.2e of sum|terms| (%.1f s)  %s\n",
+                rows.c_str(), bad, canary, smem_ok ? "" : ", smem past the dynamic size written", worst_abs, worst_rel,
+                secs, ok ? "ok" : "FAIL");
+    return ok;
+}
+
+int main() {
+    const auto t0 = std::chrono::steady_clock::now();
+    const Case cases[] = {
+        {64, {0, 1, 64, 65, 161}, 200, 96},     // tiles 1 | 64 | 64 1 | 64 64 33
+        {64, {31, 32, 63, 80}, 256, 64},        // tiles 31 | 32 | 63 | 64 16
+        {64, {16, 97, 33}, 192, 32},            // one k step: tiles 16 | 64 33 | 33
+        {128, {0, 1, 128, 129, 289}, 256, 64},  // tiles 1 | 128 | 128 1 | 128 128 33
+        {128, {32, 64, 65, 97, 144}, 200, 96},  // tiles 32 | 64 | 65 | 97 | 128 16
+        {128, {31, 33, 63}, 192, 64},           // tiles 31 | 33 | 63
+    };
+    int bad = 0, n = 0;
+    unsigned seed = 7;
+    for (const Case& c : cases) {
+        bad += !run(c, seed++);
+        n++;
+    }
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::printf("moe_gemm_check: %d of %d launches match (tolerance %.0e of sum|terms|), %.1f s: %s\n", n - bad, n, TOL,
+                secs, bad ? "FAIL" : "PASS");
+    return bad ? 1 : 0;
+}
