@@ -131,13 +131,6 @@ QW_KERNEL void QW_BOUNDS(256) moe_gemm_split128(const bf16_t* __restrict__ ahi, 
                                                 const int* __restrict__ tiles, float* __restrict__ Y, int N, int K) {
     moe_gemm_impl<4, 2>(ahi, alo, W, w_stride, tiles, Y, N, K);
 }
-// Three stages (two k steps in flight while one is multiplied; QWASI_MOE_STAGES=3).
-QW_KERNEL void QW_BOUNDS(256) moe_gemm_split128_s3(const bf16_t* __restrict__ ahi, const bf16_t* __restrict__ alo,
-                                                   const bf16_t* __restrict__ W, long long w_stride,
-                                                   const int* __restrict__ tiles, float* __restrict__ Y, int N,
-                                                   int K) {
-    moe_gemm_impl<4, 3>(ahi, alo, W, w_stride, tiles, Y, N, K);
-}
 #else
 // No mma.sync on HIP: the same contract in plain FMAs (the HIP host keeps the
 // per-expert hipBLAS path; this keeps the module's kernel list identical).
@@ -163,12 +156,6 @@ QW_KERNEL void QW_BOUNDS(128) moe_gemm_split(const bf16_t* __restrict__ ahi, con
 QW_KERNEL void QW_BOUNDS(256) moe_gemm_split128(const bf16_t* __restrict__ ahi, const bf16_t* __restrict__ alo,
                                                 const bf16_t* __restrict__ W, long long w_stride,
                                                 const int* __restrict__ tiles, float* __restrict__ Y, int N, int K) {
-    moe_gemm_fma(ahi, alo, W, w_stride, tiles, Y, N, K);
-}
-QW_KERNEL void QW_BOUNDS(256) moe_gemm_split128_s3(const bf16_t* __restrict__ ahi, const bf16_t* __restrict__ alo,
-                                                   const bf16_t* __restrict__ W, long long w_stride,
-                                                   const int* __restrict__ tiles, float* __restrict__ Y, int N,
-                                                   int K) {
     moe_gemm_fma(ahi, alo, W, w_stride, tiles, Y, N, K);
 }
 #endif

@@ -110,9 +110,6 @@ pub struct GpuModel {
     /// `false` with `QWASI_MOE=cublas` (and in HIP builds): prompt experts run as
     /// per-expert cuBLAS calls instead of one grouped tensor-core kernel per matrix.
     grouped_moe: bool,
-    /// Pipeline stages of the 128-row grouped expert GEMM: 2, or 3 with
-    /// `QWASI_MOE_STAGES=3` (`moe_gemm_split128_s3`).
-    moe_stages: usize,
     /// `false` with `QWASI_ATTN=cuda-cores` (and in HIP builds): prompt
     /// attention without tensor cores (`attn_flash_*`).
     #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
@@ -226,8 +223,9 @@ const FA_BK: usize = 16;
 const B: usize = 2; // bytes per bf16
 /// Column tile, k step and pipeline stages of `moe_gemm_split*`
 /// (kernels/moe_gemm.cu); its row tile is 64 (`moe_gemm_split`, 128 threads)
-/// or 128 (`moe_gemm_split128`, 256 threads). On the H200 at 8K tokens, 3-4
-/// stages measured the same as 2 and 128-row tiles 4% faster than 64.
+/// or 128 (`moe_gemm_split128`, 256 threads). On the H200 at 8K tokens,
+/// 128-row tiles were 4% faster than 64, and 3 stages slower than 2 (148
+/// against 108 ms of kernel time per prefill, at ecea6ea).
 const MG_BN: usize = 128;
 const MG_BK: usize = 32;
 const MG_LD: usize = MG_BK + 8;
@@ -438,11 +436,6 @@ impl GpuModel {
             chunked_gdn: std::env::var("QWASI_GDN").as_deref() != Ok("serial"),
             grouped_moe: cfg!(feature = "cuda")
                 && std::env::var("QWASI_MOE").as_deref() != Ok("cublas"),
-            moe_stages: if std::env::var("QWASI_MOE_STAGES").as_deref() == Ok("3") {
-                3
-            } else {
-                MG_STAGES
-            },
             tc_attention: cfg!(feature = "cuda")
                 && std::env::var("QWASI_ATTN").as_deref() != Ok("cuda-cores"),
             gemm,
@@ -1375,16 +1368,15 @@ impl GpuModel {
         let grouped =
             |a_hi: u64, a_lo: u64, w: &DBuf, y: u64, rows: usize, cols: usize| -> Result<()> {
                 let (buf, nt, bm) = tiles.expect("grouped path");
-                let (name, stages) = match (bm, self.moe_stages) {
-                    (128, 3) => ("moe_gemm_split128_s3", 3),
-                    (128, _) => ("moe_gemm_split128", MG_STAGES),
-                    _ => ("moe_gemm_split", MG_STAGES),
-                };
                 d.launch(
-                    name,
+                    if bm == 128 {
+                        "moe_gemm_split128"
+                    } else {
+                        "moe_gemm_split"
+                    },
                     (rows.div_ceil(MG_BN) as u32, nt, 1),
                     (2 * bm as u32, 1, 1),
-                    (stages * (2 * bm + MG_BN) * MG_LD * B) as u32,
+                    (MG_STAGES * (2 * bm + MG_BN) * MG_LD * B) as u32,
                     &[
                         Arg::Ptr(a_hi),
                         Arg::Ptr(a_lo),
