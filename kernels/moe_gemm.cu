@@ -86,24 +86,17 @@ __device__ __forceinline__ void moe_gemm_impl(const bf16_t* __restrict__ ahi, co
                 ldmatrix_x4(al[mi], &As[s][1][row * MG_LD + col]);
             }
 #pragma unroll
-            for (int nq = 0; nq < 2; nq++) {  // n tiles 4 nq .. 4 nq + 3
-                unsigned b[2][4];
+            for (int np = 0; np < 4; np++) {  // n-tile pairs (2 np, 2 np + 1)
+                unsigned b[4];
+                const int n = wn * 64 + np * 16 + (lane & 7) + ((lane >> 4) << 3);
+                ldmatrix_x4(b, &Bs[s][n * MG_LD + kk + ((lane >> 3) & 1) * 8]);
 #pragma unroll
-                for (int h = 0; h < 2; h++) {
-                    const int n = wn * 64 + (2 * nq + h) * 16 + (lane & 7) + ((lane >> 4) << 3);
-                    ldmatrix_x4(b[h], &Bs[s][n * MG_LD + kk + ((lane >> 3) & 1) * 8]);
+                for (int mi = 0; mi < 2; mi++) {
+                    mma_16816(acc[mi][2 * np], ah[mi], b[0], b[1]);
+                    mma_16816(acc[mi][2 * np], al[mi], b[0], b[1]);
+                    mma_16816(acc[mi][2 * np + 1], ah[mi], b[2], b[3]);
+                    mma_16816(acc[mi][2 * np + 1], al[mi], b[2], b[3]);
                 }
-                // Eight different accumulators between an mma and the next one
-                // into the same tile (the hi product, then the lo one, as
-                // before): back to back, the second waited for the first's result.
-#pragma unroll
-                for (int part = 0; part < 2; part++)
-#pragma unroll
-                    for (int mi = 0; mi < 2; mi++)
-#pragma unroll
-                        for (int j = 0; j < 4; j++)
-                            mma_16816(acc[mi][4 * nq + j], part ? al[mi] : ah[mi], b[j >> 1][2 * (j & 1)],
-                                      b[j >> 1][2 * (j & 1) + 1]);
             }
         }
     }
