@@ -151,6 +151,83 @@ __device__ __forceinline__ void cp_async_wait() {}
 __device__ __forceinline__ void cp_async_ring_step(int) {}
 #endif
 
+// Warpgroup MMA (sm_90a; QW_WGMMA where this compilation targets it): a
+// warpgroup of 4 warps multiplies operands read straight from shared memory,
+// described by 64-bit descriptors. Only K-major bf16 operands without swizzle
+// are used here: "core matrices" of 8 rows x 16 bytes stored contiguously
+// (row y at byte 16 y), the two 8-element k halves of a k16 step `lbo` bytes
+// apart, consecutive groups of 8 rows `sbo` bytes apart. Accumulator
+// fragments of m64nN (thread t of the warpgroup, w = t / 32, g = (t % 32) / 4,
+// c = t % 4): d[4j + e] = D[16w + g + 8(e / 2)][8j + 2c + e % 2].
+#if defined(QW_CUDA) && defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define QW_WGMMA 1
+// Descriptor of a K-major, unswizzled operand at `smem` (16-byte aligned).
+__device__ __forceinline__ unsigned long long wg_desc(const void* smem, unsigned lbo, unsigned sbo) {
+    return (unsigned long long)((smem_addr(smem) >> 4) & 0x3fff) | (unsigned long long)((lbo >> 4) & 0x3fff) << 16 |
+           (unsigned long long)((sbo >> 4) & 0x3fff) << 32;
+}
+// Orders this thread's generic-proxy shared-memory writes (cp.async included,
+// once landed) before later async-proxy reads (wgmma operands).
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+// Pins the accumulators in place around the asynchronous products: the
+// compiler must not read or move them between issue and wgmma_wait0.
+__device__ __forceinline__ void wgmma_fence_operands(float* d, int n) {
+#pragma unroll
+    for (int i = 0; i < n; i++) asm volatile("" : "+f"(d[i])::"memory");
+}
+// D (64 x 128 f32, the warpgroup's fragments) += A (64 x 16) B^T (128 x 16),
+// bf16, both K-major in shared memory without swizzle (`wg_desc`).
+__device__ __forceinline__ void wgmma_m64n128k16(float* d, unsigned long long da, unsigned long long db) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "l"(da), "l"(db));
+}
+#elif defined(QW_CPU)
+// The descriptor packs the operand's offset into the harness's dynamic shared
+// memory as the hardware's does; the product reads the operands through the
+// layout the descriptors describe, each thread its own fragments (no exchange:
+// both operands are in shared memory).
+__device__ __forceinline__ unsigned long long wg_desc(const void* smem, unsigned lbo, unsigned sbo) {
+    return (unsigned long long)((smem_addr(smem) >> 4) & 0x3fff) | (unsigned long long)((lbo >> 4) & 0x3fff) << 16 |
+           (unsigned long long)((sbo >> 4) & 0x3fff) << 32;
+}
+__device__ __forceinline__ void fence_proxy_async() {}
+__device__ __forceinline__ void wgmma_fence() {}
+__device__ __forceinline__ void wgmma_commit() {}
+__device__ __forceinline__ void wgmma_wait0() {}
+__device__ __forceinline__ void wgmma_fence_operands(float*, int) {}
+// Element (row, k) of the operand a descriptor describes.
+__device__ __forceinline__ float wg_elem(unsigned long long desc, int row, int k) {
+    const unsigned addr = (unsigned)(desc & 0x3fff) << 4, lbo = (unsigned)(desc >> 16 & 0x3fff) << 4,
+                   sbo = (unsigned)(desc >> 32 & 0x3fff) << 4;
+    bf16_t v;
+    std::memcpy(&v, qw_cpu::dyn_smem + addr + (k / 8) * lbo + (row / 8) * sbo + (row % 8) * 16 + (k % 8) * 2, 2);
+    return bf2f(v);
+}
+__device__ __forceinline__ void wgmma_m64n128k16(float* d, unsigned long long da, unsigned long long db) {
+    const unsigned t = qw_cpu::tid % 128, w = t / 32, g = (t % 32) / 4, c = t % 4;
+    for (int j = 0; j < 16; j++)
+        for (int e = 0; e < 4; e++) {
+            const int row = 16 * w + g + 8 * (e / 2), col = 8 * j + 2 * c + e % 2;
+            float acc = d[4 * j + e];
+            for (int k = 0; k < 16; k++) acc += wg_elem(da, row, k) * wg_elem(db, col, k);
+            d[4 * j + e] = acc;
+        }
+}
+#endif
+
 #if defined(QW_CUDA) || defined(QW_CPU)
 // hi = bf16(x), lo = bf16(x - hi), for a pair: split-precision operands.
 __device__ __forceinline__ void split_bf16x2(float x0, float x1, unsigned& hi, unsigned& lo) {

@@ -131,6 +131,96 @@ QW_KERNEL void QW_BOUNDS(256) moe_gemm_split128(const bf16_t* __restrict__ ahi, 
                                                 const int* __restrict__ tiles, float* __restrict__ Y, int N, int K) {
     moe_gemm_impl<4, 2>(ahi, alo, W, w_stride, tiles, Y, N, K);
 }
+// The 128-row tiles on sm_90a's warpgroup MMA (moe_gemm_split128's contract):
+// warpgroup h of the 256 threads multiplies rows 64h..64h+63 by all 128
+// columns, each k16 step as two wgmma (A hi, then A lo, same B), reading the
+// operands from shared memory. A stage holds A hi, A lo and B as K-major core
+// matrices without swizzle: [chunk c < 4][row group < 16][8 rows][8 k] (k =
+// 8c + x), so a k16 step's two chunks are MG_WG_LBO bytes apart and row groups
+// 128 bytes. Elsewhere (the sm_80 PTX a newer GPU would compile) the mma.sync
+// kernel runs instead; the host picks this kernel on compute capability 9.x only.
+#define MG_WG_STAGES 4
+#define MG_WG_TILE (128 * MG_BK)            // bf16 per operand per stage
+#define MG_WG_LBO (16 * 128)                // bytes between the k halves of a step
+QW_KERNEL void QW_BOUNDS(256) moe_gemm_split128_wg(const bf16_t* __restrict__ ahi, const bf16_t* __restrict__ alo,
+                                                   const bf16_t* __restrict__ W, long long w_stride,
+                                                   const int* __restrict__ tiles, float* __restrict__ Y, int N,
+                                                   int K) {
+#if defined(QW_WGMMA) || defined(QW_CPU)
+    constexpr int NS = MG_WG_STAGES;
+    __align__(128) QW_DYN_SMEM(bf16_t, wg_smem);  // [stage][hi, lo, B][MG_WG_TILE]
+    const int e = tiles[3 * blockIdx.y], r0 = tiles[3 * blockIdx.y + 1], rows = tiles[3 * blockIdx.y + 2];
+    const int n0 = blockIdx.x * MG_BN;
+    const bf16_t* Wb = W + (size_t)e * w_stride;
+    const int tid = threadIdx.x, h = tid / 128;
+    const bool active = 64 * h < rows;  // warpgroup-uniform
+
+    // A warp copies 8 rows x 4 chunks: each row's 64 bytes from global memory,
+    // each chunk's 8 rows as one 128-byte core matrix.
+    auto load = [&](int stage, int k0) {
+        for (int i = tid; i < 3 * 512; i += 256) {
+            const int op = i / 512, j = i % 512;
+            const int r = 8 * (j / 32) + j % 8, c = (j % 32) / 8;
+            bf16_t* dst = wg_smem + (stage * 3 + op) * MG_WG_TILE + (c * 16 + r / 8) * 64 + (r % 8) * 8;
+            if (op < 2) {
+                const bool v = r < rows;
+                cp_async16(dst, (op ? alo : ahi) + (size_t)(r0 + (v ? r : 0)) * K + k0 + 8 * c, v);
+            } else {
+                const bool v = n0 + r < N;
+                cp_async16(dst, Wb + (size_t)(v ? n0 + r : 0) * K + k0 + 8 * c, v);
+            }
+        }
+        cp_async_commit();
+    };
+
+    float acc[64];
+#pragma unroll
+    for (int i = 0; i < 64; i++) acc[i] = 0.f;
+    const int nk = K / MG_BK;
+#pragma unroll
+    for (int st = 0; st < NS - 1; st++) {
+        if (st < nk) load(st, st * MG_BK);
+        else cp_async_commit();
+    }
+    for (int kt = 0; kt < nk; kt++) {
+        const int s = kt % NS;
+        cp_async_wait<NS - 2>();  // this thread's copies of tile kt landed ...
+        fence_proxy_async();      // ... visible to the tensor cores' reads ...
+        __syncthreads();          // ... and everyone's; the last step's products are done (waited)
+        if (kt + NS - 1 < nk) load((kt + NS - 1) % NS, (kt + NS - 1) * MG_BK);
+        else cp_async_commit();
+        if (!active) continue;
+        const bf16_t* st = wg_smem + s * 3 * MG_WG_TILE;
+        wgmma_fence();
+        wgmma_fence_operands(acc, 64);
+#pragma unroll
+        for (int kc = 0; kc < MG_BK / 16; kc++) {
+            const int off = 2 * kc * 16 * 64;  // chunk 2 kc
+            const unsigned long long db = wg_desc(st + 2 * MG_WG_TILE + off, MG_WG_LBO, 128);
+            wgmma_m64n128k16(acc, wg_desc(st + off + 8 * h * 64, MG_WG_LBO, 128), db);
+            wgmma_m64n128k16(acc, wg_desc(st + MG_WG_TILE + off + 8 * h * 64, MG_WG_LBO, 128), db);
+        }
+        wgmma_commit();
+        wgmma_wait0();
+        wgmma_fence_operands(acc, 64);
+    }
+
+    const int t = tid % 128, w = t / 32, g = (t % 32) / 4, c = t % 4;
+#pragma unroll
+    for (int j = 0; j < 16; j++) {
+        const int col = n0 + 8 * j + 2 * c;
+        if (col >= N) continue;  // N is even: col + 1 < N too
+#pragma unroll
+        for (int hh = 0; hh < 2; hh++) {
+            const int row = 64 * h + 16 * w + g + 8 * hh;
+            if (row < rows)
+                *(float2*)(Y + (size_t)(r0 + row) * N + col) = make_float2(acc[4 * j + 2 * hh], acc[4 * j + 2 * hh + 1]);
+        }
+    }
+#else
+    moe_gemm_impl<4, 2>(ahi, alo, W, w_stride, tiles, Y, N, K);
+#endif
+}
 #else
 // No mma.sync on HIP: the same contract in plain FMAs (the HIP host keeps the
 // per-expert hipBLAS path; this keeps the module's kernel list identical).
@@ -156,6 +246,12 @@ QW_KERNEL void QW_BOUNDS(128) moe_gemm_split(const bf16_t* __restrict__ ahi, con
 QW_KERNEL void QW_BOUNDS(256) moe_gemm_split128(const bf16_t* __restrict__ ahi, const bf16_t* __restrict__ alo,
                                                 const bf16_t* __restrict__ W, long long w_stride,
                                                 const int* __restrict__ tiles, float* __restrict__ Y, int N, int K) {
+    moe_gemm_fma(ahi, alo, W, w_stride, tiles, Y, N, K);
+}
+QW_KERNEL void QW_BOUNDS(256) moe_gemm_split128_wg(const bf16_t* __restrict__ ahi, const bf16_t* __restrict__ alo,
+                                                   const bf16_t* __restrict__ W, long long w_stride,
+                                                   const int* __restrict__ tiles, float* __restrict__ Y, int N,
+                                                   int K) {
     moe_gemm_fma(ahi, alo, W, w_stride, tiles, Y, N, K);
 }
 #endif

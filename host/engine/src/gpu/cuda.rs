@@ -65,6 +65,8 @@ pub struct Device {
     pdl: bool,
     /// Compute capability 9.0 or later (bulk copies, mbarrier transactions).
     sm90: bool,
+    /// Warpgroup MMA (`wgmma`): the kernels' sm_90a code runs on 9.x only.
+    wgmma: bool,
     /// `QWASI_GPU_PROFILE=1`: an event pair around every launch (see [`Device::take_profile`]).
     profile: Option<std::sync::Mutex<Vec<Timing>>>,
 }
@@ -162,6 +164,7 @@ impl Device {
         Ok(Device {
             pdl: major >= 9 && std::env::var("QWASI_PDL").as_deref() != Ok("0"),
             sm90: major >= 9,
+            wgmma: major == 9,
             ctx,
             funcs,
             cublas,
@@ -183,6 +186,12 @@ impl Device {
     /// with mbarriers: compute capability 9.0 and later).
     pub fn bulk_copies(&self) -> bool {
         self.sm90
+    }
+
+    /// Whether the sm_90a kernels with warpgroup MMA (`wgmma`) run here
+    /// (compute capability 9.x).
+    pub fn wgmma(&self) -> bool {
+        self.wgmma
     }
 
     /// Starts recording this thread's launches into a graph instead of running them.

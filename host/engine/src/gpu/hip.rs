@@ -472,6 +472,11 @@ impl Device {
         false
     }
 
+    /// No warpgroup MMA on AMD GPUs.
+    pub fn wgmma(&self) -> bool {
+        false
+    }
+
     /// Whether this runtime has stream capture and graphs.
     pub fn graphs_supported(&self) -> bool {
         self.api.capture.is_some()

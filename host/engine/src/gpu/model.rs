@@ -110,6 +110,9 @@ pub struct GpuModel {
     /// `false` with `QWASI_MOE=cublas` (and in HIP builds): prompt experts run as
     /// per-expert cuBLAS calls instead of one grouped tensor-core kernel per matrix.
     grouped_moe: bool,
+    /// `false` with `QWASI_MOE_GEMM=mma`: 128-row expert tiles on `mma.sync`
+    /// (`moe_gemm_split128`) even where the warpgroup-MMA kernel runs.
+    wgmma_moe: bool,
     /// `false` with `QWASI_ATTN=cuda-cores` (and in HIP builds): prompt
     /// attention without tensor cores (`attn_flash_*`).
     #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
@@ -230,6 +233,8 @@ const MG_BN: usize = 128;
 const MG_BK: usize = 32;
 const MG_LD: usize = MG_BK + 8;
 const MG_STAGES: usize = 2;
+/// Stages of `moe_gemm_split128_wg` (A hi, A lo and B of 128 rows x MG_BK each).
+const MG_WG_STAGES: usize = 4;
 
 /// Block rows of the grouped expert GEMM: (expert, first row, rows <= bm)
 /// triples over rows sorted by expert, `counts[e]` rows each.
@@ -436,6 +441,7 @@ impl GpuModel {
             chunked_gdn: std::env::var("QWASI_GDN").as_deref() != Ok("serial"),
             grouped_moe: cfg!(feature = "cuda")
                 && std::env::var("QWASI_MOE").as_deref() != Ok("cublas"),
+            wgmma_moe: std::env::var("QWASI_MOE_GEMM").as_deref() != Ok("mma"),
             tc_attention: cfg!(feature = "cuda")
                 && std::env::var("QWASI_ATTN").as_deref() != Ok("cuda-cores"),
             gemm,
@@ -1368,15 +1374,21 @@ impl GpuModel {
         let grouped =
             |a_hi: u64, a_lo: u64, w: &DBuf, y: u64, rows: usize, cols: usize| -> Result<()> {
                 let (buf, nt, bm) = tiles.expect("grouped path");
+                let (name, smem) = if bm != 128 {
+                    ("moe_gemm_split", MG_STAGES * (2 * bm + MG_BN) * MG_LD * B)
+                } else if self.wgmma_moe && d.wgmma() {
+                    ("moe_gemm_split128_wg", MG_WG_STAGES * 3 * 128 * MG_BK * B)
+                } else {
+                    (
+                        "moe_gemm_split128",
+                        MG_STAGES * (2 * bm + MG_BN) * MG_LD * B,
+                    )
+                };
                 d.launch(
-                    if bm == 128 {
-                        "moe_gemm_split128"
-                    } else {
-                        "moe_gemm_split"
-                    },
+                    name,
                     (rows.div_ceil(MG_BN) as u32, nt, 1),
                     (2 * bm as u32, 1, 1),
-                    (MG_STAGES * (2 * bm + MG_BN) * MG_LD * B) as u32,
+                    smem as u32,
                     &[
                         Arg::Ptr(a_hi),
                         Arg::Ptr(a_lo),
