@@ -172,6 +172,8 @@ __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+// All but the newest committed group done.
+__device__ __forceinline__ void wgmma_wait1() { asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory"); }
 // Pins the accumulators in place around the asynchronous products: the
 // compiler must not read or move them between issue and wgmma_wait0.
 __device__ __forceinline__ void wgmma_fence_operands(float* d, int n) {
@@ -207,6 +209,7 @@ __device__ __forceinline__ void fence_proxy_async() {}
 __device__ __forceinline__ void wgmma_fence() {}
 __device__ __forceinline__ void wgmma_commit() {}
 __device__ __forceinline__ void wgmma_wait0() {}
+__device__ __forceinline__ void wgmma_wait1() {}
 __device__ __forceinline__ void wgmma_fence_operands(float*, int) {}
 // Element (row, k) of the operand a descriptor describes.
 __device__ __forceinline__ float wg_elem(unsigned long long desc, int row, int k) {

@@ -176,18 +176,21 @@ QW_KERNEL void QW_BOUNDS(256) moe_gemm_split128_wg(const bf16_t* __restrict__ ah
     float acc[64];
 #pragma unroll
     for (int i = 0; i < 64; i++) acc[i] = 0.f;
+    // Tiles are copied NS - 2 steps ahead and one step's products stay in
+    // flight while the next step waits, copies and issues: the stage a copy
+    // overwrites was read by the products of two steps back, finished by then.
     const int nk = K / MG_BK;
 #pragma unroll
-    for (int st = 0; st < NS - 1; st++) {
+    for (int st = 0; st < NS - 2; st++) {
         if (st < nk) load(st, st * MG_BK);
         else cp_async_commit();
     }
     for (int kt = 0; kt < nk; kt++) {
         const int s = kt % NS;
-        cp_async_wait<NS - 2>();  // this thread's copies of tile kt landed ...
+        cp_async_wait<NS - 3>();  // this thread's copies of tile kt landed ...
         fence_proxy_async();      // ... visible to the tensor cores' reads ...
-        __syncthreads();          // ... and everyone's; the last step's products are done (waited)
-        if (kt + NS - 1 < nk) load((kt + NS - 1) % NS, (kt + NS - 1) * MG_BK);
+        __syncthreads();          // ... and everyone's; every warpgroup's products of step kt - 2 are done
+        if (kt + NS - 2 < nk) load((kt + NS - 2) % NS, (kt + NS - 2) * MG_BK);
         else cp_async_commit();
         if (!active) continue;
         const bf16_t* st = wg_smem + s * 3 * MG_WG_TILE;
@@ -201,9 +204,10 @@ QW_KERNEL void QW_BOUNDS(256) moe_gemm_split128_wg(const bf16_t* __restrict__ ah
             wgmma_m64n128k16(acc, wg_desc(st + MG_WG_TILE + off + 8 * h * 64, MG_WG_LBO, 128), db);
         }
         wgmma_commit();
-        wgmma_wait0();
-        wgmma_fence_operands(acc, 64);
+        wgmma_wait1();
     }
+    wgmma_wait0();
+    wgmma_fence_operands(acc, 64);
 
     const int t = tid % 128, w = t / 32, g = (t % 32) / 4, c = t % 4;
 #pragma unroll
