@@ -166,6 +166,13 @@ __device__ __forceinline__ unsigned long long wg_desc(const void* smem, unsigned
     return (unsigned long long)((smem_addr(smem) >> 4) & 0x3fff) | (unsigned long long)((lbo >> 4) & 0x3fff) << 16 |
            (unsigned long long)((sbo >> 4) & 0x3fff) << 32;
 }
+// The same for a K-major operand in the 64-byte swizzle: rows of 64 bytes
+// (32 bf16: one k step of 32), 8-row groups `sbo` bytes apart, each row's 16-byte
+// chunk c stored at chunk c ^ ((row >> 1) & 3) (byte address bits 4-5 ^= bits
+// 7-8, so groups must be 512-byte aligned); a k16 step starts 32 bytes into the row.
+__device__ __forceinline__ unsigned long long wg_desc_sw64(const void* smem, unsigned sbo) {
+    return wg_desc(smem, 16, sbo) | 2ull << 62;
+}
 // Orders this thread's generic-proxy shared-memory writes (cp.async included,
 // once landed) before later async-proxy reads (wgmma operands).
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
@@ -205,18 +212,29 @@ __device__ __forceinline__ unsigned long long wg_desc(const void* smem, unsigned
     return (unsigned long long)((smem_addr(smem) >> 4) & 0x3fff) | (unsigned long long)((lbo >> 4) & 0x3fff) << 16 |
            (unsigned long long)((sbo >> 4) & 0x3fff) << 32;
 }
+__device__ __forceinline__ unsigned long long wg_desc_sw64(const void* smem, unsigned sbo) {
+    return wg_desc(smem, 16, sbo) | 2ull << 62;
+}
 __device__ __forceinline__ void fence_proxy_async() {}
 __device__ __forceinline__ void wgmma_fence() {}
 __device__ __forceinline__ void wgmma_commit() {}
 __device__ __forceinline__ void wgmma_wait0() {}
 __device__ __forceinline__ void wgmma_wait1() {}
 __device__ __forceinline__ void wgmma_fence_operands(float*, int) {}
-// Element (row, k) of the operand a descriptor describes.
+// Element (row, k) of the operand a descriptor describes (no swizzle, or the
+// 64-byte swizzle applied to the byte address).
 __device__ __forceinline__ float wg_elem(unsigned long long desc, int row, int k) {
     const unsigned addr = (unsigned)(desc & 0x3fff) << 4, lbo = (unsigned)(desc >> 16 & 0x3fff) << 4,
-                   sbo = (unsigned)(desc >> 32 & 0x3fff) << 4;
+                   sbo = (unsigned)(desc >> 32 & 0x3fff) << 4, layout = (unsigned)(desc >> 62);
+    unsigned a;
+    if (layout == 2) {
+        a = addr + (row / 8) * sbo + (row % 8) * 64 + k * 2;
+        a ^= ((a >> 7) & 3) << 4;
+    } else {
+        a = addr + (k / 8) * lbo + (row / 8) * sbo + (row % 8) * 16 + (k % 8) * 2;
+    }
     bf16_t v;
-    std::memcpy(&v, qw_cpu::dyn_smem + addr + (k / 8) * lbo + (row / 8) * sbo + (row % 8) * 16 + (k % 8) * 2, 2);
+    std::memcpy(&v, qw_cpu::dyn_smem + a, 2);
     return bf2f(v);
 }
 __device__ __forceinline__ void wgmma_m64n128k16(float* d, unsigned long long da, unsigned long long db) {

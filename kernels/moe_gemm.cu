@@ -134,34 +134,33 @@ QW_KERNEL void QW_BOUNDS(256) moe_gemm_split128(const bf16_t* __restrict__ ahi, 
 // The 128-row tiles on sm_90a's warpgroup MMA (moe_gemm_split128's contract):
 // warpgroup h of the 256 threads multiplies rows 64h..64h+63 by all 128
 // columns, each k16 step as two wgmma (A hi, then A lo, same B), reading the
-// operands from shared memory. A stage holds A hi, A lo and B as K-major core
-// matrices without swizzle: [chunk c < 4][row group < 16][8 rows][8 k] (k =
-// 8c + x), so a k16 step's two chunks are MG_WG_LBO bytes apart and row groups
-// 128 bytes. Elsewhere (the sm_80 PTX a newer GPU would compile) the mma.sync
-// kernel runs instead; the host picks this kernel on compute capability 9.x only.
+// operands from shared memory. A stage holds A hi, A lo and B as 128 rows of
+// MG_BK = 32 bf16 (64 bytes) in the 64-byte swizzle (wg_desc_sw64): a copy's
+// 8 lanes fill two whole rows (coalesced reads, no bank conflicts) and the
+// tensor cores read them without conflicts. Elsewhere (the sm_80 PTX a newer
+// GPU would compile) the mma.sync kernel runs instead; the host picks this
+// kernel on compute capability 9.x only.
 #define MG_WG_STAGES 4
 #define MG_WG_TILE (128 * MG_BK)            // bf16 per operand per stage
-#define MG_WG_LBO (16 * 128)                // bytes between the k halves of a step
 QW_KERNEL void QW_BOUNDS(256) moe_gemm_split128_wg(const bf16_t* __restrict__ ahi, const bf16_t* __restrict__ alo,
                                                    const bf16_t* __restrict__ W, long long w_stride,
                                                    const int* __restrict__ tiles, float* __restrict__ Y, int N,
                                                    int K) {
 #if defined(QW_WGMMA) || defined(QW_CPU)
     constexpr int NS = MG_WG_STAGES;
-    __align__(128) QW_DYN_SMEM(bf16_t, wg_smem);  // [stage][hi, lo, B][MG_WG_TILE]
+    __align__(1024) QW_DYN_SMEM(bf16_t, wg_smem);  // [stage][hi, lo, B][128 rows][32]
     const int e = tiles[3 * blockIdx.y], r0 = tiles[3 * blockIdx.y + 1], rows = tiles[3 * blockIdx.y + 2];
     const int n0 = blockIdx.x * MG_BN;
     const bf16_t* Wb = W + (size_t)e * w_stride;
     const int tid = threadIdx.x, h = tid / 128;
     const bool active = 64 * h < rows;  // warpgroup-uniform
 
-    // A warp copies 8 rows x 4 chunks: each row's 64 bytes from global memory,
-    // each chunk's 8 rows as one 128-byte core matrix.
+    // Four lanes copy a row's four 16-byte chunks, to their swizzled places.
     auto load = [&](int stage, int k0) {
         for (int i = tid; i < 3 * 512; i += 256) {
             const int op = i / 512, j = i % 512;
-            const int r = 8 * (j / 32) + j % 8, c = (j % 32) / 8;
-            bf16_t* dst = wg_smem + (stage * 3 + op) * MG_WG_TILE + (c * 16 + r / 8) * 64 + (r % 8) * 8;
+            const int r = j / 4, c = j % 4;
+            bf16_t* dst = wg_smem + (stage * 3 + op) * MG_WG_TILE + r * MG_BK + ((c ^ ((r >> 1) & 3)) * 8);
             if (op < 2) {
                 const bool v = r < rows;
                 cp_async16(dst, (op ? alo : ahi) + (size_t)(r0 + (v ? r : 0)) * K + k0 + 8 * c, v);
@@ -197,11 +196,10 @@ QW_KERNEL void QW_BOUNDS(256) moe_gemm_split128_wg(const bf16_t* __restrict__ ah
         wgmma_fence();
         wgmma_fence_operands(acc, 64);
 #pragma unroll
-        for (int kc = 0; kc < MG_BK / 16; kc++) {
-            const int off = 2 * kc * 16 * 64;  // chunk 2 kc
-            const unsigned long long db = wg_desc(st + 2 * MG_WG_TILE + off, MG_WG_LBO, 128);
-            wgmma_m64n128k16(acc, wg_desc(st + off + 8 * h * 64, MG_WG_LBO, 128), db);
-            wgmma_m64n128k16(acc, wg_desc(st + MG_WG_TILE + off + 8 * h * 64, MG_WG_LBO, 128), db);
+        for (int kc = 0; kc < MG_BK / 16; kc++) {  // 8-row groups 512 bytes apart
+            const unsigned long long db = wg_desc_sw64(st + 2 * MG_WG_TILE + 16 * kc, 512);
+            wgmma_m64n128k16(acc, wg_desc_sw64(st + 64 * h * MG_BK + 16 * kc, 512), db);
+            wgmma_m64n128k16(acc, wg_desc_sw64(st + MG_WG_TILE + 64 * h * MG_BK + 16 * kc, 512), db);
         }
         wgmma_commit();
         wgmma_wait1();
