@@ -141,40 +141,41 @@ QW_KERNEL void QW_BOUNDS(256) moe_gemm_split128(const bf16_t* __restrict__ ahi, 
 // GPU would compile) the mma.sync kernel runs instead; the host picks this
 // kernel on compute capability 9.x only.
 #define MG_WG_STAGES 4
-#define MG_WG_TILE (128 * MG_BK)            // bf16 per operand per stage
-QW_KERNEL void QW_BOUNDS(256) moe_gemm_split128_wg(const bf16_t* __restrict__ ahi, const bf16_t* __restrict__ alo,
-                                                   const bf16_t* __restrict__ W, long long w_stride,
-                                                   const int* __restrict__ tiles, float* __restrict__ Y, int N,
-                                                   int K) {
 #if defined(QW_WGMMA) || defined(QW_CPU)
-    constexpr int NS = MG_WG_STAGES;
-    __align__(1024) QW_DYN_SMEM(bf16_t, wg_smem);  // [stage][hi, lo, B][128 rows][32]
+// BNW columns per block (128 or 256: the accumulators are BNW / 2 per thread).
+template <int BNW>
+__device__ __forceinline__ void moe_gemm_wg_impl(const bf16_t* __restrict__ ahi, const bf16_t* __restrict__ alo,
+                                                 const bf16_t* __restrict__ W, long long w_stride,
+                                                 const int* __restrict__ tiles, float* __restrict__ Y, int N, int K) {
+    constexpr int NS = MG_WG_STAGES, STAGE = (256 + BNW) * MG_BK;  // bf16: A hi, A lo, B rows of MG_BK
+    __align__(1024) QW_DYN_SMEM(bf16_t, wg_smem);               // [stage][hi 128, lo 128, B BNW][MG_BK]
     const int e = tiles[3 * blockIdx.y], r0 = tiles[3 * blockIdx.y + 1], rows = tiles[3 * blockIdx.y + 2];
-    const int n0 = blockIdx.x * MG_BN;
+    const int n0 = blockIdx.x * BNW;
     const bf16_t* Wb = W + (size_t)e * w_stride;
     const int tid = threadIdx.x, h = tid / 128;
     const bool active = 64 * h < rows;  // warpgroup-uniform
 
     // Four lanes copy a row's four 16-byte chunks, to their swizzled places.
     auto load = [&](int stage, int k0) {
-        for (int i = tid; i < 3 * 512; i += 256) {
-            const int op = i / 512, j = i % 512;
-            const int r = j / 4, c = j % 4;
-            bf16_t* dst = wg_smem + (stage * 3 + op) * MG_WG_TILE + r * MG_BK + ((c ^ ((r >> 1) & 3)) * 8);
-            if (op < 2) {
-                const bool v = r < rows;
-                cp_async16(dst, (op ? alo : ahi) + (size_t)(r0 + (v ? r : 0)) * K + k0 + 8 * c, v);
+        for (int i = tid; i < (256 + BNW) * 4; i += 256) {
+            const int r = i / 4, c = i % 4;  // row of the stage: A hi, A lo, then B
+            bf16_t* dst = wg_smem + stage * STAGE + r * MG_BK + ((c ^ ((r >> 1) & 3)) * 8);
+            if (r < 256) {
+                const int ra = r % 128;
+                const bool v = ra < rows;
+                cp_async16(dst, (r < 128 ? ahi : alo) + (size_t)(r0 + (v ? ra : 0)) * K + k0 + 8 * c, v);
             } else {
-                const bool v = n0 + r < N;
-                cp_async16(dst, Wb + (size_t)(v ? n0 + r : 0) * K + k0 + 8 * c, v);
+                const int n = n0 + r - 256;
+                const bool v = n < N;
+                cp_async16(dst, Wb + (size_t)(v ? n : 0) * K + k0 + 8 * c, v);
             }
         }
         cp_async_commit();
     };
 
-    float acc[64];
+    float acc[BNW / 2];
 #pragma unroll
-    for (int i = 0; i < 64; i++) acc[i] = 0.f;
+    for (int i = 0; i < BNW / 2; i++) acc[i] = 0.f;
     // Tiles are copied NS - 2 steps ahead and one step's products stay in
     // flight while the next step waits, copies and issues: the stage a copy
     // overwrites was read by the products of two steps back, finished by then.
@@ -192,24 +193,31 @@ QW_KERNEL void QW_BOUNDS(256) moe_gemm_split128_wg(const bf16_t* __restrict__ ah
         if (kt + NS - 2 < nk) load((kt + NS - 2) % NS, (kt + NS - 2) * MG_BK);
         else cp_async_commit();
         if (!active) continue;
-        const bf16_t* st = wg_smem + s * 3 * MG_WG_TILE;
+        const bf16_t* st = wg_smem + s * STAGE;
         wgmma_fence();
-        wgmma_fence_operands(acc, 64);
+        wgmma_fence_operands(acc, BNW / 2);
 #pragma unroll
         for (int kc = 0; kc < MG_BK / 16; kc++) {  // 8-row groups 512 bytes apart
-            const unsigned long long db = wg_desc_sw64(st + 2 * MG_WG_TILE + 16 * kc, 512);
-            wgmma_m64n128k16(acc, wg_desc_sw64(st + 64 * h * MG_BK + 16 * kc, 512), db);
-            wgmma_m64n128k16(acc, wg_desc_sw64(st + MG_WG_TILE + 64 * h * MG_BK + 16 * kc, 512), db);
+            const unsigned long long db = wg_desc_sw64(st + 256 * MG_BK + 16 * kc, 512);
+            const unsigned long long dh = wg_desc_sw64(st + 64 * h * MG_BK + 16 * kc, 512);
+            const unsigned long long dl = wg_desc_sw64(st + (128 + 64 * h) * MG_BK + 16 * kc, 512);
+            if constexpr (BNW == 128) {
+                wgmma_m64n128k16(acc, dh, db);
+                wgmma_m64n128k16(acc, dl, db);
+            } else {
+                wgmma_m64n256k16(acc, dh, db);
+                wgmma_m64n256k16(acc, dl, db);
+            }
         }
         wgmma_commit();
         wgmma_wait1();
     }
     wgmma_wait0();
-    wgmma_fence_operands(acc, 64);
+    wgmma_fence_operands(acc, BNW / 2);
 
     const int t = tid % 128, w = t / 32, g = (t % 32) / 4, c = t % 4;
 #pragma unroll
-    for (int j = 0; j < 16; j++) {
+    for (int j = 0; j < BNW / 8; j++) {
         const int col = n0 + 8 * j + 2 * c;
         if (col >= N) continue;  // N is even: col + 1 < N too
 #pragma unroll
@@ -219,8 +227,30 @@ QW_KERNEL void QW_BOUNDS(256) moe_gemm_split128_wg(const bf16_t* __restrict__ ah
                 *(float2*)(Y + (size_t)(r0 + row) * N + col) = make_float2(acc[4 * j + 2 * hh], acc[4 * j + 2 * hh + 1]);
         }
     }
+}
+#endif
+
+QW_KERNEL void QW_BOUNDS(256) moe_gemm_split128_wg(const bf16_t* __restrict__ ahi, const bf16_t* __restrict__ alo,
+                                                   const bf16_t* __restrict__ W, long long w_stride,
+                                                   const int* __restrict__ tiles, float* __restrict__ Y, int N,
+                                                   int K) {
+#if defined(QW_WGMMA) || defined(QW_CPU)
+    moe_gemm_wg_impl<128>(ahi, alo, W, w_stride, tiles, Y, N, K);
 #else
     moe_gemm_impl<4, 2>(ahi, alo, W, w_stride, tiles, Y, N, K);
+#endif
+}
+// 256 columns per block (grid ceil(N / 256)): each activation tile staged once
+// serves twice the columns. Its sm_80 stand-in covers only 128 columns, so the
+// host launches it on 9.x only.
+QW_KERNEL void QW_BOUNDS(256) moe_gemm_split128_wg256(const bf16_t* __restrict__ ahi, const bf16_t* __restrict__ alo,
+                                                      const bf16_t* __restrict__ W, long long w_stride,
+                                                      const int* __restrict__ tiles, float* __restrict__ Y, int N,
+                                                      int K) {
+#if defined(QW_WGMMA) || defined(QW_CPU)
+    moe_gemm_wg_impl<256>(ahi, alo, W, w_stride, tiles, Y, N, K);
+#else
+    __trap();
 #endif
 }
 #else
@@ -254,6 +284,12 @@ QW_KERNEL void QW_BOUNDS(256) moe_gemm_split128_wg(const bf16_t* __restrict__ ah
                                                    const bf16_t* __restrict__ W, long long w_stride,
                                                    const int* __restrict__ tiles, float* __restrict__ Y, int N,
                                                    int K) {
+    moe_gemm_fma(ahi, alo, W, w_stride, tiles, Y, N, K);
+}
+QW_KERNEL void QW_BOUNDS(256) moe_gemm_split128_wg256(const bf16_t* __restrict__ ahi, const bf16_t* __restrict__ alo,
+                                                      const bf16_t* __restrict__ W, long long w_stride,
+                                                      const int* __restrict__ tiles, float* __restrict__ Y, int N,
+                                                      int K) {
     moe_gemm_fma(ahi, alo, W, w_stride, tiles, Y, N, K);
 }
 #endif

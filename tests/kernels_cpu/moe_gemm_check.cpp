@@ -40,7 +40,7 @@ struct Case {
     int bm;
     std::vector<int> counts;  // rows per expert
     int N, K;
-    bool wg = false;  // moe_gemm_split128_wg (bm 128): the warpgroup-MMA kernel, emulated
+    int wg = 0;  // 128 / 256: moe_gemm_split128_wg / _wg256 (bm 128), the warpgroup-MMA kernels, emulated
 };
 
 // model.rs moe_tiles: (expert, first row, rows <= bm) over rows sorted by expert.
@@ -56,8 +56,14 @@ static std::vector<int> moe_tiles(const std::vector<int>& counts, int bm) {
 
 static bool run(const Case& c, unsigned seed) {
     const int bm = c.bm, N = c.N, K = c.K, E = (int)c.counts.size();
-    const char* name = c.wg ? "moe_gemm_split128_wg" : bm == 128 ? "moe_gemm_split128" : "moe_gemm_split";
-    Kernel kernel = c.wg ? moe_gemm_split128_wg : bm == 128 ? moe_gemm_split128 : moe_gemm_split;
+    const char* name = c.wg == 256 ? "moe_gemm_split128_wg256"
+                       : c.wg      ? "moe_gemm_split128_wg"
+                       : bm == 128 ? "moe_gemm_split128"
+                                   : "moe_gemm_split";
+    Kernel kernel = c.wg == 256 ? moe_gemm_split128_wg256
+                    : c.wg      ? moe_gemm_split128_wg
+                    : bm == 128 ? moe_gemm_split128
+                                : moe_gemm_split;
     int nn = 0;
     for (int n : c.counts) nn += n;
     const std::vector<int> tiles = moe_tiles(c.counts, bm);
@@ -85,14 +91,15 @@ static bool run(const Case& c, unsigned seed) {
     }
 
     std::vector<float> Y((size_t)(nn + PAD_ROWS) * N, NAN);
-    const size_t smem = c.wg ? (size_t)MG_WG_STAGES * 3 * MG_WG_TILE * sizeof(bf16_t)
+    const size_t smem = c.wg ? (size_t)MG_WG_STAGES * (256 + c.wg) * MG_BK * sizeof(bf16_t)
                              : (size_t)MG_STAGES * (2 * bm + MG_BN) * MG_LD * sizeof(bf16_t);
     if (smem > sizeof qw_cpu::dyn_smem) {
         std::printf("dynamic shared memory %zu > the harness's %zu\n", smem, sizeof qw_cpu::dyn_smem);
         return false;
     }
     std::memset(qw_cpu::dyn_smem, 0xff, sizeof qw_cpu::dyn_smem);  // bf16 NaN everywhere not staged
-    const unsigned gy = (unsigned)((N + MG_BN - 1) / MG_BN);
+    const int bn = c.wg == 256 ? 256 : MG_BN;  // columns per block
+    const unsigned gy = (unsigned)((N + bn - 1) / bn);
     const auto t0 = std::chrono::steady_clock::now();
     qw_cpu::launch({gy, nt, 1}, {(unsigned)(2 * bm), 1, 1},
                    [&] { kernel(hi.data(), lo.data(), W.data(), w_stride, tiles.data(), Y.data(), N, K); });
@@ -131,7 +138,7 @@ static bool run(const Case& c, unsigned seed) {
     std::string rows;
     for (size_t i = 2; i < tiles.size(); i += 3) rows += std::to_string(tiles[i]) + (i + 3 < tiles.size() ? "," : "");
     const bool ok = bad == 0 && canary == 0 && smem_ok;
-    std::printf("%-20s N %3d K %2d counts", name, N, K);
+    std::printf("%-23s N %3d K %2d counts", name, N, K);
     for (int n : c.counts) std::printf(" %d", n);
     std::printf(" | tiles %s | %ld bad, %ld canaries hit%s, max err %.2e abs, %.2e of sum|terms| (%.1f s)  %s\n",
                 rows.c_str(), bad, canary, smem_ok ? "" : ", smem past the dynamic size written", worst_abs, worst_rel,
@@ -148,9 +155,12 @@ int main() {
         {128, {0, 1, 128, 129, 289}, 256, 64},  // tiles 1 | 128 | 128 1 | 128 128 33
         {128, {32, 64, 65, 97, 144}, 200, 96},  // tiles 32 | 64 | 65 | 97 | 128 16
         {128, {31, 33, 63}, 192, 64},           // tiles 31 | 33 | 63
-        {128, {0, 1, 128, 129, 289}, 256, 64, true},  // the same tiles through the warpgroup MMA
-        {128, {32, 64, 65, 97, 144}, 200, 96, true},
-        {128, {31, 33, 63}, 192, 32, true},          // one k step
+        {128, {0, 1, 128, 129, 289}, 256, 64, 128},  // the same tiles through the warpgroup MMA
+        {128, {32, 64, 65, 97, 144}, 200, 96, 128},
+        {128, {31, 33, 63}, 192, 32, 128},          // one k step
+        {128, {0, 1, 128, 129, 289}, 512, 64, 256},  // 256 columns per block
+        {128, {32, 64, 65, 97, 144}, 392, 96, 256},  // a partial second column block
+        {128, {31, 33, 63}, 200, 32, 256},          // fewer columns than one block
     };
     int bad = 0, n = 0;
     unsigned seed = 7;
