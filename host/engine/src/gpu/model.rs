@@ -110,9 +110,10 @@ pub struct GpuModel {
     /// `false` with `QWASI_MOE=cublas` (and in HIP builds): prompt experts run as
     /// per-expert cuBLAS calls instead of one grouped tensor-core kernel per matrix.
     grouped_moe: bool,
-    /// `false` with `QWASI_MOE_GEMM=mma`: 128-row expert tiles on `mma.sync`
-    /// (`moe_gemm_split128`) even where the warpgroup-MMA kernel runs.
-    wgmma_moe: bool,
+    /// Columns per block of the warpgroup-MMA expert GEMM for 128-row tiles
+    /// (`moe_gemm_split128_wg` 128, `_wg256` 256), on compute capability 9.x;
+    /// 0 keeps `mma.sync` (`moe_gemm_split128`). `QWASI_MOE_GEMM=mma|wg128|wg256`.
+    moe_wg_cols: usize,
     /// `false` with `QWASI_ATTN=cuda-cores` (and in HIP builds): prompt
     /// attention without tensor cores (`attn_flash_*`).
     #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
@@ -233,7 +234,8 @@ const MG_BN: usize = 128;
 const MG_BK: usize = 32;
 const MG_LD: usize = MG_BK + 8;
 const MG_STAGES: usize = 2;
-/// Stages of `moe_gemm_split128_wg` (A hi, A lo and B of 128 rows x MG_BK each).
+/// Stages of `moe_gemm_split128_wg*` (A hi and A lo of 128 rows, B of 128 or
+/// 256 rows, MG_BK bf16 each).
 const MG_WG_STAGES: usize = 4;
 
 /// Block rows of the grouped expert GEMM: (expert, first row, rows <= bm)
@@ -441,7 +443,11 @@ impl GpuModel {
             chunked_gdn: std::env::var("QWASI_GDN").as_deref() != Ok("serial"),
             grouped_moe: cfg!(feature = "cuda")
                 && std::env::var("QWASI_MOE").as_deref() != Ok("cublas"),
-            wgmma_moe: std::env::var("QWASI_MOE_GEMM").as_deref() != Ok("mma"),
+            moe_wg_cols: match std::env::var("QWASI_MOE_GEMM").as_deref() {
+                Ok("mma") => 0,
+                Ok("wg128") => 128,
+                _ => 256,
+            },
             tc_attention: cfg!(feature = "cuda")
                 && std::env::var("QWASI_ATTN").as_deref() != Ok("cuda-cores"),
             gemm,
@@ -1374,19 +1380,36 @@ impl GpuModel {
         let grouped =
             |a_hi: u64, a_lo: u64, w: &DBuf, y: u64, rows: usize, cols: usize| -> Result<()> {
                 let (buf, nt, bm) = tiles.expect("grouped path");
-                let (name, smem) = if bm != 128 {
-                    ("moe_gemm_split", MG_STAGES * (2 * bm + MG_BN) * MG_LD * B)
-                } else if self.wgmma_moe && d.wgmma() {
-                    ("moe_gemm_split128_wg", MG_WG_STAGES * 3 * 128 * MG_BK * B)
+                let wg = if bm == 128 && d.wgmma() {
+                    self.moe_wg_cols
                 } else {
-                    (
+                    0
+                };
+                let (name, smem, bn) = match wg {
+                    0 if bm != 128 => (
+                        "moe_gemm_split",
+                        MG_STAGES * (2 * bm + MG_BN) * MG_LD * B,
+                        MG_BN,
+                    ),
+                    0 => (
                         "moe_gemm_split128",
                         MG_STAGES * (2 * bm + MG_BN) * MG_LD * B,
-                    )
+                        MG_BN,
+                    ),
+                    128 => (
+                        "moe_gemm_split128_wg",
+                        MG_WG_STAGES * (256 + 128) * MG_BK * B,
+                        128,
+                    ),
+                    _ => (
+                        "moe_gemm_split128_wg256",
+                        MG_WG_STAGES * (256 + 256) * MG_BK * B,
+                        256,
+                    ),
                 };
                 d.launch(
                     name,
-                    (rows.div_ceil(MG_BN) as u32, nt, 1),
+                    (rows.div_ceil(bn) as u32, nt, 1),
                     (2 * bm as u32, 1, 1),
                     smem as u32,
                     &[
