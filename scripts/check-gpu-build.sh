@@ -26,7 +26,8 @@ for f in kernels/*.cu; do
     hipcc --genco -O3 -std=c++17 --offload-arch="$a" -Ikernels -o "$tmp/$n-$a.hsaco" "$f"
   done
 done
-# Kernel logic on the CPU (decode attention, GEMVs, GDN step, router, sampling against references).
+# Kernel logic on the CPU (attention, GEMVs, GDN step and chunked prefill, conv, router, MoE plan
+# and expert GEMMs, sampling against references).
 scripts/check-kernels-cpu.sh
 cargo check -p qwasi-engine --features cuda --all-targets
 cargo check -p qwasi-engine --features hip --all-targets

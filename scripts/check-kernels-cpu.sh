@@ -4,9 +4,10 @@
 # std::threads, barriers for __syncthreads and warp shuffles) and checks
 # their results against double-precision references
 # (tests/kernels_cpu/*_check.cpp). Covers indexing, masking and the math, with
-# kernels/mma.h's mma.sync, ldmatrix and cp.async emulated (cp.async as a
-# synchronous copy); not the timing-dependent paths (PDL, bulk copies with
-# mbarriers, the asynchrony of cp.async), which the GPU runs check.
+# kernels/mma.h's mma.sync, ldmatrix, cp.async and wgmma emulated (cp.async
+# as a synchronous copy, wgmma reading its operands through its descriptors'
+# layout); not the timing-dependent paths (PDL, bulk copies with mbarriers,
+# the asynchrony of cp.async and wgmma), which the GPU runs check.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 CXX=${CXX:-g++}
