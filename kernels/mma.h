@@ -161,18 +161,6 @@ __device__ __forceinline__ void cp_async_ring_step(int) {}
 // c = t % 4): d[4j + e] = D[16w + g + 8(e / 2)][8j + 2c + e % 2].
 #if defined(QW_CUDA) && defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define QW_WGMMA 1
-// Descriptor of a K-major, unswizzled operand at `smem` (16-byte aligned).
-__device__ __forceinline__ unsigned long long wg_desc(const void* smem, unsigned lbo, unsigned sbo) {
-    return (unsigned long long)((smem_addr(smem) >> 4) & 0x3fff) | (unsigned long long)((lbo >> 4) & 0x3fff) << 16 |
-           (unsigned long long)((sbo >> 4) & 0x3fff) << 32;
-}
-// The same for a K-major operand in the 64-byte swizzle: rows of 64 bytes
-// (32 bf16: one k step of 32), 8-row groups `sbo` bytes apart, each row's 16-byte
-// chunk c stored at chunk c ^ ((row >> 1) & 3) (byte address bits 4-5 ^= bits
-// 7-8, so groups must be 512-byte aligned); a k16 step starts 32 bytes into the row.
-__device__ __forceinline__ unsigned long long wg_desc_sw64(const void* smem, unsigned sbo) {
-    return wg_desc(smem, 16, sbo) | 2ull << 62;
-}
 // Orders this thread's generic-proxy shared-memory writes (cp.async included,
 // once landed) before later async-proxy reads (wgmma operands).
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
@@ -227,17 +215,10 @@ __device__ __forceinline__ void wgmma_m64n256k16(float* d, unsigned long long da
         : "l"(da), "l"(db));
 }
 #elif defined(QW_CPU)
-// The descriptor packs the operand's offset into the harness's dynamic shared
-// memory as the hardware's does; the product reads the operands through the
-// layout the descriptors describe, each thread its own fragments (no exchange:
-// both operands are in shared memory).
-__device__ __forceinline__ unsigned long long wg_desc(const void* smem, unsigned lbo, unsigned sbo) {
-    return (unsigned long long)((smem_addr(smem) >> 4) & 0x3fff) | (unsigned long long)((lbo >> 4) & 0x3fff) << 16 |
-           (unsigned long long)((sbo >> 4) & 0x3fff) << 32;
-}
-__device__ __forceinline__ unsigned long long wg_desc_sw64(const void* smem, unsigned sbo) {
-    return wg_desc(smem, 16, sbo) | 2ull << 62;
-}
+// The descriptors (below) hold the operand's offset into the harness's dynamic
+// shared memory; the product reads the operands through the layout the
+// descriptors describe, each thread its own fragments (no exchange: both
+// operands are in shared memory).
 __device__ __forceinline__ void fence_proxy_async() {}
 __device__ __forceinline__ void wgmma_fence() {}
 __device__ __forceinline__ void wgmma_commit() {}
@@ -276,6 +257,20 @@ __device__ __forceinline__ void wgmma_m64n128k16(float* d, unsigned long long da
 }
 __device__ __forceinline__ void wgmma_m64n256k16(float* d, unsigned long long da, unsigned long long db) {
     wgmma_cpu<256>(d, da, db);
+}
+#endif
+#if defined(QW_WGMMA) || defined(QW_CPU)
+// Descriptor of a K-major, unswizzled operand at `smem` (16-byte aligned).
+__device__ __forceinline__ unsigned long long wg_desc(const void* smem, unsigned lbo, unsigned sbo) {
+    return (unsigned long long)((smem_addr(smem) >> 4) & 0x3fff) | (unsigned long long)((lbo >> 4) & 0x3fff) << 16 |
+           (unsigned long long)((sbo >> 4) & 0x3fff) << 32;
+}
+// The same for a K-major operand in the 64-byte swizzle: rows of 64 bytes
+// (32 bf16: one k step of 32), 8-row groups `sbo` bytes apart, each row's 16-byte
+// chunk c stored at chunk c ^ ((row >> 1) & 3) (byte address bits 4-5 ^= bits
+// 7-8, so groups must be 512-byte aligned); a k16 step starts 32 bytes into the row.
+__device__ __forceinline__ unsigned long long wg_desc_sw64(const void* smem, unsigned sbo) {
+    return wg_desc(smem, 16, sbo) | 2ull << 62;
 }
 #endif
 
