@@ -143,17 +143,10 @@ QW_KERNEL void QW_BOUNDS(256) moe_gemm_split128(const bf16_t* __restrict__ ahi, 
 #define MG_WG_STAGES 4
 #if defined(QW_WGMMA) || defined(QW_CPU)
 // BNW columns per block (128 or 256: the accumulators are BNW / 2 per thread).
-// GATHER: the activations come as f32 rows x[prow[r] * x_stride ..] (the
-// routing plan's token of each sorted row) and are split into hi / lo on the
-// way into shared memory, bit for bit as gather_split_bf16 splits them, so the
-// gathered copy is never written: a thread's two 8-float pieces of a step are
-// loaded into registers two steps ahead and stored once that stage is free.
-template <int BNW, bool GATHER>
+template <int BNW>
 __device__ __forceinline__ void moe_gemm_wg_impl(const bf16_t* __restrict__ ahi, const bf16_t* __restrict__ alo,
-                                                 const float* __restrict__ x, int x_stride,
-                                                 const int* __restrict__ prow, const bf16_t* __restrict__ W,
-                                                 long long w_stride, const int* __restrict__ tiles,
-                                                 float* __restrict__ Y, int N, int K) {
+                                                 const bf16_t* __restrict__ W, long long w_stride,
+                                                 const int* __restrict__ tiles, float* __restrict__ Y, int N, int K) {
     constexpr int NS = MG_WG_STAGES, STAGE = (256 + BNW) * MG_BK;  // bf16: A hi, A lo, B rows of MG_BK
     __align__(1024) QW_DYN_SMEM(bf16_t, wg_smem);               // [stage][hi 128, lo 128, B BNW][MG_BK]
     const int e = tiles[3 * blockIdx.y], r0 = tiles[3 * blockIdx.y + 1], rows = tiles[3 * blockIdx.y + 2];
@@ -163,40 +156,21 @@ __device__ __forceinline__ void moe_gemm_wg_impl(const bf16_t* __restrict__ ahi,
     const bool active = 64 * h < rows;  // warpgroup-uniform
 
     // Four lanes copy a row's four 16-byte chunks, to their swizzled places.
-    auto slot = [&](int stage, int r, int c) { return wg_smem + stage * STAGE + r * MG_BK + ((c ^ ((r >> 1) & 3)) * 8); };
     auto load = [&](int stage, int k0) {
-        for (int i = GATHER ? tid + 1024 : tid; i < (256 + BNW) * 4; i += 256) {
+        for (int i = tid; i < (256 + BNW) * 4; i += 256) {
             const int r = i / 4, c = i % 4;  // row of the stage: A hi, A lo, then B
+            bf16_t* dst = wg_smem + stage * STAGE + r * MG_BK + ((c ^ ((r >> 1) & 3)) * 8);
             if (r < 256) {
                 const int ra = r % 128;
                 const bool v = ra < rows;
-                cp_async16(slot(stage, r, c), (r < 128 ? ahi : alo) + (size_t)(r0 + (v ? ra : 0)) * K + k0 + 8 * c, v);
+                cp_async16(dst, (r < 128 ? ahi : alo) + (size_t)(r0 + (v ? ra : 0)) * K + k0 + 8 * c, v);
             } else {
                 const int n = n0 + r - 256;
                 const bool v = n < N;
-                cp_async16(slot(stage, r, c), Wb + (size_t)(v ? n : 0) * K + k0 + 8 * c, v);
+                cp_async16(dst, Wb + (size_t)(v ? n : 0) * K + k0 + 8 * c, v);
             }
         }
         cp_async_commit();
-    };
-    // GATHER: this thread's A pieces (rows tid / 4 and 64 + tid / 4, chunk tid % 4).
-    const float* xrow[2] = {nullptr, nullptr};
-    float4 ra[2][2];
-    if (GATHER)
-        for (int j = 0; j < 2; j++) {
-            const int r = 64 * j + tid / 4;
-            if (r < rows) xrow[j] = x + (size_t)prow[r0 + r] * x_stride + 8 * (tid % 4);
-        }
-    auto gather = [&](int k0) {
-        for (int j = 0; j < 2; j++)
-            for (int q = 0; q < 2; q++)
-                ra[j][q] = xrow[j] ? *reinterpret_cast<const float4*>(xrow[j] + k0 + 4 * q) : make_float4(0.f, 0.f, 0.f, 0.f);
-    };
-    auto put = [&](int stage) {
-        for (int j = 0; j < 2; j++) {
-            bf16_t* d = slot(stage, 64 * j + tid / 4, tid % 4);
-            for (int q = 0; q < 2; q++) split4(ra[j][q], d + 4 * q, d + 128 * MG_BK + 4 * q);
-        }
     };
 
     float acc[BNW / 2];
@@ -208,51 +182,35 @@ __device__ __forceinline__ void moe_gemm_wg_impl(const bf16_t* __restrict__ ahi,
     const int nk = K / MG_BK;
 #pragma unroll
     for (int st = 0; st < NS - 2; st++) {
-        if (st < nk) {
-            load(st, st * MG_BK);
-            if (GATHER) {
-                gather(st * MG_BK);
-                put(st);
-            }
-        } else {
-            cp_async_commit();
-        }
+        if (st < nk) load(st, st * MG_BK);
+        else cp_async_commit();
     }
     for (int kt = 0; kt < nk; kt++) {
         const int s = kt % NS;
-        const bool next = kt + NS - 2 < nk;
         cp_async_wait<NS - 3>();  // this thread's copies of tile kt landed ...
-        fence_proxy_async();      // ... (and its stores) visible to the tensor cores' reads ...
+        fence_proxy_async();      // ... visible to the tensor cores' reads ...
         __syncthreads();          // ... and everyone's; every warpgroup's products of step kt - 2 are done
-        if (next) {
-            load((kt + NS - 2) % NS, (kt + NS - 2) * MG_BK);
-            if (GATHER) gather((kt + NS - 2) * MG_BK);
-        } else {
-            cp_async_commit();
-        }
-        if (active) {
-            const bf16_t* st = wg_smem + s * STAGE;
-            wgmma_fence();
-            wgmma_fence_operands(acc, BNW / 2);
+        if (kt + NS - 2 < nk) load((kt + NS - 2) % NS, (kt + NS - 2) * MG_BK);
+        else cp_async_commit();
+        if (!active) continue;
+        const bf16_t* st = wg_smem + s * STAGE;
+        wgmma_fence();
+        wgmma_fence_operands(acc, BNW / 2);
 #pragma unroll
-            for (int kc = 0; kc < MG_BK / 16; kc++) {  // 8-row groups 512 bytes apart
-                const unsigned long long db = wg_desc_sw64(st + 256 * MG_BK + 16 * kc, 512);
-                const unsigned long long dh = wg_desc_sw64(st + 64 * h * MG_BK + 16 * kc, 512);
-                const unsigned long long dl = wg_desc_sw64(st + (128 + 64 * h) * MG_BK + 16 * kc, 512);
-                if constexpr (BNW == 128) {
-                    wgmma_m64n128k16(acc, dh, db);
-                    wgmma_m64n128k16(acc, dl, db);
-                } else {
-                    wgmma_m64n256k16(acc, dh, db);
-                    wgmma_m64n256k16(acc, dl, db);
-                }
+        for (int kc = 0; kc < MG_BK / 16; kc++) {  // 8-row groups 512 bytes apart
+            const unsigned long long db = wg_desc_sw64(st + 256 * MG_BK + 16 * kc, 512);
+            const unsigned long long dh = wg_desc_sw64(st + 64 * h * MG_BK + 16 * kc, 512);
+            const unsigned long long dl = wg_desc_sw64(st + (128 + 64 * h) * MG_BK + 16 * kc, 512);
+            if constexpr (BNW == 128) {
+                wgmma_m64n128k16(acc, dh, db);
+                wgmma_m64n128k16(acc, dl, db);
+            } else {
+                wgmma_m64n256k16(acc, dh, db);
+                wgmma_m64n256k16(acc, dl, db);
             }
-            wgmma_commit();
-            wgmma_wait1();
         }
-        // Stage (kt + 2) % NS was last read by the products of step kt - 2:
-        // this warpgroup's finished at the wait above, the other's before the barrier.
-        if (GATHER && next) put((kt + NS - 2) % NS);
+        wgmma_commit();
+        wgmma_wait1();
     }
     wgmma_wait0();
     wgmma_fence_operands(acc, BNW / 2);
@@ -277,7 +235,7 @@ QW_KERNEL void QW_BOUNDS(256) moe_gemm_split128_wg(const bf16_t* __restrict__ ah
                                                    const int* __restrict__ tiles, float* __restrict__ Y, int N,
                                                    int K) {
 #if defined(QW_WGMMA) || defined(QW_CPU)
-    moe_gemm_wg_impl<128, false>(ahi, alo, nullptr, 0, nullptr, W, w_stride, tiles, Y, N, K);
+    moe_gemm_wg_impl<128>(ahi, alo, W, w_stride, tiles, Y, N, K);
 #else
     moe_gemm_impl<4, 2>(ahi, alo, W, w_stride, tiles, Y, N, K);
 #endif
@@ -290,19 +248,7 @@ QW_KERNEL void QW_BOUNDS(256) moe_gemm_split128_wg256(const bf16_t* __restrict__
                                                       const int* __restrict__ tiles, float* __restrict__ Y, int N,
                                                       int K) {
 #if defined(QW_WGMMA) || defined(QW_CPU)
-    moe_gemm_wg_impl<256, false>(ahi, alo, nullptr, 0, nullptr, W, w_stride, tiles, Y, N, K);
-#else
-    __trap();
-#endif
-}
-// moe_gemm_split128_wg256 for the gate/up matrix with the activations
-// gathered and split inside (GATHER above): x_stride % 4 == 0, x 16-byte aligned.
-QW_KERNEL void QW_BOUNDS(256) moe_gemm_gather128_wg256(const float* __restrict__ x, int x_stride,
-                                                       const int* __restrict__ prow, const bf16_t* __restrict__ W,
-                                                       long long w_stride, const int* __restrict__ tiles,
-                                                       float* __restrict__ Y, int N, int K) {
-#if defined(QW_WGMMA) || defined(QW_CPU)
-    moe_gemm_wg_impl<256, true>(nullptr, nullptr, x, x_stride, prow, W, w_stride, tiles, Y, N, K);
+    moe_gemm_wg_impl<256>(ahi, alo, W, w_stride, tiles, Y, N, K);
 #else
     __trap();
 #endif
@@ -346,9 +292,4 @@ QW_KERNEL void QW_BOUNDS(256) moe_gemm_split128_wg256(const bf16_t* __restrict__
                                                       int K) {
     moe_gemm_fma(ahi, alo, W, w_stride, tiles, Y, N, K);
 }
-// Never launched on HIP (the host gathers first there); the kernel list stays identical.
-QW_KERNEL void QW_BOUNDS(256) moe_gemm_gather128_wg256(const float* __restrict__ x, int x_stride,
-                                                       const int* __restrict__ prow, const bf16_t* __restrict__ W,
-                                                       long long w_stride, const int* __restrict__ tiles,
-                                                       float* __restrict__ Y, int N, int K) {}
 #endif

@@ -41,7 +41,6 @@ struct Case {
     std::vector<int> counts;  // rows per expert
     int N, K;
     int wg = 0;  // 128 / 256: moe_gemm_split128_wg / _wg256 (bm 128), the warpgroup-MMA kernels, emulated
-    bool gather = false;  // moe_gemm_gather128_wg256: f32 rows gathered by token and split inside
 };
 
 // model.rs moe_tiles: (expert, first row, rows <= bm) over rows sorted by expert.
@@ -57,8 +56,7 @@ static std::vector<int> moe_tiles(const std::vector<int>& counts, int bm) {
 
 static bool run(const Case& c, unsigned seed) {
     const int bm = c.bm, N = c.N, K = c.K, E = (int)c.counts.size();
-    const char* name = c.gather    ? "moe_gemm_gather128_wg256"
-                       : c.wg == 256 ? "moe_gemm_split128_wg256"
+    const char* name = c.wg == 256 ? "moe_gemm_split128_wg256"
                        : c.wg      ? "moe_gemm_split128_wg"
                        : bm == 128 ? "moe_gemm_split128"
                                    : "moe_gemm_split";
@@ -79,47 +77,32 @@ static bool run(const Case& c, unsigned seed) {
     for (size_t i = 0; i < (size_t)E * w_stride; i++) W[i] = f2bf(0.5f * nd(rng));
     std::vector<bf16_t> hi((size_t)(nn + PAD_ROWS) * K, bnan), lo(hi.size(), bnan);
     std::vector<double> x((size_t)nn * K);  // hi + lo, exactly
-    // The gather kernel's source: row r's f32 values at token prow[r] (tokens in
-    // reverse order, two unused, rows 4 floats wider than K, NaN elsewhere).
-    const int xs_stride = K + 4;
-    std::vector<float> xtok((size_t)(nn + 2) * xs_stride, NAN);
-    std::vector<int> prow(nn);
     std::vector<int> owner(nn);             // each row's expert
     for (int r = 0, e = 0, left = 0; r < nn; r++) {
         while (left == 0) left = c.counts[e++];
         owner[r] = e - 1;
         left--;
         const float scale = std::exp(nd(rng));  // rows of different magnitudes
-        prow[r] = nn + 1 - r;
         for (int k = 0; k < K; k++) {
             const size_t i = (size_t)r * K + k;
-            const float v = scale * nd(rng);
-            split1(v, &hi[i], &lo[i]);
+            split1(scale * nd(rng), &hi[i], &lo[i]);
             x[i] = (double)bf2f(hi[i]) + (double)bf2f(lo[i]);
-            xtok[(size_t)prow[r] * xs_stride + k] = v;
         }
     }
 
     std::vector<float> Y((size_t)(nn + PAD_ROWS) * N, NAN);
-    const size_t smem = c.gather ? (size_t)MG_WG_STAGES * (256 + 256) * MG_BK * sizeof(bf16_t)
-                        : c.wg   ? (size_t)MG_WG_STAGES * (256 + c.wg) * MG_BK * sizeof(bf16_t)
+    const size_t smem = c.wg ? (size_t)MG_WG_STAGES * (256 + c.wg) * MG_BK * sizeof(bf16_t)
                              : (size_t)MG_STAGES * (2 * bm + MG_BN) * MG_LD * sizeof(bf16_t);
     if (smem > sizeof qw_cpu::dyn_smem) {
         std::printf("dynamic shared memory %zu > the harness's %zu\n", smem, sizeof qw_cpu::dyn_smem);
         return false;
     }
     std::memset(qw_cpu::dyn_smem, 0xff, sizeof qw_cpu::dyn_smem);  // bf16 NaN everywhere not staged
-    const int bn = c.wg == 256 || c.gather ? 256 : MG_BN;  // columns per block
+    const int bn = c.wg == 256 ? 256 : MG_BN;  // columns per block
     const unsigned gy = (unsigned)((N + bn - 1) / bn);
     const auto t0 = std::chrono::steady_clock::now();
     qw_cpu::launch({gy, nt, 1}, {(unsigned)(2 * bm), 1, 1},
-                   [&] {
-                       if (c.gather)
-                           moe_gemm_gather128_wg256(xtok.data(), xs_stride, prow.data(), W.data(), w_stride,
-                                                    tiles.data(), Y.data(), N, K);
-                       else
-                           kernel(hi.data(), lo.data(), W.data(), w_stride, tiles.data(), Y.data(), N, K);
-                   });
+                   [&] { kernel(hi.data(), lo.data(), W.data(), w_stride, tiles.data(), Y.data(), N, K); });
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
     bool smem_ok = true;
@@ -155,7 +138,7 @@ static bool run(const Case& c, unsigned seed) {
     std::string rows;
     for (size_t i = 2; i < tiles.size(); i += 3) rows += std::to_string(tiles[i]) + (i + 3 < tiles.size() ? "," : "");
     const bool ok = bad == 0 && canary == 0 && smem_ok;
-    std::printf("%-24s N %3d K %2d counts", name, N, K);
+    std::printf("%-23s N %3d K %2d counts", name, N, K);
     for (int n : c.counts) std::printf(" %d", n);
     std::printf(" | tiles %s | %ld bad, %ld canaries hit%s, max err %.2e abs, %.2e of sum|terms| (%.1f s)  %s\n",
                 rows.c_str(), bad, canary, smem_ok ? "" : ", smem past the dynamic size written", worst_abs, worst_rel,
@@ -178,9 +161,6 @@ int main() {
         {128, {0, 1, 128, 129, 289}, 512, 64, 256},  // 256 columns per block
         {128, {32, 64, 65, 97, 144}, 392, 96, 256},  // a partial second column block
         {128, {31, 33, 63}, 200, 32, 256},          // fewer columns than one block
-        {128, {0, 1, 128, 129, 289}, 512, 96, 256, true},  // activations gathered by token inside
-        {128, {32, 64, 65, 97, 144}, 392, 64, 256, true},
-        {128, {31, 33, 63}, 200, 32, 256, true},
     };
     int bad = 0, n = 0;
     unsigned seed = 7;

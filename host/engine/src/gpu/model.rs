@@ -114,10 +114,6 @@ pub struct GpuModel {
     /// (`moe_gemm_split128_wg` 128, `_wg256` 256), on compute capability 9.x;
     /// 0 keeps `mma.sync` (`moe_gemm_split128`). `QWASI_MOE_GEMM=mma|wg128|wg256`.
     moe_wg_cols: usize,
-    /// `false` with `QWASI_MOE_GATHER=0`: with 256-column warpgroup tiles the
-    /// gate/up rows are still gathered and split by `gather_split_bf16` first
-    /// instead of inside `moe_gemm_gather128_wg256`.
-    moe_gather: bool,
     /// `false` with `QWASI_ATTN=cuda-cores` (and in HIP builds): prompt
     /// attention without tensor cores (`attn_flash_*`).
     #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
@@ -452,7 +448,6 @@ impl GpuModel {
                 Ok("wg128") => 128,
                 _ => 256,
             },
-            moe_gather: std::env::var("QWASI_MOE_GATHER").as_deref() != Ok("0"),
             tc_attention: cfg!(feature = "cuda")
                 && std::env::var("QWASI_ATTN").as_deref() != Ok("cuda-cores"),
             gemm,
@@ -1347,6 +1342,21 @@ impl GpuModel {
         // hi | lo bf16 halves of the gathered rows; reused for the f32 expert outputs.
         let xs = sc.get(d, "moe_xs", nn * h * F)?;
         let (hi, lo) = (xs, xs + (nn * h * B) as u64);
+        d.launch(
+            "gather_split_bf16",
+            (nn as u32, 1, 1),
+            (256, 1, 1),
+            0,
+            &[
+                Arg::Ptr(n),
+                i(h),
+                Arg::Ptr(pr),
+                Arg::I64(nn as i64),
+                i(h),
+                Arg::Ptr(hi),
+                Arg::Ptr(lo),
+            ],
+        )?;
         let gu = sc.get(d, "gu", nn * 2 * inter * F)?;
         // One grouped tensor-core launch per matrix where the shapes allow it;
         // 128-row tiles once experts average that many rows.
@@ -1367,29 +1377,6 @@ impl GpuModel {
         } else {
             None
         };
-        // With 256-column warpgroup tiles the gate/up GEMM gathers its rows from
-        // `n` and splits them itself (h is a multiple of MG_BK, so of 4).
-        let gather_inside = matches!(tiles, Some((_, _, 128)))
-            && d.wgmma()
-            && self.moe_wg_cols == 256
-            && self.moe_gather;
-        if !gather_inside {
-            d.launch(
-                "gather_split_bf16",
-                (nn as u32, 1, 1),
-                (256, 1, 1),
-                0,
-                &[
-                    Arg::Ptr(n),
-                    i(h),
-                    Arg::Ptr(pr),
-                    Arg::I64(nn as i64),
-                    i(h),
-                    Arg::Ptr(hi),
-                    Arg::Ptr(lo),
-                ],
-            )?;
-        }
         let grouped =
             |a_hi: u64, a_lo: u64, w: &DBuf, y: u64, rows: usize, cols: usize| -> Result<()> {
                 let (buf, nt, bm) = tiles.expect("grouped path");
@@ -1437,25 +1424,7 @@ impl GpuModel {
                     ],
                 )
             };
-        if let (true, Some((buf, nt, _))) = (gather_inside, tiles) {
-            d.launch(
-                "moe_gemm_gather128_wg256",
-                ((2 * inter).div_ceil(256) as u32, nt, 1),
-                (256, 1, 1),
-                (MG_WG_STAGES * (256 + 256) * MG_BK * B) as u32,
-                &[
-                    Arg::Ptr(n),
-                    i(h),
-                    Arg::Ptr(pr),
-                    Arg::Ptr(gate_up.ptr()),
-                    Arg::I64((2 * inter * h) as i64),
-                    Arg::Ptr(buf),
-                    Arg::Ptr(gu),
-                    i(2 * inter),
-                    i(h),
-                ],
-            )?;
-        } else if tiles.is_some() {
+        if tiles.is_some() {
             grouped(hi, lo, gate_up, gu, 2 * inter, h)?;
         } else {
             let mut start = 0;
