@@ -2,12 +2,13 @@
 // one cuBLAS call per expert and operand half (1,024 calls per layer before).
 //
 // Rows are sorted by expert (moe_plan_*); `tiles` lists (expert, first row, row
-// count <= MG_BM) per block row: grid (ceil(N / MG_BN), tiles). The column blocks
-// of a row tile are neighbours in launch order, so its activation rows are read
-// from DRAM once and then from L2 (with the tiles in x, each of the N / MG_BN
-// passes over the tiles re-read every activation row from DRAM). Y[r][n] = sum_k (ahi[r][k] + alo[r][k]) * W_e[n][k]
-// with W_e = W + e * w_stride a [N][K] bf16 matrix and the activation split into
-// two bf16 terms (~16 mantissa bits, as the cuBLAS split path), f32 accumulation.
+// count <= MG_BM) per block row: grid (ceil(N / columns per block), tiles). The
+// column blocks of a row tile are neighbours in launch order, so its activation
+// rows are read from DRAM once and then from L2 (with the tiles in x, each pass
+// over the tiles re-read every activation row from DRAM).
+// Y[r][n] = sum_k (ahi[r][k] + alo[r][k]) * W_e[n][k] with W_e = W + e * w_stride
+// a [N][K] bf16 matrix and the activation split into two bf16 terms (~16
+// mantissa bits, as the cuBLAS split path), f32 accumulation.
 // Needs K % MG_BK == 0 and 16-byte aligned rows (K % 8 == 0); the host checks.
 #include "mma.h"
 
@@ -35,8 +36,8 @@ __device__ __forceinline__ void moe_gemm_impl(const bf16_t* __restrict__ ahi, co
     const bf16_t* Wb = W + (size_t)e * w_stride;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int wm = warp >> 1, wn = warp & 1;
-    // Warps whose 32 rows all lie past the tile's last row only help load: an
-    // expert's last tile is usually partial, and the products are the bound.
+    // Warps whose 32 rows all lie past the tile's last row only help load (an
+    // expert's last tile is usually partial; no measurable gain on the H200).
     const bool active = wm * 32 < rows;
 
     auto load = [&](int stage, int k0) {
@@ -132,8 +133,8 @@ QW_KERNEL void QW_BOUNDS(256) moe_gemm_split128(const bf16_t* __restrict__ ahi, 
     moe_gemm_impl<4, 2>(ahi, alo, W, w_stride, tiles, Y, N, K);
 }
 // The 128-row tiles on sm_90a's warpgroup MMA (moe_gemm_split128's contract):
-// warpgroup h of the 256 threads multiplies rows 64h..64h+63 by all 128
-// columns, each k16 step as two wgmma (A hi, then A lo, same B), reading the
+// warpgroup h of the 256 threads multiplies rows 64h..64h+63 by the block's
+// 128 or 256 columns, each k16 step as two wgmma (A hi, then A lo, same B), reading the
 // operands from shared memory. A stage holds A hi, A lo and B as 128 rows of
 // MG_BK = 32 bf16 (64 bytes) in the 64-byte swizzle (wg_desc_sw64): a copy's
 // 8 lanes fill two whole rows (coalesced reads, no bank conflicts) and the
