@@ -287,58 +287,36 @@ QW_KERNEL void QW_BOUNDS(256) moe_plan_place(const int* __restrict__ idx, int N,
     }
 }
 
-// Rows per block of the two kernels below: a row is only 1-2 float4 per
-// thread, so one row per block left the blocks' start and end as the cost
-// (and half of silu_mul_split's threads idle at I = 512).
-#define MOE_ROWS_PER_BLOCK 8
-
 // hi/lo[i, :] = bf16 split of src[rows[i] * src_stride + (0..dim)], i < n (as
-// gather_rows then f32_to_bf16_split). grid ceil(n / MOE_ROWS_PER_BLOCK), block 256.
+// gather_rows then f32_to_bf16_split). grid n (one row per block), block 256.
 QW_KERNEL void QW_BOUNDS(256) gather_split_bf16(const float* __restrict__ src, int src_stride,
                                                 const int* __restrict__ rows, long long n, int dim,
                                                 bf16_t* __restrict__ hi, bf16_t* __restrict__ lo) {
-    const long long i0 = (long long)blockIdx.x * MOE_ROWS_PER_BLOCK;
-    const long long left = n - i0;
-    const int nr = left < MOE_ROWS_PER_BLOCK ? (int)left : MOE_ROWS_PER_BLOCK;
-    if (nr <= 0) return;
-    if ((dim & 3) == 0 && ((((size_t)src & 15) | ((size_t)hi & 7) | ((size_t)lo & 7)) == 0) && (src_stride & 3) == 0) {
-        const int q = dim / 4;  // float4 per row; the block's rows as one flat range
-        for (int e = threadIdx.x; e < nr * q; e += blockDim.x) {
-            const long long i = i0 + e / q;
-            const int c = e % q;
-            split4(((const float4*)(src + (size_t)rows[i] * src_stride))[c], hi + i * dim + 4 * c, lo + i * dim + 4 * c);
-        }
-    } else {
-        for (int r = 0; r < nr; r++)
-            split_row(src + (size_t)rows[i0 + r] * src_stride, hi + (i0 + r) * dim, lo + (i0 + r) * dim, dim);
-    }
+    const long long i = blockIdx.x;
+    if (i >= n) return;
+    split_row(src + (size_t)rows[i] * src_stride, hi + i * dim, lo + i * dim, dim);
 }
 
 // a = silu(in[r, i]) * in[r, I + i] (rows of 2I: gate then up), split into bf16
-// hi/lo [r, i] (as silu_mul then f32_to_bf16_split). grid ceil(rows / MOE_ROWS_PER_BLOCK), block 256.
+// hi/lo [r, i] (as silu_mul then f32_to_bf16_split). grid rows (one per block), block 256.
 QW_KERNEL void QW_BOUNDS(256) silu_mul_split(const float* __restrict__ in, long long rows, int I,
                                              bf16_t* __restrict__ hi, bf16_t* __restrict__ lo) {
-    const long long r0 = (long long)blockIdx.x * MOE_ROWS_PER_BLOCK;
-    const long long left = rows - r0;
-    const int nr = left < MOE_ROWS_PER_BLOCK ? (int)left : MOE_ROWS_PER_BLOCK;
-    if (nr <= 0) return;
+    const long long r = blockIdx.x;
+    if (r >= rows) return;
+    const float* g = in + r * 2 * I;
+    const float* u = g + I;
+    bf16_t* h = hi + r * I;
+    bf16_t* l = lo + r * I;
     // rounded products, as stored by silu_mul
     if ((I & 3) == 0) {
-        const int q = I / 4;
-        for (int e = threadIdx.x; e < nr * q; e += blockDim.x) {
-            const long long r = r0 + e / q;
-            const int c = e % q;
-            const float4 a = ((const float4*)(in + r * 2 * I))[c], b = ((const float4*)(in + r * 2 * I + I))[c];
+        for (int c = threadIdx.x; c < I / 4; c += blockDim.x) {
+            const float4 a = ((const float4*)g)[c], b = ((const float4*)u)[c];
             split4(make_float4(__fmul_rn(silu_f(a.x), b.x), __fmul_rn(silu_f(a.y), b.y),
                                __fmul_rn(silu_f(a.z), b.z), __fmul_rn(silu_f(a.w), b.w)),
-                   hi + r * I + 4 * c, lo + r * I + 4 * c);
+                   h + 4 * c, l + 4 * c);
         }
     } else {
-        for (int e = threadIdx.x; e < nr * I; e += blockDim.x) {
-            const long long r = r0 + e / I;
-            const int c = e % I;
-            split1(__fmul_rn(silu_f(in[r * 2 * I + c]), in[r * 2 * I + I + c]), hi + r * I + c, lo + r * I + c);
-        }
+        for (int c = threadIdx.x; c < I; c += blockDim.x) split1(__fmul_rn(silu_f(g[c]), u[c]), h + c, l + c);
     }
 }
 

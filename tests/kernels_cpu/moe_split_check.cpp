@@ -1,9 +1,9 @@
 // The prompt MoE's row kernels of kernels/moe.cu on the CPU (QW_CPU):
 // gather_split_bf16 (rows gathered by index, split into bf16 hi / lo) and
-// silu_mul_split (silu(gate) * up, split), several rows per block, against the
-// element-wise split1 of the same values bit for bit: row counts that are not
-// a multiple of the block's rows, widths with and without float4 access, a
-// source stride wider than the rows. Exit 1 on a mismatch.
+// silu_mul_split (silu(gate) * up, split), one row per block, against the
+// element-wise split1 of the same values bit for bit: widths with and without
+// float4 access, a source stride wider than the rows, repeated source rows.
+// Exit 1 on a mismatch.
 #include <cstdio>
 #include <cstring>
 #include <random>
@@ -23,7 +23,7 @@ int main() {
             std::vector<int> idx(rows);
             for (long long i = 0; i < rows; i++) idx[i] = (int)((i * 3 + 1) % src_rows);
             std::vector<bf16_t> hi(rows * dim, 0x7fc0), lo(rows * dim, 0x7fc0);
-            const unsigned grid = (unsigned)((rows + MOE_ROWS_PER_BLOCK - 1) / MOE_ROWS_PER_BLOCK);
+            const unsigned grid = (unsigned)rows;  // one row per block, as the host launches them
             qw_cpu::launch({grid, 1, 1}, {256, 1, 1},
                            [&] { gather_split_bf16(src.data(), stride, idx.data(), rows, dim, hi.data(), lo.data()); });
             int diff = 0;

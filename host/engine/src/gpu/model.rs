@@ -234,8 +234,6 @@ const MG_BN: usize = 128;
 const MG_BK: usize = 32;
 const MG_LD: usize = MG_BK + 8;
 const MG_STAGES: usize = 2;
-/// Rows per block of `gather_split_bf16` and `silu_mul_split` (`MOE_ROWS_PER_BLOCK`).
-const MOE_ROWS_PER_BLOCK: usize = 8;
 /// Stages of `moe_gemm_split128_wg*` (A hi and A lo of 128 rows, B of 128 or
 /// 256 rows, MG_BK bf16 each).
 const MG_WG_STAGES: usize = 4;
@@ -1346,7 +1344,7 @@ impl GpuModel {
         let (hi, lo) = (xs, xs + (nn * h * B) as u64);
         d.launch(
             "gather_split_bf16",
-            (nn.div_ceil(MOE_ROWS_PER_BLOCK) as u32, 1, 1),
+            (nn as u32, 1, 1),
             (256, 1, 1),
             0,
             &[
@@ -1446,7 +1444,7 @@ impl GpuModel {
         let al = ah + (nn * inter * B) as u64;
         d.launch(
             "silu_mul_split",
-            (nn.div_ceil(MOE_ROWS_PER_BLOCK) as u32, 1, 1),
+            (nn as u32, 1, 1),
             (256, 1, 1),
             0,
             &[
