@@ -238,6 +238,27 @@ const MG_STAGES: usize = 2;
 /// 256 rows, MG_BK bf16 each).
 const MG_WG_STAGES: usize = 4;
 
+/// The grouped expert GEMM kernel for `bm`-row tiles: its name, dynamic shared
+/// memory (bytes) and columns per block. The warpgroup-MMA kernels (`wg_cols`
+/// 128 or 256, where the device has `wgmma`) take 128-row tiles only.
+fn moe_gemm_kernel(bm: usize, wgmma: bool, wg_cols: usize) -> (&'static str, usize, usize) {
+    let mma_smem = MG_STAGES * (2 * bm + MG_BN) * MG_LD * B;
+    match (bm, if wgmma { wg_cols } else { 0 }) {
+        (128, 128) => (
+            "moe_gemm_split128_wg",
+            MG_WG_STAGES * (256 + 128) * MG_BK * B,
+            128,
+        ),
+        (128, 256) => (
+            "moe_gemm_split128_wg256",
+            MG_WG_STAGES * (256 + 256) * MG_BK * B,
+            256,
+        ),
+        (128, _) => ("moe_gemm_split128", mma_smem, MG_BN),
+        _ => ("moe_gemm_split", mma_smem, MG_BN),
+    }
+}
+
 /// Block rows of the grouped expert GEMM: (expert, first row, rows <= bm)
 /// triples over rows sorted by expert, `counts[e]` rows each.
 fn moe_tiles(counts: &[i32], bm: usize) -> Vec<i32> {
@@ -1380,33 +1401,7 @@ impl GpuModel {
         let grouped =
             |a_hi: u64, a_lo: u64, w: &DBuf, y: u64, rows: usize, cols: usize| -> Result<()> {
                 let (buf, nt, bm) = tiles.expect("grouped path");
-                let wg = if bm == 128 && d.wgmma() {
-                    self.moe_wg_cols
-                } else {
-                    0
-                };
-                let (name, smem, bn) = match wg {
-                    0 if bm != 128 => (
-                        "moe_gemm_split",
-                        MG_STAGES * (2 * bm + MG_BN) * MG_LD * B,
-                        MG_BN,
-                    ),
-                    0 => (
-                        "moe_gemm_split128",
-                        MG_STAGES * (2 * bm + MG_BN) * MG_LD * B,
-                        MG_BN,
-                    ),
-                    128 => (
-                        "moe_gemm_split128_wg",
-                        MG_WG_STAGES * (256 + 128) * MG_BK * B,
-                        128,
-                    ),
-                    _ => (
-                        "moe_gemm_split128_wg256",
-                        MG_WG_STAGES * (256 + 256) * MG_BK * B,
-                        256,
-                    ),
-                };
+                let (name, smem, bn) = moe_gemm_kernel(bm, d.wgmma(), self.moe_wg_cols);
                 d.launch(
                     name,
                     (rows.div_ceil(bn) as u32, nt, 1),
@@ -2150,6 +2145,32 @@ mod tests {
             shared_intermediate: 512,
         };
         assert!(check_supported(&cfg).is_err());
+    }
+
+    #[test]
+    fn expert_gemm_kernels_fit_and_fall_back() {
+        // Shared memory within the H100/H200's 227 KB per block; without
+        // wgmma, or for 64-row tiles, the mma.sync kernels.
+        for bm in [64, 128] {
+            for wgmma in [false, true] {
+                for cols in [0, 128, 256] {
+                    let (name, smem, bn) = moe_gemm_kernel(bm, wgmma, cols);
+                    assert!(smem <= 227 * 1024, "{name}: {smem} bytes");
+                    let wg = bm == 128 && wgmma && cols != 0;
+                    assert_eq!(
+                        name.contains("_wg"),
+                        wg,
+                        "bm {bm} wgmma {wgmma} cols {cols}"
+                    );
+                    assert_eq!(bn, if wg { cols } else { MG_BN });
+                }
+            }
+        }
+        // moe_gemm_split128_wg's sm_80 stand-in is the mma.sync kernel, so
+        // its shared memory must hold that kernel's too.
+        let (_, wg, _) = moe_gemm_kernel(128, true, 128);
+        let (_, mma, _) = moe_gemm_kernel(128, false, 128);
+        assert!(wg >= mma, "{wg} < {mma}");
     }
 
     #[test]
