@@ -109,11 +109,9 @@ fn file_changes_reload_without_failing_a_request() {
         metric(&s, error_metric) == Some(1.0)
     });
     assert_eq!(serving(&s), Ok(Version::OpenAi));
-    assert!(
-        s.log_text()
-            .contains("is not a valid WebAssembly component"),
-        "{}",
-        s.log_text()
+    s.wait_for_log(
+        "is not a valid WebAssembly component",
+        Duration::from_secs(10),
     );
 
     // 3. Back to the misbehave guest.
@@ -324,11 +322,9 @@ fn policy_file_reloads_too() {
             "qwasi_guest_reloads_total{guest=\"policy\",result=\"error\"}",
         ) == Some(1.0)
     });
-    assert!(
-        s.log_text()
-            .contains("imports something the host does not provide"),
-        "{}",
-        s.log_text()
+    s.wait_for_log(
+        "imports something the host does not provide",
+        Duration::from_secs(10),
     );
     assert_eq!((get(None), get(Some("sk-p"))), (401, 200));
 

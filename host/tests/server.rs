@@ -163,7 +163,7 @@ fn drain_refuses_new_requests_and_finishes_running_ones() {
     assert!(b.body.contains("Length 5"), "{b:?}");
     let status = s.wait_exit(Duration::from_secs(20));
     assert!(status.success(), "{status}");
-    assert!(s.log_text().contains("drained"), "{}", s.log_text());
+    s.wait_for_log("drained", Duration::from_secs(10));
 }
 
 #[test]

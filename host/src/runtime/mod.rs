@@ -483,13 +483,15 @@ impl Runtime {
                 outcome
             }
             Err(e) => {
-                slot.reloads_err.fetch_add(1, Ordering::Relaxed);
                 let msg = one_line(&e);
                 eprintln!(
                     "qwasi: error: reloading the {} ({trigger}) failed; still serving version {}: {msg}",
                     slot.label(),
                     current.version
                 );
+                // Counted after the log line, so whoever sees the count
+                // finds the reason already logged.
+                slot.reloads_err.fetch_add(1, Ordering::Relaxed);
                 outcome.result = "error";
                 outcome.error = Some(msg);
                 outcome

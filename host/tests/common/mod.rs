@@ -125,6 +125,21 @@ impl Server {
         self.log.lock().unwrap().join("\n")
     }
 
+    /// Waits until the log holds `needle`: a thread copies the server's
+    /// stderr into the log, so a line can arrive after what it reports
+    /// became visible over HTTP.
+    pub fn wait_for_log(&self, needle: &str, timeout: Duration) {
+        let t0 = Instant::now();
+        while !self.log_text().contains(needle) {
+            assert!(
+                t0.elapsed() < timeout,
+                "the log never showed {needle:?}:\n{}",
+                self.log_text()
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
     pub fn signal(&self, sig: &str) {
         let ok = Command::new("kill")
             .args([&format!("-{sig}"), &self.child.id().to_string()])
