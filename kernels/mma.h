@@ -153,8 +153,10 @@ __device__ __forceinline__ void cp_async_ring_step(int) {}
 
 // Warpgroup MMA (sm_90a; QW_WGMMA where this compilation targets it): a
 // warpgroup of 4 warps multiplies operands read straight from shared memory,
-// described by 64-bit descriptors. Only K-major bf16 operands without swizzle
-// are used here: "core matrices" of 8 rows x 16 bytes stored contiguously
+// described by 64-bit descriptors (A may instead come from registers, in
+// mma_16816's A layout per warp of 16 rows). Only K-major bf16 operands are
+// used here, unswizzled or in the 64-byte swizzle (`wg_desc`, `wg_desc_sw64`
+// below); unswizzled: "core matrices" of 8 rows x 16 bytes stored contiguously
 // (row y at byte 16 y), the two 8-element k halves of a k16 step `lbo` bytes
 // apart, consecutive groups of 8 rows `sbo` bytes apart. Accumulator
 // fragments of m64nN (thread t of the warpgroup, w = t / 32, g = (t % 32) / 4,
@@ -174,6 +176,11 @@ __device__ __forceinline__ void wgmma_wait1() { asm volatile("wgmma.wait_group.s
 __device__ __forceinline__ void wgmma_fence_operands(float* d, int n) {
 #pragma unroll
     for (int i = 0; i < n; i++) asm volatile("" : "+f"(d[i])::"memory");
+}
+// The same for A fragments held in registers (read until the products are done).
+__device__ __forceinline__ void wgmma_fence_operands(unsigned* a, int n) {
+#pragma unroll
+    for (int i = 0; i < n; i++) asm volatile("" : "+r"(a[i])::"memory");
 }
 // D (64 x 128 f32, the warpgroup's fragments) += A (64 x 16) B^T (128 x 16),
 // bf16, both K-major in shared memory without swizzle (`wg_desc`).
@@ -214,6 +221,57 @@ __device__ __forceinline__ void wgmma_m64n256k16(float* d, unsigned long long da
           "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
         : "l"(da), "l"(db));
 }
+// D (64 x N) += A (64 x 16, shared memory) B^T (N x 16), as above, N = 32, 64.
+__device__ __forceinline__ void wgmma_m64n32k16(float* d, unsigned long long da, unsigned long long db) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+        : "l"(da), "l"(db));
+}
+__device__ __forceinline__ void wgmma_m64n64k16(float* d, unsigned long long da, unsigned long long db) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "l"(da), "l"(db));
+}
+// D (64 x N) += A (64 x 16, this warpgroup's registers in the mma.sync A
+// layout, warp w holding rows 16w..16w+15) B^T (N x 16, shared memory).
+__device__ __forceinline__ void wgmma_m64n32k16_rs(float* d, const unsigned* a, unsigned long long db) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, {%16, %17, %18, %19}, %20, p, 1, 1, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
+}
+__device__ __forceinline__ void wgmma_m64n256k16_rs(float* d, const unsigned* a, unsigned long long db) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, {%128, %129, %130, %131}, %132, p, 1, 1, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
+          "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
+          "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
+          "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
+          "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
+          "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
+          "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
+          "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
+          "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
+}
 #elif defined(QW_CPU)
 // The descriptors (below) hold the operand's offset into the harness's dynamic
 // shared memory; the product reads the operands through the layout the
@@ -225,6 +283,7 @@ __device__ __forceinline__ void wgmma_commit() {}
 __device__ __forceinline__ void wgmma_wait0() {}
 __device__ __forceinline__ void wgmma_wait1() {}
 __device__ __forceinline__ void wgmma_fence_operands(float*, int) {}
+__device__ __forceinline__ void wgmma_fence_operands(unsigned*, int) {}
 // Element (row, k) of the operand a descriptor describes (no swizzle, or the
 // 64-byte swizzle applied to the byte address).
 __device__ __forceinline__ float wg_elem(unsigned long long desc, int row, int k) {
@@ -257,6 +316,40 @@ __device__ __forceinline__ void wgmma_m64n128k16(float* d, unsigned long long da
 }
 __device__ __forceinline__ void wgmma_m64n256k16(float* d, unsigned long long da, unsigned long long db) {
     wgmma_cpu<256>(d, da, db);
+}
+__device__ __forceinline__ void wgmma_m64n32k16(float* d, unsigned long long da, unsigned long long db) {
+    wgmma_cpu<32>(d, da, db);
+}
+__device__ __forceinline__ void wgmma_m64n64k16(float* d, unsigned long long da, unsigned long long db) {
+    wgmma_cpu<64>(d, da, db);
+}
+// A from registers: every thread of the warpgroup posts its fragment, then
+// reads A[row][k] from warp row / 16's lanes in the mma_16816 A layout.
+template <int NC>
+__device__ __forceinline__ void wgmma_rs_cpu(float* d, const unsigned* a, unsigned long long db) {
+    static unsigned frag[1024][4];
+    const unsigned t = qw_cpu::tid % 128, base = qw_cpu::tid - t, w = t / 32, g = (t % 32) / 4, c = t % 4;
+    for (int i = 0; i < 4; i++) frag[qw_cpu::tid][i] = a[i];
+    qw_cpu::sync_warpgroup();
+    auto A = [&](int row, int k) {
+        const int r = row % 16;
+        const unsigned v = frag[base + 32 * (row / 16) + 4 * (r % 8) + (k % 8) / 2][(r >= 8) + 2 * (k >= 8)];
+        return k & 1 ? bf_hi(v) : bf_lo(v);
+    };
+    for (int j = 0; j < NC / 8; j++)
+        for (int e = 0; e < 4; e++) {
+            const int row = 16 * w + g + 8 * (e / 2), col = 8 * j + 2 * c + e % 2;
+            float acc = d[4 * j + e];
+            for (int k = 0; k < 16; k++) acc += A(row, k) * wg_elem(db, col, k);
+            d[4 * j + e] = acc;
+        }
+    qw_cpu::sync_warpgroup();
+}
+__device__ __forceinline__ void wgmma_m64n32k16_rs(float* d, const unsigned* a, unsigned long long db) {
+    wgmma_rs_cpu<32>(d, a, db);
+}
+__device__ __forceinline__ void wgmma_m64n256k16_rs(float* d, const unsigned* a, unsigned long long db) {
+    wgmma_rs_cpu<256>(d, a, db);
 }
 #endif
 #if defined(QW_WGMMA) || defined(QW_CPU)

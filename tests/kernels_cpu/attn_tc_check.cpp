@@ -15,6 +15,7 @@
 #include <random>
 #include <vector>
 #include "attention.cu"
+#include "attention_wg.cu"
 
 struct Shape {
     int nkv, G, hd, T, pos0;
@@ -28,76 +29,123 @@ constexpr double TOL = 1e-4;
 
 using Kernel = void (*)(const float*, const bf16_t*, const bf16_t*, const bf16_t*, const bf16_t*, const float*, int,
                         float*, int, int, int, int, int, float);
+using KernelWg = void (*)(const float*, const bf16_t*, const bf16_t*, const bf16_t*, const bf16_t*, int,
+                          const float*, int, float*, int, int, int, int, float);
 
-// Max |error| of one run of `kernel` (NW warps; BF16: bf16 cache) over every
-// output, INFINITY if any is not finite.
+// One case's inputs: q, the gate projections and the f32 cache (rows past the
+// prompt never written: NaN).
+struct Case {
+    Shape s;
+    int nh, L, cap, stride;
+    std::vector<float> q, proj, kf, vf;
+    Case(const Shape& sh, unsigned seed) : s(sh) {
+        nh = s.nkv * s.G;
+        L = s.pos0 + s.T;
+        cap = L + 9;
+        stride = nh * 2 * s.hd + 2 * s.nkv * s.hd + 12;  // [query | gate] per q head, then k, v, padding
+        std::mt19937 rng(seed);
+        std::normal_distribution<float> nd(0.f, 1.f);
+        q.resize((size_t)s.T * nh * s.hd);
+        proj.resize((size_t)s.T * stride);
+        for (auto& x : q) x = 1.5f * nd(rng);  // scores of sd ~1.5: softmax neither flat nor one-hot
+        for (auto& x : proj) x = nd(rng);
+        kf.assign((size_t)cap * s.nkv * s.hd, NAN);
+        vf.assign(kf.size(), NAN);
+        for (size_t i = 0; i < used(); i++) {
+            kf[i] = nd(rng);
+            vf[i] = nd(rng);
+        }
+    }
+    size_t used() const { return (size_t)L * s.nkv * s.hd; }
+
+    // Max |error| of `out` against causal GQA attention with the sigmoid gate
+    // in double precision over kf / vf; INFINITY if any output is not finite.
+    double error(const std::vector<float>& out) const {
+        const int nkv = s.nkv, G = s.G, hd = s.hd;
+        const double scale = 1.0 / std::sqrt((double)hd);
+        double worst = 0;
+        std::vector<double> p(L);
+        for (int t = 0; t < s.T; t++)
+            for (int h = 0; h < nh; h++) {
+                const int g = h / G, n = s.pos0 + t + 1;  // keys 0 ..= pos0 + t
+                const float* qp = &q[((size_t)t * nh + h) * hd];
+                double mx = -1e300, den = 0;
+                for (int j = 0; j < n; j++) {
+                    double d = 0;
+                    for (int i = 0; i < hd; i++) d += (double)qp[i] * kf[((size_t)j * nkv + g) * hd + i];
+                    p[j] = d * (float)scale;
+                    mx = std::max(mx, p[j]);
+                }
+                for (int j = 0; j < n; j++) den += (p[j] = std::exp(p[j] - mx));
+                for (int i = 0; i < hd; i++) {
+                    double o = 0;
+                    for (int j = 0; j < n; j++) o += p[j] * vf[((size_t)j * nkv + g) * hd + i];
+                    const double gate = proj[(size_t)t * stride + (size_t)h * 2 * hd + hd + i];
+                    const double want = o / den / (1.0 + std::exp(-gate));
+                    const double got = out[((size_t)t * nh + h) * hd + i];
+                    if (!std::isfinite(got)) return INFINITY;
+                    worst = std::max(worst, std::fabs(got - want));
+                }
+            }
+        return worst;
+    }
+};
+
+// Max |error| of one run of `kernel` (NW warps; BF16: bf16 cache).
 template <bool BF16>
 static double check(Kernel kernel, int NW, const Shape& s, unsigned seed) {
-    const int ROWS = 16 * NW;
-    const int nkv = s.nkv, G = s.G, nh = nkv * G, hd = s.hd, T = s.T, pos0 = s.pos0;
-    const int L = pos0 + T, cap = L + 9;  // cache rows; [L, cap) were never written (NaN)
-    const int stride = nh * 2 * hd + 2 * nkv * hd + 12;  // proj rows: [query | gate] per q head, then k, v, padding
-    std::mt19937 rng(seed);
-    std::normal_distribution<float> nd(0.f, 1.f);
-    std::vector<float> q((size_t)T * nh * hd), proj((size_t)T * stride);
-    for (auto& x : q) x = 1.5f * nd(rng);  // scores of sd ~1.5: softmax neither flat nor one-hot
-    for (auto& x : proj) x = nd(rng);
-    const size_t plane = (size_t)cap * nkv * hd, used = (size_t)L * nkv * hd;
-    std::vector<float> kf(plane, NAN), vf(plane, NAN);
-    for (size_t i = 0; i < used; i++) {
-        kf[i] = nd(rng);
-        vf[i] = nd(rng);
-    }
+    Case k(s, seed);
+    const int ROWS = 16 * NW, nkv = s.nkv, G = s.G, hd = s.hd;
+    const size_t plane = k.kf.size();
     const bf16_t bnan = 0x7fc0;
     std::vector<bf16_t> kh(plane, bnan), kl(plane, bnan), vh(plane, bnan), vl(plane, bnan);
     if (BF16) {
-        for (size_t i = 0; i < used; i++) {
-            kh[i] = f2bf(kf[i]);
-            vh[i] = f2bf(vf[i]);
-            kf[i] = bf2f(kh[i]);
-            vf[i] = bf2f(vh[i]);
+        for (size_t i = 0; i < k.used(); i++) {
+            kh[i] = f2bf(k.kf[i]);
+            vh[i] = f2bf(k.vf[i]);
+            k.kf[i] = bf2f(kh[i]);
+            k.vf[i] = bf2f(vh[i]);
         }
     } else {
         // Rows [0, L) as the host splits them: a grid-stride loop of 3 blocks.
         qw_cpu::launch({3, 1, 1}, {256, 1, 1}, [&] {
-            attn_kv_split(kf.data(), vf.data(), kh.data(), kl.data(), vh.data(), vl.data(), (long long)(used / 4));
+            attn_kv_split(k.kf.data(), k.vf.data(), kh.data(), kl.data(), vh.data(), vl.data(),
+                          (long long)(k.used() / 4));
         });
     }
-
-    std::vector<float> out((size_t)T * nh * hd, NAN);
+    std::vector<float> out((size_t)s.T * k.nh * hd, NAN);
     std::memset(qw_cpu::dyn_smem, 0xff, sizeof qw_cpu::dyn_smem);  // bf16 NaN everywhere not staged
     const float scale = 1.f / std::sqrt((float)hd);
-    const unsigned blocks = (unsigned)((T * G + ROWS - 1) / ROWS);
+    const unsigned blocks = (unsigned)((s.T * G + ROWS - 1) / ROWS);
     qw_cpu::launch({blocks, (unsigned)nkv, 1}, {(unsigned)(NW * WARP), 1, 1}, [&] {
-        kernel(q.data(), kh.data(), BF16 ? nullptr : kl.data(), vh.data(), BF16 ? nullptr : vl.data(), proj.data(),
-               stride, out.data(), T, nh, nkv, hd, pos0, scale);
+        kernel(k.q.data(), kh.data(), BF16 ? nullptr : kl.data(), vh.data(), BF16 ? nullptr : vl.data(),
+               k.proj.data(), k.stride, out.data(), s.T, k.nh, nkv, hd, s.pos0, scale);
     });
+    return k.error(out);
+}
 
-    double worst = 0;
-    std::vector<double> p(L);
-    for (int t = 0; t < T; t++)
-        for (int h = 0; h < nh; h++) {
-            const int g = h / G, n = pos0 + t + 1;  // keys 0 ..= pos0 + t
-            const float* qp = &q[((size_t)t * nh + h) * hd];
-            double mx = -1e300, den = 0;
-            for (int j = 0; j < n; j++) {
-                double d = 0;
-                for (int i = 0; i < hd; i++) d += (double)qp[i] * kf[((size_t)j * nkv + g) * hd + i];
-                p[j] = d * scale;
-                mx = std::max(mx, p[j]);
-            }
-            for (int j = 0; j < n; j++) den += (p[j] = std::exp(p[j] - mx));
-            for (int i = 0; i < hd; i++) {
-                double o = 0;
-                for (int j = 0; j < n; j++) o += p[j] * vf[((size_t)j * nkv + g) * hd + i];
-                const double gate = proj[(size_t)t * stride + (size_t)h * 2 * hd + hd + i];
-                const double want = o / den / (1.0 + std::exp(-gate));
-                const double got = out[((size_t)t * nh + h) * hd + i];
-                if (!std::isfinite(got)) return INFINITY;
-                worst = std::max(worst, std::fabs(got - want));
-            }
-        }
-    return worst;
+// The same for a warpgroup-MMA kernel: the planes from the real
+// attn_kv_split_t (values transposed, leading dimension `ldp` with room past
+// the 32-key tiles, NaN where the split writes nothing), 128 rows per block.
+static double check_wg(KernelWg kernel, const Shape& s, unsigned seed) {
+    Case k(s, seed);
+    const int nkv = s.nkv, G = s.G, hd = s.hd;
+    const int tiles = (k.L + 31) / 32, ldp = 32 * tiles + 16;
+    const bf16_t bnan = 0x7fc0;
+    std::vector<bf16_t> kh(k.kf.size(), bnan), kl(k.kf.size(), bnan);
+    std::vector<bf16_t> vth((size_t)nkv * hd * ldp, bnan), vtl(vth.size(), bnan);
+    qw_cpu::launch({(unsigned)tiles, (unsigned)nkv, 1}, {256, 1, 1}, [&] {
+        attn_kv_split_t(k.kf.data(), k.vf.data(), kh.data(), kl.data(), vth.data(), vtl.data(), k.L, ldp, nkv, hd);
+    });
+    std::vector<float> out((size_t)s.T * k.nh * hd, NAN);
+    std::memset(qw_cpu::dyn_smem, 0xff, sizeof qw_cpu::dyn_smem);
+    const float scale = 1.f / std::sqrt((float)hd);
+    const unsigned blocks = (unsigned)((s.T * G + 127) / 128);
+    qw_cpu::launch({blocks, (unsigned)nkv, 1}, {256, 1, 1}, [&] {
+        kernel(k.q.data(), kh.data(), kl.data(), vth.data(), vtl.data(), ldp, k.proj.data(), k.stride, out.data(), s.T,
+               k.nh, nkv, s.pos0, scale);
+    });
+    return k.error(out);
 }
 
 int main() {
@@ -109,6 +157,16 @@ int main() {
         {2, 2, 48, 21, 37},  // hd 48: three k16 steps, three d16 pairs
         {2, 4, 64, 70, 37, 1},  // G 4 over two kv heads: 280 pairs, 5 (w8: 3) blocks per kv head
         {1, 8, 256, 9, 37, 2},  // the model's head_dim and group: 72 pairs
+    };
+    // Warpgroup-MMA kernels (head_dim compiled in): 128 rows per block, the
+    // two warpgroups' rows seeing different key counts.
+    const Shape wg_shapes[] = {
+        {2, 2, 32, 45, 0},    // 90 pairs: one block, warpgroup 1 partly empty
+        {2, 4, 32, 70, 37},   // 280 pairs: 3 blocks per kv head, 107 keys (the last tile partial)
+        {1, 8, 32, 100, 5},   // 800 pairs: 7 blocks, 105 keys
+        {2, 8, 32, 3, 0},     // 24 pairs: warpgroup 1 empty, 3 keys
+        {1, 8, 256, 9, 37, 0},   // the model's head_dim and group: 72 pairs
+        {2, 8, 256, 20, 30, 0},  // 160 pairs: 2 blocks per kv head
     };
     int bad = 0, n = 0;
     auto report = [&](const char* name, const Shape& s, double err) {
@@ -131,6 +189,9 @@ int main() {
             report("attn_flash_tc_bf16_d256", s, check<true>(attn_flash_tc_bf16_d256, 8, s, seed++));
         }
     }
+    for (const Shape& s : wg_shapes)
+        report(s.hd == 256 ? "attn_flash_wg_f32_d256" : "attn_flash_wg_f32_d32", s,
+               check_wg(s.hd == 256 ? attn_flash_wg_f32_d256 : attn_flash_wg_f32_d32, s, seed++));
     std::printf("%d of %d kernel runs match (tolerance %.0e)\n", n - bad, n, TOL);
     return bad ? 1 : 0;
 }

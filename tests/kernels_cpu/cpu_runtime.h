@@ -42,10 +42,12 @@ namespace qw_cpu {
 inline thread_local unsigned tid;
 inline std::unique_ptr<std::barrier<>> block_barrier;
 inline std::vector<std::unique_ptr<std::barrier<>>> warp_barriers;
+inline std::vector<std::unique_ptr<std::barrier<>>> warpgroup_barriers;  // 4 warps each
 inline unsigned long long slots[1024];  // one exchange slot per thread
 alignas(16) inline unsigned char dyn_smem[256 * 1024];
 
 inline void sync_warp() { warp_barriers[tid / WARP]->arrive_and_wait(); }
+inline void sync_warpgroup() { warpgroup_barriers[tid / (4 * WARP)]->arrive_and_wait(); }
 
 // `v` of lane (lane ^ m) of this thread's warp; every lane must call it.
 template <typename T>
@@ -73,6 +75,10 @@ inline void launch(dim3 grid, dim3 block, const std::function<void()>& kernel) {
         warp_barriers.clear();
         for (unsigned w = 0; w * WARP < n; w++)
             warp_barriers.push_back(std::make_unique<std::barrier<>>(std::min<unsigned>(WARP, n - w * WARP)));
+        warpgroup_barriers.clear();
+        for (unsigned w = 0; w * 4 * WARP < n; w++)
+            warpgroup_barriers.push_back(
+                std::make_unique<std::barrier<>>(std::min<unsigned>(4 * WARP, n - w * 4 * WARP)));
     };
     fresh();
     std::barrier next(n, fresh);
@@ -86,6 +92,7 @@ inline void launch(dim3 grid, dim3 block, const std::function<void()>& kernel) {
                 kernel();
                 block_barrier->arrive_and_drop();
                 warp_barriers[t / WARP]->arrive_and_drop();
+                warpgroup_barriers[t / (4 * WARP)]->arrive_and_drop();
                 next.arrive_and_wait();
             }
         });

@@ -8,6 +8,14 @@
 //! buffer, which every block then streams straight into the mma layout; a bf16
 //! cache is read as it is.
 //!
+//! With `QWASI_ATTN=wg`, on compute capability 9.x with an f32 cache and head
+//! dim 256 (the model) or 32 (the test fixtures), `attn_flash_wg_f32_d*`
+//! (kernels/attention_wg.cu) computes the same on warpgroup MMA:
+//! `attn_kv_split_t` writes the keys' hi / lo planes as above and the values'
+//! transposed, so both products read their operands K-major. Opt-in until an
+//! H200 run checks it (`scripts/device/attn_wg.sh`); the CPU harness runs it
+//! on emulated wgmma.
+//!
 //! CUDA only (HIP has no mma.sync: the HIP build's kernels are empty stubs and
 //! this returns `Ok(false)`); `QWASI_ATTN=cuda-cores` keeps the CUDA-core
 //! `attn_flash_*` kernel.
@@ -31,6 +39,19 @@ mod tc {
         let ld = hd + PAD;
         let kv_tiles = if kv_f32 { 4 } else { 2 };
         (2 * 16 * warps * ld + kv_tiles * BK * ld) * 2
+    }
+
+    /// The warpgroup-MMA kernel for an f32 cache at head dim `hd` (compiled
+    /// in), and its dynamic shared memory: Q hi / lo `[128][hd]`, the 32 keys'
+    /// hi and lo rows `[64][hd]`, their values transposed hi / lo `[hd][32]`,
+    /// all bf16.
+    pub fn wg_kernel(hd: usize) -> Option<(&'static str, usize)> {
+        let name = match hd {
+            256 => "attn_flash_wg_f32_d256",
+            32 => "attn_flash_wg_f32_d32",
+            _ => return None,
+        };
+        Some((name, (2 * 128 * hd + 2 * BK * hd + 2 * hd * BK) * 2))
     }
 }
 
@@ -69,8 +90,16 @@ impl GpuModel {
         {
             return Ok(false);
         }
-        // 8 warps (128 rows) per block where the shared memory allows, else 4.
         let limit = self.dev.max_shared_per_block();
+        if self.kv_f32
+            && self.wg_attention
+            && self.dev.wgmma()
+            && let Some((name, smem)) = tc::wg_kernel(hd).filter(|&(_, s)| s <= limit)
+        {
+            self.attn_prefill_wg(sc, name, smem, q, k, v, proj, stride, out, t, pos0)?;
+            return Ok(true);
+        }
+        // 8 warps (128 rows) per block where the shared memory allows, else 4.
         let warps = if tc::smem_bytes(hd, self.kv_f32, 8) <= limit {
             8
         } else if tc::smem_bytes(hd, self.kv_f32, 4) <= limit {
@@ -146,6 +175,83 @@ impl GpuModel {
         Ok(true)
     }
 
+    /// `attn_prefill_tc` on warpgroup MMA: the f32 cache split into the keys'
+    /// hi / lo planes `[pos][nkv][hd]` and the values' transposed
+    /// `[nkv][hd][ldp]` (zero from the last key to the 32-key tile's end),
+    /// then `name` over them.
+    #[cfg(feature = "cuda")]
+    #[allow(clippy::too_many_arguments)]
+    fn attn_prefill_wg(
+        &self,
+        sc: &mut Scratch,
+        name: &'static str,
+        smem: usize,
+        q: u64,
+        k: u64,
+        v: u64,
+        proj: u64,
+        stride: usize,
+        out: u64,
+        t: usize,
+        pos0: usize,
+    ) -> Result<()> {
+        use crate::gpu::{Arg, f, i};
+        let c = &self.cfg;
+        let (nh, nkv, hd) = (c.num_attention_heads, c.num_key_value_heads, c.head_dim);
+        let d = &self.dev;
+        let n = pos0 + t;
+        let tiles = n.div_ceil(tc::BK);
+        let ldp = tiles * tc::BK;
+        let (kplane, vplane) = ((n * nkv * hd * 2) as u64, (nkv * hd * ldp * 2) as u64);
+        let buf = sc.get(d, "attn_kv_split", (2 * kplane + 2 * vplane) as usize)?;
+        let (kh, kl, vth, vtl) = (
+            buf,
+            buf + kplane,
+            buf + 2 * kplane,
+            buf + 2 * kplane + vplane,
+        );
+        d.launch(
+            "attn_kv_split_t",
+            (tiles as u32, nkv as u32, 1),
+            (256, 1, 1),
+            0,
+            &[
+                Arg::Ptr(k),
+                Arg::Ptr(v),
+                Arg::Ptr(kh),
+                Arg::Ptr(kl),
+                Arg::Ptr(vth),
+                Arg::Ptr(vtl),
+                i(n),
+                i(ldp),
+                i(nkv),
+                i(hd),
+            ],
+        )?;
+        d.launch(
+            name,
+            ((t * (nh / nkv)).div_ceil(128) as u32, nkv as u32, 1),
+            (256, 1, 1),
+            smem as u32,
+            &[
+                Arg::Ptr(q),
+                Arg::Ptr(kh),
+                Arg::Ptr(kl),
+                Arg::Ptr(vth),
+                Arg::Ptr(vtl),
+                i(ldp),
+                Arg::Ptr(proj),
+                i(stride),
+                Arg::Ptr(out),
+                i(t),
+                i(nh),
+                i(nkv),
+                i(pos0),
+                f(1.0 / (hd as f32).sqrt()),
+            ],
+        )
+    }
+
     /// HIP build: no mma.sync, always the CUDA-core kernel.
     #[cfg(not(feature = "cuda"))]
     #[allow(clippy::too_many_arguments)]
@@ -162,5 +268,21 @@ impl GpuModel {
         _pos0: usize,
     ) -> Result<bool> {
         Ok(false)
+    }
+}
+
+#[cfg(all(test, feature = "cuda"))]
+mod tests {
+    use super::tc;
+
+    /// The warpgroup kernels exist for the model's head dim and the fixtures',
+    /// and the model's fits the 227 KB a block may have on compute capability 9.x.
+    #[test]
+    fn wg_kernels_fit() {
+        let (name, smem) = tc::wg_kernel(256).unwrap();
+        assert_eq!((name, smem), ("attn_flash_wg_f32_d256", 196_608));
+        assert!(smem <= 227 * 1024);
+        assert_eq!(tc::wg_kernel(32).unwrap().1, 24_576);
+        assert!(tc::wg_kernel(128).is_none());
     }
 }

@@ -1,0 +1,330 @@
+// Prefill attention on warpgroup MMA (sm_90a): `attn_flash_wg_f32_d{256,32}`
+// compute what `attn_flash_tc_f32*` (kernels/attention.cu) compute, causal GQA
+// attention over an f32 KV cache with the sigmoid output gate, in the same
+// split precision (every f32 operand as bf16 hi + lo, f32 accumulation):
+//   S = Q K^T ~ Qh [Kh | Kl] + Ql Kh,  O += P V ~ Ph Vh + Pl Vh + Ph Vl.
+// Qh [Kh | Kl] is one m64n64k16 product over the 32 keys' hi and lo rows side
+// by side (its two 32-column halves are summed after), so each k16 step reads
+// Qh from shared memory once for both terms.
+//
+// Rows as in attn_flash_tc: a block takes 128 consecutive (query, q head) pairs
+// p = t * G + hg of one kv head; warpgroup h (threads 128h..) owns rows
+// 64h..64h+63 and keeps its 64 x HD f32 output in registers (HD / 2 per
+// thread). Keys in tiles of 32. S comes out in the m64n64 accumulator layout,
+// which per warp is the mma.sync C layout, so (FlashAttention-2 style) two
+// adjacent n8 tiles of P are the register A fragment of one k16 step of P V.
+//
+// Shared memory (bytes; every tile K-major in the 64-byte swizzle, `wg_desc_sw64`):
+//   Q  [hi, lo][HD / 32 slabs][128 rows][64 B]   HD * 512
+//   K  [HD / 32 slabs][Kh keys 0..31, Kl keys 0..31][64 B]   HD * 128
+//   Vt [hi, lo][HD rows (d)][64 B: 32 keys]   HD * 128
+// (HD 256: 196,608 bytes). P V needs V with the keys along k: `attn_kv_split_t`
+// writes the f32 cache's values transposed, [nkv][HD][ldp] hi and lo planes
+// (zeros from the last key to ldp), with the keys' hi / lo planes
+// [pos][nkv][HD]. One K and one V buffer in the FlashAttention-2 order of
+// attn_flash_tc: K tile j + 1 is copied while P V of tile j runs, V tile j
+// while S of tile j runs. A warpgroup skips a tile none of its rows may see.
+// grid (ceil(T * G / 128), nkv), the pair tiles with the most keys first;
+// block 256. HD is compiled in (the model's 256; 32 for the test fixtures).
+// The CPU harness runs this code on mma.h's emulated wgmma
+// (tests/kernels_cpu/attn_tc_check.cpp).
+#include "mma.h"
+
+#define WG_BK 32     // keys per tile
+#define WG_ROWS 128  // (query, q head) rows per block
+
+#if defined(QW_WGMMA) || defined(QW_CPU)
+
+// Byte offset of 16-byte chunk c (0..3) of row r in a [rows][64 B] tile in the
+// 64-byte swizzle (the tile 512-byte aligned).
+__device__ __forceinline__ unsigned sw64_off(int r, int c) { return (unsigned)(r * 64 + ((c ^ ((r >> 1) & 3)) << 4)); }
+
+// Keys [k0, k0 + 32) of kv head kvh (zeros from kend) from the hi / lo planes
+// [pos][nkv][HD] into the K tile, one commit group.
+template <int HD>
+__device__ __forceinline__ void wg_load_k(unsigned char* Ks, const bf16_t* __restrict__ kh,
+                                          const bf16_t* __restrict__ kl, int k0, int kend, int nkv, int kvh) {
+    constexpr int CPR = HD / 8;  // 16-byte chunks per key
+    for (int e = threadIdx.x; e < 2 * WG_BK * CPR; e += 256) {
+        const int n = e / CPR, ch = e - n * CPR;  // n < 32: Kh, else Kl
+        const int key = k0 + (n & (WG_BK - 1));
+        const bool ok = key < kend;
+        const bf16_t* src = (n < WG_BK ? kh : kl) + ((size_t)(ok ? key : 0) * nkv + kvh) * HD + 8 * ch;
+        cp_async16(Ks + (ch >> 2) * (2 * WG_BK * 64) + sw64_off(n, ch & 3), src, ok);
+    }
+    cp_async_commit();
+}
+
+// Keys [k0, k0 + 32) of the transposed value planes [nkv][HD][ldp] into the Vt
+// tile (the planes are zero past the last key up to ldp), one commit group.
+template <int HD>
+__device__ __forceinline__ void wg_load_v(unsigned char* Vs, const bf16_t* __restrict__ vth,
+                                          const bf16_t* __restrict__ vtl, int k0, int ldp, int kvh) {
+    for (int e = threadIdx.x; e < 2 * HD * 4; e += 256) {
+        const int c = e & 3, d = (e >> 2) % HD, hl = e / (4 * HD);
+        const bf16_t* src = (hl ? vtl : vth) + ((size_t)kvh * HD + d) * ldp + k0 + 8 * c;
+        cp_async16(Vs + hl * HD * 64 + sw64_off(d, c), src, true);
+    }
+    cp_async_commit();
+}
+
+template <int HD>
+__device__ __forceinline__ void attn_flash_wg_impl(const float* __restrict__ q, const bf16_t* __restrict__ kh,
+                                                   const bf16_t* __restrict__ kl, const bf16_t* __restrict__ vth,
+                                                   const bf16_t* __restrict__ vtl, int ldp,
+                                                   const float* __restrict__ proj, int stride,
+                                                   float* __restrict__ out, int T, int nh, int nkv, int pos0,
+                                                   float scale) {
+    constexpr int SLABS = HD / 32, QSLAB = WG_ROWS * 64, QPLANE = SLABS * QSLAB, KSLAB = 2 * WG_BK * 64;
+    constexpr int DT = HD / 8;  // n8 tiles of O
+    __align__(1024) QW_DYN_SMEM(unsigned char, wg_attn_smem);
+    unsigned char* Qs = wg_attn_smem;          // [hi, lo][slab][row][64 B]
+    unsigned char* Ks = Qs + 2 * QPLANE;       // [slab][Kh, Kl rows][64 B]
+    unsigned char* Vs = Ks + SLABS * KSLAB;    // [hi, lo][d][64 B]
+
+    const int G = nh / nkv, kvh = blockIdx.y, npairs = T * G;
+    const int p0 = ((int)gridDim.x - 1 - (int)blockIdx.x) * WG_ROWS;  // most keys first
+    const int plast = min(npairs, p0 + WG_ROWS) - 1;
+    const int kend = pos0 + plast / G + 1;  // keys [0, kend) cover every row of the block
+    const int ntiles = (kend + WG_BK - 1) / WG_BK;
+
+    wg_load_k<HD>(Ks, kh, kl, 0, kend, nkv, kvh);
+
+    // Q rows of the block, split into hi / lo (rows past the last pair are zero).
+    for (int e = threadIdx.x; e < WG_ROWS * (HD / 8); e += 256) {
+        const int r = e / (HD / 8), ch = e - r * (HD / 8);
+        const int p = p0 + r;
+        float4 a = make_float4(0.f, 0.f, 0.f, 0.f), b = a;
+        if (p < npairs) {
+            const int t = p / G, head = kvh * G + (p - t * G);
+            const float* src = q + ((size_t)t * nh + head) * HD + 8 * ch;
+            a = *(const float4*)src;
+            b = *(const float4*)(src + 4);
+        }
+        uint4 hi, lo;
+        split_bf16x2(a.x, a.y, hi.x, lo.x);
+        split_bf16x2(a.z, a.w, hi.y, lo.y);
+        split_bf16x2(b.x, b.y, hi.z, lo.z);
+        split_bf16x2(b.z, b.w, hi.w, lo.w);
+        const unsigned off = (ch >> 2) * QSLAB + sw64_off(r, ch & 3);
+        *(uint4*)(Qs + off) = hi;
+        *(uint4*)(Qs + QPLANE + off) = lo;
+    }
+
+    const int h = threadIdx.x / 128, w = threadIdx.x % 128 / WARP, lane = threadIdx.x % WARP;
+    const int g = lane >> 2, c = lane & 3;
+    // This thread's two rows (g, g + 8 of its warp's 16): the last key each may see.
+    const int pa = p0 + 64 * h + 16 * w + g, pb = pa + 8;
+    const int last_a = pos0 + min(pa, npairs - 1) / G;
+    const int last_b = pos0 + min(pb, npairs - 1) / G;
+    // Pairs are in query order: a warp's first row sees the fewest keys; the
+    // warpgroup's last row the most.
+    const int warp_last = pos0 + min(p0 + 64 * h + 16 * w, npairs - 1) / G;
+    const int wg_end = pos0 + min(p0 + 64 * h + 63, npairs - 1) / G;
+
+    float o[HD / 2];
+#pragma unroll
+    for (int i = 0; i < HD / 2; i++) o[i] = 0.f;
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+    const float sl = scale * 1.4426950408889634f;  // scores in log2 units
+
+    for (int jt = 0; jt < ntiles; jt++) {
+        const int k0 = jt * WG_BK;
+        const bool active = k0 <= wg_end;  // warpgroup-uniform
+        cp_async_wait<0>();
+        fence_proxy_async();  // this thread's copies (and Q stores) visible to the tensor cores ...
+        __syncthreads();      // ... everyone's; K tile jt landed; every warpgroup is done with V tile jt - 1
+        wg_load_v<HD>(Vs, vth, vtl, k0, ldp, kvh);
+
+        // s[j][e]: row g (e < 2) or g + 8 of this warp, key k0 + 8j + 2c + (e & 1).
+        float s[4][4];
+        if (active) {
+            float sa[32], sb[16];  // Qh [Kh | Kl] (64 columns), Ql Kh (32)
+#pragma unroll
+            for (int i = 0; i < 32; i++) sa[i] = 0.f;
+#pragma unroll
+            for (int i = 0; i < 16; i++) sb[i] = 0.f;
+            wgmma_fence();
+            wgmma_fence_operands(sa, 32);
+            wgmma_fence_operands(sb, 16);
+#pragma unroll
+            for (int sl8 = 0; sl8 < SLABS; sl8++)
+#pragma unroll
+                for (int kc = 0; kc < 2; kc++) {  // k16 steps start 32 bytes into the 64-byte rows
+                    const unsigned qo = sl8 * QSLAB + 64 * 64 * h + 32 * kc;
+                    const unsigned long long dk = wg_desc_sw64(Ks + sl8 * KSLAB + 32 * kc, 512);
+                    wgmma_m64n64k16(sa, wg_desc_sw64(Qs + qo, 512), dk);
+                    wgmma_m64n32k16(sb, wg_desc_sw64(Qs + QPLANE + qo, 512), dk);
+                }
+            wgmma_commit();
+            wgmma_wait0();
+            wgmma_fence_operands(sa, 32);
+            wgmma_fence_operands(sb, 16);
+
+            // Online softmax (as attn_flash_tc).
+            const bool diag = k0 + WG_BK - 1 > warp_last;  // some key of the tile is masked for some row
+            float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+            for (int j = 0; j < 4; j++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    float v = (sa[4 * j + e] + (sb[4 * j + e] + sa[16 + 4 * j + e])) * sl;
+                    if (diag && k0 + 8 * j + 2 * c + (e & 1) > (e < 2 ? last_a : last_b)) v = -INFINITY;
+                    s[j][e] = v;
+                    mx[e >> 1] = fmaxf(mx[e >> 1], v);
+                }
+            float mref[2];
+#pragma unroll
+            for (int i = 0; i < 2; i++) {
+                mx[i] = fmaxf(mx[i], SHFL_XOR(mx[i], 1));
+                mx[i] = fmaxf(mx[i], SHFL_XOR(mx[i], 2));  // max over the quad = the row's 32 keys
+                const float mn = fmaxf(m[i], mx[i]);
+                mref[i] = mn == -INFINITY ? 0.f : mn;  // tile 0 holds key 0, seen by every row; guarded anyway
+                const float corr = exp2f(m[i] - mref[i]);  // 0 on the first tile (m = -inf)
+                m[i] = mn;
+                l[i] *= corr;
+#pragma unroll
+                for (int j = 0; j < DT; j++) {
+                    o[4 * j + 2 * i] *= corr;
+                    o[4 * j + 2 * i + 1] *= corr;
+                }
+            }
+#pragma unroll
+            for (int j = 0; j < 4; j++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const float p = exp2f(s[j][e] - mref[e >> 1]);
+                    s[j][e] = p;
+                    l[e >> 1] += p;  // this lane's columns; the quad is summed at the end
+                }
+        }
+
+        cp_async_wait<0>();
+        fence_proxy_async();
+        __syncthreads();  // V tile jt landed; every warpgroup is done with K tile jt
+        if (jt + 1 < ntiles) wg_load_k<HD>(Ks, kh, kl, k0 + WG_BK, kend, nkv, kvh);
+
+        // O += P V: k16 step kk takes the S tiles 2kk, 2kk + 1 as its A fragment.
+        if (active) {
+            unsigned ph[2][4], pl[2][4];
+#pragma unroll
+            for (int kk = 0; kk < 2; kk++) {
+                split_bf16x2(s[2 * kk][0], s[2 * kk][1], ph[kk][0], pl[kk][0]);          // row g,     keys 16kk + 2c
+                split_bf16x2(s[2 * kk][2], s[2 * kk][3], ph[kk][1], pl[kk][1]);          // row g + 8
+                split_bf16x2(s[2 * kk + 1][0], s[2 * kk + 1][1], ph[kk][2], pl[kk][2]);  // row g,     keys 16kk + 8 + 2c
+                split_bf16x2(s[2 * kk + 1][2], s[2 * kk + 1][3], ph[kk][3], pl[kk][3]);  // row g + 8
+            }
+            wgmma_fence();
+            wgmma_fence_operands(o, HD / 2);
+#pragma unroll
+            for (int kk = 0; kk < 2; kk++) {
+                const unsigned long long dvh = wg_desc_sw64(Vs + 32 * kk, 512);
+                const unsigned long long dvl = wg_desc_sw64(Vs + HD * 64 + 32 * kk, 512);
+                if constexpr (HD == 256) {
+                    wgmma_m64n256k16_rs(o, ph[kk], dvh);
+                    wgmma_m64n256k16_rs(o, pl[kk], dvh);
+                    wgmma_m64n256k16_rs(o, ph[kk], dvl);
+                } else {
+                    wgmma_m64n32k16_rs(o, ph[kk], dvh);
+                    wgmma_m64n32k16_rs(o, pl[kk], dvh);
+                    wgmma_m64n32k16_rs(o, ph[kk], dvl);
+                }
+            }
+            wgmma_commit();
+            wgmma_wait0();
+            wgmma_fence_operands(o, HD / 2);
+            // The A fragments must stay in their registers until the products are done.
+            wgmma_fence_operands(&ph[0][0], 8);
+            wgmma_fence_operands(&pl[0][0], 8);
+        }
+    }
+
+    // out[t][head][d] = O / l * sigmoid(gate); the thread holds d = 8j + 2c, +1 of rows g, g + 8.
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        l[i] += SHFL_XOR(l[i], 1);
+        l[i] += SHFL_XOR(l[i], 2);
+        const int p = i == 0 ? pa : pb;
+        if (p >= npairs) continue;
+        const int t = p / G, head = kvh * G + (p - t * G);
+        const float* gate = proj + (size_t)t * stride + (size_t)head * 2 * HD + HD;
+        float* op = out + ((size_t)t * nh + head) * HD;
+#pragma unroll
+        for (int j = 0; j < DT; j++) {
+            const int d = 8 * j + 2 * c;
+            float2 r;
+            r.x = o[4 * j + 2 * i] / l[i] * sigmoid_f(gate[d]);
+            r.y = o[4 * j + 2 * i + 1] / l[i] * sigmoid_f(gate[d + 1]);
+            *(float2*)(op + d) = r;
+        }
+    }
+}
+#endif
+
+// Arguments: q, Kh, Kl ([pos][nkv][HD]), Vth, Vtl ([nkv][HD][ldp]), ldp, proj,
+// stride, out, T, nh, nkv, pos0, scale. Only sm_90a runs them (the sm_80 and
+// HIP images hold stubs so every module lists the same kernels).
+#define ATTN_FLASH_WG(NAME, HD)                                                                                \
+    QW_KERNEL void QW_BOUNDS_MIN(256, 1)                                                                       \
+        NAME(const float* __restrict__ q, const bf16_t* __restrict__ kh, const bf16_t* __restrict__ kl,         \
+             const bf16_t* __restrict__ vth, const bf16_t* __restrict__ vtl, int ldp,                           \
+             const float* __restrict__ proj, int stride, float* __restrict__ out, int T, int nh, int nkv,       \
+             int pos0, float scale) {                                                                           \
+        ATTN_FLASH_WG_BODY(HD)                                                                                  \
+    }
+#if defined(QW_WGMMA) || defined(QW_CPU)
+#define ATTN_FLASH_WG_BODY(HD) \
+    attn_flash_wg_impl<HD>(q, kh, kl, vth, vtl, ldp, proj, stride, out, T, nh, nkv, pos0, scale);
+#elif defined(QW_CUDA)
+#define ATTN_FLASH_WG_BODY(HD) __trap();
+#else
+#define ATTN_FLASH_WG_BODY(HD)
+#endif
+ATTN_FLASH_WG(attn_flash_wg_f32_d256, 256)
+ATTN_FLASH_WG(attn_flash_wg_f32_d32, 32)
+
+// The f32 cache's keys and values at positions [0, n) of every kv head as the
+// bf16 hi / lo planes `attn_flash_wg_*` read: keys [pos][nkv][hd] (as
+// attn_kv_split), values transposed [nkv][hd][ldp], zero at positions
+// [n, 32 * gridDim.x). grid (ceil(n / 32), nkv), block 256: positions
+// [32 bx, 32 bx + 32) of kv head by, the values turned in shared memory.
+// hd % 4 == 0, hd <= 256, ldp % 8 == 0, ldp >= 32 * gridDim.x.
+QW_KERNEL void QW_BOUNDS(256) attn_kv_split_t(const float* __restrict__ kc, const float* __restrict__ vc,
+                                              bf16_t* __restrict__ kh, bf16_t* __restrict__ kl,
+                                              bf16_t* __restrict__ vth, bf16_t* __restrict__ vtl, int n, int ldp,
+                                              int nkv, int hd) {
+#if defined(QW_CUDA) || defined(QW_CPU)
+    __shared__ float vs[WG_BK][256 + 1];  // [position][d]; the odd stride spreads a column over the banks
+    const int p0 = blockIdx.x * WG_BK, kvh = blockIdx.y, n4 = hd / 4;
+    for (int e = threadIdx.x; e < WG_BK * n4; e += blockDim.x) {
+        const int r = e / n4, c4 = e - r * n4, pos = p0 + r;
+        float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (pos < n) {
+            const size_t at = ((size_t)pos * nkv + kvh) * hd + 4 * c4;
+            const float4 k = *(const float4*)(kc + at);
+            v = *(const float4*)(vc + at);
+            uint2 hi, lo;
+            split_bf16x2(k.x, k.y, hi.x, lo.x);
+            split_bf16x2(k.z, k.w, hi.y, lo.y);
+            *(uint2*)(kh + at) = hi;
+            *(uint2*)(kl + at) = lo;
+        }
+        vs[r][4 * c4] = v.x;
+        vs[r][4 * c4 + 1] = v.y;
+        vs[r][4 * c4 + 2] = v.z;
+        vs[r][4 * c4 + 3] = v.w;
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < hd * 4; e += blockDim.x) {
+        const int d = e >> 2, c = e & 3;  // 8 positions per 16-byte chunk
+        uint4 hi, lo;
+        split_bf16x2(vs[8 * c][d], vs[8 * c + 1][d], hi.x, lo.x);
+        split_bf16x2(vs[8 * c + 2][d], vs[8 * c + 3][d], hi.y, lo.y);
+        split_bf16x2(vs[8 * c + 4][d], vs[8 * c + 5][d], hi.z, lo.z);
+        split_bf16x2(vs[8 * c + 6][d], vs[8 * c + 7][d], hi.w, lo.w);
+        const size_t at = ((size_t)kvh * hd + d) * ldp + p0 + 8 * c;
+        *(uint4*)(vth + at) = hi;
+        *(uint4*)(vtl + at) = lo;
+    }
+#endif
+}

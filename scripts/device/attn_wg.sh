@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# On the GPU machine, from the repository root: the warpgroup-MMA prompt
+# attention (attn_flash_wg_*, QWASI_ATTN=wg) against the mma.sync one (the
+# default) of the same binary (QWASI_BIN).
+#   1. correctness with QWASI_ATTN=wg: `verify --synthetic` (the reference
+#      fixtures against transformers: their head dim 32 runs
+#      attn_flash_wg_f32_d32; then the 40-layer synthetic model's prefill vs
+#      decode agreement);
+#   2. compute-sanitizer memcheck and racecheck of the new kernels (only they
+#      are instrumented) on a 1,300-token prompt (SANITIZE=0 skips it);
+#   3. per-kernel prompt times at $PROFILE_LENS (QWASI_GPU_PROFILE=1) and the last
+#      logits of each length, both kernels; logits_compare.py between them.
+# Everything lands in $OUT/attn-wg.
+set -uo pipefail
+OUT=${OUT:-/tmp/qwasi-out}
+R=$OUT/attn-wg
+mkdir -p $R
+B=${QWASI_BIN:-target/release/qwasi}
+PROFILE_LENS=${PROFILE_LENS:-8192,32768}
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv,noheader | tee $R/gpu.txt
+echo "== verify --synthetic"
+QWASI_ATTN=wg timeout 240 $B verify --backend cuda --synthetic qwen3.6-35b-a3b --json $R/verify.json > $R/verify.log 2>&1
+echo "verify exit $?"; grep -E "PASS|FAIL" $R/verify.log | cut -c1-140
+if [ "${SANITIZE:-1}" = 1 ]; then
+  for tool in memcheck racecheck; do
+    echo "== compute-sanitizer $tool (attn_flash_wg, attn_kv_split_t)"
+    QWASI_ATTN=wg timeout 200 compute-sanitizer --tool $tool --kernel-name regex:'attn_(flash_wg|kv_split_t)' --print-limit 20 \
+      $B bench --workload speed --backend cuda --lens 1300 --decode-tokens 2 --runs 1 --warmups 0 --fixtures /nonexistent \
+      --out $R/sanitize-$tool.json > $R/sanitize-$tool.log 2>&1
+    echo "exit $?"; grep -E "ERROR SUMMARY|RACECHECK SUMMARY|Invalid|hazard" $R/sanitize-$tool.log | head -5
+  done
+fi
+for a in wg mma; do
+  env_attn=wg; [ $a = mma ] && env_attn=
+  echo "== profile $a at $PROFILE_LENS"
+  QWASI_ATTN=$env_attn QWASI_GPU_PROFILE=1 timeout 200 $B bench --workload speed --backend cuda --lens $PROFILE_LENS \
+    --decode-tokens 4 --runs 1 --warmups 0 --ttft-max 131072 --fixtures /nonexistent --dump-logits $R/logits-$a \
+    --out $R/profile-$a.json > $R/profile-$a.log 2>&1
+  python3 - $R/profile-$a.json $a <<'PY'
+import json, sys
+for r in json.load(open(sys.argv[1]))["results"]:
+    ms = {k["kernel"]: k["ms"] for k in r["prefill_profile_ms"]}
+    att = {k: v for k, v in ms.items() if k.startswith("attn")}
+    print(f"  {sys.argv[2]} L {r['prompt_len']}: ttft {r['ttft_ms']['median']:.1f} ms, kernels {sum(ms.values()):.1f} ms;",
+          ", ".join(f"{k} {v:.1f}" for k, v in sorted(att.items(), key=lambda kv: -kv[1])))
+PY
+done
+python3 scripts/device/logits_compare.py $R/logits-wg $R/logits-mma > $R/logits-compare.json
+python3 -c "import json; d=json.load(open('$R/logits-compare.json')); [print(' ', k, v) for k, v in d['files'].items()]"
