@@ -1,11 +1,12 @@
-// Prefill attention on warpgroup MMA (sm_90a): `attn_flash_wg_f32_d{256,32}`
-// compute what `attn_flash_tc_f32*` (kernels/attention.cu) compute, causal GQA
-// attention over an f32 KV cache with the sigmoid output gate, in the same
-// split precision (every f32 operand as bf16 hi + lo, f32 accumulation):
+// Prefill attention on warpgroup MMA (sm_90a): `attn_flash_wg_{f32,bf16}_d{256,32}`
+// compute what `attn_flash_tc_*` (kernels/attention.cu) compute, causal GQA
+// attention over the KV cache with the sigmoid output gate, in the same split
+// precision (every f32 operand as bf16 hi + lo, f32 accumulation):
 //   S = Q K^T ~ Qh [Kh | Kl] + Ql Kh,  O += P V ~ Ph Vh + Pl Vh + Ph Vl.
 // Qh [Kh | Kl] is one m64n64k16 product over the 32 keys' hi and lo rows side
 // by side (its two 32-column halves are summed after), so each k16 step reads
-// Qh from shared memory once for both terms.
+// Qh from shared memory once for both terms. A bf16 cache is exact in its hi
+// plane (Kl = Vl = 0): `_bf16` skips those terms (LO = false).
 //
 // Rows as in attn_flash_tc: a block takes 128 consecutive (query, q head) pairs
 // p = t * G + hg of one kv head; warpgroup h (threads 128h..) owns rows
@@ -16,12 +17,13 @@
 //
 // Shared memory (bytes; every tile K-major in the 64-byte swizzle, `wg_desc_sw64`):
 //   Q  [hi, lo][HD / 32 slabs][128 rows][64 B]   HD * 512
-//   K  [HD / 32 slabs][Kh keys 0..31, Kl keys 0..31][64 B]   HD * 128
-//   Vt [hi, lo][HD rows (d)][64 B: 32 keys]   HD * 128
-// (HD 256: 196,608 bytes). P V needs V with the keys along k: `attn_kv_split_t`
-// writes the f32 cache's values transposed, [nkv][HD][ldp] hi and lo planes
-// (zeros from the last key to ldp), with the keys' hi / lo planes
-// [pos][nkv][HD]. One K and one V buffer in the FlashAttention-2 order of
+//   K  [HD / 32 slabs][Kh keys 0..31, (LO) Kl keys 0..31][64 B]   HD * 128 (LO) or 64
+//   Vt [hi, (LO) lo][HD rows (d)][64 B: 32 keys]   HD * 128 (LO) or 64
+// (HD 256: 196,608 bytes, bf16 cache 163,840). P V needs V with the keys along
+// k: `attn_kv_split_t` writes the f32 cache's values transposed, [nkv][HD][ldp]
+// hi and lo planes (zeros from the last key to ldp), with the keys' hi / lo
+// planes [pos][nkv][HD]; for a bf16 cache `attn_v_transpose_bf16` writes the
+// values' plane and the keys are read from the cache. One K and one V buffer in the FlashAttention-2 order of
 // attn_flash_tc: K tile j + 1 is copied while P V of tile j runs, V tile j
 // while S of tile j runs. A warpgroup skips a tile none of its rows may see.
 // grid (ceil(T * G / 128), nkv), the pair tiles with the most keys first;
@@ -39,28 +41,28 @@
 // 64-byte swizzle (the tile 512-byte aligned).
 __device__ __forceinline__ unsigned sw64_off(int r, int c) { return (unsigned)(r * 64 + ((c ^ ((r >> 1) & 3)) << 4)); }
 
-// Keys [k0, k0 + 32) of kv head kvh (zeros from kend) from the hi / lo planes
-// [pos][nkv][HD] into the K tile, one commit group.
-template <int HD>
+// Keys [k0, k0 + 32) of kv head kvh (zeros from kend) from the hi (and, LO,
+// lo) planes [pos][nkv][HD] into the K tile, one commit group.
+template <int HD, bool LO>
 __device__ __forceinline__ void wg_load_k(unsigned char* Ks, const bf16_t* __restrict__ kh,
                                           const bf16_t* __restrict__ kl, int k0, int kend, int nkv, int kvh) {
-    constexpr int CPR = HD / 8;  // 16-byte chunks per key
-    for (int e = threadIdx.x; e < 2 * WG_BK * CPR; e += 256) {
+    constexpr int CPR = HD / 8, ROWS = (LO ? 2 : 1) * WG_BK;  // 16-byte chunks per key; rows per slab
+    for (int e = threadIdx.x; e < ROWS * CPR; e += 256) {
         const int n = e / CPR, ch = e - n * CPR;  // n < 32: Kh, else Kl
         const int key = k0 + (n & (WG_BK - 1));
         const bool ok = key < kend;
         const bf16_t* src = (n < WG_BK ? kh : kl) + ((size_t)(ok ? key : 0) * nkv + kvh) * HD + 8 * ch;
-        cp_async16(Ks + (ch >> 2) * (2 * WG_BK * 64) + sw64_off(n, ch & 3), src, ok);
+        cp_async16(Ks + (ch >> 2) * (ROWS * 64) + sw64_off(n, ch & 3), src, ok);
     }
     cp_async_commit();
 }
 
 // Keys [k0, k0 + 32) of the transposed value planes [nkv][HD][ldp] into the Vt
 // tile (the planes are zero past the last key up to ldp), one commit group.
-template <int HD>
+template <int HD, bool LO>
 __device__ __forceinline__ void wg_load_v(unsigned char* Vs, const bf16_t* __restrict__ vth,
                                           const bf16_t* __restrict__ vtl, int k0, int ldp, int kvh) {
-    for (int e = threadIdx.x; e < 2 * HD * 4; e += 256) {
+    for (int e = threadIdx.x; e < (LO ? 2 : 1) * HD * 4; e += 256) {
         const int c = e & 3, d = (e >> 2) % HD, hl = e / (4 * HD);
         const bf16_t* src = (hl ? vtl : vth) + ((size_t)kvh * HD + d) * ldp + k0 + 8 * c;
         cp_async16(Vs + hl * HD * 64 + sw64_off(d, c), src, true);
@@ -68,14 +70,14 @@ __device__ __forceinline__ void wg_load_v(unsigned char* Vs, const bf16_t* __res
     cp_async_commit();
 }
 
-template <int HD>
+template <int HD, bool LO>
 __device__ __forceinline__ void attn_flash_wg_impl(const float* __restrict__ q, const bf16_t* __restrict__ kh,
                                                    const bf16_t* __restrict__ kl, const bf16_t* __restrict__ vth,
                                                    const bf16_t* __restrict__ vtl, int ldp,
                                                    const float* __restrict__ proj, int stride,
                                                    float* __restrict__ out, int T, int nh, int nkv, int pos0,
                                                    float scale) {
-    constexpr int SLABS = HD / 32, QSLAB = WG_ROWS * 64, QPLANE = SLABS * QSLAB, KSLAB = 2 * WG_BK * 64;
+    constexpr int SLABS = HD / 32, QSLAB = WG_ROWS * 64, QPLANE = SLABS * QSLAB, KSLAB = (LO ? 2 : 1) * WG_BK * 64;
     constexpr int DT = HD / 8;  // n8 tiles of O
     __align__(1024) QW_DYN_SMEM(unsigned char, wg_attn_smem);
     unsigned char* Qs = wg_attn_smem;          // [hi, lo][slab][row][64 B]
@@ -88,7 +90,7 @@ __device__ __forceinline__ void attn_flash_wg_impl(const float* __restrict__ q, 
     const int kend = pos0 + plast / G + 1;  // keys [0, kend) cover every row of the block
     const int ntiles = (kend + WG_BK - 1) / WG_BK;
 
-    wg_load_k<HD>(Ks, kh, kl, 0, kend, nkv, kvh);
+    wg_load_k<HD, LO>(Ks, kh, kl, 0, kend, nkv, kvh);
 
     // Q rows of the block, split into hi / lo (rows past the last pair are zero).
     for (int e = threadIdx.x; e < WG_ROWS * (HD / 8); e += 256) {
@@ -134,12 +136,12 @@ __device__ __forceinline__ void attn_flash_wg_impl(const float* __restrict__ q, 
         cp_async_wait<0>();
         fence_proxy_async();  // this thread's copies (and Q stores) visible to the tensor cores ...
         __syncthreads();      // ... everyone's; K tile jt landed; every warpgroup is done with V tile jt - 1
-        wg_load_v<HD>(Vs, vth, vtl, k0, ldp, kvh);
+        wg_load_v<HD, LO>(Vs, vth, vtl, k0, ldp, kvh);
 
         // s[j][e]: row g (e < 2) or g + 8 of this warp, key k0 + 8j + 2c + (e & 1).
         float s[4][4];
         if (active) {
-            float sa[32], sb[16];  // Qh [Kh | Kl] (64 columns), Ql Kh (32)
+            float sa[32], sb[16];  // Qh [Kh | Kl] (64 columns; without LO Qh Kh, 32), Ql Kh (32)
 #pragma unroll
             for (int i = 0; i < 32; i++) sa[i] = 0.f;
 #pragma unroll
@@ -153,7 +155,8 @@ __device__ __forceinline__ void attn_flash_wg_impl(const float* __restrict__ q, 
                 for (int kc = 0; kc < 2; kc++) {  // k16 steps start 32 bytes into the 64-byte rows
                     const unsigned qo = sl8 * QSLAB + 64 * 64 * h + 32 * kc;
                     const unsigned long long dk = wg_desc_sw64(Ks + sl8 * KSLAB + 32 * kc, 512);
-                    wgmma_m64n64k16(sa, wg_desc_sw64(Qs + qo, 512), dk);
+                    if constexpr (LO) wgmma_m64n64k16(sa, wg_desc_sw64(Qs + qo, 512), dk);
+                    else wgmma_m64n32k16(sa, wg_desc_sw64(Qs + qo, 512), dk);
                     wgmma_m64n32k16(sb, wg_desc_sw64(Qs + QPLANE + qo, 512), dk);
                 }
             wgmma_commit();
@@ -168,7 +171,7 @@ __device__ __forceinline__ void attn_flash_wg_impl(const float* __restrict__ q, 
             for (int j = 0; j < 4; j++)
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
-                    float v = (sa[4 * j + e] + (sb[4 * j + e] + sa[16 + 4 * j + e])) * sl;
+                    float v = (sa[4 * j + e] + (sb[4 * j + e] + (LO ? sa[16 + 4 * j + e] : 0.f))) * sl;
                     if (diag && k0 + 8 * j + 2 * c + (e & 1) > (e < 2 ? last_a : last_b)) v = -INFINITY;
                     s[j][e] = v;
                     mx[e >> 1] = fmaxf(mx[e >> 1], v);
@@ -202,7 +205,7 @@ __device__ __forceinline__ void attn_flash_wg_impl(const float* __restrict__ q, 
         cp_async_wait<0>();
         fence_proxy_async();
         __syncthreads();  // V tile jt landed; every warpgroup is done with K tile jt
-        if (jt + 1 < ntiles) wg_load_k<HD>(Ks, kh, kl, k0 + WG_BK, kend, nkv, kvh);
+        if (jt + 1 < ntiles) wg_load_k<HD, LO>(Ks, kh, kl, k0 + WG_BK, kend, nkv, kvh);
 
         // O += P V: k16 step kk takes the S tiles 2kk, 2kk + 1 as its A fragment.
         if (active) {
@@ -223,11 +226,11 @@ __device__ __forceinline__ void attn_flash_wg_impl(const float* __restrict__ q, 
                 if constexpr (HD == 256) {
                     wgmma_m64n256k16_rs(o, ph[kk], dvh);
                     wgmma_m64n256k16_rs(o, pl[kk], dvh);
-                    wgmma_m64n256k16_rs(o, ph[kk], dvl);
+                    if constexpr (LO) wgmma_m64n256k16_rs(o, ph[kk], dvl);
                 } else {
                     wgmma_m64n32k16_rs(o, ph[kk], dvh);
                     wgmma_m64n32k16_rs(o, pl[kk], dvh);
-                    wgmma_m64n32k16_rs(o, ph[kk], dvl);
+                    if constexpr (LO) wgmma_m64n32k16_rs(o, ph[kk], dvl);
                 }
             }
             wgmma_commit();
@@ -261,39 +264,48 @@ __device__ __forceinline__ void attn_flash_wg_impl(const float* __restrict__ q, 
 }
 #endif
 
-// Arguments: q, Kh, Kl ([pos][nkv][HD]), Vth, Vtl ([nkv][HD][ldp]), ldp, proj,
-// stride, out, T, nh, nkv, pos0, scale. Only sm_90a runs them (the sm_80 and
-// HIP images hold stubs so every module lists the same kernels).
-#define ATTN_FLASH_WG(NAME, HD)                                                                                \
+// Arguments: q, Kh, Kl ([pos][nkv][HD]), Vth, Vtl ([nkv][HD][ldp]; Kl, Vtl
+// unused without LO), ldp, proj, stride, out, T, nh, nkv, pos0, scale. Only
+// sm_90a runs them (the sm_80 and HIP images hold stubs so every module lists
+// the same kernels).
+#define ATTN_FLASH_WG(NAME, HD, LO)                                                                              \
     QW_KERNEL void QW_BOUNDS_MIN(256, 1)                                                                       \
         NAME(const float* __restrict__ q, const bf16_t* __restrict__ kh, const bf16_t* __restrict__ kl,         \
              const bf16_t* __restrict__ vth, const bf16_t* __restrict__ vtl, int ldp,                           \
              const float* __restrict__ proj, int stride, float* __restrict__ out, int T, int nh, int nkv,       \
              int pos0, float scale) {                                                                           \
-        ATTN_FLASH_WG_BODY(HD)                                                                                  \
+        ATTN_FLASH_WG_BODY(HD, LO)                                                                              \
     }
 #if defined(QW_WGMMA) || defined(QW_CPU)
-#define ATTN_FLASH_WG_BODY(HD) \
-    attn_flash_wg_impl<HD>(q, kh, kl, vth, vtl, ldp, proj, stride, out, T, nh, nkv, pos0, scale);
+#define ATTN_FLASH_WG_BODY(HD, LO) \
+    attn_flash_wg_impl<HD, LO>(q, kh, kl, vth, vtl, ldp, proj, stride, out, T, nh, nkv, pos0, scale);
 #elif defined(QW_CUDA)
-#define ATTN_FLASH_WG_BODY(HD) __trap();
+#define ATTN_FLASH_WG_BODY(HD, LO) __trap();
 #else
-#define ATTN_FLASH_WG_BODY(HD)
+#define ATTN_FLASH_WG_BODY(HD, LO)
 #endif
-ATTN_FLASH_WG(attn_flash_wg_f32_d256, 256)
-ATTN_FLASH_WG(attn_flash_wg_f32_d32, 32)
+ATTN_FLASH_WG(attn_flash_wg_f32_d256, 256, true)
+ATTN_FLASH_WG(attn_flash_wg_f32_d32, 32, true)
+ATTN_FLASH_WG(attn_flash_wg_bf16_d256, 256, false)
+ATTN_FLASH_WG(attn_flash_wg_bf16_d32, 32, false)
 
-// The f32 cache's keys and values at positions [0, n) of every kv head as the
-// bf16 hi / lo planes `attn_flash_wg_*` read: keys [pos][nkv][hd] (as
-// attn_kv_split), values transposed [nkv][hd][ldp], zero at positions
-// [n, 32 * gridDim.x). grid (ceil(n / 32), nkv), block 256: positions
-// [32 bx, 32 bx + 32) of kv head by, the values turned in shared memory.
-// hd % 4 == 0, hd <= 256, ldp % 8 == 0, ldp >= 32 * gridDim.x.
-QW_KERNEL void QW_BOUNDS(256) attn_kv_split_t(const float* __restrict__ kc, const float* __restrict__ vc,
-                                              bf16_t* __restrict__ kh, bf16_t* __restrict__ kl,
-                                              bf16_t* __restrict__ vth, bf16_t* __restrict__ vtl, int n, int ldp,
-                                              int nkv, int hd) {
 #if defined(QW_CUDA) || defined(QW_CPU)
+__device__ __forceinline__ float4 kv_row4(const float* p) { return *(const float4*)p; }
+__device__ __forceinline__ float4 kv_row4(const bf16_t* p) {
+    const uint2 u = *(const uint2*)p;
+    return make_float4(bf_lo(u.x), bf_hi(u.x), bf_lo(u.y), bf_hi(u.y));
+}
+
+// Positions [32 bx, 32 bx + 32) of kv head by (grid (ceil(n / 32), nkv), block
+// 256): the values turned in shared memory into the transposed planes
+// [nkv][hd][ldp] (hi; LO: also lo), zero at positions [n, 32 * gridDim.x);
+// with LO the keys' hi / lo planes [pos][nkv][hd] too (as attn_kv_split).
+// hd % 4 == 0, hd <= 256, ldp % 8 == 0, ldp >= 32 * gridDim.x.
+template <typename KV, bool LO>
+__device__ __forceinline__ void kv_split_t_impl(const KV* __restrict__ kc, const KV* __restrict__ vc,
+                                                bf16_t* __restrict__ kh, bf16_t* __restrict__ kl,
+                                                bf16_t* __restrict__ vth, bf16_t* __restrict__ vtl, int n, int ldp,
+                                                int nkv, int hd) {
     __shared__ float vs[WG_BK][256 + 1];  // [position][d]; the odd stride spreads a column over the banks
     const int p0 = blockIdx.x * WG_BK, kvh = blockIdx.y, n4 = hd / 4;
     for (int e = threadIdx.x; e < WG_BK * n4; e += blockDim.x) {
@@ -301,13 +313,15 @@ QW_KERNEL void QW_BOUNDS(256) attn_kv_split_t(const float* __restrict__ kc, cons
         float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
         if (pos < n) {
             const size_t at = ((size_t)pos * nkv + kvh) * hd + 4 * c4;
-            const float4 k = *(const float4*)(kc + at);
-            v = *(const float4*)(vc + at);
-            uint2 hi, lo;
-            split_bf16x2(k.x, k.y, hi.x, lo.x);
-            split_bf16x2(k.z, k.w, hi.y, lo.y);
-            *(uint2*)(kh + at) = hi;
-            *(uint2*)(kl + at) = lo;
+            v = kv_row4(vc + at);
+            if constexpr (LO) {
+                const float4 k = kv_row4(kc + at);
+                uint2 hi, lo;
+                split_bf16x2(k.x, k.y, hi.x, lo.x);
+                split_bf16x2(k.z, k.w, hi.y, lo.y);
+                *(uint2*)(kh + at) = hi;
+                *(uint2*)(kl + at) = lo;
+            }
         }
         vs[r][4 * c4] = v.x;
         vs[r][4 * c4 + 1] = v.y;
@@ -324,7 +338,27 @@ QW_KERNEL void QW_BOUNDS(256) attn_kv_split_t(const float* __restrict__ kc, cons
         split_bf16x2(vs[8 * c + 6][d], vs[8 * c + 7][d], hi.w, lo.w);
         const size_t at = ((size_t)kvh * hd + d) * ldp + p0 + 8 * c;
         *(uint4*)(vth + at) = hi;
-        *(uint4*)(vtl + at) = lo;
+        if constexpr (LO) *(uint4*)(vtl + at) = lo;
     }
+}
+#endif
+
+// The f32 cache as the planes `attn_flash_wg_f32_*` read: the keys' hi / lo
+// [pos][nkv][hd], the values' transposed hi / lo [nkv][hd][ldp].
+QW_KERNEL void QW_BOUNDS(256) attn_kv_split_t(const float* __restrict__ kc, const float* __restrict__ vc,
+                                              bf16_t* __restrict__ kh, bf16_t* __restrict__ kl,
+                                              bf16_t* __restrict__ vth, bf16_t* __restrict__ vtl, int n, int ldp,
+                                              int nkv, int hd) {
+#if defined(QW_CUDA) || defined(QW_CPU)
+    kv_split_t_impl<float, true>(kc, vc, kh, kl, vth, vtl, n, ldp, nkv, hd);
+#endif
+}
+
+// The bf16 cache's values transposed, [nkv][hd][ldp], for `attn_flash_wg_bf16_*`
+// (which read the keys from the cache).
+QW_KERNEL void QW_BOUNDS(256) attn_v_transpose_bf16(const bf16_t* __restrict__ vc, bf16_t* __restrict__ vt, int n,
+                                                    int ldp, int nkv, int hd) {
+#if defined(QW_CUDA) || defined(QW_CPU)
+    kv_split_t_impl<bf16_t, false>(nullptr, vc, nullptr, nullptr, vt, nullptr, n, ldp, nkv, hd);
 #endif
 }

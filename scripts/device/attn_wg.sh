@@ -9,7 +9,10 @@
 #   2. compute-sanitizer memcheck and racecheck of the new kernels (only they
 #      are instrumented) on a 1,300-token prompt (SANITIZE=0 skips it);
 #   3. per-kernel prompt times at $PROFILE_LENS (QWASI_GPU_PROFILE=1) and the last
-#      logits of each length, both kernels; logits_compare.py between them.
+#      logits of each length, both kernels; logits_compare.py between them;
+#      the same at 8K with the bf16 cache (QWASI_KV=bf16);
+#   4. with LONG=1, QWASI_ATTN=wg: the 131,072-token TTFT (1 + 2 runs) and
+#      the prefix cache's 131K cached + 1K new tokens (scripts/device/prefix_cache.sh).
 # Everything lands in $OUT/attn-wg.
 set -uo pipefail
 OUT=${OUT:-/tmp/qwasi-out}
@@ -47,3 +50,22 @@ PY
 done
 python3 scripts/device/logits_compare.py $R/logits-wg $R/logits-mma > $R/logits-compare.json
 python3 -c "import json; d=json.load(open('$R/logits-compare.json')); [print(' ', k, v) for k, v in d['files'].items()]"
+# The bf16 cache (attn_flash_wg_bf16_d256): its logits against mma.sync's on the same cache.
+for a in wg mma; do
+  env_attn=wg; [ $a = mma ] && env_attn=
+  QWASI_KV=bf16 QWASI_ATTN=$env_attn QWASI_GPU_PROFILE=1 timeout 100 $B bench --workload speed --backend cuda --lens 8192 \
+    --decode-tokens 4 --runs 1 --warmups 0 --fixtures /nonexistent --dump-logits $R/logits-bf16-$a \
+    --out $R/profile-bf16-$a.json > $R/profile-bf16-$a.log 2>&1
+  grep -E "\] L " $R/profile-bf16-$a.log | cut -c1-120
+done
+python3 scripts/device/logits_compare.py $R/logits-bf16-wg $R/logits-bf16-mma > $R/logits-compare-bf16.json
+python3 -c "import json; d=json.load(open('$R/logits-compare-bf16.json')); [print('  bf16', k, v) for k, v in d['files'].items()]"
+if [ "${LONG:-0}" = 1 ]; then
+  echo "== 131K TTFT (wg)"
+  QWASI_ATTN=wg timeout 150 $B bench --workload speed --backend cuda --lens 131072 --ttft-max 131072 --decode-tokens 8 \
+    --runs 2 --warmups 1 --fixtures /nonexistent --out $R/speed-131k-wg.json > $R/speed-131k-wg.log 2>&1
+  grep -E "\] L " $R/speed-131k-wg.log | cut -c1-140
+  echo "== prefix cache 131K + 1K (wg)"
+  QWASI_ATTN=wg OUT=$R/pc QWASI_BIN=$B PREFIXES=8192,131072 timeout 240 scripts/device/prefix_cache.sh > $R/pc.log 2>&1
+  grep -E "cached|exit" $R/pc.log | tail -4
+fi

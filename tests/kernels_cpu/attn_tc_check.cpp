@@ -9,7 +9,10 @@
 // are not multiples of the block's 64 rows, cache rows past the prompt and
 // unused shared memory filled with NaN; on two shapes also the 8-warp kernels
 // (attn_flash_tc_f32 / _bf16, and the model's attn_flash_tc_*_d256 at head_dim
-// 256). Exit 1 on a mismatch.
+// 256). Then the warpgroup-MMA kernels of kernels/attention_wg.cu
+// (attn_flash_wg_{f32,bf16}_d{32,256}, wgmma emulated, their planes written by
+// the real attn_kv_split_t / attn_v_transpose_bf16) on shapes whose two
+// warpgroups see different key counts or have no rows. Exit 1 on a mismatch.
 #include <cstdio>
 #include <cstring>
 #include <random>
@@ -124,26 +127,41 @@ static double check(Kernel kernel, int NW, const Shape& s, unsigned seed) {
     return k.error(out);
 }
 
-// The same for a warpgroup-MMA kernel: the planes from the real
-// attn_kv_split_t (values transposed, leading dimension `ldp` with room past
-// the 32-key tiles, NaN where the split writes nothing), 128 rows per block.
+// The same for a warpgroup-MMA kernel (128 rows per block): for an f32 cache
+// the planes from the real attn_kv_split_t, for a bf16 cache (BF16) the cache
+// itself as the keys' plane and the values transposed by the real
+// attn_v_transpose_bf16; leading dimension `ldp` with room past the 32-key
+// tiles, NaN wherever the split writes nothing.
+template <bool BF16>
 static double check_wg(KernelWg kernel, const Shape& s, unsigned seed) {
     Case k(s, seed);
     const int nkv = s.nkv, G = s.G, hd = s.hd;
     const int tiles = (k.L + 31) / 32, ldp = 32 * tiles + 16;
     const bf16_t bnan = 0x7fc0;
-    std::vector<bf16_t> kh(k.kf.size(), bnan), kl(k.kf.size(), bnan);
+    std::vector<bf16_t> kh(k.kf.size(), bnan), kl(k.kf.size(), bnan), vc(k.kf.size(), bnan);
     std::vector<bf16_t> vth((size_t)nkv * hd * ldp, bnan), vtl(vth.size(), bnan);
-    qw_cpu::launch({(unsigned)tiles, (unsigned)nkv, 1}, {256, 1, 1}, [&] {
-        attn_kv_split_t(k.kf.data(), k.vf.data(), kh.data(), kl.data(), vth.data(), vtl.data(), k.L, ldp, nkv, hd);
-    });
+    if (BF16) {
+        for (size_t i = 0; i < k.used(); i++) {
+            kh[i] = f2bf(k.kf[i]);
+            vc[i] = f2bf(k.vf[i]);
+            k.kf[i] = bf2f(kh[i]);
+            k.vf[i] = bf2f(vc[i]);
+        }
+        qw_cpu::launch({(unsigned)tiles, (unsigned)nkv, 1}, {256, 1, 1},
+                       [&] { attn_v_transpose_bf16(vc.data(), vth.data(), k.L, ldp, nkv, hd); });
+    } else {
+        qw_cpu::launch({(unsigned)tiles, (unsigned)nkv, 1}, {256, 1, 1}, [&] {
+            attn_kv_split_t(k.kf.data(), k.vf.data(), kh.data(), kl.data(), vth.data(), vtl.data(), k.L, ldp, nkv,
+                            hd);
+        });
+    }
     std::vector<float> out((size_t)s.T * k.nh * hd, NAN);
     std::memset(qw_cpu::dyn_smem, 0xff, sizeof qw_cpu::dyn_smem);
     const float scale = 1.f / std::sqrt((float)hd);
     const unsigned blocks = (unsigned)((s.T * G + 127) / 128);
     qw_cpu::launch({blocks, (unsigned)nkv, 1}, {256, 1, 1}, [&] {
-        kernel(k.q.data(), kh.data(), kl.data(), vth.data(), vtl.data(), ldp, k.proj.data(), k.stride, out.data(), s.T,
-               k.nh, nkv, s.pos0, scale);
+        kernel(k.q.data(), kh.data(), BF16 ? nullptr : kl.data(), vth.data(), BF16 ? nullptr : vtl.data(), ldp,
+               k.proj.data(), k.stride, out.data(), s.T, k.nh, nkv, s.pos0, scale);
     });
     return k.error(out);
 }
@@ -189,9 +207,13 @@ int main() {
             report("attn_flash_tc_bf16_d256", s, check<true>(attn_flash_tc_bf16_d256, 8, s, seed++));
         }
     }
-    for (const Shape& s : wg_shapes)
-        report(s.hd == 256 ? "attn_flash_wg_f32_d256" : "attn_flash_wg_f32_d32", s,
-               check_wg(s.hd == 256 ? attn_flash_wg_f32_d256 : attn_flash_wg_f32_d32, s, seed++));
+    for (const Shape& s : wg_shapes) {
+        const bool d256 = s.hd == 256;
+        report(d256 ? "attn_flash_wg_f32_d256" : "attn_flash_wg_f32_d32", s,
+               check_wg<false>(d256 ? attn_flash_wg_f32_d256 : attn_flash_wg_f32_d32, s, seed++));
+        report(d256 ? "attn_flash_wg_bf16_d256" : "attn_flash_wg_bf16_d32", s,
+               check_wg<true>(d256 ? attn_flash_wg_bf16_d256 : attn_flash_wg_bf16_d32, s, seed++));
+    }
     std::printf("%d of %d kernel runs match (tolerance %.0e)\n", n - bad, n, TOL);
     return bad ? 1 : 0;
 }

@@ -8,13 +8,13 @@
 //! buffer, which every block then streams straight into the mma layout; a bf16
 //! cache is read as it is.
 //!
-//! With `QWASI_ATTN=wg`, on compute capability 9.x with an f32 cache and head
-//! dim 256 (the model) or 32 (the test fixtures), `attn_flash_wg_f32_d*`
-//! (kernels/attention_wg.cu) computes the same on warpgroup MMA:
-//! `attn_kv_split_t` writes the keys' hi / lo planes as above and the values'
-//! transposed, so both products read their operands K-major. Opt-in until an
-//! H200 run checks it (`scripts/device/attn_wg.sh`); the CPU harness runs it
-//! on emulated wgmma.
+//! With `QWASI_ATTN=wg`, on compute capability 9.x at head dim 256 (the model)
+//! or 32 (the test fixtures), `attn_flash_wg_{f32,bf16}_d*`
+//! (kernels/attention_wg.cu) computes the same on warpgroup MMA: the values
+//! are transposed first (`attn_kv_split_t`, which also writes the keys' hi /
+//! lo planes of an f32 cache; `attn_v_transpose_bf16`), so both products read
+//! their operands K-major. Opt-in until an H200 run checks it
+//! (`scripts/device/attn_wg.sh`); the CPU harness runs it on emulated wgmma.
 //!
 //! CUDA only (HIP has no mma.sync: the HIP build's kernels are empty stubs and
 //! this returns `Ok(false)`); `QWASI_ATTN=cuda-cores` keeps the CUDA-core
@@ -41,17 +41,20 @@ mod tc {
         (2 * 16 * warps * ld + kv_tiles * BK * ld) * 2
     }
 
-    /// The warpgroup-MMA kernel for an f32 cache at head dim `hd` (compiled
-    /// in), and its dynamic shared memory: Q hi / lo `[128][hd]`, the 32 keys'
-    /// hi and lo rows `[64][hd]`, their values transposed hi / lo `[hd][32]`,
-    /// all bf16.
-    pub fn wg_kernel(hd: usize) -> Option<(&'static str, usize)> {
-        let name = match hd {
-            256 => "attn_flash_wg_f32_d256",
-            32 => "attn_flash_wg_f32_d32",
+    /// The warpgroup-MMA kernel at head dim `hd` (compiled in) for an f32 or
+    /// bf16 cache, and its dynamic shared memory: Q hi / lo `[128][hd]`, the
+    /// 32 keys' rows `[32][hd]` and their values transposed `[hd][32]`, both
+    /// hi and lo for an f32 cache, all bf16.
+    pub fn wg_kernel(hd: usize, kv_f32: bool) -> Option<(&'static str, usize)> {
+        let name = match (hd, kv_f32) {
+            (256, true) => "attn_flash_wg_f32_d256",
+            (32, true) => "attn_flash_wg_f32_d32",
+            (256, false) => "attn_flash_wg_bf16_d256",
+            (32, false) => "attn_flash_wg_bf16_d32",
             _ => return None,
         };
-        Some((name, (2 * 128 * hd + 2 * BK * hd + 2 * hd * BK) * 2))
+        let planes = if kv_f32 { 2 } else { 1 };
+        Some((name, (2 * 128 * hd + planes * 2 * BK * hd) * 2))
     }
 }
 
@@ -91,10 +94,9 @@ impl GpuModel {
             return Ok(false);
         }
         let limit = self.dev.max_shared_per_block();
-        if self.kv_f32
-            && self.wg_attention
+        if self.wg_attention
             && self.dev.wgmma()
-            && let Some((name, smem)) = tc::wg_kernel(hd).filter(|&(_, s)| s <= limit)
+            && let Some((name, smem)) = tc::wg_kernel(hd, self.kv_f32).filter(|&(_, s)| s <= limit)
         {
             self.attn_prefill_wg(sc, name, smem, q, k, v, proj, stride, out, t, pos0)?;
             return Ok(true);
@@ -175,9 +177,10 @@ impl GpuModel {
         Ok(true)
     }
 
-    /// `attn_prefill_tc` on warpgroup MMA: the f32 cache split into the keys'
-    /// hi / lo planes `[pos][nkv][hd]` and the values' transposed
-    /// `[nkv][hd][ldp]` (zero from the last key to the 32-key tile's end),
+    /// `attn_prefill_tc` on warpgroup MMA: the values transposed into
+    /// `[nkv][hd][ldp]` planes (zero from the last key to the 32-key tile's
+    /// end; hi and lo for an f32 cache, whose keys are split into hi / lo
+    /// planes `[pos][nkv][hd]` too; a bf16 cache's keys are read as they are),
     /// then `name` over them.
     #[cfg(feature = "cuda")]
     #[allow(clippy::too_many_arguments)]
@@ -203,31 +206,40 @@ impl GpuModel {
         let tiles = n.div_ceil(tc::BK);
         let ldp = tiles * tc::BK;
         let (kplane, vplane) = ((n * nkv * hd * 2) as u64, (nkv * hd * ldp * 2) as u64);
-        let buf = sc.get(d, "attn_kv_split", (2 * kplane + 2 * vplane) as usize)?;
-        let (kh, kl, vth, vtl) = (
-            buf,
-            buf + kplane,
-            buf + 2 * kplane,
-            buf + 2 * kplane + vplane,
-        );
-        d.launch(
-            "attn_kv_split_t",
-            (tiles as u32, nkv as u32, 1),
-            (256, 1, 1),
-            0,
-            &[
-                Arg::Ptr(k),
-                Arg::Ptr(v),
-                Arg::Ptr(kh),
-                Arg::Ptr(kl),
-                Arg::Ptr(vth),
-                Arg::Ptr(vtl),
-                i(n),
-                i(ldp),
-                i(nkv),
-                i(hd),
-            ],
-        )?;
+        let grid = (tiles as u32, nkv as u32, 1);
+        let (kh, kl, vth, vtl) = if self.kv_f32 {
+            let buf = sc.get(d, "attn_kv_split", (2 * kplane + 2 * vplane) as usize)?;
+            let planes = (
+                buf,
+                buf + kplane,
+                buf + 2 * kplane,
+                buf + 2 * kplane + vplane,
+            );
+            d.launch(
+                "attn_kv_split_t",
+                grid,
+                (256, 1, 1),
+                0,
+                &[
+                    Arg::Ptr(k),
+                    Arg::Ptr(v),
+                    Arg::Ptr(planes.0),
+                    Arg::Ptr(planes.1),
+                    Arg::Ptr(planes.2),
+                    Arg::Ptr(planes.3),
+                    i(n),
+                    i(ldp),
+                    i(nkv),
+                    i(hd),
+                ],
+            )?;
+            planes
+        } else {
+            let vt = sc.get(d, "attn_kv_split", vplane as usize)?;
+            let args = [Arg::Ptr(v), Arg::Ptr(vt), i(n), i(ldp), i(nkv), i(hd)];
+            d.launch("attn_v_transpose_bf16", grid, (256, 1, 1), 0, &args)?;
+            (k, 0, vt, 0)
+        };
         d.launch(
             name,
             ((t * (nh / nkv)).div_ceil(128) as u32, nkv as u32, 1),
@@ -276,13 +288,18 @@ mod tests {
     use super::tc;
 
     /// The warpgroup kernels exist for the model's head dim and the fixtures',
-    /// and the model's fits the 227 KB a block may have on compute capability 9.x.
+    /// their shared memory is the kernel's layout (HD * 768 bytes with an f32
+    /// cache, HD * 640 with bf16), and the model's fits the 227 KB a block may
+    /// have on compute capability 9.x.
     #[test]
     fn wg_kernels_fit() {
-        let (name, smem) = tc::wg_kernel(256).unwrap();
+        let (name, smem) = tc::wg_kernel(256, true).unwrap();
         assert_eq!((name, smem), ("attn_flash_wg_f32_d256", 196_608));
         assert!(smem <= 227 * 1024);
-        assert_eq!(tc::wg_kernel(32).unwrap().1, 24_576);
-        assert!(tc::wg_kernel(128).is_none());
+        let (name, smem) = tc::wg_kernel(256, false).unwrap();
+        assert_eq!((name, smem), ("attn_flash_wg_bf16_d256", 163_840));
+        assert_eq!(tc::wg_kernel(32, true).unwrap().1, 24_576);
+        assert_eq!(tc::wg_kernel(32, false).unwrap().1, 20_480);
+        assert!(tc::wg_kernel(128, true).is_none());
     }
 }
