@@ -183,6 +183,7 @@ int main() {
         {2, 4, 32, 70, 37},   // 280 pairs: 3 blocks per kv head, 107 keys (the last tile partial)
         {1, 8, 32, 100, 5},   // 800 pairs: 7 blocks, 105 keys
         {2, 8, 32, 3, 0},     // 24 pairs: warpgroup 1 empty, 3 keys
+        {3, 1, 32, 150, 100}, // no grouping (G 1): 150 queries of one head per kv head, 250 keys
         {1, 8, 256, 9, 37, 0},   // the model's head_dim and group: 72 pairs
         {2, 8, 256, 20, 30, 0},  // 160 pairs: 2 blocks per kv head
     };
