@@ -10,6 +10,7 @@
 //! otherwise) or dense SwiGLU MLP.
 
 mod attn_prefill;
+pub use attn_prefill::AttnAgreement;
 mod decode;
 mod gdn_prefill;
 

@@ -455,6 +455,7 @@ pub fn run_cli(o: &VerifyOptions) -> Result<bool> {
         );
     }
     let mut smoke_report = None;
+    let mut attention = None;
     if let Some(p) = &o.synthetic {
         let mut cfg = crate::presets::by_name(p)?;
         if let Some(n) = o.layers {
@@ -488,13 +489,52 @@ pub fn run_cli(o: &VerifyOptions) -> Result<bool> {
         );
         all_pass &= r.pass;
         smoke_report = Some(r);
+        let (ok, rows) = attention_check(&model)?;
+        all_pass &= ok;
+        attention = Some(rows);
     }
     if let Some(path) = &o.json {
-        let v = serde_json::json!({ "cases": cases, "smoke": smoke_report, "pass": all_pass });
+        let v = serde_json::json!({
+            "cases": cases,
+            "smoke": smoke_report,
+            "attention_kernels": attention,
+            "pass": all_pass
+        });
         std::fs::write(path, serde_json::to_string_pretty(&v)?)?;
     }
     println!("verify: {}", if all_pass { "PASS" } else { "FAIL" });
     Ok(all_pass)
+}
+
+/// Largest |difference| a tensor-core prompt attention kernel may show from
+/// the CUDA-core one: split precision is off by ~1e-5 on outputs of magnitude
+/// up to 1 here; a dropped lo term by ~1e-3, a wrong mask or fragment by 1e-2
+/// or more.
+const ATTN_TOL: f32 = 5e-4;
+
+/// The tensor-core prompt attention kernels of this build against the
+/// CUDA-core one on the model's geometry (`GpuModel::attention_agreement`):
+/// a prompt from position 0, one after an odd-length prefix, and 1,024 new
+/// tokens after 8,192 cached (the prefix cache's case). Prints one line per
+/// shape; passes when every kernel that ran is within `ATTN_TOL`.
+fn attention_check(model: &GpuModel) -> Result<(bool, Vec<crate::gpu::model::AttnAgreement>)> {
+    let rows = model.attention_agreement(&[(300, 0), (257, 1000), (1024, 8192)])?;
+    let within = |d: Option<f32>| d.is_none_or(|d| d <= ATTN_TOL);
+    let mut ok = true;
+    for r in &rows {
+        let pass = within(r.warpgroup_max_diff) && within(r.mma_max_diff);
+        ok &= pass;
+        println!(
+            "prompt attention, {} queries after {} cached: max |diff| from the CUDA-core kernel: \
+             warpgroup MMA {:?}, mma.sync {:?} (tolerance {ATTN_TOL:e})  {}",
+            r.queries,
+            r.cached,
+            r.warpgroup_max_diff,
+            r.mma_max_diff,
+            if pass { "PASS" } else { "FAIL" }
+        );
+    }
+    Ok((ok, rows))
 }
 
 #[derive(Deserialize)]

@@ -20,8 +20,20 @@
 //! this returns `Ok(false)`); `QWASI_ATTN=cuda-cores` keeps the CUDA-core
 //! `attn_flash_*` kernel.
 
+#[cfg(feature = "cuda")]
+use super::{B, DBuf, F, FA_BK, FA_BQ};
 use super::{GpuModel, Scratch};
 use anyhow::Result;
+
+/// One shape of [`GpuModel::attention_agreement`]: the largest |difference|
+/// of each tensor-core kernel's outputs from the CUDA-core kernel's.
+#[derive(serde::Serialize, Clone, Debug)]
+pub struct AttnAgreement {
+    pub queries: usize,
+    pub cached: usize,
+    pub warpgroup_max_diff: Option<f32>,
+    pub mma_max_diff: Option<f32>,
+}
 
 #[cfg(feature = "cuda")]
 mod tc {
@@ -80,6 +92,26 @@ impl GpuModel {
         t: usize,
         pos0: usize,
     ) -> Result<bool> {
+        let wg = self.wg_attention;
+        self.attn_prefill_tc_with(sc, wg, q, k, v, proj, stride, out, t, pos0)
+    }
+
+    /// `attn_prefill_tc`, taking the warpgroup kernel where it applies only if `wg`.
+    #[cfg(feature = "cuda")]
+    #[allow(clippy::too_many_arguments)]
+    fn attn_prefill_tc_with(
+        &self,
+        sc: &mut Scratch,
+        wg: bool,
+        q: u64,
+        k: u64,
+        v: u64,
+        proj: u64,
+        stride: usize,
+        out: u64,
+        t: usize,
+        pos0: usize,
+    ) -> Result<bool> {
         use crate::gpu::{Arg, f, i};
         let c = &self.cfg;
         let (nh, nkv, hd) = (c.num_attention_heads, c.num_key_value_heads, c.head_dim);
@@ -94,10 +126,7 @@ impl GpuModel {
             return Ok(false);
         }
         let limit = self.dev.max_shared_per_block();
-        if self.wg_attention
-            && self.dev.wgmma()
-            && let Some((name, smem)) = tc::wg_kernel(hd, self.kv_f32).filter(|&(_, s)| s <= limit)
-        {
+        if wg && let Some((name, smem)) = self.wg_fit() {
             self.attn_prefill_wg(sc, name, smem, q, k, v, proj, stride, out, t, pos0)?;
             return Ok(true);
         }
@@ -175,6 +204,136 @@ impl GpuModel {
             ],
         )?;
         Ok(true)
+    }
+
+    /// The warpgroup kernel and its shared memory, where this device and the
+    /// model's head dim and cache have one.
+    #[cfg(feature = "cuda")]
+    fn wg_fit(&self) -> Option<(&'static str, usize)> {
+        let limit = self.dev.max_shared_per_block();
+        (self.dev.wgmma() && self.tc_attention)
+            .then(|| tc::wg_kernel(self.cfg.head_dim, self.kv_f32))
+            .flatten()
+            .filter(|&(_, s)| s <= limit)
+    }
+
+    /// The tensor-core prompt attention kernels against the CUDA-core
+    /// `attn_flash_*` on seeded random queries, gates and cache rows of this
+    /// model's geometry and cache type, `t` queries after `pos0` cached
+    /// positions per shape (`t >= 1`): the largest |difference| of the
+    /// warpgroup kernel's outputs and of the `mma.sync` kernel's (`None` where
+    /// one does not apply here). Whatever `QWASI_ATTN` says: `qwasi verify
+    /// --synthetic` reports both.
+    #[cfg(feature = "cuda")]
+    pub fn attention_agreement(&self, shapes: &[(usize, usize)]) -> Result<Vec<AttnAgreement>> {
+        use crate::gpu::{Arg, f, i};
+        let c = &self.cfg;
+        let (nh, nkv, hd) = (c.num_attention_heads, c.num_key_value_heads, c.head_dim);
+        let mut sc = self.scratch.lock().unwrap();
+        self.dev.bind()?;
+        let d = &self.dev;
+        let kv_bytes = if self.kv_f32 { F } else { B };
+        let fill = |buf: u64, n: usize, seed: u64, scale: f32, bf16: bool| {
+            d.launch(
+                if bf16 {
+                    "fill_uniform_bf16"
+                } else {
+                    "fill_uniform_f32"
+                },
+                (n.div_ceil(256).min(65_535 * 16) as u32, 1, 1),
+                (256, 1, 1),
+                0,
+                &[
+                    Arg::Ptr(buf),
+                    Arg::I64(n as i64),
+                    Arg::U64(seed),
+                    f(scale),
+                    f(0.0),
+                ],
+            )
+        };
+        let mut report = Vec::new();
+        for (s, &(t, pos0)) in shapes.iter().enumerate() {
+            let (n, stride, rows) = (pos0 + t, 2 * nh * hd, t * nh * hd);
+            let q = d.alloc(rows * F)?;
+            let proj = d.alloc(t * stride * F)?;
+            let k = d.alloc(n * nkv * hd * kv_bytes)?;
+            let v = d.alloc(n * nkv * hd * kv_bytes)?;
+            let seed = 0xa77e_0000 + 4 * s as u64;
+            fill(q.ptr(), rows, seed, 2.0, false)?;
+            fill(proj.ptr(), t * stride, seed + 1, 2.0, false)?;
+            fill(k.ptr(), n * nkv * hd, seed + 2, 1.0, !self.kv_f32)?;
+            fill(v.ptr(), n * nkv * hd, seed + 3, 1.0, !self.kv_f32)?;
+            let outs = [d.alloc(rows * F)?, d.alloc(rows * F)?, d.alloc(rows * F)?];
+            d.launch(
+                if self.kv_f32 {
+                    "attn_flash_f32"
+                } else {
+                    "attn_flash_bf16"
+                },
+                (nh as u32, t.div_ceil(FA_BQ) as u32, 1),
+                (256, 1, 1),
+                (((FA_BQ + FA_BK) * (hd + 4) + FA_BQ * (FA_BK + 4)) * F) as u32,
+                &[
+                    Arg::Ptr(q.ptr()),
+                    Arg::Ptr(k.ptr()),
+                    Arg::Ptr(v.ptr()),
+                    Arg::Ptr(proj.ptr()),
+                    i(stride),
+                    Arg::Ptr(outs[0].ptr()),
+                    i(t),
+                    i(nh),
+                    i(nkv),
+                    i(hd),
+                    i(pos0),
+                    f(1.0 / (hd as f32).sqrt()),
+                ],
+            )?;
+            let (qp, kp, vp, pp) = (q.ptr(), k.ptr(), v.ptr(), proj.ptr());
+            let wg = match self.wg_fit() {
+                Some((name, smem)) => {
+                    let o = outs[1].ptr();
+                    self.attn_prefill_wg(&mut sc, name, smem, qp, kp, vp, pp, stride, o, t, pos0)?;
+                    true
+                }
+                None => false,
+            };
+            let o = outs[2].ptr();
+            let mma =
+                self.attn_prefill_tc_with(&mut sc, false, qp, kp, vp, pp, stride, o, t, pos0)?;
+            let host = |b: &DBuf| -> Result<Vec<f32>> {
+                let mut h = vec![0f32; rows];
+                d.dtoh(&mut h, b.ptr())?;
+                Ok(h)
+            };
+            let want = host(&outs[0])?;
+            let diff = |b: &DBuf| -> Result<f32> {
+                Ok(host(b)?
+                    .iter()
+                    .zip(&want)
+                    .map(|(x, y)| {
+                        if x.is_finite() {
+                            (x - y).abs()
+                        } else {
+                            f32::INFINITY
+                        }
+                    })
+                    .fold(0.0, f32::max))
+            };
+            report.push(AttnAgreement {
+                queries: t,
+                cached: pos0,
+                warpgroup_max_diff: if wg { Some(diff(&outs[1])?) } else { None },
+                mma_max_diff: if mma { Some(diff(&outs[2])?) } else { None },
+            });
+        }
+        Ok(report)
+    }
+
+    /// HIP build: no tensor-core prompt attention to compare.
+    #[cfg(not(feature = "cuda"))]
+    pub fn attention_agreement(&self, _shapes: &[(usize, usize)]) -> Result<Vec<AttnAgreement>> {
+        Ok(Vec::new())
     }
 
     /// `attn_prefill_tc` on warpgroup MMA: the values transposed into
