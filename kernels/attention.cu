@@ -1,6 +1,7 @@
 // Gated full attention: q/k (1+w) RMSNorm + partial rotate-half RoPE + KV-cache
 // append, then causal GQA attention split over the key length with an online
 // softmax per warp, and a combine step that applies the sigmoid output gate.
+#include "attn_tile.h"
 #include "mma.h"
 
 __device__ __forceinline__ float kv_load(const bf16_t* p) { return bf2f(*p); }
@@ -468,6 +469,7 @@ __device__ __forceinline__ void attn_flash_tc_impl(const float* __restrict__ q, 
                                                    int hd_arg, int pos0, float scale) {
     constexpr int ROWS = 16 * NW;
     constexpr int NT = TC_BK / 8;  // n8 tiles of S per warp
+    static_assert(NT == 4, "attn_softmax_tile takes 32-key tiles");
     constexpr int DT = TC_MAXD / 8;  // n8 tiles of O (hd / 8 used)
     const int hd = HDC > 0 ? HDC : hd_arg;
     const int ld = hd + TC_PAD;
@@ -583,7 +585,6 @@ __device__ __forceinline__ void attn_flash_tc_impl(const float* __restrict__ q, 
 
             // Online softmax. s[nt][e]: row g (e < 2) or g + 8, key k0 + 8 nt + 2c + (e & 1).
             const bool diag = k0 + TC_BK - 1 > warp_last;  // some key of the tile is masked for some row
-            float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
             for (int nt = 0; nt < NT; nt++)
 #pragma unroll
@@ -591,35 +592,8 @@ __device__ __forceinline__ void attn_flash_tc_impl(const float* __restrict__ q, 
                     float v = (s[nt][e] + sc[nt][e]) * sl;
                     if (diag && k0 + 8 * nt + 2 * c + (e & 1) > (e < 2 ? last_a : last_b)) v = -INFINITY;
                     s[nt][e] = v;
-                    mx[e >> 1] = fmaxf(mx[e >> 1], v);
                 }
-            float mref[2];
-#pragma unroll
-            for (int i = 0; i < 2; i++) {
-                mx[i] = fmaxf(mx[i], SHFL_XOR(mx[i], 1));
-                mx[i] = fmaxf(mx[i], SHFL_XOR(mx[i], 2));  // max over the quad = the row's 32 keys
-                const float mn = fmaxf(m[i], mx[i]);
-                // Tile 0 holds key 0, visible to every row, so mn is finite; guarded anyway.
-                mref[i] = mn == -INFINITY ? 0.f : mn;
-                const float corr = exp2f(m[i] - mref[i]);  // 0 on the first tile (m = -inf)
-                m[i] = mn;
-                l[i] *= corr;
-#pragma unroll
-                for (int dt = 0; dt < DT; dt++) {
-                    if (dt * 8 < hd) {
-                        o[dt][2 * i] *= corr;
-                        o[dt][2 * i + 1] *= corr;
-                    }
-                }
-            }
-#pragma unroll
-            for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    const float p = exp2f(s[nt][e] - mref[e >> 1]);
-                    s[nt][e] = p;
-                    l[e >> 1] += p;  // this lane's columns; the quad is summed at the end
-                }
+            attn_softmax_tile<DT>(s, m, l, o, hd);
         }
 
         cp_async_wait<0>();
@@ -657,27 +631,7 @@ __device__ __forceinline__ void attn_flash_tc_impl(const float* __restrict__ q, 
         }
     }
 
-    // out[t][head][d] = O / l * sigmoid(gate); lane holds d = 8 dt + 2c, +1 of rows g, g + 8.
-#pragma unroll
-    for (int i = 0; i < 2; i++) {
-        l[i] += SHFL_XOR(l[i], 1);
-        l[i] += SHFL_XOR(l[i], 2);
-        const int p = i == 0 ? pa : pb;
-        if (p >= npairs) continue;
-        const int t = p / G, head = kvh * G + (p - t * G);
-        const float* gate = proj + (size_t)t * stride + (size_t)head * 2 * hd + hd;
-        float* op = out + ((size_t)t * nh + head) * hd;
-#pragma unroll
-        for (int dt = 0; dt < DT; dt++) {
-            if (dt * 8 < hd) {
-                const int d = 8 * dt + 2 * c;
-                float2 r;
-                r.x = o[dt][2 * i] / l[i] * sigmoid_f(gate[d]);
-                r.y = o[dt][2 * i + 1] / l[i] * sigmoid_f(gate[d + 1]);
-                *(float2*)(op + d) = r;
-            }
-        }
-    }
+    attn_store_gated<DT>(o, l, pa, pb, npairs, G, kvh, nh, hd, proj, stride, out, c);
 }
 
 #else

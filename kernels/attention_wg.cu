@@ -30,6 +30,7 @@
 // block 256. HD is compiled in (the model's 256; 32 for the test fixtures).
 // The CPU harness runs this code on mma.h's emulated wgmma
 // (tests/kernels_cpu/attn_tc_check.cpp).
+#include "attn_tile.h"
 #include "mma.h"
 
 #define WG_BK 32     // keys per tile
@@ -124,9 +125,11 @@ __device__ __forceinline__ void attn_flash_wg_impl(const float* __restrict__ q, 
     const int warp_last = pos0 + min(p0 + 64 * h + 16 * w, npairs - 1) / G;
     const int wg_end = pos0 + min(p0 + 64 * h + 63, npairs - 1) / G;
 
-    float o[HD / 2];
+    float o[DT][4];  // the m64nHD accumulator: o[j][e] = O[16w + g + 8(e / 2)][8j + 2c + e % 2]
 #pragma unroll
-    for (int i = 0; i < HD / 2; i++) o[i] = 0.f;
+    for (int j = 0; j < DT; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) o[j][e] = 0.f;
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
     const float sl = scale * 1.4426950408889634f;  // scores in log2 units
 
@@ -164,9 +167,8 @@ __device__ __forceinline__ void attn_flash_wg_impl(const float* __restrict__ q, 
             wgmma_fence_operands(sa, 32);
             wgmma_fence_operands(sb, 16);
 
-            // Online softmax (as attn_flash_tc).
+            // Online softmax (attn_tile.h).
             const bool diag = k0 + WG_BK - 1 > warp_last;  // some key of the tile is masked for some row
-            float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
             for (int j = 0; j < 4; j++)
 #pragma unroll
@@ -174,32 +176,8 @@ __device__ __forceinline__ void attn_flash_wg_impl(const float* __restrict__ q, 
                     float v = (sa[4 * j + e] + (sb[4 * j + e] + (LO ? sa[16 + 4 * j + e] : 0.f))) * sl;
                     if (diag && k0 + 8 * j + 2 * c + (e & 1) > (e < 2 ? last_a : last_b)) v = -INFINITY;
                     s[j][e] = v;
-                    mx[e >> 1] = fmaxf(mx[e >> 1], v);
                 }
-            float mref[2];
-#pragma unroll
-            for (int i = 0; i < 2; i++) {
-                mx[i] = fmaxf(mx[i], SHFL_XOR(mx[i], 1));
-                mx[i] = fmaxf(mx[i], SHFL_XOR(mx[i], 2));  // max over the quad = the row's 32 keys
-                const float mn = fmaxf(m[i], mx[i]);
-                mref[i] = mn == -INFINITY ? 0.f : mn;  // tile 0 holds key 0, seen by every row; guarded anyway
-                const float corr = exp2f(m[i] - mref[i]);  // 0 on the first tile (m = -inf)
-                m[i] = mn;
-                l[i] *= corr;
-#pragma unroll
-                for (int j = 0; j < DT; j++) {
-                    o[4 * j + 2 * i] *= corr;
-                    o[4 * j + 2 * i + 1] *= corr;
-                }
-            }
-#pragma unroll
-            for (int j = 0; j < 4; j++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    const float p = exp2f(s[j][e] - mref[e >> 1]);
-                    s[j][e] = p;
-                    l[e >> 1] += p;  // this lane's columns; the quad is summed at the end
-                }
+            attn_softmax_tile<DT>(s, m, l, o, HD);
         }
 
         cp_async_wait<0>();
@@ -218,49 +196,32 @@ __device__ __forceinline__ void attn_flash_wg_impl(const float* __restrict__ q, 
                 split_bf16x2(s[2 * kk + 1][2], s[2 * kk + 1][3], ph[kk][3], pl[kk][3]);  // row g + 8
             }
             wgmma_fence();
-            wgmma_fence_operands(o, HD / 2);
+            wgmma_fence_operands(&o[0][0], HD / 2);
 #pragma unroll
             for (int kk = 0; kk < 2; kk++) {
                 const unsigned long long dvh = wg_desc_sw64(Vs + 32 * kk, 512);
                 const unsigned long long dvl = wg_desc_sw64(Vs + HD * 64 + 32 * kk, 512);
+                float* d = &o[0][0];
                 if constexpr (HD == 256) {
-                    wgmma_m64n256k16_rs(o, ph[kk], dvh);
-                    wgmma_m64n256k16_rs(o, pl[kk], dvh);
-                    if constexpr (LO) wgmma_m64n256k16_rs(o, ph[kk], dvl);
+                    wgmma_m64n256k16_rs(d, ph[kk], dvh);
+                    wgmma_m64n256k16_rs(d, pl[kk], dvh);
+                    if constexpr (LO) wgmma_m64n256k16_rs(d, ph[kk], dvl);
                 } else {
-                    wgmma_m64n32k16_rs(o, ph[kk], dvh);
-                    wgmma_m64n32k16_rs(o, pl[kk], dvh);
-                    if constexpr (LO) wgmma_m64n32k16_rs(o, ph[kk], dvl);
+                    wgmma_m64n32k16_rs(d, ph[kk], dvh);
+                    wgmma_m64n32k16_rs(d, pl[kk], dvh);
+                    if constexpr (LO) wgmma_m64n32k16_rs(d, ph[kk], dvl);
                 }
             }
             wgmma_commit();
             wgmma_wait0();
-            wgmma_fence_operands(o, HD / 2);
+            wgmma_fence_operands(&o[0][0], HD / 2);
             // The A fragments must stay in their registers until the products are done.
             wgmma_fence_operands(&ph[0][0], 8);
             wgmma_fence_operands(&pl[0][0], 8);
         }
     }
 
-    // out[t][head][d] = O / l * sigmoid(gate); the thread holds d = 8j + 2c, +1 of rows g, g + 8.
-#pragma unroll
-    for (int i = 0; i < 2; i++) {
-        l[i] += SHFL_XOR(l[i], 1);
-        l[i] += SHFL_XOR(l[i], 2);
-        const int p = i == 0 ? pa : pb;
-        if (p >= npairs) continue;
-        const int t = p / G, head = kvh * G + (p - t * G);
-        const float* gate = proj + (size_t)t * stride + (size_t)head * 2 * HD + HD;
-        float* op = out + ((size_t)t * nh + head) * HD;
-#pragma unroll
-        for (int j = 0; j < DT; j++) {
-            const int d = 8 * j + 2 * c;
-            float2 r;
-            r.x = o[4 * j + 2 * i] / l[i] * sigmoid_f(gate[d]);
-            r.y = o[4 * j + 2 * i + 1] / l[i] * sigmoid_f(gate[d + 1]);
-            *(float2*)(op + d) = r;
-        }
-    }
+    attn_store_gated<DT>(o, l, pa, pb, npairs, G, kvh, nh, HD, proj, stride, out, c);
 }
 #endif
 

@@ -1049,34 +1049,19 @@ impl GpuModel {
                     let queries = t * nh;
                     if fast && t >= 32 && hd % 4 == 0 && hd <= 256 && nh % nkv == 0 {
                         let ao = sc.get(d, "att_o", queries * hd * F)?;
-                        let smem = ((FA_BQ + FA_BK) * (hd + 4) + FA_BQ * (FA_BK + 4)) * F;
                         // Tensor cores where the kernel supports the shape, else CUDA cores.
                         let tc =
                             self.attn_prefill_tc(sc, q, k.ptr(), v.ptr(), proj, p, ao, t, pos0)?;
                         if !tc {
-                            d.launch(
-                                if self.kv_f32 {
-                                    "attn_flash_f32"
-                                } else {
-                                    "attn_flash_bf16"
-                                },
-                                (nh as u32, t.div_ceil(FA_BQ) as u32, 1),
-                                (256, 1, 1),
-                                smem as u32,
-                                &[
-                                    Arg::Ptr(q),
-                                    Arg::Ptr(k.ptr()),
-                                    Arg::Ptr(v.ptr()),
-                                    Arg::Ptr(proj),
-                                    i(p),
-                                    Arg::Ptr(ao),
-                                    i(t),
-                                    i(nh),
-                                    i(nkv),
-                                    i(hd),
-                                    i(pos0),
-                                    f(1.0 / (hd as f32).sqrt()),
-                                ],
+                            self.attn_prefill_cuda_cores(
+                                q,
+                                k.ptr(),
+                                v.ptr(),
+                                proj,
+                                p,
+                                ao,
+                                t,
+                                pos0,
                             )?;
                         }
                         self.linear(sc, ao, t, o_proj, mixed, false)?;

@@ -21,7 +21,8 @@
 //! `attn_flash_*` kernel.
 
 #[cfg(feature = "cuda")]
-use super::{B, DBuf, F, FA_BK, FA_BQ};
+use super::{B, DBuf};
+use super::{F, FA_BK, FA_BQ};
 use super::{GpuModel, Scratch};
 use anyhow::Result;
 
@@ -206,6 +207,50 @@ impl GpuModel {
         Ok(true)
     }
 
+    /// `attn_prefill_tc`'s contract on CUDA cores (`attn_flash_*`: 64-query x
+    /// 32-key tiles, f32 math), for any shape the model allows.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn attn_prefill_cuda_cores(
+        &self,
+        q: u64,
+        k: u64,
+        v: u64,
+        proj: u64,
+        stride: usize,
+        out: u64,
+        t: usize,
+        pos0: usize,
+    ) -> Result<()> {
+        use crate::gpu::{Arg, f, i};
+        let c = &self.cfg;
+        let (nh, nkv, hd) = (c.num_attention_heads, c.num_key_value_heads, c.head_dim);
+        let smem = ((FA_BQ + FA_BK) * (hd + 4) + FA_BQ * (FA_BK + 4)) * F;
+        self.dev.launch(
+            if self.kv_f32 {
+                "attn_flash_f32"
+            } else {
+                "attn_flash_bf16"
+            },
+            (nh as u32, t.div_ceil(FA_BQ) as u32, 1),
+            (256, 1, 1),
+            smem as u32,
+            &[
+                Arg::Ptr(q),
+                Arg::Ptr(k),
+                Arg::Ptr(v),
+                Arg::Ptr(proj),
+                i(stride),
+                Arg::Ptr(out),
+                i(t),
+                i(nh),
+                i(nkv),
+                i(hd),
+                i(pos0),
+                f(1.0 / (hd as f32).sqrt()),
+            ],
+        )
+    }
+
     /// The warpgroup kernel and its shared memory, where this device and the
     /// model's head dim and cache have one.
     #[cfg(feature = "cuda")]
@@ -226,7 +271,7 @@ impl GpuModel {
     /// --synthetic` reports both.
     #[cfg(feature = "cuda")]
     pub fn attention_agreement(&self, shapes: &[(usize, usize)]) -> Result<Vec<AttnAgreement>> {
-        use crate::gpu::{Arg, f, i};
+        use crate::gpu::{Arg, f};
         let c = &self.cfg;
         let (nh, nkv, hd) = (c.num_attention_heads, c.num_key_value_heads, c.head_dim);
         let mut sc = self.scratch.lock().unwrap();
@@ -265,31 +310,8 @@ impl GpuModel {
             fill(k.ptr(), n * nkv * hd, seed + 2, 1.0, !self.kv_f32)?;
             fill(v.ptr(), n * nkv * hd, seed + 3, 1.0, !self.kv_f32)?;
             let outs = [d.alloc(rows * F)?, d.alloc(rows * F)?, d.alloc(rows * F)?];
-            d.launch(
-                if self.kv_f32 {
-                    "attn_flash_f32"
-                } else {
-                    "attn_flash_bf16"
-                },
-                (nh as u32, t.div_ceil(FA_BQ) as u32, 1),
-                (256, 1, 1),
-                (((FA_BQ + FA_BK) * (hd + 4) + FA_BQ * (FA_BK + 4)) * F) as u32,
-                &[
-                    Arg::Ptr(q.ptr()),
-                    Arg::Ptr(k.ptr()),
-                    Arg::Ptr(v.ptr()),
-                    Arg::Ptr(proj.ptr()),
-                    i(stride),
-                    Arg::Ptr(outs[0].ptr()),
-                    i(t),
-                    i(nh),
-                    i(nkv),
-                    i(hd),
-                    i(pos0),
-                    f(1.0 / (hd as f32).sqrt()),
-                ],
-            )?;
             let (qp, kp, vp, pp) = (q.ptr(), k.ptr(), v.ptr(), proj.ptr());
+            self.attn_prefill_cuda_cores(qp, kp, vp, pp, stride, outs[0].ptr(), t, pos0)?;
             let wg = match self.wg_fit() {
                 Some((name, smem)) => {
                     let o = outs[1].ptr();
