@@ -23,9 +23,10 @@
 // k: `attn_kv_split_t` writes the f32 cache's values transposed, [nkv][HD][ldp]
 // hi and lo planes (zeros from the last key to ldp), with the keys' hi / lo
 // planes [pos][nkv][HD]; for a bf16 cache `attn_v_transpose_bf16` writes the
-// values' plane and the keys are read from the cache. One K and one V buffer in the FlashAttention-2 order of
-// attn_flash_tc: K tile j + 1 is copied while P V of tile j runs, V tile j
-// while S of tile j runs. A warpgroup skips a tile none of its rows may see.
+// values' plane and the keys are read from the cache. One K and one V buffer,
+// in the FlashAttention-2 order of attn_flash_tc: K tile j + 1 is copied while
+// P V of tile j runs, V tile j while S of tile j runs. A warpgroup skips a
+// tile none of its rows may see.
 // grid (ceil(T * G / 128), nkv), the pair tiles with the most keys first;
 // block 256. HD is compiled in (the model's 256; 32 for the test fixtures).
 // The CPU harness runs this code on mma.h's emulated wgmma
