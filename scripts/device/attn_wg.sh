@@ -6,13 +6,15 @@
 #      fixtures against transformers: their head dim 32 runs
 #      attn_flash_wg_f32_d32; then the 40-layer synthetic model's prefill vs
 #      decode agreement);
-#   2. compute-sanitizer memcheck and racecheck of the new kernels (only they
-#      are instrumented) on a 1,300-token prompt (SANITIZE=0 skips it);
+#   2. compute-sanitizer memcheck and racecheck of the attention kernels
+#      (only they are instrumented; SANITIZE=0 skips it);
 #   3. per-kernel prompt times at $PROFILE_LENS (QWASI_GPU_PROFILE=1) and the last
 #      logits of each length, both kernels; logits_compare.py between them;
 #      the same at 8K with the bf16 cache (QWASI_KV=bf16);
-#   4. with LONG=1, QWASI_ATTN=wg: the 131,072-token TTFT (1 + 2 runs) and
-#      the prefix cache's 131K cached + 1K new tokens (scripts/device/prefix_cache.sh).
+#   4. QWASI_ATTN=wg: the 131,072-token TTFT (1 + 2 runs) and the prefix
+#      cache's 131K cached + 1K new tokens (scripts/device/prefix_cache.sh).
+# STEPS picks them: check (1, 2), profile (3), long (4); default "check profile"
+# (about 6 minutes), then STEPS=long in a second call (about 3 minutes).
 # Everything lands in $OUT/attn-wg.
 set -uo pipefail
 OUT=${OUT:-/tmp/qwasi-out}
@@ -20,19 +22,28 @@ R=$OUT/attn-wg
 mkdir -p $R
 B=${QWASI_BIN:-target/release/qwasi}
 PROFILE_LENS=${PROFILE_LENS:-8192,32768}
+STEPS=${STEPS:-check profile}
+step() { [[ " $STEPS " == *" $1 "* ]]; }
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv,noheader | tee $R/gpu.txt
+if step check; then
 echo "== verify --synthetic"
 QWASI_ATTN=wg timeout 240 $B verify --backend cuda --synthetic qwen3.6-35b-a3b --json $R/verify.json > $R/verify.log 2>&1
 echo "verify exit $?"; grep -E "PASS|FAIL" $R/verify.log | cut -c1-140
 if [ "${SANITIZE:-1}" = 1 ]; then
-  for tool in memcheck racecheck; do
-    echo "== compute-sanitizer $tool (attn_flash_wg, attn_kv_split_t)"
-    QWASI_ATTN=wg timeout 200 compute-sanitizer --tool $tool --kernel-name regex:'attn_(flash_wg|kv_split_t)' --print-limit 20 \
-      $B bench --workload speed --backend cuda --lens 1300 --decode-tokens 2 --runs 1 --warmups 0 --fixtures /nonexistent \
-      --out $R/sanitize-$tool.json > $R/sanitize-$tool.log 2>&1
-    echo "exit $?"; grep -E "ERROR SUMMARY|RACECHECK SUMMARY|Invalid|hazard" $R/sanitize-$tool.log | head -5
-  done
+  # The attention kernels only (kernel-name substring): memcheck over the
+  # fixtures (head dim 32) and 4 synthetic layers (256, one attention layer,
+  # and the verify attention check), racecheck over the fixtures.
+  echo "== compute-sanitizer memcheck (attn_*)"
+  QWASI_ATTN=wg timeout 200 compute-sanitizer --tool memcheck --kernel-name kns=attn_ --print-limit 20 \
+    $B verify --backend cuda --synthetic qwen3.6-35b-a3b --layers 4 --gen-tokens 2 > $R/sanitize-memcheck.log 2>&1
+  echo "exit $?"; grep -E "ERROR SUMMARY|Invalid|verify:" $R/sanitize-memcheck.log | head -5
+  echo "== compute-sanitizer racecheck (attn_flash_wg, fixtures)"
+  QWASI_ATTN=wg timeout 150 compute-sanitizer --tool racecheck --kernel-name kns=attn_flash_wg --print-limit 20 \
+    $B verify --backend cuda > $R/sanitize-racecheck.log 2>&1
+  echo "exit $?"; grep -E "RACECHECK SUMMARY|ERROR SUMMARY|hazard|verify:" $R/sanitize-racecheck.log | head -5
 fi
+fi
+if step profile; then
 for a in wg mma; do
   env_attn=wg; [ $a = mma ] && env_attn=
   echo "== profile $a at $PROFILE_LENS"
@@ -60,7 +71,8 @@ for a in wg mma; do
 done
 python3 scripts/device/logits_compare.py $R/logits-bf16-wg $R/logits-bf16-mma > $R/logits-compare-bf16.json
 python3 -c "import json; d=json.load(open('$R/logits-compare-bf16.json')); [print('  bf16', k, v) for k, v in d['files'].items()]"
-if [ "${LONG:-0}" = 1 ]; then
+fi
+if step long; then
   echo "== 131K TTFT (wg)"
   QWASI_ATTN=wg timeout 150 $B bench --workload speed --backend cuda --lens 131072 --ttft-max 131072 --decode-tokens 8 \
     --runs 2 --warmups 1 --fixtures /nonexistent --out $R/speed-131k-wg.json > $R/speed-131k-wg.log 2>&1
