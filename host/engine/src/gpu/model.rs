@@ -265,6 +265,36 @@ fn moe_gemm_kernel(bm: usize, wgmma: bool, wg_cols: usize) -> (&'static str, usi
     }
 }
 
+/// `n` seeded uniform values `offset + scale * u`, u in [-1, 1), at `ptr`:
+/// bf16 (`fill_uniform_bf16`) or f32 (`fill_uniform_f32`).
+fn fill_uniform(
+    dev: &Device,
+    ptr: u64,
+    n: usize,
+    seed: u64,
+    scale: f32,
+    offset: f32,
+    bf16: bool,
+) -> Result<()> {
+    dev.launch(
+        if bf16 {
+            "fill_uniform_bf16"
+        } else {
+            "fill_uniform_f32"
+        },
+        (n.div_ceil(256).min(65_535 * 16) as u32, 1, 1),
+        (256, 1, 1),
+        0,
+        &[
+            Arg::Ptr(ptr),
+            Arg::I64(n as i64),
+            Arg::U64(seed),
+            f(scale),
+            f(offset),
+        ],
+    )
+}
+
 /// Block rows of the grouped expert GEMM: (expert, first row, rows <= bm)
 /// triples over rows sorted by expert, `counts[e]` rows each.
 fn moe_tiles(counts: &[i32], bm: usize) -> Vec<i32> {
@@ -501,38 +531,12 @@ impl GpuModel {
         let t0 = std::time::Instant::now();
         let fill_bf16 = |n: usize, scale: f32, s: u64| -> Result<DBuf> {
             let b = dev.alloc(n * B)?;
-            let blocks = n.div_ceil(256).min(65_535 * 16) as u32;
-            dev.launch(
-                "fill_uniform_bf16",
-                (blocks, 1, 1),
-                (256, 1, 1),
-                0,
-                &[
-                    Arg::Ptr(b.ptr()),
-                    Arg::I64(n as i64),
-                    Arg::U64(s),
-                    f(scale),
-                    f(0.0),
-                ],
-            )?;
+            fill_uniform(&dev, b.ptr(), n, s, scale, 0.0, true)?;
             Ok(b)
         };
         let fill_f32 = |n: usize, scale: f32, offset: f32, s: u64| -> Result<DBuf> {
             let b = dev.alloc(n * F)?;
-            let blocks = n.div_ceil(256).min(65_535 * 16) as u32;
-            dev.launch(
-                "fill_uniform_f32",
-                (blocks, 1, 1),
-                (256, 1, 1),
-                0,
-                &[
-                    Arg::Ptr(b.ptr()),
-                    Arg::I64(n as i64),
-                    Arg::U64(s),
-                    f(scale),
-                    f(offset),
-                ],
-            )?;
+            fill_uniform(&dev, b.ptr(), n, s, scale, offset, false)?;
             Ok(b)
         };
         // Uniform with standard deviation 1/sqrt(cols).

@@ -21,7 +21,7 @@
 //! `attn_flash_*` kernel.
 
 #[cfg(feature = "cuda")]
-use super::{B, DBuf};
+use super::{B, DBuf, fill_uniform};
 use super::{F, FA_BK, FA_BQ};
 use super::{GpuModel, Scratch};
 use anyhow::Result;
@@ -271,7 +271,6 @@ impl GpuModel {
     /// --synthetic` reports both.
     #[cfg(feature = "cuda")]
     pub fn attention_agreement(&self, shapes: &[(usize, usize)]) -> Result<Vec<AttnAgreement>> {
-        use crate::gpu::{Arg, f};
         let c = &self.cfg;
         let (nh, nkv, hd) = (c.num_attention_heads, c.num_key_value_heads, c.head_dim);
         let mut sc = self.scratch.lock().unwrap();
@@ -279,23 +278,7 @@ impl GpuModel {
         let d = &self.dev;
         let kv_bytes = if self.kv_f32 { F } else { B };
         let fill = |buf: u64, n: usize, seed: u64, scale: f32, bf16: bool| {
-            d.launch(
-                if bf16 {
-                    "fill_uniform_bf16"
-                } else {
-                    "fill_uniform_f32"
-                },
-                (n.div_ceil(256).min(65_535 * 16) as u32, 1, 1),
-                (256, 1, 1),
-                0,
-                &[
-                    Arg::Ptr(buf),
-                    Arg::I64(n as i64),
-                    Arg::U64(seed),
-                    f(scale),
-                    f(0.0),
-                ],
-            )
+            fill_uniform(d, buf, n, seed, scale, 0.0, bf16)
         };
         let mut report = Vec::new();
         for (s, &(t, pos0)) in shapes.iter().enumerate() {
