@@ -39,10 +39,6 @@
 
 #if defined(QW_WGMMA) || defined(QW_CPU)
 
-// Byte offset of 16-byte chunk c (0..3) of row r in a [rows][64 B] tile in the
-// 64-byte swizzle (the tile 512-byte aligned).
-__device__ __forceinline__ unsigned sw64_off(int r, int c) { return (unsigned)(r * 64 + ((c ^ ((r >> 1) & 3)) << 4)); }
-
 // Keys [k0, k0 + 32) of kv head kvh (zeros from kend) from the hi (and, LO,
 // lo) planes [pos][nkv][HD] into the K tile, one commit group.
 template <int HD, bool LO>

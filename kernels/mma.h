@@ -333,6 +333,9 @@ __device__ __forceinline__ unsigned long long wg_desc(const void* smem, unsigned
 __device__ __forceinline__ unsigned long long wg_desc_sw64(const void* smem, unsigned sbo) {
     return wg_desc(smem, 16, sbo) | 2ull << 62;
 }
+// Byte offset of 16-byte chunk c (0..3) of row r in a [rows][64 B] tile in that
+// swizzle (the tile 512-byte aligned): where a copy puts it.
+__device__ __forceinline__ unsigned sw64_off(int r, int c) { return (unsigned)(r * 64 + ((c ^ ((r >> 1) & 3)) << 4)); }
 #endif
 
 #if defined(QW_CUDA) || defined(QW_CPU)
