@@ -119,9 +119,9 @@ pub struct GpuModel {
     /// attention without tensor cores (`attn_flash_*`).
     #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     tc_attention: bool,
-    /// `true` with `QWASI_ATTN=wg`: prompt attention on warpgroup MMA
-    /// (`attn_flash_wg_*`) where it applies. Opt-in until an H200 run has
-    /// checked it against the fixtures (CPU-emulated only so far).
+    /// Prompt attention on warpgroup MMA (`attn_flash_wg_*`) where it applies
+    /// (compute capability 9.x); `false` with `QWASI_ATTN=mma`, which keeps the
+    /// `mma.sync` kernel (`attn_flash_tc_*`).
     #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     wg_attention: bool,
     /// KV capacity limit per sequence (tokens).
@@ -507,7 +507,7 @@ impl GpuModel {
             },
             tc_attention: cfg!(feature = "cuda")
                 && std::env::var("QWASI_ATTN").as_deref() != Ok("cuda-cores"),
-            wg_attention: std::env::var("QWASI_ATTN").as_deref() == Ok("wg"),
+            wg_attention: std::env::var("QWASI_ATTN").as_deref() != Ok("mma"),
             gemm,
             kv_f32: std::env::var("QWASI_KV").as_deref() != Ok("bf16"),
             dec_attn: decode::DecAttnPath::from_env(),

@@ -8,13 +8,14 @@
 //! buffer, which every block then streams straight into the mma layout; a bf16
 //! cache is read as it is.
 //!
-//! With `QWASI_ATTN=wg`, on compute capability 9.x at head dim 256 (the model)
-//! or 32 (the test fixtures), `attn_flash_wg_{f32,bf16}_d*`
+//! On compute capability 9.x at head dim 256 (the model) or 32 (the test
+//! fixtures), `attn_flash_wg_{f32,bf16}_d*`
 //! (kernels/attention_wg.cu) computes the same on warpgroup MMA: the values
 //! are transposed first (`attn_kv_split_t`, which also writes the keys' hi /
 //! lo planes of an f32 cache; `attn_v_transpose_bf16`), so both products read
-//! their operands K-major. Opt-in until an H200 run checks it
-//! (`scripts/device/attn_wg.sh`); the CPU harness runs it on emulated wgmma.
+//! their operands K-major. `QWASI_ATTN=mma` keeps the mma.sync kernel there
+//! (`scripts/device/attn_wg.sh` compares the two); the CPU harness runs both,
+//! the warpgroup one on emulated wgmma.
 //!
 //! CUDA only (HIP has no mma.sync: the HIP build's kernels are empty stubs and
 //! this returns `Ok(false)`); `QWASI_ATTN=cuda-cores` keeps the CUDA-core
