@@ -18,15 +18,17 @@
 // Shared memory (bytes; every tile K-major in the 64-byte swizzle, `wg_desc_sw64`):
 //   Q  [hi, lo][HD / 32 slabs][128 rows][64 B]   HD * 512
 //   K  [HD / 32 slabs][Kh keys 0..31, (LO) Kl keys 0..31][64 B]   HD * 128 (LO) or 64
-//   Vt [hi, (LO) lo][HD rows (d)][64 B: 32 keys]   HD * 128 (LO) or 64
-// (HD 256: 196,608 bytes, bf16 cache 163,840). P V needs V with the keys along
+//   Vt 2 x [hi, (LO) lo][HD rows (d)][64 B: 32 keys]   HD * 256 (LO) or 128
+// (HD 256: 229,376 bytes, bf16 cache 180,224). P V needs V with the keys along
 // k: `attn_kv_split_t` writes the f32 cache's values transposed, [nkv][HD][ldp]
 // hi and lo planes (zeros from the last key to ldp), with the keys' hi / lo
 // planes [pos][nkv][HD]; for a bf16 cache `attn_v_transpose_bf16` writes the
-// values' plane and the keys are read from the cache. One K and one V buffer,
-// in the FlashAttention-2 order of attn_flash_tc: K tile j + 1 is copied while
-// P V of tile j runs, V tile j while S of tile j runs. A warpgroup skips a
-// tile none of its rows may see.
+// values' plane and the keys are read from the cache. Per tile j the tensor
+// cores take S of tile j + 1 and P V of tile j back to back, and the softmax of
+// tile j + 1 runs while P V does (O is rescaled after it): one K buffer (tile
+// j + 2 is copied once both warpgroups' S of j + 1 is done) and two V buffers
+// (tile j + 1 is copied during tile j). Both warpgroups take every tile of
+// the block (one past the last key of warpgroup 0's rows at most).
 // grid (ceil(T * G / 128), nkv), the pair tiles with the most keys first;
 // block 256. HD is compiled in (the model's 256; 32 for the test fixtures).
 // The CPU harness runs this code on mma.h's emulated wgmma
@@ -44,13 +46,18 @@
 template <int HD, bool LO>
 __device__ __forceinline__ void wg_load_k(unsigned char* Ks, const bf16_t* __restrict__ kh,
                                           const bf16_t* __restrict__ kl, int k0, int kend, int nkv, int kvh) {
+    // A thread copies one 16-byte chunk column ch of every (256 / CPR)-th row:
+    // its addresses are a base plus constant steps (few registers: the loads
+    // are issued while every accumulator is in flight).
     constexpr int CPR = HD / 8, ROWS = (LO ? 2 : 1) * WG_BK;  // 16-byte chunks per key; rows per slab
-    for (int e = threadIdx.x; e < ROWS * CPR; e += 256) {
-        const int n = e / CPR, ch = e - n * CPR;  // n < 32: Kh, else Kl
+    const int ch = threadIdx.x % CPR;
+    unsigned char* dst = Ks + (ch >> 2) * (ROWS * 64);
+#pragma unroll
+    for (int n = threadIdx.x / CPR; n < ROWS; n += 256 / CPR) {  // n < 32: Kh, else Kl
         const int key = k0 + (n & (WG_BK - 1));
         const bool ok = key < kend;
         const bf16_t* src = (n < WG_BK ? kh : kl) + ((size_t)(ok ? key : 0) * nkv + kvh) * HD + 8 * ch;
-        cp_async16(Ks + (ch >> 2) * (ROWS * 64) + sw64_off(n, ch & 3), src, ok);
+        cp_async16(dst + sw64_off(n, ch & 3), src, ok);
     }
     cp_async_commit();
 }
@@ -60,12 +67,65 @@ __device__ __forceinline__ void wg_load_k(unsigned char* Ks, const bf16_t* __res
 template <int HD, bool LO>
 __device__ __forceinline__ void wg_load_v(unsigned char* Vs, const bf16_t* __restrict__ vth,
                                           const bf16_t* __restrict__ vtl, int k0, int ldp, int kvh) {
-    for (int e = threadIdx.x; e < (LO ? 2 : 1) * HD * 4; e += 256) {
-        const int c = e & 3, d = (e >> 2) % HD, hl = e / (4 * HD);
-        const bf16_t* src = (hl ? vtl : vth) + ((size_t)kvh * HD + d) * ldp + k0 + 8 * c;
-        cp_async16(Vs + hl * HD * 64 + sw64_off(d, c), src, true);
+    const int c = threadIdx.x & 3;  // chunk c of rows d = threadIdx.x / 4 + 64i
+#pragma unroll
+    for (int hl = 0; hl < (LO ? 2 : 1); hl++) {
+        const bf16_t* src = (hl ? vtl : vth) + (size_t)kvh * HD * ldp + k0 + 8 * c;
+#pragma unroll
+        for (int d = threadIdx.x >> 2; d < HD; d += 64)
+            cp_async16(Vs + hl * HD * 64 + sw64_off(d, c), src + (size_t)d * ldp, true);
     }
     cp_async_commit();
+}
+
+// S of one tile for this warpgroup's 64 rows, issued (one commit group, not
+// waited for): sa = Qh [Kh | Kl] (64 columns; without LO Qh Kh, 32), sb = Ql Kh.
+template <int HD, bool LO>
+__device__ __forceinline__ void wg_issue_scores(float (&sa)[32], float (&sb)[16], const unsigned char* Qs,
+                                                const unsigned char* Ks, int h) {
+    constexpr int SLABS = HD / 32, QSLAB = WG_ROWS * 64, QPLANE = SLABS * QSLAB, KSLAB = (LO ? 2 : 1) * WG_BK * 64;
+#pragma unroll
+    for (int i = 0; i < 32; i++) sa[i] = 0.f;
+#pragma unroll
+    for (int i = 0; i < 16; i++) sb[i] = 0.f;
+    wgmma_fence();
+    wgmma_fence_operands(sa, 32);
+    wgmma_fence_operands(sb, 16);
+#pragma unroll
+    for (int sl8 = 0; sl8 < SLABS; sl8++)
+#pragma unroll
+        for (int kc = 0; kc < 2; kc++) {  // k16 steps start 32 bytes into the 64-byte rows
+            const unsigned qo = sl8 * QSLAB + 64 * 64 * h + 32 * kc;
+            const unsigned long long dk = wg_desc_sw64(Ks + sl8 * KSLAB + 32 * kc, 512);
+            if constexpr (LO) wgmma_m64n64k16(sa, wg_desc_sw64(Qs + qo, 512), dk);
+            else wgmma_m64n32k16(sa, wg_desc_sw64(Qs + qo, 512), dk);
+            wgmma_m64n32k16(sb, wg_desc_sw64(Qs + QPLANE + qo, 512), dk);
+        }
+    wgmma_commit();
+}
+
+// O += P V of one tile, issued (one commit group, not waited for): k16 step kk
+// takes the S tiles 2kk, 2kk + 1 as its A fragment (ph, pl: P's hi / lo).
+template <int HD, bool LO>
+__device__ __forceinline__ void wg_issue_pv(float* o, unsigned (&ph)[2][4], unsigned (&pl)[2][4],
+                                            const unsigned char* Vs) {
+    wgmma_fence();
+    wgmma_fence_operands(o, HD / 2);
+#pragma unroll
+    for (int kk = 0; kk < 2; kk++) {
+        const unsigned long long dvh = wg_desc_sw64(Vs + 32 * kk, 512);
+        const unsigned long long dvl = wg_desc_sw64(Vs + HD * 64 + 32 * kk, 512);
+        if constexpr (HD == 256) {
+            wgmma_m64n256k16_rs(o, ph[kk], dvh);
+            wgmma_m64n256k16_rs(o, pl[kk], dvh);
+            if constexpr (LO) wgmma_m64n256k16_rs(o, ph[kk], dvl);
+        } else {
+            wgmma_m64n32k16_rs(o, ph[kk], dvh);
+            wgmma_m64n32k16_rs(o, pl[kk], dvh);
+            if constexpr (LO) wgmma_m64n32k16_rs(o, ph[kk], dvl);
+        }
+    }
+    wgmma_commit();
 }
 
 template <int HD, bool LO>
@@ -76,11 +136,12 @@ __device__ __forceinline__ void attn_flash_wg_impl(const float* __restrict__ q, 
                                                    float* __restrict__ out, int T, int nh, int nkv, int pos0,
                                                    float scale) {
     constexpr int SLABS = HD / 32, QSLAB = WG_ROWS * 64, QPLANE = SLABS * QSLAB, KSLAB = (LO ? 2 : 1) * WG_BK * 64;
+    constexpr int VTILE = (LO ? 2 : 1) * HD * 64;
     constexpr int DT = HD / 8;  // n8 tiles of O
     __align__(1024) QW_DYN_SMEM(unsigned char, wg_attn_smem);
     unsigned char* Qs = wg_attn_smem;          // [hi, lo][slab][row][64 B]
     unsigned char* Ks = Qs + 2 * QPLANE;       // [slab][Kh, Kl rows][64 B]
-    unsigned char* Vs = Ks + SLABS * KSLAB;    // [hi, lo][d][64 B]
+    unsigned char* Vs = Ks + SLABS * KSLAB;    // 2 x [hi, lo][d][64 B]: tile jt in Vs + (jt & 1) * VTILE
 
     const int G = nh / nkv, kvh = blockIdx.y, npairs = T * G;
     const int p0 = ((int)gridDim.x - 1 - (int)blockIdx.x) * WG_ROWS;  // most keys first
@@ -110,6 +171,7 @@ __device__ __forceinline__ void attn_flash_wg_impl(const float* __restrict__ q, 
         *(uint4*)(Qs + off) = hi;
         *(uint4*)(Qs + QPLANE + off) = lo;
     }
+    wg_load_v<HD, LO>(Vs, vth, vtl, 0, ldp, kvh);
 
     const int h = threadIdx.x / 128, w = threadIdx.x % 128 / WARP, lane = threadIdx.x % WARP;
     const int g = lane >> 2, c = lane & 3;
@@ -117,10 +179,8 @@ __device__ __forceinline__ void attn_flash_wg_impl(const float* __restrict__ q, 
     const int pa = p0 + 64 * h + 16 * w + g, pb = pa + 8;
     const int last_a = pos0 + min(pa, npairs - 1) / G;
     const int last_b = pos0 + min(pb, npairs - 1) / G;
-    // Pairs are in query order: a warp's first row sees the fewest keys; the
-    // warpgroup's last row the most.
+    // Pairs are in query order: a warp's first row sees the fewest keys.
     const int warp_last = pos0 + min(p0 + 64 * h + 16 * w, npairs - 1) / G;
-    const int wg_end = pos0 + min(p0 + 64 * h + 63, npairs - 1) / G;
 
     float o[DT][4];  // the m64nHD accumulator: o[j][e] = O[16w + g + 8(e / 2)][8j + 2c + e % 2]
 #pragma unroll
@@ -129,93 +189,86 @@ __device__ __forceinline__ void attn_flash_wg_impl(const float* __restrict__ q, 
         for (int e = 0; e < 4; e++) o[j][e] = 0.f;
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
     const float sl = scale * 1.4426950408889634f;  // scores in log2 units
+    float sa[32], sb[16];
+    unsigned ph[2][4], pl[2][4];  // P of the tile whose P V is next, hi / lo
 
-    for (int jt = 0; jt < ntiles; jt++) {
-        const int k0 = jt * WG_BK;
-        const bool active = k0 <= wg_end;  // warpgroup-uniform
-        cp_async_wait<0>();
-        fence_proxy_async();  // this thread's copies (and Q stores) visible to the tensor cores ...
-        __syncthreads();      // ... everyone's; K tile jt landed; every warpgroup is done with V tile jt - 1
-        wg_load_v<HD, LO>(Vs, vth, vtl, k0, ldp, kvh);
-
-        // s[j][e]: row g (e < 2) or g + 8 of this warp, key k0 + 8j + 2c + (e & 1).
-        float s[4][4];
-        if (active) {
-            float sa[32], sb[16];  // Qh [Kh | Kl] (64 columns; without LO Qh Kh, 32), Ql Kh (32)
+    // The finished S of the tile at k0 (sa, sb) as softmax weights: the
+    // running maxima and sums move on, corr is what O must be scaled by, and
+    // the weights are left in s.
+    auto weights = [&](float (&s)[4][4], int k0, float (&corr)[2]) {
+        const bool diag = k0 + WG_BK - 1 > warp_last;  // some key of the tile is masked for some row
 #pragma unroll
-            for (int i = 0; i < 32; i++) sa[i] = 0.f;
+        for (int j = 0; j < 4; j++)
 #pragma unroll
-            for (int i = 0; i < 16; i++) sb[i] = 0.f;
-            wgmma_fence();
-            wgmma_fence_operands(sa, 32);
-            wgmma_fence_operands(sb, 16);
+            for (int e = 0; e < 4; e++) {
+                float v = (sa[4 * j + e] + (sb[4 * j + e] + (LO ? sa[16 + 4 * j + e] : 0.f))) * sl;
+                if (diag && k0 + 8 * j + 2 * c + (e & 1) > (e < 2 ? last_a : last_b)) v = -INFINITY;
+                s[j][e] = v;
+            }
+        attn_softmax_weights(s, m, l, corr);
+    };
+    // P (the weights s) as the A fragments of P V: k16 step kk is the S tiles 2kk, 2kk + 1.
+    auto split_p = [&](const float (&s)[4][4]) {
 #pragma unroll
-            for (int sl8 = 0; sl8 < SLABS; sl8++)
-#pragma unroll
-                for (int kc = 0; kc < 2; kc++) {  // k16 steps start 32 bytes into the 64-byte rows
-                    const unsigned qo = sl8 * QSLAB + 64 * 64 * h + 32 * kc;
-                    const unsigned long long dk = wg_desc_sw64(Ks + sl8 * KSLAB + 32 * kc, 512);
-                    if constexpr (LO) wgmma_m64n64k16(sa, wg_desc_sw64(Qs + qo, 512), dk);
-                    else wgmma_m64n32k16(sa, wg_desc_sw64(Qs + qo, 512), dk);
-                    wgmma_m64n32k16(sb, wg_desc_sw64(Qs + QPLANE + qo, 512), dk);
-                }
-            wgmma_commit();
-            wgmma_wait0();
-            wgmma_fence_operands(sa, 32);
-            wgmma_fence_operands(sb, 16);
-
-            // Online softmax (attn_tile.h).
-            const bool diag = k0 + WG_BK - 1 > warp_last;  // some key of the tile is masked for some row
-#pragma unroll
-            for (int j = 0; j < 4; j++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    float v = (sa[4 * j + e] + (sb[4 * j + e] + (LO ? sa[16 + 4 * j + e] : 0.f))) * sl;
-                    if (diag && k0 + 8 * j + 2 * c + (e & 1) > (e < 2 ? last_a : last_b)) v = -INFINITY;
-                    s[j][e] = v;
-                }
-            attn_softmax_tile<DT>(s, m, l, o, HD);
+        for (int kk = 0; kk < 2; kk++) {
+            split_bf16x2(s[2 * kk][0], s[2 * kk][1], ph[kk][0], pl[kk][0]);          // row g,     keys 16kk + 2c
+            split_bf16x2(s[2 * kk][2], s[2 * kk][3], ph[kk][1], pl[kk][1]);          // row g + 8
+            split_bf16x2(s[2 * kk + 1][0], s[2 * kk + 1][1], ph[kk][2], pl[kk][2]);  // row g,     keys 16kk + 8 + 2c
+            split_bf16x2(s[2 * kk + 1][2], s[2 * kk + 1][3], ph[kk][3], pl[kk][3]);  // row g + 8
         }
+    };
 
+    // Tile 0's S and softmax (O is still zero: nothing to rescale). Every
+    // warpgroup takes tile 0: its key 0 is visible to every row.
+    cp_async_wait<1>();
+    fence_proxy_async();  // this thread's K copies and Q stores visible to the tensor cores ...
+    __syncthreads();      // ... everyone's
+    {
+        wg_issue_scores<HD, LO>(sa, sb, Qs, Ks, h);
+        wgmma_wait0();
+        wgmma_fence_operands(sa, 32);
+        wgmma_fence_operands(sb, 16);
+        float s[4][4], corr[2];
+        weights(s, 0, corr);
+        split_p(s);
+    }
+    __syncthreads();  // every warpgroup is done with K tile 0
+    if (ntiles > 1) wg_load_k<HD, LO>(Ks, kh, kl, WG_BK, kend, nkv, kvh);
+
+    // Tile jt: S of tile jt + 1 and P V of tile jt go to the tensor cores
+    // together; the softmax of tile jt + 1 runs while P V does, and O is
+    // rescaled once P V is done. V is double-buffered (tile jt + 1 is copied
+    // during tile jt), K single: tile jt + 2 is copied from when both
+    // warpgroups' S of tile jt + 1 is done.
+    for (int jt = 0; jt < ntiles; jt++) {
+        const int k1 = (jt + 1) * WG_BK;
         cp_async_wait<0>();
         fence_proxy_async();
-        __syncthreads();  // V tile jt landed; every warpgroup is done with K tile jt
-        if (jt + 1 < ntiles) wg_load_k<HD, LO>(Ks, kh, kl, k0 + WG_BK, kend, nkv, kvh);
-
-        // O += P V: k16 step kk takes the S tiles 2kk, 2kk + 1 as its A fragment.
-        if (active) {
-            unsigned ph[2][4], pl[2][4];
-#pragma unroll
-            for (int kk = 0; kk < 2; kk++) {
-                split_bf16x2(s[2 * kk][0], s[2 * kk][1], ph[kk][0], pl[kk][0]);          // row g,     keys 16kk + 2c
-                split_bf16x2(s[2 * kk][2], s[2 * kk][3], ph[kk][1], pl[kk][1]);          // row g + 8
-                split_bf16x2(s[2 * kk + 1][0], s[2 * kk + 1][1], ph[kk][2], pl[kk][2]);  // row g,     keys 16kk + 8 + 2c
-                split_bf16x2(s[2 * kk + 1][2], s[2 * kk + 1][3], ph[kk][3], pl[kk][3]);  // row g + 8
-            }
-            wgmma_fence();
-            wgmma_fence_operands(&o[0][0], HD / 2);
-#pragma unroll
-            for (int kk = 0; kk < 2; kk++) {
-                const unsigned long long dvh = wg_desc_sw64(Vs + 32 * kk, 512);
-                const unsigned long long dvl = wg_desc_sw64(Vs + HD * 64 + 32 * kk, 512);
-                float* d = &o[0][0];
-                if constexpr (HD == 256) {
-                    wgmma_m64n256k16_rs(d, ph[kk], dvh);
-                    wgmma_m64n256k16_rs(d, pl[kk], dvh);
-                    if constexpr (LO) wgmma_m64n256k16_rs(d, ph[kk], dvl);
-                } else {
-                    wgmma_m64n32k16_rs(d, ph[kk], dvh);
-                    wgmma_m64n32k16_rs(d, pl[kk], dvh);
-                    if constexpr (LO) wgmma_m64n32k16_rs(d, ph[kk], dvl);
-                }
-            }
-            wgmma_commit();
-            wgmma_wait0();
-            wgmma_fence_operands(&o[0][0], HD / 2);
-            // The A fragments must stay in their registers until the products are done.
-            wgmma_fence_operands(&ph[0][0], 8);
-            wgmma_fence_operands(&pl[0][0], 8);
-        }
+        __syncthreads();  // V tile jt and K tile jt + 1 landed; every warpgroup is done with V tile jt - 1
+        // Every product and softmax step is unconditional (ptxas serializes
+        // wgmma whose issue and wait sit in separate branches). Where a tile
+        // is past all of a warpgroup's rows, and on the last tile's "next"
+        // (the K buffer then still holds tile jt: its keys are all past
+        // kend), every score is masked: the weights are 0 and corr 1, so m, l
+        // and O stay exactly as they are.
+        wg_issue_scores<HD, LO>(sa, sb, Qs, Ks, h);
+        wg_issue_pv<HD, LO>(&o[0][0], ph, pl, Vs + (jt & 1) * VTILE);
+        // V tile jt + 1 into the other buffer (P V of tile jt - 1 is done with it).
+        if (jt + 1 < ntiles) wg_load_v<HD, LO>(Vs + ((jt + 1) & 1) * VTILE, vth, vtl, k1, ldp, kvh);
+        wgmma_wait1();  // S (the older group) done, P V may still run
+        wgmma_fence_operands(sa, 32);
+        wgmma_fence_operands(sb, 16);
+        __syncthreads();  // every warpgroup is done with K tile jt + 1
+        if (jt + 2 < ntiles) wg_load_k<HD, LO>(Ks, kh, kl, k1 + WG_BK, kend, nkv, kvh);
+        float s[4][4], corr[2];
+        weights(s, k1, corr);
+        wgmma_wait0();
+        wgmma_fence_operands(&o[0][0], HD / 2);
+        // The A fragments had to stay in their registers until the products were done.
+        wgmma_fence_operands(&ph[0][0], 8);
+        wgmma_fence_operands(&pl[0][0], 8);
+        attn_rescale<DT>(o, corr, HD);
+        split_p(s);
     }
 
     attn_store_gated<DT>(o, l, pa, pb, npairs, G, kvh, nh, HD, proj, stride, out, c);

@@ -8,12 +8,13 @@
 #include "compat.h"
 
 // The scores s of one tile (log2 units, -inf where masked) become their
-// softmax weights: the running maxima m move to the tile's, the output rows o
-// (n8 tiles below hd) and this lane's partial sums l are rescaled to them, and
-// l gains the weights of this lane's columns (the quad is summed at the end).
-template <int DT>
-__device__ __forceinline__ void attn_softmax_tile(float (&s)[4][4], float (&m)[2], float (&l)[2], float (&o)[DT][4],
-                                                  int hd) {
+// softmax weights: the running maxima m move to the tile's, this lane's
+// partial sums l are rescaled to them and gain the weights of this lane's
+// columns (the quad is summed at the end); corr is the factor the output rows
+// accumulated so far must take (attn_rescale), which the warpgroup kernel
+// applies only once its products of the previous tile are done.
+__device__ __forceinline__ void attn_softmax_weights(float (&s)[4][4], float (&m)[2], float (&l)[2],
+                                                     float (&corr)[2]) {
     float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
     for (int j = 0; j < 4; j++)
@@ -27,16 +28,9 @@ __device__ __forceinline__ void attn_softmax_tile(float (&s)[4][4], float (&m)[2
         const float mn = fmaxf(m[i], mx[i]);
         // Tile 0 holds key 0, visible to every row, so mn is finite; guarded anyway.
         mref[i] = mn == -INFINITY ? 0.f : mn;
-        const float corr = exp2f(m[i] - mref[i]);  // 0 on the first tile (m = -inf)
+        corr[i] = exp2f(m[i] - mref[i]);  // 0 on the first tile (m = -inf)
         m[i] = mn;
-        l[i] *= corr;
-#pragma unroll
-        for (int dt = 0; dt < DT; dt++) {
-            if (dt * 8 < hd) {
-                o[dt][2 * i] *= corr;
-                o[dt][2 * i + 1] *= corr;
-            }
-        }
+        l[i] *= corr[i];
     }
 #pragma unroll
     for (int j = 0; j < 4; j++)
@@ -46,6 +40,27 @@ __device__ __forceinline__ void attn_softmax_tile(float (&s)[4][4], float (&m)[2
             s[j][e] = p;
             l[e >> 1] += p;
         }
+}
+
+// The output rows o (n8 tiles below hd) times corr (row g: corr[0], g + 8: corr[1]).
+template <int DT>
+__device__ __forceinline__ void attn_rescale(float (&o)[DT][4], const float (&corr)[2], int hd) {
+#pragma unroll
+    for (int dt = 0; dt < DT; dt++) {
+        if (dt * 8 < hd) {
+#pragma unroll
+            for (int e = 0; e < 4; e++) o[dt][e] *= corr[e >> 1];
+        }
+    }
+}
+
+// Both: the tile's weights and the output rows rescaled to its maxima.
+template <int DT>
+__device__ __forceinline__ void attn_softmax_tile(float (&s)[4][4], float (&m)[2], float (&l)[2], float (&o)[DT][4],
+                                                  int hd) {
+    float corr[2];
+    attn_softmax_weights(s, m, l, corr);
+    attn_rescale<DT>(o, corr, hd);
 }
 
 // out[t][head][d] = O / l * sigmoid(gate) for the thread's rows: pair pa (row
