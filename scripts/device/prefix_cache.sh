@@ -9,7 +9,9 @@
 # JSON report in $OUT/prefix-cache.json, log in $OUT/prefix-cache.log.
 # Env: PREFIXES (8192,32768,131072), NEW (1024), RUNS (1), CACHE_MIB (32768),
 # INTERVALS (snapshot-interval sweep; empty = none, the default), BACKEND
-# (cuda), PRESET (qwen3.6-35b-a3b), EXTRA (more bench flags, e.g. --layers 8).
+# (cuda), PRESET (qwen3.6-35b-a3b), EXTRA (more bench flags, e.g. --layers 8);
+# QWASI_GPU_PROFILE=1 adds the cached request's per-kernel times (RUNS=2 keeps
+# the exactness run's decode steps out of them).
 # About 3 minutes at the defaults (a 131K cold prefill is ~1 minute, run twice).
 set -uo pipefail
 OUT=${OUT:-/tmp/qwasi-out}

@@ -26,7 +26,10 @@
 //!   longest prefix before the runs;
 //! * one untimed warm-up request, a progress line per request on stderr,
 //!   and the device memory in use sampled every 20 ms (its maximum) in the
-//!   report.
+//!   report;
+//! * with `QWASI_GPU_PROFILE=1`, the per-kernel GPU time of the last run's
+//!   cached request per prefix (`cached_request_profile_ms`; with one run it
+//!   also holds the first run's 8 generated tokens).
 
 use super::{Args, median, ms};
 use anyhow::{Context, Result, bail};
@@ -292,14 +295,20 @@ struct Measured {
     sweep: Vec<Value>,
 }
 
+/// Per-kernel GPU times since the last call (`QWASI_GPU_PROFILE=1`; empty
+/// where the backend has no profile).
+type Profile<'a> = &'a dyn Fn() -> Vec<(&'static str, usize, f64)>;
+
 /// Both parts of the workload on `model`: TTFT cold vs cached with the
-/// exactness check (1), and the snapshot-interval sweep (2).
+/// exactness check (1), and the snapshot-interval sweep (2). `profile` is
+/// read around the last run's cached request of every prefix.
 fn measure<M: Backend + 'static>(
     a: &Args,
     plan: &Plan,
     model: &Arc<M>,
     model_id: &str,
     on: &str,
+    profile: Profile,
 ) -> Result<Measured> {
     let p = &a.prefix_cache;
     let runs = plan.runs;
@@ -363,6 +372,7 @@ fn measure<M: Backend + 'static>(
     for &len in &p.prefixes {
         let (mut cold, mut cached, mut warm) = (vec![], vec![], vec![]);
         let mut exact = json!(null);
+        let mut cached_profile = Vec::new();
         for run in 0..runs {
             let seed = (len as u64) << 8 | run as u64;
             let prefix = tokens(len, seed, vocab);
@@ -375,7 +385,14 @@ fn measure<M: Backend + 'static>(
             let tag = |what: &str| format!("prefix {len} run {run}: {what}");
             let w = request(&svc, &tag("prefix only"), prefix.clone(), 1, &ws)?;
             let c = request(&svc, &tag("cold"), full.clone(), n, &cs)?;
+            let last = run + 1 == runs;
+            if last {
+                profile();
+            }
             let h = request(&svc, &tag("cached"), full.clone(), n, &ws)?;
+            if last {
+                cached_profile = profile();
+            }
             if c.usage.cached_tokens != 0 || h.usage.cached_tokens as usize != len {
                 bail!(
                     "prefix {len}: expected a miss then a hit of {len} tokens, got {} and {} \
@@ -413,6 +430,11 @@ fn measure<M: Backend + 'static>(
             c / h,
             exact["pass"]
         );
+        super::speed::print_profile(
+            &format!("cached request ({len} + {})", p.new_tokens),
+            &cached_profile,
+            1,
+        );
         rows.push(json!({
             "prefix_tokens": len,
             "new_tokens": p.new_tokens,
@@ -423,6 +445,7 @@ fn measure<M: Backend + 'static>(
             "cached_ttft_ms_runs": cached,
             "prefix_only_request_ms_runs": warm,
             "exactness": exact,
+            "cached_request_profile_ms": super::speed::profile_json(&cached_profile),
         }));
     }
     let stats = svc.prefix_cache_stats().unwrap_or_default();
@@ -578,7 +601,14 @@ fn cpu(a: &Args) -> Result<()> {
     let plan = Plan::new(a, false, loaded.config.max_position_embeddings)?;
     let model = Arc::new(CpuModel::new(loaded.config, loaded.weights));
     let commit = super::commit();
-    let m = measure(a, &plan, &model, &model_id, &machine["cpu"].to_string())?;
+    let m = measure(
+        a,
+        &plan,
+        &model,
+        &model_id,
+        &machine["cpu"].to_string(),
+        &Vec::new,
+    )?;
     let config = json!({
         "runs": plan.runs,
         "snapshot_interval": plan.interval,
@@ -713,7 +743,9 @@ fn gpu(a: &Args, backend: &str) -> Result<()> {
         });
         // Stops the sampler however `measure` ends (a panic included).
         let _stop = Stop(&done);
-        measure(a, &plan, &model, &model_id, &gpu_name)
+        measure(a, &plan, &model, &model_id, &gpu_name, &|| {
+            model.take_profile()
+        })
     })?;
     let peak = peak.into_inner();
 

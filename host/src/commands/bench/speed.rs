@@ -436,7 +436,7 @@ fn imp(a: &SpeedArgs, runs: usize, out: &Path) -> Result<()> {
 
 /// Per-kernel GPU times (`QWASI_GPU_PROFILE=1`) of `steps` passes, per pass.
 #[cfg_attr(not(any(feature = "cuda", feature = "hip")), allow(dead_code))]
-fn print_profile(what: &str, profile: &[(&str, usize, f64)], steps: usize) {
+pub(super) fn print_profile(what: &str, profile: &[(&str, usize, f64)], steps: usize) {
     if profile.is_empty() || steps == 0 {
         return;
     }
@@ -459,7 +459,7 @@ fn print_profile(what: &str, profile: &[(&str, usize, f64)], steps: usize) {
 }
 
 #[cfg_attr(not(any(feature = "cuda", feature = "hip")), allow(dead_code))]
-fn profile_json(profile: &[(&str, usize, f64)]) -> Vec<serde_json::Value> {
+pub(super) fn profile_json(profile: &[(&str, usize, f64)]) -> Vec<serde_json::Value> {
     profile
         .iter()
         .map(|(n, c, ms)| json!({"kernel": n, "launches": c, "ms": ms}))
