@@ -135,9 +135,7 @@ QW_KERNEL void QW_BOUNDS(256) moe_gemm_split128(const bf16_t* __restrict__ ahi, 
 // The 128-row tiles on sm_90a's warpgroup MMA (moe_gemm_split128's contract):
 // warpgroup h of the 256 threads multiplies rows 64h..64h+63 by the block's
 // 128 or 256 columns, each k16 step as two wgmma (A hi, then A lo, same B), reading the
-// operands from shared memory; the 64-row tiles the same with one warpgroup
-// (moe_gemm_split's contract, 128 threads). A stage holds A hi, A lo (64 WGS
-// rows each) and B as rows of
+// operands from shared memory. A stage holds A hi, A lo and B as 128 rows of
 // MG_BK = 32 bf16 (64 bytes) in the 64-byte swizzle (wg_desc_sw64): a copy's
 // 8 lanes fill two whole rows (coalesced reads, no bank conflicts) and the
 // tensor cores read them without conflicts. Elsewhere (the sm_80 PTX a newer
@@ -145,15 +143,13 @@ QW_KERNEL void QW_BOUNDS(256) moe_gemm_split128(const bf16_t* __restrict__ ahi, 
 // kernel on compute capability 9.x only.
 #define MG_WG_STAGES 4
 #if defined(QW_WGMMA) || defined(QW_CPU)
-// BNW columns per block (128 or 256: the accumulators are BNW / 2 per thread);
-// WGS warpgroups (1 or 2), 64 rows each.
-template <int BNW, int WGS>
+// BNW columns per block (128 or 256: the accumulators are BNW / 2 per thread).
+template <int BNW>
 __device__ __forceinline__ void moe_gemm_wg_impl(const bf16_t* __restrict__ ahi, const bf16_t* __restrict__ alo,
                                                  const bf16_t* __restrict__ W, long long w_stride,
                                                  const int* __restrict__ tiles, float* __restrict__ Y, int N, int K) {
-    constexpr int BM = 64 * WGS, NT = 128 * WGS;
-    constexpr int NS = MG_WG_STAGES, STAGE = (2 * BM + BNW) * MG_BK;  // bf16: A hi, A lo, B rows of MG_BK
-    __align__(1024) QW_DYN_SMEM(bf16_t, wg_smem);                     // [stage][hi BM, lo BM, B BNW][MG_BK]
+    constexpr int NS = MG_WG_STAGES, STAGE = (256 + BNW) * MG_BK;  // bf16: A hi, A lo, B rows of MG_BK
+    __align__(1024) QW_DYN_SMEM(bf16_t, wg_smem);               // [stage][hi 128, lo 128, B BNW][MG_BK]
     const int e = tiles[3 * blockIdx.y], r0 = tiles[3 * blockIdx.y + 1], rows = tiles[3 * blockIdx.y + 2];
     const int n0 = blockIdx.x * BNW;
     const bf16_t* Wb = W + (size_t)e * w_stride;
@@ -162,15 +158,15 @@ __device__ __forceinline__ void moe_gemm_wg_impl(const bf16_t* __restrict__ ahi,
 
     // Four lanes copy a row's four 16-byte chunks, to their swizzled places.
     auto load = [&](int stage, int k0) {
-        for (int i = tid; i < (2 * BM + BNW) * 4; i += NT) {
+        for (int i = tid; i < (256 + BNW) * 4; i += 256) {
             const int r = i / 4, c = i % 4;  // row of the stage: A hi, A lo, then B
             bf16_t* dst = wg_smem + stage * STAGE + r * MG_BK + ((c ^ ((r >> 1) & 3)) * 8);
-            if (r < 2 * BM) {
-                const int ra = r % BM;
+            if (r < 256) {
+                const int ra = r % 128;
                 const bool v = ra < rows;
-                cp_async16(dst, (r < BM ? ahi : alo) + (size_t)(r0 + (v ? ra : 0)) * K + k0 + 8 * c, v);
+                cp_async16(dst, (r < 128 ? ahi : alo) + (size_t)(r0 + (v ? ra : 0)) * K + k0 + 8 * c, v);
             } else {
-                const int n = n0 + r - 2 * BM;
+                const int n = n0 + r - 256;
                 const bool v = n < N;
                 cp_async16(dst, Wb + (size_t)(v ? n : 0) * K + k0 + 8 * c, v);
             }
@@ -203,9 +199,9 @@ __device__ __forceinline__ void moe_gemm_wg_impl(const bf16_t* __restrict__ ahi,
         wgmma_fence_operands(acc, BNW / 2);
 #pragma unroll
         for (int kc = 0; kc < MG_BK / 16; kc++) {  // 8-row groups 512 bytes apart
-            const unsigned long long db = wg_desc_sw64(st + 2 * BM * MG_BK + 16 * kc, 512);
+            const unsigned long long db = wg_desc_sw64(st + 256 * MG_BK + 16 * kc, 512);
             const unsigned long long dh = wg_desc_sw64(st + 64 * h * MG_BK + 16 * kc, 512);
-            const unsigned long long dl = wg_desc_sw64(st + (BM + 64 * h) * MG_BK + 16 * kc, 512);
+            const unsigned long long dl = wg_desc_sw64(st + (128 + 64 * h) * MG_BK + 16 * kc, 512);
             if constexpr (BNW == 128) {
                 wgmma_m64n128k16(acc, dh, db);
                 wgmma_m64n128k16(acc, dl, db);
@@ -240,7 +236,7 @@ QW_KERNEL void QW_BOUNDS(256) moe_gemm_split128_wg(const bf16_t* __restrict__ ah
                                                    const int* __restrict__ tiles, float* __restrict__ Y, int N,
                                                    int K) {
 #if defined(QW_WGMMA) || defined(QW_CPU)
-    moe_gemm_wg_impl<128, 2>(ahi, alo, W, w_stride, tiles, Y, N, K);
+    moe_gemm_wg_impl<128>(ahi, alo, W, w_stride, tiles, Y, N, K);
 #else
     moe_gemm_impl<4, 2>(ahi, alo, W, w_stride, tiles, Y, N, K);
 #endif
@@ -253,19 +249,7 @@ QW_KERNEL void QW_BOUNDS(256) moe_gemm_split128_wg256(const bf16_t* __restrict__
                                                       const int* __restrict__ tiles, float* __restrict__ Y, int N,
                                                       int K) {
 #if defined(QW_WGMMA) || defined(QW_CPU)
-    moe_gemm_wg_impl<256, 2>(ahi, alo, W, w_stride, tiles, Y, N, K);
-#else
-    __trap();
-#endif
-}
-// 64-row tiles (experts with few rows: short prompts, or a few new tokens
-// after a cached prefix), 256 columns, one warpgroup; 9.x only, as _wg256.
-QW_KERNEL void QW_BOUNDS(128) moe_gemm_split64_wg256(const bf16_t* __restrict__ ahi, const bf16_t* __restrict__ alo,
-                                                     const bf16_t* __restrict__ W, long long w_stride,
-                                                     const int* __restrict__ tiles, float* __restrict__ Y, int N,
-                                                     int K) {
-#if defined(QW_WGMMA) || defined(QW_CPU)
-    moe_gemm_wg_impl<256, 1>(ahi, alo, W, w_stride, tiles, Y, N, K);
+    moe_gemm_wg_impl<256>(ahi, alo, W, w_stride, tiles, Y, N, K);
 #else
     __trap();
 #endif
@@ -307,12 +291,6 @@ QW_KERNEL void QW_BOUNDS(256) moe_gemm_split128_wg256(const bf16_t* __restrict__
                                                       const bf16_t* __restrict__ W, long long w_stride,
                                                       const int* __restrict__ tiles, float* __restrict__ Y, int N,
                                                       int K) {
-    moe_gemm_fma(ahi, alo, W, w_stride, tiles, Y, N, K);
-}
-QW_KERNEL void QW_BOUNDS(128) moe_gemm_split64_wg256(const bf16_t* __restrict__ ahi, const bf16_t* __restrict__ alo,
-                                                     const bf16_t* __restrict__ W, long long w_stride,
-                                                     const int* __restrict__ tiles, float* __restrict__ Y, int N,
-                                                     int K) {
     moe_gemm_fma(ahi, alo, W, w_stride, tiles, Y, N, K);
 }
 #endif

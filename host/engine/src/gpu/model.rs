@@ -112,10 +112,8 @@ pub struct GpuModel {
     /// per-expert cuBLAS calls instead of one grouped tensor-core kernel per matrix.
     grouped_moe: bool,
     /// Columns per block of the warpgroup-MMA expert GEMM for 128-row tiles
-    /// (`moe_gemm_split128_wg` 128, `_wg256` 256; 64-row tiles take
-    /// `moe_gemm_split64_wg256` with 256, `mma.sync` otherwise), on compute
-    /// capability 9.x; 0 keeps `mma.sync` (`moe_gemm_split128`,
-    /// `moe_gemm_split`). `QWASI_MOE_GEMM=mma|wg128|wg256`.
+    /// (`moe_gemm_split128_wg` 128, `_wg256` 256), on compute capability 9.x;
+    /// 0 keeps `mma.sync` (`moe_gemm_split128`). `QWASI_MOE_GEMM=mma|wg128|wg256`.
     moe_wg_cols: usize,
     /// `false` with `QWASI_ATTN=cuda-cores` (and in HIP builds): prompt
     /// attention without tensor cores (`attn_flash_*`).
@@ -247,17 +245,11 @@ const MG_STAGES: usize = 2;
 const MG_WG_STAGES: usize = 4;
 
 /// The grouped expert GEMM kernel for `bm`-row tiles: its name, dynamic shared
-/// memory (bytes) and columns per block. The warpgroup-MMA kernels (where the
-/// device has `wgmma`): `wg_cols` 128 or 256 for 128-row tiles, 256 for
-/// 64-row ones.
+/// memory (bytes) and columns per block. The warpgroup-MMA kernels (`wg_cols`
+/// 128 or 256, where the device has `wgmma`) take 128-row tiles only.
 fn moe_gemm_kernel(bm: usize, wgmma: bool, wg_cols: usize) -> (&'static str, usize, usize) {
     let mma_smem = MG_STAGES * (2 * bm + MG_BN) * MG_LD * B;
     match (bm, if wgmma { wg_cols } else { 0 }) {
-        (64, 256) => (
-            "moe_gemm_split64_wg256",
-            MG_WG_STAGES * (128 + 256) * MG_BK * B,
-            256,
-        ),
         (128, 128) => (
             "moe_gemm_split128_wg",
             MG_WG_STAGES * (256 + 128) * MG_BK * B,
@@ -2154,13 +2146,13 @@ mod tests {
     #[test]
     fn expert_gemm_kernels_fit_and_fall_back() {
         // Shared memory within the H100/H200's 227 KB per block; without
-        // wgmma, or for 64-row tiles below 256 columns, the mma.sync kernels.
+        // wgmma, or for 64-row tiles, the mma.sync kernels.
         for bm in [64, 128] {
             for wgmma in [false, true] {
                 for cols in [0, 128, 256] {
                     let (name, smem, bn) = moe_gemm_kernel(bm, wgmma, cols);
                     assert!(smem <= 227 * 1024, "{name}: {smem} bytes");
-                    let wg = wgmma && (bm == 128 && cols != 0 || bm == 64 && cols == 256);
+                    let wg = bm == 128 && wgmma && cols != 0;
                     assert_eq!(
                         name.contains("_wg"),
                         wg,
