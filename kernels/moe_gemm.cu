@@ -124,6 +124,18 @@ QW_KERNEL void QW_BOUNDS(128) moe_gemm_split(const bf16_t* __restrict__ ahi, con
                                              const int* __restrict__ tiles, float* __restrict__ Y, int N, int K) {
     moe_gemm_impl<2, 2>(ahi, alo, W, w_stride, tiles, Y, N, K);
 }
+// The 64-row tiles with 3 and 4 stages: with few rows per expert the GEMM
+// streams weights, and more copies in flight per block may feed it better.
+QW_KERNEL void QW_BOUNDS(128) moe_gemm_split_s3(const bf16_t* __restrict__ ahi, const bf16_t* __restrict__ alo,
+                                                const bf16_t* __restrict__ W, long long w_stride,
+                                                const int* __restrict__ tiles, float* __restrict__ Y, int N, int K) {
+    moe_gemm_impl<2, 3>(ahi, alo, W, w_stride, tiles, Y, N, K);
+}
+QW_KERNEL void QW_BOUNDS(128) moe_gemm_split_s4(const bf16_t* __restrict__ ahi, const bf16_t* __restrict__ alo,
+                                                const bf16_t* __restrict__ W, long long w_stride,
+                                                const int* __restrict__ tiles, float* __restrict__ Y, int N, int K) {
+    moe_gemm_impl<2, 4>(ahi, alo, W, w_stride, tiles, Y, N, K);
+}
 
 // 128-row tiles for experts with many rows (long prompts): each weight tile
 // staged once serves twice the rows.
@@ -274,6 +286,16 @@ __device__ __forceinline__ void moe_gemm_fma(const bf16_t* __restrict__ ahi, con
 QW_KERNEL void QW_BOUNDS(128) moe_gemm_split(const bf16_t* __restrict__ ahi, const bf16_t* __restrict__ alo,
                                              const bf16_t* __restrict__ W, long long w_stride,
                                              const int* __restrict__ tiles, float* __restrict__ Y, int N, int K) {
+    moe_gemm_fma(ahi, alo, W, w_stride, tiles, Y, N, K);
+}
+QW_KERNEL void QW_BOUNDS(128) moe_gemm_split_s3(const bf16_t* __restrict__ ahi, const bf16_t* __restrict__ alo,
+                                                const bf16_t* __restrict__ W, long long w_stride,
+                                                const int* __restrict__ tiles, float* __restrict__ Y, int N, int K) {
+    moe_gemm_fma(ahi, alo, W, w_stride, tiles, Y, N, K);
+}
+QW_KERNEL void QW_BOUNDS(128) moe_gemm_split_s4(const bf16_t* __restrict__ ahi, const bf16_t* __restrict__ alo,
+                                                const bf16_t* __restrict__ W, long long w_stride,
+                                                const int* __restrict__ tiles, float* __restrict__ Y, int N, int K) {
     moe_gemm_fma(ahi, alo, W, w_stride, tiles, Y, N, K);
 }
 QW_KERNEL void QW_BOUNDS(256) moe_gemm_split128(const bf16_t* __restrict__ ahi, const bf16_t* __restrict__ alo,
