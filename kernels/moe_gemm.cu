@@ -21,16 +21,16 @@
 // WM x 2 warps, each a 32 x 64 sub-tile (2 x 8 mma tiles) of a BM = 32 WM row
 // tile; NS-stage cp.async ring in dynamic shared memory: A hi, A lo [BM][MG_LD]
 // per stage, then B [MG_BN][MG_LD] per stage (NS (2 BM + MG_BN) MG_LD bf16 in all).
-template <int WM, int NS>
+template <int WM, int NS, int BK = MG_BK>
 __device__ __forceinline__ void moe_gemm_impl(const bf16_t* __restrict__ ahi, const bf16_t* __restrict__ alo,
                                               const bf16_t* __restrict__ W, long long w_stride,
                                               const int* __restrict__ tiles, float* __restrict__ Y, int N, int K) {
-    constexpr int MG_BM = 32 * WM, NT = 64 * WM;
+    constexpr int MG_BM = 32 * WM, NT = 64 * WM, LD = BK + 8;  // LD: conflict-free ldmatrix rows
     __align__(16) QW_DYN_SMEM(bf16_t, mg_smem);
-    typedef bf16_t ATile[2][MG_BM * MG_LD];
-    typedef bf16_t BTile[MG_BN * MG_LD];
+    typedef bf16_t ATile[2][MG_BM * LD];
+    typedef bf16_t BTile[MG_BN * LD];
     ATile* As = (ATile*)mg_smem;                      // [stage][hi, lo]
-    BTile* Bs = (BTile*)(mg_smem + NS * 2 * MG_BM * MG_LD);  // [stage]
+    BTile* Bs = (BTile*)(mg_smem + NS * 2 * MG_BM * LD);  // [stage]
     const int e = tiles[3 * blockIdx.y], r0 = tiles[3 * blockIdx.y + 1], rows = tiles[3 * blockIdx.y + 2];
     const int n0 = blockIdx.x * MG_BN;
     const bf16_t* Wb = W + (size_t)e * w_stride;
@@ -41,17 +41,17 @@ __device__ __forceinline__ void moe_gemm_impl(const bf16_t* __restrict__ ahi, co
     const bool active = wm * 32 < rows;
 
     auto load = [&](int stage, int k0) {
-        for (int i = tid; i < MG_BM * (MG_BK / 8); i += NT) {
-            const int r = i / (MG_BK / 8), ch = i % (MG_BK / 8);
+        for (int i = tid; i < MG_BM * (BK / 8); i += NT) {
+            const int r = i / (BK / 8), ch = i % (BK / 8);
             const bool v = r < rows;
             const size_t off = (size_t)(r0 + (v ? r : 0)) * K + k0 + ch * 8;
-            cp_async16(&As[stage][0][r * MG_LD + ch * 8], ahi + off, v);
-            cp_async16(&As[stage][1][r * MG_LD + ch * 8], alo + off, v);
+            cp_async16(&As[stage][0][r * LD + ch * 8], ahi + off, v);
+            cp_async16(&As[stage][1][r * LD + ch * 8], alo + off, v);
         }
-        for (int i = tid; i < MG_BN * (MG_BK / 8); i += NT) {
-            const int r = i / (MG_BK / 8), ch = i % (MG_BK / 8);
+        for (int i = tid; i < MG_BN * (BK / 8); i += NT) {
+            const int r = i / (BK / 8), ch = i % (BK / 8);
             const bool v = n0 + r < N;
-            cp_async16(&Bs[stage][r * MG_LD + ch * 8], Wb + (size_t)(v ? n0 + r : 0) * K + k0 + ch * 8, v);
+            cp_async16(&Bs[stage][r * LD + ch * 8], Wb + (size_t)(v ? n0 + r : 0) * K + k0 + ch * 8, v);
         }
         cp_async_commit();
     };
@@ -64,33 +64,33 @@ __device__ __forceinline__ void moe_gemm_impl(const bf16_t* __restrict__ ahi, co
 #pragma unroll
             for (int j = 0; j < 4; j++) acc[mi][ni][j] = 0.f;
 
-    const int nk = K / MG_BK;
+    const int nk = K / BK;
 #pragma unroll
     for (int st = 0; st < NS - 1; st++) {
-        if (st < nk) load(st, st * MG_BK);
+        if (st < nk) load(st, st * BK);
         else cp_async_commit();  // empty group: the wait counts stay uniform
     }
     for (int kt = 0; kt < nk; kt++) {
         const int s = kt % NS;
         cp_async_wait<NS - 2>();  // tile kt landed (this thread's copies) ...
         __syncthreads();          // ... and everyone's; stage (kt - 1) % NS is free
-        if (kt + NS - 1 < nk) load((kt + NS - 1) % NS, (kt + NS - 1) * MG_BK);
+        if (kt + NS - 1 < nk) load((kt + NS - 1) % NS, (kt + NS - 1) * BK);
         else cp_async_commit();
         if (!active) continue;
 #pragma unroll
-        for (int kk = 0; kk < MG_BK; kk += 16) {
+        for (int kk = 0; kk < BK; kk += 16) {
             unsigned ah[2][4], al[2][4];
 #pragma unroll
             for (int mi = 0; mi < 2; mi++) {
                 const int row = wm * 32 + mi * 16 + (lane & 15), col = kk + (lane >> 4) * 8;
-                ldmatrix_x4(ah[mi], &As[s][0][row * MG_LD + col]);
-                ldmatrix_x4(al[mi], &As[s][1][row * MG_LD + col]);
+                ldmatrix_x4(ah[mi], &As[s][0][row * LD + col]);
+                ldmatrix_x4(al[mi], &As[s][1][row * LD + col]);
             }
 #pragma unroll
             for (int np = 0; np < 4; np++) {  // n-tile pairs (2 np, 2 np + 1)
                 unsigned b[4];
                 const int n = wn * 64 + np * 16 + (lane & 7) + ((lane >> 4) << 3);
-                ldmatrix_x4(b, &Bs[s][n * MG_LD + kk + ((lane >> 3) & 1) * 8]);
+                ldmatrix_x4(b, &Bs[s][n * LD + kk + ((lane >> 3) & 1) * 8]);
 #pragma unroll
                 for (int mi = 0; mi < 2; mi++) {
                     mma_16816(acc[mi][2 * np], ah[mi], b[0], b[1]);
@@ -124,17 +124,18 @@ QW_KERNEL void QW_BOUNDS(128) moe_gemm_split(const bf16_t* __restrict__ ahi, con
                                              const int* __restrict__ tiles, float* __restrict__ Y, int N, int K) {
     moe_gemm_impl<2, 2>(ahi, alo, W, w_stride, tiles, Y, N, K);
 }
-// The 64-row tiles with 3 and 4 stages: with few rows per expert the GEMM
-// streams weights, and more copies in flight per block may feed it better.
-QW_KERNEL void QW_BOUNDS(128) moe_gemm_split_s3(const bf16_t* __restrict__ ahi, const bf16_t* __restrict__ alo,
-                                                const bf16_t* __restrict__ W, long long w_stride,
-                                                const int* __restrict__ tiles, float* __restrict__ Y, int N, int K) {
-    moe_gemm_impl<2, 3>(ahi, alo, W, w_stride, tiles, Y, N, K);
+// The 64-row tiles with k steps of 64 and 128: with few rows per expert the
+// GEMM streams weights, and longer runs of each weight row per copy may read
+// DRAM better (K % 64 or 128 == 0).
+QW_KERNEL void QW_BOUNDS(128) moe_gemm_split_k64(const bf16_t* __restrict__ ahi, const bf16_t* __restrict__ alo,
+                                                 const bf16_t* __restrict__ W, long long w_stride,
+                                                 const int* __restrict__ tiles, float* __restrict__ Y, int N, int K) {
+    moe_gemm_impl<2, 2, 64>(ahi, alo, W, w_stride, tiles, Y, N, K);
 }
-QW_KERNEL void QW_BOUNDS(128) moe_gemm_split_s4(const bf16_t* __restrict__ ahi, const bf16_t* __restrict__ alo,
-                                                const bf16_t* __restrict__ W, long long w_stride,
-                                                const int* __restrict__ tiles, float* __restrict__ Y, int N, int K) {
-    moe_gemm_impl<2, 4>(ahi, alo, W, w_stride, tiles, Y, N, K);
+QW_KERNEL void QW_BOUNDS(128) moe_gemm_split_k128(const bf16_t* __restrict__ ahi, const bf16_t* __restrict__ alo,
+                                                  const bf16_t* __restrict__ W, long long w_stride,
+                                                  const int* __restrict__ tiles, float* __restrict__ Y, int N, int K) {
+    moe_gemm_impl<2, 2, 128>(ahi, alo, W, w_stride, tiles, Y, N, K);
 }
 
 // 128-row tiles for experts with many rows (long prompts): each weight tile
@@ -288,14 +289,14 @@ QW_KERNEL void QW_BOUNDS(128) moe_gemm_split(const bf16_t* __restrict__ ahi, con
                                              const int* __restrict__ tiles, float* __restrict__ Y, int N, int K) {
     moe_gemm_fma(ahi, alo, W, w_stride, tiles, Y, N, K);
 }
-QW_KERNEL void QW_BOUNDS(128) moe_gemm_split_s3(const bf16_t* __restrict__ ahi, const bf16_t* __restrict__ alo,
-                                                const bf16_t* __restrict__ W, long long w_stride,
-                                                const int* __restrict__ tiles, float* __restrict__ Y, int N, int K) {
+QW_KERNEL void QW_BOUNDS(128) moe_gemm_split_k64(const bf16_t* __restrict__ ahi, const bf16_t* __restrict__ alo,
+                                                 const bf16_t* __restrict__ W, long long w_stride,
+                                                 const int* __restrict__ tiles, float* __restrict__ Y, int N, int K) {
     moe_gemm_fma(ahi, alo, W, w_stride, tiles, Y, N, K);
 }
-QW_KERNEL void QW_BOUNDS(128) moe_gemm_split_s4(const bf16_t* __restrict__ ahi, const bf16_t* __restrict__ alo,
-                                                const bf16_t* __restrict__ W, long long w_stride,
-                                                const int* __restrict__ tiles, float* __restrict__ Y, int N, int K) {
+QW_KERNEL void QW_BOUNDS(128) moe_gemm_split_k128(const bf16_t* __restrict__ ahi, const bf16_t* __restrict__ alo,
+                                                  const bf16_t* __restrict__ W, long long w_stride,
+                                                  const int* __restrict__ tiles, float* __restrict__ Y, int N, int K) {
     moe_gemm_fma(ahi, alo, W, w_stride, tiles, Y, N, K);
 }
 QW_KERNEL void QW_BOUNDS(256) moe_gemm_split128(const bf16_t* __restrict__ ahi, const bf16_t* __restrict__ alo,

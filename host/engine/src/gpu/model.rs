@@ -115,9 +115,9 @@ pub struct GpuModel {
     /// (`moe_gemm_split128_wg` 128, `_wg256` 256), on compute capability 9.x;
     /// 0 keeps `mma.sync` (`moe_gemm_split128`). `QWASI_MOE_GEMM=mma|wg128|wg256`.
     moe_wg_cols: usize,
-    /// Pipeline stages of the 64-row expert tiles (`moe_gemm_split`: 2,
-    /// `_s3`, `_s4`): `QWASI_MOE_STAGES64=2|3|4`.
-    moe_stages64: usize,
+    /// k step of the 64-row expert tiles (`moe_gemm_split`: 32, `_k64`,
+    /// `_k128`): `QWASI_MOE_BK64=32|64|128`.
+    moe_bk64: usize,
     /// `false` with `QWASI_ATTN=cuda-cores` (and in HIP builds): prompt
     /// attention without tensor cores (`attn_flash_*`).
     #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
@@ -251,24 +251,26 @@ const MG_WG_STAGES: usize = 4;
 /// memory (bytes) and columns per block. The warpgroup-MMA kernels (`wg_cols`
 /// 128 or 256, where the device has `wgmma`) take 128-row tiles only.
 fn moe_gemm_kernel(bm: usize, wgmma: bool, wg_cols: usize) -> (&'static str, usize, usize) {
-    moe_gemm_kernel_staged(bm, wgmma, wg_cols, MG_STAGES)
+    moe_gemm_kernel_bk(bm, wgmma, wg_cols, MG_BK, MG_BK)
 }
 
-/// [`moe_gemm_kernel`] with `stages64` (2, 3 or 4) stages for 64-row tiles.
-fn moe_gemm_kernel_staged(
+/// [`moe_gemm_kernel`] with k steps of `bk64` (32, 64 or 128) for 64-row
+/// tiles over `k` columns (32 where `k` is not a multiple).
+fn moe_gemm_kernel_bk(
     bm: usize,
     wgmma: bool,
     wg_cols: usize,
-    stages64: usize,
+    bk64: usize,
+    k: usize,
 ) -> (&'static str, usize, usize) {
     let mma_smem = MG_STAGES * (2 * bm + MG_BN) * MG_LD * B;
-    if bm == 64 && stages64 != MG_STAGES {
-        let name = if stages64 == 3 {
-            "moe_gemm_split_s3"
+    if bm == 64 && bk64 != MG_BK && k.is_multiple_of(bk64) {
+        let name = if bk64 == 64 {
+            "moe_gemm_split_k64"
         } else {
-            "moe_gemm_split_s4"
+            "moe_gemm_split_k128"
         };
-        return (name, stages64.min(4) * (2 * bm + MG_BN) * MG_LD * B, MG_BN);
+        return (name, MG_STAGES * (2 * bm + MG_BN) * (bk64 + 8) * B, MG_BN);
     }
     match (bm, if wgmma { wg_cols } else { 0 }) {
         (128, 128) => (
@@ -521,10 +523,10 @@ impl GpuModel {
             chunked_gdn: std::env::var("QWASI_GDN").as_deref() != Ok("serial"),
             grouped_moe: cfg!(feature = "cuda")
                 && std::env::var("QWASI_MOE").as_deref() != Ok("cublas"),
-            moe_stages64: match std::env::var("QWASI_MOE_STAGES64").as_deref() {
-                Ok("3") => 3,
-                Ok("4") => 4,
-                _ => MG_STAGES,
+            moe_bk64: match std::env::var("QWASI_MOE_BK64").as_deref() {
+                Ok("64") => 64,
+                Ok("128") => 128,
+                _ => MG_BK,
             },
             moe_wg_cols: match std::env::var("QWASI_MOE_GEMM").as_deref() {
                 Ok("mma") => 0,
@@ -1424,7 +1426,7 @@ impl GpuModel {
             |a_hi: u64, a_lo: u64, w: &DBuf, y: u64, rows: usize, cols: usize| -> Result<()> {
                 let (buf, nt, bm) = tiles.expect("grouped path");
                 let (name, smem, bn) =
-                    moe_gemm_kernel_staged(bm, d.wgmma(), self.moe_wg_cols, self.moe_stages64);
+                    moe_gemm_kernel_bk(bm, d.wgmma(), self.moe_wg_cols, self.moe_bk64, cols);
                 d.launch(
                     name,
                     (rows.div_ceil(bn) as u32, nt, 1),
