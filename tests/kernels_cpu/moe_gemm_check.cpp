@@ -1,5 +1,6 @@
 // The grouped expert GEMM of prompts on the CPU (QW_CPU): moe_gemm_split
-// (64-row tiles, 128 threads) and moe_gemm_split128 (128-row tiles, 256
+// (64-row tiles, 128 threads; moe_gemm_split_k64 the same with k steps of 64)
+// and moe_gemm_split128 (128-row tiles, 256
 // threads) of kernels/moe_gemm.cu, their mma.sync / ldmatrix / cp.async path
 // (kernels/mma.h emulates it), launched as the host launches them
 // (host/engine/src/gpu/model.rs: the tile table of `moe_tiles`, grid
@@ -41,6 +42,7 @@ struct Case {
     std::vector<int> counts;  // rows per expert
     int N, K;
     int wg = 0;  // 128 / 256: moe_gemm_split128_wg / _wg256 (bm 128), the warpgroup-MMA kernels, emulated
+    bool k64 = false;  // moe_gemm_split_k64 (bm 64, k steps of 64)
 };
 
 // model.rs moe_tiles: (expert, first row, rows <= bm) over rows sorted by expert.
@@ -56,14 +58,16 @@ static std::vector<int> moe_tiles(const std::vector<int>& counts, int bm) {
 
 static bool run(const Case& c, unsigned seed) {
     const int bm = c.bm, N = c.N, K = c.K, E = (int)c.counts.size();
-    const char* name = c.wg == 256 ? "moe_gemm_split128_wg256"
-                       : c.wg      ? "moe_gemm_split128_wg"
-                       : bm == 128 ? "moe_gemm_split128"
-                                   : "moe_gemm_split";
-    Kernel kernel = c.wg == 256 ? moe_gemm_split128_wg256
-                    : c.wg      ? moe_gemm_split128_wg
-                    : bm == 128 ? moe_gemm_split128
-                                : moe_gemm_split;
+    const char* name = c.k64       ? "moe_gemm_split_k64"
+                       : c.wg == 256 ? "moe_gemm_split128_wg256"
+                       : c.wg        ? "moe_gemm_split128_wg"
+                       : bm == 128   ? "moe_gemm_split128"
+                                     : "moe_gemm_split";
+    Kernel kernel = c.k64       ? moe_gemm_split_k64
+                    : c.wg == 256 ? moe_gemm_split128_wg256
+                    : c.wg        ? moe_gemm_split128_wg
+                    : bm == 128   ? moe_gemm_split128
+                                  : moe_gemm_split;
     int nn = 0;
     for (int n : c.counts) nn += n;
     const std::vector<int> tiles = moe_tiles(c.counts, bm);
@@ -91,8 +95,9 @@ static bool run(const Case& c, unsigned seed) {
     }
 
     std::vector<float> Y((size_t)(nn + PAD_ROWS) * N, NAN);
-    const size_t smem = c.wg ? (size_t)MG_WG_STAGES * (256 + c.wg) * MG_BK * sizeof(bf16_t)
-                             : (size_t)MG_STAGES * (2 * bm + MG_BN) * MG_LD * sizeof(bf16_t);
+    const size_t smem = c.wg    ? (size_t)MG_WG_STAGES * (256 + c.wg) * MG_BK * sizeof(bf16_t)
+                        : c.k64 ? (size_t)MG_STAGES * (2 * bm + MG_BN) * (64 + 8) * sizeof(bf16_t)
+                                : (size_t)MG_STAGES * (2 * bm + MG_BN) * MG_LD * sizeof(bf16_t);
     if (smem > sizeof qw_cpu::dyn_smem) {
         std::printf("dynamic shared memory %zu > the harness's %zu\n", smem, sizeof qw_cpu::dyn_smem);
         return false;
@@ -161,6 +166,9 @@ int main() {
         {128, {0, 1, 128, 129, 289}, 512, 64, 256},  // 256 columns per block
         {128, {32, 64, 65, 97, 144}, 392, 96, 256},  // a partial second column block
         {128, {31, 33, 63}, 200, 32, 256},          // fewer columns than one block
+        {64, {0, 1, 64, 65, 161}, 200, 192, 0, true},  // k steps of 64: three
+        {64, {31, 32, 63, 80}, 256, 128, 0, true},     // an even number of steps over the 2-stage ring
+        {64, {16, 97, 33}, 192, 64, 0, true},          // one k step
     };
     int bad = 0, n = 0;
     unsigned seed = 7;

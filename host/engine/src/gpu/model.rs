@@ -115,9 +115,10 @@ pub struct GpuModel {
     /// (`moe_gemm_split128_wg` 128, `_wg256` 256), on compute capability 9.x;
     /// 0 keeps `mma.sync` (`moe_gemm_split128`). `QWASI_MOE_GEMM=mma|wg128|wg256`.
     moe_wg_cols: usize,
-    /// k step of the 64-row expert tiles (`moe_gemm_split`: 32, `_k64`,
-    /// `_k128`): `QWASI_MOE_BK64=32|64|128`.
-    moe_bk64: usize,
+    /// k steps of 64 for the 64-row expert tiles (`moe_gemm_split_k64`; few
+    /// rows per expert: short prompts, new tokens after a cached prefix);
+    /// `false` with `QWASI_MOE_BK64=32` (`moe_gemm_split`, k steps of 32).
+    moe_k64: bool,
     /// `false` with `QWASI_ATTN=cuda-cores` (and in HIP builds): prompt
     /// attention without tensor cores (`attn_flash_*`).
     #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
@@ -247,30 +248,22 @@ const MG_STAGES: usize = 2;
 /// 256 rows, MG_BK bf16 each).
 const MG_WG_STAGES: usize = 4;
 
-/// The grouped expert GEMM kernel for `bm`-row tiles: its name, dynamic shared
-/// memory (bytes) and columns per block. The warpgroup-MMA kernels (`wg_cols`
-/// 128 or 256, where the device has `wgmma`) take 128-row tiles only.
-fn moe_gemm_kernel(bm: usize, wgmma: bool, wg_cols: usize) -> (&'static str, usize, usize) {
-    moe_gemm_kernel_bk(bm, wgmma, wg_cols, MG_BK, MG_BK)
-}
-
-/// [`moe_gemm_kernel`] with k steps of `bk64` (32, 64 or 128) for 64-row
-/// tiles over `k` columns (32 where `k` is not a multiple).
-fn moe_gemm_kernel_bk(
+/// The grouped expert GEMM kernel for `bm`-row tiles over `k` columns: its
+/// name, dynamic shared memory (bytes) and columns per block. The
+/// warpgroup-MMA kernels (`wg_cols` 128 or 256, where the device has `wgmma`)
+/// take 128-row tiles only; 64-row tiles take k steps of 64
+/// (`moe_gemm_split_k64`) where `k64` and `k` allows, else 32.
+fn moe_gemm_kernel(
     bm: usize,
     wgmma: bool,
     wg_cols: usize,
-    bk64: usize,
+    k64: bool,
     k: usize,
 ) -> (&'static str, usize, usize) {
     let mma_smem = MG_STAGES * (2 * bm + MG_BN) * MG_LD * B;
-    if bm == 64 && bk64 != MG_BK && k.is_multiple_of(bk64) {
-        let name = if bk64 == 64 {
-            "moe_gemm_split_k64"
-        } else {
-            "moe_gemm_split_k128"
-        };
-        return (name, MG_STAGES * (2 * bm + MG_BN) * (bk64 + 8) * B, MG_BN);
+    if bm == 64 && k64 && k.is_multiple_of(64) {
+        let smem = MG_STAGES * (2 * bm + MG_BN) * (64 + 8) * B;
+        return ("moe_gemm_split_k64", smem, MG_BN);
     }
     match (bm, if wgmma { wg_cols } else { 0 }) {
         (128, 128) => (
@@ -523,11 +516,7 @@ impl GpuModel {
             chunked_gdn: std::env::var("QWASI_GDN").as_deref() != Ok("serial"),
             grouped_moe: cfg!(feature = "cuda")
                 && std::env::var("QWASI_MOE").as_deref() != Ok("cublas"),
-            moe_bk64: match std::env::var("QWASI_MOE_BK64").as_deref() {
-                Ok("64") => 64,
-                Ok("128") => 128,
-                _ => MG_BK,
-            },
+            moe_k64: std::env::var("QWASI_MOE_BK64").as_deref() != Ok("32"),
             moe_wg_cols: match std::env::var("QWASI_MOE_GEMM").as_deref() {
                 Ok("mma") => 0,
                 Ok("wg128") => 128,
@@ -1426,7 +1415,7 @@ impl GpuModel {
             |a_hi: u64, a_lo: u64, w: &DBuf, y: u64, rows: usize, cols: usize| -> Result<()> {
                 let (buf, nt, bm) = tiles.expect("grouped path");
                 let (name, smem, bn) =
-                    moe_gemm_kernel_bk(bm, d.wgmma(), self.moe_wg_cols, self.moe_bk64, cols);
+                    moe_gemm_kernel(bm, d.wgmma(), self.moe_wg_cols, self.moe_k64, cols);
                 d.launch(
                     name,
                     (rows.div_ceil(bn) as u32, nt, 1),
@@ -2175,26 +2164,31 @@ mod tests {
     #[test]
     fn expert_gemm_kernels_fit_and_fall_back() {
         // Shared memory within the H100/H200's 227 KB per block; without
-        // wgmma, or for 64-row tiles, the mma.sync kernels.
+        // wgmma, or for 64-row tiles, the mma.sync kernels, k steps of 64
+        // for 64-row tiles where k allows.
         for bm in [64, 128] {
             for wgmma in [false, true] {
                 for cols in [0, 128, 256] {
-                    let (name, smem, bn) = moe_gemm_kernel(bm, wgmma, cols);
-                    assert!(smem <= 227 * 1024, "{name}: {smem} bytes");
-                    let wg = bm == 128 && wgmma && cols != 0;
-                    assert_eq!(
-                        name.contains("_wg"),
-                        wg,
-                        "bm {bm} wgmma {wgmma} cols {cols}"
-                    );
-                    assert_eq!(bn, if wg { cols } else { MG_BN });
+                    for (k64, k) in [(false, 2048), (true, 2048), (true, 96)] {
+                        let (name, smem, bn) = moe_gemm_kernel(bm, wgmma, cols, k64, k);
+                        assert!(smem <= 227 * 1024, "{name}: {smem} bytes");
+                        let wg = bm == 128 && wgmma && cols != 0;
+                        assert_eq!(
+                            name.contains("_wg"),
+                            wg,
+                            "bm {bm} wgmma {wgmma} cols {cols}"
+                        );
+                        assert_eq!(bn, if wg { cols } else { MG_BN });
+                        let want_k64 = bm == 64 && k64 && k % 64 == 0;
+                        assert_eq!(name == "moe_gemm_split_k64", want_k64, "{name}");
+                    }
                 }
             }
         }
         // moe_gemm_split128_wg's sm_80 stand-in is the mma.sync kernel, so
         // its shared memory must hold that kernel's too.
-        let (_, wg, _) = moe_gemm_kernel(128, true, 128);
-        let (_, mma, _) = moe_gemm_kernel(128, false, 128);
+        let (_, wg, _) = moe_gemm_kernel(128, true, 128, true, 2048);
+        let (_, mma, _) = moe_gemm_kernel(128, false, 128, true, 2048);
         assert!(wg >= mma, "{wg} < {mma}");
     }
 
