@@ -248,9 +248,9 @@ __device__ __forceinline__ void attn_flash_wg_impl(const float* __restrict__ q, 
         // Every product and softmax step is unconditional (ptxas serializes
         // wgmma whose issue and wait sit in separate branches). Where a tile
         // is past all of a warpgroup's rows, and on the last tile's "next"
-        // (the K buffer then still holds tile jt: its keys are all past
-        // kend), every score is masked: the weights are 0 and corr 1, so m, l
-        // and O stay exactly as they are.
+        // (the K buffer still holds tile jt, but the scores are masked by
+        // tile jt + 1's positions, all past kend), every score is masked:
+        // the weights are 0 and corr 1, so m, l and O stay exactly as they are.
         wg_issue_scores<HD, LO>(sa, sb, Qs, Ks, h);
         wg_issue_pv<HD, LO>(&o[0][0], ph, pl, Vs + (jt & 1) * VTILE);
         // V tile jt + 1 into the other buffer (P V of tile jt - 1 is done with it).
