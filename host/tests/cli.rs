@@ -1,5 +1,6 @@
 //! The `qwasi` binary as a user runs it: the demo model with no setup,
-//! JSON output, tokenize, and one-line errors for bad model directories.
+//! JSON output, tokenize, one-line errors for bad model directories, and the
+//! prefix-cache benchmark on the CPU.
 
 use serde_json::Value;
 use std::process::{Command, Output};
@@ -141,4 +142,51 @@ fn bad_model_directory_is_a_one_line_error() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(err.trim_end().lines().count(), 1, "{err}");
     assert!(err.contains("/no/such/dir"), "{err}");
+}
+
+/// `qwasi bench --workload prefix-cache` on the demo model (the CPU): every
+/// prefix is a hit of exactly its length (the bench fails otherwise), the
+/// cached request's tokens and logprobs equal the cold one's, and the report
+/// says so; the CPU has no per-kernel profile of the cached request.
+#[test]
+fn prefix_cache_bench_on_the_demo_model_is_exact() {
+    let out = std::env::temp_dir().join(format!("qwasi-pc-bench-{}.json", std::process::id()));
+    let run = qwasi(&[
+        "bench",
+        "--workload",
+        "prefix-cache",
+        "--prefixes",
+        "64,200",
+        "--new-tokens",
+        "16",
+        "--runs",
+        "1",
+        "--intervals",
+        "none",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert!(
+        run.status.success(),
+        "stderr: {}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let report: Value = serde_json::from_slice(&std::fs::read(&out).unwrap()).unwrap();
+    let _ = std::fs::remove_file(&out);
+    assert_eq!(report["workload"], "prefix-cache");
+    assert_eq!(report["backend"], "cpu");
+    assert_eq!(report["exactness_pass"], true);
+    let rows = report["ttft"].as_array().unwrap();
+    let prefixes: Vec<u64> = rows
+        .iter()
+        .map(|r| r["prefix_tokens"].as_u64().unwrap())
+        .collect();
+    assert_eq!(prefixes, [64, 200]);
+    for r in rows {
+        assert_eq!(r["new_tokens"], 16);
+        assert_eq!(r["exactness"]["pass"], true, "{r}");
+        assert_eq!(r["exactness"]["same_tokens"], true, "{r}");
+        assert!(r["cached_ttft_ms_median"].as_f64().unwrap() > 0.0);
+        assert_eq!(r["cached_request_profile_ms"], serde_json::json!([]));
+    }
 }
