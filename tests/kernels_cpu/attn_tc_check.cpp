@@ -61,6 +61,17 @@ struct Case {
     }
     size_t used() const { return (size_t)L * s.nkv * s.hd; }
 
+    // A bf16 cache: kh, vh get the used rows rounded to bf16, and kf / vf
+    // (what `error` compares against) become those rounded values.
+    void round_to_bf16(std::vector<bf16_t>& kh, std::vector<bf16_t>& vh) {
+        for (size_t i = 0; i < used(); i++) {
+            kh[i] = f2bf(kf[i]);
+            vh[i] = f2bf(vf[i]);
+            kf[i] = bf2f(kh[i]);
+            vf[i] = bf2f(vh[i]);
+        }
+    }
+
     // Max |error| of `out` against causal GQA attention with the sigmoid gate
     // in double precision over kf / vf; INFINITY if any output is not finite.
     double error(const std::vector<float>& out) const {
@@ -103,12 +114,7 @@ static double check(Kernel kernel, int NW, const Shape& s, unsigned seed) {
     const bf16_t bnan = 0x7fc0;
     std::vector<bf16_t> kh(plane, bnan), kl(plane, bnan), vh(plane, bnan), vl(plane, bnan);
     if (BF16) {
-        for (size_t i = 0; i < k.used(); i++) {
-            kh[i] = f2bf(k.kf[i]);
-            vh[i] = f2bf(k.vf[i]);
-            k.kf[i] = bf2f(kh[i]);
-            k.vf[i] = bf2f(vh[i]);
-        }
+        k.round_to_bf16(kh, vh);
     } else {
         // Rows [0, L) as the host splits them: a grid-stride loop of 3 blocks.
         qw_cpu::launch({3, 1, 1}, {256, 1, 1}, [&] {
@@ -141,12 +147,7 @@ static double check_wg(KernelWg kernel, const Shape& s, unsigned seed) {
     std::vector<bf16_t> kh(k.kf.size(), bnan), kl(k.kf.size(), bnan), vc(k.kf.size(), bnan);
     std::vector<bf16_t> vth((size_t)nkv * hd * ldp, bnan), vtl(vth.size(), bnan);
     if (BF16) {
-        for (size_t i = 0; i < k.used(); i++) {
-            kh[i] = f2bf(k.kf[i]);
-            vc[i] = f2bf(k.vf[i]);
-            k.kf[i] = bf2f(kh[i]);
-            k.vf[i] = bf2f(vc[i]);
-        }
+        k.round_to_bf16(kh, vc);
         qw_cpu::launch({(unsigned)tiles, (unsigned)nkv, 1}, {256, 1, 1},
                        [&] { attn_v_transpose_bf16(vc.data(), vth.data(), k.L, ldp, nkv, hd); });
     } else {

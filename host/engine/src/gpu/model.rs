@@ -242,7 +242,6 @@ const B: usize = 2; // bytes per bf16
 /// against 108 ms of kernel time per prefill, at ecea6ea).
 const MG_BN: usize = 128;
 const MG_BK: usize = 32;
-const MG_LD: usize = MG_BK + 8;
 const MG_STAGES: usize = 2;
 /// Stages of `moe_gemm_split128_wg*` (A hi and A lo of 128 rows, B of 128 or
 /// 256 rows, MG_BK bf16 each).
@@ -260,12 +259,10 @@ fn moe_gemm_kernel(
     k64: bool,
     k: usize,
 ) -> (&'static str, usize, usize) {
-    let mma_smem = MG_STAGES * (2 * bm + MG_BN) * MG_LD * B;
-    if bm == 64 && k64 && k.is_multiple_of(64) {
-        let smem = MG_STAGES * (2 * bm + MG_BN) * (64 + 8) * B;
-        return ("moe_gemm_split_k64", smem, MG_BN);
-    }
+    // mma.sync kernels: k steps of `bk`, shared rows padded by 8 bf16.
+    let mma_smem = |bk: usize| MG_STAGES * (2 * bm + MG_BN) * (bk + 8) * B;
     match (bm, if wgmma { wg_cols } else { 0 }) {
+        (64, _) if k64 && k.is_multiple_of(64) => ("moe_gemm_split_k64", mma_smem(64), MG_BN),
         (128, 128) => (
             "moe_gemm_split128_wg",
             MG_WG_STAGES * (256 + 128) * MG_BK * B,
@@ -276,8 +273,8 @@ fn moe_gemm_kernel(
             MG_WG_STAGES * (256 + 256) * MG_BK * B,
             256,
         ),
-        (128, _) => ("moe_gemm_split128", mma_smem, MG_BN),
-        _ => ("moe_gemm_split", mma_smem, MG_BN),
+        (128, _) => ("moe_gemm_split128", mma_smem(MG_BK), MG_BN),
+        _ => ("moe_gemm_split", mma_smem(MG_BK), MG_BN),
     }
 }
 

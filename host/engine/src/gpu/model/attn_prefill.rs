@@ -45,6 +45,8 @@ mod tc {
     pub const PAD: usize = 8;
     /// Largest head dimension (`TC_MAXD`).
     pub const MAX_D: usize = 256;
+    /// (query, q head) rows per block of the warpgroup kernels (`WG_ROWS`).
+    pub const WG_ROWS: usize = 128;
 
     /// Dynamic shared memory of `attn_flash_tc_*` with `warps` warps (see the
     /// kernel comment): Qh, Ql `[16 warps][hd + PAD]`, Kh, Vh (+ Kl, Vl for an f32
@@ -68,7 +70,7 @@ mod tc {
             _ => return None,
         };
         let planes = if kv_f32 { 2 } else { 1 };
-        Some((name, (2 * 128 * hd + planes * 3 * BK * hd) * 2))
+        Some((name, (2 * WG_ROWS * hd + planes * 3 * BK * hd) * 2))
     }
 }
 
@@ -407,7 +409,7 @@ impl GpuModel {
         };
         d.launch(
             name,
-            ((t * (nh / nkv)).div_ceil(128) as u32, nkv as u32, 1),
+            ((t * (nh / nkv)).div_ceil(tc::WG_ROWS) as u32, nkv as u32, 1),
             (256, 1, 1),
             smem as u32,
             &[
