@@ -13,6 +13,7 @@ mod attn_prefill;
 pub use attn_prefill::AttnAgreement;
 mod decode;
 mod gdn_prefill;
+mod seq_state;
 
 #[cfg(feature = "cuda")]
 use super::cuda::{DBuf, Device};
@@ -28,6 +29,7 @@ use crate::sampling::{
 use crate::weights::{Mixer, Mlp, Weights};
 use anyhow::{Context, Result, bail};
 use half::bf16;
+use seq_state::{GdnLayout, KvSlab, KvWriter, Span};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
@@ -172,28 +174,44 @@ impl Scratch {
     }
 }
 
-/// A sequence's device state: per GDN layer the conv window and the f32 state,
-/// per attention layer a bf16 KV cache grown on demand (doubling) up to `max_len`.
+/// A sequence's device state: the GDN layers' conv windows and f32 states in
+/// one allocation, the attention layers' KV caches in one slab grown on demand
+/// (doubling) up to `max_len` and shared with the sequence's snapshots
+/// ([`seq_state`]).
 pub struct GpuSequence {
     /// Unique per sequence: a captured decode graph is valid for one sequence's buffers.
     id: u64,
     pos: usize,
+    /// KV rows per layer (the slab's capacity; 0 before the first pass).
     cap: usize,
+    /// Per layer, where its state is (empty before the first pass).
     layers: Vec<SeqLayer>,
+    gdn: Option<DBuf>,
+    kv: Option<KvWriter>,
+    /// Resumed from a snapshot by adopting its KV slab (no copy).
+    adopted_kv: bool,
 }
 
+impl GpuSequence {
+    /// Whether this sequence was resumed in its snapshot's KV slab instead of a copy.
+    pub fn adopted_kv(&self) -> bool {
+        self.adopted_kv
+    }
+}
+
+/// One layer's state: spans of the sequence's (or snapshot's) GDN allocation
+/// and KV slab.
+#[derive(Clone, Copy)]
 enum SeqLayer {
     Gdn {
-        conv: DBuf,
-        s: DBuf,
+        conv: Span,
+        s: Span,
     },
-    /// Rows `[0, pos)` of a KV buffer are never written again (the cache only
-    /// appends), so snapshots share the buffers (`Arc`) instead of copying
-    /// them; a sequence restored from one copies its rows into buffers of its
-    /// own before it appends.
+    /// Rows `[0, pos)` of a KV slab are never written again once a snapshot
+    /// holds them (the cache only appends).
     Attn {
-        k: Arc<DBuf>,
-        v: Arc<DBuf>,
+        k: Span,
+        v: Span,
     },
 }
 
@@ -781,53 +799,102 @@ impl GpuModel {
         if !seq.layers.is_empty() {
             return Ok(());
         }
-        let c = &self.cfg;
-        for kind in &c.layer_kinds {
-            seq.layers.push(match kind {
-                LayerKind::Linear => SeqLayer::Gdn {
-                    conv: self
-                        .dev
-                        .alloc_zeroed(c.linear_conv_dim() * (c.linear_conv_kernel - 1) * F)?,
-                    s: self.dev.alloc_zeroed(
-                        c.linear_num_value_heads
-                            * c.linear_key_head_dim
-                            * c.linear_value_head_dim
-                            * F,
-                    )?,
-                },
-                LayerKind::Full => SeqLayer::Attn {
-                    k: Arc::new(self.dev.alloc(256)?),
-                    v: Arc::new(self.dev.alloc(256)?),
-                },
-            });
-        }
+        let gdn = self.dev.alloc_zeroed(self.gdn_layout().bytes())?;
+        seq.layers = self.seq_layers(gdn.ptr(), None);
+        seq.gdn = Some(gdn);
+        seq.kv = None;
         seq.cap = 0;
         Ok(())
+    }
+
+    /// Where the GDN states sit in a sequence's (or snapshot's) state allocation.
+    fn gdn_layout(&self) -> GdnLayout {
+        let c = &self.cfg;
+        GdnLayout {
+            conv_bytes: c.linear_conv_dim() * (c.linear_conv_kernel - 1) * F,
+            state_bytes: c.linear_num_value_heads
+                * c.linear_key_head_dim
+                * c.linear_value_head_dim
+                * F,
+            layers: self.count_layers(LayerKind::Linear),
+        }
+    }
+
+    fn count_layers(&self, kind: LayerKind) -> usize {
+        self.cfg.layer_kinds.iter().filter(|&&k| k == kind).count()
+    }
+
+    /// Every layer's spans in a GDN state allocation at `gdn` and a KV slab
+    /// (null spans without one: a sequence before its first [`Self::reserve`]).
+    fn seq_layers(&self, gdn: u64, kv: Option<&KvSlab>) -> Vec<SeqLayer> {
+        let layout = self.gdn_layout();
+        let (mut li, mut ai) = (0, 0);
+        let null = Span::default();
+        self.cfg
+            .layer_kinds
+            .iter()
+            .map(|kind| match kind {
+                LayerKind::Linear => {
+                    let (conv, s) = layout.spans(gdn, li);
+                    li += 1;
+                    SeqLayer::Gdn { conv, s }
+                }
+                LayerKind::Full => {
+                    let (k, v) = kv.map_or((null, null), |kv| kv.spans(ai));
+                    ai += 1;
+                    SeqLayer::Attn { k, v }
+                }
+            })
+            .collect()
     }
 
     fn kv_row_bytes(&self) -> usize {
         self.cfg.num_key_value_heads * self.cfg.head_dim * if self.kv_f32 { F } else { B }
     }
 
-    /// Grows every KV cache of the sequence to hold `need` tokens.
+    /// A KV slab of `cap` rows per attention layer, written by its allocator.
+    fn alloc_kv(&self, cap: usize) -> Result<KvSlab> {
+        let row = self.kv_row_bytes();
+        let bytes = KvSlab::bytes_for(self.count_layers(LayerKind::Full), cap, row);
+        Ok(KvSlab::new(self.dev.alloc(bytes)?, cap, row))
+    }
+
+    /// Points the sequence at `kv` (its attention layers' spans).
+    fn set_kv(&self, seq: &mut GpuSequence, kv: KvWriter) {
+        let gdn = seq.gdn.as_ref().map_or(0, DBuf::ptr);
+        seq.layers = self.seq_layers(gdn, Some(kv.slab()));
+        seq.cap = kv.slab().cap();
+        seq.kv = Some(kv);
+    }
+
+    /// Copies rows `[0, rows)` of every attention layer's K and V from the
+    /// spans of `from` to those of `to` (both in layer order).
+    fn copy_kv_rows(&self, to: &[SeqLayer], from: &[SeqLayer], rows: usize) -> Result<()> {
+        let bytes = rows * self.kv_row_bytes();
+        for (t, f) in to.iter().zip(from) {
+            if let (SeqLayer::Attn { k, v }, SeqLayer::Attn { k: fk, v: fv }) = (t, f) {
+                self.dev.dtod(k.ptr(), fk.ptr(), bytes)?;
+                self.dev.dtod(v.ptr(), fv.ptr(), bytes)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Grows the sequence's KV slab to hold `need` tokens (a new slab, the
+    /// rows so far copied; snapshots keep the old one).
     fn reserve(&self, seq: &mut GpuSequence, need: usize) -> Result<()> {
         if need <= seq.cap {
             return Ok(());
         }
         let cap = kv_capacity(need, seq.cap, self.max_len);
-        let row =
-            self.cfg.num_key_value_heads * self.cfg.head_dim * if self.kv_f32 { F } else { B };
-        for l in &mut seq.layers {
-            if let SeqLayer::Attn { k, v } = l {
-                let nk = self.dev.alloc(cap * row).context("growing the KV cache")?;
-                let nv = self.dev.alloc(cap * row).context("growing the KV cache")?;
-                self.dev.dtod(nk.ptr(), k.ptr(), seq.pos * row)?;
-                self.dev.dtod(nv.ptr(), v.ptr(), seq.pos * row)?;
-                *k = Arc::new(nk);
-                *v = Arc::new(nv);
-            }
+        let slab = self.alloc_kv(cap).context("growing the KV cache")?;
+        let (old, old_kv) = (seq.layers.clone(), seq.kv.take());
+        self.set_kv(seq, KvWriter::fresh(slab));
+        if seq.pos > 0 {
+            self.copy_kv_rows(&seq.layers, &old, seq.pos)?;
         }
-        seq.cap = cap;
+        // The old slab (freed here unless a snapshot holds it) after the copies.
+        drop(old_kv);
         Ok(())
     }
 
@@ -1709,6 +1776,9 @@ impl Backend for GpuModel {
             pos: 0,
             cap: 0,
             layers: Vec::new(),
+            gdn: None,
+            kv: None,
+            adopted_kv: false,
         }
     }
 
@@ -1855,117 +1925,95 @@ impl Backend for GpuModel {
         Ok(())
     }
 
-    /// Device copies of the GDN states (66 MB for the 35B model) and shared
-    /// references to the KV buffers. `None` when the copies cannot be allocated.
+    /// A device copy of the GDN states (66 MB for the 35B model, one
+    /// allocation) and a shared reference to the KV slab. `None` when the copy
+    /// cannot be allocated.
     fn snapshot(&self, seq: &GpuSequence) -> Option<Box<dyn SeqSnapshot>> {
+        let (Some(gdn), Some(kv)) = (&seq.gdn, &seq.kv) else {
+            return None; // nothing run yet
+        };
         let _guard = self.scratch.lock().unwrap();
         self.dev.bind().ok()?;
-        let mut layers = Vec::with_capacity(seq.layers.len());
-        let mut bytes = 0;
-        for l in &seq.layers {
-            layers.push(match l {
-                SeqLayer::Gdn { conv, s } => {
-                    let c = self.dev.alloc(conv.bytes()).ok()?;
-                    let st = self.dev.alloc(s.bytes()).ok()?;
-                    self.dev.dtod(c.ptr(), conv.ptr(), conv.bytes()).ok()?;
-                    self.dev.dtod(st.ptr(), s.ptr(), s.bytes()).ok()?;
-                    bytes += conv.bytes() + s.bytes();
-                    SeqLayer::Gdn { conv: c, s: st }
-                }
-                // Shared: the sequence only appends past `pos`.
-                SeqLayer::Attn { k, v } => SeqLayer::Attn {
-                    k: k.clone(),
-                    v: v.clone(),
-                },
-            });
-        }
+        let copy = self.dev.alloc(gdn.bytes()).ok()?;
+        self.dev.dtod(copy.ptr(), gdn.ptr(), gdn.bytes()).ok()?;
+        // From now on no one may write the slab's rows below `pos`.
+        kv.slab().ownership().seal(seq.pos);
         Some(Box::new(GpuSnapshot {
             pos: seq.pos,
             kv_f32: self.kv_f32,
-            layers,
-            bytes,
+            layers: self.seq_layers(copy.ptr(), Some(kv.slab())),
+            gdn: copy,
+            kv: kv.slab().clone(),
         }))
     }
 
-    /// From a device snapshot (device-to-device copies) or its host copy
-    /// ([`Backend::demote`]; host-to-device copies): fresh buffers, KV with
-    /// room to grow.
+    /// From a device snapshot: a copy of its GDN states, and its KV slab
+    /// itself when no one else can see what the sequence appends
+    /// ([`seq_state::KvOwnership`]), otherwise a copy of its rows. From its
+    /// host copy ([`Backend::demote`]): uploads. A copied KV slab has room
+    /// for the turn that follows, so resuming does not begin by doubling and
+    /// copying the whole KV cache.
     fn restore(&self, snap: &dyn SeqSnapshot) -> Option<GpuSequence> {
         let any = snap.as_any();
         let (device, host) = (
             any.downcast_ref::<GpuSnapshot>(),
             any.downcast_ref::<GpuHostSnapshot>(),
         );
-        let (pos, kv_f32, n) = match (device, host) {
-            (Some(s), _) => (s.pos, s.kv_f32, s.layers.len()),
-            (_, Some(h)) => (h.pos, h.kv_f32, h.layers.len()),
+        // Only a snapshot of this model's geometry and KV precision.
+        let attn = self.count_layers(LayerKind::Full);
+        let (pos, kv_f32, gdn_bytes, same_kv) = match (device, host) {
+            (Some(s), _) => (
+                s.pos,
+                s.kv_f32,
+                s.gdn.bytes(),
+                s.layers.len() == self.cfg.num_layers(),
+            ),
+            (_, Some(h)) => (h.pos, h.kv_f32, h.gdn.len(), h.kv.len() == attn),
             _ => return None,
         };
-        if kv_f32 != self.kv_f32 || n != self.cfg.num_layers() {
+        let layout = self.gdn_layout();
+        if kv_f32 != self.kv_f32 || gdn_bytes != layout.bytes() || !same_kv {
             return None;
         }
         let _guard = self.scratch.lock().unwrap();
         self.dev.bind().ok()?;
-        let row = self.kv_row_bytes();
-        // Room for the turn that follows, so resuming does not begin by
-        // doubling and copying the whole KV cache.
-        let cap = kv_capacity(pos, 0, self.max_len);
         let d = &self.dev;
-        let kv = || Some((d.alloc(cap * row).ok()?, d.alloc(cap * row).ok()?));
-        let mut layers = Vec::with_capacity(n);
+        let gdn = d.alloc(layout.bytes()).ok()?;
+        let mut seq = GpuSequence {
+            layers: self.seq_layers(gdn.ptr(), None),
+            gdn: Some(gdn),
+            pos,
+            ..self.new_sequence()
+        };
+        let gdn = seq.gdn.as_ref()?.ptr();
         if let Some(s) = device {
-            for l in &s.layers {
-                layers.push(match l {
-                    SeqLayer::Gdn { conv, s } => {
-                        let c = d.alloc(conv.bytes()).ok()?;
-                        let st = d.alloc(s.bytes()).ok()?;
-                        d.dtod(c.ptr(), conv.ptr(), conv.bytes()).ok()?;
-                        d.dtod(st.ptr(), s.ptr(), s.bytes()).ok()?;
-                        SeqLayer::Gdn { conv: c, s: st }
-                    }
-                    SeqLayer::Attn { k, v } => {
-                        let (kk, vv) = kv()?;
-                        d.dtod(kk.ptr(), k.ptr(), pos * row).ok()?;
-                        d.dtod(vv.ptr(), v.ptr(), pos * row).ok()?;
-                        SeqLayer::Attn {
-                            k: Arc::new(kk),
-                            v: Arc::new(vv),
-                        }
-                    }
-                });
+            d.dtod(gdn, s.gdn.ptr(), layout.bytes()).ok()?;
+            if let Some(kv) = KvWriter::adopt(&s.kv, pos) {
+                self.set_kv(&mut seq, kv);
+                seq.adopted_kv = true;
+            } else {
+                let slab = self.alloc_kv(kv_capacity(pos, 0, self.max_len)).ok()?;
+                self.set_kv(&mut seq, KvWriter::fresh(slab));
+                self.copy_kv_rows(&seq.layers, &s.layers, pos).ok()?;
             }
         } else if let Some(h) = host {
-            for l in &h.layers {
-                layers.push(match l {
-                    HostLayer::Gdn { conv, s } => {
-                        let c = d.alloc(conv.len()).ok()?;
-                        let st = d.alloc(s.len()).ok()?;
-                        d.htod(c.ptr(), &conv[..]).ok()?;
-                        d.htod(st.ptr(), &s[..]).ok()?;
-                        SeqLayer::Gdn { conv: c, s: st }
-                    }
-                    HostLayer::Attn { k, v } => {
-                        let (kk, vv) = kv()?;
-                        d.htod(kk.ptr(), &k[..]).ok()?;
-                        d.htod(vv.ptr(), &v[..]).ok()?;
-                        SeqLayer::Attn {
-                            k: Arc::new(kk),
-                            v: Arc::new(vv),
-                        }
-                    }
-                });
+            d.htod(gdn, &h.gdn[..]).ok()?;
+            let slab = self.alloc_kv(kv_capacity(pos, 0, self.max_len)).ok()?;
+            self.set_kv(&mut seq, KvWriter::fresh(slab));
+            let attn = seq.layers.iter().filter_map(|l| match l {
+                SeqLayer::Attn { k, v } => Some((k, v)),
+                SeqLayer::Gdn { .. } => None,
+            });
+            for ((k, v), (hk, hv)) in attn.zip(&h.kv) {
+                d.htod(k.ptr(), &hk[..]).ok()?;
+                d.htod(v.ptr(), &hv[..]).ok()?;
             }
         }
-        Some(GpuSequence {
-            id: next_sequence_id(),
-            pos,
-            cap,
-            layers,
-        })
+        Some(seq)
     }
 
     /// A host-memory copy of a device snapshot: the GDN states and the KV
-    /// rows it covers (not the buffers' spare capacity).
+    /// rows it covers (not the slab's spare capacity).
     fn demote(&self, snap: &dyn SeqSnapshot) -> Option<Box<dyn SeqSnapshot>> {
         let snap = snap.as_any().downcast_ref::<GpuSnapshot>()?;
         let _guard = self.scratch.lock().unwrap();
@@ -1981,45 +2029,22 @@ impl Backend for GpuModel {
             self.dev.dtoh(&mut v, ptr).ok()?;
             Some(HostBytes::Pageable(v))
         };
-        let mut layers = Vec::with_capacity(snap.layers.len());
-        let mut bytes = 0;
+        let gdn = copy(snap.gdn.ptr(), snap.gdn.bytes())?;
+        let mut kv = Vec::new();
         for l in &snap.layers {
-            let h = match l {
-                SeqLayer::Gdn { conv, s } => HostLayer::Gdn {
-                    conv: copy(conv.ptr(), conv.bytes())?,
-                    s: copy(s.ptr(), s.bytes())?,
-                },
-                SeqLayer::Attn { k, v } => HostLayer::Attn {
-                    k: copy(k.ptr(), rows)?,
-                    v: copy(v.ptr(), rows)?,
-                },
-            };
-            bytes += match &h {
-                HostLayer::Gdn { conv, s } => conv.len() + s.len(),
-                HostLayer::Attn { k, v } => k.len() + v.len(),
-            };
-            layers.push(h);
+            if let SeqLayer::Attn { k, v } = l {
+                kv.push((copy(k.ptr(), rows)?, copy(v.ptr(), rows)?));
+            }
         }
+        let bytes = gdn.len() + kv.iter().map(|(k, v)| k.len() + v.len()).sum::<usize>();
         Some(Box::new(GpuHostSnapshot {
             pos: snap.pos,
             kv_f32: snap.kv_f32,
-            layers,
+            gdn,
+            kv,
             bytes,
         }))
     }
-}
-
-/// One layer of a [`GpuHostSnapshot`]: bytes as they were on the device.
-enum HostLayer {
-    Gdn {
-        conv: HostBytes,
-        s: HostBytes,
-    },
-    /// KV rows `[0, pos)`.
-    Attn {
-        k: HostBytes,
-        v: HostBytes,
-    },
 }
 
 /// Host memory of a demoted snapshot: page-locked where the driver grants
@@ -2042,11 +2067,13 @@ impl std::ops::Deref for HostBytes {
 }
 
 /// A snapshot moved to host memory by the prefix cache's host tier; owns
-/// all its bytes.
+/// all its bytes: the GDN state allocation as it was on the device, and per
+/// attention layer its K and V rows `[0, pos)`.
 pub struct GpuHostSnapshot {
     pos: usize,
     kv_f32: bool,
-    layers: Vec<HostLayer>,
+    gdn: HostBytes,
+    kv: Vec<(HostBytes, HostBytes)>,
     bytes: usize,
 }
 
@@ -2065,14 +2092,15 @@ impl SeqSnapshot for GpuHostSnapshot {
     }
 }
 
-/// A sequence at one position: device copies of its GDN states and shared
-/// references to its KV buffers (whose rows `[0, pos)` no one writes again).
+/// A sequence at one position: a device copy of its GDN states and a shared
+/// reference to its KV slab (whose rows `[0, pos)` no one writes again).
 pub struct GpuSnapshot {
     pos: usize,
     kv_f32: bool,
+    /// Spans of `gdn` and `kv`, per layer.
     layers: Vec<SeqLayer>,
-    /// Bytes of the copied GDN states.
-    bytes: usize,
+    gdn: DBuf,
+    kv: Arc<KvSlab>,
 }
 
 impl SeqSnapshot for GpuSnapshot {
@@ -2080,18 +2108,12 @@ impl SeqSnapshot for GpuSnapshot {
         self.pos
     }
     fn private_bytes(&self) -> usize {
-        self.bytes
+        self.gdn.bytes()
     }
-    /// The KV buffers, one page each (by device address: unique while alive),
-    /// so the prefix cache counts a buffer shared by several snapshots once.
+    /// The KV slab, one page (by device address: unique while alive), so the
+    /// prefix cache counts a slab shared by several snapshots once.
     fn pages(&self) -> Vec<(u64, usize)> {
-        self.layers
-            .iter()
-            .flat_map(|l| match l {
-                SeqLayer::Attn { k, v } => vec![(k.ptr(), k.bytes()), (v.ptr(), v.bytes())],
-                SeqLayer::Gdn { .. } => Vec::new(),
-            })
-            .collect()
+        vec![self.kv.page()]
     }
     fn as_any(&self) -> &dyn std::any::Any {
         self

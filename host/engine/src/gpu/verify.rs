@@ -220,6 +220,12 @@ pub struct SmokeReport {
     /// The same through a device snapshot of the state restored from the host
     /// copy (what the prefix cache promotes back to the device after a hit).
     pub promoted_restore_max_diff: Option<f32>,
+    /// The same twice more once the original sequence is gone: each restore
+    /// takes the snapshot's KV slab itself (no copy) and the first
+    /// one's appends past the snapshot leave the second one's logits equal.
+    pub adopted_restore_max_diff: Option<f32>,
+    /// Whether both of those restores adopted the slab.
+    pub adopted_kv: Option<bool>,
     /// A twin sequence read through `forward_top` (prefill, then every decode
     /// step): its 64 largest logits equal the host's `top_logits` of the same
     /// step's full logits, ids and values bit for bit.
@@ -269,6 +275,7 @@ pub fn smoke(
     // host copy, and from a device snapshot of the state restored from that
     // copy), decode the first greedy token: must equal the original.
     let first = argmax(&la);
+    let mut kept = None;
     let (restored, from_host, promoted) = match model.snapshot(&a) {
         Some(snap) => {
             let mut r = model
@@ -277,7 +284,7 @@ pub fn smoke(
             let host = model
                 .demote(snap.as_ref())
                 .context("copying a snapshot to host memory failed")?;
-            drop(snap);
+            kept = Some(snap);
             let mut h = model
                 .restore(host.as_ref())
                 .context("restore from a host copy failed")?;
@@ -305,6 +312,7 @@ pub fn smoke(
     let mut snap_diff = None;
     let mut host_diff = None;
     let mut promoted_diff = None;
+    let mut first_step = None;
     // The sampling readout on a twin sequence, every step against the host's.
     let mut c = model.new_sequence();
     let (mut top_equal, mut top_lse_diff) = (true, 0.0f64);
@@ -361,12 +369,34 @@ pub fn smoke(
         check_top(model.forward_top(&mut c, &[t], TOP_CANDIDATES)?, &logits);
         check_weighted(&mut d, &[t], &logits, i + 1)?;
         if i == 0 {
+            first_step = Some(logits.clone());
             snap_diff = restored.as_deref().map(|x| max_diff(x, &logits));
             host_diff = from_host.as_deref().map(|x| max_diff(x, &logits));
             promoted_diff = promoted.as_deref().map(|x| max_diff(x, &logits));
         }
     }
     let finite = finite && logits.iter().all(|v| v.is_finite());
+    // The snapshot again, once `a` (which appended past it in the same KV
+    // slab) is gone: a restore adopts the slab and overwrites those rows;
+    // after it too is gone (having run past the snapshot), the next restore
+    // adopts it again and must still see the snapshot's rows intact.
+    drop(a);
+    let mut adopted = (None, None);
+    if let (Some(snap), Some(want)) = (&kept, &first_step) {
+        let mut diff = 0f32;
+        let mut all = true;
+        for _ in 0..2 {
+            let mut r = model
+                .restore(snap.as_ref())
+                .context("restore of a snapshot whose sequence is gone failed")?;
+            all &= r.adopted_kv();
+            diff = diff.max(max_diff(&model.forward(&mut r, &[first])?, want));
+            for &t in &generated {
+                model.forward(&mut r, &[t])?;
+            }
+        }
+        adopted = (Some(diff), Some(all));
+    }
     Ok(SmokeReport {
         preset: preset.into(),
         layers: model.config().num_layers(),
@@ -381,6 +411,8 @@ pub fn smoke(
         snapshot_restore_max_diff: snap_diff,
         host_restore_max_diff: host_diff,
         promoted_restore_max_diff: promoted_diff,
+        adopted_restore_max_diff: adopted.0,
+        adopted_kv: adopted.1,
         top_readout_equal: top_equal,
         top_readout_max_lse_diff: top_lse_diff,
         weighted_readout_equal: weighted_equal,
@@ -389,9 +421,10 @@ pub fn smoke(
             && weighted_equal
             && top_lse_diff < 1e-4
             && k < 1e-2
-            && [snap_diff, host_diff, promoted_diff]
+            && [snap_diff, host_diff, promoted_diff, adopted.0]
                 .iter()
-                .all(|d| *d == Some(0.0)),
+                .all(|d| *d == Some(0.0))
+            && adopted.1 == Some(true),
     })
 }
 
@@ -469,7 +502,7 @@ pub fn run_cli(o: &VerifyOptions) -> Result<bool> {
             "synthetic {p} ({} layers): load {:.1} s, prefill {} tokens {:.3} s, finite {}, \
              KL(prefill || prefill[..-1]+decode) {:.2e}, top1 agree {}, decode {:.1} tok/s \
              (correctness build: no graphs, full logits copied per token), snapshot/restore max diff {:?}, \
-             from the host copy {:?}, promoted back {:?}, top-64 readout equal {} (lse diff {:.1e}), weighted readout equal {}, tokens {:?}  {}",
+             from the host copy {:?}, promoted back {:?}, in the adopted KV slab {:?} (adopted {:?}), top-64 readout equal {} (lse diff {:.1e}), weighted readout equal {}, tokens {:?}  {}",
             r.layers,
             r.load_s,
             r.prompt_len,
@@ -481,6 +514,8 @@ pub fn run_cli(o: &VerifyOptions) -> Result<bool> {
             r.snapshot_restore_max_diff,
             r.host_restore_max_diff,
             r.promoted_restore_max_diff,
+            r.adopted_restore_max_diff,
+            r.adopted_kv,
             r.top_readout_equal,
             r.top_readout_max_lse_diff,
             r.weighted_readout_equal,
