@@ -1687,15 +1687,25 @@ impl GpuModel {
             return Ok(self.decode_step(seq, tokens[0])?.0);
         }
         let c = &self.cfg;
-        // Long prompts run in chunks: bounded work buffers, and every grid's y
-        // dimension (tokens) stays under the 65,535 launch limit.
+        let nf = self.run_passes(seq, tokens, sc)?;
+        let logits = sc.get(&self.dev, "logits", c.vocab_size * F)?;
+        self.linear(sc, nf, 1, self.lm_head(), logits, false)?;
+        Ok(logits)
+    }
+
+    /// Runs `tokens` (checked) in passes of at most [`PREFILL_CHUNK`]: bounded
+    /// work buffers, and every grid's y dimension (tokens) stays under the
+    /// 65,535 launch limit. The KV slab is grown for all of them first: one
+    /// allocation instead of a doubling per pass, each of which copies the
+    /// rows so far and holds the old slab and the new one at once.
+    fn run_passes(&self, seq: &mut GpuSequence, tokens: &[u32], sc: &mut Scratch) -> Result<u64> {
+        self.init_sequence(seq)?;
+        self.reserve(seq, seq.pos + tokens.len())?;
         let mut nf = 0;
         for chunk in tokens.chunks(PREFILL_CHUNK) {
             nf = self.run(seq, chunk, sc)?;
         }
-        let logits = sc.get(&self.dev, "logits", c.vocab_size * F)?;
-        self.linear(sc, nf, 1, self.lm_head(), logits, false)?;
-        Ok(logits)
+        Ok(nf)
     }
 
     /// Launches the head of `logits` (kernels/sampling.cu): `HEAD_WORDS`
@@ -1917,12 +1927,10 @@ impl Backend for GpuModel {
         if tokens.is_empty() {
             bail!("extend needs at least one token");
         }
+        self.check_tokens(seq, tokens)?;
         let mut sc = self.scratch.lock().unwrap();
         self.dev.bind()?;
-        for chunk in tokens.chunks(PREFILL_CHUNK) {
-            self.run(seq, chunk, &mut sc)?;
-        }
-        Ok(())
+        self.run_passes(seq, tokens, &mut sc).map(|_| ())
     }
 
     /// A device copy of the GDN states (66 MB for the 35B model, one
