@@ -84,6 +84,13 @@ pub trait Backend: Send + Sync {
         None
     }
 
+    /// Whether `seq`, just restored, resumed in the snapshot's memory itself
+    /// (the GPU backend adopting a KV slab no one else appends to) instead
+    /// of a copy of it: counted by `qwasi_prefix_cache_resumed_in_place_total`.
+    fn resumed_in_place(&self, _seq: &Self::Sequence) -> bool {
+        false
+    }
+
     /// Prefix cache host tier: a copy of `snap` (one of this backend's
     /// snapshots) in host memory that [`Backend::restore`] also accepts, so
     /// the cache can keep a snapshot its device budget pushes out. `None`
@@ -139,6 +146,9 @@ impl<B: Backend> Backend for std::sync::Arc<B> {
     }
     fn restore(&self, snap: &dyn SeqSnapshot) -> Option<B::Sequence> {
         (**self).restore(snap)
+    }
+    fn resumed_in_place(&self, seq: &B::Sequence) -> bool {
+        (**self).resumed_in_place(seq)
     }
     fn demote(&self, snap: &dyn SeqSnapshot) -> Option<Box<dyn SeqSnapshot>> {
         (**self).demote(snap)
@@ -206,11 +216,15 @@ mod tests {
             fn logits_on_device(&self) -> bool {
                 true
             }
+            fn resumed_in_place(&self, _: &()) -> bool {
+                true
+            }
         }
         fn check<B: Backend>(b: B) {
             assert!(b.logits_on_device());
             assert!(b.demote(&Snap).is_some());
             let mut seq = b.new_sequence();
+            assert!(b.resumed_in_place(&seq));
             assert_eq!(b.forward_greedy(&mut seq, &[1]).unwrap().token, 1);
         }
         check(Scripted::wrap(Probe(crate::demo::config()), None, None).unwrap());

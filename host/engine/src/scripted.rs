@@ -227,6 +227,13 @@ impl<B: Backend> Backend for Scripted<B> {
         }
     }
 
+    fn resumed_in_place(&self, seq: &Self::Sequence) -> bool {
+        match (self, seq) {
+            (Scripted::Real(b), ScriptedSeq::Real(s)) => b.resumed_in_place(s),
+            _ => false,
+        }
+    }
+
     fn demote(&self, snap: &dyn SeqSnapshot) -> Option<Box<dyn SeqSnapshot>> {
         match self {
             Scripted::Real(b) => b.demote(snap),

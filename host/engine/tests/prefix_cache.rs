@@ -66,6 +66,8 @@ struct Faulty {
     copies: Option<Arc<CopyStats>>,
     /// With a host tier: `demote` makes [`Copied`] snapshots counted here.
     host: Option<Arc<CopyStats>>,
+    /// What `resumed_in_place` says of every restored sequence.
+    in_place: Arc<AtomicBool>,
 }
 
 impl Faulty {
@@ -121,6 +123,9 @@ impl Backend for Faulty {
             None => self.model.restore(snap),
         }
     }
+    fn resumed_in_place(&self, _seq: &CpuSequence) -> bool {
+        self.in_place.load(Ordering::SeqCst)
+    }
     /// A "host copy": a fresh snapshot of the same state that owns all its bytes.
     fn demote(&self, snap: &dyn SeqSnapshot) -> Option<Box<dyn SeqSnapshot>> {
         let stats = self.host.as_ref()?;
@@ -139,6 +144,7 @@ struct Harness {
     panic: Arc<AtomicBool>,
     forwards: Arc<AtomicUsize>,
     forward_tokens: Arc<AtomicUsize>,
+    in_place: Arc<AtomicBool>,
 }
 
 impl Harness {
@@ -185,6 +191,7 @@ impl Harness {
         let panic = Arc::new(AtomicBool::new(false));
         let forwards = Arc::new(AtomicUsize::new(0));
         let forward_tokens = Arc::new(AtomicUsize::new(0));
+        let in_place = Arc::new(AtomicBool::new(false));
         let backend = Faulty {
             model: model.clone(),
             fail_pos: fail_pos.clone(),
@@ -194,6 +201,7 @@ impl Harness {
             forward_tokens: forward_tokens.clone(),
             copies,
             host,
+            in_place: in_place.clone(),
         };
         let cfg = ServiceConfig {
             prefix_cache_bytes: cache_bytes,
@@ -208,6 +216,7 @@ impl Harness {
             panic,
             forwards,
             forward_tokens,
+            in_place,
         }
     }
 
@@ -452,6 +461,11 @@ async fn conversation_turns_hit_the_previous_turn_and_intervals_split_prefill() 
         metrics.contains("qwasi_prefix_cache_tokens_saved_total 155\n"),
         "{metrics}"
     );
+    // The CPU backend resumes in shared copy-on-write pages, never in place.
+    assert!(
+        metrics.contains("qwasi_prefix_cache_resumed_in_place_total 0\n"),
+        "{metrics}"
+    );
     assert!(
         metrics.contains("qwasi_prefix_cache_snapshots 4\n"),
         "{metrics}"
@@ -618,6 +632,38 @@ async fn shared_pages_are_counted_once() {
     let page_bytes = h.model.page_stats().live_bytes();
     let private: usize = h.dump().iter().map(|e| e.3).sum();
     assert_eq!(s.bytes, page_bytes + private);
+}
+
+/// `qwasi_prefix_cache_resumed_in_place_total` counts the hits (partial and
+/// full) whose restored sequence the backend says resumed in place, and
+/// nothing on a miss.
+#[tokio::test]
+async fn in_place_resumes_are_counted_per_hit() {
+    let h = Harness::new(64 * MIB, 0, 0);
+    h.in_place.store(true, Ordering::SeqCst);
+    let base = prompt(60, 60);
+    let mut longer = base.clone();
+    longer.extend(prompt(10, 61));
+    let count = || {
+        let m = h.svc.metrics_text();
+        let line = m
+            .lines()
+            .find(|l| l.starts_with("qwasi_prefix_cache_resumed_in_place_total "))
+            .unwrap_or_else(|| panic!("no in-place counter in {m}"))
+            .to_string();
+        line.rsplit(' ').next().unwrap().parse::<u64>().unwrap()
+    };
+    h.run(&req(&base, 1), SubmitOptions::default()).await;
+    assert_eq!(count(), 0, "a miss");
+    let out = h.run(&req(&longer, 1), SubmitOptions::default()).await;
+    assert_eq!(out.usage().cached_tokens, 60);
+    assert_eq!(count(), 1, "a partial hit");
+    let out = h.run(&req(&longer, 1), SubmitOptions::default()).await;
+    assert_eq!(out.usage().cached_tokens, 70);
+    assert_eq!(count(), 2, "a full hit");
+    h.run(&req(&prompt(30, 62), 1), SubmitOptions::default())
+        .await;
+    assert_eq!(count(), 2, "another miss");
 }
 
 #[tokio::test]

@@ -192,13 +192,6 @@ pub struct GpuSequence {
     adopted_kv: bool,
 }
 
-impl GpuSequence {
-    /// Whether this sequence was resumed in its snapshot's KV slab instead of a copy.
-    pub fn adopted_kv(&self) -> bool {
-        self.adopted_kv
-    }
-}
-
 /// One layer's state: spans of the sequence's (or snapshot's) GDN allocation
 /// and KV slab.
 #[derive(Clone, Copy)]
@@ -2018,6 +2011,10 @@ impl Backend for GpuModel {
             }
         }
         Some(seq)
+    }
+
+    fn resumed_in_place(&self, seq: &GpuSequence) -> bool {
+        seq.adopted_kv
     }
 
     /// A host-memory copy of a device snapshot: the GDN states and the KV

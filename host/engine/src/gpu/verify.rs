@@ -389,7 +389,7 @@ pub fn smoke(
             let mut r = model
                 .restore(snap.as_ref())
                 .context("restore of a snapshot whose sequence is gone failed")?;
-            all &= r.adopted_kv();
+            all &= model.resumed_in_place(&r);
             diff = diff.max(max_diff(&model.forward(&mut r, &[first])?, want));
             for &t in &generated {
                 model.forward(&mut r, &[t])?;

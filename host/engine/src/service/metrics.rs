@@ -82,6 +82,7 @@ pub(super) struct Metrics {
     prefix_misses: AtomicU64,
     prefix_full_hits: AtomicU64,
     prefix_tokens_saved: AtomicU64,
+    prefix_in_place: AtomicU64,
     ttft: Histogram,
     itl: Histogram,
     queue_wait: Histogram,
@@ -108,6 +109,7 @@ impl Metrics {
             prefix_misses: AtomicU64::new(0),
             prefix_full_hits: AtomicU64::new(0),
             prefix_tokens_saved: AtomicU64::new(0),
+            prefix_in_place: AtomicU64::new(0),
             ttft: Histogram::new(LATENCY_BUCKETS),
             itl: Histogram::new(LATENCY_BUCKETS),
             queue_wait: Histogram::new(DURATION_BUCKETS),
@@ -155,6 +157,12 @@ impl Metrics {
     /// also counted by `record_prefix_lookup(true)`.
     pub fn record_prefix_full_hit(&self) {
         self.prefix_full_hits.fetch_add(1, Relaxed);
+    }
+
+    /// A hit whose sequence resumed in the snapshot's own memory, no copy
+    /// ([`crate::backend::Backend::resumed_in_place`]).
+    pub fn record_prefix_in_place(&self) {
+        self.prefix_in_place.fetch_add(1, Relaxed);
     }
 
     pub fn add_prefix_tokens_saved(&self, n: usize) {
@@ -319,6 +327,13 @@ impl Metrics {
             "qwasi_prefix_cache_full_hits_total",
             "Hits that covered the whole prompt: logits stored with the snapshot, no prefill.",
             &self.prefix_full_hits,
+        );
+        counter(
+            o,
+            "qwasi_prefix_cache_resumed_in_place_total",
+            "Hits that resumed in the snapshot's own KV memory instead of a copy (GPU: \
+             the sequence that wrote it is gone and no deeper snapshot reads it).",
+            &self.prefix_in_place,
         );
         counter(
             o,

@@ -176,6 +176,10 @@ impl<B: Backend> Worker<B> {
             Some((seq, lease))
         });
         let vocab = self.backend.config().vocab_size;
+        // Counted once the match below keeps the sequence as a hit.
+        let in_place = found
+            .as_ref()
+            .is_some_and(|(seq, _)| self.backend.resumed_in_place(seq));
         match found {
             Some((seq, lease))
                 if lease.position() == prompt.len()
@@ -183,6 +187,9 @@ impl<B: Backend> Worker<B> {
             {
                 self.metrics.record_prefix_lookup(true);
                 self.metrics.record_prefix_full_hit();
+                if in_place {
+                    self.metrics.record_prefix_in_place();
+                }
                 self.metrics.add_prefix_tokens_saved(lease.position());
                 PrefixMatch {
                     seq,
@@ -193,6 +200,9 @@ impl<B: Backend> Worker<B> {
             }
             Some((seq, lease)) if lease.position() > 0 && lease.position() < prompt.len() => {
                 self.metrics.record_prefix_lookup(true);
+                if in_place {
+                    self.metrics.record_prefix_in_place();
+                }
                 self.metrics.add_prefix_tokens_saved(lease.position());
                 PrefixMatch {
                     seq,

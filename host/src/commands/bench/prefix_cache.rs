@@ -18,8 +18,11 @@
 //!   may differ by rounding: same greedy tokens and max |Δ logprob| ≤ 0.05
 //!   (top alternatives matched by id) pass; the CPU keeps 1e-5;
 //! * a GPU snapshot copies the GDN states and holds the sequence's whole KV
-//!   buffers (shared with the snapshots of the same sequence: its capacity,
-//!   up to about twice the position), so the TTFT runs snapshot only at
+//!   slab (shared with the snapshots of the same sequence: its capacity,
+//!   up to about twice the position; the cached request resumes in it, no
+//!   copy, once the prefix request is gone: `cached_resumed_in_place_runs`,
+//!   from the `qwasi_prefix_cache_resumed_in_place_total` metric, says
+//!   whether each did), so the TTFT runs snapshot only at
 //!   prompt and generation ends (`--snapshot-interval` 0), the sweep is off
 //!   unless `--intervals` is given, and the budget defaults to 32 GiB (a
 //!   131K prefix is 5.4 GB of f32 KV rows); it is checked against the
@@ -257,6 +260,16 @@ async fn timed(
     }
 }
 
+/// `qwasi_prefix_cache_resumed_in_place_total`: whether a cached request
+/// resumed in the snapshot's own KV memory (GPU) rather than a copy.
+fn in_place_resumes(svc: &EngineService) -> u64 {
+    svc.metrics_text()
+        .lines()
+        .find_map(|l| l.strip_prefix("qwasi_prefix_cache_resumed_in_place_total "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0)
+}
+
 /// Max |Δ logprob| between the cold (`c`) and cached (`h`) steps: the
 /// sampled token's and the top alternatives'. The CPU compares the top lists
 /// position by position (a different id is infinitely far: the ranking must
@@ -371,6 +384,7 @@ fn measure<M: Backend + 'static>(
     let mut worst_dlogprob = 0f32;
     for &len in &p.prefixes {
         let (mut cold, mut cached, mut warm) = (vec![], vec![], vec![]);
+        let mut in_place = vec![];
         let mut exact = json!(null);
         let mut cached_profile = Vec::new();
         for run in 0..runs {
@@ -389,7 +403,9 @@ fn measure<M: Backend + 'static>(
             if last {
                 profile();
             }
+            let resumed_before = in_place_resumes(&svc);
             let h = request(&svc, &tag("cached"), full.clone(), n, &ws)?;
+            in_place.push(in_place_resumes(&svc) > resumed_before);
             if last {
                 cached_profile = profile();
             }
@@ -444,6 +460,7 @@ fn measure<M: Backend + 'static>(
             "cold_ttft_ms_runs": cold,
             "cached_ttft_ms_runs": cached,
             "prefix_only_request_ms_runs": warm,
+            "cached_resumed_in_place_runs": in_place,
             "exactness": exact,
             "cached_request_profile_ms": super::speed::profile_json(&cached_profile),
         }));
