@@ -1969,7 +1969,11 @@ impl Backend for GpuModel {
                 s.gdn.bytes(),
                 s.layers.len() == self.cfg.num_layers(),
             ),
-            (_, Some(h)) => (h.pos, h.kv_f32, h.gdn.len(), h.kv.len() == attn),
+            (_, Some(h)) => {
+                let rows = h.pos * self.kv_row_bytes();
+                let rows_ok = h.kv.iter().all(|(k, v)| k.len() == rows && v.len() == rows);
+                (h.pos, h.kv_f32, h.gdn.len(), h.kv.len() == attn && rows_ok)
+            }
             _ => return None,
         };
         let layout = self.gdn_layout();
