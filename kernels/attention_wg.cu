@@ -211,7 +211,7 @@ __device__ __forceinline__ void attn_flash_wg_impl(const float* __restrict__ q, 
         attn_softmax_weights(s, m, l, corr);
     };
     // P (the weights s) as the A fragments of P V: k16 step kk is the S tiles 2kk, 2kk + 1.
-    auto split_p = [&](const float (&s)[4][4]) {
+    auto split_p = [&](const float (&s)[4][4], unsigned (&ph)[2][4], unsigned (&pl)[2][4]) {
 #pragma unroll
         for (int kk = 0; kk < 2; kk++) {
             split_bf16x2(s[2 * kk][0], s[2 * kk][1], ph[kk][0], pl[kk][0]);          // row g,     keys 16kk + 2c
@@ -233,7 +233,7 @@ __device__ __forceinline__ void attn_flash_wg_impl(const float* __restrict__ q, 
         wgmma_fence_operands(sb, 16);
         float s[4][4], corr[2];
         weights(s, 0, corr);
-        split_p(s);
+        split_p(s, ph, pl);
     }
     __syncthreads();  // every warpgroup is done with K tile 0
     if (ntiles > 1) wg_load_k<HD, LO>(Ks, kh, kl, WG_BK, kend, nkv, kvh);
@@ -264,7 +264,9 @@ __device__ __forceinline__ void attn_flash_wg_impl(const float* __restrict__ q, 
         __syncthreads();  // every warpgroup is done with K tile jt + 1
         if (jt + 2 < ntiles) wg_load_k<HD, LO>(Ks, kh, kl, k1 + WG_BK, kend, nkv, kvh);
         float s[4][4], corr[2];
+        unsigned nh[2][4], nl[2][4];  // the next P, split while P V still reads ph, pl
         weights(s, k1, corr);
+        split_p(s, nh, nl);
         // Keeps the wait below the softmax, which then runs under P V: left
         // to itself ptxas waits right after the K copies above.
         cp_async_after(&wg_order[threadIdx.x], kh, l[0] + l[1]);
@@ -275,7 +277,13 @@ __device__ __forceinline__ void attn_flash_wg_impl(const float* __restrict__ q, 
         wgmma_fence_operands(&ph[0][0], 8);
         wgmma_fence_operands(&pl[0][0], 8);
         attn_rescale<DT>(o, corr, HD);
-        split_p(s);
+#pragma unroll
+        for (int kk = 0; kk < 2; kk++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                ph[kk][i] = nh[kk][i];
+                pl[kk][i] = nl[kk][i];
+            }
     }
 
     attn_store_gated<DT>(o, l, pa, pb, npairs, G, kvh, nh, HD, proj, stride, out, c);
