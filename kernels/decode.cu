@@ -403,48 +403,81 @@ QW_KERNEL void QW_BOUNDS(PREP_THREADS) dec_gdn_prep(float* __restrict__ proj, fl
 }
 
 
+// Warp-wide max / min of an unsigned: one redux.sync on sm_80 and later,
+// shuffles elsewhere.
+__device__ __forceinline__ unsigned warp_max_u32(unsigned v) {
+#if defined(QW_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    return __reduce_max_sync(0xffffffffu, v);
+#else
+    for (int m = WARP / 2; m > 0; m >>= 1) v = max(v, (unsigned)SHFL_XOR(v, m));
+    return v;
+#endif
+}
+__device__ __forceinline__ unsigned warp_min_u32(unsigned v) {
+#if defined(QW_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    return __reduce_min_sync(0xffffffffu, v);
+#else
+    for (int m = WARP / 2; m > 0; m >>= 1) v = min(v, (unsigned)SHFL_XOR(v, m));
+    return v;
+#endif
+}
+
+// A router logit as a key that orders like the float: 0 for what is never
+// chosen (NaN, -inf), and -0 as +0 (the floats compare equal).
+__device__ __forceinline__ unsigned route_key(float v) {
+    if (!(v > -INFINITY)) return 0u;
+    const unsigned b = __float_as_uint(v == 0.f ? 0.f : v);
+    return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+}
+__device__ __forceinline__ float route_logit(unsigned key) {
+    return __uint_as_float((key & 0x80000000u) ? (key ^ 0x80000000u) : ~key);
+}
+
 // Top-k of the router logits (ties to the lower index) and the renormalised
 // softmax weights over the chosen experts (p_e / sum of the chosen p), by one
-// warp with the logits in registers, into shared memory. Recomputed by every
-// block of both expert kernels instead of a separate launch. The logits are
-// read through L2 only (the down kernel reads them before its grid
-// dependency wait; L2 is coherent, an SM's L1 may hold the last layer's).
+// warp, into shared memory. Recomputed by every block of both expert kernels
+// instead of a separate launch. Lane l holds experts [l P, l P + P) (P = E /
+// 32 rounded up) as keys in shared memory and its best one in registers; a
+// round takes the warp's largest key (the lowest lane holding it: the lowest
+// expert among equal logits) and only the lane it came from rescans its P
+// keys. Two warp reductions a round (redux.sync on CUDA) instead of a
+// 32-logit scan and five dependent shuffle exchanges. The logits are read
+// through L2 only (the down kernel reads them before its grid dependency
+// wait; L2 is coherent, an SM's L1 may hold the last layer's).
 __device__ void router_topk_warp(const float* __restrict__ logits, int E, int k, int* sidx, float* sw) {
-    int lane = threadIdx.x % WARP;
-    float lv[MOE_MAXE / WARP];
-#pragma unroll
-    for (int m = 0; m < MOE_MAXE / WARP; m++) {
-        int e = lane + m * WARP;
-        lv[m] = e < E ? QW_LDCG(logits + e) : -INFINITY;
+    __shared__ unsigned keys[MOE_MAXE];
+    const int lane = threadIdx.x % WARP, P = (E + WARP - 1) / WARP, e0 = lane * P;
+    unsigned best = 0u;
+    int be = 0;
+    for (int m = 0; m < P; m++) {
+        const int e = e0 + m;
+        const unsigned key = e < E ? route_key(QW_LDCG(logits + e)) : 0u;
+        keys[e] = key;  // only this lane reads it back
+        if (key > best) {
+            best = key;
+            be = e;
+        }
     }
     for (int j = 0; j < k; j++) {
-        float bv = -INFINITY;
-        int bi = 0x7fffffff;
-#pragma unroll
-        for (int m = 0; m < MOE_MAXE / WARP; m++) {
-            int e = lane + m * WARP;
-            if (lv[m] > bv) {  // ascending e per lane: the first of equals wins
-                bv = lv[m];
-                bi = e;
+        const unsigned top = warp_max_u32(best);
+        const unsigned from = warp_min_u32(best == top ? (unsigned)lane : (unsigned)WARP);
+        if (lane == (int)from) {
+            // Nothing selectable (every remaining logit NaN or -inf: a broken
+            // hidden state): expert 0 with weight 0, or NaN when all are, so
+            // the expert kernels never index past the experts.
+            sidx[j] = top ? be : 0;
+            sw[j] = top ? route_logit(top) : -INFINITY;
+            if (top) {
+                keys[be] = 0u;
+                best = 0u;
+                for (int m = 0; m < P; m++) {
+                    const unsigned key = keys[e0 + m];
+                    if (key > best) {
+                        best = key;
+                        be = e0 + m;
+                    }
+                }
             }
-        }
-        for (int sh = WARP / 2; sh > 0; sh >>= 1) {
-            float ov = SHFL_XOR(bv, sh);
-            int oi = SHFL_XOR(bi, sh);
-            if (ov > bv || (ov == bv && oi < bi)) {
-                bv = ov;
-                bi = oi;
-            }
-        }
-#pragma unroll
-        for (int m = 0; m < MOE_MAXE / WARP; m++)
-            if (lane + m * WARP == bi) lv[m] = -INFINITY;
-        // Nothing selectable (every remaining logit NaN or -inf: a broken
-        // hidden state): expert 0 with weight 0, or NaN when all are, so the
-        // expert kernels never index past the experts.
-        if (lane == 0) {
-            sidx[j] = bi < E ? bi : 0;
-            sw[j] = bv;
         }
     }
     QW_SYNCWARP();

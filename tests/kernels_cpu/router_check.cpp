@@ -1,6 +1,7 @@
 // The decode MoE routing (kernels/decode.cu: router_topk_warp, which both
-// expert kernels run) on the CPU (QW_CPU): the k largest router logits with
-// ties to the lower index and their renormalised softmax weights against a
+// expert kernels run) on the CPU (QW_CPU; its warp reductions as shuffles,
+// redux.sync on the GPU): the k largest router logits with ties to the lower
+// index (-0 and +0 are equal) and their renormalised softmax weights against a
 // sort in double precision; and with NaN or -inf logits (a broken hidden
 // state) every chosen index stays inside the experts: slots with nothing left
 // to choose take expert 0 at weight 0 (NaN weights when nothing at all is
@@ -70,6 +71,12 @@ int main() {
     std::vector<float> big(1000);  // 32 logits per lane, MOE_MAXK chosen
     for (auto& v : big) v = (float)(int)(nd(rng) * 4);
     check("1000 experts, top-32, ties", big, MOE_MAXK);
+    for (int e = 0; e < 256; e++) x[e] = e % 3 ? 0.f : -0.f;  // -0 and +0 tie: the lower index wins
+    x[200] = 1.f;
+    check("signed zeros", x, 8);
+    std::vector<float> few(20);  // fewer experts than lanes
+    for (auto& v : few) v = (float)(int)(nd(rng) * 2);
+    check("20 experts, top-8, ties", few, 8);
     for (int e = 0; e < 256; e++) x[e] = e % 50 == 7 ? nd(rng) : NAN;  // 5 finite
     check("mostly NaN", x, 8);
     for (int e = 0; e < 256; e++) x[e] = e == 3 ? 1.f : -INFINITY;
