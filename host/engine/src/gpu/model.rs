@@ -361,6 +361,23 @@ fn check_supported(cfg: &ModelConfig) -> Result<()> {
             cfg.linear_conv_kernel
         );
     }
+    // The decode step's delta rule (kernels/decode.cu: dec_gdn_step) keeps a
+    // key head's state rows in 4 x 32 threads and a value head's columns in
+    // one block.
+    let (dk, dv) = (cfg.linear_key_head_dim, cfg.linear_value_head_dim);
+    let heads_ok = cfg.linear_num_key_heads > 0
+        && cfg
+            .linear_num_value_heads
+            .is_multiple_of(cfg.linear_num_key_heads);
+    if cfg.layer_kinds.contains(&LayerKind::Linear) && (dk > 128 || dv > 256 || !heads_ok) {
+        bail!(
+            "the GPU backend handles GDN key heads of up to 128 and value heads of up to 256, \
+             a whole number of value heads per key head; this model has {dk} and {dv}, \
+             {} value heads for {} key heads (use --backend cpu)",
+            cfg.linear_num_value_heads,
+            cfg.linear_num_key_heads
+        );
+    }
     let (e, k, _, _) = mlp_dims(cfg);
     if e > MOE_MAXE || k > MOE_MAXK {
         bail!(
@@ -2180,6 +2197,23 @@ mod tests {
         }
         cfg.linear_conv_kernel = 8;
         assert!(check_supported(&cfg).is_ok());
+        // dec_gdn_step: key heads up to 128, value heads up to 256, whole
+        // value heads per key head.
+        for (dk, dv, nv, ok) in [
+            (128, 256, 32, true),
+            (256, 128, 32, false),
+            (128, 512, 32, false),
+            (128, 128, 24, false),
+        ] {
+            let mut c = cfg.clone();
+            (c.linear_key_head_dim, c.linear_value_head_dim) = (dk, dv);
+            c.linear_num_value_heads = nv;
+            let got = check_supported(&c);
+            assert_eq!(got.is_ok(), ok, "{dk} {dv} {nv}: {got:?}");
+            if let Err(e) = got {
+                assert!(e.to_string().contains("GDN key heads of up to 128"), "{e}");
+            }
+        }
         cfg.mlp = MlpConfig::Moe {
             num_experts: 2048,
             top_k: 8,
