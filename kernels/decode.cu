@@ -403,21 +403,17 @@ QW_KERNEL void QW_BOUNDS(PREP_THREADS) dec_gdn_prep(float* __restrict__ proj, fl
 }
 
 
-// Warp-wide max / min of an unsigned: one redux.sync on sm_80 and later,
-// shuffles elsewhere.
-__device__ __forceinline__ unsigned warp_max_u32(unsigned v) {
+// Warp-wide max (MAX) or min of an unsigned: one redux.sync on sm_80 and
+// later, shuffles elsewhere.
+template <bool MAX>
+__device__ __forceinline__ unsigned warp_reduce_u32(unsigned v) {
 #if defined(QW_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    return __reduce_max_sync(0xffffffffu, v);
+    return MAX ? __reduce_max_sync(0xffffffffu, v) : __reduce_min_sync(0xffffffffu, v);
 #else
-    for (int m = WARP / 2; m > 0; m >>= 1) v = max(v, (unsigned)SHFL_XOR(v, m));
-    return v;
-#endif
-}
-__device__ __forceinline__ unsigned warp_min_u32(unsigned v) {
-#if defined(QW_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    return __reduce_min_sync(0xffffffffu, v);
-#else
-    for (int m = WARP / 2; m > 0; m >>= 1) v = min(v, (unsigned)SHFL_XOR(v, m));
+    for (int m = WARP / 2; m > 0; m >>= 1) {
+        const unsigned o = SHFL_XOR(v, m);
+        v = MAX ? max(v, o) : min(v, o);
+    }
     return v;
 #endif
 }
@@ -459,8 +455,8 @@ __device__ void router_topk_redux(const float* __restrict__ logits, int E, int k
         }
     }
     for (int j = 0; j < k; j++) {
-        const unsigned top = warp_max_u32(best);
-        const unsigned from = warp_min_u32(best == top ? (unsigned)lane : (unsigned)WARP);
+        const unsigned top = warp_reduce_u32<true>(best);
+        const unsigned from = warp_reduce_u32<false>(best == top ? (unsigned)lane : (unsigned)WARP);
         if (lane == (int)from) {
             // Nothing selectable (every remaining logit NaN or -inf: a broken
             // hidden state): expert 0 with weight 0, or NaN when all are, so
