@@ -429,6 +429,20 @@ __device__ __forceinline__ float route_logit(unsigned key) {
     return __uint_as_float((key & 0x80000000u) ? (key ^ 0x80000000u) : ~key);
 }
 
+// The chosen logits sw[0, k) (largest first) become their renormalised
+// softmax weights, by lane 0 once the warp has written them.
+__device__ __forceinline__ void route_weights(float* sw, int k) {
+    QW_SYNCWARP();
+    if (threadIdx.x % WARP == 0) {
+        float top = sw[0], total = 0.f;
+        for (int j = 0; j < k; j++) {
+            sw[j] = expf(sw[j] - top);
+            total += sw[j];
+        }
+        for (int j = 0; j < k; j++) sw[j] /= total;
+    }
+}
+
 // Top-k of the router logits (ties to the lower index) and the renormalised
 // softmax weights over the chosen experts (p_e / sum of the chosen p), by one
 // warp, into shared memory. Recomputed by every block of both expert kernels
@@ -476,15 +490,7 @@ __device__ void router_topk_redux(const float* __restrict__ logits, int E, int k
             }
         }
     }
-    QW_SYNCWARP();
-    if (lane == 0) {
-        float top = sw[0], total = 0.f;
-        for (int j = 0; j < k; j++) {
-            sw[j] = expf(sw[j] - top);
-            total += sw[j];
-        }
-        for (int j = 0; j < k; j++) sw[j] /= total;
-    }
+    route_weights(sw, k);
 }
 
 // router_topk_redux's result the previous way (`QWASI_ROUTER=scan`, to
@@ -528,15 +534,7 @@ __device__ void router_topk_scan(const float* __restrict__ logits, int E, int k,
             sw[j] = bv;
         }
     }
-    QW_SYNCWARP();
-    if (lane == 0) {
-        float top = sw[0], total = 0.f;
-        for (int j = 0; j < k; j++) {
-            sw[j] = expf(sw[j] - top);
-            total += sw[j];
-        }
-        for (int j = 0; j < k; j++) sw[j] /= total;
-    }
+    route_weights(sw, k);
 }
 
 // The routing of the expert kernels: SCAN picks router_topk_scan.
