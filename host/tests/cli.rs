@@ -147,7 +147,8 @@ fn bad_model_directory_is_a_one_line_error() {
 /// `qwasi bench --workload prefix-cache` on the demo model (the CPU): every
 /// prefix is a hit of exactly its length (the bench fails otherwise), the
 /// cached request's tokens and logprobs equal the cold one's, and the report
-/// says so; the CPU has no per-kernel profile of the cached request.
+/// says so; the CPU has no per-kernel profile of the cached request, and
+/// none of its cached requests resumes in the snapshot's own memory.
 #[test]
 fn prefix_cache_bench_on_the_demo_model_is_exact() {
     let out = std::env::temp_dir().join(format!("qwasi-pc-bench-{}.json", std::process::id()));
@@ -188,5 +189,10 @@ fn prefix_cache_bench_on_the_demo_model_is_exact() {
         assert_eq!(r["exactness"]["same_tokens"], true, "{r}");
         assert!(r["cached_ttft_ms_median"].as_f64().unwrap() > 0.0);
         assert_eq!(r["cached_request_profile_ms"], serde_json::json!([]));
+        // The CPU shares pages copy-on-write: no run resumes in place.
+        assert_eq!(
+            r["cached_resumed_in_place_runs"],
+            serde_json::json!([false])
+        );
     }
 }
