@@ -451,10 +451,12 @@ __device__ __forceinline__ void route_weights(float* sw, int k) {
 // round takes the warp's largest key (the lowest lane holding it: the lowest
 // expert among equal logits) and only the lane it came from rescans its P
 // keys. Two warp reductions a round (redux.sync on CUDA) instead of a
-// 32-logit scan and five dependent shuffle exchanges. The logits are read
+// 32-logit scan and five dependent shuffle exchanges (1.1% faster decode at
+// 512 and 8K on the H200, benchmarks/experiment-h200-router-redux-206148e.json).
+// The logits are read
 // through L2 only (the down kernel reads them before its grid dependency
 // wait; L2 is coherent, an SM's L1 may hold the last layer's).
-__device__ void router_topk_redux(const float* __restrict__ logits, int E, int k, int* sidx, float* sw) {
+__device__ void router_topk_warp(const float* __restrict__ logits, int E, int k, int* sidx, float* sw) {
     __shared__ unsigned keys[MOE_MAXE];
     const int lane = threadIdx.x % WARP, P = (E + WARP - 1) / WARP, e0 = lane * P;
     unsigned best = 0u;
@@ -493,57 +495,6 @@ __device__ void router_topk_redux(const float* __restrict__ logits, int E, int k
     route_weights(sw, k);
 }
 
-// router_topk_redux's result the previous way (`QWASI_ROUTER=scan`, to
-// compare them on the GPU): every lane holds MOE_MAXE / 32 logits in
-// registers and every round scans them all, then five shuffle exchanges.
-__device__ void router_topk_scan(const float* __restrict__ logits, int E, int k, int* sidx, float* sw) {
-    int lane = threadIdx.x % WARP;
-    float lv[MOE_MAXE / WARP];
-#pragma unroll
-    for (int m = 0; m < MOE_MAXE / WARP; m++) {
-        int e = lane + m * WARP;
-        lv[m] = e < E ? QW_LDCG(logits + e) : -INFINITY;
-    }
-    for (int j = 0; j < k; j++) {
-        float bv = -INFINITY;
-        int bi = 0x7fffffff;
-#pragma unroll
-        for (int m = 0; m < MOE_MAXE / WARP; m++) {
-            int e = lane + m * WARP;
-            if (lv[m] > bv) {  // ascending e per lane: the first of equals wins
-                bv = lv[m];
-                bi = e;
-            }
-        }
-        for (int sh = WARP / 2; sh > 0; sh >>= 1) {
-            float ov = SHFL_XOR(bv, sh);
-            int oi = SHFL_XOR(bi, sh);
-            if (ov > bv || (ov == bv && oi < bi)) {
-                bv = ov;
-                bi = oi;
-            }
-        }
-#pragma unroll
-        for (int m = 0; m < MOE_MAXE / WARP; m++)
-            if (lane + m * WARP == bi) lv[m] = -INFINITY;
-        // Nothing selectable (every remaining logit NaN or -inf: a broken
-        // hidden state): expert 0 with weight 0, or NaN when all are, so the
-        // expert kernels never index past the experts.
-        if (lane == 0) {
-            sidx[j] = bi < E ? bi : 0;
-            sw[j] = bv;
-        }
-    }
-    route_weights(sw, k);
-}
-
-// The routing of the expert kernels: SCAN picks router_topk_scan.
-template <bool SCAN>
-__device__ __forceinline__ void router_topk(const float* __restrict__ logits, int E, int k, int* sidx, float* sw) {
-    if constexpr (SCAN) router_topk_scan(logits, E, k, sidx, sw);
-    else router_topk_redux(logits, E, k, sidx, sw);
-}
-
 // Routed experts, gate/up half: act[j, i] = silu(Wg[e_j][i] . n) * (Wu[e_j][i] . n),
 // n = rmsnorm(x) * nw computed in the prologue from the partial sums of squares,
 // for the k chosen experts e_j. grid (ceil(I / (DEC_WARPS * pairs)), k): warp
@@ -553,12 +504,10 @@ __device__ __forceinline__ void router_topk(const float* __restrict__ logits, in
 // are resident at once (two blocks per SM at this kernel's registers) instead
 // of running in two waves, each repeating the routing and the norm. Router
 // logits are the first E entries of `inp`.
-template <bool SCAN>
-__device__ __forceinline__ void dec_moe_gate_up_impl(const bf16_t* __restrict__ Wgu, const float* __restrict__ x,
-                                                     const float* __restrict__ ssq, int nssq,
-                                                     const float* __restrict__ nw, float eps,
-                                                     const float* __restrict__ inp, int E, int k,
-                                                     float* __restrict__ act, int I, int H, int pairs) {
+QW_KERNEL void QW_BOUNDS(256) dec_moe_gate_up(const bf16_t* __restrict__ Wgu, const float* __restrict__ x,
+                                             const float* __restrict__ ssq, int nssq, const float* __restrict__ nw,
+                                             float eps, const float* __restrict__ inp, int E, int k,
+                                             float* __restrict__ act, int I, int H, int pairs) {
     QW_DYN_SMEM(float, xs);  // [H]
     __shared__ int sidx[MOE_MAXK];
     __shared__ float sw[MOE_MAXK];
@@ -566,7 +515,7 @@ __device__ __forceinline__ void dec_moe_gate_up_impl(const bf16_t* __restrict__ 
     QW_GRID_LAUNCH();
     int lane = threadIdx.x % WARP, w = threadIdx.x / WARP;
     if (w == 0) {
-        router_topk<SCAN>(inp, E, k, sidx, sw);
+        router_topk_warp(inp, E, k, sidx, sw);
     } else {
         // The post-attention norm of the hidden state, into shared memory.
         float inv = inv_rms(ssq, nssq, H, eps);
@@ -604,15 +553,6 @@ __device__ __forceinline__ void dec_moe_gate_up_impl(const bf16_t* __restrict__ 
         if (lane == 0) act[(size_t)j * I + i] = silu_f(gv) * uv;
     }
 }
-// `dec_moe_gate_up` routes with router_topk_redux, `dec_moe_gate_up_scan` with router_topk_scan.
-#define DEC_MOE_GATE_UP(NAME, SCAN) \
-    QW_KERNEL void QW_BOUNDS(256) NAME(const bf16_t* __restrict__ Wgu, const float* __restrict__ x,                 \
-        const float* __restrict__ ssq, int nssq, const float* __restrict__ nw, float eps,                           \
-        const float* __restrict__ inp, int E, int k, float* __restrict__ act, int I, int H, int pairs) {            \
-        dec_moe_gate_up_impl<SCAN>(Wgu, x, ssq, nssq, nw, eps, inp, E, k, act, I, H, pairs);                        \
-    }
-DEC_MOE_GATE_UP(dec_moe_gate_up, false)
-DEC_MOE_GATE_UP(dec_moe_gate_up_scan, true)
 
 // Chunk `base` (16-byte units) of down row r's virtual row: the k routed
 // experts' rows (I columns each) then the shared expert's (S), zeros past it.
@@ -647,16 +587,15 @@ __device__ __forceinline__ void down_chunk(const bf16_t* __restrict__ Wd, const 
 // The router logits come from the kernel before the gate/up kernel, complete
 // once this kernel may start (PDL): the routing and the first chunk of
 // weights are fetched before the wait for `act`.
-template <bool SCAN>
-__device__ __forceinline__ void dec_moe_down_impl(const bf16_t* __restrict__ Wd, const bf16_t* __restrict__ Wsd,
-                                                  const float* __restrict__ act, const float* __restrict__ inp, int E,
-                                                  int k, int I, int S, float* __restrict__ y, int H,
-                                                  float* __restrict__ ssq_out) {
+QW_KERNEL void QW_BOUNDS(256) dec_moe_down(const bf16_t* __restrict__ Wd, const bf16_t* __restrict__ Wsd,
+                                          const float* __restrict__ act, const float* __restrict__ inp,
+                                          int E, int k, int I, int S, float* __restrict__ y, int H,
+                                          float* __restrict__ ssq_out) {
     QW_DYN_SMEM(float, xs);
     __shared__ int sidx[MOE_MAXK];
     __shared__ float sw[MOE_MAXK];
     float* as = xs + (size_t)k * I;
-    if (threadIdx.x < WARP) router_topk<SCAN>(inp, E, k, sidx, sw);
+    if (threadIdx.x < WARP) router_topk_warp(inp, E, k, sidx, sw);
     __syncthreads();
     int lane = threadIdx.x % WARP, w = threadIdx.x / WARP;
     int first = blockIdx.x * DEC_WARPS + w, stride = gridDim.x * DEC_WARPS;
@@ -721,15 +660,6 @@ __device__ __forceinline__ void dec_moe_down_impl(const bf16_t* __restrict__ Wd,
     }
     write_ssq(mine, ssq_out);
 }
-// `dec_moe_down` routes with router_topk_redux, `dec_moe_down_scan` with router_topk_scan.
-#define DEC_MOE_DOWN(NAME, SCAN) \
-    QW_KERNEL void QW_BOUNDS(256) NAME(const bf16_t* __restrict__ Wd, const bf16_t* __restrict__ Wsd,               \
-        const float* __restrict__ act, const float* __restrict__ inp, int E, int k, int I, int S,                   \
-        float* __restrict__ y, int H, float* __restrict__ ssq_out) {                                                \
-        dec_moe_down_impl<SCAN>(Wd, Wsd, act, inp, E, k, I, S, y, H, ssq_out);                                      \
-    }
-DEC_MOE_DOWN(dec_moe_down, false)
-DEC_MOE_DOWN(dec_moe_down_scan, true)
 
 // dec_moe_down with the virtual row (I, S multiples of 8) split between
 // P = blockDim.x / 256 warps, `span` 16-byte columns each (a multiple of 32,
@@ -737,16 +667,15 @@ DEC_MOE_DOWN(dec_moe_down_scan, true)
 // above), so after the wait only `act` and the dots remain. Block = 8 rows
 // (same ssq_out partials); a row's P partial dots meet in shared memory.
 #define DOWN_SPAN 9  // 16-byte loads per lane (the 35B model: 2 x 9 x 32 = its 576)
-template <bool SCAN>
-__device__ __forceinline__ void dec_moe_down_rows_impl(const bf16_t* __restrict__ Wd, const bf16_t* __restrict__ Wsd,
-                                                       const float* __restrict__ act, const float* __restrict__ inp,
-                                                       int E, int k, int I, int S, float* __restrict__ y, int H,
-                                                       float* __restrict__ ssq_out, int span) {
+QW_KERNEL void QW_BOUNDS_MIN(512, 2) dec_moe_down_rows(const bf16_t* __restrict__ Wd, const bf16_t* __restrict__ Wsd,
+                                               const float* __restrict__ act, const float* __restrict__ inp,
+                                               int E, int k, int I, int S, float* __restrict__ y, int H,
+                                               float* __restrict__ ssq_out, int span) {
     QW_DYN_SMEM(float, xs);
     __shared__ int sidx[MOE_MAXK];
     __shared__ float sw[MOE_MAXK];
     float* as = xs + (size_t)k * I;
-    if (threadIdx.x < WARP) router_topk<SCAN>(inp, E, k, sidx, sw);
+    if (threadIdx.x < WARP) router_topk_warp(inp, E, k, sidx, sw);
     __syncthreads();
     const int P = blockDim.x / (DEC_WARPS * WARP);
     const int w = threadIdx.x / WARP, lane = threadIdx.x % WARP;
@@ -783,15 +712,6 @@ __device__ __forceinline__ void dec_moe_down_rows_impl(const bf16_t* __restrict_
     }
     write_ssq(rows_epilogue(acc, r, H, P, true, y), ssq_out);
 }
-// `dec_moe_down_rows` routes with router_topk_redux, `dec_moe_down_rows_scan` with router_topk_scan.
-#define DEC_MOE_DOWN_ROWS(NAME, SCAN) \
-    QW_KERNEL void QW_BOUNDS_MIN(512, 2) NAME(const bf16_t* __restrict__ Wd, const bf16_t* __restrict__ Wsd,        \
-        const float* __restrict__ act, const float* __restrict__ inp, int E, int k, int I, int S,                   \
-        float* __restrict__ y, int H, float* __restrict__ ssq_out, int span) {                                      \
-        dec_moe_down_rows_impl<SCAN>(Wd, Wsd, act, inp, E, k, I, S, y, H, ssq_out, span);                           \
-    }
-DEC_MOE_DOWN_ROWS(dec_moe_down_rows, false)
-DEC_MOE_DOWN_ROWS(dec_moe_down_rows_scan, true)
 
 // Decode attention, GQA-aware and split over the key length: grid (nkv, nsplit),
 // block 32 * G threads (G = nh / nkv <= 16 query heads share one KV head; one warp

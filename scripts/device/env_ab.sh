@@ -2,11 +2,11 @@
 # On the GPU machine, from the repository root: one binary (QWASI_BIN) under
 # several environment settings, each a `qwasi bench --workload speed` run
 # (the reference fixtures first, then TTFT and greedy decode at $LENS), so
-# that a switch such as QWASI_ROUTER=scan is compared with the default in
+# that a switch such as QWASI_MOE_BK64=32 is compared with the default in
 # one session. The runs alternate (A B A B ...) $ROUNDS times, which spreads
 # the machine's drift over both.
-#   VARIANTS: settings separated by ';', "-" for the default
-#             (default "-;QWASI_ROUTER=scan")
+#   VARIANTS (required): settings separated by ';', "-" for the default,
+#             e.g. "-;QWASI_MOE_BK64=32"
 #   LENS (512,8192), DECODE (128), RUNS (5), WARMUPS (2), ROUNDS (2)
 # Output: $OUT/env-ab/<round>-<n>.json per run and summary.txt (decode tok/s
 # and TTFT medians per setting and length).
@@ -15,7 +15,7 @@ OUT=${OUT:-/tmp/qwasi-out}
 R=$OUT/env-ab
 mkdir -p "$R"
 B=${QWASI_BIN:-target/release/qwasi}
-IFS=';' read -r -a variants <<<"${VARIANTS:--;QWASI_ROUTER=scan}"
+IFS=';' read -r -a variants <<<"${VARIANTS:?set VARIANTS, e.g. VARIANTS='-;QWASI_MOE_BK64=32'}"
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv,noheader | tee "$R/gpu.txt"
 rc=0
 for round in $(seq 1 "${ROUNDS:-2}"); do

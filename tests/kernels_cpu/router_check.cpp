@@ -1,6 +1,6 @@
-// The decode MoE routing (kernels/decode.cu: router_topk_redux, which the
-// expert kernels run, and router_topk_scan, which their `_scan` variants run)
-// on the CPU (QW_CPU; the warp reductions as shuffles, redux.sync on the GPU): the k largest router logits with ties to the lower
+// The decode MoE routing (kernels/decode.cu: router_topk_warp, which both
+// expert kernels run) on the CPU (QW_CPU; its warp reductions as shuffles,
+// redux.sync on the GPU): the k largest router logits with ties to the lower
 // index (-0 and +0 are equal) and their renormalised softmax weights against a
 // sort in double precision; and with NaN or -inf logits (a broken hidden
 // state) every chosen index stays inside the experts: slots with nothing left
@@ -8,36 +8,20 @@
 // selectable), so the expert kernels never read past their weights. Exit 1 on
 // a mismatch.
 #include <cstdio>
-#include <cstring>
 #include <random>
 #include <vector>
 #include "decode.cu"
 
 static int failures = 0;
-using Route = std::pair<std::vector<int>, std::vector<float>>;
-static Route check_one(const char* what, const std::vector<float>& logits, int k, bool scan);
 
-// Both routers, and the same experts and weights bit for bit from each.
 static void check(const char* what, const std::vector<float>& logits, int k) {
-    const Route a = check_one(what, logits, k, false), b = check_one(what, logits, k, true);
-    for (int j = 0; j < k; j++)
-        if (a.first[j] != b.first[j] || std::memcmp(&a.second[j], &b.second[j], 4) != 0) {
-            std::printf("%s: slot %d: redux %d %.9g, scan %d %.9g\n", what, j, a.first[j], a.second[j], b.first[j],
-                        b.second[j]);
-            failures++;
-            return;
-        }
-}
-
-static Route check_one(const char* what, const std::vector<float>& logits, int k, bool scan) {
     const int E = (int)logits.size();
     std::vector<int> sidx(MOE_MAXK, -1);
     std::vector<float> sw(MOE_MAXK, -1.f);
     qw_cpu::launch({1, 1, 1}, {32, 1, 1}, [&] {
         __shared__ int si[MOE_MAXK];
         __shared__ float sv[MOE_MAXK];
-        if (scan) router_topk<true>(logits.data(), E, k, si, sv);
-        else router_topk<false>(logits.data(), E, k, si, sv);
+        router_topk_warp(logits.data(), E, k, si, sv);
         QW_SYNCWARP();
         if (threadIdx.x < (unsigned)k) {
             sidx[threadIdx.x] = si[threadIdx.x];
@@ -54,24 +38,23 @@ static Route check_one(const char* what, const std::vector<float>& logits, int k
     for (int j = 0; j < n; j++) total += std::exp((double)logits[ids[j]] - logits[ids[0]]);
     for (int j = 0; j < k; j++) {
         if (sidx[j] < 0 || sidx[j] >= E) {
-            std::printf("%s (%s): slot %d: expert %d outside 0..%d\n", what, scan ? "scan" : "redux", j, sidx[j], E);
+            std::printf("%s: slot %d: expert %d outside 0..%d\n", what, j, sidx[j], E);
             failures++;
-            return {sidx, sw};
+            return;
         }
         if (j < n) {
             const double want = std::exp((double)logits[ids[j]] - logits[ids[0]]) / total;
             if (sidx[j] != ids[j] || std::fabs(sw[j] - want) > 1e-6) {
-                std::printf("%s (%s): slot %d: expert %d weight %.7g, want %d %.7g\n", what, scan ? "scan" : "redux", j, sidx[j], sw[j], ids[j], want);
+                std::printf("%s: slot %d: expert %d weight %.7g, want %d %.7g\n", what, j, sidx[j], sw[j], ids[j], want);
                 failures++;
-                return {sidx, sw};
+                return;
             }
         } else if (n > 0 ? (sidx[j] != 0 || sw[j] != 0.f) : !std::isnan(sw[j])) {
-            std::printf("%s (%s): empty slot %d: expert %d weight %g\n", what, scan ? "scan" : "redux", j, sidx[j], sw[j]);
+            std::printf("%s: empty slot %d: expert %d weight %g\n", what, j, sidx[j], sw[j]);
             failures++;
-            return {sidx, sw};
+            return;
         }
     }
-    return {sidx, sw};
 }
 
 int main() {

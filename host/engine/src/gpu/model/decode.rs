@@ -345,10 +345,6 @@ pub(super) struct DecodeState {
     /// default 2: on the H200 512/8K decode 333.0/302.5 tok/s against
     /// 320.5/289.4 with 1 and 320.0/289.9 with 4).
     moe_pairs: usize,
-    /// `QWASI_ROUTER=scan`: the expert kernels' `_scan` variants, which route
-    /// the previous way (`router_topk_scan` in kernels/decode.cu; same experts
-    /// and weights), to compare the two on the GPU.
-    route_scan: bool,
 }
 
 impl GpuModel {
@@ -415,7 +411,6 @@ impl GpuModel {
                 .and_then(|v| v.parse().ok())
                 .unwrap_or(2usize)
                 .max(1),
-            route_scan: std::env::var("QWASI_ROUTER").as_deref() == Ok("scan"),
             skip: std::env::var("QWASI_DEC_SKIP")
                 .map(|v| v.split(',').map(|s| s.trim().to_string()).collect())
                 .unwrap_or_default(),
@@ -719,11 +714,7 @@ impl GpuModel {
                     }
                     if on("moe_gate_up") {
                         d.launch_pdl(
-                            if ds.route_scan {
-                                "dec_moe_gate_up_scan"
-                            } else {
-                                "dec_moe_gate_up"
-                            },
+                            "dec_moe_gate_up",
                             (inter.div_ceil(8 * ds.moe_pairs) as u32, k as u32, 1),
                             (256, 1, 1),
                             (h * F) as u32,
@@ -772,11 +763,10 @@ impl GpuModel {
                     }
                     if on("moe_down") {
                         d.launch_pdl(
-                            match (split, ds.route_scan) {
-                                (true, false) => "dec_moe_down_rows",
-                                (true, true) => "dec_moe_down_rows_scan",
-                                (false, false) => "dec_moe_down",
-                                (false, true) => "dec_moe_down_scan",
+                            if split {
+                                "dec_moe_down_rows"
+                            } else {
+                                "dec_moe_down"
                             },
                             (h.div_ceil(8) as u32, 1, 1),
                             (if split { 256 * warps as u32 } else { 256 }, 1, 1),
