@@ -19,15 +19,13 @@
 //   Q  [hi, lo][HD / 32 slabs][128 rows][64 B]   HD * 512
 //   K  [HD / 32 slabs][Kh keys 0..31, (LO) Kl keys 0..31][64 B]   HD * 128 (LO) or 64
 //   Vt 2 x [hi, (LO) lo][HD rows (d)][64 B: 32 keys]   HD * 256 (LO) or 128
-// (HD 256: 229,376 bytes, bf16 cache 180,224; and 1 KB static, `wg_order`). P V needs V with the keys along
+// (HD 256: 229,376 bytes, bf16 cache 180,224). P V needs V with the keys along
 // k: `attn_kv_split_t` writes the f32 cache's values transposed, [nkv][HD][ldp]
 // hi and lo planes (zeros from the last key to ldp), with the keys' hi / lo
 // planes [pos][nkv][HD]; for a bf16 cache `attn_v_transpose_bf16` writes the
 // values' plane and the keys are read from the cache. Per tile j the tensor
 // cores take S of tile j + 1 and P V of tile j back to back, and the softmax of
-// tile j + 1 runs while P V does (O is rescaled after it, and only where a
-// row's maximum moved; `cp_async_after` keeps ptxas from hoisting the wait for
-// P V above the softmax, which it did until 2026-12-01): one K buffer (tile
+// tile j + 1 runs while P V does (O is rescaled after it): one K buffer (tile
 // j + 2 is copied once both warpgroups' S of j + 1 is done) and two V buffers
 // (tile j + 1 is copied during tile j). Both warpgroups take every tile of
 // the block (one past the last key of warpgroup 0's rows at most).
@@ -141,7 +139,6 @@ __device__ __forceinline__ void attn_flash_wg_impl(const float* __restrict__ q, 
     constexpr int VTILE = (LO ? 2 : 1) * HD * 64;
     constexpr int DT = HD / 8;  // n8 tiles of O
     __align__(1024) QW_DYN_SMEM(unsigned char, wg_attn_smem);
-    __shared__ unsigned wg_order[256];  // cp_async_after's slots
     unsigned char* Qs = wg_attn_smem;          // [hi, lo][slab][row][64 B]
     unsigned char* Ks = Qs + 2 * QPLANE;       // [slab][Kh, Kl rows][64 B]
     unsigned char* Vs = Ks + SLABS * KSLAB;    // 2 x [hi, lo][d][64 B]: tile jt in Vs + (jt & 1) * VTILE
@@ -211,7 +208,7 @@ __device__ __forceinline__ void attn_flash_wg_impl(const float* __restrict__ q, 
         attn_softmax_weights(s, m, l, corr);
     };
     // P (the weights s) as the A fragments of P V: k16 step kk is the S tiles 2kk, 2kk + 1.
-    auto split_p = [&](const float (&s)[4][4], unsigned (&ph)[2][4], unsigned (&pl)[2][4]) {
+    auto split_p = [&](const float (&s)[4][4]) {
 #pragma unroll
         for (int kk = 0; kk < 2; kk++) {
             split_bf16x2(s[2 * kk][0], s[2 * kk][1], ph[kk][0], pl[kk][0]);          // row g,     keys 16kk + 2c
@@ -233,7 +230,7 @@ __device__ __forceinline__ void attn_flash_wg_impl(const float* __restrict__ q, 
         wgmma_fence_operands(sb, 16);
         float s[4][4], corr[2];
         weights(s, 0, corr);
-        split_p(s, ph, pl);
+        split_p(s);
     }
     __syncthreads();  // every warpgroup is done with K tile 0
     if (ntiles > 1) wg_load_k<HD, LO>(Ks, kh, kl, WG_BK, kend, nkv, kvh);
@@ -264,26 +261,14 @@ __device__ __forceinline__ void attn_flash_wg_impl(const float* __restrict__ q, 
         __syncthreads();  // every warpgroup is done with K tile jt + 1
         if (jt + 2 < ntiles) wg_load_k<HD, LO>(Ks, kh, kl, k1 + WG_BK, kend, nkv, kvh);
         float s[4][4], corr[2];
-        unsigned nh[2][4], nl[2][4];  // the next P, split while P V still reads ph, pl
         weights(s, k1, corr);
-        split_p(s, nh, nl);
-        // Keeps the wait below the softmax, which then runs under P V: left
-        // to itself ptxas waits right after the K copies above.
-        cp_async_after(&wg_order[threadIdx.x], kh, l[0] + l[1]);
-        cp_async_commit();
         wgmma_wait0();
         wgmma_fence_operands(&o[0][0], HD / 2);
         // The A fragments had to stay in their registers until the products were done.
         wgmma_fence_operands(&ph[0][0], 8);
         wgmma_fence_operands(&pl[0][0], 8);
         attn_rescale<DT>(o, corr, HD);
-#pragma unroll
-        for (int kk = 0; kk < 2; kk++)
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                ph[kk][i] = nh[kk][i];
-                pl[kk][i] = nl[kk][i];
-            }
+        split_p(s);
     }
 
     attn_store_gated<DT>(o, l, pa, pb, npairs, G, kvh, nh, HD, proj, stride, out, c);

@@ -43,15 +43,8 @@ __device__ __forceinline__ void attn_softmax_weights(float (&s)[4][4], float (&m
 }
 
 // The output rows o (n8 tiles below hd) times corr (row g: corr[0], g + 8: corr[1]).
-// Skipped when every row of the warp keeps its maximum (corr exactly 1: the
-// same result), which past the first few tiles is nearly every tile: the
-// multiplies sit between one tile's products and the next's.
 template <int DT>
 __device__ __forceinline__ void attn_rescale(float (&o)[DT][4], const float (&corr)[2], int hd) {
-    int moved = corr[0] != 1.f || corr[1] != 1.f;
-#pragma unroll
-    for (int m = WARP / 2; m > 0; m >>= 1) moved |= SHFL_XOR(moved, m);
-    if (!moved) return;
 #pragma unroll
     for (int dt = 0; dt < DT; dt++) {
         if (dt * 8 < hd) {

@@ -47,15 +47,6 @@ __device__ __forceinline__ void cp_async16(unsigned saddr, const void* gmem, boo
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool valid) {
     cp_async16(smem_addr(smem), gmem, valid);
 }
-// A 4-byte cp.async into this thread's `slot`: zeros, or 4 bytes of gmem if
-// v < 0. Its size depends on v, so it issues after v is computed, and with it
-// the next commit and a wgmma wait_group after that (ptxas otherwise places a
-// wait_group right after the last earlier commit, ahead of arithmetic that
-// does not need it).
-__device__ __forceinline__ void cp_async_after(unsigned* slot, const void* gmem, float v) {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_addr(slot)), "l"(gmem),
-                 "r"(v < 0.f ? 4 : 0));
-}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {
@@ -153,10 +144,6 @@ __device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool va
 }
 __device__ __forceinline__ void cp_async16(unsigned saddr, const void* gmem, bool valid) {
     cp_async16(qw_cpu::dyn_smem + saddr, gmem, valid);
-}
-__device__ __forceinline__ void cp_async_after(unsigned* slot, const void* gmem, float v) {
-    if (v < 0.f) std::memcpy(slot, gmem, 4);
-    else *slot = 0;
 }
 __device__ __forceinline__ void cp_async_commit() {}
 template <int N>

@@ -4,7 +4,7 @@
 #     or $QWASI_HIP_ARCHS);
 #   - cargo check of the engine and the qwasi binary with --features cuda and --features hip,
 #     clippy -D warnings of the engine with each, the GPU model's unit tests (host logic);
-#   - the SASS schedule of the warpgroup-MMA kernels (scripts/check-sass-schedule.sh);
+#   - no serialized wgmma in the warpgroup-MMA kernels (scripts/check-sass-schedule.sh);
 #   - kernel logic on the CPU where a stand-in header makes a kernel plain C++
 #     (scripts/check-kernels-cpu.sh);
 #   - without a GPU, the CUDA example binary and `qwasi verify --backend hip` fail
@@ -27,8 +27,7 @@ for f in kernels/*.cu; do
     hipcc --genco -O3 -std=c++17 --offload-arch="$a" -Ikernels -o "$tmp/$n-$a.hsaco" "$f"
   done
 done
-# How ptxas scheduled the warpgroup-MMA kernels (no serialized wgmma; the attention softmax
-# under P V).
+# No serialized wgmma in the warpgroup-MMA kernels (ptxas C7514 / C7518).
 scripts/check-sass-schedule.sh
 # Kernel logic on the CPU (attention, GEMVs, GDN step and chunked prefill, conv, router, MoE plan
 # and expert GEMMs, sampling against references).

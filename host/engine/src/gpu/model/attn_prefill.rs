@@ -47,9 +47,6 @@ mod tc {
     pub const MAX_D: usize = 256;
     /// (query, q head) rows per block of the warpgroup kernels (`WG_ROWS`).
     pub const WG_ROWS: usize = 128;
-    /// Static shared memory of the warpgroup kernels besides the dynamic
-    /// ([`wg_kernel`]): a 4-byte slot per thread (`wg_order`).
-    pub const WG_STATIC_SMEM: usize = 256 * 4;
 
     /// Dynamic shared memory of `attn_flash_tc_*` with `warps` warps (see the
     /// kernel comment): Qh, Ql `[16 warps][hd + PAD]`, Kh, Vh (+ Kl, Vl for an f32
@@ -265,7 +262,7 @@ impl GpuModel {
         (self.dev.wgmma() && self.tc_attention)
             .then(|| tc::wg_kernel(self.cfg.head_dim, self.kv_f32))
             .flatten()
-            .filter(|&(_, s)| s + tc::WG_STATIC_SMEM <= limit)
+            .filter(|&(_, s)| s <= limit)
     }
 
     /// The tensor-core prompt attention kernels against the CUDA-core
