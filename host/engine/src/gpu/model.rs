@@ -182,14 +182,19 @@ pub struct GpuSequence {
     /// Unique per sequence: a captured decode graph is valid for one sequence's buffers.
     id: u64,
     pos: usize,
-    /// KV rows per layer (the slab's capacity; 0 before the first pass).
-    cap: usize,
     /// Per layer, where its state is (empty before the first pass).
     layers: Vec<SeqLayer>,
     gdn: Option<DBuf>,
     kv: Option<KvWriter>,
     /// Resumed from a snapshot by adopting its KV slab (no copy).
     adopted_kv: bool,
+}
+
+impl GpuSequence {
+    /// KV rows per layer: the slab's capacity (0 before the first pass).
+    fn cap(&self) -> usize {
+        self.kv.as_ref().map_or(0, |kv| kv.slab().cap())
+    }
 }
 
 /// One layer's state: spans of the sequence's (or snapshot's) GDN allocation
@@ -813,7 +818,6 @@ impl GpuModel {
         seq.layers = self.seq_layers(gdn.ptr(), None);
         seq.gdn = Some(gdn);
         seq.kv = None;
-        seq.cap = 0;
         Ok(())
     }
 
@@ -873,7 +877,6 @@ impl GpuModel {
     fn set_kv(&self, seq: &mut GpuSequence, kv: KvWriter) {
         let gdn = seq.gdn.as_ref().map_or(0, DBuf::ptr);
         seq.layers = self.seq_layers(gdn, Some(kv.slab()));
-        seq.cap = kv.slab().cap();
         seq.kv = Some(kv);
     }
 
@@ -893,10 +896,10 @@ impl GpuModel {
     /// Grows the sequence's KV slab to hold `need` tokens (a new slab, the
     /// rows so far copied; snapshots keep the old one).
     fn reserve(&self, seq: &mut GpuSequence, need: usize) -> Result<()> {
-        if need <= seq.cap {
+        if need <= seq.cap() {
             return Ok(());
         }
-        let cap = kv_capacity(need, seq.cap, self.max_len);
+        let cap = kv_capacity(need, seq.cap(), self.max_len);
         let slab = self.alloc_kv(cap).context("growing the KV cache")?;
         let (old, old_kv) = (seq.layers.clone(), seq.kv.take());
         self.set_kv(seq, KvWriter::fresh(slab));
@@ -1794,7 +1797,6 @@ impl Backend for GpuModel {
         GpuSequence {
             id: next_sequence_id(),
             pos: 0,
-            cap: 0,
             layers: Vec::new(),
             gdn: None,
             kv: None,
@@ -2001,8 +2003,8 @@ impl Backend for GpuModel {
         self.dev.bind().ok()?;
         let d = &self.dev;
         let gdn = d.alloc(layout.bytes()).ok()?;
+        // Its layers' spans come with its KV slab (set_kv below).
         let mut seq = GpuSequence {
-            layers: self.seq_layers(gdn.ptr(), None),
             gdn: Some(gdn),
             pos,
             ..self.new_sequence()

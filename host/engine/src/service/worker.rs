@@ -176,21 +176,21 @@ impl<B: Backend> Worker<B> {
             Some((seq, lease))
         });
         let vocab = self.backend.config().vocab_size;
-        // Counted once the match below keeps the sequence as a hit.
-        let in_place = found
-            .as_ref()
-            .is_some_and(|(seq, _)| self.backend.resumed_in_place(seq));
+        // What every hit counts (a full hit also counts itself).
+        let record_hit = |seq: &B::Sequence, lease: &Lease| {
+            self.metrics.record_prefix_lookup(true);
+            if self.backend.resumed_in_place(seq) {
+                self.metrics.record_prefix_in_place();
+            }
+            self.metrics.add_prefix_tokens_saved(lease.position());
+        };
         match found {
             Some((seq, lease))
                 if lease.position() == prompt.len()
                     && lease.logits().is_some_and(|l| l.len() == vocab) =>
             {
-                self.metrics.record_prefix_lookup(true);
+                record_hit(&seq, &lease);
                 self.metrics.record_prefix_full_hit();
-                if in_place {
-                    self.metrics.record_prefix_in_place();
-                }
-                self.metrics.add_prefix_tokens_saved(lease.position());
                 PrefixMatch {
                     seq,
                     cached_tokens: lease.position(),
@@ -199,11 +199,7 @@ impl<B: Backend> Worker<B> {
                 }
             }
             Some((seq, lease)) if lease.position() > 0 && lease.position() < prompt.len() => {
-                self.metrics.record_prefix_lookup(true);
-                if in_place {
-                    self.metrics.record_prefix_in_place();
-                }
-                self.metrics.add_prefix_tokens_saved(lease.position());
+                record_hit(&seq, &lease);
                 PrefixMatch {
                     seq,
                     cached_tokens: lease.position(),

@@ -449,7 +449,7 @@ impl GpuModel {
         }
         let step = [token, seq.pos as u32];
         self.dev.htod(ds.step.ptr(), &step)?;
-        let key = (seq.id, seq.cap);
+        let key = (seq.id, seq.cap());
         match &ds.graph {
             Some((k, g)) if *k == key => self.dev.launch_graph(g)?,
             _ => {
@@ -646,12 +646,12 @@ impl GpuModel {
                             ],
                         )?;
                     }
-                    let nsplit = Self::decode_splits(seq.cap);
+                    let nsplit = Self::decode_splits(seq.cap());
                     let plan = dec_attn_plan(
                         self.dec_attn,
                         nh / nkv,
                         hd,
-                        seq.cap.div_ceil(nsplit),
+                        seq.cap().div_ceil(nsplit),
                         if self.kv_f32 { F } else { B },
                         d.max_shared_per_block(),
                         self.tc_attention,
