@@ -287,6 +287,54 @@ QW_KERNEL void QW_BOUNDS(256) moe_plan_place(const int* __restrict__ idx, int N,
     }
 }
 
+// The grouped expert GEMM's tile list from moe_plan_count's counts, built on the
+// device so nothing comes back to the host between the router and the experts:
+// tiles[0] = the tile count, then per expert in ascending order its
+// ceil(counts[e] / bm) tiles (e, first row, rows <= bm) over the rows
+// moe_plan_place gave it (the layout moe_gemm_* read). Entries outside [0, E)
+// (a router fed non-finite activations) are not placed: rows[p] = 0 for p in
+// [placed, N) so the gather of all N rows reads real ones, and *bad =
+// counts[E] (the layer's word, which the host checks once per pass).
+// E <= MOE_MAXE (4 experts per thread). grid 1, block 256.
+QW_KERNEL void QW_BOUNDS(256) moe_plan_tiles(const int* __restrict__ counts, int E, int bm, int N,
+                                             int* __restrict__ tiles, int* __restrict__ rows, int* __restrict__ bad) {
+    __shared__ unsigned long long wsum[256 / WARP];
+    const int tid = threadIdx.x, lane = tid % WARP, w = tid / WARP;
+    int c[4];
+    unsigned long long mine = 0;  // this thread's tiles << 32 | rows
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        const int e = 4 * tid + j;
+        c[j] = e < E ? counts[e] : 0;
+        mine += ((unsigned long long)((c[j] + bm - 1) / bm) << 32) + (unsigned)c[j];
+    }
+    unsigned long long wt, pre = warp_excl_scan_u64(mine, &wt);
+    if (lane == 0) wsum[w] = wt;
+    __syncthreads();
+    unsigned long long tot = 0;
+    for (int i = 0; i < 256 / WARP; i++) {
+        const unsigned long long x = wsum[i];
+        if (i < w) pre += x;
+        tot += x;
+    }
+    int t = (int)(pre >> 32), r = (int)(pre & 0xffffffffu);
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        for (int r0 = 0; r0 < c[j]; r0 += bm) {
+            int* o = tiles + 1 + 3 * t++;
+            o[0] = 4 * tid + j;
+            o[1] = r + r0;
+            o[2] = min(bm, c[j] - r0);
+        }
+        r += c[j];
+    }
+    if (tid == 0) {
+        tiles[0] = (int)(tot >> 32);
+        *bad = counts[E];
+    }
+    for (int p = (int)(tot & 0xffffffffu) + tid; p < N; p += 256) rows[p] = 0;
+}
+
 // hi/lo[i, :] = bf16 split of src[rows[i] * src_stride + (0..dim)], i < n (as
 // gather_rows then f32_to_bf16_split). grid n (one row per block), block 256.
 QW_KERNEL void QW_BOUNDS(256) gather_split_bf16(const float* __restrict__ src, int src_stride,
@@ -321,10 +369,11 @@ QW_KERNEL void QW_BOUNDS(256) silu_mul_split(const float* __restrict__ in, long 
 }
 
 // x[t, d] += sum over token t's k experts in ascending expert order of
-// wts[t, j] * ye[slot[t, j], d]. grid T (one token per block), block 256.
+// wts[t, j] * ye[slot[t, j], d]; entries outside [0, E) have no slot and are
+// skipped (moe_plan_tiles reports them). grid T (one token per block), block 256.
 QW_KERNEL void QW_BOUNDS(256) moe_combine(const float* __restrict__ ye, const int* __restrict__ idx,
                                           const float* __restrict__ wts, const int* __restrict__ slot, int T,
-                                          int k, int H, float* __restrict__ x) {
+                                          int k, int E, int H, float* __restrict__ x) {
     __shared__ const float* src[MOE_MAXK];
     __shared__ float sw[MOE_MAXK];
     const int t = blockIdx.x;
@@ -337,7 +386,7 @@ QW_KERNEL void QW_BOUNDS(256) moe_combine(const float* __restrict__ ye, const in
             int best = 0x7fffffff, bj = -1;
             for (int j = 0; j < k; j++) {
                 int ex = ti[j];
-                if (ex > prev && ex < best) { best = ex; bj = j; }
+                if (ex > prev && ex < best && ex < E) { best = ex; bj = j; }
             }
             if (bj < 0) break;
             prev = best;

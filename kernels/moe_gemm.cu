@@ -1,8 +1,9 @@
 // Grouped expert GEMM for prompts: every expert's rows in one launch instead of
 // one cuBLAS call per expert and operand half (1,024 calls per layer before).
 //
-// Rows are sorted by expert (moe_plan_*); `tiles` lists (expert, first row, row
-// count <= MG_BM) per block row: grid (ceil(N / columns per block), tiles). The
+// Rows are sorted by expert (moe_plan_*); `tiles` (moe_plan_tiles) holds their
+// count, then (expert, first row, row count <= MG_BM) per block row: grid
+// (ceil(N / columns per block), at least the count; rows past it return). The
 // column blocks of a row tile are neighbours in launch order, so its activation
 // rows are read from DRAM once and then from L2 (with the tiles in x, each pass
 // over the tiles re-read every activation row from DRAM).
@@ -32,7 +33,8 @@ __device__ __forceinline__ void moe_gemm_impl(const bf16_t* __restrict__ ahi, co
     typedef bf16_t BTile[MG_BN * LD];
     ATile* As = (ATile*)mg_smem;                      // [stage][hi, lo]
     BTile* Bs = (BTile*)(mg_smem + NS * 2 * MG_BM * LD);  // [stage]
-    const int e = tiles[3 * blockIdx.y], r0 = tiles[3 * blockIdx.y + 1], rows = tiles[3 * blockIdx.y + 2];
+    if ((int)blockIdx.y >= tiles[0]) return;  // past the plan's tiles (the grid is their upper bound)
+    const int e = tiles[1 + 3 * blockIdx.y], r0 = tiles[2 + 3 * blockIdx.y], rows = tiles[3 + 3 * blockIdx.y];
     const int n0 = blockIdx.x * MG_BN;
     const bf16_t* Wb = W + (size_t)e * w_stride;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -159,7 +161,8 @@ __device__ __forceinline__ void moe_gemm_wg_impl(const bf16_t* __restrict__ ahi,
                                                  const int* __restrict__ tiles, float* __restrict__ Y, int N, int K) {
     constexpr int NS = MG_WG_STAGES, STAGE = (256 + BNW) * MG_BK;  // bf16: A hi, A lo, B rows of MG_BK
     __align__(1024) QW_DYN_SMEM(bf16_t, wg_smem);               // [stage][hi 128, lo 128, B BNW][MG_BK]
-    const int e = tiles[3 * blockIdx.y], r0 = tiles[3 * blockIdx.y + 1], rows = tiles[3 * blockIdx.y + 2];
+    if ((int)blockIdx.y >= tiles[0]) return;  // past the plan's tiles (the grid is their upper bound)
+    const int e = tiles[1 + 3 * blockIdx.y], r0 = tiles[2 + 3 * blockIdx.y], rows = tiles[3 + 3 * blockIdx.y];
     const int n0 = blockIdx.x * BNW;
     const bf16_t* Wb = W + (size_t)e * w_stride;
     const int tid = threadIdx.x, h = tid / 128;
@@ -269,7 +272,8 @@ QW_KERNEL void QW_BOUNDS(256) moe_gemm_split128_wg256(const bf16_t* __restrict__
 __device__ __forceinline__ void moe_gemm_fma(const bf16_t* __restrict__ ahi, const bf16_t* __restrict__ alo,
                                              const bf16_t* __restrict__ W, long long w_stride,
                                              const int* __restrict__ tiles, float* __restrict__ Y, int N, int K) {
-    const int e = tiles[3 * blockIdx.y], r0 = tiles[3 * blockIdx.y + 1], rows = tiles[3 * blockIdx.y + 2];
+    if ((int)blockIdx.y >= tiles[0]) return;  // past the plan's tiles (the grid is their upper bound)
+    const int e = tiles[1 + 3 * blockIdx.y], r0 = tiles[2 + 3 * blockIdx.y], rows = tiles[3 + 3 * blockIdx.y];
     const bf16_t* Wb = W + (size_t)e * w_stride;
     for (int i = threadIdx.x; i < rows * MG_BN; i += blockDim.x) {
         const int r = i / MG_BN, n = blockIdx.x * MG_BN + i % MG_BN;

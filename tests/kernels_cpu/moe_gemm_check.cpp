@@ -3,8 +3,8 @@
 // and moe_gemm_split128 (128-row tiles, 256
 // threads) of kernels/moe_gemm.cu, their mma.sync / ldmatrix / cp.async path
 // (kernels/mma.h emulates it), launched as the host launches them
-// (host/engine/src/gpu/model.rs: the tile table of `moe_tiles`, grid
-// (ceil(N / MG_BN), tiles), block 2 BM, MG_STAGES (2 BM + MG_BN) MG_LD bf16 of dynamic
+// (host/engine/src/gpu/model.rs: the table of moe_plan_tiles, grid
+// (ceil(N / MG_BN), the tiles and two block rows past them, which must return), block 2 BM, MG_STAGES (2 BM + MG_BN) MG_LD bf16 of dynamic
 // shared memory), against Y[r][n] = sum_k (hi + lo)[r][k] W_e[n][k] in double
 // precision. The activations are split as gather_split_bf16 splits them
 // (split1: hi = bf16(x), lo = bf16(x - hi)). Expert row counts give tiles of
@@ -45,14 +45,16 @@ struct Case {
     bool k64 = false;  // moe_gemm_split_k64 (bm 64, k steps of 64)
 };
 
-// model.rs moe_tiles: (expert, first row, rows <= bm) over rows sorted by expert.
+// moe_plan_tiles' table: the tile count, then (expert, first row, rows <= bm)
+// over rows sorted by expert.
 static std::vector<int> moe_tiles(const std::vector<int>& counts, int bm) {
-    std::vector<int> t;
+    std::vector<int> t{0};
     int start = 0;
     for (int e = 0; e < (int)counts.size(); e++) {
         for (int r = 0; r < counts[e]; r += bm) t.insert(t.end(), {e, start + r, std::min(counts[e] - r, bm)});
         start += counts[e];
     }
+    t[0] = (int)(t.size() - 1) / 3;
     return t;
 }
 
@@ -71,7 +73,8 @@ static bool run(const Case& c, unsigned seed) {
     int nn = 0;
     for (int n : c.counts) nn += n;
     const std::vector<int> tiles = moe_tiles(c.counts, bm);
-    const unsigned nt = (unsigned)(tiles.size() / 3);
+    // Two block rows past the tiles, as the host's upper-bound grid has: they must return.
+    const unsigned nt = (unsigned)tiles[0] + 2;
 
     std::mt19937 rng(seed);
     std::normal_distribution<float> nd(0.f, 1.f);
@@ -141,7 +144,7 @@ static bool run(const Case& c, unsigned seed) {
         }
 
     std::string rows;
-    for (size_t i = 2; i < tiles.size(); i += 3) rows += std::to_string(tiles[i]) + (i + 3 < tiles.size() ? "," : "");
+    for (size_t i = 3; i < tiles.size(); i += 3) rows += std::to_string(tiles[i]) + (i + 3 < tiles.size() ? "," : "");
     const bool ok = bad == 0 && canary == 0 && smem_ok;
     std::printf("%-23s N %3d K %2d counts", name, N, K);
     for (int n : c.counts) std::printf(" %d", n);

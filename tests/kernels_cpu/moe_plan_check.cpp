@@ -8,7 +8,9 @@
 // a tile, one tile exactly, up to eight tiles, matches in the first tiles only;
 // E = 1; E = 256 with every entry on one expert, with most experts empty;
 // nothing in range; idx 16-byte aligned (vector loads) and not (scalar
-// loads). Exit 1 on a mismatch.
+// loads). Then moe_plan_tiles (grid 1) with 64- and 128-row tiles: the tile
+// table, the zeroed tail of rows and the out-of-range count. Exit 1 on a
+// mismatch.
 #include <cstdint>
 #include <cstdio>
 #include <random>
@@ -54,13 +56,35 @@ static void check(const char* what, int T, int k, int E, bool aligned, Gen gen) 
         bad_g += (rows_buf[g] != FILL) + (rows_buf[(size_t)G + N + g] != FILL);
         bad_g += (slot_buf[g] != FILL) + (slot_buf[(size_t)G + N + g] != FILL);
     }
+    // moe_plan_tiles for both tile heights: the table (and nothing past it), the
+    // row tail past the placed entries zeroed (the rest kept), *bad = counts[E].
+    int bad_t = 0, placed = 0;
+    for (int e = 0; e < E; e++) placed += rc[e];
+    for (int bm : {64, 128}) {
+        std::vector<int> want{0};
+        for (int e = 0, start = 0; e < E; e++) {
+            for (int r = 0; r < rc[e]; r += bm) want.insert(want.end(), {e, start + r, std::min(rc[e] - r, bm)});
+            start += rc[e];
+        }
+        want[0] = (int)(want.size() - 1) / 3;
+        std::vector<int> tiles_buf(want.size() + 2 * G, FILL);
+        int* tl = tiles_buf.data() + G;
+        int bad = 5;
+        qw_cpu::launch({1, 1, 1}, {256, 1, 1}, [&] { moe_plan_tiles(cnt, E, bm, N, tl, rows, &bad); });
+        for (size_t i = 0; i < want.size(); i++) bad_t += tl[i] != want[i];
+        for (int g = 0; g < G; g++) bad_t += (tiles_buf[g] != FILL) + (tiles_buf[G + want.size() + g] != FILL);
+        bad_t += bad != rc[E];
+        for (int n = 0; n < N; n++) bad_t += rows[n] != (n < placed ? rrows[n] : 0);
+        for (int g = 0; g < G; g++) bad_t += (rows_buf[g] != FILL) + (rows_buf[(size_t)G + N + g] != FILL);
+    }
     int used = 0;
     for (int e = 0; e < E; e++) used += rc[e] > 0;
-    const bool ok = bad_c + bad_r + bad_s + bad_g == 0;
+    const bool ok = bad_c + bad_r + bad_s + bad_g + bad_t == 0;
     std::printf("%-34s T %5d k %d E %3d N %6d %s: %d experts used, %d out of range: %s", what, T, k, E, N,
                 aligned ? "aligned  " : "unaligned", used, rc[E], ok ? "ok\n" : "FAIL");
     if (!ok) {
-        std::printf(" (%d counts, %d rows, %d slots differ, %d writes outside", bad_c, bad_r, bad_s, bad_g);
+        std::printf(" (%d counts, %d rows, %d slots differ, %d writes outside, %d tile-table errors", bad_c, bad_r,
+                    bad_s, bad_g, bad_t);
         if (first >= 0)
             std::printf("; first at %d: rows %d want %d, slot %d want %d", first, rows[first], rrows[first],
                         slot[first], rslot[first]);

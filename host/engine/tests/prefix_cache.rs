@@ -461,6 +461,16 @@ async fn conversation_turns_hit_the_previous_turn_and_intervals_split_prefill() 
         metrics.contains("qwasi_prefix_cache_tokens_saved_total 155\n"),
         "{metrics}"
     );
+    // Every step before a first token ran (a hit, fresh prefills, snapshots).
+    for p in ["lookup", "restore", "prefill", "snapshot", "sample"] {
+        let series = format!("qwasi_first_token_phase_seconds_total{{phase=\"{p}\"}} ");
+        let v: f64 = metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(&series))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no {series}in {metrics}"));
+        assert!(v > 0.0, "{p}: {v}");
+    }
     // The CPU backend resumes in shared copy-on-write pages, never in place.
     assert!(
         metrics.contains("qwasi_prefix_cache_resumed_in_place_total 0\n"),

@@ -619,6 +619,7 @@ async fn metrics_text_has_every_family_with_sane_values() {
         ("qwasi_time_to_first_token_seconds", "histogram"),
         ("qwasi_inter_token_latency_seconds", "histogram"),
         ("qwasi_request_duration_seconds", "histogram"),
+        ("qwasi_first_token_phase_seconds_total", "counter"),
     ] {
         assert!(
             text.contains(&format!("# HELP {family} ")),
@@ -644,6 +645,20 @@ async fn metrics_text_has_every_family_with_sane_values() {
         ),
         0.0
     );
+    // Before the first tokens: two prefills of a forward that sleeps 2 ms
+    // each, within the TTFTs; no prefix cache, so no lookup, restore or snapshot.
+    let phase = |p: &str| {
+        sample(
+            &text,
+            &format!("qwasi_first_token_phase_seconds_total{{phase=\"{p}\"}}"),
+        )
+    };
+    let prefill = phase("prefill");
+    assert!(prefill >= 0.004, "{prefill}");
+    assert!(prefill + phase("sample") <= sample(&text, "qwasi_time_to_first_token_seconds_sum"));
+    for p in ["lookup", "restore", "snapshot"] {
+        assert_eq!(phase(p), 0.0, "{p}");
+    }
     // Histograms: cumulative buckets ending in +Inf == _count, sane sums.
     for (h, count) in [
         ("qwasi_time_to_first_token_seconds", 2.0),

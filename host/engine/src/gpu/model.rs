@@ -324,18 +324,31 @@ fn fill_uniform(
     )
 }
 
-/// Block rows of the grouped expert GEMM: (expert, first row, rows <= bm)
-/// triples over rows sorted by expert, `counts[e]` rows each.
-fn moe_tiles(counts: &[i32], bm: usize) -> Vec<i32> {
-    let mut tiles = Vec::new();
-    let mut start = 0;
-    for (ex, &cnt) in counts.iter().enumerate() {
-        for r in (0..cnt).step_by(bm) {
-            tiles.extend([ex as i32, start + r, (cnt - r).min(bm as i32)]);
-        }
-        start += cnt;
-    }
-    tiles
+/// The most block rows the grouped expert GEMM can need for `nn` rows over
+/// `e` experts in tiles of `bm`: every full tile, plus a partial one per
+/// expert that has rows (at most `min(e, nn)` of them). Its grid is this tall;
+/// `moe_plan_tiles` writes how many there are and the rest return at once.
+fn moe_max_tiles(nn: usize, e: usize, bm: usize) -> usize {
+    nn / bm + e.min(nn)
+}
+
+/// Where `moe_grouped_device` reads and writes: the normed input rows `n`,
+/// the residual `x`, the router's indices and weights, and this layer's
+/// out-of-range count `bad`.
+struct MoeIo {
+    n: u64,
+    x: u64,
+    idx: u64,
+    wts: u64,
+    bad: u64,
+}
+
+/// The prefill experts' row tiles: on the device (`moe_plan_tiles`' table,
+/// `most` block rows launched), or the per-expert counts on the host for the
+/// per-expert cuBLAS path.
+enum MoePlan {
+    Tiles { buf: u64, most: u32, bm: usize },
+    Counts(Vec<i32>),
 }
 
 /// KV rows to allocate for `need` tokens when `cur` are allocated: room for
@@ -955,6 +968,9 @@ impl GpuModel {
         let key_dim = c.linear_key_dim();
         let vdim = c.linear_value_dim();
 
+        // Per MoE layer planned on the device, its count of router indices
+        // outside the experts (moe_plan_tiles), checked once at the end.
+        let (mut planned, mut experts) = (0, 0);
         for (layer, st) in self.layers.iter().zip(&mut seq.layers) {
             self.rmsnorm(x, h, &layer.input_norm, n, h, t, h)?;
             match (&layer.mixer, st) {
@@ -1378,7 +1394,17 @@ impl GpuModel {
                             ],
                         )?;
                     } else if fast && self.gemm == GemmPath::CublasSplit {
-                        self.moe_grouped_device(sc, t, e, k, inter, n, x, idx, wts, gate_up, down)?;
+                        let bad = sc.get(d, "moe_bad", self.layers.len() * 4)? + 4 * planned as u64;
+                        let io = MoeIo {
+                            n,
+                            x,
+                            idx,
+                            wts,
+                            bad,
+                        };
+                        if self.moe_grouped_device(sc, t, e, k, inter, io, gate_up, down)? {
+                            (planned, experts) = (planned + 1, e);
+                        }
                     } else {
                         self.moe_grouped(sc, t, e, k, inter, n, x, idx, wts, gate_up, down)?;
                     }
@@ -1389,16 +1415,29 @@ impl GpuModel {
         let last = x + ((t - 1) * h * F) as u64;
         let nf = sc.get(d, "final", h * F)?;
         self.rmsnorm(last, h, &self.norm, nf, h, 1, h)?;
+        if planned > 0 {
+            let mut bad = vec![0i32; planned];
+            d.dtoh(&mut bad, sc.get(d, "moe_bad", self.layers.len() * 4)?)?;
+            if let Some(&b) = bad.iter().find(|&&b| b != 0) {
+                bail!(
+                    "router produced {b} expert indices outside 0..{experts}: non-finite activations?"
+                );
+            }
+        }
         seq.pos += t;
         Ok(nf)
     }
 
     /// Prefill experts with the plan built on the device (`moe_plan_*`: entries
     /// sorted by expert, tokens ascending within one): one gather + hi/lo split of
-    /// all `t * k` rows, per-expert split GEMMs on row slices (only the `e` counts
-    /// come back to the host), one SiLU*up + split, and `moe_combine` adding each
-    /// token's `k` outputs in ascending expert order (as `moe_grouped`'s
-    /// per-expert scatter-adds do). Needs `GemmPath::CublasSplit`.
+    /// all `t * k` rows, the grouped split GEMMs over `moe_plan_tiles`' tile
+    /// table (nothing comes back to the host: the grid is the most tiles the
+    /// plan can need, and the out-of-range count lands in `io.bad`), one
+    /// SiLU*up + split, and `moe_combine` adding each token's `k` outputs in
+    /// ascending expert order (as `moe_grouped`'s per-expert scatter-adds do).
+    /// Where the grouped kernels do not fit the shapes, per-expert cuBLAS
+    /// calls on the counts copied back. Needs `GemmPath::CublasSplit`.
+    /// `Ok(true)` when the plan stayed on the device (`io.bad` written).
     #[allow(clippy::too_many_arguments)]
     fn moe_grouped_device(
         &self,
@@ -1407,15 +1446,19 @@ impl GpuModel {
         e: usize,
         k: usize,
         inter: usize,
-        n: u64,
-        x: u64,
-        idx: u64,
-        wts: u64,
+        io: MoeIo,
         gate_up: &DBuf,
         down: &DBuf,
-    ) -> Result<()> {
+    ) -> Result<bool> {
         let d = &self.dev;
         let h = self.cfg.hidden_size;
+        let MoeIo {
+            n,
+            x,
+            idx,
+            wts,
+            bad,
+        } = io;
         let nn = t * k;
         let counts = sc.get(d, "plan_counts", (e + 1) * 4)?;
         d.launch(
@@ -1442,14 +1485,47 @@ impl GpuModel {
                 Arg::Ptr(slot),
             ],
         )?;
-        let mut hc = vec![0i32; e + 1];
-        d.dtoh(&mut hc, counts)?;
-        if hc[e] != 0 {
-            bail!(
-                "router produced {} expert indices outside 0..{e}: non-finite activations?",
-                hc[e]
-            );
-        }
+        let plan = if self.grouped_moe && h.is_multiple_of(MG_BK) && inter.is_multiple_of(MG_BK) {
+            // 128-row tiles once experts average that many rows, were every
+            // expert busy (the counts stay on the device).
+            let bm = if nn / e.min(nn) >= 128 { 128 } else { 64 };
+            let most = moe_max_tiles(nn, e, bm);
+            if most > 65_535 {
+                bail!("{most} expert row tiles exceed the grid's 65,535");
+            }
+            let tiles = sc.get(d, "moe_tiles", (1 + 3 * most) * 4)?;
+            d.launch(
+                "moe_plan_tiles",
+                (1, 1, 1),
+                (256, 1, 1),
+                0,
+                &[
+                    Arg::Ptr(counts),
+                    i(e),
+                    i(bm),
+                    i(nn),
+                    Arg::Ptr(tiles),
+                    Arg::Ptr(pr),
+                    Arg::Ptr(bad),
+                ],
+            )?;
+            MoePlan::Tiles {
+                buf: tiles,
+                most: most as u32,
+                bm,
+            }
+        } else {
+            let mut hc = vec![0i32; e + 1];
+            d.dtoh(&mut hc, counts)?;
+            if hc[e] != 0 {
+                bail!(
+                    "router produced {} expert indices outside 0..{e}: non-finite activations?",
+                    hc[e]
+                );
+            }
+            hc.truncate(e);
+            MoePlan::Counts(hc)
+        };
         // hi | lo bf16 halves of the gathered rows; reused for the f32 expert outputs.
         let xs = sc.get(d, "moe_xs", nn * h * F)?;
         let (hi, lo) = (xs, xs + (nn * h * B) as u64);
@@ -1468,64 +1544,63 @@ impl GpuModel {
                 Arg::Ptr(lo),
             ],
         )?;
-        let gu = sc.get(d, "gu", nn * 2 * inter * F)?;
-        // One grouped tensor-core launch per matrix where the shapes allow it;
-        // 128-row tiles once experts average that many rows.
-        let tiles = if self.grouped_moe && h.is_multiple_of(MG_BK) && inter.is_multiple_of(MG_BK) {
-            let busy = hc[..e].iter().filter(|&&c| c > 0).count().max(1);
-            let bm = if nn / busy >= 128 { 128 } else { 64 };
-            let tiles = moe_tiles(&hc[..e], bm);
-            // The tiles are the grid's y dimension.
-            if tiles.len() / 3 > 65_535 {
-                bail!(
-                    "{} expert row tiles exceed the grid's 65,535",
-                    tiles.len() / 3
-                );
-            }
-            let buf = sc.get(d, "moe_tiles", tiles.len() * 4)?;
-            d.htod(buf, &tiles)?;
-            Some((buf, (tiles.len() / 3) as u32, bm))
-        } else {
-            None
-        };
-        let grouped =
-            |a_hi: u64, a_lo: u64, w: &DBuf, y: u64, rows: usize, cols: usize| -> Result<()> {
-                let (buf, nt, bm) = tiles.expect("grouped path");
+        // y (f32, rows in plan order) = a (hi + lo) W_e^T per expert.
+        let experts = |a_hi: u64, a_lo: u64, w: &DBuf, y: u64, rows: usize, cols: usize| match &plan
+        {
+            MoePlan::Tiles { buf, most, bm } => {
                 let (name, smem, bn) =
-                    moe_gemm_kernel(bm, d.wgmma(), self.moe_wg_cols, self.moe_k64, cols);
+                    moe_gemm_kernel(*bm, d.wgmma(), self.moe_wg_cols, self.moe_k64, cols);
                 d.launch(
                     name,
-                    (rows.div_ceil(bn) as u32, nt, 1),
-                    (2 * bm as u32, 1, 1),
+                    (rows.div_ceil(bn) as u32, *most, 1),
+                    (2 * *bm as u32, 1, 1),
                     smem as u32,
                     &[
                         Arg::Ptr(a_hi),
                         Arg::Ptr(a_lo),
                         Arg::Ptr(w.ptr()),
                         Arg::I64((rows * cols) as i64),
-                        Arg::Ptr(buf),
+                        Arg::Ptr(*buf),
                         Arg::Ptr(y),
                         i(rows),
                         i(cols),
                     ],
                 )
-            };
-        if tiles.is_some() {
-            grouped(hi, lo, gate_up, gu, 2 * inter, h)?;
-        } else {
-            let mut start = 0;
-            for (ex, &cnt) in hc[..e].iter().enumerate() {
-                let cnt = cnt as usize;
-                if cnt == 0 {
-                    continue;
-                }
-                let w = gate_up.at(ex * 2 * inter * h * B);
-                let y = gu + (start * 2 * inter * F) as u64;
-                d.gemm_bf16(hi + (start * h * B) as u64, w, y, cnt, 2 * inter, h, false)?;
-                d.gemm_bf16(lo + (start * h * B) as u64, w, y, cnt, 2 * inter, h, true)?;
-                start += cnt;
             }
-        }
+            MoePlan::Counts(hc) => {
+                let mut start = 0;
+                for (ex, &cnt) in hc.iter().enumerate() {
+                    let cnt = cnt as usize;
+                    if cnt == 0 {
+                        continue;
+                    }
+                    let w = w.at(ex * rows * cols * B);
+                    let y = y + (start * rows * F) as u64;
+                    d.gemm_bf16(
+                        a_hi + (start * cols * B) as u64,
+                        w,
+                        y,
+                        cnt,
+                        rows,
+                        cols,
+                        false,
+                    )?;
+                    d.gemm_bf16(
+                        a_lo + (start * cols * B) as u64,
+                        w,
+                        y,
+                        cnt,
+                        rows,
+                        cols,
+                        true,
+                    )?;
+                    start += cnt;
+                }
+                Ok(())
+            }
+        };
+        let gu = sc.get(d, "gu", nn * 2 * inter * F)?;
+        experts(hi, lo, gate_up, gu, 2 * inter, h)?;
         let ah = sc.get(d, "moe_act", nn * inter * 2 * B)?;
         let al = ah + (nn * inter * B) as u64;
         d.launch(
@@ -1542,22 +1617,7 @@ impl GpuModel {
             ],
         )?;
         let ye = xs;
-        if tiles.is_some() {
-            grouped(ah, al, down, ye, h, inter)?;
-        } else {
-            let mut start = 0;
-            for (ex, &cnt) in hc[..e].iter().enumerate() {
-                let cnt = cnt as usize;
-                if cnt == 0 {
-                    continue;
-                }
-                let w = down.at(ex * h * inter * B);
-                let y = ye + (start * h * F) as u64;
-                d.gemm_bf16(ah + (start * inter * B) as u64, w, y, cnt, h, inter, false)?;
-                d.gemm_bf16(al + (start * inter * B) as u64, w, y, cnt, h, inter, true)?;
-                start += cnt;
-            }
-        }
+        experts(ah, al, down, ye, h, inter)?;
         d.launch(
             "moe_combine",
             (t as u32, 1, 1),
@@ -1570,10 +1630,12 @@ impl GpuModel {
                 Arg::Ptr(slot),
                 i(t),
                 i(k),
+                i(e),
                 i(h),
                 Arg::Ptr(x),
             ],
-        )
+        )?;
+        Ok(matches!(plan, MoePlan::Tiles { .. }))
     }
 
     /// Prefill experts: route on the device, copy the plan back, then per expert
@@ -2257,30 +2319,53 @@ mod tests {
     }
 
     #[test]
-    fn expert_tiles_cover_every_row_once_in_order() {
-        let counts = [0, 3, 130, 0, 64, 1];
+    fn the_expert_tile_grid_covers_every_plan() {
+        // The tiles a plan needs (moe_plan_tiles' count) never exceed the grid.
+        let need =
+            |counts: &[usize], bm: usize| counts.iter().map(|c| c.div_ceil(bm)).sum::<usize>();
+        let mut r = 0x2545_f491_4f6c_dd1du64;
+        let mut next = |m: usize| {
+            r ^= r << 13;
+            r ^= r >> 7;
+            r ^= r << 17;
+            (r % m as u64) as usize
+        };
         for bm in [64, 128] {
-            let t = moe_tiles(&counts, bm);
-            let tiles: Vec<&[i32]> = t.chunks(3).collect();
-            // Rows 0.. in order, each tile within one expert and at most bm rows.
-            let mut next = 0;
-            for tile in &tiles {
-                let (e, first, rows) = (tile[0] as usize, tile[1], tile[2]);
-                assert_eq!(first, next);
-                assert!(rows > 0 && rows as usize <= bm);
-                let start: i32 = counts[..e].iter().sum();
-                assert!(first >= start && first + rows <= start + counts[e]);
-                next += rows;
+            for &(nn, e) in &[
+                (1, 256),
+                (8, 256),
+                (8192, 256),
+                (131_072, 256),
+                (300, 4),
+                (65, 1),
+            ] {
+                // Uniform, all on one expert, and one short of a tile on each.
+                let mut uniform = vec![0; e];
+                for _ in 0..nn {
+                    uniform[next(e)] += 1;
+                }
+                let mut one = vec![0; e];
+                one[e - 1] = nn;
+                let mut ragged = vec![0; e];
+                let mut left = nn;
+                for c in ragged.iter_mut() {
+                    *c = left.min(bm - 1);
+                    left -= *c;
+                }
+                ragged[0] += left;
+                for counts in [uniform, one, ragged] {
+                    assert_eq!(counts.iter().sum::<usize>(), nn);
+                    assert!(
+                        need(&counts, bm) <= moe_max_tiles(nn, e, bm),
+                        "{nn} {e} {bm}"
+                    );
+                }
             }
-            assert_eq!(next, counts.iter().sum::<i32>());
-            let want = if bm == 64 {
-                1 + 3 + 1 + 1
-            } else {
-                1 + 2 + 1 + 1
-            };
-            assert_eq!(tiles.len(), want, "bm {bm}");
+            // Every expert one row past a full tile: within a few rows of the bound.
+            let counts = vec![bm + 1; 256];
+            let most = moe_max_tiles(256 * (bm + 1), 256, bm);
+            assert!(need(&counts, bm) <= most && most <= need(&counts, bm) + 4);
         }
-        assert!(moe_tiles(&[0, 0], 64).is_empty());
     }
 
     #[test]

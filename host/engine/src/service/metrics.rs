@@ -64,6 +64,43 @@ impl Histogram {
     }
 }
 
+/// The steps between a request's start on the device and its first token,
+/// timed per request and summed (`qwasi_first_token_phase_seconds_total`):
+/// where a TTFT goes, beside the queue wait.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Phase {
+    /// The prefix-cache lookup (the token trie and the lease).
+    Lookup,
+    /// Resuming the sequence from the snapshot found (the backend's restore).
+    Restore,
+    /// The prompt's uncached tokens, up to the logits on the host.
+    Prefill,
+    /// Copying the sequence state for the snapshots the request stages.
+    Snapshot,
+    /// Drawing the first token from the logits.
+    Sample,
+}
+
+impl Phase {
+    const ALL: [Phase; 5] = [
+        Phase::Lookup,
+        Phase::Restore,
+        Phase::Prefill,
+        Phase::Snapshot,
+        Phase::Sample,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Phase::Lookup => "lookup",
+            Phase::Restore => "restore",
+            Phase::Prefill => "prefill",
+            Phase::Snapshot => "snapshot",
+            Phase::Sample => "sample",
+        }
+    }
+}
+
 /// HTTP statuses tracked by `record_http` (100..=599).
 const STATUSES: usize = 600;
 
@@ -87,6 +124,8 @@ pub(super) struct Metrics {
     itl: Histogram,
     queue_wait: Histogram,
     duration: Histogram,
+    /// Nanoseconds per [`Phase`], summed over requests.
+    phase_ns: [AtomicU64; Phase::ALL.len()],
     /// Exponential moving average of how long the worker spends on one
     /// request, in microseconds (0 = no data yet); drives Retry-After.
     avg_service_us: AtomicU64,
@@ -114,6 +153,7 @@ impl Metrics {
             itl: Histogram::new(LATENCY_BUCKETS),
             queue_wait: Histogram::new(DURATION_BUCKETS),
             duration: Histogram::new(DURATION_BUCKETS),
+            phase_ns: Default::default(),
             avg_service_us: AtomicU64::new(0),
         }
     }
@@ -167,6 +207,10 @@ impl Metrics {
 
     pub fn add_prefix_tokens_saved(&self, n: usize) {
         self.prefix_tokens_saved.fetch_add(n as u64, Relaxed);
+    }
+
+    pub fn add_phase(&self, p: Phase, d: Duration) {
+        self.phase_ns[p as usize].fetch_add(d.as_nanos().min(u64::MAX as u128) as u64, Relaxed);
     }
 
     pub fn observe_ttft(&self, d: Duration) {
@@ -379,6 +423,20 @@ impl Metrics {
             "qwasi_time_to_first_token_seconds",
             "Time from submit to the first sampled token.",
         );
+        let _ = writeln!(
+            o,
+            "# HELP qwasi_first_token_phase_seconds_total Time spent before first tokens, by step: \
+             prefix-cache lookup, restore, prefill, snapshot copies, sampling.\n\
+             # TYPE qwasi_first_token_phase_seconds_total counter"
+        );
+        for p in Phase::ALL {
+            let s = self.phase_ns[p as usize].load(Relaxed) as f64 / 1e9;
+            let _ = writeln!(
+                o,
+                "qwasi_first_token_phase_seconds_total{{phase=\"{}\"}} {s}",
+                p.name()
+            );
+        }
         self.itl.render(
             o,
             "qwasi_inter_token_latency_seconds",

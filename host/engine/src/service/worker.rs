@@ -8,7 +8,7 @@
 //! continuous batching can later keep several `Running`s and step them
 //! together, and so the prefix cache can hand `start` a resumed sequence.
 
-use super::metrics::Metrics;
+use super::metrics::{Metrics, Phase};
 use super::queue::{Job, Queue};
 use super::{Event, Usage};
 use crate::backend::{Backend, SeqSnapshot};
@@ -143,6 +143,14 @@ impl<B: Backend> Worker<B> {
         terminal
     }
 
+    /// `f`, its time added to `phase` (what `qwasi_first_token_phase_seconds_total` sums).
+    fn timed<T>(&self, phase: Phase, f: impl FnOnce() -> T) -> T {
+        let t0 = Instant::now();
+        let r = f();
+        self.metrics.add_phase(phase, t0.elapsed());
+        r
+    }
+
     fn generate(&self, job: &Arc<Job>) -> Result<Finish> {
         let mut running = match Running::start(self, job)? {
             Ok(r) => r,
@@ -171,8 +179,9 @@ impl<B: Backend> Worker<B> {
         let Some(cache) = &self.cache else {
             return fresh();
         };
-        let found = cache.lookup(salt, prompt).and_then(|lease| {
-            let seq = self.backend.restore(lease.snapshot())?;
+        let found = self.timed(Phase::Lookup, || cache.lookup(salt, prompt));
+        let found = found.and_then(|lease| {
+            let seq = self.timed(Phase::Restore, || self.backend.restore(lease.snapshot()))?;
             Some((seq, lease))
         });
         let vocab = self.backend.config().vocab_size;
@@ -289,7 +298,7 @@ impl<'j, B: Backend> Running<'j, B> {
         // the entry back to the device when the request commits.
         if let (Some(cache), Some(l)) = (&w.cache, &lease)
             && l.in_host_memory()
-            && let Some(snap) = w.backend.snapshot(&seq)
+            && let Some(snap) = w.timed(Phase::Snapshot, || w.backend.snapshot(&seq))
         {
             let s = StagedSnapshot {
                 tokens: req.prompt[..cached_tokens].to_vec(),
@@ -326,9 +335,11 @@ impl<'j, B: Backend> Running<'j, B> {
                     ..early(FinishReason::Cancelled)
                 }));
             }
-            w.backend.extend(&mut seq, &req.prompt[at..q])?;
+            w.timed(Phase::Prefill, || {
+                w.backend.extend(&mut seq, &req.prompt[at..q])
+            })?;
             at = q;
-            if let Some(snap) = w.backend.snapshot(&seq) {
+            if let Some(snap) = w.timed(Phase::Snapshot, || w.backend.snapshot(&seq)) {
                 let s = StagedSnapshot {
                     tokens: req.prompt[..q].to_vec(),
                     snap,
@@ -339,7 +350,9 @@ impl<'j, B: Backend> Running<'j, B> {
         }
         let logits = match stored_logits {
             Some(l) => l,
-            None => w.backend.forward(&mut seq, &req.prompt[at..])?,
+            None => w.timed(Phase::Prefill, || {
+                w.backend.forward(&mut seq, &req.prompt[at..])
+            })?,
         };
         // A snapshot already at the prompt's end but without logits (an
         // interval, a mark or a generation end of another request) is
@@ -348,7 +361,7 @@ impl<'j, B: Backend> Running<'j, B> {
         if let Some(cache) = &w.cache
             && cached_tokens < p
             && !cache.contains_with_logits(salt, &req.prompt)
-            && let Some(snap) = w.backend.snapshot(&seq)
+            && let Some(snap) = w.timed(Phase::Snapshot, || w.backend.snapshot(&seq))
         {
             let s = StagedSnapshot {
                 tokens: req.prompt.clone(),
@@ -390,6 +403,7 @@ impl<'j, B: Backend> Running<'j, B> {
     /// `Some(finish)` when the request is over.
     fn step(&mut self, w: &Worker<B>) -> Result<Option<Finish>> {
         let req = &self.job.req;
+        let t0 = Instant::now();
         let s = match self.next.take() {
             Some(s) => s,
             None => self
@@ -397,6 +411,9 @@ impl<'j, B: Backend> Running<'j, B> {
                 .sample(&self.logits, &self.context, req.prompt.len()),
         };
         let now = Instant::now();
+        if self.last_sample.is_none() {
+            w.metrics.add_phase(Phase::Sample, now - t0);
+        }
         match self.last_sample {
             None => w.metrics.observe_ttft(now - self.job.submitted),
             Some(t) => w.metrics.observe_itl(now - t),

@@ -33,6 +33,11 @@
 //! * with `QWASI_GPU_PROFILE=1`, the per-kernel GPU time of the last run's
 //!   cached request per prefix (`cached_request_profile_ms`; with one run it
 //!   also holds the first run's 8 generated tokens).
+//!
+//! Every backend: each cached request's time before its first token by step
+//! (`cached_request_phases_ms`: prefix lookup, restore, prefill, snapshot
+//! copies, sampling; from `qwasi_first_token_phase_seconds_total`), so what
+//! the TTFT holds beyond the prefill is visible.
 
 use super::{Args, median, ms};
 use anyhow::{Context, Result, bail};
@@ -260,14 +265,32 @@ async fn timed(
     }
 }
 
+/// The value of the metric line starting `name ` (0 when absent).
+fn metric(svc: &EngineService, name: &str) -> f64 {
+    svc.metrics_text()
+        .lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0.0)
+}
+
 /// `qwasi_prefix_cache_resumed_in_place_total`: whether a cached request
 /// resumed in the snapshot's own KV memory (GPU) rather than a copy.
 fn in_place_resumes(svc: &EngineService) -> u64 {
-    svc.metrics_text()
-        .lines()
-        .find_map(|l| l.strip_prefix("qwasi_prefix_cache_resumed_in_place_total "))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(0)
+    metric(svc, "qwasi_prefix_cache_resumed_in_place_total") as u64
+}
+
+/// The steps before the first token (`qwasi_first_token_phase_seconds_total`),
+/// summed over the service's requests so far, in ms.
+const PHASES: [&str; 5] = ["lookup", "restore", "prefill", "snapshot", "sample"];
+
+fn phases_ms(svc: &EngineService) -> [f64; 5] {
+    PHASES.map(|p| {
+        1e3 * metric(
+            svc,
+            &format!("qwasi_first_token_phase_seconds_total{{phase=\"{p}\"}}"),
+        )
+    })
 }
 
 /// Max |Δ logprob| between the cold (`c`) and cached (`h`) steps: the
@@ -385,6 +408,7 @@ fn measure<M: Backend + 'static>(
     for &len in &p.prefixes {
         let (mut cold, mut cached, mut warm) = (vec![], vec![], vec![]);
         let mut in_place = vec![];
+        let mut phases = vec![];
         let mut exact = json!(null);
         let mut cached_profile = Vec::new();
         for run in 0..runs {
@@ -404,8 +428,13 @@ fn measure<M: Backend + 'static>(
                 profile();
             }
             let resumed_before = in_place_resumes(&svc);
+            let phases_before = phases_ms(&svc);
             let h = request(&svc, &tag("cached"), full.clone(), n, &ws)?;
             in_place.push(in_place_resumes(&svc) > resumed_before);
+            let after = phases_ms(&svc);
+            phases.push(std::array::from_fn::<f64, 5, _>(|i| {
+                after[i] - phases_before[i]
+            }));
             if last {
                 cached_profile = profile();
             }
@@ -446,6 +475,17 @@ fn measure<M: Backend + 'static>(
             c / h,
             exact["pass"]
         );
+        for r in &phases {
+            let parts: Vec<String> = PHASES
+                .iter()
+                .zip(r)
+                .map(|(k, v)| format!("{k} {v:.2}"))
+                .collect();
+            eprintln!(
+                "  cached request before its first token (ms): {}",
+                parts.join(", ")
+            );
+        }
         super::speed::print_profile(
             &format!("cached request ({len} + {})", p.new_tokens),
             &cached_profile,
@@ -463,6 +503,10 @@ fn measure<M: Backend + 'static>(
             "cached_resumed_in_place_runs": in_place,
             "exactness": exact,
             "cached_request_profile_ms": super::speed::profile_json(&cached_profile),
+            "cached_request_phases_ms": phases
+                .iter()
+                .map(|r| PHASES.iter().zip(r).map(|(k, v)| (k.to_string(), json!(v))).collect())
+                .collect::<Vec<serde_json::Map<_, _>>>(),
         }));
     }
     let stats = svc.prefix_cache_stats().unwrap_or_default();
