@@ -64,6 +64,15 @@ pub trait Backend: Send + Sync {
         false
     }
 
+    /// The logits after `seq`'s last token when the last `forward*` call ran
+    /// on `seq` and left them where they can be read (a GPU's logits buffer),
+    /// else `None` (the default). After a prompt drawn through a device
+    /// readout, the prompt-end snapshot stores them, so an identical prompt is
+    /// a full hit.
+    fn last_logits(&self, _seq: &Self::Sequence) -> Option<Vec<f32>> {
+        None
+    }
+
     /// Appends `tokens` (at least one) without computing logits (prefill
     /// segments that end at a snapshot point). Same state as `forward`.
     fn extend(&self, seq: &mut Self::Sequence, tokens: &[u32]) -> Result<()> {
@@ -137,6 +146,9 @@ impl<B: Backend> Backend for std::sync::Arc<B> {
     }
     fn logits_on_device(&self) -> bool {
         (**self).logits_on_device()
+    }
+    fn last_logits(&self, seq: &B::Sequence) -> Option<Vec<f32>> {
+        (**self).last_logits(seq)
     }
     fn extend(&self, seq: &mut B::Sequence, tokens: &[u32]) -> Result<()> {
         (**self).extend(seq, tokens)
@@ -219,12 +231,16 @@ mod tests {
             fn resumed_in_place(&self, _: &()) -> bool {
                 true
             }
+            fn last_logits(&self, _: &()) -> Option<Vec<f32>> {
+                Some(vec![4.0])
+            }
         }
         fn check<B: Backend>(b: B) {
             assert!(b.logits_on_device());
             assert!(b.demote(&Snap).is_some());
             let mut seq = b.new_sequence();
             assert!(b.resumed_in_place(&seq));
+            assert_eq!(b.last_logits(&seq), Some(vec![4.0]));
             assert_eq!(b.forward_greedy(&mut seq, &[1]).unwrap().token, 1);
         }
         check(Scripted::wrap(Probe(crate::demo::config()), None, None).unwrap());

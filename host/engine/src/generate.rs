@@ -78,8 +78,11 @@ pub fn generate<B: Backend>(
     }
     // Requests that allow it read less than the logits from the device.
     let readout = Readout::choose(&req.sampling, backend);
-    let mut logits = backend.forward(&mut seq, &req.prompt)?;
-    let mut next: Option<Sampled> = None;
+    // The prompt is read out as every step is (on the device where it can be).
+    let (mut logits, mut next) = match readout.step(backend, &mut seq, &req.prompt, &mut sampler)? {
+        Next::Sampled(s) => (Vec::new(), Some(s)),
+        Next::Logits(l) => (l, None),
+    };
     loop {
         let s = match next.take() {
             Some(s) => s,

@@ -234,6 +234,13 @@ impl<B: Backend> Backend for Scripted<B> {
         }
     }
 
+    fn last_logits(&self, seq: &Self::Sequence) -> Option<Vec<f32>> {
+        match (self, seq) {
+            (Scripted::Real(b), ScriptedSeq::Real(s)) => b.last_logits(s),
+            _ => None,
+        }
+    }
+
     fn demote(&self, snap: &dyn SeqSnapshot) -> Option<Box<dyn SeqSnapshot>> {
         match self {
             Scripted::Real(b) => b.demote(snap),

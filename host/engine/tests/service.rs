@@ -50,6 +50,9 @@ struct TestBackend {
     greedy: Option<Arc<AtomicUsize>>,
     tops: Arc<AtomicUsize>,
     weighted: Arc<AtomicUsize>,
+    /// The logits the last device-reading call left "on the device", with
+    /// the position they follow ([`Backend::last_logits`]).
+    last: std::sync::Mutex<Option<(usize, Vec<f32>)>>,
 }
 
 impl TestBackend {
@@ -66,7 +69,17 @@ impl TestBackend {
             greedy,
             tops: Arc::default(),
             weighted: Arc::default(),
+            last: Default::default(),
         }
+    }
+}
+
+impl TestBackend {
+    /// A forward whose logits stay "on the device" (kept for `last_logits`).
+    fn device_forward(&self, seq: &mut CpuSequence, tokens: &[u32]) -> Result<Vec<f32>> {
+        let l = self.model.forward(seq, tokens)?;
+        *self.last.lock().unwrap() = Some((self.model.position(seq), l.clone()));
+        Ok(l)
     }
 }
 
@@ -103,11 +116,11 @@ impl Backend for TestBackend {
         if let Some(n) = &self.greedy {
             n.fetch_add(1, Ordering::SeqCst);
         }
-        Ok(greedy(&self.model.forward(seq, tokens)?))
+        Ok(greedy(&self.device_forward(seq, tokens)?))
     }
     fn forward_top(&self, seq: &mut CpuSequence, tokens: &[u32], k: usize) -> Result<TopLogits> {
         self.tops.fetch_add(1, Ordering::SeqCst);
-        Ok(top_logits(&self.model.forward(seq, tokens)?, k))
+        Ok(top_logits(&self.device_forward(seq, tokens)?, k))
     }
     fn forward_weighted(
         &self,
@@ -117,10 +130,15 @@ impl Backend for TestBackend {
         plan: &mut RowPlanner,
     ) -> Result<WeightedRow> {
         self.weighted.fetch_add(1, Ordering::SeqCst);
-        Ok(read_weighted(&self.model.forward(seq, tokens)?, w, plan))
+        Ok(read_weighted(&self.device_forward(seq, tokens)?, w, plan))
     }
     fn logits_on_device(&self) -> bool {
         self.greedy.is_some()
+    }
+    fn last_logits(&self, seq: &CpuSequence) -> Option<Vec<f32>> {
+        let last = self.last.lock().unwrap();
+        let (pos, l) = last.as_ref()?;
+        (*pos == self.model.position(seq)).then(|| l.clone())
     }
     fn snapshot(&self, seq: &CpuSequence) -> Option<Box<dyn SeqSnapshot>> {
         self.model.snapshot(seq)
@@ -855,14 +873,16 @@ fn the_api_is_send() {
 }
 
 /// Calls per request of `forward`, `forward_greedy`, `forward_top` and
-/// `forward_weighted` when the prefill (always `forward`) is followed by
-/// `steps` decode steps read as `path`.
+/// `forward_weighted` when the prefill and `steps` decode steps are read as
+/// `path`.
 fn expected_calls(path: Readout, steps: usize) -> [usize; 4] {
+    // The prompt is read the same way as each decode step.
+    let n = steps + 1;
     match path {
-        Readout::Logits => [1 + steps, 0, 0, 0],
-        Readout::Greedy => [1, steps, 0, 0],
-        Readout::Top => [1, 0, steps, 0],
-        Readout::Weighted => [1, 0, 0, steps],
+        Readout::Logits => [n, 0, 0, 0],
+        Readout::Greedy => [0, n, 0, 0],
+        Readout::Top => [0, 0, n, 0],
+        Readout::Weighted => [0, 0, 0, n],
     }
 }
 
@@ -1027,6 +1047,28 @@ async fn a_greedy_turn_decoded_on_the_device_still_caches_its_end() {
     end.extend(&tokens(&first)[..4]);
     assert!(cache.contains(None, &end));
     assert!(!cache.contains_with_logits(None, &end));
+    // The prompt's end, whose first token was drawn on the device too, has
+    // the logits the backend kept: resending the prompt is a full hit with
+    // the same tokens.
+    assert!(cache.contains_with_logits(None, &prompt));
+    let again = collect(
+        &mut svc
+            .submit(req(&prompt, 5), SubmitOptions::default())
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(tokens(&again), tokens(&first));
+    match again.last() {
+        Some(Event::Finished { usage, .. }) => {
+            assert_eq!(usage.cached_tokens as usize, prompt.len())
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(
+        sample(&svc.metrics_text(), "qwasi_prefix_cache_full_hits_total"),
+        1.0
+    );
     // The next turn resumes from it and matches the host path's run.
     let mut turn = end.clone();
     turn.extend([tokens(&first)[4], 7, 8, 9]);

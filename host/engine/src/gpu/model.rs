@@ -156,6 +156,9 @@ pub struct GpuModel {
 #[derive(Default)]
 struct Scratch {
     bufs: HashMap<&'static str, DBuf>,
+    /// Where `logits_device` left the last logits: (sequence id, the
+    /// position they follow, device pointer), for `last_logits`.
+    last_logits: Option<(u64, usize, u64)>,
 }
 
 impl Scratch {
@@ -1758,13 +1761,16 @@ impl GpuModel {
         sc: &mut Scratch,
     ) -> Result<u64> {
         self.check_tokens(seq, tokens)?;
-        if tokens.len() == 1 && self.fused_decode {
-            return Ok(self.decode_step(seq, tokens[0])?.0);
-        }
-        let c = &self.cfg;
-        let nf = self.run_passes(seq, tokens, sc)?;
-        let logits = sc.get(&self.dev, "logits", c.vocab_size * F)?;
-        self.linear(sc, nf, 1, self.lm_head(), logits, false)?;
+        sc.last_logits = None;
+        let logits = if tokens.len() == 1 && self.fused_decode {
+            self.decode_step(seq, tokens[0])?.0
+        } else {
+            let nf = self.run_passes(seq, tokens, sc)?;
+            let logits = sc.get(&self.dev, "logits", self.cfg.vocab_size * F)?;
+            self.linear(sc, nf, 1, self.lm_head(), logits, false)?;
+            logits
+        };
+        sc.last_logits = Some((seq.id, seq.pos, logits));
         Ok(logits)
     }
 
@@ -1887,7 +1893,8 @@ impl Backend for GpuModel {
         self.dev.bind()?;
         if tokens.len() == 1 && self.fused_decode {
             self.check_tokens(seq, tokens)?;
-            let (_, st) = self.decode_step(seq, tokens[0])?;
+            let (logits, st) = self.decode_step(seq, tokens[0])?;
+            sc.last_logits = Some((seq.id, seq.pos, logits));
             let mut out = [0f32; 3];
             self.dev.dtoh(&mut out, st)?;
             return greedy_sampled(out, self.cfg.vocab_size);
@@ -1995,6 +2002,20 @@ impl Backend for GpuModel {
 
     fn logits_on_device(&self) -> bool {
         true
+    }
+
+    /// The logits buffer of the last `forward*` when it ran on `seq` and
+    /// nothing ran on `seq` since (its position unchanged).
+    fn last_logits(&self, seq: &GpuSequence) -> Option<Vec<f32>> {
+        let sc = self.scratch.lock().unwrap();
+        let (id, pos, ptr) = sc.last_logits?;
+        if id != seq.id || pos != seq.pos {
+            return None;
+        }
+        self.dev.bind().ok()?;
+        let mut out = vec![0f32; self.cfg.vocab_size];
+        self.dev.dtoh(&mut out, ptr).ok()?;
+        Some(out)
     }
 
     fn extend(&self, seq: &mut GpuSequence, tokens: &[u32]) -> Result<()> {

@@ -2,7 +2,7 @@
 //! greedy tokens and logprobs, and the CPU reference on the same weights), and a
 //! self-consistency smoke test at any geometry with synthetic weights.
 
-use super::model::GpuModel;
+use super::model::{GpuModel, GpuSequence};
 use crate::backend::Backend;
 use crate::cpu::CpuModel;
 use crate::generate::{GenerateRequest, generate};
@@ -232,6 +232,10 @@ pub struct SmokeReport {
     pub top_readout_equal: bool,
     /// ... and its log-sum-exp's largest difference from the host's.
     pub top_readout_max_lse_diff: f64,
+    /// ... and after each of those steps `last_logits` hands back that
+    /// step's logits bit for bit (what the prompt-end snapshot stores when
+    /// the first token was drawn on the device).
+    pub last_logits_equal: bool,
     /// A third twin read through `forward_weighted` (temperatures 1, 0.7,
     /// 0.3 with min-p 0.05, 1.5 in turn): its block sums equal the host's
     /// `weight_blocks` of the same step's logits bit for bit, its heavy-token
@@ -323,7 +327,17 @@ pub fn smoke(
             && top.top.iter().zip(&want.top).all(|(a, b)| same(a, b));
         top_lse_diff = top_lse_diff.max((top.lse - want.lse).abs());
     };
+    let mut last_equal = true;
+    let mut check_last = |c: &GpuSequence, logits: &[f32]| {
+        last_equal &= model.last_logits(c).is_some_and(|l| {
+            l.len() == logits.len()
+                && l.iter()
+                    .zip(logits)
+                    .all(|(a, b)| a.to_bits() == b.to_bits())
+        });
+    };
     check_top(model.forward_top(&mut c, &prompt, TOP_CANDIDATES)?, &la);
+    check_last(&c, &la);
     let mut d = model.new_sequence();
     let mut weighted_equal = true;
     let mut check_weighted =
@@ -367,6 +381,7 @@ pub fn smoke(
         logits = model.forward(&mut a, &[t])?;
         decode_s += t1.elapsed().as_secs_f64();
         check_top(model.forward_top(&mut c, &[t], TOP_CANDIDATES)?, &logits);
+        check_last(&c, &logits);
         check_weighted(&mut d, &[t], &logits, i + 1)?;
         if i == 0 {
             first_step = Some(logits.clone());
@@ -415,9 +430,11 @@ pub fn smoke(
         adopted_kv: adopted.1,
         top_readout_equal: top_equal,
         top_readout_max_lse_diff: top_lse_diff,
+        last_logits_equal: last_equal,
         weighted_readout_equal: weighted_equal,
         pass: finite
             && top_equal
+            && last_equal
             && weighted_equal
             && top_lse_diff < 1e-4
             && k < 1e-2
@@ -502,7 +519,7 @@ pub fn run_cli(o: &VerifyOptions) -> Result<bool> {
             "synthetic {p} ({} layers): load {:.1} s, prefill {} tokens {:.3} s, finite {}, \
              KL(prefill || prefill[..-1]+decode) {:.2e}, top1 agree {}, decode {:.1} tok/s \
              (correctness build: no graphs, full logits copied per token), snapshot/restore max diff {:?}, \
-             from the host copy {:?}, promoted back {:?}, in the adopted KV slab {:?} (adopted {:?}), top-64 readout equal {} (lse diff {:.1e}), weighted readout equal {}, tokens {:?}  {}",
+             from the host copy {:?}, promoted back {:?}, in the adopted KV slab {:?} (adopted {:?}), top-64 readout equal {} (lse diff {:.1e}), last logits equal {}, weighted readout equal {}, tokens {:?}  {}",
             r.layers,
             r.load_s,
             r.prompt_len,
@@ -518,6 +535,7 @@ pub fn run_cli(o: &VerifyOptions) -> Result<bool> {
             r.adopted_kv,
             r.top_readout_equal,
             r.top_readout_max_lse_diff,
+            r.last_logits_equal,
             r.weighted_readout_equal,
             r.generated,
             if r.pass { "PASS" } else { "FAIL" }

@@ -248,6 +248,9 @@ struct Running<'j, B: Backend> {
     readout: Readout,
     /// The next token, drawn when the step read less than the logits.
     next: Option<Sampled>,
+    /// The prompt-end snapshot is still to be staged: after the first token
+    /// is out ([`Running::stage_prompt_end`]), so its copy is not in the TTFT.
+    stage_prompt: bool,
     /// Generated tokens (the stop token not included).
     generated: usize,
     /// Sampled tokens (the stop token included).
@@ -348,28 +351,23 @@ impl<'j, B: Backend> Running<'j, B> {
                 staged.push_bounded(s, budget);
             }
         }
-        let logits = match stored_logits {
-            Some(l) => l,
-            None => w.timed(Phase::Prefill, || {
-                w.backend.forward(&mut seq, &req.prompt[at..])
-            })?,
+        // The rest of the prompt, read out as the decode steps are: where the
+        // backend keeps the logits on the device, the first token is drawn
+        // there (the same token and RNG stream as the host sampler's).
+        let mut sampler = Sampler::new(req.sampling.clone());
+        let readout = Readout::choose(&req.sampling, &w.backend);
+        let (logits, next) = match stored_logits {
+            Some(l) => (l, None),
+            None => {
+                let tail = &req.prompt[at..];
+                match w.timed(Phase::Prefill, || {
+                    readout.step(&w.backend, &mut seq, tail, &mut sampler)
+                })? {
+                    Next::Sampled(s) => (Vec::new(), Some(s)),
+                    Next::Logits(l) => (l, None),
+                }
+            }
         };
-        // A snapshot already at the prompt's end but without logits (an
-        // interval, a mark or a generation end of another request) is
-        // replaced by this one on commit. (A full hit has one, staged above
-        // if it is a host copy.)
-        if let Some(cache) = &w.cache
-            && cached_tokens < p
-            && !cache.contains_with_logits(salt, &req.prompt)
-            && let Some(snap) = w.timed(Phase::Snapshot, || w.backend.snapshot(&seq))
-        {
-            let s = StagedSnapshot {
-                tokens: req.prompt.clone(),
-                snap,
-                logits: Some(logits.clone()),
-            };
-            staged.push_bounded(s, cache.staging_budget());
-        }
         w.metrics.add_prompt_tokens(req.prompt.len());
         let mut stops = req.stop_token_ids.clone();
         if !req.ignore_eos {
@@ -382,14 +380,15 @@ impl<'j, B: Backend> Running<'j, B> {
         Ok(Ok(Running {
             job,
             seq,
-            sampler: Sampler::new(req.sampling.clone()),
+            sampler,
             context: req.prompt.clone(),
             stops,
             decoder,
             want_logprobs: req.sampling.logprobs.is_some(),
             logits,
-            readout: Readout::choose(&req.sampling, &w.backend),
-            next: None,
+            readout,
+            next,
+            stage_prompt: w.cache.is_some() && cached_tokens < p,
             generated: 0,
             sampled: 0,
             cached_tokens,
@@ -426,6 +425,7 @@ impl<'j, B: Backend> Running<'j, B> {
         w.metrics.add_completion_token();
 
         if self.stops.contains(&s.token) {
+            self.stage_prompt_end(w);
             self.stage_end(w);
             return Ok(Some(self.finish(FinishReason::Stop, Some(s.token))));
         }
@@ -440,6 +440,7 @@ impl<'j, B: Backend> Running<'j, B> {
             text,
             logprob,
         });
+        self.stage_prompt_end(w);
         self.generated += 1;
         self.context.push(token);
         if self.job.is_cancelled() {
@@ -460,6 +461,38 @@ impl<'j, B: Backend> Running<'j, B> {
             Next::Logits(l) => self.logits = l,
         }
         Ok(None)
+    }
+
+    /// Stages the snapshot at the prompt's end, with the logits after it (the
+    /// host's, or the backend's [`Backend::last_logits`] where the first token
+    /// was drawn on the device) so that an identical prompt is a full hit.
+    /// Once, before the sequence runs its first generated token. A snapshot
+    /// already there without logits (an interval, a mark or another
+    /// request's generation end) is replaced by this one on commit; one with
+    /// logits in the backend's memory needs none.
+    fn stage_prompt_end(&mut self, w: &Worker<B>) {
+        if !std::mem::take(&mut self.stage_prompt) {
+            return;
+        }
+        let Some(cache) = &w.cache else { return };
+        let prompt = &self.job.req.prompt;
+        let salt = self.job.opts.cache_salt.as_deref();
+        if w.backend.position(&self.seq) != prompt.len() || cache.contains_with_logits(salt, prompt)
+        {
+            return;
+        }
+        let logits = match self.logits.is_empty() {
+            false => Some(self.logits.clone()),
+            true => w.backend.last_logits(&self.seq),
+        };
+        if let Some(snap) = w.backend.snapshot(&self.seq) {
+            let s = StagedSnapshot {
+                tokens: prompt.clone(),
+                snap,
+                logits,
+            };
+            self.staged.push_bounded(s, cache.staging_budget());
+        }
     }
 
     /// Stages the end-of-generation snapshot (prompt + generated tokens the
