@@ -38,6 +38,10 @@
 
 #define WG_BK 32     // keys per tile
 #define WG_ROWS 128  // (query, q head) rows per block
+#define WG_PLAN_HEAD 4  // attn_wg_plan's header: blocks, merges, segments, pieces
+// Floats per piece of a split unit in `part` (attn_wg_segment's layout:
+// [4 DT + 4][256 threads], O's fragments then m, l).
+#define WG_PART_FLOATS(HD) ((4 * ((HD) / 8) + 4) * 256)
 
 #if defined(QW_WGMMA) || defined(QW_CPU)
 
@@ -128,13 +132,19 @@ __device__ __forceinline__ void wg_issue_pv(float* o, unsigned (&ph)[2][4], unsi
     wgmma_commit();
 }
 
+// One segment of a block's work: the 128 rows from pair p0 of kv head kvh over
+// key tiles [ja, jb) (every key of tile ja visible to every row: ja = 0, or
+// below the block's first query). part == nullptr: [ja, jb) is all of the
+// rows' keys and the gated output is stored; else the unnormalised O and this
+// thread's m, l go to `part` (attn_wg_merge combines the pieces).
 template <int HD, bool LO>
-__device__ __forceinline__ void attn_flash_wg_impl(const float* __restrict__ q, const bf16_t* __restrict__ kh,
-                                                   const bf16_t* __restrict__ kl, const bf16_t* __restrict__ vth,
-                                                   const bf16_t* __restrict__ vtl, int ldp,
-                                                   const float* __restrict__ proj, int stride,
-                                                   float* __restrict__ out, int T, int nh, int nkv, int pos0,
-                                                   float scale) {
+__device__ __forceinline__ void attn_wg_segment(const float* __restrict__ q, const bf16_t* __restrict__ kh,
+                                                const bf16_t* __restrict__ kl, const bf16_t* __restrict__ vth,
+                                                const bf16_t* __restrict__ vtl, int ldp,
+                                                const float* __restrict__ proj, int stride,
+                                                float* __restrict__ out, int T, int nh, int nkv, int pos0,
+                                                float scale, int kvh, int p0, int ja, int jb,
+                                                float* __restrict__ part) {
     constexpr int SLABS = HD / 32, QSLAB = WG_ROWS * 64, QPLANE = SLABS * QSLAB, KSLAB = (LO ? 2 : 1) * WG_BK * 64;
     constexpr int VTILE = (LO ? 2 : 1) * HD * 64;
     constexpr int DT = HD / 8;  // n8 tiles of O
@@ -143,13 +153,12 @@ __device__ __forceinline__ void attn_flash_wg_impl(const float* __restrict__ q, 
     unsigned char* Ks = Qs + 2 * QPLANE;       // [slab][Kh, Kl rows][64 B]
     unsigned char* Vs = Ks + SLABS * KSLAB;    // 2 x [hi, lo][d][64 B]: tile jt in Vs + (jt & 1) * VTILE
 
-    const int G = nh / nkv, kvh = blockIdx.y, npairs = T * G;
-    const int p0 = ((int)gridDim.x - 1 - (int)blockIdx.x) * WG_ROWS;  // most keys first
+    const int G = nh / nkv, npairs = T * G;
     const int plast = min(npairs, p0 + WG_ROWS) - 1;
     const int kend = pos0 + plast / G + 1;  // keys [0, kend) cover every row of the block
-    const int ntiles = (kend + WG_BK - 1) / WG_BK;
+    const int ntiles = jb;                  // tiles [ja, jb) of this segment
 
-    wg_load_k<HD, LO>(Ks, kh, kl, 0, kend, nkv, kvh);
+    wg_load_k<HD, LO>(Ks, kh, kl, ja * WG_BK, kend, nkv, kvh);
 
     // Q rows of the block, split into hi / lo (rows past the last pair are zero).
     for (int e = threadIdx.x; e < WG_ROWS * (HD / 8); e += 256) {
@@ -171,16 +180,18 @@ __device__ __forceinline__ void attn_flash_wg_impl(const float* __restrict__ q, 
         *(uint4*)(Qs + off) = hi;
         *(uint4*)(Qs + QPLANE + off) = lo;
     }
-    wg_load_v<HD, LO>(Vs, vth, vtl, 0, ldp, kvh);
+    wg_load_v<HD, LO>(Vs + (ja & 1) * VTILE, vth, vtl, ja * WG_BK, ldp, kvh);
 
     const int h = threadIdx.x / 128, w = threadIdx.x % 128 / WARP, lane = threadIdx.x % WARP;
     const int g = lane >> 2, c = lane & 3;
-    // This thread's two rows (g, g + 8 of its warp's 16): the last key each may see.
+    // This thread's two rows (g, g + 8 of its warp's 16): the last key each may
+    // see (and not past the segment: its "next tile" at jb is masked too).
     const int pa = p0 + 64 * h + 16 * w + g, pb = pa + 8;
-    const int last_a = pos0 + min(pa, npairs - 1) / G;
-    const int last_b = pos0 + min(pb, npairs - 1) / G;
+    const int kseg = jb * WG_BK - 1;
+    const int last_a = min(pos0 + min(pa, npairs - 1) / G, kseg);
+    const int last_b = min(pos0 + min(pb, npairs - 1) / G, kseg);
     // Pairs are in query order: a warp's first row sees the fewest keys.
-    const int warp_last = pos0 + min(p0 + 64 * h + 16 * w, npairs - 1) / G;
+    const int warp_last = min(pos0 + min(p0 + 64 * h + 16 * w, npairs - 1) / G, kseg);
 
     float o[DT][4];  // the m64nHD accumulator: o[j][e] = O[16w + g + 8(e / 2)][8j + 2c + e % 2]
 #pragma unroll
@@ -218,8 +229,8 @@ __device__ __forceinline__ void attn_flash_wg_impl(const float* __restrict__ q, 
         }
     };
 
-    // Tile 0's S and softmax (O is still zero: nothing to rescale). Every
-    // warpgroup takes tile 0: its key 0 is visible to every row.
+    // Tile ja's S and softmax (O is still zero: nothing to rescale). Every
+    // warpgroup takes tile ja: its keys are visible to every row.
     cp_async_wait<1>();
     fence_proxy_async();  // this thread's K copies and Q stores visible to the tensor cores ...
     __syncthreads();      // ... everyone's
@@ -229,18 +240,18 @@ __device__ __forceinline__ void attn_flash_wg_impl(const float* __restrict__ q, 
         wgmma_fence_operands(sa, 32);
         wgmma_fence_operands(sb, 16);
         float s[4][4], corr[2];
-        weights(s, 0, corr);
+        weights(s, ja * WG_BK, corr);
         split_p(s);
     }
-    __syncthreads();  // every warpgroup is done with K tile 0
-    if (ntiles > 1) wg_load_k<HD, LO>(Ks, kh, kl, WG_BK, kend, nkv, kvh);
+    __syncthreads();  // every warpgroup is done with K tile ja
+    if (ja + 1 < ntiles) wg_load_k<HD, LO>(Ks, kh, kl, (ja + 1) * WG_BK, kend, nkv, kvh);
 
     // Tile jt: S of tile jt + 1 and P V of tile jt go to the tensor cores
     // together; the softmax of tile jt + 1 runs while P V does, and O is
     // rescaled once P V is done. V is double-buffered (tile jt + 1 is copied
     // during tile jt), K single: tile jt + 2 is copied from when both
     // warpgroups' S of tile jt + 1 is done.
-    for (int jt = 0; jt < ntiles; jt++) {
+    for (int jt = ja; jt < ntiles; jt++) {
         const int k1 = (jt + 1) * WG_BK;
         cp_async_wait<0>();
         fence_proxy_async();
@@ -271,25 +282,68 @@ __device__ __forceinline__ void attn_flash_wg_impl(const float* __restrict__ q, 
         split_p(s);
     }
 
-    attn_store_gated<DT>(o, l, pa, pb, npairs, G, kvh, nh, HD, proj, stride, out, c);
+    if (!part) {
+        attn_store_gated<DT>(o, l, pa, pb, npairs, G, kvh, nh, HD, proj, stride, out, c);
+        return;
+    }
+#pragma unroll
+    for (int j = 0; j < DT; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) part[(4 * j + e) * 256 + threadIdx.x] = o[j][e];
+    part[(4 * DT) * 256 + threadIdx.x] = m[0];
+    part[(4 * DT + 1) * 256 + threadIdx.x] = m[1];
+    part[(4 * DT + 2) * 256 + threadIdx.x] = l[0];
+    part[(4 * DT + 3) * 256 + threadIdx.x] = l[1];
+}
+
+// Without a plan: block (x, y) is the 128 rows of kv head y, the pair tiles
+// with the most keys first, all their keys. With a plan (attn_wg_plan): block
+// x runs its segments in order (a block's slice of every block's key tiles,
+// stream-K: every multiprocessor busy however many row blocks there are).
+template <int HD, bool LO>
+__device__ __forceinline__ void attn_flash_wg_impl(const float* __restrict__ q, const bf16_t* __restrict__ kh,
+                                                   const bf16_t* __restrict__ kl, const bf16_t* __restrict__ vth,
+                                                   const bf16_t* __restrict__ vtl, int ldp,
+                                                   const float* __restrict__ proj, int stride,
+                                                   float* __restrict__ out, int T, int nh, int nkv, int pos0,
+                                                   float scale, const int* __restrict__ plan,
+                                                   float* __restrict__ part) {
+    const int G = nh / nkv;
+    if (!plan) {
+        const int p0 = ((int)gridDim.x - 1 - (int)blockIdx.x) * WG_ROWS;  // most keys first
+        const int kend = pos0 + (min(T * G, p0 + WG_ROWS) - 1) / G + 1;
+        attn_wg_segment<HD, LO>(q, kh, kl, vth, vtl, ldp, proj, stride, out, T, nh, nkv, pos0, scale,
+                                (int)blockIdx.y, p0, 0, (kend + WG_BK - 1) / WG_BK, nullptr);
+        return;
+    }
+    const int nb = (T * G + WG_ROWS - 1) / WG_ROWS, ctas = plan[0];
+    const int* seg = plan + WG_PLAN_HEAD + ctas + 1;
+    for (int i = plan[WG_PLAN_HEAD + blockIdx.x]; i < plan[WG_PLAN_HEAD + blockIdx.x + 1]; i++) {
+        const int u = seg[4 * i], slot = seg[4 * i + 3];
+        __syncthreads();  // the previous segment is done with the shared memory
+        attn_wg_segment<HD, LO>(q, kh, kl, vth, vtl, ldp, proj, stride, out, T, nh, nkv, pos0, scale, u / nb,
+                                (u % nb) * WG_ROWS, seg[4 * i + 1], seg[4 * i + 2],
+                                slot < 0 ? nullptr : part + (size_t)slot * WG_PART_FLOATS(HD));
+    }
 }
 #endif
 
 // Arguments: q, Kh, Kl ([pos][nkv][HD]), Vth, Vtl ([nkv][HD][ldp]; Kl, Vtl
-// unused without LO), ldp, proj, stride, out, T, nh, nkv, pos0, scale. Only
-// sm_90a runs them (the sm_80 and HIP images hold stubs so every module lists
-// the same kernels).
+// unused without LO), ldp, proj, stride, out, T, nh, nkv, pos0, scale, plan
+// (attn_wg_plan's, or null: grid (row blocks, nkv)), part (the split blocks'
+// pieces, with a plan). Only sm_90a runs them (the sm_80 and HIP images hold
+// stubs so every module lists the same kernels).
 #define ATTN_FLASH_WG(NAME, HD, LO)                                                                              \
     QW_KERNEL void QW_BOUNDS_MIN(256, 1)                                                                       \
         NAME(const float* __restrict__ q, const bf16_t* __restrict__ kh, const bf16_t* __restrict__ kl,         \
              const bf16_t* __restrict__ vth, const bf16_t* __restrict__ vtl, int ldp,                           \
              const float* __restrict__ proj, int stride, float* __restrict__ out, int T, int nh, int nkv,       \
-             int pos0, float scale) {                                                                           \
+             int pos0, float scale, const int* __restrict__ plan, float* __restrict__ part) {                   \
         ATTN_FLASH_WG_BODY(HD, LO)                                                                              \
     }
 #if defined(QW_WGMMA) || defined(QW_CPU)
 #define ATTN_FLASH_WG_BODY(HD, LO) \
-    attn_flash_wg_impl<HD, LO>(q, kh, kl, vth, vtl, ldp, proj, stride, out, T, nh, nkv, pos0, scale);
+    attn_flash_wg_impl<HD, LO>(q, kh, kl, vth, vtl, ldp, proj, stride, out, T, nh, nkv, pos0, scale, plan, part);
 #elif defined(QW_CUDA)
 #define ATTN_FLASH_WG_BODY(HD, LO) __trap();
 #else
@@ -299,6 +353,132 @@ ATTN_FLASH_WG(attn_flash_wg_f32_d256, 256, true)
 ATTN_FLASH_WG(attn_flash_wg_f32_d32, 32, true)
 ATTN_FLASH_WG(attn_flash_wg_bf16_d256, 256, false)
 ATTN_FLASH_WG(attn_flash_wg_bf16_d32, 32, false)
+
+// Stream-K plan of the warpgroup prompt attention for `ctas` blocks (one per
+// multiprocessor: the kernel's shared memory allows one): the key tiles of
+// every (row block b, kv head) unit u = kvh * nb + b, laid end to end, cut
+// into `ctas` near-equal ranges; a cut inside a unit moves to the unit's end
+// unless its tile has every key visible to every row of the unit (below the
+// unit's first query), since a piece must start on such a tile. Layout (ints):
+// [ctas, merges M, segments S, pieces] [ctas + 1 segment offsets per block]
+// [U + ctas segments: unit, first tile, end tile, piece (-1: the whole unit,
+// stored directly)] [U merges: unit, first piece, pieces]; a split unit's
+// pieces are consecutive. One thread (a few hundred steps, once per prompt pass).
+QW_KERNEL void QW_BOUNDS(32) attn_wg_plan(int T, int G, int nkv, int pos0, int ctas, int* __restrict__ plan) {
+    if (threadIdx.x != 0 || blockIdx.x != 0) return;
+    const int npairs = T * G, nb = (npairs + WG_ROWS - 1) / WG_ROWS, U = nb * nkv;
+    auto tiles = [&](int u) {
+        const int p0 = (u % nb) * WG_ROWS;
+        return (pos0 + (min(npairs, p0 + WG_ROWS) - 1) / G + 1 + WG_BK - 1) / WG_BK;
+    };
+    // Tiles [0, visible(u)) hold only keys every row of unit u sees.
+    auto visible = [&](int u) { return (pos0 + (u % nb) * WG_ROWS / G + 1) / WG_BK; };
+    long long W = 0;
+    for (int u = 0; u < U; u++) W += tiles(u);
+    int* off = plan + WG_PLAN_HEAD;
+    int* seg = off + ctas + 1;
+    int* mer = seg + 4 * (U + ctas);
+    int S = 0, M = 0, pieces = 0;
+    int cu = 0, su = 0, sj = 0;         // the cut's unit; the next segment's unit and tile
+    long long cstart = 0, prev = 0;     // unit cu starts at tile cstart; the last cut
+    for (int c = 0; c < ctas; c++) {
+        off[c] = S;
+        long long x = c + 1 == ctas ? W : W * (c + 1) / ctas;
+        while (cu < U && cstart + tiles(cu) <= x) cstart += tiles(cu++);
+        if (cu < U && x > cstart && x - cstart >= visible(cu)) x = cstart + tiles(cu);
+        while (prev < x) {
+            const long long rest = x - prev;
+            const int nt = tiles(su), end = rest < nt - sj ? sj + (int)rest : nt;
+            const bool whole = sj == 0 && end == nt;
+            int* sg = seg + 4 * S++;
+            sg[0] = su;
+            sg[1] = sj;
+            sg[2] = end;
+            sg[3] = whole ? -1 : pieces;
+            if (!whole) {
+                if (sj == 0) {
+                    mer[3 * M] = su;
+                    mer[3 * M + 1] = pieces;
+                    mer[3 * M + 2] = 0;
+                    M++;
+                }
+                mer[3 * M - 1]++;
+                pieces++;
+            }
+            prev += end - sj;
+            sj = end;
+            if (sj == nt) {
+                su++;
+                sj = 0;
+            }
+        }
+    }
+    off[ctas] = S;
+    plan[0] = ctas;
+    plan[1] = M;
+    plan[2] = S;
+    plan[3] = pieces;
+}
+
+// The split units of a plan: each one's pieces (attn_wg_segment's unnormalised
+// O, m, l per thread) rescaled to their common maxima and summed, then stored
+// gated like an unsplit block. grid: at least the plan's merges (U), block 256.
+template <int HD>
+__device__ __forceinline__ void attn_wg_merge_impl(const int* __restrict__ plan, const float* __restrict__ part,
+                                                   const float* __restrict__ proj, int stride,
+                                                   float* __restrict__ out, int T, int nh, int nkv) {
+    constexpr int DT = HD / 8;
+    const int ctas = plan[0];
+    if ((int)blockIdx.x >= plan[1]) return;
+    const int G = nh / nkv, npairs = T * G, nb = (npairs + WG_ROWS - 1) / WG_ROWS, U = nb * nkv;
+    const int* mer = plan + WG_PLAN_HEAD + ctas + 1 + 4 * (U + ctas) + 3 * blockIdx.x;
+    const int u = mer[0], first = mer[1], n = mer[2];
+    const int kvh = u / nb, p0 = (u % nb) * WG_ROWS;
+    const int h = threadIdx.x / 128, w = threadIdx.x % 128 / WARP, lane = threadIdx.x % WARP;
+    const int g = lane >> 2, c = lane & 3;
+    const int pa = p0 + 64 * h + 16 * w + g, pb = pa + 8;
+    const int tid = threadIdx.x;
+    float mx[2] = {-INFINITY, -INFINITY};
+    for (int k = 0; k < n; k++) {
+        const float* pp = part + (size_t)(first + k) * WG_PART_FLOATS(HD);
+        mx[0] = fmaxf(mx[0], pp[(4 * DT) * 256 + tid]);
+        mx[1] = fmaxf(mx[1], pp[(4 * DT + 1) * 256 + tid]);
+    }
+    float o[DT][4], l[2] = {0.f, 0.f};
+#pragma unroll
+    for (int j = 0; j < DT; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) o[j][e] = 0.f;
+    for (int k = 0; k < n; k++) {
+        const float* pp = part + (size_t)(first + k) * WG_PART_FLOATS(HD);
+        float sc[2];
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            const float mk = pp[(4 * DT + i) * 256 + tid];
+            sc[i] = mk == -INFINITY ? 0.f : exp2f(mk - mx[i]);
+            l[i] += pp[(4 * DT + 2 + i) * 256 + tid] * sc[i];
+        }
+#pragma unroll
+        for (int j = 0; j < DT; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) o[j][e] += pp[(4 * j + e) * 256 + tid] * sc[e >> 1];
+    }
+    attn_store_gated<DT>(o, l, pa, pb, npairs, G, kvh, nh, HD, proj, stride, out, c);
+}
+
+#define ATTN_WG_MERGE(NAME, HD)                                                                                 \
+    QW_KERNEL void QW_BOUNDS(256) NAME(const int* __restrict__ plan, const float* __restrict__ part,            \
+                                       const float* __restrict__ proj, int stride, float* __restrict__ out,    \
+                                       int T, int nh, int nkv) {                                              \
+        ATTN_WG_MERGE_BODY(HD)                                                                                  \
+    }
+#if defined(QW_CUDA) || defined(QW_CPU)
+#define ATTN_WG_MERGE_BODY(HD) attn_wg_merge_impl<HD>(plan, part, proj, stride, out, T, nh, nkv);
+#else
+#define ATTN_WG_MERGE_BODY(HD)
+#endif
+ATTN_WG_MERGE(attn_wg_merge_d256, 256)
+ATTN_WG_MERGE(attn_wg_merge_d32, 32)
 
 #if defined(QW_CUDA) || defined(QW_CPU)
 __device__ __forceinline__ float4 kv_row4(const float* p) { return *(const float4*)p; }

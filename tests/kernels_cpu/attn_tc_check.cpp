@@ -33,7 +33,8 @@ constexpr double TOL = 1e-4;
 using Kernel = void (*)(const float*, const bf16_t*, const bf16_t*, const bf16_t*, const bf16_t*, const float*, int,
                         float*, int, int, int, int, int, float);
 using KernelWg = void (*)(const float*, const bf16_t*, const bf16_t*, const bf16_t*, const bf16_t*, int,
-                          const float*, int, float*, int, int, int, int, float);
+                          const float*, int, float*, int, int, int, int, float, const int*, float*);
+using MergeWg = void (*)(const int*, const float*, const float*, int, float*, int, int, int);
 
 // One case's inputs: q, the gate projections and the f32 cache (rows past the
 // prompt never written: NaN).
@@ -137,9 +138,11 @@ static double check(Kernel kernel, int NW, const Shape& s, unsigned seed) {
 // the planes from the real attn_kv_split_t, for a bf16 cache (BF16) the cache
 // itself as the keys' plane and the values transposed by the real
 // attn_v_transpose_bf16; leading dimension `ldp` with room past the 32-key
-// tiles, NaN wherever the split writes nothing.
+// tiles, NaN wherever the split writes nothing. With `ctas` > 0, stream-K as the
+// host runs it for few row blocks: attn_wg_plan for that many blocks, the kernel
+// over them (pieces of split units in a NaN-filled `part`), then attn_wg_merge.
 template <bool BF16>
-static double check_wg(KernelWg kernel, const Shape& s, unsigned seed) {
+static double check_wg(KernelWg kernel, MergeWg merge, const Shape& s, unsigned seed, int ctas = 0) {
     Case k(s, seed);
     const int nkv = s.nkv, G = s.G, hd = s.hd;
     const int tiles = (k.L + 31) / 32, ldp = 32 * tiles + 16;
@@ -160,10 +163,25 @@ static double check_wg(KernelWg kernel, const Shape& s, unsigned seed) {
     std::memset(qw_cpu::dyn_smem, 0xff, sizeof qw_cpu::dyn_smem);
     const float scale = 1.f / std::sqrt((float)hd);
     const unsigned blocks = (unsigned)((s.T * G + 127) / 128);
-    qw_cpu::launch({blocks, (unsigned)nkv, 1}, {256, 1, 1}, [&] {
+    if (ctas == 0) {
+        qw_cpu::launch({blocks, (unsigned)nkv, 1}, {256, 1, 1}, [&] {
+            kernel(k.q.data(), kh.data(), BF16 ? nullptr : kl.data(), vth.data(), BF16 ? nullptr : vtl.data(), ldp,
+                   k.proj.data(), k.stride, out.data(), s.T, k.nh, nkv, s.pos0, scale, nullptr, nullptr);
+        });
+        return k.error(out);
+    }
+    const int units = (int)blocks * nkv;
+    std::vector<int> plan(WG_PLAN_HEAD + ctas + 1 + 4 * (units + ctas) + 3 * units, -7);
+    qw_cpu::launch({1, 1, 1}, {32, 1, 1}, [&] { attn_wg_plan(s.T, G, nkv, s.pos0, ctas, plan.data()); });
+    std::vector<float> part((size_t)(units + ctas) * WG_PART_FLOATS(256), NAN);
+    qw_cpu::launch({(unsigned)ctas, 1, 1}, {256, 1, 1}, [&] {
         kernel(k.q.data(), kh.data(), BF16 ? nullptr : kl.data(), vth.data(), BF16 ? nullptr : vtl.data(), ldp,
-               k.proj.data(), k.stride, out.data(), s.T, k.nh, nkv, s.pos0, scale);
+               k.proj.data(), k.stride, out.data(), s.T, k.nh, nkv, s.pos0, scale, plan.data(), part.data());
     });
+    qw_cpu::launch({(unsigned)units, 1, 1}, {256, 1, 1},
+                   [&] { merge(plan.data(), part.data(), k.proj.data(), k.stride, out.data(), s.T, k.nh, nkv); });
+    std::printf("  stream-K over %d blocks: %d units, %d segments, %d split into %d pieces\n", ctas, units, plan[2],
+                plan[1], plan[3]);
     return k.error(out);
 }
 
@@ -211,10 +229,35 @@ int main() {
     }
     for (const Shape& s : wg_shapes) {
         const bool d256 = s.hd == 256;
+        const MergeWg merge = d256 ? attn_wg_merge_d256 : attn_wg_merge_d32;
         report(d256 ? "attn_flash_wg_f32_d256" : "attn_flash_wg_f32_d32", s,
-               check_wg<false>(d256 ? attn_flash_wg_f32_d256 : attn_flash_wg_f32_d32, s, seed++));
+               check_wg<false>(d256 ? attn_flash_wg_f32_d256 : attn_flash_wg_f32_d32, merge, s, seed++));
         report(d256 ? "attn_flash_wg_bf16_d256" : "attn_flash_wg_bf16_d32", s,
-               check_wg<true>(d256 ? attn_flash_wg_bf16_d256 : attn_flash_wg_bf16_d32, s, seed++));
+               check_wg<true>(d256 ? attn_flash_wg_bf16_d256 : attn_flash_wg_bf16_d32, merge, s, seed++));
+    }
+    // Stream-K: more blocks than row-block units (units split into pieces, some
+    // blocks holding the end of one unit and the start of the next), fewer,
+    // a cold prompt (cuts snapped to unit ends where the keys are causal), and
+    // the model's head_dim with one unit over three blocks.
+    struct Sk {
+        Shape s;
+        int ctas;
+    };
+    const Sk sk_shapes[] = {
+        {{2, 8, 32, 20, 300}, 7},   // 4 units of 10-11 tiles over 7 blocks
+        {{1, 4, 32, 100, 170}, 3},  // 4 units over 3 blocks
+        {{1, 4, 32, 100, 0}, 5},    // from position 0: 4 units of 1-4 tiles, causal
+        {{3, 1, 32, 150, 100}, 4},  // G 1: 6 units
+        {{1, 8, 256, 16, 200}, 3},  // head_dim 256: 1 unit of 7 tiles in 3 pieces
+    };
+    for (const Sk& k : sk_shapes) {
+        const Shape& s = k.s;
+        const bool d256 = s.hd == 256;
+        const MergeWg merge = d256 ? attn_wg_merge_d256 : attn_wg_merge_d32;
+        report(d256 ? "attn_flash_wg_f32_d256 sk" : "attn_flash_wg_f32_d32 sk", s,
+               check_wg<false>(d256 ? attn_flash_wg_f32_d256 : attn_flash_wg_f32_d32, merge, s, seed++, k.ctas));
+        report(d256 ? "attn_flash_wg_bf16_d256 sk" : "attn_flash_wg_bf16_d32 sk", s,
+               check_wg<true>(d256 ? attn_flash_wg_bf16_d256 : attn_flash_wg_bf16_d32, merge, s, seed++, k.ctas));
     }
     std::printf("%d of %d kernel runs match (tolerance %.0e)\n", n - bad, n, TOL);
     return bad ? 1 : 0;

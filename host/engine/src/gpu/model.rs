@@ -130,6 +130,11 @@ pub struct GpuModel {
     /// `mma.sync` kernel (`attn_flash_tc_*`).
     #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     wg_attention: bool,
+    /// Stream-K over all multiprocessors for the warpgroup attention when
+    /// few row blocks would leave some idle (`QWASI_ATTN_SPLIT=0`: one block
+    /// per row block always).
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    wg_split: bool,
     /// KV capacity limit per sequence (tokens).
     pub max_len: usize,
     pub gemm: GemmPath,
@@ -159,6 +164,10 @@ struct Scratch {
     /// Where `logits_device` left the last logits: (sequence id, the
     /// position they follow, device pointer), for `last_logits`.
     last_logits: Option<(u64, usize, u64)>,
+    /// The stream-K plan of the warpgroup prompt attention on the device:
+    /// (tokens, first position, blocks, buffer) it was made for.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    attn_plan: Option<(usize, usize, usize, u64)>,
 }
 
 impl Scratch {
@@ -571,6 +580,7 @@ impl GpuModel {
             tc_attention: cfg!(feature = "cuda")
                 && std::env::var("QWASI_ATTN").as_deref() != Ok("cuda-cores"),
             wg_attention: std::env::var("QWASI_ATTN").as_deref() != Ok("mma"),
+            wg_split: std::env::var("QWASI_ATTN_SPLIT").as_deref() != Ok("0"),
             gemm,
             kv_f32: std::env::var("QWASI_KV").as_deref() != Ok("bf16"),
             dec_attn: decode::DecAttnPath::from_env(),

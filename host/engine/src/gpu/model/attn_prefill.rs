@@ -47,6 +47,23 @@ mod tc {
     pub const MAX_D: usize = 256;
     /// (query, q head) rows per block of the warpgroup kernels (`WG_ROWS`).
     pub const WG_ROWS: usize = 128;
+    /// Header ints of `attn_wg_plan`'s plan (`WG_PLAN_HEAD`).
+    pub const WG_PLAN_HEAD: usize = 4;
+
+    /// Floats per piece of a split unit (`WG_PART_FLOATS`).
+    pub fn part_floats(hd: usize) -> usize {
+        (4 * (hd / 8) + 4) * 256
+    }
+
+    /// Whether stream-K (`attn_wg_plan`) beats one block per row block: few
+    /// units (row blocks x kv heads) for the `ctas` blocks the device runs at
+    /// once, so a last partial wave or idle multiprocessors would cost up to
+    /// half the time (the cached prefix's 1K new tokens: 128 units on 132
+    /// multiprocessors), and long enough keys (`tiles` of 32 at the end) that
+    /// the plan, the pieces and their merge are small against the work.
+    pub fn split_pays(units: usize, tiles: usize, ctas: usize) -> bool {
+        units > 0 && units <= 2 * ctas && units * tiles >= 64 * ctas
+    }
 
     /// Dynamic shared memory of `attn_flash_tc_*` with `warps` warps (see the
     /// kernel comment): Qh, Ql `[16 warps][hd + PAD]`, Kh, Vh (+ Kl, Vl for an f32
@@ -407,9 +424,22 @@ impl GpuModel {
             d.launch("attn_v_transpose_bf16", grid, (256, 1, 1), 0, &args)?;
             (k, 0, vt, 0)
         };
+        let blocks = (t * (nh / nkv)).div_ceil(tc::WG_ROWS);
+        let ctas = (self.dev.occupancy(name, 256, smem as u32) * self.dev.sm_count) as usize;
+        let split = self.wg_split && tc::split_pays(blocks * nkv, tiles, ctas);
+        let (plan, part) = if split {
+            self.wg_plan(sc, t, pos0, blocks * nkv, ctas)?
+        } else {
+            (0, 0)
+        };
+        let grid = match split {
+            true => (ctas as u32, 1, 1),
+            false => (blocks as u32, nkv as u32, 1),
+        };
+        let (proj, out) = (Arg::Ptr(proj), Arg::Ptr(out));
         d.launch(
             name,
-            ((t * (nh / nkv)).div_ceil(tc::WG_ROWS) as u32, nkv as u32, 1),
+            grid,
             (256, 1, 1),
             smem as u32,
             &[
@@ -419,16 +449,65 @@ impl GpuModel {
                 Arg::Ptr(vth),
                 Arg::Ptr(vtl),
                 i(ldp),
-                Arg::Ptr(proj),
+                proj,
                 i(stride),
-                Arg::Ptr(out),
+                out,
                 i(t),
                 i(nh),
                 i(nkv),
                 i(pos0),
                 f(1.0 / (hd as f32).sqrt()),
+                Arg::Ptr(plan),
+                Arg::Ptr(part),
             ],
-        )
+        )?;
+        if split {
+            let merge = if hd == 256 {
+                "attn_wg_merge_d256"
+            } else {
+                "attn_wg_merge_d32"
+            };
+            let args = [
+                Arg::Ptr(plan),
+                Arg::Ptr(part),
+                proj,
+                i(stride),
+                out,
+                i(t),
+                i(nh),
+                i(nkv),
+            ];
+            d.launch(merge, ((blocks * nkv) as u32, 1, 1), (256, 1, 1), 0, &args)?;
+        }
+        Ok(())
+    }
+
+    /// The stream-K plan of this pass's warpgroup attention (`attn_wg_plan`,
+    /// on the device: the same for every attention layer of the pass, so made
+    /// once per `(t, pos0)`) and the buffer for its pieces.
+    #[cfg(feature = "cuda")]
+    fn wg_plan(
+        &self,
+        sc: &mut Scratch,
+        t: usize,
+        pos0: usize,
+        units: usize,
+        ctas: usize,
+    ) -> Result<(u64, u64)> {
+        use crate::gpu::{Arg, i};
+        let d = &self.dev;
+        let hd = self.cfg.head_dim;
+        let ints = tc::WG_PLAN_HEAD + ctas + 1 + 4 * (units + ctas) + 3 * units;
+        let plan = sc.get(d, "attn_wg_plan", ints * 4)?;
+        let part = sc.get(d, "attn_wg_part", (units + ctas) * tc::part_floats(hd) * F)?;
+        if sc.attn_plan != Some((t, pos0, ctas, plan)) {
+            let g = self.cfg.num_attention_heads / self.cfg.num_key_value_heads;
+            let nkv = self.cfg.num_key_value_heads;
+            let args = [i(t), i(g), i(nkv), i(pos0), i(ctas), Arg::Ptr(plan)];
+            d.launch("attn_wg_plan", (1, 1, 1), (32, 1, 1), 0, &args)?;
+            sc.attn_plan = Some((t, pos0, ctas, plan));
+        }
+        Ok((plan, part))
     }
 
     /// HIP build: no mma.sync, always the CUDA-core kernel.
@@ -468,5 +547,20 @@ mod tests {
         assert_eq!(tc::wg_kernel(32, true).unwrap().1, 28_672);
         assert_eq!(tc::wg_kernel(32, false).unwrap().1, 22_528);
         assert!(tc::wg_kernel(128, true).is_none());
+    }
+
+    /// Stream-K where blocks would sit idle on long keys: the cached 131K
+    /// prefix's 1K new tokens (128 units, 4,128 tiles on 132 blocks), not a
+    /// 16K prompt pass (2,048 units), a short prompt (little work) or a 1K
+    /// prompt from position 0.
+    #[test]
+    fn stream_k_where_blocks_would_idle() {
+        assert!(tc::split_pays(128, 4128, 132));
+        assert!(tc::split_pays(138, 4128, 132));
+        assert!(!tc::split_pays(2048, 4096, 132));
+        assert!(!tc::split_pays(64, 16, 132));
+        assert!(!tc::split_pays(128, 32, 132));
+        assert!(!tc::split_pays(0, 100, 132));
+        assert_eq!(tc::part_floats(256), 132 * 256);
     }
 }
