@@ -202,6 +202,25 @@ __device__ __forceinline__ unsigned long long warp_excl_scan_u64(unsigned long l
     return pre;
 }
 
+// Exclusive prefix sum of v over a 256-thread block, in thread order: warp
+// scans, the 8 warp totals through ws, one __syncthreads (ws must not be
+// rewritten until every thread has read it); *total = the block's sum.
+__device__ __forceinline__ unsigned long long block_excl_scan_u64(unsigned long long v, unsigned long long* ws,
+                                                                  unsigned long long* total) {
+    const int lane = threadIdx.x % WARP, w = threadIdx.x / WARP;
+    unsigned long long wt, pre = warp_excl_scan_u64(v, &wt);
+    if (lane == 0) ws[w] = wt;
+    __syncthreads();
+    unsigned long long tot = 0;
+    for (int i = 0; i < 256 / WARP; i++) {
+        const unsigned long long x = ws[i];
+        if (i < w) pre += x;
+        tot += x;
+    }
+    *total = tot;
+    return pre;
+}
+
 // Quads (4 consecutive entries) per thread per moe_plan_place tile: a tile is
 // 256 * 4 * MOE_PLAN_QUADS entries; the counts of a thread's quads travel as
 // 16-bit fields of one 64-bit word (at most 1024 per field and tile).
@@ -227,7 +246,7 @@ QW_KERNEL void QW_BOUNDS(256) moe_plan_place(const int* __restrict__ idx, int N,
     // Warp totals of the tiles, double-buffered: a tile's writes go to the half
     // that the tile before last read, and the last tile's __syncthreads separates them.
     __shared__ unsigned long long wsum[2][256 / WARP];
-    const int e = blockIdx.x, tid = threadIdx.x, lane = tid % WARP, w = tid / WARP;
+    const int e = blockIdx.x, tid = threadIdx.x;
     const int cnt = counts[e];
     if (cnt == 0) return;  // the whole block
     int s = 0;
@@ -256,16 +275,7 @@ QW_KERNEL void QW_BOUNDS(256) moe_plan_place(const int* __restrict__ idx, int N,
         for (int q = 0; q < MOE_PLAN_QUADS; q++)
             c |= (unsigned long long)((v[q][0] == e) + (v[q][1] == e) + (v[q][2] == e) + (v[q][3] == e))
                  << (16 * q);
-        unsigned long long wt, pre = warp_excl_scan_u64(c, &wt);
-        unsigned long long* ws = wsum[it & 1];
-        if (lane == 0) ws[w] = wt;
-        __syncthreads();
-        unsigned long long tot = 0;
-        for (int i = 0; i < 256 / WARP; i++) {
-            const unsigned long long x = ws[i];
-            if (i < w) pre += x;
-            tot += x;
-        }
+        unsigned long long tot, pre = block_excl_scan_u64(c, wsum[it & 1], &tot);
 #pragma unroll
         for (int q = 0; q < MOE_PLAN_QUADS; q++) {
             // Places before quad q of this thread: all matches of quads < q, then
@@ -299,7 +309,7 @@ QW_KERNEL void QW_BOUNDS(256) moe_plan_place(const int* __restrict__ idx, int N,
 QW_KERNEL void QW_BOUNDS(256) moe_plan_tiles(const int* __restrict__ counts, int E, int bm, int N,
                                              int* __restrict__ tiles, int* __restrict__ rows, int* __restrict__ bad) {
     __shared__ unsigned long long wsum[256 / WARP];
-    const int tid = threadIdx.x, lane = tid % WARP, w = tid / WARP;
+    const int tid = threadIdx.x;
     int c[4];
     unsigned long long mine = 0;  // this thread's tiles << 32 | rows
 #pragma unroll
@@ -308,15 +318,7 @@ QW_KERNEL void QW_BOUNDS(256) moe_plan_tiles(const int* __restrict__ counts, int
         c[j] = e < E ? counts[e] : 0;
         mine += ((unsigned long long)((c[j] + bm - 1) / bm) << 32) + (unsigned)c[j];
     }
-    unsigned long long wt, pre = warp_excl_scan_u64(mine, &wt);
-    if (lane == 0) wsum[w] = wt;
-    __syncthreads();
-    unsigned long long tot = 0;
-    for (int i = 0; i < 256 / WARP; i++) {
-        const unsigned long long x = wsum[i];
-        if (i < w) pre += x;
-        tot += x;
-    }
+    unsigned long long tot, pre = block_excl_scan_u64(mine, wsum, &tot);
     int t = (int)(pre >> 32), r = (int)(pre & 0xffffffffu);
 #pragma unroll
     for (int j = 0; j < 4; j++) {
