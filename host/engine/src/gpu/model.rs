@@ -344,6 +344,11 @@ fn moe_max_tiles(nn: usize, e: usize, bm: usize) -> usize {
     nn / bm + e.min(nn)
 }
 
+/// A router that picked `n` indices outside the `e` experts.
+fn router_out_of_range(n: i32, e: usize) -> anyhow::Error {
+    anyhow::anyhow!("router produced {n} expert indices outside 0..{e}: non-finite activations?")
+}
+
 /// Where `moe_grouped_device` reads and writes: the normed input rows `n`,
 /// the residual `x`, the router's indices and weights, and this layer's
 /// out-of-range count `bad`.
@@ -983,6 +988,7 @@ impl GpuModel {
 
         // Per MoE layer planned on the device, its count of router indices
         // outside the experts (moe_plan_tiles), checked once at the end.
+        let bad_words = sc.get(d, "moe_bad", self.layers.len() * 4)?;
         let (mut planned, mut experts) = (0, 0);
         for (layer, st) in self.layers.iter().zip(&mut seq.layers) {
             self.rmsnorm(x, h, &layer.input_norm, n, h, t, h)?;
@@ -1407,13 +1413,12 @@ impl GpuModel {
                             ],
                         )?;
                     } else if fast && self.gemm == GemmPath::CublasSplit {
-                        let bad = sc.get(d, "moe_bad", self.layers.len() * 4)? + 4 * planned as u64;
                         let io = MoeIo {
                             n,
                             x,
                             idx,
                             wts,
-                            bad,
+                            bad: bad_words + 4 * planned as u64,
                         };
                         if self.moe_grouped_device(sc, t, e, k, inter, io, gate_up, down)? {
                             (planned, experts) = (planned + 1, e);
@@ -1430,11 +1435,9 @@ impl GpuModel {
         self.rmsnorm(last, h, &self.norm, nf, h, 1, h)?;
         if planned > 0 {
             let mut bad = vec![0i32; planned];
-            d.dtoh(&mut bad, sc.get(d, "moe_bad", self.layers.len() * 4)?)?;
+            d.dtoh(&mut bad, bad_words)?;
             if let Some(&b) = bad.iter().find(|&&b| b != 0) {
-                bail!(
-                    "router produced {b} expert indices outside 0..{experts}: non-finite activations?"
-                );
+                return Err(router_out_of_range(b, experts));
             }
         }
         seq.pos += t;
@@ -1531,10 +1534,7 @@ impl GpuModel {
             let mut hc = vec![0i32; e + 1];
             d.dtoh(&mut hc, counts)?;
             if hc[e] != 0 {
-                bail!(
-                    "router produced {} expert indices outside 0..{e}: non-finite activations?",
-                    hc[e]
-                );
+                return Err(router_out_of_range(hc[e], e));
             }
             hc.truncate(e);
             MoePlan::Counts(hc)

@@ -82,7 +82,7 @@ pub enum Phase {
 }
 
 impl Phase {
-    const ALL: [Phase; 5] = [
+    pub const ALL: [Phase; 5] = [
         Phase::Lookup,
         Phase::Restore,
         Phase::Prefill,

@@ -32,6 +32,7 @@ mod queue;
 mod worker;
 
 pub use handle::GenerationHandle;
+pub use metrics::Phase;
 
 use crate::backend::Backend;
 use crate::config::ModelConfig;

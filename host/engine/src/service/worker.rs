@@ -485,9 +485,22 @@ impl<'j, B: Backend> Running<'j, B> {
             false => Some(self.logits.clone()),
             true => w.backend.last_logits(&self.seq),
         };
+        let tokens = prompt.clone();
+        self.stage(w, cache, tokens, logits);
+    }
+
+    /// Stages a snapshot of the sequence as it is, at `tokens` (with the
+    /// logits after them, if any), within the cache's staging budget.
+    fn stage(
+        &mut self,
+        w: &Worker<B>,
+        cache: &PrefixCache,
+        tokens: Vec<u32>,
+        logits: Option<Vec<f32>>,
+    ) {
         if let Some(snap) = w.backend.snapshot(&self.seq) {
             let s = StagedSnapshot {
-                tokens: prompt.clone(),
+                tokens,
                 snap,
                 logits,
             };
@@ -519,14 +532,8 @@ impl<'j, B: Backend> Running<'j, B> {
         if held {
             return;
         }
-        if let Some(snap) = w.backend.snapshot(&self.seq) {
-            let s = StagedSnapshot {
-                tokens: key.to_vec(),
-                snap,
-                logits,
-            };
-            self.staged.push_bounded(s, cache.staging_budget());
-        }
+        let tokens = key.to_vec();
+        self.stage(w, cache, tokens, logits);
     }
 
     fn finish(&mut self, reason: FinishReason, stop_token: Option<u32>) -> Finish {

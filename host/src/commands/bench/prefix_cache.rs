@@ -47,7 +47,7 @@ use qwasi_engine::generate::GenerateRequest;
 use qwasi_engine::model::LoadedModel;
 use qwasi_engine::prefix_cache::CacheStats;
 use qwasi_engine::sampling::{Sampled, SamplingParams};
-use qwasi_engine::service::{EngineService, Event, ServiceConfig, SubmitOptions, Usage};
+use qwasi_engine::service::{EngineService, Event, Phase, ServiceConfig, SubmitOptions, Usage};
 use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -280,16 +280,15 @@ fn in_place_resumes(svc: &EngineService) -> u64 {
     metric(svc, "qwasi_prefix_cache_resumed_in_place_total") as u64
 }
 
-/// The steps before the first token (`qwasi_first_token_phase_seconds_total`),
-/// summed over the service's requests so far, in ms.
-const PHASES: [&str; 5] = ["lookup", "restore", "prefill", "snapshot", "sample"];
-
-fn phases_ms(svc: &EngineService) -> [f64; 5] {
-    PHASES.map(|p| {
-        1e3 * metric(
-            svc,
-            &format!("qwasi_first_token_phase_seconds_total{{phase=\"{p}\"}}"),
-        )
+/// The steps before the first token (`qwasi_first_token_phase_seconds_total`,
+/// in [`Phase::ALL`]'s order), summed over the service's requests so far, in ms.
+fn phases_ms(svc: &EngineService) -> [f64; Phase::ALL.len()] {
+    Phase::ALL.map(|p| {
+        let series = format!(
+            "qwasi_first_token_phase_seconds_total{{phase=\"{}\"}}",
+            p.name()
+        );
+        1e3 * metric(svc, &series)
     })
 }
 
@@ -432,7 +431,7 @@ fn measure<M: Backend + 'static>(
             let h = request(&svc, &tag("cached"), full.clone(), n, &ws)?;
             in_place.push(in_place_resumes(&svc) > resumed_before);
             let after = phases_ms(&svc);
-            phases.push(std::array::from_fn::<f64, 5, _>(|i| {
+            phases.push(std::array::from_fn::<f64, { Phase::ALL.len() }, _>(|i| {
                 after[i] - phases_before[i]
             }));
             if last {
@@ -476,10 +475,10 @@ fn measure<M: Backend + 'static>(
             exact["pass"]
         );
         for r in &phases {
-            let parts: Vec<String> = PHASES
+            let parts: Vec<String> = Phase::ALL
                 .iter()
                 .zip(r)
-                .map(|(k, v)| format!("{k} {v:.2}"))
+                .map(|(k, v)| format!("{} {v:.2}", k.name()))
                 .collect();
             eprintln!(
                 "  cached request before its first token (ms): {}",
@@ -505,7 +504,10 @@ fn measure<M: Backend + 'static>(
             "cached_request_profile_ms": super::speed::profile_json(&cached_profile),
             "cached_request_phases_ms": phases
                 .iter()
-                .map(|r| PHASES.iter().zip(r).map(|(k, v)| (k.to_string(), json!(v))).collect())
+                .map(|r| {
+                    let named = Phase::ALL.iter().zip(r);
+                    named.map(|(k, v)| (k.name().to_string(), json!(v))).collect()
+                })
                 .collect::<Vec<serde_json::Map<_, _>>>(),
         }));
     }
