@@ -245,9 +245,11 @@ QW_KERNEL void QW_BOUNDS(256) dec_embed(const bf16_t* __restrict__ emb, const un
 // (thread (c, ty) holds S[ty + RG j][c]), then the head's gated RMSNorm:
 // out[hv, c] = rmsnorm(o)[c] * nw[c] * silu(z[hv, c]) -- the input of the out
 // projection. sr: this thread's state rows (gdn_load_state); qs, ks: the
-// head's normalised q (scaled) and k in shared memory, ready (a block
-// barrier before the call); v: this thread's value (column c); decay =
-// exp(g), b = beta. block (32 * ceil(dv / 32), RG = 4), dk <= 4 * 32.
+// head's q and k after the conv and SiLU in shared memory, ready (a block
+// barrier before the call), with qinv, kinv their L2 norms' inverses (q's
+// times 1/sqrt(dk)): the products are taken with the raw vectors and
+// scaled once; v: this thread's value (column c); decay = exp(g), b = beta.
+// block (32 * ceil(dv / 32), RG = 4), dk <= 4 * 32.
 #define GS_RG 4
 #define GS_ROWS 32
 
@@ -265,8 +267,9 @@ __device__ __forceinline__ void gdn_load_state(const float* __restrict__ S, int 
     }
 }
 
-__device__ __forceinline__ void gdn_head_step(float (&sr)[GS_ROWS], const float* qs, const float* ks, float v,
-                                              float decay, float b, int hv, int dk, int dv, float* __restrict__ S,
+__device__ __forceinline__ void gdn_head_step(float (&sr)[GS_ROWS], const float* qs, const float* ks, float qinv,
+                                              float kinv, float v, float decay, float b, int hv, int dk, int dv,
+                                              float* __restrict__ S,
                                               const float* __restrict__ z, const float* __restrict__ nw, float eps,
                                               float* __restrict__ out) {
     __shared__ float red[GS_RG][128];
@@ -284,15 +287,15 @@ __device__ __forceinline__ void gdn_head_step(float (&sr)[GS_ROWS], const float*
     __syncthreads();
     float kv = 0.f;
     for (int r = 0; r < GS_RG; r++) kv += red[r][c];
-    kv *= decay;
-    float delta = b * (v - kv);
+    kv *= kinv * decay;
+    const float kd = b * (v - kv) * kinv;  // the update along the normalised k
     __syncthreads();
     float o = 0.f;
 #pragma unroll
     for (int j = 0; j < GS_ROWS; j++) {
         int i = ty + GS_RG * j;
         if (i < dk) {
-            float sv = sr[j] * decay + ks[i] * delta;
+            float sv = sr[j] * decay + ks[i] * kd;
             sr[j] = sv;
             o += qs[i] * sv;
         }
@@ -308,6 +311,7 @@ __device__ __forceinline__ void gdn_head_step(float (&sr)[GS_ROWS], const float*
     if (ty == 0) {
         float oc = 0.f;
         for (int r = 0; r < GS_RG; r++) oc += red[r][c];
+        oc *= qinv;
         float sq = warp_sum(valid ? oc * oc : 0.f);
         if (c % WARP == 0) wsum[c / WARP] = sq;
         red[0][c] = oc;
@@ -321,16 +325,22 @@ __device__ __forceinline__ void gdn_head_step(float (&sr)[GS_ROWS], const float*
     }
 }
 
-// One value head per block: gdn_head_step on the row dec_gdn_prep left in
-// proj (q, k, v after conv, SiLU and the L2 norms) with its gates g, beta.
+// One value head per block: gdn_head_step on the projection row after the
+// conv (q, k, v after conv and SiLU: dec_gdn_conv, or dec_gemv_bulk_conv's
+// epilogue), with the head's q/k L2 norms (each warp sums the squares
+// itself, so no block barrier is added) and gates (beta = sigmoid(b),
+// g = -exp(A_log) softplus(a + dt_bias); a at proj[a_off + hv], b at
+// proj[a_off + nv + hv]) taken here.
 QW_KERNEL void QW_BOUNDS(512) dec_gdn_step(const float* __restrict__ proj, int nk, int nv, int dk, int dv,
-                                          const float* __restrict__ g, const float* __restrict__ beta,
-                                          float* __restrict__ S, const float* __restrict__ z,
-                                          const float* __restrict__ nw, float eps, float* __restrict__ out) {
+                                          const float* __restrict__ a_log, const float* __restrict__ dt_bias,
+                                          int a_off, float q_scale, float* __restrict__ S,
+                                          const float* __restrict__ z, const float* __restrict__ nw, float eps,
+                                          float* __restrict__ out) {
     __shared__ float qs[GS_RG * GS_ROWS], ks[GS_RG * GS_ROWS];
     int hv = blockIdx.x;
     float sr[GS_ROWS];
     gdn_load_state(S, hv, dk, dv, sr);
+    const float al = a_log[hv], db = dt_bias[hv];
     QW_GRID_WAIT();
     QW_GRID_LAUNCH();
     int tid = threadIdx.y * blockDim.x + threadIdx.x, nt = blockDim.x * blockDim.y;
@@ -340,66 +350,38 @@ QW_KERNEL void QW_BOUNDS(512) dec_gdn_step(const float* __restrict__ proj, int n
         ks[i] = proj[key_dim + hk * dk + i];
     }
     float v = threadIdx.x < dv ? proj[2 * key_dim + hv * dv + threadIdx.x] : 0.f;
+    const float b = sigmoid_f(proj[a_off + nv + hv]);
+    const float decay = expf(-expf(al) * softplus_f(proj[a_off + hv] + db));
     __syncthreads();
-    gdn_head_step(sr, qs, ks, v, expf(g[hv]), beta[hv], hv, dk, dv, S, z, nw, eps, out);
+    const int lane = tid % WARP;
+    float sq = 0.f, sk = 0.f;
+    for (int i = lane; i < dk; i += WARP) {
+        sq += qs[i] * qs[i];
+        sk += ks[i] * ks[i];
+    }
+    const float qinv = rsqrtf(warp_sum(sq) + 1e-6f) * q_scale, kinv = rsqrtf(warp_sum(sk) + 1e-6f);
+    gdn_head_step(sr, qs, ks, qinv, kinv, v, decay, b, hv, dk, dv, S, z, nw, eps, out);
 }
 
-// GDN step preparation, in place on the projection row: causal conv (state
-// [C][K-1], same arithmetic as `conv_silu` at T = 1) + SiLU on every channel,
-// L2 norm of each q head (times 1/sqrt(dk)) and k head, and the gates
-// (beta = sigmoid(b), g = -exp(A_log) softplus(a + dt_bias)).
-// Block size DK_THREADS; blocks [0, 2 nk) are the q then k heads (one head each),
-// the rest cover the value channels DK_THREADS at a time. Block 0 also does the gates.
-#define PREP_THREADS 128
-QW_KERNEL void QW_BOUNDS(PREP_THREADS) dec_gdn_prep(float* __restrict__ proj, float* __restrict__ state,
-                                                   const float* __restrict__ conv_w, int K,
-                                                   const float* __restrict__ a_log, const float* __restrict__ dt_bias,
-                                                   float* __restrict__ g, float* __restrict__ beta,
-                                                   int nk, int nv, int dk, int dv, int a_off, float q_scale) {
-    __shared__ float scratch[32];
+// The step's causal conv (state [C][K-1], same arithmetic as `conv_silu` at
+// T = 1) + SiLU on every channel, in place on the projection row, where the
+// in projection cannot take it (dec_gemv_bulk_conv). One channel per thread.
+#define CONV_THREADS 128
+QW_KERNEL void QW_BOUNDS(CONV_THREADS) dec_gdn_conv(float* __restrict__ proj, float* __restrict__ state,
+                                                   const float* __restrict__ conv_w, int K, int C) {
     QW_GRID_WAIT();
     QW_GRID_LAUNCH();
-    int C = 2 * nk * dk + nv * dv;
-    int H = K - 1;
-    bool head = blockIdx.x < 2 * nk;
-    int c0 = head ? blockIdx.x * dk : 2 * nk * dk + (blockIdx.x - 2 * nk) * PREP_THREADS;
-    int cn = head ? dk : min(PREP_THREADS, C - c0);
-    float ss = 0.f;
-    float outv[4];  // dk <= 4 * PREP_THREADS
-#pragma unroll
-    for (int j = 0; j < 4; j++) {
-        int i = threadIdx.x + j * PREP_THREADS;
-        outv[j] = 0.f;
-        if (i < cn) {
-            int ch = c0 + i;
-            const float* wk = conv_w + (size_t)ch * K;
-            float* hist = state + (size_t)ch * H;
-            float cur = proj[ch];
-            float acc = wk[H] * cur;
-            for (int q = 0; q < H; q++) acc += wk[q] * hist[q];
-            for (int q = 0; q + 1 < H; q++) hist[q] = hist[q + 1];
-            if (H > 0) hist[H - 1] = cur;
-            float v = silu_f(acc);
-            outv[j] = v;
-            ss += v * v;
-        }
-    }
-    if (head) {
-        ss = block_sum(ss, scratch);
-        float inv = rsqrtf(ss + 1e-6f) * (blockIdx.x < nk ? q_scale : 1.f);
-#pragma unroll
-        for (int j = 0; j < 4; j++) outv[j] *= inv;
-    }
-#pragma unroll
-    for (int j = 0; j < 4; j++) {
-        int i = threadIdx.x + j * PREP_THREADS;
-        if (i < cn) proj[c0 + i] = outv[j];
-    }
-    if (blockIdx.x == 0)
-        for (int h = threadIdx.x; h < nv; h += PREP_THREADS) {
-            beta[h] = sigmoid_f(proj[a_off + nv + h]);
-            g[h] = -expf(a_log[h]) * softplus_f(proj[a_off + h] + dt_bias[h]);
-        }
+    const int ch = blockIdx.x * CONV_THREADS + threadIdx.x;
+    if (ch >= C) return;
+    const int H = K - 1;
+    const float* wk = conv_w + (size_t)ch * K;
+    float* hist = state + (size_t)ch * H;
+    float cur = proj[ch];
+    float acc = wk[H] * cur;
+    for (int q = 0; q < H; q++) acc += wk[q] * hist[q];
+    for (int q = 0; q + 1 < H; q++) hist[q] = hist[q + 1];
+    if (H > 0) hist[H - 1] = cur;
+    proj[ch] = silu_f(acc);
 }
 
 

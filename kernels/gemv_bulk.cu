@@ -259,3 +259,64 @@ QW_KERNEL void QW_BOUNDS(256) dec_gemv_bulk2(const bf16_t* __restrict__ W, const
                                             float* __restrict__ ssq_out, int stages) {
     gemv_bulk<2>(W, x, ssq, nssq, nw, eps, y, rows, cols, accumulate, ssq_out, stages);
 }
+
+// The GDN in projection with the step's causal conv folded in (norm mode,
+// cols <= 2048, 8 rows per slot): y[r] = (W[r] . (x * nw)) / rms(x) as
+// dec_gemv_bulk1, then for the conv channels r < conv_dim the conv + SiLU of
+// dec_gdn_conv, in the same arithmetic: y[r] = silu(cw[r][K-1] y +
+// sum_q cw[r][q] hist[r][q]), and hist[r] (conv_w [conv_dim][K], hist
+// [conv_dim][K-1]) shifted by one with the new value appended. The rows of a
+// block are one block's own, so no other block touches their history. The
+// block's weights and history are staged in shared memory after the ring
+// (dynamic: stages slots, then n*8*(2K-1) floats) before the grid wait: the
+// weights are constants and the history this layer's own state, last
+// written by this kernel one token earlier.
+QW_KERNEL void QW_BOUNDS(256) dec_gemv_bulk_conv(const bf16_t* __restrict__ W, const float* __restrict__ x,
+                                                const float* __restrict__ ssq, int nssq, const float* __restrict__ nw,
+                                                float eps, float* __restrict__ y, int rows, int cols, int stages,
+                                                const float* __restrict__ conv_w, float* __restrict__ hist, int K,
+                                                int conv_dim) {
+    constexpr int R = 8;
+    QW_DYN_SMEM(uint4, ring_mem);
+    const int n8 = cols >> 3;
+    const int nslots = (rows + R - 1) / R;
+    const int g0 = (int)((long long)nslots * blockIdx.x / gridDim.x);
+    const int n = (int)((long long)nslots * (blockIdx.x + 1) / gridDim.x) - g0;
+    BulkRing<R> ring{ring_mem, R * n8, n8, stages, n};
+#if defined(QW_BULK)
+    __shared__ unsigned long long full[BULK_MAX_STAGES];
+    ring.full = full;
+#endif
+    const uint4* W4 = (const uint4*)W;
+    auto slot_rows = [&](int it) { return min(R, rows - (g0 + it) * R); };
+    auto src = [&](int it) { return W4 + (size_t)(g0 + it) * R * n8; };
+    ring.start(src, slot_rows);
+    const int H = K - 1, r0 = g0 * R;
+    const int nc = max(0, min(n * R, conv_dim - r0));  // this block's conv channels
+    float* cw = (float*)(ring_mem + (size_t)stages * R * n8);  // [n R][K]
+    float* ch = cw + (size_t)n * R * K;                         // [n R][H]
+    for (int i = threadIdx.x; i < nc * K; i += blockDim.x) cw[i] = conv_w[(size_t)r0 * K + i];
+    for (int i = threadIdx.x; i < nc * H; i += blockDim.x) ch[i] = hist[(size_t)r0 * H + i];
+    QW_GRID_WAIT();
+    QW_GRID_LAUNCH();
+    float xr[1][8];
+    lane_columns<1>(x, nw, n8, xr);
+    const float inv = inv_rms(ssq, nssq, cols, eps);
+    // The staging is visible to emit: run() meets a block barrier before each emit.
+    ring.template run<1>(xr, src, slot_rows, [&](int it, int lane, const float* part) {
+        const int r = (g0 + it) * R + lane;
+        const float cur = row_total<R>(part, lane) * inv;
+        if (r >= conv_dim) {
+            y[r] = cur;
+            return;
+        }
+        const float* wk = cw + (size_t)(r - r0) * K;
+        const float* hs = ch + (size_t)(r - r0) * H;
+        float acc = wk[H] * cur;
+        for (int q = 0; q < H; q++) acc += wk[q] * hs[q];
+        float* hg = hist + (size_t)r * H;
+        for (int q = 0; q + 1 < H; q++) hg[q] = hs[q + 1];
+        if (H > 0) hg[H - 1] = cur;
+        y[r] = silu_f(acc);
+    });
+}

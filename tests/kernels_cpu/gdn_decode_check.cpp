@@ -1,5 +1,5 @@
-// The GDN decode step of kernels/decode.cu on the CPU (QW_CPU): dec_gdn_prep
-// (causal conv + SiLU, q/k L2 norms, gates) then dec_gdn_step (delta rule,
+// The GDN decode step of kernels/decode.cu on the CPU (QW_CPU): dec_gdn_conv
+// (causal conv + SiLU) then dec_gdn_step (q/k L2 norms, gates, delta rule,
 // gated RMSNorm; 2-D blocks) against a double-precision reference: the out
 // projection's input (RMS-normalised, ~1) within 1e-5 and the recurrent
 // state (~0.1) within 1e-6, absolute; the conv history exactly (it only
@@ -29,15 +29,13 @@ static void check(int nk, int nv, int dk, int dv, int K, std::mt19937& rng) {
     for (auto& v : nw) v = 1.f + 0.1f * nd(rng);
     const float eps = 1e-6f, q_scale = 1.f / std::sqrt((float)dk);
 
-    std::vector<float> p = proj, st = hist, S1 = S, g(nv), beta(nv), out(vdim, NAN);
-    const unsigned prep_blocks = 2 * nk + (vdim + 127) / 128, bx = 32 * ((dv + 31) / 32);
-    qw_cpu::launch({prep_blocks, 1, 1}, {128, 1, 1}, [&] {
-        dec_gdn_prep(p.data(), st.data(), conv_w.data(), K, a_log.data(), dt_bias.data(), g.data(), beta.data(), nk,
-                     nv, dk, dv, a_off, q_scale);
-    });
+    std::vector<float> p = proj, st = hist, S1 = S, out(vdim, NAN);
+    const unsigned bx = 32 * ((dv + 31) / 32);
+    qw_cpu::launch({(unsigned)(conv_dim + 127) / 128, 1, 1}, {128, 1, 1},
+                   [&] { dec_gdn_conv(p.data(), st.data(), conv_w.data(), K, conv_dim); });
     qw_cpu::launch({(unsigned)nv, 1, 1}, {bx, 4, 1}, [&] {
-        dec_gdn_step(p.data(), nk, nv, dk, dv, g.data(), beta.data(), S1.data(), p.data() + conv_dim, nw.data(), eps,
-                     out.data());
+        dec_gdn_step(p.data(), nk, nv, dk, dv, a_log.data(), dt_bias.data(), a_off, q_scale, S1.data(),
+                     p.data() + conv_dim, nw.data(), eps, out.data());
     });
 
     // The reference.

@@ -4,8 +4,11 @@
 // the residual mode (y += W . x, per-block sums of squares of the new y,
 // zeros past the grid), both slot sizes (8 rows for cols <= 2048, 4 rows up
 // to 4096), columns that leave lanes or whole warps idle, row counts that end
-// in a partial slot, one to many blocks and 1 to 3 ring slots. Exit 1 on a
-// mismatch.
+// in a partial slot, one to many blocks and 1 to 3 ring slots; and the GDN
+// in projection with the conv folded in (dec_gemv_bulk_conv) against the
+// plain norm-mode kernel followed by the conv: the same projected values,
+// the conv + SiLU within 1e-6 of the sum of its terms' sizes, the shifted history exactly, rows past the
+// conv channels untouched by it. Exit 1 on a mismatch.
 #include <cstdio>
 #include <random>
 #include <vector>
@@ -85,6 +88,56 @@ static void check(int rows, int cols, unsigned grid, int stages, bool norm, std:
     }
 }
 
+// dec_gemv_bulk_conv against dec_gemv_bulk1 (norm mode) + the conv on the host.
+static void check_conv(int rows, int cols, unsigned grid, int stages, int conv_dim, int K, std::mt19937& rng) {
+    std::normal_distribution<float> nd;
+    std::vector<bf16_t> W((size_t)rows * cols);
+    for (auto& w : W) w = to_bf16(nd(rng) * 0.05f);
+    std::vector<float> x(cols), nw(cols), conv_w((size_t)conv_dim * K), hist((size_t)conv_dim * (K - 1));
+    for (auto& v : x) v = nd(rng);
+    for (auto& v : nw) v = 1.f + 0.1f * nd(rng);
+    for (auto& v : conv_w) v = 0.5f * nd(rng);
+    for (auto& v : hist) v = nd(rng);
+    std::vector<float> ssq(3, 0.f);
+    for (int i = 0; i < cols; i++) ssq[i % 3] += x[i] * x[i];
+    const float eps = 1e-6f;
+    std::vector<float> plain(rows, NAN), y(rows, NAN), h = hist;
+    qw_cpu::launch({grid, 1, 1}, {256, 1, 1}, [&] {
+        dec_gemv_bulk1(W.data(), x.data(), ssq.data(), 3, nw.data(), eps, plain.data(), rows, cols, 0, nullptr,
+                       stages);
+    });
+    qw_cpu::launch({grid, 1, 1}, {256, 1, 1}, [&] {
+        dec_gemv_bulk_conv(W.data(), x.data(), ssq.data(), 3, nw.data(), eps, y.data(), rows, cols, stages,
+                           conv_w.data(), h.data(), K, conv_dim);
+    });
+    const int H = K - 1;
+    double worst = 0;
+    bool hist_ok = true, rest_ok = true;
+    for (int r = 0; r < rows; r++) {
+        if (r >= conv_dim) {
+            rest_ok &= y[r] == plain[r];
+            continue;
+        }
+        double acc = (double)conv_w[(size_t)r * K + H] * plain[r];
+        double mag = std::fabs(acc);
+        for (int q = 0; q < H; q++) {
+            const double t = (double)conv_w[(size_t)r * K + q] * hist[(size_t)r * H + q];
+            acc += t;
+            mag += std::fabs(t);
+        }
+        const double want = acc / (1 + std::exp(-acc));  // |silu'| < 1.1: errors scale with mag
+        worst = std::max(worst, std::isnan(y[r]) ? INFINITY : std::fabs(y[r] - want) / (mag + 1e-30));
+        for (int q = 0; q + 1 < H; q++) hist_ok &= h[(size_t)r * H + q] == hist[(size_t)r * H + q + 1];
+        if (H > 0) hist_ok &= h[(size_t)r * H + H - 1] == plain[r];
+    }
+    if (!(worst < 1e-6) || !hist_ok || !rest_ok) {
+        std::printf("conv rows %d cols %d grid %u stages %d conv_dim %d K %d: conv error %.3g, history exact %d, "
+                    "other rows equal %d\n",
+                    rows, cols, grid, stages, conv_dim, K, worst, hist_ok, rest_ok);
+        failures++;
+    }
+}
+
 int main() {
     std::mt19937 rng(7);
     struct Case {
@@ -103,6 +156,14 @@ int main() {
             const int slots = (c.rows + (c.cols > 2048 ? 4 : 8) - 1) / (c.cols > 2048 ? 4 : 8);
             check(c.rows, c.cols, std::min<unsigned>(c.grid, (unsigned)slots), c.stages, norm, rng);
         }
+    // The conv fold: the 35B in projection's shape (12,352 rows, 8,192 conv
+    // channels, K 4) on 132 blocks, and small ones with partial slots, the
+    // conv channels ending inside a slot and inside a block, and K 2.
+    const int conv_cases[][6] = {
+        {12352, 2048, 132, 4, 8192, 4}, {100, 64, 3, 2, 45, 4}, {37, 256, 5, 1, 37, 2},
+        {64, 2048, 2, 3, 60, 4},        {29, 128, 4, 2, 8, 3},
+    };
+    for (const auto& c : conv_cases) check_conv(c[0], c[1], (unsigned)c[2], c[3], c[4], c[5], rng);
     std::printf("gemv_bulk_check: %s\n", failures ? "FAIL" : "PASS");
     return failures ? 1 : 0;
 }

@@ -94,3 +94,55 @@ fn commit() -> String {
         .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
         .unwrap_or_else(|| "unknown".into())
 }
+
+/// The peak of a memory gauge while a benchmark runs: a thread samples
+/// `used()` every 20 ms (device memory as cudaMemGetInfo sees it changes at
+/// allocations the engine makes inside its calls, so sampling between calls
+/// would miss a prefill's scratch). `take` returns the highest value since
+/// the last `take` and starts the next interval.
+#[cfg(any(feature = "cuda", feature = "hip"))]
+pub(crate) struct PeakGauge<'a> {
+    used: &'a (dyn Fn() -> usize + Sync),
+    peak: std::sync::atomic::AtomicUsize,
+}
+
+#[cfg(any(feature = "cuda", feature = "hip"))]
+impl PeakGauge<'_> {
+    pub(crate) fn take(&self) -> usize {
+        let now = (self.used)();
+        self.peak
+            .swap(now, std::sync::atomic::Ordering::Relaxed)
+            .max(now)
+    }
+}
+
+/// Runs `f` with a [`PeakGauge`] over `used` sampled on a scoped thread,
+/// which stops however `f` ends.
+#[cfg(any(feature = "cuda", feature = "hip"))]
+pub(crate) fn with_peak_gauge<T>(
+    used: &(dyn Fn() -> usize + Sync),
+    f: impl FnOnce(&PeakGauge) -> T,
+) -> T {
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
+    let gauge = PeakGauge {
+        used,
+        peak: AtomicUsize::new(used()),
+    };
+    let done = AtomicBool::new(false);
+    struct Stop<'a>(&'a AtomicBool);
+    impl Drop for Stop<'_> {
+        fn drop(&mut self) {
+            self.0.store(true, Relaxed);
+        }
+    }
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            while !done.load(Relaxed) {
+                gauge.peak.fetch_max((gauge.used)(), Relaxed);
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        });
+        let _stop = Stop(&done);
+        f(&gauge)
+    })
+}

@@ -152,6 +152,10 @@ pub struct GpuModel {
     /// Decode GEMVs fed by bulk copies (`kernels/gemv_bulk.cu`), where the
     /// GPU has them, unless `QWASI_GEMV=rows|stream`.
     bulk_gemv: Option<decode::BulkGemv>,
+    /// The GDN decode conv in the in projection's epilogue
+    /// (`dec_gemv_bulk_conv`) where the bulk GEMV applies; `false` with
+    /// `QWASI_GDN_CONV=kernel` (its own kernel, `dec_gdn_conv`).
+    conv_gdn: bool,
     /// Prefix-cache host copies in page-locked memory (`false` with
     /// `QWASI_HOST_TIER=pageable`).
     pinned_host_tier: bool,
@@ -591,6 +595,7 @@ impl GpuModel {
             dec_attn: decode::DecAttnPath::from_env(),
             split_gemv: std::env::var("QWASI_GEMV").as_deref() != Ok("stream"),
             bulk_gemv,
+            conv_gdn: std::env::var("QWASI_GDN_CONV").as_deref() != Ok("kernel"),
             pinned_host_tier: std::env::var("QWASI_HOST_TIER").as_deref() != Ok("pageable"),
         }
     }

@@ -717,7 +717,6 @@ fn gpu_snapshot_bytes(
 #[cfg(any(feature = "cuda", feature = "hip"))]
 fn gpu(a: &Args, backend: &str) -> Result<()> {
     use super::speed;
-    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
     if a.model.model.is_some() {
         bail!(
             "--backend {backend}: the prefix-cache workload runs the --synthetic model \
@@ -789,28 +788,14 @@ fn gpu(a: &Args, backend: &str) -> Result<()> {
 
     // 3. The runs, with the device memory in use sampled every 20 ms (the
     // whole device, as cudaMemGetInfo sees it).
-    let peak = AtomicUsize::new(after_load);
-    let done = AtomicBool::new(false);
-    struct Stop<'a>(&'a AtomicBool);
-    impl Drop for Stop<'_> {
-        fn drop(&mut self) {
-            self.0.store(true, Relaxed);
-        }
-    }
-    let measured = std::thread::scope(|s| {
-        s.spawn(|| {
-            while !done.load(Relaxed) {
-                peak.fetch_max(model.memory_used().0, Relaxed);
-                std::thread::sleep(Duration::from_millis(20));
-            }
-        });
-        // Stops the sampler however `measure` ends (a panic included).
-        let _stop = Stop(&done);
-        measure(a, &plan, &model, &model_id, &gpu_name, &|| {
+    let used = || model.memory_used().0;
+    let (measured, peak) = super::with_peak_gauge(&used, |gauge| {
+        let measured = measure(a, &plan, &model, &model_id, &gpu_name, &|| {
             model.take_profile()
-        })
-    })?;
-    let peak = peak.into_inner();
+        });
+        (measured, gauge.take().max(after_load))
+    });
+    let measured = measured?;
 
     let config = json!({
         "runs": plan.runs,

@@ -222,188 +222,197 @@ fn imp(a: &SpeedArgs, runs: usize, out: &Path) -> Result<()> {
     } else {
         Value::Null
     };
-    let mut results = Vec::new();
     let mut all_consistent = true;
-    for &len in &a.lens {
-        let p = prompt(len, vocab);
-        // TTFT.
-        let (warm, timed) = if len > a.ttft_max {
-            (0, 1)
-        } else {
-            (a.warmups, runs)
-        };
-        let mut ttft = Vec::new();
-        let mut first = None;
-        for r in 0..warm + timed {
-            let mut seq = model.new_sequence();
-            let t = Instant::now();
-            let tok = model.forward_greedy(&mut seq, &p)?.token;
-            let dt = t.elapsed().as_secs_f64();
-            if r >= warm {
-                ttft.push(dt * 1e3);
+    // Device memory in use, its peak per length sampled while the length runs.
+    let used = || model.memory_used().0;
+    let results = super::with_peak_gauge(&used, |gauge| -> Result<Vec<Value>> {
+        let mut results = Vec::new();
+        for &len in &a.lens {
+            gauge.take();
+            let p = prompt(len, vocab);
+            // TTFT.
+            let (warm, timed) = if len > a.ttft_max {
+                (0, 1)
+            } else {
+                (a.warmups, runs)
+            };
+            let mut ttft = Vec::new();
+            let mut first = None;
+            for r in 0..warm + timed {
+                let mut seq = model.new_sequence();
+                let t = Instant::now();
+                let tok = model.forward_greedy(&mut seq, &p)?.token;
+                let dt = t.elapsed().as_secs_f64();
+                if r >= warm {
+                    ttft.push(dt * 1e3);
+                }
+                if first.is_some_and(|f| f != tok) {
+                    all_consistent = false;
+                }
+                first = Some(tok);
             }
-            if first.is_some_and(|f| f != tok) {
-                all_consistent = false;
-            }
-            first = Some(tok);
-        }
-        let first = first.unwrap();
-        // One prefill, snapshotted; decode runs restore it (and profiled with
-        // QWASI_GPU_PROFILE=1).
-        let _ = model.take_profile();
-        let mut base = model.new_sequence();
-        let logits = model.forward(&mut base, &p)?;
-        let prefill_profile = model.take_profile();
-        print_profile("prefill", &prefill_profile, 1);
-        let dump = |name: String, logits: &[f32]| -> Result<()> {
-            if let Some(dir) = &a.dump_logits {
-                std::fs::create_dir_all(dir)?;
-                let bytes: Vec<u8> = logits.iter().flat_map(|v| v.to_le_bytes()).collect();
-                std::fs::write(dir.join(name), bytes)?;
-            }
-            Ok(())
-        };
-        dump(format!("qwasi_logits_{len}.f32"), &logits)?;
-        let snap = model
-            .snapshot(&base)
-            .ok_or_else(|| anyhow::anyhow!("snapshot failed (device memory?)"))?;
-        drop(base);
-        // Greedy through the host: the first 16 tokens from the full logits.
-        let mut host_tokens = vec![qwasi_engine::sampling::argmax(&logits)];
-        // Every full logits vector the host sees must be finite (long contexts).
-        let mut finite = logits.iter().all(|v| v.is_finite());
-        {
-            let mut seq = model.restore(snap.as_ref()).unwrap();
-            let steps = 15.min(a.decode_tokens);
-            for step in 0..steps {
-                let l = model.forward(&mut seq, &[*host_tokens.last().unwrap()])?;
-                finite &= l.iter().all(|v| v.is_finite());
-                host_tokens.push(qwasi_engine::sampling::argmax(&l));
-                if step + 1 == steps {
-                    // After `steps` decode steps: compares decode paths bit for bit.
-                    dump(format!("qwasi_decode_logits_{len}.f32"), &l)?;
+            let first = first.unwrap();
+            // One prefill, snapshotted; decode runs restore it (and profiled with
+            // QWASI_GPU_PROFILE=1).
+            let _ = model.take_profile();
+            let mut base = model.new_sequence();
+            let logits = model.forward(&mut base, &p)?;
+            let prefill_profile = model.take_profile();
+            print_profile("prefill", &prefill_profile, 1);
+            let dump = |name: String, logits: &[f32]| -> Result<()> {
+                if let Some(dir) = &a.dump_logits {
+                    std::fs::create_dir_all(dir)?;
+                    let bytes: Vec<u8> = logits.iter().flat_map(|v| v.to_le_bytes()).collect();
+                    std::fs::write(dir.join(name), bytes)?;
+                }
+                Ok(())
+            };
+            dump(format!("qwasi_logits_{len}.f32"), &logits)?;
+            let snap = model
+                .snapshot(&base)
+                .ok_or_else(|| anyhow::anyhow!("snapshot failed (device memory?)"))?;
+            drop(base);
+            // Greedy through the host: the first 16 tokens from the full logits.
+            let mut host_tokens = vec![qwasi_engine::sampling::argmax(&logits)];
+            // Every full logits vector the host sees must be finite (long contexts).
+            let mut finite = logits.iter().all(|v| v.is_finite());
+            {
+                let mut seq = model.restore(snap.as_ref()).unwrap();
+                let steps = 15.min(a.decode_tokens);
+                for step in 0..steps {
+                    let l = model.forward(&mut seq, &[*host_tokens.last().unwrap()])?;
+                    finite &= l.iter().all(|v| v.is_finite());
+                    host_tokens.push(qwasi_engine::sampling::argmax(&l));
+                    if step + 1 == steps {
+                        // After `steps` decode steps: compares decode paths bit for bit.
+                        dump(format!("qwasi_decode_logits_{len}.f32"), &l)?;
+                    }
                 }
             }
-        }
-        all_consistent &= finite;
-        // The profile below covers the decode steps only.
-        let _ = model.take_profile();
-        let mut rates = Vec::new();
-        let mut tokens: Option<Vec<u32>> = None;
-        for r in 0..a.warmups + runs {
-            let mut seq = model
-                .restore(snap.as_ref())
-                .ok_or_else(|| anyhow::anyhow!("restore failed"))?;
-            let mut tok = first;
-            let mut got = vec![tok];
-            let t = Instant::now();
-            for _ in 0..a.decode_tokens {
-                tok = model.forward_greedy(&mut seq, &[tok])?.token;
-                got.push(tok);
+            all_consistent &= finite;
+            // The profile below covers the decode steps only.
+            let _ = model.take_profile();
+            let mut rates = Vec::new();
+            let mut tokens: Option<Vec<u32>> = None;
+            for r in 0..a.warmups + runs {
+                let mut seq = model
+                    .restore(snap.as_ref())
+                    .ok_or_else(|| anyhow::anyhow!("restore failed"))?;
+                let mut tok = first;
+                let mut got = vec![tok];
+                let t = Instant::now();
+                for _ in 0..a.decode_tokens {
+                    tok = model.forward_greedy(&mut seq, &[tok])?.token;
+                    got.push(tok);
+                }
+                let dt = t.elapsed().as_secs_f64();
+                if r >= a.warmups {
+                    rates.push(a.decode_tokens as f64 / dt);
+                }
+                match &tokens {
+                    Some(prev) if *prev != got => all_consistent = false,
+                    None => tokens = Some(got),
+                    _ => {}
+                }
             }
-            let dt = t.elapsed().as_secs_f64();
-            if r >= a.warmups {
-                rates.push(a.decode_tokens as f64 / dt);
+            let tokens = tokens.unwrap();
+            let host_agree = tokens.iter().zip(&host_tokens).all(|(a, b)| a == b);
+            all_consistent &= host_agree;
+            let profile = model.take_profile();
+            // Requests that sample, read back as `serve` reads them: Qwen's
+            // recommended top-k 20 (the logits' head), temperature alone (the
+            // row weighted on the device) and top-p alone (the same, or the
+            // row on the host when the nucleus reaches past the head).
+            let qwen = SamplingParams {
+                temperature: 0.7,
+                top_k: 20,
+                top_p: 0.95,
+                seed: Some(1),
+                ..Default::default()
+            };
+            let nucleus = SamplingParams {
+                top_k: 0,
+                ..qwen.clone()
+            };
+            let plain = SamplingParams {
+                top_p: 1.0,
+                ..nucleus.clone()
+            };
+            let mut sampled = Vec::new();
+            for (what, params) in [
+                (
+                    "temperature 0.7, top_k 20, top_p 0.95: the logits' 64 largest read on the device, drawn on the host",
+                    qwen,
+                ),
+                (
+                    "temperature 0.7: the row's weights summed per 64 tokens on the device, the block and token drawn on the host",
+                    plain,
+                ),
+                (
+                    "temperature 0.7, top_p 0.95: weighted on the device; decided among the 64 largest when the nucleus lies there, else the row is copied to the host and sampled there",
+                    nucleus,
+                ),
+            ] {
+                sampled.push(sampled_decode(
+                    &model,
+                    snap.as_ref(),
+                    first,
+                    a.decode_tokens,
+                    runs.min(3),
+                    what,
+                    params,
+                )?);
             }
-            match &tokens {
-                Some(prev) if *prev != got => all_consistent = false,
-                None => tokens = Some(got),
-                _ => {}
-            }
+            let sampled_rate = |i: usize| {
+                sampled[i]["tok_per_s"]["median"]
+                    .as_f64()
+                    .unwrap_or(f64::NAN)
+            };
+            let ctx = len + a.decode_tokens / 2;
+            let bytes = model.step_bytes(ctx);
+            let floor_s = bytes.total() as f64 / bw;
+            let med_rate = super::median(&rates);
+            let (used, total) = model.memory_used();
+            let peak = gauge.take();
+            eprintln!(
+                "[bench] L {len:>6}: TTFT {:>9.1} ms, decode {:>7.1} tok/s ({:.0}% of the {:.0} tok/s floor; sampled: top-k {:.1}, temperature {:.1}, top-p {:.1}), tokens consistent: {}, logits finite: {finite}, device memory {:.1} GB (peak {:.1} GB)",
+                super::median(&ttft),
+                med_rate,
+                100.0 * med_rate * floor_s,
+                1.0 / floor_s,
+                sampled_rate(0),
+                sampled_rate(1),
+                sampled_rate(2),
+                host_agree,
+                used as f64 / 1e9,
+                peak as f64 / 1e9
+            );
+            print_profile(
+                "decode step",
+                &profile,
+                (a.warmups + runs) * a.decode_tokens,
+            );
+            results.push(json!({
+                "prompt_len": len,
+                "ttft_ms": stats(&ttft),
+                "decode_tokens": a.decode_tokens,
+                "decode_tok_per_s": stats(&rates),
+                "decode_step_bytes_at_mid_context": bytes,
+                "bandwidth_floor_tok_per_s": 1.0 / floor_s,
+                "fraction_of_bandwidth_bound": med_rate * floor_s,
+                "first_tokens": &tokens[..tokens.len().min(16)],
+                "greedy_equals_host_argmax_16": host_agree,
+                "sampled_decode": sampled,
+                "host_logits_finite": finite,
+                "device_memory_used_bytes": used,
+                "device_memory_peak_bytes": peak,
+                "device_memory_total_bytes": total,
+                "profile_ms": profile_json(&profile),
+                "prefill_profile_ms": profile_json(&prefill_profile),
+            }));
         }
-        let tokens = tokens.unwrap();
-        let host_agree = tokens.iter().zip(&host_tokens).all(|(a, b)| a == b);
-        all_consistent &= host_agree;
-        let profile = model.take_profile();
-        // Requests that sample, read back as `serve` reads them: Qwen's
-        // recommended top-k 20 (the logits' head), temperature alone (the
-        // row weighted on the device) and top-p alone (the same, or the
-        // row on the host when the nucleus reaches past the head).
-        let qwen = SamplingParams {
-            temperature: 0.7,
-            top_k: 20,
-            top_p: 0.95,
-            seed: Some(1),
-            ..Default::default()
-        };
-        let nucleus = SamplingParams {
-            top_k: 0,
-            ..qwen.clone()
-        };
-        let plain = SamplingParams {
-            top_p: 1.0,
-            ..nucleus.clone()
-        };
-        let mut sampled = Vec::new();
-        for (what, params) in [
-            (
-                "temperature 0.7, top_k 20, top_p 0.95: the logits' 64 largest read on the device, drawn on the host",
-                qwen,
-            ),
-            (
-                "temperature 0.7: the row's weights summed per 64 tokens on the device, the block and token drawn on the host",
-                plain,
-            ),
-            (
-                "temperature 0.7, top_p 0.95: weighted on the device; decided among the 64 largest when the nucleus lies there, else the row is copied to the host and sampled there",
-                nucleus,
-            ),
-        ] {
-            sampled.push(sampled_decode(
-                &model,
-                snap.as_ref(),
-                first,
-                a.decode_tokens,
-                runs.min(3),
-                what,
-                params,
-            )?);
-        }
-        let sampled_rate = |i: usize| {
-            sampled[i]["tok_per_s"]["median"]
-                .as_f64()
-                .unwrap_or(f64::NAN)
-        };
-        let ctx = len + a.decode_tokens / 2;
-        let bytes = model.step_bytes(ctx);
-        let floor_s = bytes.total() as f64 / bw;
-        let med_rate = super::median(&rates);
-        let (used, total) = model.memory_used();
-        eprintln!(
-            "[bench] L {len:>6}: TTFT {:>9.1} ms, decode {:>7.1} tok/s ({:.0}% of the {:.0} tok/s floor; sampled: top-k {:.1}, temperature {:.1}, top-p {:.1}), tokens consistent: {}, logits finite: {finite}, device memory {:.1} GB",
-            super::median(&ttft),
-            med_rate,
-            100.0 * med_rate * floor_s,
-            1.0 / floor_s,
-            sampled_rate(0),
-            sampled_rate(1),
-            sampled_rate(2),
-            host_agree,
-            used as f64 / 1e9
-        );
-        print_profile(
-            "decode step",
-            &profile,
-            (a.warmups + runs) * a.decode_tokens,
-        );
-        results.push(json!({
-            "prompt_len": len,
-            "ttft_ms": stats(&ttft),
-            "decode_tokens": a.decode_tokens,
-            "decode_tok_per_s": stats(&rates),
-            "decode_step_bytes_at_mid_context": bytes,
-            "bandwidth_floor_tok_per_s": 1.0 / floor_s,
-            "fraction_of_bandwidth_bound": med_rate * floor_s,
-            "first_tokens": &tokens[..tokens.len().min(16)],
-            "greedy_equals_host_argmax_16": host_agree,
-            "sampled_decode": sampled,
-            "host_logits_finite": finite,
-            "device_memory_used_bytes": used,
-            "device_memory_total_bytes": total,
-            "profile_ms": profile_json(&profile),
-            "prefill_profile_ms": profile_json(&prefill_profile),
-        }));
-    }
+        Ok(results)
+    })?;
     let report = json!({
         "what": "batch-1 TTFT and greedy decode on synthetic weights (qwasi bench --workload speed)",
         "commit": super::commit(),
@@ -412,6 +421,7 @@ fn imp(a: &SpeedArgs, runs: usize, out: &Path) -> Result<()> {
         "preset": a.synthetic,
         "layers": model.config().num_layers(),
         "kv_cache": if model.kv_f32 { "f32" } else { "bf16" },
+        "device_memory": "the whole device as cudaMemGetInfo sees it: used after each length's runs, peak sampled every 20 ms while they ran",
         "seed": "0x515741534931",
         "load_s": load_s,
         "copy_bandwidth_bytes_per_s": bw,

@@ -326,8 +326,6 @@ pub(super) struct DecodeState {
     att_pml: DBuf,
     att_o: DBuf,
     gdn_o: DBuf,
-    g: DBuf,
-    beta: DBuf,
     act: DBuf,
     logits: DBuf,
     part: DBuf,
@@ -396,8 +394,6 @@ impl GpuModel {
             att_pml: d.alloc(nh * MAX_SPLIT * 2 * F)?,
             att_o: d.alloc(nh * hd * F)?,
             gdn_o: d.alloc(c.linear_value_dim().max(1) * F)?,
-            g: d.alloc(c.linear_num_value_heads.max(1) * F)?,
-            beta: d.alloc(c.linear_num_value_heads.max(1) * F)?,
             act: d.alloc(act * F)?,
             logits: d.alloc(c.vocab_size * F)?,
             part: d.alloc(ARGMAX_BLOCKS * 3 * F)?,
@@ -550,31 +546,39 @@ impl GpuModel {
                     SeqLayer::Gdn { conv: cst, s },
                 ) => {
                     let p = in_proj.rows;
+                    let k = c.linear_conv_kernel;
+                    // The conv in the in projection's epilogue where it can
+                    // take it, else its own kernel.
+                    let mut folded = false;
                     if on("in_proj") {
-                        norm_gemv(in_proj.buf.ptr(), p, layer.input_norm.ptr(), proj)?;
+                        let norm = layer.input_norm.ptr();
+                        folded = self.conv_gdn
+                            && self.bulk_gemv_conv(
+                                in_proj.buf.ptr(),
+                                x,
+                                proj,
+                                p,
+                                h,
+                                norm,
+                                (ssq, nssq),
+                                (conv.ptr(), cst.ptr(), k, conv_dim),
+                            )?;
+                        if !folded {
+                            norm_gemv(in_proj.buf.ptr(), p, norm, proj)?;
+                        }
                     }
-                    let blocks = 2 * nk + vdim.div_ceil(128);
-                    if on("gdn_prep") {
+                    if !folded && on("gdn_prep") {
                         d.launch_pdl(
-                            "dec_gdn_prep",
-                            (blocks as u32, 1, 1),
+                            "dec_gdn_conv",
+                            (conv_dim.div_ceil(128) as u32, 1, 1),
                             (128, 1, 1),
                             0,
                             &[
                                 Arg::Ptr(proj),
                                 Arg::Ptr(cst.ptr()),
                                 Arg::Ptr(conv.ptr()),
-                                i(c.linear_conv_kernel),
-                                Arg::Ptr(a_log.ptr()),
-                                Arg::Ptr(dt_bias.ptr()),
-                                Arg::Ptr(ds.g.ptr()),
-                                Arg::Ptr(ds.beta.ptr()),
-                                i(nk),
-                                i(nv),
-                                i(dk),
-                                i(dv),
-                                i(conv_dim + vdim),
-                                f(1.0 / (dk as f32).sqrt()),
+                                i(k),
+                                i(conv_dim),
                             ],
                         )?;
                     }
@@ -590,8 +594,10 @@ impl GpuModel {
                                 i(nv),
                                 i(dk),
                                 i(dv),
-                                Arg::Ptr(ds.g.ptr()),
-                                Arg::Ptr(ds.beta.ptr()),
+                                Arg::Ptr(a_log.ptr()),
+                                Arg::Ptr(dt_bias.ptr()),
+                                i(conv_dim + vdim),
+                                f(1.0 / (dk as f32).sqrt()),
                                 Arg::Ptr(s.ptr()),
                                 Arg::Ptr(proj + (conv_dim * F) as u64),
                                 Arg::Ptr(norm.ptr()),
@@ -921,6 +927,68 @@ impl GpuModel {
                 i(accumulate),
                 Arg::Ptr(ssq_out),
                 i(plan.stages),
+            ],
+        )?;
+        Ok(true)
+    }
+}
+
+impl GpuModel {
+    /// The GDN in projection with the step's conv folded in
+    /// (`dec_gemv_bulk_conv`): `y = W . rmsnorm(x)`, the first `conv_dim`
+    /// rows then convolved with their history and SiLU'd, as `dec_gdn_conv`
+    /// does after a plain projection. `Ok(false)` where the bulk kernel does
+    /// not apply (8 rows per slot only: at most 2,048 columns) or its
+    /// staging does not fit the shared memory.
+    #[allow(clippy::too_many_arguments)]
+    fn bulk_gemv_conv(
+        &self,
+        w: u64,
+        x: u64,
+        y: u64,
+        rows: usize,
+        cols: usize,
+        norm: u64,
+        (ssq, nssq): (u64, usize),
+        (conv_w, hist, k, conv_dim): (u64, u64, usize, usize),
+    ) -> Result<bool> {
+        let Some(b) = self.bulk_gemv else {
+            return Ok(false);
+        };
+        let d = &self.dev;
+        let max_smem = d.max_shared_per_block();
+        let Some(plan) = b.plan(w, rows, cols, max_smem, d.sm_count, None) else {
+            return Ok(false);
+        };
+        if plan.kernel != "dec_gemv_bulk1" || k == 0 {
+            return Ok(false);
+        }
+        // The most rows a block takes (8 per slot), each with K weights and K - 1 history.
+        let block_rows = 8 * rows.div_ceil(8).div_ceil(plan.grid);
+        let smem = plan.smem + block_rows * (2 * k - 1) * F;
+        if smem > max_smem {
+            return Ok(false);
+        }
+        d.launch_pdl(
+            "dec_gemv_bulk_conv",
+            (plan.grid as u32, 1, 1),
+            (256, 1, 1),
+            smem as u32,
+            &[
+                Arg::Ptr(w),
+                Arg::Ptr(x),
+                Arg::Ptr(ssq),
+                i(nssq),
+                Arg::Ptr(norm),
+                f(self.cfg.rms_norm_eps),
+                Arg::Ptr(y),
+                i(rows),
+                i(cols),
+                i(plan.stages),
+                Arg::Ptr(conv_w),
+                Arg::Ptr(hist),
+                i(k),
+                i(conv_dim),
             ],
         )?;
         Ok(true)
