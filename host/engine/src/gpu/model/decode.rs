@@ -963,9 +963,10 @@ impl GpuModel {
         if plan.kernel != "dec_gemv_bulk1" || k == 0 {
             return Ok(false);
         }
-        // The most rows a block takes (8 per slot), each with K weights and K - 1 history.
+        // The most rows a block takes (8 per slot), each with K weights, K - 1
+        // history and its projected value.
         let block_rows = 8 * rows.div_ceil(8).div_ceil(plan.grid);
-        let smem = plan.smem + block_rows * (2 * k - 1) * F;
+        let smem = plan.smem + block_rows * 2 * k * F;
         if smem > max_smem {
             return Ok(false);
         }
