@@ -143,6 +143,34 @@ impl BulkGemv {
             stages,
         })
     }
+
+    /// The launch of `dec_gemv_bulk_conv` (the GDN in projection with the
+    /// conv of its first rows, `k` taps): the plain plan's ring (8 rows per
+    /// slot only, at most 2,048 columns) plus, after it, the most rows a
+    /// block takes with their `k` weights, `k - 1` history and projected
+    /// value; `None` where that does not fit.
+    pub(super) fn plan_conv(
+        &self,
+        w: u64,
+        rows: usize,
+        cols: usize,
+        max_smem: usize,
+        sms: u32,
+        k: usize,
+    ) -> Option<BulkPlan> {
+        let plan = self.plan(w, rows, cols, max_smem, sms, None)?;
+        if plan.kernel != "dec_gemv_bulk1" || k == 0 {
+            return None;
+        }
+        // Block b takes slots [S b / G, S (b + 1) / G): at most ceil(S / G).
+        let block_rows = 8 * rows.div_ceil(8).div_ceil(plan.grid);
+        let smem = plan.smem + block_rows * 2 * k * F;
+        (smem <= max_smem).then_some(BulkPlan {
+            kernel: "dec_gemv_bulk_conv",
+            smem,
+            ..plan
+        })
+    }
 }
 
 /// Decode attention's kernel family (`QWASI_DEC_ATTN`).
@@ -956,25 +984,14 @@ impl GpuModel {
             return Ok(false);
         };
         let d = &self.dev;
-        let max_smem = d.max_shared_per_block();
-        let Some(plan) = b.plan(w, rows, cols, max_smem, d.sm_count, None) else {
+        let Some(plan) = b.plan_conv(w, rows, cols, d.max_shared_per_block(), d.sm_count, k) else {
             return Ok(false);
         };
-        if plan.kernel != "dec_gemv_bulk1" || k == 0 {
-            return Ok(false);
-        }
-        // The most rows a block takes (8 per slot), each with K weights, K - 1
-        // history and its projected value.
-        let block_rows = 8 * rows.div_ceil(8).div_ceil(plan.grid);
-        let smem = plan.smem + block_rows * 2 * k * F;
-        if smem > max_smem {
-            return Ok(false);
-        }
         d.launch_pdl(
-            "dec_gemv_bulk_conv",
+            plan.kernel,
             (plan.grid as u32, 1, 1),
             (256, 1, 1),
-            smem as u32,
+            plan.smem as u32,
             &[
                 Arg::Ptr(w),
                 Arg::Ptr(x),
@@ -1202,6 +1219,37 @@ mod tests {
         assert_eq!(b.plan(0, 64, 100, H200_SMEM, 132, None), None);
         assert_eq!(b.plan(8, 64, 2048, H200_SMEM, 132, None), None);
         assert_eq!(b.plan(0, 64, 4104, H200_SMEM, 132, None), None);
+    }
+
+    #[test]
+    fn bulk_conv_launches() {
+        let b = BulkGemv {
+            stages: 4,
+            blocks_per_sm: 1,
+        };
+        // The 35B GDN in projection with a conv of 4: 1,544 slots on 132
+        // blocks, at most 12 slots (96 rows) a block, 8 floats a row.
+        let p = b.plan_conv(0, 12_352, 2048, H200_SMEM, 132, 4).unwrap();
+        assert_eq!(
+            (p.kernel, p.grid, p.smem, p.stages),
+            ("dec_gemv_bulk_conv", 132, 4 * 32768 + 96 * 8 * 4, 4)
+        );
+        // Every block's rows fit the staging the kernel lays out after the ring.
+        for (rows, grid_max, k) in [(12_352, 132, 4), (100, 7, 2), (1000, 3, 4), (9, 132, 3)] {
+            let p = b.plan_conv(0, rows, 64, H200_SMEM, grid_max, k).unwrap();
+            let slots = rows.div_ceil(8);
+            for blk in 0..p.grid {
+                let n = slots * (blk + 1) / p.grid - slots * blk / p.grid;
+                assert!(
+                    p.smem >= p.stages * 8 * 64 * 2 + n * 8 * 2 * k * F,
+                    "{rows} {blk}"
+                );
+            }
+        }
+        // Wide rows (4-row slots), no conv, or no room: the plain GEMV and dec_gdn_conv.
+        assert_eq!(b.plan_conv(0, 64, 4096, H200_SMEM, 132, 4), None);
+        assert_eq!(b.plan_conv(0, 64, 2048, H200_SMEM, 132, 0), None);
+        assert_eq!(b.plan_conv(0, 12_352, 2048, 4 * 32768 + 100, 132, 4), None);
     }
 
     #[test]
