@@ -3,8 +3,9 @@
 //! so after one eager step the whole step is captured once as a CUDA graph and
 //! replayed: one launch per token instead of ~300.
 //!
-//! Per layer: GDN = norm+in_proj GEMV, conv/L2/gates prep, recurrence+gated
-//! norm (one block per head), out_proj GEMV+residual (4 kernels); attention =
+//! Per layer: GDN = norm+in_proj GEMV with the conv of its rows at the end
+//! (or a separate conv kernel), L2 norms+gates+recurrence+gated norm (one
+//! block per head), out_proj GEMV+residual (3 or 4 kernels); attention =
 //! norm+proj GEMV, q/k norm+RoPE+KV append, split-K attention, combine+gate,
 //! o_proj GEMV+residual (5); MoE = norm+router/shared GEMV, routed gate/up
 //! (router top-k recomputed per block), routed+shared down+residual (3). Then
@@ -363,7 +364,8 @@ pub(super) struct DecodeState {
     graphs_ok: bool,
     /// `QWASI_DEC_SKIP=stage,...`, measurement only: the step leaves these
     /// stages out (wrong tokens), so a benchmark shows what each costs inside
-    /// the graph: in_proj, gdn_prep, gdn_step, out_proj, attn_proj,
+    /// the graph: in_proj (with the conv where it is folded in), gdn_prep
+    /// (the conv kernel otherwise), gdn_step, out_proj, attn_proj,
     /// attn_prep, attn, attn_combine, o_proj, moe_input, moe_gate_up,
     /// moe_down, lm_head.
     skip: Vec<String>,
