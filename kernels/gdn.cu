@@ -32,7 +32,7 @@ QW_KERNEL void conv_silu(float* __restrict__ x, int x_stride, float* __restrict_
 // K-1 inputs in registers, so every input is read once per thread, not K times.
 // Reads x and the old state only; conv_state_update must run after it.
 // grid (ceil(C / 256), ceil(T / CONV_TPT)), block 256; 1 <= K <= CONV_MAXK.
-#define CONV_TPT 8
+#define CONV_TPT 16
 #define CONV_MAXK 8  // conv_silu's limit too (the host checks)
 QW_KERNEL void QW_BOUNDS(256) conv_silu_tokens(const float* __restrict__ x, int x_stride,
                                                const float* __restrict__ state, const float* __restrict__ w,

@@ -388,7 +388,7 @@ const MOE_MAXK: usize = 32;
 
 /// Tokens per thread and longest conv kernel of `conv_silu_tokens`
 /// (`CONV_TPT`, `CONV_MAXK` in kernels/gdn.cu).
-const CONV_TPT: usize = 8;
+const CONV_TPT: usize = 16;
 const CONV_MAXK: usize = 8;
 
 /// Refuses geometries the kernels do not handle, before anything is allocated.
