@@ -201,11 +201,26 @@ __device__ __forceinline__ float row_total(const float* part, int row) {
 //     block 0 zeroes ssq_out[gridDim.x .. nssq) (dec_gemv's job).
 // Block b takes a contiguous run of the matrix's slots of R = 8 / UM rows
 // (32 KB at the largest cols); dynamic shared memory: stages slots.
-template <int UM>
+//
+// CONV (norm mode, the GDN in projection, dec_gemv_bulk_conv): the rows
+// r < conv_dim are then convolved with their history and SiLU'd as
+// dec_gdn_conv does, in the same arithmetic: y[r] = silu(cw[r][K-1] y +
+// sum_q cw[r][q] hist[r][q]), and hist[r] (conv_w [conv_dim][K], hist
+// [conv_dim][K-1]) shifted by one with the new value appended. A block's
+// rows are its own, so no other block touches their history. The block's
+// weights and history are staged in shared memory after the ring (n*R rows
+// of K weights, K-1 history and the projected value) before the grid wait:
+// the weights are constants and the history this layer's own state, last
+// written by this kernel one token earlier. The conv runs once the block's
+// rows are projected, a thread per row: inside the ring's loop it would hold
+// up warp 0, which every slot's barrier waits for (2-3% slower decode on the
+// H200).
+template <int UM, bool CONV>
 __device__ __forceinline__ void gemv_bulk(const bf16_t* __restrict__ W, const float* __restrict__ x,
                                           const float* __restrict__ ssq, int nssq, const float* __restrict__ nw,
                                           float eps, float* __restrict__ y, int rows, int cols, int accumulate,
-                                          float* __restrict__ ssq_out, int stages) {
+                                          float* __restrict__ ssq_out, int stages, const float* __restrict__ conv_w,
+                                          float* __restrict__ hist, int K, int conv_dim) {
     constexpr int R = 8 / UM;
     QW_DYN_SMEM(uint4, ring_mem);
     const int n8 = cols >> 3;
@@ -221,6 +236,15 @@ __device__ __forceinline__ void gemv_bulk(const bf16_t* __restrict__ W, const fl
     auto slot_rows = [&](int it) { return min(R, rows - (g0 + it) * R); };
     auto src = [&](int it) { return W4 + (size_t)(g0 + it) * R * n8; };
     ring.start(src, slot_rows);
+    const int H = K - 1, r0 = g0 * R;
+    const int nc = CONV ? max(0, min(n * R, conv_dim - r0)) : 0;  // this block's conv channels
+    float* cw = CONV ? (float*)(ring_mem + (size_t)stages * R * n8) : nullptr;  // [n R][K]
+    float* ch = CONV ? cw + (size_t)n * R * K : nullptr;                         // [n R][H]
+    float* cur = CONV ? ch + (size_t)n * R * H : nullptr;                        // [n R]
+    if (CONV) {
+        for (int i = threadIdx.x; i < nc * K; i += blockDim.x) cw[i] = conv_w[(size_t)r0 * K + i];
+        for (int i = threadIdx.x; i < nc * H; i += blockDim.x) ch[i] = hist[(size_t)r0 * H + i];
+    }
     QW_GRID_WAIT();
     QW_GRID_LAUNCH();
     float xr[UM][8];
@@ -231,13 +255,30 @@ __device__ __forceinline__ void gemv_bulk(const bf16_t* __restrict__ W, const fl
         const int r = (g0 + it) * R + lane;
         const float d = row_total<R>(part, lane);
         if (ssq) {
-            y[r] = d * inv;
+            if (CONV && r < conv_dim)
+                cur[r - r0] = d * inv;
+            else
+                y[r] = d * inv;
         } else {
             const float o = accumulate ? y[r] + d : d;
             y[r] = o;
             mine += o * o;
         }
     });
+    if (CONV) {
+        __syncthreads();  // every row's projected value is in `cur`
+        for (int j = threadIdx.x; j < nc; j += blockDim.x) {
+            const float* wk = cw + (size_t)j * K;
+            const float* hs = ch + (size_t)j * H;
+            const float c = cur[j];
+            float acc = wk[H] * c;
+            for (int q = 0; q < H; q++) acc += wk[q] * hs[q];
+            float* hg = hist + (size_t)(r0 + j) * H;
+            for (int q = 0; q + 1 < H; q++) hg[q] = hs[q + 1];
+            if (H > 0) hg[H - 1] = c;
+            y[r0 + j] = silu_f(acc);
+        }
+    }
     if (ssq_out) {
         write_ssq(warp_sum(mine), ssq_out);
         if (blockIdx.x == 0)
@@ -250,80 +291,26 @@ QW_KERNEL void QW_BOUNDS(256) dec_gemv_bulk1(const bf16_t* __restrict__ W, const
                                             const float* __restrict__ ssq, int nssq, const float* __restrict__ nw,
                                             float eps, float* __restrict__ y, int rows, int cols, int accumulate,
                                             float* __restrict__ ssq_out, int stages) {
-    gemv_bulk<1>(W, x, ssq, nssq, nw, eps, y, rows, cols, accumulate, ssq_out, stages);
+    gemv_bulk<1, false>(W, x, ssq, nssq, nw, eps, y, rows, cols, accumulate, ssq_out, stages, nullptr, nullptr, 0, 0);
 }
 
 QW_KERNEL void QW_BOUNDS(256) dec_gemv_bulk2(const bf16_t* __restrict__ W, const float* __restrict__ x,
                                             const float* __restrict__ ssq, int nssq, const float* __restrict__ nw,
                                             float eps, float* __restrict__ y, int rows, int cols, int accumulate,
                                             float* __restrict__ ssq_out, int stages) {
-    gemv_bulk<2>(W, x, ssq, nssq, nw, eps, y, rows, cols, accumulate, ssq_out, stages);
+    gemv_bulk<2, false>(W, x, ssq, nssq, nw, eps, y, rows, cols, accumulate, ssq_out, stages, nullptr, nullptr, 0, 0);
 }
 
-// The GDN in projection with the step's causal conv folded in (norm mode,
-// cols <= 2048, 8 rows per slot): y[r] = (W[r] . (x * nw)) / rms(x) as
-// dec_gemv_bulk1, then for the conv channels r < conv_dim the conv + SiLU of
-// dec_gdn_conv, in the same arithmetic: y[r] = silu(cw[r][K-1] y +
-// sum_q cw[r][q] hist[r][q]), and hist[r] (conv_w [conv_dim][K], hist
-// [conv_dim][K-1]) shifted by one with the new value appended. The rows of a
-// block are its own, so no other block touches their history. The block's
-// weights and history are staged in shared memory after the ring (dynamic:
-// stages slots, then n*8 rows of K weights, K-1 history and the projected
-// value) before the grid wait: the weights are constants and the history
-// this layer's own state, last written by this kernel one token earlier.
-// The conv runs once the block's rows are projected, a thread per row:
-// inside the ring's loop it would hold up warp 0, which every slot's
-// barrier waits for (2-3% slower decode on the H200).
+// The GDN in projection with the step's causal conv folded in: gemv_bulk's
+// CONV mode (norm mode, cols <= 2048, 8 rows per slot; dynamic shared
+// memory: the ring, then n*8*(2K) floats). Arguments as dec_gemv_bulk1, then
+// the conv's weights, history, taps and channels.
 QW_KERNEL void QW_BOUNDS(256) dec_gemv_bulk_conv(const bf16_t* __restrict__ W, const float* __restrict__ x,
                                                 const float* __restrict__ ssq, int nssq, const float* __restrict__ nw,
-                                                float eps, float* __restrict__ y, int rows, int cols, int stages,
+                                                float eps, float* __restrict__ y, int rows, int cols, int accumulate,
+                                                float* __restrict__ ssq_out, int stages,
                                                 const float* __restrict__ conv_w, float* __restrict__ hist, int K,
                                                 int conv_dim) {
-    constexpr int R = 8;
-    QW_DYN_SMEM(uint4, ring_mem);
-    const int n8 = cols >> 3;
-    const int nslots = (rows + R - 1) / R;
-    const int g0 = (int)((long long)nslots * blockIdx.x / gridDim.x);
-    const int n = (int)((long long)nslots * (blockIdx.x + 1) / gridDim.x) - g0;
-    BulkRing<R> ring{ring_mem, R * n8, n8, stages, n};
-#if defined(QW_BULK)
-    __shared__ unsigned long long full[BULK_MAX_STAGES];
-    ring.full = full;
-#endif
-    const uint4* W4 = (const uint4*)W;
-    auto slot_rows = [&](int it) { return min(R, rows - (g0 + it) * R); };
-    auto src = [&](int it) { return W4 + (size_t)(g0 + it) * R * n8; };
-    ring.start(src, slot_rows);
-    const int H = K - 1, r0 = g0 * R;
-    const int nc = max(0, min(n * R, conv_dim - r0));  // this block's conv channels
-    float* cw = (float*)(ring_mem + (size_t)stages * R * n8);  // [n R][K]
-    float* ch = cw + (size_t)n * R * K;                         // [n R][H]
-    float* cur = ch + (size_t)n * R * H;                        // [n R]
-    for (int i = threadIdx.x; i < nc * K; i += blockDim.x) cw[i] = conv_w[(size_t)r0 * K + i];
-    for (int i = threadIdx.x; i < nc * H; i += blockDim.x) ch[i] = hist[(size_t)r0 * H + i];
-    QW_GRID_WAIT();
-    QW_GRID_LAUNCH();
-    float xr[1][8];
-    lane_columns<1>(x, nw, n8, xr);
-    const float inv = inv_rms(ssq, nssq, cols, eps);
-    ring.template run<1>(xr, src, slot_rows, [&](int it, int lane, const float* part) {
-        const int r = (g0 + it) * R + lane;
-        const float d = row_total<R>(part, lane) * inv;
-        if (r < conv_dim)
-            cur[r - r0] = d;
-        else
-            y[r] = d;
-    });
-    __syncthreads();
-    for (int j = threadIdx.x; j < nc; j += blockDim.x) {
-        const float* wk = cw + (size_t)j * K;
-        const float* hs = ch + (size_t)j * H;
-        const float c = cur[j];
-        float acc = wk[H] * c;
-        for (int q = 0; q < H; q++) acc += wk[q] * hs[q];
-        float* hg = hist + (size_t)(r0 + j) * H;
-        for (int q = 0; q + 1 < H; q++) hg[q] = hs[q + 1];
-        if (H > 0) hg[H - 1] = c;
-        y[r0 + j] = silu_f(acc);
-    }
+    gemv_bulk<1, true>(W, x, ssq, nssq, nw, eps, y, rows, cols, accumulate, ssq_out, stages, conv_w, hist, K,
+                       conv_dim);
 }

@@ -107,8 +107,8 @@ static void check_conv(int rows, int cols, unsigned grid, int stages, int conv_d
                        stages);
     });
     qw_cpu::launch({grid, 1, 1}, {256, 1, 1}, [&] {
-        dec_gemv_bulk_conv(W.data(), x.data(), ssq.data(), 3, nw.data(), eps, y.data(), rows, cols, stages,
-                           conv_w.data(), h.data(), K, conv_dim);
+        dec_gemv_bulk_conv(W.data(), x.data(), ssq.data(), 3, nw.data(), eps, y.data(), rows, cols, 0, nullptr,
+                           stages, conv_w.data(), h.data(), K, conv_dim);
     });
     const int H = K - 1;
     double worst = 0;

@@ -541,7 +541,7 @@ impl GpuModel {
         let vdim = c.linear_value_dim();
         let proj = ds.proj.ptr();
         let norm_gemv = |w: u64, rows: usize, norm: u64, y: u64| {
-            if self.bulk_gemv(w, x, y, rows, h, Some(norm), ssq, nssq)? {
+            if self.bulk_gemv(w, x, y, rows, h, Some(norm), ssq, nssq, None)? {
                 return Ok(());
             }
             d.launch_pdl(
@@ -583,15 +583,16 @@ impl GpuModel {
                     if on("in_proj") {
                         let norm = layer.input_norm.ptr();
                         folded = self.conv_gdn
-                            && self.bulk_gemv_conv(
+                            && self.bulk_gemv(
                                 in_proj.buf.ptr(),
                                 x,
                                 proj,
                                 p,
                                 h,
-                                norm,
-                                (ssq, nssq),
-                                (conv.ptr(), cst.ptr(), k, conv_dim),
+                                Some(norm),
+                                ssq,
+                                nssq,
+                                Some((conv.ptr(), cst.ptr(), k, conv_dim)),
                             )?;
                         if !folded {
                             norm_gemv(in_proj.buf.ptr(), p, norm, proj)?;
@@ -878,7 +879,7 @@ impl GpuModel {
         ssq: u64,
         nssq: usize,
     ) -> Result<()> {
-        if self.bulk_gemv(w, x, y, rows, cols, None, ssq, nssq)? {
+        if self.bulk_gemv(w, x, y, rows, cols, None, ssq, nssq, None)? {
             return Ok(());
         }
         let chunks = cols.div_ceil(GEMV_CHUNK);
@@ -908,6 +909,10 @@ impl GpuModel {
     /// With `norm` (the RMSNorm weight): `y = W . rmsnorm(x)` from the `nssq`
     /// partial sums of squares at `ssq`. Without: `y += W . x`, and the new
     /// partial sums of `y` to `ssq` (`nssq` entries, zeros past the grid).
+    /// With `conv` (the GDN in projection, norm mode: the conv's weights,
+    /// history, taps and channels): `dec_gemv_bulk_conv`, the first
+    /// `conv_dim` rows then convolved and SiLU'd as `dec_gdn_conv` does
+    /// (`Ok(false)` also where its staging does not fit, see `plan_conv`).
     #[allow(clippy::too_many_arguments)]
     fn bulk_gemv(
         &self,
@@ -919,97 +924,53 @@ impl GpuModel {
         norm: Option<u64>,
         ssq: u64,
         nssq: usize,
+        conv: Option<(u64, u64, usize, usize)>,
     ) -> Result<bool> {
         let Some(b) = self.bulk_gemv else {
             return Ok(false);
         };
         let d = &self.dev;
-        let out_blocks = if norm.is_some() { None } else { Some(nssq) };
-        let Some(plan) = b.plan(
-            w,
-            rows,
-            cols,
-            d.max_shared_per_block(),
-            d.sm_count,
-            out_blocks,
-        ) else {
+        let smem = d.max_shared_per_block();
+        let plan = match conv {
+            Some((_, _, k, _)) => {
+                debug_assert!(norm.is_some(), "the conv fold is the norm mode's");
+                b.plan_conv(w, rows, cols, smem, d.sm_count, k)
+            }
+            None => {
+                let out_blocks = if norm.is_some() { None } else { Some(nssq) };
+                b.plan(w, rows, cols, smem, d.sm_count, out_blocks)
+            }
+        };
+        let Some(plan) = plan else {
             return Ok(false);
         };
         let (in_ssq, nw, accumulate, ssq_out) = match norm {
             Some(nw) => (ssq, nw, 0, 0),
             None => (0, 0, 1, ssq),
         };
+        let mut args = vec![
+            Arg::Ptr(w),
+            Arg::Ptr(x),
+            Arg::Ptr(in_ssq),
+            i(nssq),
+            Arg::Ptr(nw),
+            f(self.cfg.rms_norm_eps),
+            Arg::Ptr(y),
+            i(rows),
+            i(cols),
+            i(accumulate),
+            Arg::Ptr(ssq_out),
+            i(plan.stages),
+        ];
+        if let Some((conv_w, hist, k, conv_dim)) = conv {
+            args.extend([Arg::Ptr(conv_w), Arg::Ptr(hist), i(k), i(conv_dim)]);
+        }
         d.launch_pdl(
             plan.kernel,
             (plan.grid as u32, 1, 1),
             (256, 1, 1),
             plan.smem as u32,
-            &[
-                Arg::Ptr(w),
-                Arg::Ptr(x),
-                Arg::Ptr(in_ssq),
-                i(nssq),
-                Arg::Ptr(nw),
-                f(self.cfg.rms_norm_eps),
-                Arg::Ptr(y),
-                i(rows),
-                i(cols),
-                i(accumulate),
-                Arg::Ptr(ssq_out),
-                i(plan.stages),
-            ],
-        )?;
-        Ok(true)
-    }
-}
-
-impl GpuModel {
-    /// The GDN in projection with the step's conv folded in
-    /// (`dec_gemv_bulk_conv`): `y = W . rmsnorm(x)`, the first `conv_dim`
-    /// rows then convolved with their history and SiLU'd, as `dec_gdn_conv`
-    /// does after a plain projection. `Ok(false)` where the bulk kernel does
-    /// not apply (8 rows per slot only: at most 2,048 columns) or its
-    /// staging does not fit the shared memory.
-    #[allow(clippy::too_many_arguments)]
-    fn bulk_gemv_conv(
-        &self,
-        w: u64,
-        x: u64,
-        y: u64,
-        rows: usize,
-        cols: usize,
-        norm: u64,
-        (ssq, nssq): (u64, usize),
-        (conv_w, hist, k, conv_dim): (u64, u64, usize, usize),
-    ) -> Result<bool> {
-        let Some(b) = self.bulk_gemv else {
-            return Ok(false);
-        };
-        let d = &self.dev;
-        let Some(plan) = b.plan_conv(w, rows, cols, d.max_shared_per_block(), d.sm_count, k) else {
-            return Ok(false);
-        };
-        d.launch_pdl(
-            plan.kernel,
-            (plan.grid as u32, 1, 1),
-            (256, 1, 1),
-            plan.smem as u32,
-            &[
-                Arg::Ptr(w),
-                Arg::Ptr(x),
-                Arg::Ptr(ssq),
-                i(nssq),
-                Arg::Ptr(norm),
-                f(self.cfg.rms_norm_eps),
-                Arg::Ptr(y),
-                i(rows),
-                i(cols),
-                i(plan.stages),
-                Arg::Ptr(conv_w),
-                Arg::Ptr(hist),
-                i(k),
-                i(conv_dim),
-            ],
+            &args,
         )?;
         Ok(true)
     }
