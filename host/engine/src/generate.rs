@@ -79,10 +79,9 @@ pub fn generate<B: Backend>(
     // Requests that allow it read less than the logits from the device.
     let readout = Readout::choose(&req.sampling, backend);
     // The prompt is read out as every step is (on the device where it can be).
-    let (mut logits, mut next) = match readout.step(backend, &mut seq, &req.prompt, &mut sampler)? {
-        Next::Sampled(s) => (Vec::new(), Some(s)),
-        Next::Logits(l) => (l, None),
-    };
+    let (mut logits, mut next) = readout
+        .step(backend, &mut seq, &req.prompt, &mut sampler)?
+        .into_parts();
     loop {
         let s = match next.take() {
             Some(s) => s,

@@ -32,6 +32,16 @@ pub enum Next {
     Logits(Vec<f32>),
 }
 
+impl Next {
+    /// (the logits, empty when the token was drawn; the drawn token).
+    pub fn into_parts(self) -> (Vec<f32>, Option<Sampled>) {
+        match self {
+            Next::Sampled(s) => (Vec::new(), Some(s)),
+            Next::Logits(l) => (l, None),
+        }
+    }
+}
+
 impl Readout {
     pub fn choose<B: Backend>(params: &SamplingParams, backend: &B) -> Self {
         if !backend.logits_on_device() {

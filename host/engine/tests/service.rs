@@ -1019,6 +1019,25 @@ fn generate_reads_as_little_of_the_logits_as_its_sampling_needs() {
     }
 }
 
+/// `prompt` submitted to `svc` for `max_tokens` tokens, every event collected.
+async fn run(svc: &EngineService, prompt: &[u32], max_tokens: usize) -> Vec<Event> {
+    collect(
+        &mut svc
+            .submit(req(prompt, max_tokens), SubmitOptions::default())
+            .await
+            .unwrap(),
+    )
+    .await
+}
+
+/// The prompt tokens a finished request took from the prefix cache.
+fn cached_tokens(events: &[Event]) -> usize {
+    match events.last() {
+        Some(Event::Finished { usage, .. }) => usage.cached_tokens as usize,
+        other => panic!("{other:?}"),
+    }
+}
+
 #[tokio::test]
 async fn a_greedy_turn_decoded_on_the_device_still_caches_its_end() {
     let cfg = ServiceConfig {
@@ -1034,13 +1053,7 @@ async fn a_greedy_turn_decoded_on_the_device_still_caches_its_end() {
     let svc = EngineService::start(backend, None, "tiny".into(), cfg.clone());
     let (host, _) = service(0, cfg);
     let prompt: Vec<u32> = (1..40).collect();
-    let first = collect(
-        &mut svc
-            .submit(req(&prompt, 5), SubmitOptions::default())
-            .await
-            .unwrap(),
-    )
-    .await;
+    let first = run(&svc, &prompt, 5).await;
     // The end-of-generation snapshot (no logits: none came back) is there.
     let cache = svc.prefix_cache().unwrap();
     let mut end = prompt.clone();
@@ -1051,20 +1064,9 @@ async fn a_greedy_turn_decoded_on_the_device_still_caches_its_end() {
     // the logits the backend kept: resending the prompt is a full hit with
     // the same tokens.
     assert!(cache.contains_with_logits(None, &prompt));
-    let again = collect(
-        &mut svc
-            .submit(req(&prompt, 5), SubmitOptions::default())
-            .await
-            .unwrap(),
-    )
-    .await;
+    let again = run(&svc, &prompt, 5).await;
     assert_eq!(tokens(&again), tokens(&first));
-    match again.last() {
-        Some(Event::Finished { usage, .. }) => {
-            assert_eq!(usage.cached_tokens as usize, prompt.len())
-        }
-        other => panic!("{other:?}"),
-    }
+    assert_eq!(cached_tokens(&again), prompt.len());
     assert_eq!(
         sample(&svc.metrics_text(), "qwasi_prefix_cache_full_hits_total"),
         1.0
@@ -1072,23 +1074,8 @@ async fn a_greedy_turn_decoded_on_the_device_still_caches_its_end() {
     // The next turn resumes from it and matches the host path's run.
     let mut turn = end.clone();
     turn.extend([tokens(&first)[4], 7, 8, 9]);
-    let got = collect(
-        &mut svc
-            .submit(req(&turn, 5), SubmitOptions::default())
-            .await
-            .unwrap(),
-    )
-    .await;
-    let want = collect(
-        &mut host
-            .submit(req(&turn, 5), SubmitOptions::default())
-            .await
-            .unwrap(),
-    )
-    .await;
+    let got = run(&svc, &turn, 5).await;
+    let want = run(&host, &turn, 5).await;
     assert_eq!(tokens(&got), tokens(&want));
-    match got.last() {
-        Some(Event::Finished { usage, .. }) => assert_eq!(usage.cached_tokens as usize, end.len()),
-        other => panic!("{other:?}"),
-    }
+    assert_eq!(cached_tokens(&got), end.len());
 }

@@ -360,12 +360,10 @@ impl<'j, B: Backend> Running<'j, B> {
             Some(l) => (l, None),
             None => {
                 let tail = &req.prompt[at..];
-                match w.timed(Phase::Prefill, || {
+                w.timed(Phase::Prefill, || {
                     readout.step(&w.backend, &mut seq, tail, &mut sampler)
-                })? {
-                    Next::Sampled(s) => (Vec::new(), Some(s)),
-                    Next::Logits(l) => (l, None),
-                }
+                })?
+                .into_parts()
             }
         };
         w.metrics.add_prompt_tokens(req.prompt.len());
@@ -481,9 +479,10 @@ impl<'j, B: Backend> Running<'j, B> {
         {
             return;
         }
-        let logits = match self.logits.is_empty() {
-            false => Some(self.logits.clone()),
-            true => w.backend.last_logits(&self.seq),
+        let logits = if self.logits.is_empty() {
+            w.backend.last_logits(&self.seq)
+        } else {
+            Some(self.logits.clone())
         };
         let tokens = prompt.clone();
         self.stage(w, cache, tokens, logits);

@@ -432,9 +432,10 @@ impl GpuModel {
         } else {
             (0, 0)
         };
-        let grid = match split {
-            true => (ctas as u32, 1, 1),
-            false => (blocks as u32, nkv as u32, 1),
+        let grid = if split {
+            (ctas as u32, 1, 1)
+        } else {
+            (blocks as u32, nkv as u32, 1)
         };
         let (proj, out) = (Arg::Ptr(proj), Arg::Ptr(out));
         d.launch(
