@@ -1362,4 +1362,45 @@ fn model_template_renders_through_minijinja() {
             .unwrap()
             .contains("System message must come first")
     );
+    // A template that does not compile: a 400 naming the line, not a 500.
+    h.info.chat_template = Some("{% if messages %}\n{% for %}".into());
+    let s = call(&h, "POST", "/v1/chat/completions", tool_req(json!({})));
+    let v = assert_error(&s, 400, "chat_template_error");
+    let msg = v["error"]["message"].as_str().unwrap();
+    assert!(msg.contains("chat_template.jinja:2"), "{msg}");
+}
+
+/// The two conversations of issue 24 with a template of the official
+/// Qwen3.6 shapes (loop.previtem/nextitem around tool results): one tool
+/// result, and two calls followed by two results.
+#[test]
+fn qwen_style_template_tool_results() {
+    let mut h = big_host("ok");
+    h.info.chat_template =
+        Some(include_str!("../../../tests/fixtures/templates/qwen3_6_style.jinja").to_owned());
+    let calls = json!([
+        {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}},
+        {"id": "c2", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Rome"}}}
+    ]);
+    let messages = json!([
+        {"role": "user", "content": "Weather in Paris and Rome?"},
+        {"role": "assistant", "content": null, "tool_calls": calls},
+        {"role": "tool", "tool_call_id": "c1", "content": "sunny"},
+        {"role": "tool", "tool_call_id": "c2", "content": "rain"}
+    ]);
+    let s = call(
+        &h,
+        "POST",
+        "/v1/chat/completions",
+        tool_req(json!({"messages": messages})),
+    );
+    assert_eq!(s.status, Some(200), "{}", s.body_string());
+    let prompt = dec(&h.request().prompt);
+    assert!(
+        prompt.ends_with(
+            "</tool_call><|im_end|>\n<|im_start|>user\n<tool_response>\nsunny\n</tool_response>\n\
+             <tool_response>\nrain\n</tool_response><|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
+        ),
+        "{prompt}"
+    );
 }

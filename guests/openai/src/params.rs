@@ -505,6 +505,10 @@ fn render_options(f: &Fields) -> Result<(RenderOptions, Map<String, Value>), Api
         }
         kwargs = obj.clone();
     }
+    // The top-level `enable_thinking` (an older spelling) reaches the template too.
+    if let Some(b) = f.bool("enable_thinking")? {
+        kwargs.entry("enable_thinking").or_insert(Value::Bool(b));
+    }
     Ok((r, kwargs))
 }
 
