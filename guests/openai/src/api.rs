@@ -60,20 +60,20 @@ fn route<H: Host, S: Output>(host: &H, req: &mut Request, sink: &mut S) -> Resul
         "/v1/models" => {
             allow("GET")?;
             let info = host.model_info();
-            send_json(
-                sink,
-                200,
-                &json!({"object": "list", "data": [model_json(&info)]}),
-            );
+            let data: Vec<Value> = std::iter::once(&info.id)
+                .chain(&info.aliases)
+                .map(|name| model_json(&info, name))
+                .collect();
+            send_json(sink, 200, &json!({"object": "list", "data": data}));
         }
         p if p.starts_with("/v1/models/") => {
             allow("GET")?;
             let id = http::percent_decode_path(&p["/v1/models/".len()..]);
             let info = host.model_info();
-            if id != info.id {
+            if !info.serves(&id) {
                 return Err(ApiError::model_not_found(&id));
             }
-            send_json(sink, 200, &model_json(&info));
+            send_json(sink, 200, &model_json(&info, &id));
         }
         "/v1/completions" => {
             allow("POST")?;
@@ -122,9 +122,10 @@ fn route<H: Host, S: Output>(host: &H, req: &mut Request, sink: &mut S) -> Resul
     Ok(())
 }
 
-fn model_json(info: &ModelInfo) -> Value {
+/// A model entry; `name` is the id or an alias (`root` is the id).
+fn model_json(info: &ModelInfo, name: &str) -> Value {
     json!({
-        "id": info.id,
+        "id": name,
         "object": "model",
         "created": info.created,
         "owned_by": "qwasi",

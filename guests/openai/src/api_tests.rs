@@ -50,6 +50,7 @@ impl FakeHost {
                 created: 1_700_000_000,
                 max_prompt_tokens: 0,
                 max_completion_tokens: 0,
+                ..Default::default()
             },
             script: RefCell::new(vec![]),
             fail_with: RefCell::new(None),
@@ -1403,4 +1404,100 @@ fn qwen_style_template_tool_results() {
         ),
         "{prompt}"
     );
+}
+
+/// `--served-model-name` aliases: listed, accepted, echoed; others 404.
+#[test]
+fn served_model_aliases() {
+    let mut h =
+        FakeHost::new().with_script(vec![vec![tok("ok"), finished(FinishReason::Stop, 0, 1, 0)]]);
+    h.info.aliases = vec!["gpt-4o-mini".into(), "local".into()];
+    let v = call(&h, "GET", "/v1/models", Value::Null).json();
+    let ids: Vec<&str> = v["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, ["qwen3.6", "gpt-4o-mini", "local"]);
+    assert_eq!(v["data"][2]["root"], "qwen3.6");
+    let m = call(&h, "GET", "/v1/models/local", Value::Null).json();
+    assert_eq!(m["id"], "local");
+    let s = call(
+        &h,
+        "POST",
+        "/v1/chat/completions",
+        json!({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "U"}]}),
+    );
+    assert_eq!(s.json()["model"], "gpt-4o-mini");
+    assert_error(
+        &call(
+            &h,
+            "POST",
+            "/v1/chat/completions",
+            json!({"model": "other", "messages": [{"role": "user", "content": "U"}]}),
+        ),
+        404,
+        "model_not_found",
+    );
+}
+
+/// The operator's default chat-template kwargs sit under the request's;
+/// `reasoning_effort` none/minimal turns thinking off, low/medium/high leaves
+/// it on, anything else is a 400.
+#[test]
+fn default_template_kwargs_and_reasoning_effort() {
+    let script = || vec![vec![tok("ok"), finished(FinishReason::Stop, 0, 1, 0)]];
+    let prompt = |h: &FakeHost, extra: Value| {
+        let mut body = json!({"model": "qwen3.6", "messages": [{"role": "user", "content": "U"}]});
+        for (k, v) in extra.as_object().unwrap() {
+            body[k] = v.clone();
+        }
+        let s = call(h, "POST", "/v1/chat/completions", body);
+        assert_eq!(s.status, Some(200), "{}", s.body_string());
+        dec(&h.request().prompt)
+    };
+    const OFF: &str = "<|im_start|>assistant\n<think>\n\n</think>\n\n";
+    let mut h = FakeHost::new().with_script(script());
+    h.info.default_chat_template_kwargs =
+        serde_json::from_str(r#"{"enable_thinking": false}"#).unwrap();
+    assert!(prompt(&h, json!({})).ends_with(OFF));
+    let h2 = FakeHost {
+        info: h.info.clone(),
+        ..FakeHost::new().with_script(script())
+    };
+    let on = prompt(
+        &h2,
+        json!({"chat_template_kwargs": {"enable_thinking": true}}),
+    );
+    assert!(on.ends_with("<|im_start|>assistant\n<think>\n"), "{on}");
+    for (effort, off) in [
+        ("none", true),
+        ("minimal", true),
+        ("low", false),
+        ("high", false),
+    ] {
+        let h = FakeHost::new().with_script(script());
+        let p = prompt(&h, json!({"reasoning_effort": effort}));
+        assert_eq!(p.ends_with(OFF), off, "{effort}: {p}");
+    }
+    // The request's kwargs win over reasoning_effort.
+    let h = FakeHost::new().with_script(script());
+    let p = prompt(
+        &h,
+        json!({"reasoning_effort": "none", "chat_template_kwargs": {"enable_thinking": true}}),
+    );
+    assert!(!p.ends_with(OFF));
+    let h = FakeHost::new();
+    let v = assert_error(
+        &call(
+            &h,
+            "POST",
+            "/v1/chat/completions",
+            json!({"model": "qwen3.6", "messages": [{"role": "user", "content": "U"}], "reasoning_effort": "max"}),
+        ),
+        400,
+        "invalid_value",
+    );
+    assert_eq!(v["error"]["param"], "reasoning_effort");
 }

@@ -238,7 +238,7 @@ pub fn check_model(f: &Fields, info: &ModelInfo, required: bool) -> Result<Strin
     match f.str("model")? {
         None if required => Err(ApiError::missing("model")),
         None => Ok(info.id.clone()),
-        Some(m) if m == info.id => Ok(m.to_owned()),
+        Some(m) if info.serves(m) => Ok(m.to_owned()),
         Some(m) => Err(ApiError::model_not_found(m)),
     }
 }
@@ -475,39 +475,69 @@ fn parse_prompt(v: &Value, vocab: u32) -> Result<Prompt, ApiError> {
     }
 }
 
-fn render_options(f: &Fields) -> Result<(RenderOptions, Map<String, Value>), ApiError> {
+/// `reasoning_effort` as the template kwargs it stands for: the model
+/// either thinks or does not, so "none" and "minimal" turn thinking off and
+/// "low", "medium" and "high" leave it on; the value itself is passed to the
+/// template too (templates that know effort levels read it).
+fn reasoning_effort(f: &Fields) -> Result<Map<String, Value>, ApiError> {
+    let mut kw = Map::new();
+    let Some(effort) = f.str("reasoning_effort")? else {
+        return Ok(kw);
+    };
+    let thinking = match effort {
+        "none" | "minimal" => false,
+        "low" | "medium" | "high" => true,
+        other => {
+            return Err(ApiError::invalid_value(
+                "reasoning_effort",
+                format!(
+                    "unknown reasoning_effort '{other}'; expected 'none', 'minimal', 'low', 'medium' or 'high'"
+                ),
+            ));
+        }
+    };
+    kw.insert("enable_thinking".into(), Value::Bool(thinking));
+    kw.insert("reasoning_effort".into(), Value::String(effort.into()));
+    Ok(kw)
+}
+
+/// The render options and the template kwargs: the operator's defaults
+/// (`--default-chat-template-kwargs`), then `reasoning_effort`, then the
+/// top-level `enable_thinking`, then the request's `chat_template_kwargs`,
+/// each over the one before.
+fn render_options(
+    f: &Fields,
+    info: &ModelInfo,
+) -> Result<(RenderOptions, Map<String, Value>), ApiError> {
     let mut r = RenderOptions::default();
     if let Some(b) = f.bool("add_generation_prompt")? {
         r.add_generation_prompt = b;
     }
+    let mut kwargs = info.default_chat_template_kwargs.clone();
+    kwargs.extend(reasoning_effort(f)?);
     if let Some(b) = f.bool("enable_thinking")? {
-        r.enable_thinking = b;
+        kwargs.insert("enable_thinking".into(), Value::Bool(b));
     }
-    let mut kwargs = Map::new();
     if let Some(k) = f.get("chat_template_kwargs") {
         let obj = k
             .as_object()
             .ok_or_else(|| ApiError::invalid_type("chat_template_kwargs", "an object"))?;
-        for (name, slot) in [
-            ("enable_thinking", &mut r.enable_thinking),
-            ("preserve_thinking", &mut r.preserve_thinking),
-        ] {
-            match obj.get(name) {
-                None | Some(Value::Null) => {}
-                Some(Value::Bool(b)) => *slot = *b,
-                Some(_) => {
-                    return Err(ApiError::invalid_type(
-                        &format!("chat_template_kwargs.{name}"),
-                        "a boolean",
-                    ));
-                }
+        kwargs.extend(obj.iter().map(|(k, v)| (k.clone(), v.clone())));
+    }
+    for (name, slot) in [
+        ("enable_thinking", &mut r.enable_thinking),
+        ("preserve_thinking", &mut r.preserve_thinking),
+    ] {
+        match kwargs.get(name) {
+            None | Some(Value::Null) => {}
+            Some(Value::Bool(b)) => *slot = *b,
+            Some(_) => {
+                return Err(ApiError::invalid_type(
+                    &format!("chat_template_kwargs.{name}"),
+                    "a boolean",
+                ));
             }
         }
-        kwargs = obj.clone();
-    }
-    // The top-level `enable_thinking` (an older spelling) reaches the template too.
-    if let Some(b) = f.bool("enable_thinking")? {
-        kwargs.entry("enable_thinking").or_insert(Value::Bool(b));
     }
     Ok((r, kwargs))
 }
@@ -592,11 +622,11 @@ fn parse_tool_choice(f: &Fields, tools: &[Value]) -> Result<ToolChoice, ApiError
 
 #[cfg(test)]
 pub fn parse_tool_side_for_tests(f: &Fields) -> Result<(RenderOptions, Tools), ApiError> {
-    parse_tool_side(f)
+    parse_tool_side(f, &ModelInfo::default())
 }
 
-fn parse_tool_side(f: &Fields) -> Result<(RenderOptions, Tools), ApiError> {
-    let (render, kwargs) = render_options(f)?;
+fn parse_tool_side(f: &Fields, info: &ModelInfo) -> Result<(RenderOptions, Tools), ApiError> {
+    let (render, kwargs) = render_options(f, info)?;
     let tools = parse_tools(f)?;
     let choice = parse_tool_choice(f, &tools)?;
     let parallel = f.bool("parallel_tool_calls")?.unwrap_or(true);
@@ -640,7 +670,7 @@ pub fn parse_chat(body: &Map<String, Value>, info: &ModelInfo) -> Result<ChatReq
             ));
         }
     }
-    let (mut render, tools) = parse_tool_side(&f)?;
+    let (mut render, tools) = parse_tool_side(&f, info)?;
     render.add_generation_prompt = true;
     Ok(ChatRequest {
         common,
@@ -667,7 +697,7 @@ pub fn parse_tokenize(
         (Some(_), None) => Err(ApiError::invalid_type("prompt", "a string")),
         (None, Some(m)) => {
             let messages = parse_messages(Some(m))?;
-            let (render, tools) = parse_tool_side(&f)?;
+            let (render, tools) = parse_tool_side(&f, info)?;
             Ok(TokenizeRequest::Messages(messages, render, tools))
         }
         (None, None) => Err(ApiError::missing("prompt")),
@@ -698,6 +728,7 @@ mod tests {
             created: 1,
             max_prompt_tokens: 0,
             max_completion_tokens: 0,
+            ..Default::default()
         }
     }
 
