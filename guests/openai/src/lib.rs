@@ -7,6 +7,7 @@
 
 pub mod api;
 pub mod chat;
+pub mod choices;
 pub mod host;
 pub mod params;
 pub mod pyfmt;
