@@ -23,16 +23,20 @@ fn qwen_style_template() -> String {
 #[test]
 fn served_names_template_and_default_kwargs() {
     let template = qwen_style_template();
-    let s = Server::start(&[
-        "--served-model-name",
-        "alpha",
-        "--served-model-name",
-        "beta",
-        "--chat-template",
-        &template,
-        "--default-chat-template-kwargs",
-        r#"{"enable_thinking": false}"#,
-    ]);
+    // The demo model: the real Qwen3.6 tokenizer (the fixture models have none).
+    let s = Server::start_with(
+        &[
+            "--served-model-name",
+            "alpha",
+            "--served-model-name",
+            "beta",
+            "--chat-template",
+            &template,
+            "--default-chat-template-kwargs",
+            r#"{"enable_thinking": false}"#,
+        ],
+        false,
+    );
     let models = s.get("/v1/models").json();
     let ids: Vec<&str> = models["data"]
         .as_array()
@@ -42,7 +46,7 @@ fn served_names_template_and_default_kwargs() {
         .collect();
     assert_eq!(ids, ["alpha", "beta"]);
     assert_eq!(s.get("/v1/models/beta").status, 200);
-    assert_eq!(s.get("/v1/models/dense").status, 404);
+    assert_eq!(s.get("/v1/models/qwasi-demo").status, 404);
 
     // Two tool calls, then two tool results: one user turn of two responses.
     let messages = json!([
@@ -94,7 +98,7 @@ fn served_names_template_and_default_kwargs() {
     let r = post(
         &s,
         "/v1/chat/completions",
-        &json!({"model": "dense", "messages": [{"role": "user", "content": "hi"}]}),
+        &json!({"model": "qwasi-demo", "messages": [{"role": "user", "content": "hi"}]}),
     );
     assert_eq!((r.status, r.error_code()), (404, "model_not_found".into()));
 
@@ -111,7 +115,7 @@ fn served_names_template_and_default_kwargs() {
     );
     let msg = r.json()["error"]["message"].as_str().unwrap().to_owned();
     assert!(msg.contains("The system message must come first."), "{msg}");
-    assert!(msg.contains("chat_template.jinja:"), "{msg}");
+    assert!(msg.contains("(in chat_template.jinja:68)"), "{msg}");
 }
 
 #[test]

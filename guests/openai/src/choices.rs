@@ -79,6 +79,24 @@ fn start<H: Host>(
     ))
 }
 
+/// The next batch of events (none without a generation: echo only); an
+/// empty batch ends the generation as failed.
+fn next_events<H: Host, G: Generation>(
+    generation: &mut Option<G>,
+    driver: &mut Driver<H>,
+) -> Vec<qwasi_guest_sdk::inference::Event> {
+    let events = generation
+        .as_mut()
+        .map(|g| g.wait_next())
+        .unwrap_or_default();
+    if events.is_empty() {
+        driver.ended = Some(Ended::Failed(
+            "the generation ended without a finish event".into(),
+        ));
+    }
+    events
+}
+
 /// Runs one generation to its end.
 fn drive<H: Host>(host: &H, mut job: Job<H>) -> Result<Outcome, ApiError> {
     let mut generation = start(host, &mut job)?;
@@ -86,16 +104,7 @@ fn drive<H: Host>(host: &H, mut job: Job<H>) -> Result<Outcome, ApiError> {
     let mut all = Piece::default();
     let mut lps = Vec::new();
     while driver.ended.is_none() {
-        let events = generation
-            .as_mut()
-            .map(|g| g.wait_next())
-            .unwrap_or_default();
-        if events.is_empty() {
-            driver.ended = Some(Ended::Failed(
-                "the generation ended without a finish event".into(),
-            ));
-        }
-        for ev in events {
+        for ev in next_events(&mut generation, driver) {
             let p = driver.on_event(ev);
             all.reasoning.push_str(&p.reasoning);
             all.content.push_str(&p.content);
@@ -260,16 +269,7 @@ fn stream_one<H: Host, F: Format, S: Output, G: Generation>(
     }
     loop {
         if driver.ended.is_none() {
-            let events = generation
-                .as_mut()
-                .map(|g| g.wait_next())
-                .unwrap_or_default();
-            if events.is_empty() {
-                driver.ended = Some(Ended::Failed(
-                    "the generation ended without a finish event".into(),
-                ));
-            }
-            for ev in events {
+            for ev in next_events(&mut generation, driver) {
                 let p = driver.on_event(ev);
                 if !p.is_empty() {
                     for c in fmt.chunks(&p, driver.in_reasoning()) {

@@ -3,7 +3,7 @@
 //! them through `model-info` (id, template) and `serving-config` (aliases,
 //! default kwargs; WIT 0.1.3).
 
-use crate::runtime::bindings::api::qwasi::inference::inference::ServingConfig;
+use crate::runtime::bindings::api::qwasi::inference::inference::ServingConfiguration;
 use anyhow::{Context, Result, bail};
 use std::path::PathBuf;
 
@@ -25,11 +25,11 @@ pub struct ServingArgs {
 }
 
 /// What the options make of the loaded model's id and template.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone)]
 pub struct Serving {
     pub id: String,
     pub chat_template: Option<String>,
-    pub config: ServingConfig,
+    pub config: ServingConfiguration,
 }
 
 impl ServingArgs {
@@ -42,10 +42,7 @@ impl ServingArgs {
             Some(first) => (first.clone(), names.cloned().collect::<Vec<_>>()),
             None => (id, vec![]),
         };
-        if let Some(n) = std::iter::once(&id)
-            .chain(&aliases)
-            .find(|n| n.trim().is_empty())
-        {
+        if let Some(n) = self.served_model_name.iter().find(|n| n.trim().is_empty()) {
             bail!("--served-model-name: empty name {n:?}");
         }
         let chat_template = match &self.chat_template {
@@ -66,7 +63,7 @@ impl ServingArgs {
         Ok(Serving {
             id,
             chat_template,
-            config: ServingConfig {
+            config: ServingConfiguration {
                 aliases,
                 default_chat_template_kwargs: kwargs,
             },

@@ -142,7 +142,7 @@ impl inference::Host for HostState {
     }
 
     /// `@since(version = 0.1.3)`; older guests do not import it.
-    async fn serving_config(&mut self) -> Result<inference::ServingConfig> {
+    async fn serving_config(&mut self) -> Result<inference::ServingConfiguration> {
         Ok(self.shared.serving.clone())
     }
 

@@ -63,7 +63,7 @@ pub struct Shared {
     pub model_id: String,
     pub model_info: ModelInfo,
     /// `inference.serving-config` (WIT 0.1.3).
-    pub serving: bindings::api::qwasi::inference::inference::ServingConfig,
+    pub serving: bindings::api::qwasi::inference::inference::ServingConfiguration,
 }
 
 /// Which world a guest implements.
