@@ -319,32 +319,7 @@ pub fn render_call(out: &mut String, c: &ToolCall) {
 /// JSON the way Python's `json.dumps(ensure_ascii=False)` writes it (what
 /// transformers' `tojson` produces): `, ` and `: ` separators.
 pub fn to_json_py(v: &Value) -> String {
-    let mut out = Vec::new();
-    let mut ser = serde_json::Serializer::with_formatter(&mut out, PyFormatter);
-    serde::Serialize::serialize(v, &mut ser).expect("JSON serialises");
-    String::from_utf8(out).expect("UTF-8")
-}
-
-struct PyFormatter;
-
-impl serde_json::ser::Formatter for PyFormatter {
-    fn begin_array_value<W: ?Sized + std::io::Write>(
-        &mut self,
-        w: &mut W,
-        first: bool,
-    ) -> std::io::Result<()> {
-        if first { Ok(()) } else { w.write_all(b", ") }
-    }
-    fn begin_object_key<W: ?Sized + std::io::Write>(
-        &mut self,
-        w: &mut W,
-        first: bool,
-    ) -> std::io::Result<()> {
-        if first { Ok(()) } else { w.write_all(b", ") }
-    }
-    fn begin_object_value<W: ?Sized + std::io::Write>(&mut self, w: &mut W) -> std::io::Result<()> {
-        w.write_all(b": ")
-    }
+    crate::pyfmt::dumps(v, &crate::pyfmt::JsonOptions::default())
 }
 
 #[cfg(test)]
