@@ -181,22 +181,26 @@ def normalise(messages):
     return out
 
 
+def render(template, case):
+    """transformers' rendering of a request's conversation (as the guest hands it over)."""
+    rendered, _ = render_jinja_template(
+        conversations=[normalise(case["messages"])],
+        tools=case.get("tools"),
+        chat_template=template,
+        add_generation_prompt=case.get("add_generation_prompt", True),
+        **dict(case.get("chat_template_kwargs", {})),
+    )
+    return rendered[0]
+
+
 def main():
     for old in DIR.glob("*.json"):
         old.unlink()
     for name, case in CASES.items():
-        kwargs = dict(case.get("chat_template_kwargs", {}))
-        rendered, _ = render_jinja_template(
-            conversations=[normalise(case["messages"])],
-            tools=case.get("tools"),
-            chat_template=TEMPLATE,
-            add_generation_prompt=case.get("add_generation_prompt", True),
-            **kwargs,
-        )
-        fixture = {"request": case, "expected": rendered[0]}
+        text = render(TEMPLATE, case)
+        fixture = {"request": case, "expected": text}
         (DIR / f"{name}.json").write_text(json.dumps(fixture, indent=1, ensure_ascii=False) + "\n")
-        print(f"{name}: {len(rendered[0])} chars")
-
+        print(f"{name}: {len(text)} chars")
 
 if __name__ == "__main__":
     main()

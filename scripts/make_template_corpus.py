@@ -21,7 +21,8 @@ import pathlib
 import sys
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from make_chat_fixtures import CALL_OBJ, CALL_STR, SEARCH, WEATHER, normalise  # noqa: E402
+import make_chat_fixtures  # noqa: E402
+from make_chat_fixtures import CALL_OBJ, CALL_STR, SEARCH, WEATHER  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 DIR = ROOT / "tests" / "fixtures" / "templates"
@@ -112,21 +113,11 @@ CONVERSATIONS = {
 
 def render(template, case):
     from jinja2.exceptions import TemplateError
-    from transformers.utils.chat_template_utils import render_jinja_template
 
-    kwargs = dict(case.get("chat_template_kwargs", {}))
     try:
-        rendered, _ = render_jinja_template(
-            conversations=[normalise(case["messages"])],
-            tools=case.get("tools"),
-            chat_template=template,
-            add_generation_prompt=case.get("add_generation_prompt", True),
-            **kwargs,
-        )
+        return {"text": make_chat_fixtures.render(template, case)}
     except (TemplateError, TypeError, ValueError) as e:
         return {"error": f"{type(e).__name__}: {e}"}
-    return {"text": rendered[0]}
-
 
 def corpus():
     templates = {p.stem: p.read_text() for p in sorted(DIR.glob("*.jinja"))}
