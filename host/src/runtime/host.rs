@@ -141,6 +141,11 @@ impl inference::Host for HostState {
         Ok(self.shared.model_info.clone())
     }
 
+    /// `@since(version = 0.1.3)`; older guests do not import it.
+    async fn serving_config(&mut self) -> Result<inference::ServingConfiguration> {
+        Ok(self.shared.serving.clone())
+    }
+
     async fn generate(
         &mut self,
         request: types::GenerateRequest,

@@ -62,6 +62,8 @@ pub struct Shared {
     pub tokenizer: Option<Tokenizer>,
     pub model_id: String,
     pub model_info: ModelInfo,
+    /// `inference.serving-config` (WIT 0.1.3).
+    pub serving: bindings::api::qwasi::inference::inference::ServingConfiguration,
 }
 
 /// Which world a guest implements.
