@@ -59,7 +59,7 @@ class Variant:
 @dataclass
 class Check:
     kind: str  # fixtures | synthetic | memcheck
-    args: list = field(default_factory=list)  # extra verify flags
+    args: list = field(default_factory=list)  # verify flags in pairs (synthetic: they replace the defaults)
     only: list = None  # variant names; None: every variant
 
 
@@ -279,8 +279,9 @@ class Runner:
         if c.kind == "fixtures":
             argv = [b, "verify", "--backend", "cuda", "--json", js, *c.args]
         elif c.kind == "synthetic":
-            argv = [b, "verify", "--backend", "cuda", "--no-fixtures", "--synthetic", SYNTHETIC,
-                    "--prompt-len", "300", "--gen-tokens", "16", "--json", js, *c.args]
+            flags = {"--prompt-len": "300", "--gen-tokens": "16", **dict(zip(c.args[::2], c.args[1::2]))}
+            argv = [b, "verify", "--backend", "cuda", "--no-fixtures", "--synthetic", SYNTHETIC, "--json", js,
+                    *(x for kv in flags.items() for x in kv)]
         elif c.kind == "memcheck":
             if not shutil.which("compute-sanitizer"):
                 self.report["checks"].append({"variant": v.name, "check": c.kind, "pass": None,
@@ -316,6 +317,7 @@ class Runner:
                     run = self.bench(p, v, r)
                     longest = max(longest, run["seconds"])
                     rec["runs"].append(run)
+                    rec["summary"] = summarize(rec["runs"], [v.name for v in vs], self.preset.tolerance)
                     self.save()
             if p.logits:
                 rec["logits"] = self.compare_logits(p, vs)
@@ -381,6 +383,7 @@ class Runner:
         for ph in self.report["phases"].values():
             ok &= all(r["rc"] == 0 and isinstance(r["report"], dict) and r["report"].get("greedy_consistent", True)
                       for r in ph["runs"])
+            ok &= all(isinstance(c, dict) and c.get("pass") for c in ph.get("logits", {}).values())
         self.report["pass"] = ok
         self.save()
         with tarfile.open(os.path.join(self.a.out, f"ab-{self.a.preset}-logs.tgz"), "w:gz") as t:

@@ -135,6 +135,9 @@ class AbTest(unittest.TestCase):
         self.assertFalse(vs["within_tolerance"])
         files = rep["phases"]["speed"]["logits"]["B"]["files"]
         self.assertFalse(any(f["bit_identical"] for f in files.values()))
+        # Different logits beyond logits_compare.py's KL bound fail the run; speed alone does not.
+        self.assertEqual(rc, 1)
+        self.assertFalse(rep["pass"])
 
     def test_a_failing_verify_fails_the_run(self):
         a = self.fake("qbase", FAKE_DECODE=300, FAKE_COMMIT="a")
@@ -164,6 +167,19 @@ class AbTest(unittest.TestCase):
         self.assertAlmostEqual(row["QWASI_SLOW=1"]["vs_default"]["decode_tok_per_s"]["change_pct"], -10.0)
         with self.assertRaises(SystemExit):
             ab.main(["env", "--b", b, "--out", os.path.join(self.dir, "o2")])
+
+    def test_gemv_bulk_checks_the_default_only_and_probes_two_paths(self):
+        b = self.fake("qwasi", FAKE_DECODE=300, FAKE_COMMIT="b")
+        rc, rep, _ = self.main("gemv-bulk", "--b", b)
+        synthetic = [c["argv"] for c in self.calls_made() if "--synthetic" in c["argv"]]
+        self.assertEqual(len(synthetic), 1)
+        argv = synthetic[0]
+        self.assertEqual(argv.count("--prompt-len"), 1)
+        self.assertEqual(argv[argv.index("--prompt-len") + 1], "1000")
+        self.assertEqual(argv[argv.index("--layers") + 1], "8")
+        self.assertEqual(len([c for c in rep["checks"] if c["check"] == "fixtures"]), 5)
+        probes = [r["variant"] for r in rep["phases"]["probe"]["runs"]]
+        self.assertEqual(sorted(probes), ["bulk", "rows"])
 
     def test_every_preset_builds_its_variants(self):
         class A:
