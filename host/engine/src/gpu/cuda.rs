@@ -107,7 +107,7 @@ unsafe impl Sync for Device {}
 
 impl Device {
     /// GPU 0, or a clear error when there is no CUDA driver or no GPU.
-    pub fn new() -> Result<Self> {
+    pub fn new(opts: &super::options::DeviceOptions) -> Result<Self> {
         if !unsafe { sys::is_culib_present() } {
             bail!(
                 "no CUDA driver found (libcuda.so could not be loaded); the cuda backend needs an NVIDIA GPU and driver"
@@ -160,9 +160,8 @@ impl Device {
         let sms = attr(A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
         let major = attr(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?;
         let max_smem = attr(A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)?;
-        let env_on = |k: &str| std::env::var_os(k).is_some_and(|v| v != "0");
         Ok(Device {
-            pdl: major >= 9 && std::env::var("QWASI_PDL").as_deref() != Ok("0"),
+            pdl: major >= 9 && opts.pdl,
             sm90: major >= 9,
             wgmma: major == 9,
             ctx,
@@ -172,8 +171,8 @@ impl Device {
             name,
             sm_count: sms.max(1) as u32,
             max_smem: max_smem.max(0) as usize,
-            debug: env_on("QWASI_GPU_DEBUG"),
-            profile: env_on("QWASI_GPU_PROFILE").then(Default::default),
+            debug: opts.debug,
+            profile: opts.profile.then(Default::default),
         })
     }
 

@@ -288,7 +288,7 @@ const NO_RUNTIME: &str = "no HIP runtime found (libamdhip64.so could not be load
 
 impl Device {
     /// GPU 0, or a clear error when there is no HIP runtime or no AMD GPU.
-    pub fn new() -> Result<Self> {
+    pub fn new(opts: &super::options::DeviceOptions) -> Result<Self> {
         let lib = [
             "libamdhip64.so",
             "libamdhip64.so.7",
@@ -447,7 +447,6 @@ impl Device {
             "creating a HIP stream",
         )?;
         let blas = Blas::load(stream);
-        let env_on = |k: &str| std::env::var_os(k).is_some_and(|v| v != "0");
         Ok(Device {
             api,
             funcs,
@@ -456,8 +455,8 @@ impl Device {
             name,
             sm_count: sms.max(1) as u32,
             max_smem,
-            debug: env_on("QWASI_GPU_DEBUG"),
-            profile: env_on("QWASI_GPU_PROFILE").then(Default::default),
+            debug: opts.debug,
+            profile: opts.profile.then(Default::default),
             _images: kept,
         })
     }

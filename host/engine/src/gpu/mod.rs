@@ -20,6 +20,8 @@ pub use host_buf::HostBuf;
 #[cfg(any(feature = "cuda", feature = "hip"))]
 pub mod model;
 #[cfg(any(feature = "cuda", feature = "hip"))]
+pub mod options;
+#[cfg(any(feature = "cuda", feature = "hip"))]
 pub mod verify;
 
 /// A kernel argument, passed by address to the launch call.
