@@ -54,7 +54,7 @@ pub enum DecAttnPath {
 /// Ring slots per warp of the default decode attention (`dec_attn_*_tc_ring`).
 /// H200, 8K / 32K / 131K decode (tok/s): registers 326.3 / 287.4 / 201.2,
 /// 2 slots 331.1 / 305.9 / 232.8, 3: 328.4 / 303.0 / 233.8, 4: 322.2 /
-/// 286.1 / 198.4 (`benchmarks/dec-attn-tc-feeds-h200-13987e6.json`); the logits
+/// 286.1 / 198.4 (`benchmarks/history/dec-attn-tc-feeds-h200-13987e6.json`); the logits
 /// are bit-identical.
 pub const TC_RING: usize = 2;
 

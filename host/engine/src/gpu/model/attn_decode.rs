@@ -19,7 +19,7 @@ const RING_MIN_KEYS: usize = 256;
 /// with one query head per warp (`keys1`): on the H200 at 131K context
 /// (1,024+ keys per split) 157.9 against 151.2 tok/s through the ring, at
 /// 32K (256-512) 230.8 against 235.4 (7ec1de9,
-/// `benchmarks/dec-attn-keys-h200-7ec1de9.json`).
+/// `benchmarks/history/dec-attn-keys-h200-7ec1de9.json`).
 const KEYS1_MIN_KEYS: usize = 1024;
 /// Most warps per block, query heads per KV head and k16 steps per warp of
 /// `dec_attn_*_tc` (`DT_WARPS`, `DT_HEADS`, `DT_MAXKK` in
