@@ -184,7 +184,7 @@ impl<B: Backend> Scheduler<B> {
                 match Running::start(w, job, self.next_order) {
                     Ok(r) => r,
                     Err((job, f)) => {
-                        w.end(&job, Instant::now(), Ok(f));
+                        w.end(&job, Instant::now(), Ok(*f));
                         continue;
                     }
                 }

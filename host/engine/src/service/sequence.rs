@@ -77,16 +77,18 @@ impl<B: Backend> Running<B> {
         w: &Worker<B>,
         job: Arc<Job>,
         order: u64,
-    ) -> std::result::Result<Self, (Arc<Job>, Finish)> {
+    ) -> std::result::Result<Self, (Arc<Job>, Box<Finish>)> {
         let req = &job.req;
-        let early = |reason| Finish {
-            reason,
-            stop_token: None,
-            completion_tokens: 0,
-            cached_tokens: 0,
-            trailing_text: String::new(),
-            staged: Staged::default(),
-            lease: None,
+        let early = |reason| {
+            Box::new(Finish {
+                reason,
+                stop_token: None,
+                completion_tokens: 0,
+                cached_tokens: 0,
+                trailing_text: String::new(),
+                staged: Staged::default(),
+                lease: None,
+            })
         };
         if req.max_tokens == 0 {
             return Err((job, early(FinishReason::Length)));
