@@ -334,6 +334,95 @@ async fn batched_requests_get_the_tokens_they_get_alone() {
     assert!(metric(&svc, "qwasi_step_prefill_tokens_sum") >= 278.0);
 }
 
+/// The CPU model posing as a backend that keeps the logits where they are
+/// (as the GPU does): requests read back the greedy token, the row's head
+/// or its weights, in batches.
+struct OnDevice(Arc<CpuModel>);
+
+impl Backend for OnDevice {
+    type Sequence = CpuSequence;
+    fn name(&self) -> &'static str {
+        "on-device"
+    }
+    fn config(&self) -> &ModelConfig {
+        self.0.config()
+    }
+    fn new_sequence(&self) -> CpuSequence {
+        self.0.new_sequence()
+    }
+    fn position(&self, seq: &CpuSequence) -> usize {
+        self.0.position(seq)
+    }
+    fn forward(&self, seq: &mut CpuSequence, tokens: &[u32]) -> Result<Vec<f32>> {
+        self.0.forward(seq, tokens)
+    }
+    fn step(&self, batch: &mut [BatchItem<'_, CpuSequence>]) -> Vec<Result<StepOut>> {
+        self.0.step(batch)
+    }
+    fn logits_on_device(&self) -> bool {
+        true
+    }
+}
+
+/// Batched rows that read back less than the logits (greedy, the head,
+/// the weighted row: each request's RNG stream drawn in its own row) give
+/// the tokens the host sampler gives alone.
+#[tokio::test]
+async fn batched_device_readouts_give_the_tokens_alone() {
+    let m = Arc::new(cpu(None));
+    let svc = start(
+        OnDevice(m.clone()),
+        ServiceConfig {
+            max_num_seqs: 6,
+            max_num_batched_tokens: 16,
+            ..ServiceConfig::default()
+        },
+    );
+    let samplings = [
+        SamplingParams::default(),
+        SamplingParams {
+            temperature: 0.7,
+            top_k: 20,
+            seed: Some(3),
+            ..Default::default()
+        },
+        SamplingParams {
+            temperature: 0.9,
+            top_p: 0.8,
+            seed: Some(4),
+            logprobs: Some(1),
+            ..Default::default()
+        },
+        SamplingParams {
+            temperature: 1.2,
+            min_p: 0.05,
+            seed: Some(5),
+            ..Default::default()
+        },
+    ];
+    let reqs: Vec<GenerateRequest> = samplings
+        .iter()
+        .enumerate()
+        .map(|(i, s)| GenerateRequest {
+            ignore_eos: true,
+            ..req(&prompt(7 + 23 * i, i as u32), 20, s.clone())
+        })
+        .collect();
+    let mut handles = Vec::new();
+    for r in &reqs {
+        handles.push(
+            svc.submit(r.clone(), SubmitOptions::default())
+                .await
+                .unwrap(),
+        );
+    }
+    for (i, (r, mut h)) in reqs.iter().zip(handles).enumerate() {
+        let events = collect(&mut h).await;
+        assert_eq!(got(&events), expected(&m, r), "request {i}");
+    }
+    assert!(metric(&svc, "qwasi_batch_size_sum") > metric(&svc, "qwasi_batch_size_count"));
+}
+
 /// A cancelled request's slot goes to a waiting one at the next step.
 #[tokio::test]
 async fn a_cancelled_request_frees_its_slot_at_the_next_step() {

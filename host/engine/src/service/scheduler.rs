@@ -173,7 +173,11 @@ impl<B: Backend> Scheduler<B> {
                     break;
                 }
                 let mut r = self.preempted.pop_front().expect("a front request");
-                r.resume(w);
+                // A panic in the backend (restore) fails this request only.
+                if let Err(panic) = catch_unwind(AssertUnwindSafe(|| r.resume(w))) {
+                    w.end(&r.job, r.started, Err(panic_text(panic)));
+                    continue;
+                }
                 r
             } else {
                 let Some(job) = w.queue.admit(|j| fits(j.req.prompt.len())) else {
@@ -181,10 +185,17 @@ impl<B: Backend> Scheduler<B> {
                 };
                 w.metrics.observe_queue_wait(job.submitted.elapsed());
                 self.next_order += 1;
-                match Running::start(w, job, self.next_order) {
-                    Ok(r) => r,
-                    Err((job, f)) => {
+                let order = self.next_order;
+                let started =
+                    catch_unwind(AssertUnwindSafe(|| Running::start(w, job.clone(), order)));
+                match started {
+                    Ok(Ok(r)) => r,
+                    Ok(Err((job, f))) => {
                         w.end(&job, Instant::now(), Ok(*f));
+                        continue;
+                    }
+                    Err(panic) => {
+                        w.end(&job, Instant::now(), Err(panic_text(panic)));
                         continue;
                     }
                 }
@@ -253,7 +264,12 @@ impl<B: Backend> Scheduler<B> {
                     .add_phase(Phase::Prefill, took.mul_f64(g as f64 / total as f64));
             }
             let out = outs.pop().expect("one result per row");
-            let res = out.and_then(|o| r.took(w, g, o).map_err(|e| format!("{e:#}")));
+            let res = out.and_then(
+                |o| match catch_unwind(AssertUnwindSafe(|| r.took(w, g, o))) {
+                    Ok(res) => res.map_err(|e| format!("{e:#}")),
+                    Err(panic) => Err(panic_text(panic)),
+                },
+            );
             if let Err(msg) = res {
                 failed.push((i, msg));
             }
