@@ -64,6 +64,15 @@ fn panic_text(panic: Box<dyn std::any::Any + Send>) -> String {
     format!("the engine panicked: {msg}")
 }
 
+/// Ends a request that failed: its state (sequence, staged snapshots) is
+/// dropped before its terminal event is published, so whoever sees the
+/// failure sees the memory back.
+fn fail<B: Backend>(w: &Worker<B>, r: Running<B>, msg: String) {
+    let (job, started) = (r.job.clone(), r.started);
+    drop(r);
+    w.end(&job, started, Err(msg));
+}
+
 impl<B: Backend> Scheduler<B> {
     pub fn new(limits: Limits) -> Self {
         Scheduler {
@@ -175,7 +184,7 @@ impl<B: Backend> Scheduler<B> {
                 let mut r = self.preempted.pop_front().expect("a front request");
                 // A panic in the backend (restore) fails this request only.
                 if let Err(panic) = catch_unwind(AssertUnwindSafe(|| r.resume(w))) {
-                    w.end(&r.job, r.started, Err(panic_text(panic)));
+                    fail(w, r, panic_text(panic));
                     continue;
                 }
                 r
@@ -275,8 +284,7 @@ impl<B: Backend> Scheduler<B> {
             }
         }
         for (i, msg) in failed.into_iter().rev() {
-            let r = self.running.remove(i);
-            w.end(&r.job, r.started, Err(msg));
+            fail(w, self.running.remove(i), msg);
         }
     }
 
@@ -296,10 +304,7 @@ impl<B: Backend> Scheduler<B> {
                     let r = self.running.remove(i);
                     w.end(&r.job, r.started, Ok(f));
                 }
-                Err(panic) => {
-                    let r = self.running.remove(i);
-                    w.end(&r.job, r.started, Err(panic_text(panic)));
-                }
+                Err(panic) => fail(w, self.running.remove(i), panic_text(panic)),
             }
         }
     }
