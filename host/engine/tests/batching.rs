@@ -140,6 +140,21 @@ fn a_batched_step_is_bit_exact_with_each_sequence_alone() {
         o => panic!("{o:?}"),
     }
     assert_eq!((m.position(&a), m.position(&b)), (0, 5));
+    // A step where no row reads anything back (prompt chunks only).
+    let outs = m.step(&mut [
+        BatchItem {
+            seq: &mut a,
+            tokens: &[1, 2],
+            want: Want::Nothing,
+        },
+        BatchItem {
+            seq: &mut b,
+            tokens: &[3],
+            want: Want::Nothing,
+        },
+    ]);
+    assert!(outs.iter().all(|o| matches!(o, Ok(StepOut::Extended))));
+    assert_eq!((m.position(&a), m.position(&b)), (2, 6));
 }
 
 /// The CPU model slowed down per engine step (to observe steps from outside).
@@ -514,6 +529,60 @@ async fn preempted_requests_resume_with_the_tokens_they_get_alone() {
         matches!(&err, SubmitError::ContextLengthExceeded(m) if m.contains("KV memory")),
         "{err:?}"
     );
+}
+
+/// The prefix cache under batching and preemption: concurrent requests
+/// sharing a prefix snapshot at their intervals and prompt ends, preempted
+/// ones resume from the cache, and every request gets its tokens alone; a
+/// second round finds the snapshots.
+#[tokio::test]
+async fn the_prefix_cache_works_under_batching_and_preemption() {
+    let m = cpu(None);
+    let budget = m.sequence_bytes(160) * 2 + m.sequence_bytes(0);
+    let svc = start(
+        cpu(Some(budget)),
+        ServiceConfig {
+            max_num_seqs: 4,
+            max_num_batched_tokens: 24,
+            prefix_cache_bytes: 64 << 20,
+            snapshot_interval: 32,
+            ..ServiceConfig::default()
+        },
+    );
+    let shared = prompt(70, 1);
+    let reqs: Vec<GenerateRequest> = (0..4)
+        .map(|i| {
+            let mut p = shared.clone();
+            p.extend(prompt(5 + i, 20 + i as u32));
+            GenerateRequest {
+                ignore_eos: true,
+                ..req(&p, 60, seeded(i as u64))
+            }
+        })
+        .collect();
+    for round in 0..2 {
+        let mut handles = Vec::new();
+        for r in &reqs {
+            handles.push(
+                svc.submit(r.clone(), SubmitOptions::default())
+                    .await
+                    .unwrap(),
+            );
+        }
+        for (i, (r, mut h)) in reqs.iter().zip(handles).enumerate() {
+            let events = collect(&mut h).await;
+            assert_eq!(got(&events), expected(&m, r), "round {round} request {i}");
+            let cached = match events.last() {
+                Some(Event::Finished { usage, .. }) => usage.cached_tokens,
+                e => panic!("{e:?}"),
+            };
+            if round == 1 {
+                assert!(cached >= 64, "round 1 request {i}: {cached} cached");
+            }
+        }
+    }
+    assert!(metric(&svc, "qwasi_preemptions_total") >= 1.0);
+    assert!(metric(&svc, "qwasi_prefix_cache_hits_total") >= 4.0);
 }
 
 /// Random arrivals, cancellations and preemptions: every request completes

@@ -248,7 +248,11 @@ impl CpuModel {
             .filter(|e| e.2)
             .flat_map(|&(_, r, _)| x[r * h..(r + 1) * h].iter().copied())
             .collect();
-        let mut logits = ops::linear(&last, self.weights.lm_head());
+        let mut logits = if last.is_empty() {
+            Vec::new()
+        } else {
+            ops::linear(&last, self.weights.lm_head())
+        };
         let vocab = self.cfg.vocab_size;
         let single = ends.iter().filter(|e| e.2).count() == 1;
         let mut j = 0;
