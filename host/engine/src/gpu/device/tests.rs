@@ -370,10 +370,11 @@ fn graphs_are_destroyed_on_drop() {
     let g = d.end_capture().unwrap();
     d.launch_graph(&g).unwrap();
     let l = log();
-    assert_eq!(
-        (l.lock().unwrap().graphs_live, l.lock().unwrap().syncs),
-        (1, 1)
-    );
+    let (live, syncs) = {
+        let g = l.lock().unwrap();
+        (g.graphs_live, g.syncs)
+    };
+    assert_eq!((live, syncs), (1, 1), "one graph, synchronised after its launch");
     drop(g);
     assert_eq!(l.lock().unwrap().graphs_live, 0);
 }
