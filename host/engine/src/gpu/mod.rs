@@ -28,6 +28,8 @@ pub mod kernels;
 #[cfg(any(feature = "cuda", feature = "hip"))]
 pub mod model;
 #[cfg(any(feature = "cuda", feature = "hip"))]
+pub mod options;
+#[cfg(any(feature = "cuda", feature = "hip"))]
 pub mod verify;
 
 /// The driver the model runs on: CUDA when the feature is on, else HIP.
@@ -44,9 +46,9 @@ pub type Graph = device::Graph<Vendor>;
 
 #[cfg(any(feature = "cuda", feature = "hip"))]
 impl Device {
-    /// GPU 0 with every embedded kernel, options from the environment.
-    pub fn new() -> anyhow::Result<Self> {
-        Self::open(device::Kernel::ALL, device::DeviceOptions::from_env())
+    /// GPU 0 with every embedded kernel.
+    pub fn new(opts: &device::DeviceOptions) -> anyhow::Result<Self> {
+        Self::open(device::Kernel::ALL, *opts)
     }
 }
 

@@ -102,27 +102,17 @@ impl AsKernel for Kernel {
     }
 }
 
-/// Switches of the device layer.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// Switches of the device layer, read once with the other GPU options
+/// (`gpu::options`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct DeviceOptions {
-    /// Synchronise after every launch and name the failing kernel.
-    pub debug: bool,
-    /// An event pair around every launch and GEMM (see [`Device::take_profile`]).
-    pub profile: bool,
-    /// Programmatic dependent launch where the device has it.
+    /// `QWASI_PDL=0`: no programmatic dependent launch (CUDA, sm_90+).
     pub pdl: bool,
-}
-
-impl DeviceOptions {
-    /// `QWASI_GPU_DEBUG=1`, `QWASI_GPU_PROFILE=1`, `QWASI_PDL=0`.
-    pub fn from_env() -> Self {
-        let on = |k: &str| std::env::var_os(k).is_some_and(|v| v != "0");
-        DeviceOptions {
-            debug: on("QWASI_GPU_DEBUG"),
-            profile: on("QWASI_GPU_PROFILE"),
-            pdl: std::env::var("QWASI_PDL").as_deref() != Ok("0"),
-        }
-    }
+    /// `QWASI_GPU_DEBUG=1`: synchronise after every launch and name the failing kernel.
+    pub debug: bool,
+    /// `QWASI_GPU_PROFILE=1`: an event pair around every launch and GEMM
+    /// (see [`Device::take_profile`]).
+    pub profile: bool,
 }
 
 /// Owned device memory; freed on drop.

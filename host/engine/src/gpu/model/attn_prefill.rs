@@ -22,10 +22,22 @@
 //! `attn_flash_*` kernel.
 
 #[cfg(feature = "cuda")]
-use super::{B, DBuf, fill_uniform};
-use super::{F, FA_BK, FA_BQ};
-use super::{GpuModel, Scratch};
+use super::weights::fill_uniform;
+#[cfg(feature = "cuda")]
+use super::{B, DBuf};
+use super::{F, GpuModel, Scratch};
 use anyhow::Result;
+
+/// Query and key tile of `attn_flash_*` (kernels/attention.cu, CUDA build).
+#[cfg(feature = "cuda")]
+const FA_BQ: usize = 64;
+#[cfg(feature = "cuda")]
+const FA_BK: usize = 32;
+/// Query and key tile of `attn_flash_*` in the HIP build (64 KB of LDS on RDNA).
+#[cfg(all(feature = "hip", not(feature = "cuda")))]
+const FA_BQ: usize = 32;
+#[cfg(all(feature = "hip", not(feature = "cuda")))]
+const FA_BK: usize = 16;
 
 /// One shape of [`GpuModel::attention_agreement`]: the largest |difference|
 /// of each tensor-core kernel's outputs from the CUDA-core kernel's.
@@ -113,7 +125,7 @@ impl GpuModel {
         t: usize,
         pos0: usize,
     ) -> Result<bool> {
-        let wg = self.wg_attention;
+        let wg = self.opts.wg_attention;
         self.attn_prefill_tc_with(sc, wg, q, k, v, proj, stride, out, t, pos0)
     }
 
@@ -136,7 +148,7 @@ impl GpuModel {
         use crate::gpu::{Arg, f, i};
         let c = &self.cfg;
         let (nh, nkv, hd) = (c.num_attention_heads, c.num_key_value_heads, c.head_dim);
-        if !self.tc_attention
+        if !self.opts.tc_attention
             || t == 0
             || nkv == 0
             || nh % nkv != 0
@@ -276,7 +288,7 @@ impl GpuModel {
     #[cfg(feature = "cuda")]
     fn wg_fit(&self) -> Option<(&'static str, usize)> {
         let limit = self.dev.max_shared_per_block();
-        (self.dev.wgmma() && self.tc_attention)
+        (self.dev.wgmma() && self.opts.tc_attention)
             .then(|| tc::wg_kernel(self.cfg.head_dim, self.kv_f32))
             .flatten()
             .filter(|&(_, s)| s <= limit)
@@ -426,7 +438,7 @@ impl GpuModel {
         };
         let blocks = (t * (nh / nkv)).div_ceil(tc::WG_ROWS);
         let ctas = (self.dev.occupancy(name, 256, smem as u32) * self.dev.sm_count) as usize;
-        let split = self.wg_split && tc::split_pays(blocks * nkv, tiles, ctas);
+        let split = self.opts.wg_split && tc::split_pays(blocks * nkv, tiles, ctas);
         let (plan, part) = if split {
             self.wg_plan(sc, t, pos0, blocks * nkv, ctas)?
         } else {

@@ -47,7 +47,7 @@ impl GpuModel {
         if t == 0 {
             return Ok(());
         }
-        if t >= 2 && self.chunked_gdn && self.chunked_gdn_fits() {
+        if t >= 2 && self.opts.chunked_gdn && self.chunked_gdn_fits() {
             self.gdn_chunked(sc, proj, p, g, beta, s, o, t)
         } else {
             self.gdn_serial(proj, p, g, beta, s, o, t)
