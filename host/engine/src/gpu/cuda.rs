@@ -329,8 +329,3 @@ impl Drop for Cuda {
         }
     }
 }
-
-// TEMPORARY (until the h-split merge): the model's imports.
-pub type Device = super::Device;
-pub type DBuf = super::DBuf;
-pub type Graph = super::Graph;

@@ -624,11 +624,3 @@ impl Drop for Hip {
         }
     }
 }
-
-// TEMPORARY (until the h-split merge): the model's imports.
-#[cfg(not(feature = "cuda"))]
-pub type Device = super::Device;
-#[cfg(not(feature = "cuda"))]
-pub type DBuf = super::DBuf;
-#[cfg(not(feature = "cuda"))]
-pub type Graph = super::Graph;

@@ -52,7 +52,10 @@ impl Device {
     }
 }
 
-#[cfg(any(feature = "cuda", feature = "hip"))]
-mod legacy_launch;
-#[cfg(any(feature = "cuda", feature = "hip"))]
-pub use legacy_launch::{Arg, f, i};
+#[cfg(any(feature = "cuda", feature = "hip", test))]
+pub use device::dptr;
+
+/// `usize` -> a kernel's `int` argument (shapes and strides fit in 32 bits).
+pub fn i(v: usize) -> i32 {
+    i32::try_from(v).expect("kernel int argument overflows i32")
+}

@@ -28,7 +28,7 @@ use std::sync::{Arc, Mutex};
 pub struct DevPtr(pub u64);
 
 /// `u64` device address -> [`DevPtr`] (a kernel's pointer argument).
-pub fn p(addr: u64) -> DevPtr {
+pub fn dptr(addr: u64) -> DevPtr {
     DevPtr(addr)
 }
 
@@ -89,16 +89,6 @@ impl Kernel {
     }
     pub fn module(self) -> &'static str {
         self.module
-    }
-}
-
-/// TEMPORARY: a kernel, or (legacy) its name.
-pub trait AsKernel {
-    fn kernel(self) -> Option<Kernel>;
-}
-impl AsKernel for Kernel {
-    fn kernel(self) -> Option<Kernel> {
-        Some(self)
     }
 }
 
@@ -409,8 +399,7 @@ impl<R: RawDevice> Device<R> {
 
     /// Resident blocks per multiprocessor of kernel `k` at this block size
     /// and dynamic shared memory (at least 1).
-    pub fn occupancy(&self, k: impl AsKernel, block: u32, smem: u32) -> u32 {
-        let Some(k) = k.kernel() else { return 1 };
+    pub fn occupancy(&self, k: Kernel, block: u32, smem: u32) -> u32 {
         self.raw
             .occupancy(self.funcs[k.index as usize], block, smem)
             .map_or(1, |n| n.max(1))

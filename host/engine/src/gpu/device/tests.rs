@@ -374,7 +374,11 @@ fn graphs_are_destroyed_on_drop() {
         let g = l.lock().unwrap();
         (g.graphs_live, g.syncs)
     };
-    assert_eq!((live, syncs), (1, 1), "one graph, synchronised after its launch");
+    assert_eq!(
+        (live, syncs),
+        (1, 1),
+        "one graph, synchronised after its launch"
+    );
     drop(g);
     assert_eq!(l.lock().unwrap().graphs_live, 0);
 }
