@@ -49,6 +49,9 @@ pub struct CudaGraph {
 unsafe impl Send for Cuda {}
 unsafe impl Sync for Cuda {}
 
+// The handle arguments are the driver's opaque handles, passed back to it
+// and never dereferenced here.
+#[allow(clippy::not_unsafe_ptr_arg_deref)]
 unsafe impl RawDevice for Cuda {
     type Module = sys::CUmodule;
     type Function = sys::CUfunction;

@@ -245,6 +245,9 @@ impl Hip {
     }
 }
 
+// The handle arguments are the driver's opaque handles, passed back to it
+// and never dereferenced here.
+#[allow(clippy::not_unsafe_ptr_arg_deref)]
 unsafe impl RawDevice for Hip {
     type Module = Handle;
     type Function = Handle;

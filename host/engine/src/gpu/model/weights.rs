@@ -103,7 +103,7 @@ impl Synth<'_> {
         let a_log = self.dev.alloc(nv * F)?;
         let seed = self.next_seed();
         kernels::fill_alog_f32(
-            &self.dev,
+            self.dev,
             Launch::new(((nv as u32).div_ceil(256), 1, 1), (256, 1, 1), 0),
             dptr(a_log.ptr()),
             nv as i64,
