@@ -6,7 +6,7 @@
 //! long long` as `u64`, `float` as `f32`:
 //!
 //! ```ignore
-//! kernels::dec_gemv(&dev, Launch::pdl(grid, block, 0), p(w), p(x), p(y), i(rows), i(cols), 0, p(ssq))?;
+//! kernels::dec_gemv(&dev, Launch::pdl(grid, block, 0), dptr(w), dptr(x), dptr(y), i(rows), i(cols), 0, dptr(ssq))?;
 //! ```
 //!
 //! A call site that picks one of several kernels with the same parameters
