@@ -4,7 +4,7 @@
 
 #![cfg(feature = "cuda")]
 
-use qwasi_engine::gpu::cuda::Device;
+use qwasi_engine::gpu::Device;
 use qwasi_engine::gpu::options::GpuOptions;
 use qwasi_engine::gpu::verify::{Tolerances, fixture_dirs, verify_fixture};
 use std::path::PathBuf;

@@ -74,16 +74,9 @@ pub enum GemvPath {
 /// Most ring slots of `dec_gemv_bulk*` (`BULK_MAX_STAGES` in kernels/gemv_bulk.cu).
 pub const BULK_MAX_STAGES: usize = 8;
 
-/// Switches of the device layer itself (`cuda.rs`, `hip.rs`).
-#[derive(Clone, Copy, Debug, Default)]
-pub struct DeviceOptions {
-    /// `QWASI_PDL=0`: no programmatic dependent launch (CUDA, sm_90+).
-    pub pdl: bool,
-    /// `QWASI_GPU_DEBUG=1`: synchronise after every launch and name the failing kernel.
-    pub debug: bool,
-    /// `QWASI_GPU_PROFILE=1`: an event pair around every launch.
-    pub profile: bool,
-}
+/// Switches of the device layer itself (`QWASI_PDL`, `QWASI_GPU_DEBUG`,
+/// `QWASI_GPU_PROFILE`).
+pub use super::device::DeviceOptions;
 
 /// The GPU backend's options (docs/GPU.md, "Options").
 #[derive(Clone, Debug)]

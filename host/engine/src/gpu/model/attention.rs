@@ -16,7 +16,8 @@ use super::pass::{Decode, Prefill};
 use super::weights::{DevMat, Synth, Upload};
 use super::{B, DBuf, F, GpuModel};
 use crate::config::ModelConfig;
-use crate::gpu::{Arg, f, i};
+use crate::gpu::kernels::{self, Launch};
+use crate::gpu::{dptr, i};
 use anyhow::Result;
 
 /// One attention layer's weights on the device.
@@ -79,32 +80,28 @@ impl AttnLayer {
         let proj = sc.get(d, "proj", t * p * F)?;
         m.linear(sc, n, t, pw, proj, false)?;
         let q = sc.get(d, "q", t * nh * hd * F)?;
-        d.launch(
-            if m.kv_f32 {
-                "attn_prep_f32"
-            } else {
-                "attn_prep_bf16"
-            },
-            (t as u32, (nh + nkv) as u32, 1),
-            (256, 1, 1),
-            0,
-            &[
-                Arg::Ptr(proj),
-                i(p),
-                Arg::Ptr(q_norm.ptr()),
-                Arg::Ptr(k_norm.ptr()),
-                Arg::Ptr(q),
-                Arg::Ptr(k.ptr()),
-                Arg::Ptr(v.ptr()),
-                i(nh),
-                i(nkv),
-                i(hd),
-                i(c.rotary_dim),
-                i(pos0),
-                Arg::Ptr(0),
-                f(c.rope_theta as f32),
-                f(c.rms_norm_eps),
-            ],
+        (if m.kv_f32 {
+            kernels::attn_prep_f32
+        } else {
+            kernels::attn_prep_bf16
+        })(
+            d,
+            Launch::new((t as u32, (nh + nkv) as u32, 1), (256, 1, 1), 0),
+            dptr(proj),
+            i(p),
+            dptr(q_norm.ptr()),
+            dptr(k_norm.ptr()),
+            dptr(q),
+            dptr(k.ptr()),
+            dptr(v.ptr()),
+            i(nh),
+            i(nkv),
+            i(hd),
+            i(c.rotary_dim),
+            i(pos0),
+            dptr(0),
+            c.rope_theta as f32,
+            c.rms_norm_eps,
         )?;
         let queries = t * nh;
         if fast && t >= 32 && hd % 4 == 0 && hd <= 256 && nh % nkv == 0 {
@@ -125,47 +122,39 @@ impl AttnLayer {
             let chunk = lmax.div_ceil(nsplit);
             let po = sc.get(d, "att_po", queries * nsplit * hd * F)?;
             let pml = sc.get(d, "att_pml", queries * nsplit * 2 * F)?;
-            d.launch(
-                if m.kv_f32 {
-                    "attn_partial_f32"
-                } else {
-                    "attn_partial_bf16"
-                },
-                (queries as u32, nsplit as u32, 1),
-                (128, 1, 1),
-                0,
-                &[
-                    Arg::Ptr(q),
-                    Arg::Ptr(k.ptr()),
-                    Arg::Ptr(v.ptr()),
-                    Arg::Ptr(po),
-                    Arg::Ptr(pml),
-                    i(nh),
-                    i(nkv),
-                    i(hd),
-                    i(pos0),
-                    Arg::Ptr(0),
-                    i(chunk),
-                    i(nsplit),
-                    f(1.0 / (hd as f32).sqrt()),
-                ],
+            (if m.kv_f32 {
+                kernels::attn_partial_f32
+            } else {
+                kernels::attn_partial_bf16
+            })(
+                d,
+                Launch::new((queries as u32, nsplit as u32, 1), (128, 1, 1), 0),
+                dptr(q),
+                dptr(k.ptr()),
+                dptr(v.ptr()),
+                dptr(po),
+                dptr(pml),
+                i(nh),
+                i(nkv),
+                i(hd),
+                i(pos0),
+                dptr(0),
+                i(chunk),
+                i(nsplit),
+                1.0 / (hd as f32).sqrt(),
             )?;
             let ao = sc.get(d, "att_o", queries * hd * F)?;
-            d.launch(
-                "attn_combine",
-                (queries as u32, 1, 1),
-                (256, 1, 1),
-                0,
-                &[
-                    Arg::Ptr(po),
-                    Arg::Ptr(pml),
-                    Arg::Ptr(proj),
-                    i(p),
-                    Arg::Ptr(ao),
-                    i(nh),
-                    i(hd),
-                    i(nsplit),
-                ],
+            kernels::attn_combine(
+                d,
+                Launch::new((queries as u32, 1, 1), (256, 1, 1), 0),
+                dptr(po),
+                dptr(pml),
+                dptr(proj),
+                i(p),
+                dptr(ao),
+                i(nh),
+                i(hd),
+                i(nsplit),
             )?;
             m.linear(sc, ao, t, o_proj, mixed, false)?;
         }
@@ -192,32 +181,28 @@ impl AttnLayer {
             m.dec_norm_gemv(dc, pw.buf.ptr(), p, input_norm.ptr(), proj)?;
         }
         if m.opts.dec_stage("attn_prep") {
-            d.launch_pdl(
-                if m.kv_f32 {
-                    "attn_prep_f32"
-                } else {
-                    "attn_prep_bf16"
-                },
-                (1, (nh + nkv) as u32, 1),
-                (256, 1, 1),
-                0,
-                &[
-                    Arg::Ptr(proj),
-                    i(p),
-                    Arg::Ptr(q_norm.ptr()),
-                    Arg::Ptr(k_norm.ptr()),
-                    Arg::Ptr(ds.q.ptr()),
-                    Arg::Ptr(k.ptr()),
-                    Arg::Ptr(v.ptr()),
-                    i(nh),
-                    i(nkv),
-                    i(hd),
-                    i(c.rotary_dim),
-                    i(0),
-                    Arg::Ptr(pos),
-                    f(c.rope_theta as f32),
-                    f(eps),
-                ],
+            (if m.kv_f32 {
+                kernels::attn_prep_f32
+            } else {
+                kernels::attn_prep_bf16
+            })(
+                d,
+                Launch::pdl((1, (nh + nkv) as u32, 1), (256, 1, 1), 0),
+                dptr(proj),
+                i(p),
+                dptr(q_norm.ptr()),
+                dptr(k_norm.ptr()),
+                dptr(ds.q.ptr()),
+                dptr(k.ptr()),
+                dptr(v.ptr()),
+                i(nh),
+                i(nkv),
+                i(hd),
+                i(c.rotary_dim),
+                i(0),
+                dptr(pos),
+                c.rope_theta as f32,
+                eps,
             )?;
         }
         let nsplit = GpuModel::decode_splits(seq.cap());
@@ -231,42 +216,38 @@ impl AttnLayer {
             m.opts.tc_attention,
         );
         if m.opts.dec_stage("attn") {
-            d.launch_pdl(
-                plan.kernel,
-                (nkv as u32, nsplit as u32, 1),
-                (plan.threads as u32, 1, 1),
-                plan.smem as u32,
-                &[
-                    Arg::Ptr(ds.q.ptr()),
-                    Arg::Ptr(k.ptr()),
-                    Arg::Ptr(v.ptr()),
-                    Arg::Ptr(ds.att_po.ptr()),
-                    Arg::Ptr(ds.att_pml.ptr()),
-                    i(nh),
-                    i(nkv),
-                    i(hd),
-                    Arg::Ptr(pos),
-                    i(nsplit),
-                    f(1.0 / (hd as f32).sqrt()),
-                    i(plan.stages),
-                ],
+            (plan.kernel.launch)(
+                d,
+                Launch::pdl(
+                    (nkv as u32, nsplit as u32, 1),
+                    (plan.threads as u32, 1, 1),
+                    plan.smem as u32,
+                ),
+                dptr(ds.q.ptr()),
+                dptr(k.ptr()),
+                dptr(v.ptr()),
+                dptr(ds.att_po.ptr()),
+                dptr(ds.att_pml.ptr()),
+                i(nh),
+                i(nkv),
+                i(hd),
+                dptr(pos),
+                i(nsplit),
+                1.0 / (hd as f32).sqrt(),
+                i(plan.stages),
             )?;
         }
         if m.opts.dec_stage("attn_combine") {
-            d.launch_pdl(
-                "dec_attn_combine",
-                (nh as u32, hd.div_ceil(32) as u32, 1),
-                (256, 1, 1),
-                0,
-                &[
-                    Arg::Ptr(ds.att_po.ptr()),
-                    Arg::Ptr(ds.att_pml.ptr()),
-                    Arg::Ptr(proj),
-                    Arg::Ptr(ds.att_o.ptr()),
-                    i(nh),
-                    i(hd),
-                    i(nsplit),
-                ],
+            kernels::dec_attn_combine(
+                d,
+                Launch::pdl((nh as u32, hd.div_ceil(32) as u32, 1), (256, 1, 1), 0),
+                dptr(ds.att_po.ptr()),
+                dptr(ds.att_pml.ptr()),
+                dptr(proj),
+                dptr(ds.att_o.ptr()),
+                i(nh),
+                i(hd),
+                i(nsplit),
             )?;
         }
         if m.opts.dec_stage("o_proj") {

@@ -4,6 +4,7 @@
 //! ring or direct reads), and its launch shape.
 
 use super::F;
+use crate::gpu::kernels::{Typed, sig, typed};
 use crate::gpu::options::{DecAttnPath, TC_RING};
 
 /// Keys per shared-memory tile and most tiles in the ring of `dec_attn_*`
@@ -37,7 +38,7 @@ const DK_MAXH: usize = 2;
 /// memory and ring stages.
 #[derive(Debug, PartialEq, Eq)]
 pub(super) struct DecAttnPlan {
-    pub kernel: &'static str,
+    pub kernel: Typed<sig::dec_attn_f32>,
     pub threads: usize,
     pub smem: usize,
     pub stages: usize,
@@ -83,10 +84,10 @@ pub(super) fn dec_attn_plan(
         let ring = (fit >= 2).then_some(fit);
         return DecAttnPlan {
             kernel: match (f32_kv, ring.is_some()) {
-                (true, false) => "dec_attn_f32_tc",
-                (false, false) => "dec_attn_bf16_tc",
-                (true, true) => "dec_attn_f32_tc_ring",
-                (false, true) => "dec_attn_bf16_tc_ring",
+                (true, false) => typed::dec_attn_f32_tc,
+                (false, false) => typed::dec_attn_bf16_tc,
+                (true, true) => typed::dec_attn_f32_tc_ring,
+                (false, true) => typed::dec_attn_bf16_tc_ring,
             },
             threads: 32 * warps,
             smem: ring.map_or(0, |r| warps * r * slot),
@@ -120,9 +121,9 @@ pub(super) fn dec_attn_plan(
             let stages = stages.min(DA_STAGES);
             return DecAttnPlan {
                 kernel: match (f32_kv, heads_per_warp) {
-                    (true, 1) => "dec_attn_f32_keys1",
-                    (true, _) => "dec_attn_f32_keys",
-                    (false, _) => "dec_attn_bf16_keys", // two heads per warp only
+                    (true, 1) => typed::dec_attn_f32_keys1,
+                    (true, _) => typed::dec_attn_f32_keys,
+                    (false, _) => typed::dec_attn_bf16_keys, // two heads per warp only
                 },
                 threads: group * 32 / heads_per_warp,
                 smem: fixed + stages * tile,
@@ -143,10 +144,10 @@ pub(super) fn dec_attn_plan(
     };
     DecAttnPlan {
         kernel: match (f32_kv, ring) {
-            (true, false) => "dec_attn_f32",
-            (true, true) => "dec_attn_f32_ring",
-            (false, false) => "dec_attn_bf16",
-            (false, true) => "dec_attn_bf16_ring",
+            (true, false) => typed::dec_attn_f32,
+            (true, true) => typed::dec_attn_f32_ring,
+            (false, false) => typed::dec_attn_bf16,
+            (false, true) => typed::dec_attn_bf16_ring,
         },
         threads: 32 * group,
         smem: stages * tile,
@@ -168,37 +169,46 @@ mod tests {
         // Without tensor cores (HIP), then with them below.
         let plan = |path, keys, kv, smem| dec_attn_plan(path, 8, 256, keys, kv, smem, false);
         let auto = DecAttnPath::Auto;
-        assert_eq!(plan(auto, 100, F, H200_SMEM).kernel, "dec_attn_f32");
+        assert_eq!(plan(auto, 100, F, H200_SMEM).kernel.name(), "dec_attn_f32");
         assert_eq!(plan(auto, 100, F, H200_SMEM).smem, 0);
         let ring = plan(auto, 1023, F, H200_SMEM);
         assert_eq!(
-            (ring.kernel, ring.threads, ring.stages, ring.smem),
+            (ring.kernel.name(), ring.threads, ring.stages, ring.smem),
             ("dec_attn_f32_ring", 256, 3, 3 * 32 * 1024)
         );
         assert_eq!(
-            plan(DecAttnPath::Ring, 100, B, H200_SMEM).kernel,
+            plan(DecAttnPath::Ring, 100, B, H200_SMEM).kernel.name(),
             "dec_attn_bf16_ring"
         );
         // Long f32 splits: the key-parallel kernel, one head per warp; bf16
         // KV keeps the ring.
-        assert_eq!(plan(auto, 1024, F, H200_SMEM).kernel, "dec_attn_f32_keys1");
-        assert_eq!(plan(auto, 4096, B, H200_SMEM).kernel, "dec_attn_bf16_ring");
         assert_eq!(
-            plan(DecAttnPath::Ring, 4096, F, H200_SMEM).kernel,
+            plan(auto, 1024, F, H200_SMEM).kernel.name(),
+            "dec_attn_f32_keys1"
+        );
+        assert_eq!(
+            plan(auto, 4096, B, H200_SMEM).kernel.name(),
+            "dec_attn_bf16_ring"
+        );
+        assert_eq!(
+            plan(DecAttnPath::Ring, 4096, F, H200_SMEM).kernel.name(),
             "dec_attn_f32_ring"
         );
         // Keys: q and p (9,216 bytes), then 32-key tiles of padded K and V.
         let keys = plan(DecAttnPath::Keys { heads_per_warp: 2 }, 100, F, H200_SMEM);
         let tile = 32 * (2 * 256 + 4) * 4;
         assert_eq!(
-            (keys.kernel, keys.threads, keys.stages, keys.smem),
+            (keys.kernel.name(), keys.threads, keys.stages, keys.smem),
             ("dec_attn_f32_keys", 128, 3, 9216 + 3 * tile)
         );
         let one = plan(DecAttnPath::Keys { heads_per_warp: 1 }, 100, F, H200_SMEM);
-        assert_eq!((one.kernel, one.threads), ("dec_attn_f32_keys1", 256));
+        assert_eq!(
+            (one.kernel.name(), one.threads),
+            ("dec_attn_f32_keys1", 256)
+        );
         let bf = plan(DecAttnPath::Keys { heads_per_warp: 2 }, 100, B, H200_SMEM);
         assert_eq!(
-            (bf.kernel, bf.smem),
+            (bf.kernel.name(), bf.smem),
             ("dec_attn_bf16_keys", 9216 + 3 * 32 * 520 * 2)
         );
         // 99 KB (sm_86/89): one stage.
@@ -209,44 +219,55 @@ mod tests {
         // Where the kernel does not apply, the default kernels run.
         let keys2 = DecAttnPath::Keys { heads_per_warp: 2 };
         assert_eq!(
-            dec_attn_plan(keys2, 8, 64, 1024, F, H200_SMEM, false).kernel,
+            dec_attn_plan(keys2, 8, 64, 1024, F, H200_SMEM, false)
+                .kernel
+                .name(),
             "dec_attn_f32_ring"
         );
         assert_eq!(
-            dec_attn_plan(keys2, 3, 256, 100, F, H200_SMEM, true).kernel,
+            dec_attn_plan(keys2, 3, 256, 100, F, H200_SMEM, true)
+                .kernel
+                .name(),
             "dec_attn_f32"
         );
         assert_eq!(
-            dec_attn_plan(keys2, 8, 128, 100, B, H200_SMEM, true).kernel,
+            dec_attn_plan(keys2, 8, 128, 100, B, H200_SMEM, true)
+                .kernel
+                .name(),
             "dec_attn_bf16"
         );
-        assert_eq!(plan(keys2, 100, F, 40_000).kernel, "dec_attn_f32");
+        assert_eq!(plan(keys2, 100, F, 40_000).kernel.name(), "dec_attn_f32");
         // No bf16 kernel with one head per warp.
         let keys1 = DecAttnPath::Keys { heads_per_warp: 1 };
-        assert_eq!(plan(keys1, 100, B, H200_SMEM).kernel, "dec_attn_bf16");
+        assert_eq!(
+            plan(keys1, 100, B, H200_SMEM).kernel.name(),
+            "dec_attn_bf16"
+        );
         // Tensor cores (the default where they apply): 4 warps, no dynamic
         // shared memory, f32 or bf16 KV.
         let plan = |path, keys, kv, smem| dec_attn_plan(path, 8, 256, keys, kv, smem, true);
         let a = plan(auto, 100, F, H200_SMEM);
         assert_eq!(
-            (a.kernel, a.stages, a.smem),
+            (a.kernel.name(), a.stages, a.smem),
             ("dec_attn_f32_tc_ring", 2, 4 * 2 * 16 * 140 * 4)
         );
         assert_eq!(
-            plan(auto, 4096, B, H200_SMEM).kernel,
+            plan(auto, 4096, B, H200_SMEM).kernel.name(),
             "dec_attn_bf16_tc_ring"
         );
         assert_eq!(
-            plan(DecAttnPath::Ring, 4096, F, H200_SMEM).kernel,
+            plan(DecAttnPath::Ring, 4096, F, H200_SMEM).kernel.name(),
             "dec_attn_f32_ring"
         );
         let tc = plan(DecAttnPath::Tensor { ring: 0 }, 4096, F, H200_SMEM);
         assert_eq!(
-            (tc.kernel, tc.threads, tc.smem),
+            (tc.kernel.name(), tc.threads, tc.smem),
             ("dec_attn_f32_tc", 128, 0)
         );
         assert_eq!(
-            plan(DecAttnPath::Tensor { ring: 0 }, 100, B, H200_SMEM).kernel,
+            plan(DecAttnPath::Tensor { ring: 0 }, 100, B, H200_SMEM)
+                .kernel
+                .name(),
             "dec_attn_bf16_tc"
         );
         // Where it does not apply: as Auto.
@@ -261,6 +282,7 @@ mod tests {
                 tensor_cores,
             )
             .kernel
+            .name()
         };
         assert_eq!(no_tc(8, 256, false), "dec_attn_f32");
         assert_eq!(no_tc(16, 256, true), "dec_attn_f32");
@@ -273,24 +295,24 @@ mod tests {
         assert_eq!((warps(32), warps(64), warps(96), warps(256)), (2, 4, 2, 4));
         let small = dec_attn_plan(DecAttnPath::Auto, 4, 32, 100, F, H200_SMEM, true);
         assert_eq!(
-            (small.kernel, small.smem),
+            (small.kernel.name(), small.smem),
             ("dec_attn_f32_tc_ring", 2 * 2 * 16 * (32 + 8 + 4) * 4)
         );
         // Ring: 4 warps x 3 slots of K [16][72] + V [16][68] f32 (bf16: V [16][72]).
         let r3 = plan(DecAttnPath::Tensor { ring: 3 }, 4096, F, H200_SMEM);
         assert_eq!(
-            (r3.kernel, r3.smem, r3.stages),
+            (r3.kernel.name(), r3.smem, r3.stages),
             ("dec_attn_f32_tc_ring", 4 * 3 * 16 * 140 * 4, 3)
         );
         let r2 = plan(DecAttnPath::Tensor { ring: 2 }, 4096, B, H200_SMEM);
         assert_eq!(
-            (r2.kernel, r2.smem),
+            (r2.kernel.name(), r2.smem),
             ("dec_attn_bf16_tc_ring", 4 * 2 * 16 * 144 * 2)
         );
         // Too little shared memory for two slots: registers.
         let small = plan(DecAttnPath::Tensor { ring: 4 }, 4096, F, 60_000);
-        assert_eq!((small.kernel, small.smem), ("dec_attn_f32_tc", 0));
+        assert_eq!((small.kernel.name(), small.smem), ("dec_attn_f32_tc", 0));
         let auto_16 = dec_attn_plan(auto, 16, 256, 100, F, H200_SMEM, true);
-        assert_eq!(auto_16.kernel, "dec_attn_f32");
+        assert_eq!(auto_16.kernel.name(), "dec_attn_f32");
     }
 }

@@ -9,7 +9,8 @@ use super::pass::Decode;
 use super::weights::{DevMat, Synth, Upload};
 use super::{DBuf, F, GpuModel, Scratch};
 use crate::config::ModelConfig;
-use crate::gpu::{Arg, i};
+use crate::gpu::kernels::{self, Launch};
+use crate::gpu::{dptr, i};
 use crate::weights::Weights;
 use anyhow::Result;
 
@@ -66,18 +67,14 @@ impl EmbedHead {
     /// The rows of the token ids at `tok` (device, `t` of them) into `x` `[t, hidden]`.
     pub fn prefill(&self, m: &GpuModel, tok: u64, x: u64, t: usize) -> Result<()> {
         let h = m.cfg.hidden_size;
-        m.dev.launch(
-            "embed_gather",
-            (t as u32, 1, 1),
-            (256, 1, 1),
-            0,
-            &[
-                Arg::Ptr(self.embed.buf.ptr()),
-                Arg::Ptr(tok),
-                Arg::Ptr(x),
-                i(t),
-                i(h),
-            ],
+        kernels::embed_gather(
+            &m.dev,
+            Launch::new((t as u32, 1, 1), (256, 1, 1), 0),
+            dptr(self.embed.buf.ptr()),
+            dptr(tok),
+            dptr(x),
+            i(t),
+            i(h),
         )?;
         Ok(())
     }
@@ -104,19 +101,15 @@ impl EmbedHead {
     pub fn decode_embed(&self, m: &GpuModel, dc: &Decode) -> Result<()> {
         let (d, ds, h) = (&m.dev, dc.ds, m.cfg.hidden_size);
         let (x, tok, ssq, nssq) = (ds.x.ptr(), ds.step.ptr(), ds.ssq.ptr(), ds.nssq);
-        d.launch(
-            "dec_embed",
-            (1, 1, 1),
-            (256, 1, 1),
-            0,
-            &[
-                Arg::Ptr(self.embed.buf.ptr()),
-                Arg::Ptr(tok),
-                Arg::Ptr(x),
-                i(h),
-                Arg::Ptr(ssq),
-                i(nssq),
-            ],
+        kernels::dec_embed(
+            d,
+            Launch::new((1, 1, 1), (256, 1, 1), 0),
+            dptr(self.embed.buf.ptr()),
+            dptr(tok),
+            dptr(x),
+            i(h),
+            dptr(ssq),
+            i(nssq),
         )?;
         Ok(())
     }
@@ -135,28 +128,20 @@ impl EmbedHead {
                 ds.logits.ptr(),
             )?;
         }
-        d.launch_pdl(
-            "argmax_partial",
-            (ARGMAX_BLOCKS as u32, 1, 1),
-            (256, 1, 1),
-            0,
-            &[
-                Arg::Ptr(ds.logits.ptr()),
-                i(c.vocab_size),
-                Arg::Ptr(ds.part.ptr()),
-            ],
+        kernels::argmax_partial(
+            d,
+            Launch::pdl((ARGMAX_BLOCKS as u32, 1, 1), (256, 1, 1), 0),
+            dptr(ds.logits.ptr()),
+            i(c.vocab_size),
+            dptr(ds.part.ptr()),
         )?;
-        d.launch_pdl(
-            "argmax_final",
-            (1, 1, 1),
-            (256, 1, 1),
-            0,
-            &[
-                Arg::Ptr(ds.part.ptr()),
-                i(ARGMAX_BLOCKS),
-                Arg::Ptr(ds.stats.ptr()),
-                Arg::Ptr(0),
-            ],
+        kernels::argmax_final(
+            d,
+            Launch::pdl((1, 1, 1), (256, 1, 1), 0),
+            dptr(ds.part.ptr()),
+            i(ARGMAX_BLOCKS),
+            dptr(ds.stats.ptr()),
+            dptr(0),
         )
     }
 }

@@ -14,7 +14,8 @@ use super::pass::{Decode, Prefill};
 use super::weights::{DevMat, Synth, Upload};
 use super::{CONV_TPT, DBuf, F, GpuModel};
 use crate::config::ModelConfig;
-use crate::gpu::{Arg, f, i};
+use crate::gpu::kernels::{self, Launch};
+use crate::gpu::{dptr, i};
 use anyhow::Result;
 
 /// One GDN layer's weights on the device.
@@ -95,130 +96,106 @@ impl GdnLayer {
         // (tokens in parallel cannot run in place).
         let (qkv, qkv_stride) = if fast {
             let co = sc.get(d, "conv_o", t * conv_dim * F)?;
-            d.launch(
-                "conv_silu_tokens",
-                (
-                    (conv_dim as u32).div_ceil(256),
-                    t.div_ceil(CONV_TPT) as u32,
-                    1,
+            kernels::conv_silu_tokens(
+                d,
+                Launch::new(
+                    (
+                        (conv_dim as u32).div_ceil(256),
+                        t.div_ceil(CONV_TPT) as u32,
+                        1,
+                    ),
+                    (256, 1, 1),
+                    0,
                 ),
-                (256, 1, 1),
-                0,
-                &[
-                    Arg::Ptr(proj),
-                    i(p),
-                    Arg::Ptr(cst.ptr()),
-                    Arg::Ptr(conv.ptr()),
-                    Arg::Ptr(co),
-                    i(t),
-                    i(conv_dim),
-                    i(c.linear_conv_kernel),
-                ],
+                dptr(proj),
+                i(p),
+                dptr(cst.ptr()),
+                dptr(conv.ptr()),
+                dptr(co),
+                i(t),
+                i(conv_dim),
+                i(c.linear_conv_kernel),
             )?;
-            d.launch(
-                "conv_state_update",
-                ((conv_dim as u32).div_ceil(256), 1, 1),
-                (256, 1, 1),
-                0,
-                &[
-                    Arg::Ptr(proj),
-                    i(p),
-                    Arg::Ptr(cst.ptr()),
-                    i(t),
-                    i(conv_dim),
-                    i(c.linear_conv_kernel),
-                ],
+            kernels::conv_state_update(
+                d,
+                Launch::new(((conv_dim as u32).div_ceil(256), 1, 1), (256, 1, 1), 0),
+                dptr(proj),
+                i(p),
+                dptr(cst.ptr()),
+                i(t),
+                i(conv_dim),
+                i(c.linear_conv_kernel),
             )?;
             (co, conv_dim)
         } else {
-            d.launch(
-                "conv_silu",
-                ((conv_dim as u32).div_ceil(128), 1, 1),
-                (128, 1, 1),
-                0,
-                &[
-                    Arg::Ptr(proj),
-                    i(p),
-                    Arg::Ptr(cst.ptr()),
-                    Arg::Ptr(conv.ptr()),
-                    i(t),
-                    i(conv_dim),
-                    i(c.linear_conv_kernel),
-                ],
+            kernels::conv_silu(
+                d,
+                Launch::new(((conv_dim as u32).div_ceil(128), 1, 1), (128, 1, 1), 0),
+                dptr(proj),
+                i(p),
+                dptr(cst.ptr()),
+                dptr(conv.ptr()),
+                i(t),
+                i(conv_dim),
+                i(c.linear_conv_kernel),
             )?;
             (proj, p)
         };
         let rows_q = (t * nk) as u32;
-        d.launch(
-            "l2norm_heads",
-            (rows_q.div_ceil(8), 1, 1),
-            (256, 1, 1),
-            0,
-            &[
-                Arg::Ptr(qkv),
-                i(t),
-                i(nk),
-                i(dk),
-                i(qkv_stride),
-                f(1.0 / (dk as f32).sqrt()),
-                f(1e-6),
-            ],
+        kernels::l2norm_heads(
+            d,
+            Launch::new((rows_q.div_ceil(8), 1, 1), (256, 1, 1), 0),
+            dptr(qkv),
+            i(t),
+            i(nk),
+            i(dk),
+            i(qkv_stride),
+            1.0 / (dk as f32).sqrt(),
+            1e-6,
         )?;
-        d.launch(
-            "l2norm_heads",
-            (rows_q.div_ceil(8), 1, 1),
-            (256, 1, 1),
-            0,
-            &[
-                Arg::Ptr(qkv + (key_dim * F) as u64),
-                i(t),
-                i(nk),
-                i(dk),
-                i(qkv_stride),
-                f(1.0),
-                f(1e-6),
-            ],
+        kernels::l2norm_heads(
+            d,
+            Launch::new((rows_q.div_ceil(8), 1, 1), (256, 1, 1), 0),
+            dptr(qkv + (key_dim * F) as u64),
+            i(t),
+            i(nk),
+            i(dk),
+            i(qkv_stride),
+            1.0,
+            1e-6,
         )?;
         let g = sc.get(d, "g", t * nv * F)?;
         let beta = sc.get(d, "beta", t * nv * F)?;
         let a_off = conv_dim + vdim;
-        d.launch(
-            "gdn_gates",
-            (((t * nv) as u32).div_ceil(256), 1, 1),
-            (256, 1, 1),
-            0,
-            &[
-                Arg::Ptr(proj),
-                i(p),
-                i(a_off),
-                i(a_off + nv),
-                Arg::Ptr(a_log.ptr()),
-                Arg::Ptr(dt_bias.ptr()),
-                Arg::Ptr(g),
-                Arg::Ptr(beta),
-                i(t),
-                i(nv),
-            ],
+        kernels::gdn_gates(
+            d,
+            Launch::new((((t * nv) as u32).div_ceil(256), 1, 1), (256, 1, 1), 0),
+            dptr(proj),
+            i(p),
+            i(a_off),
+            i(a_off + nv),
+            dptr(a_log.ptr()),
+            dptr(dt_bias.ptr()),
+            dptr(g),
+            dptr(beta),
+            i(t),
+            i(nv),
         )?;
         let o = sc.get(d, "gdn_o", t * vdim * F)?;
         m.gdn_recurrence(sc, qkv, qkv_stride, g, beta, s.ptr(), o, t)?;
         let o2 = sc.get(d, "gdn_o2", t * vdim * F)?;
-        d.launch(
-            "gated_rmsnorm",
-            (((t * nv) as u32).div_ceil(8), 1, 1),
-            (256, 1, 1),
-            0,
-            &[
-                Arg::Ptr(o),
-                Arg::Ptr(proj + (conv_dim * F) as u64),
-                i(p),
-                Arg::Ptr(norm.ptr()),
-                Arg::Ptr(o2),
-                i(t),
-                i(nv),
-                i(dv),
-                f(c.rms_norm_eps),
-            ],
+        kernels::gated_rmsnorm(
+            d,
+            Launch::new((((t * nv) as u32).div_ceil(8), 1, 1), (256, 1, 1), 0),
+            dptr(o),
+            dptr(proj + (conv_dim * F) as u64),
+            i(p),
+            dptr(norm.ptr()),
+            dptr(o2),
+            i(t),
+            i(nv),
+            i(dv),
+            c.rms_norm_eps,
         )?;
         m.linear(sc, o2, t, out_proj, mixed, false)?;
         m.residual_add(x, mixed, t)
@@ -271,42 +248,34 @@ impl GdnLayer {
             }
         }
         if !folded && m.opts.dec_stage("gdn_prep") {
-            d.launch_pdl(
-                "dec_gdn_conv",
-                (conv_dim.div_ceil(128) as u32, 1, 1),
-                (128, 1, 1),
-                0,
-                &[
-                    Arg::Ptr(proj),
-                    Arg::Ptr(cst.ptr()),
-                    Arg::Ptr(conv.ptr()),
-                    i(k),
-                    i(conv_dim),
-                ],
+            kernels::dec_gdn_conv(
+                d,
+                Launch::pdl((conv_dim.div_ceil(128) as u32, 1, 1), (128, 1, 1), 0),
+                dptr(proj),
+                dptr(cst.ptr()),
+                dptr(conv.ptr()),
+                i(k),
+                i(conv_dim),
             )?;
         }
         if m.opts.dec_stage("gdn_step") {
-            d.launch_pdl(
-                "dec_gdn_step",
-                (nv as u32, 1, 1),
-                ((32 * dv.div_ceil(32)) as u32, 4, 1),
-                0,
-                &[
-                    Arg::Ptr(proj),
-                    i(nk),
-                    i(nv),
-                    i(dk),
-                    i(dv),
-                    Arg::Ptr(a_log.ptr()),
-                    Arg::Ptr(dt_bias.ptr()),
-                    i(conv_dim + vdim),
-                    f(1.0 / (dk as f32).sqrt()),
-                    Arg::Ptr(s.ptr()),
-                    Arg::Ptr(proj + (conv_dim * F) as u64),
-                    Arg::Ptr(norm.ptr()),
-                    f(eps),
-                    Arg::Ptr(ds.gdn_o.ptr()),
-                ],
+            kernels::dec_gdn_step(
+                d,
+                Launch::pdl((nv as u32, 1, 1), ((32 * dv.div_ceil(32)) as u32, 4, 1), 0),
+                dptr(proj),
+                i(nk),
+                i(nv),
+                i(dk),
+                i(dv),
+                dptr(a_log.ptr()),
+                dptr(dt_bias.ptr()),
+                i(conv_dim + vdim),
+                1.0 / (dk as f32).sqrt(),
+                dptr(s.ptr()),
+                dptr(proj + (conv_dim * F) as u64),
+                dptr(norm.ptr()),
+                eps,
+                dptr(ds.gdn_o.ptr()),
             )?;
         }
         if m.opts.dec_stage("out_proj") {

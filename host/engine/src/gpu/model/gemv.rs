@@ -6,8 +6,9 @@
 
 use super::pass::Decode;
 use super::{B, Device, F, GpuModel};
+use crate::gpu::kernels::{self, Kernel, Launch};
 use crate::gpu::options::{GemvPath, GpuOptions};
-use crate::gpu::{Arg, f, i};
+use crate::gpu::{dptr, i};
 use anyhow::Result;
 
 /// Columns one decode GEMV warp loads at once (`CH * WARP * 8` in kernels/decode.cu).
@@ -26,7 +27,7 @@ pub(super) struct BulkGemv {
 /// One `dec_gemv_bulk*` launch.
 #[derive(Debug, PartialEq, Eq)]
 pub(super) struct BulkPlan {
-    pub kernel: &'static str,
+    pub kernel: Kernel,
     pub grid: usize,
     pub smem: usize,
     pub stages: usize,
@@ -61,9 +62,9 @@ impl BulkGemv {
             return None;
         }
         let (kernel, slot_rows) = if cols <= GEMV_CHUNK {
-            ("dec_gemv_bulk1", 8)
+            (Kernel::dec_gemv_bulk1, 8)
         } else {
-            ("dec_gemv_bulk2", 4)
+            (Kernel::dec_gemv_bulk2, 4)
         };
         let slot = slot_rows * cols * B;
         let stages = self.stages.min(max_smem / slot);
@@ -97,14 +98,14 @@ impl BulkGemv {
         k: usize,
     ) -> Option<BulkPlan> {
         let plan = self.plan(w, rows, cols, max_smem, sms, None)?;
-        if plan.kernel != "dec_gemv_bulk1" || k == 0 {
+        if plan.kernel != Kernel::dec_gemv_bulk1 || k == 0 {
             return None;
         }
         // Block b takes slots [S b / G, S (b + 1) / G): at most ceil(S / G).
         let block_rows = 8 * rows.div_ceil(8).div_ceil(plan.grid);
         let smem = plan.smem + block_rows * 2 * k * F;
         (smem <= max_smem).then_some(BulkPlan {
-            kernel: "dec_gemv_bulk_conv",
+            kernel: Kernel::dec_gemv_bulk_conv,
             smem,
             ..plan
         })
@@ -115,7 +116,7 @@ impl GpuModel {
     /// Grid of a row-per-warp GEMV: one row per warp, capped at the blocks
     /// that are resident at once (warps then stream several rows each, the
     /// next row's weights in flight while the current one is reduced).
-    pub(super) fn gemv_grid(&self, kernel: &str, rows: usize, smem: usize) -> u32 {
+    pub(super) fn gemv_grid(&self, kernel: Kernel, rows: usize, smem: usize) -> u32 {
         let resident = self.dev.occupancy(kernel, 256, smem as u32) * self.dev.sm_count;
         (rows.div_ceil(8) as u32).min(resident).max(1)
     }
@@ -140,22 +141,22 @@ impl GpuModel {
         if self.bulk_gemv(w, x, y, rows, h, Some(norm), ssq, nssq, None)? {
             return Ok(());
         }
-        d.launch_pdl(
-            "dec_norm_gemv",
-            (self.gemv_grid("dec_norm_gemv", rows, 0), 1, 1),
-            (256, 1, 1),
-            0,
-            &[
-                Arg::Ptr(w),
-                Arg::Ptr(x),
-                Arg::Ptr(ssq),
-                i(nssq),
-                Arg::Ptr(norm),
-                f(eps),
-                Arg::Ptr(y),
-                i(rows),
-                i(h),
-            ],
+        kernels::dec_norm_gemv(
+            d,
+            Launch::pdl(
+                (self.gemv_grid(Kernel::dec_norm_gemv, rows, 0), 1, 1),
+                (256, 1, 1),
+                0,
+            ),
+            dptr(w),
+            dptr(x),
+            dptr(ssq),
+            i(nssq),
+            dptr(norm),
+            eps,
+            dptr(y),
+            i(rows),
+            i(h),
         )
     }
 
@@ -180,20 +181,24 @@ impl GpuModel {
         }
         let chunks = cols.div_ceil(GEMV_CHUNK);
         let split = cols.is_multiple_of(8) && chunks <= 4 && self.opts.split_gemv();
-        self.dev.launch_pdl(
-            if split { "dec_gemv_rows" } else { "dec_gemv" },
-            (rows.div_ceil(8) as u32, 1, 1),
-            (if split { 256 * chunks as u32 } else { 256 }, 1, 1),
-            0,
-            &[
-                Arg::Ptr(w),
-                Arg::Ptr(x),
-                Arg::Ptr(y),
-                i(rows),
-                i(cols),
-                i(1),
-                Arg::Ptr(ssq),
-            ],
+        (if split {
+            kernels::dec_gemv_rows
+        } else {
+            kernels::dec_gemv
+        })(
+            &self.dev,
+            Launch::pdl(
+                (rows.div_ceil(8) as u32, 1, 1),
+                (if split { 256 * chunks as u32 } else { 256 }, 1, 1),
+                0,
+            ),
+            dptr(w),
+            dptr(x),
+            dptr(y),
+            i(rows),
+            i(cols),
+            i(1),
+            dptr(ssq),
         )
     }
 
@@ -242,30 +247,53 @@ impl GpuModel {
             Some(nw) => (ssq, nw, 0, 0),
             None => (0, 0, 1, ssq),
         };
-        let mut args = vec![
-            Arg::Ptr(w),
-            Arg::Ptr(x),
-            Arg::Ptr(in_ssq),
-            i(nssq),
-            Arg::Ptr(nw),
-            f(self.cfg.rms_norm_eps),
-            Arg::Ptr(y),
-            i(rows),
-            i(cols),
-            i(accumulate),
-            Arg::Ptr(ssq_out),
-            i(plan.stages),
-        ];
-        if let Some((conv_w, hist, k, conv_dim)) = conv {
-            args.extend([Arg::Ptr(conv_w), Arg::Ptr(hist), i(k), i(conv_dim)]);
+        let l = Launch::pdl((plan.grid as u32, 1, 1), (256, 1, 1), plan.smem as u32);
+        let (w, x, in_ssq, nw, y, ssq_out) = (
+            dptr(w),
+            dptr(x),
+            dptr(in_ssq),
+            dptr(nw),
+            dptr(y),
+            dptr(ssq_out),
+        );
+        let eps = self.cfg.rms_norm_eps;
+        let (nssq, rows, cols, acc, st) =
+            (i(nssq), i(rows), i(cols), i(accumulate), i(plan.stages));
+        match conv {
+            Some((conv_w, hist, k, conv_dim)) if plan.kernel == Kernel::dec_gemv_bulk_conv => {
+                kernels::dec_gemv_bulk_conv(
+                    d,
+                    l,
+                    w,
+                    x,
+                    in_ssq,
+                    nssq,
+                    nw,
+                    eps,
+                    y,
+                    rows,
+                    cols,
+                    acc,
+                    ssq_out,
+                    st,
+                    dptr(conv_w),
+                    dptr(hist),
+                    i(k),
+                    i(conv_dim),
+                )?;
+            }
+            None if plan.kernel == Kernel::dec_gemv_bulk2 => {
+                kernels::dec_gemv_bulk2(
+                    d, l, w, x, in_ssq, nssq, nw, eps, y, rows, cols, acc, ssq_out, st,
+                )?;
+            }
+            None if plan.kernel == Kernel::dec_gemv_bulk1 => {
+                kernels::dec_gemv_bulk1(
+                    d, l, w, x, in_ssq, nssq, nw, eps, y, rows, cols, acc, ssq_out, st,
+                )?;
+            }
+            _ => unreachable!("plan_conv plans the conv kernel exactly when there is a conv"),
         }
-        d.launch_pdl(
-            plan.kernel,
-            (plan.grid as u32, 1, 1),
-            (256, 1, 1),
-            plan.smem as u32,
-            &args,
-        )?;
         Ok(true)
     }
 }
@@ -289,7 +317,7 @@ mod tests {
         assert_eq!(
             b.plan(0, 12_352, 2048, H200_SMEM, 132, None),
             Some(BulkPlan {
-                kernel: "dec_gemv_bulk1",
+                kernel: Kernel::dec_gemv_bulk1,
                 grid: 132,
                 smem: 4 * 32768,
                 stages: 4
@@ -299,7 +327,7 @@ mod tests {
         // partial sum of squares at most.
         let out = b.plan(0, 2048, 4096, H200_SMEM, 132, Some(256)).unwrap();
         assert_eq!(
-            (out.kernel, out.grid, out.smem),
+            (out.kernel.name(), out.grid, out.smem),
             ("dec_gemv_bulk2", 132, 4 * 32768)
         );
         assert_eq!(
@@ -328,7 +356,7 @@ mod tests {
         // blocks, at most 12 slots (96 rows) a block, 8 floats a row.
         let p = b.plan_conv(0, 12_352, 2048, H200_SMEM, 132, 4).unwrap();
         assert_eq!(
-            (p.kernel, p.grid, p.smem, p.stages),
+            (p.kernel.name(), p.grid, p.smem, p.stages),
             ("dec_gemv_bulk_conv", 132, 4 * 32768 + 96 * 8 * 4, 4)
         );
         // Every block's rows fit the staging the kernel lays out after the ring.

@@ -7,7 +7,8 @@
 use super::pass::{Decode, Prefill};
 use super::weights::{DevMat, Synth, Upload};
 use super::{DBuf, F, GpuModel};
-use crate::gpu::{Arg, i};
+use crate::gpu::kernels::{self, Launch};
+use crate::gpu::{dptr, i};
 use anyhow::Result;
 
 /// A dense MLP's weights on the device.
@@ -43,20 +44,16 @@ impl DenseLayer {
         let gu = sc.get(d, "gu", t * 2 * inter * F)?;
         m.linear(sc, n, t, gate_up, gu, false)?;
         let act = sc.get(d, "act", t * inter * F)?;
-        d.launch(
-            "silu_mul",
-            ((inter as u32).div_ceil(256), t as u32, 1),
-            (256, 1, 1),
-            0,
-            &[
-                Arg::Ptr(gu),
-                i(2 * inter),
-                i(0),
-                i(inter),
-                Arg::Ptr(act),
-                i(inter),
-                i(t),
-            ],
+        kernels::silu_mul(
+            d,
+            Launch::new(((inter as u32).div_ceil(256), t as u32, 1), (256, 1, 1), 0),
+            dptr(gu),
+            i(2 * inter),
+            i(0),
+            i(inter),
+            dptr(act),
+            i(inter),
+            i(t),
         )?;
         m.linear(sc, act, t, down, x, true)?;
         Ok(())
@@ -70,20 +67,16 @@ impl DenseLayer {
         let (x, ssq, nssq, proj) = (ds.x.ptr(), ds.ssq.ptr(), ds.nssq, ds.proj.ptr());
         let inter = down.cols;
         m.dec_norm_gemv(dc, gate_up.buf.ptr(), gate_up.rows, post_norm.ptr(), proj)?;
-        d.launch(
-            "silu_mul",
-            ((inter as u32).div_ceil(256), 1, 1),
-            (256, 1, 1),
-            0,
-            &[
-                Arg::Ptr(proj),
-                i(2 * inter),
-                i(0),
-                i(inter),
-                Arg::Ptr(ds.act.ptr()),
-                i(inter),
-                i(1),
-            ],
+        kernels::silu_mul(
+            d,
+            Launch::new(((inter as u32).div_ceil(256), 1, 1), (256, 1, 1), 0),
+            dptr(proj),
+            i(2 * inter),
+            i(0),
+            i(inter),
+            dptr(ds.act.ptr()),
+            i(inter),
+            i(1),
         )?;
         m.dec_gemv(down.buf.ptr(), ds.act.ptr(), x, h, inter, ssq, nssq)?;
         Ok(())

@@ -49,12 +49,9 @@ pub use snapshot::{GpuHostSnapshot, GpuSnapshot};
 mod weights;
 
 use super::HostBuf;
-#[cfg(feature = "cuda")]
-use super::cuda::{DBuf, Device, Graph};
-#[cfg(all(feature = "hip", not(feature = "cuda")))]
-use super::hip::{DBuf, Device, Graph};
 pub use super::options::GemmPath;
 use super::options::GpuOptions;
+use super::{DBuf, Device, Graph};
 use crate::backend::{Backend, SeqSnapshot};
 use crate::config::{MlpConfig, ModelConfig};
 use crate::sampling::{RowPlanner, Sampled, TopLogits, WeightedRow, Weighting};

@@ -16,7 +16,8 @@ use super::pass::{Decode, Prefill};
 use super::weights::{DevMat, Synth, Upload};
 use super::{DBuf, F, GemmPath, GpuModel, mlp_dims};
 use crate::config::ModelConfig;
-use crate::gpu::{Arg, f, i};
+use crate::gpu::kernels::{self, Launch};
+use crate::gpu::{dptr, i};
 use crate::weights::DenseMlp;
 use anyhow::Result;
 
@@ -92,118 +93,94 @@ impl MoeLayer {
         m.linear(sc, n, t, input, inp, false)?;
         // Shared expert, gated.
         let act_s = sc.get(d, "act_s", t * sh * F)?;
-        d.launch(
-            "silu_mul",
-            ((sh as u32).div_ceil(256), t as u32, 1),
-            (256, 1, 1),
-            0,
-            &[
-                Arg::Ptr(inp),
-                i(p),
-                i(e + 1),
-                i(e + 1 + sh),
-                Arg::Ptr(act_s),
-                i(sh),
-                i(t),
-            ],
+        kernels::silu_mul(
+            d,
+            Launch::new(((sh as u32).div_ceil(256), t as u32, 1), (256, 1, 1), 0),
+            dptr(inp),
+            i(p),
+            i(e + 1),
+            i(e + 1 + sh),
+            dptr(act_s),
+            i(sh),
+            i(t),
         )?;
         m.linear(sc, act_s, t, shared_down, mixed, false)?;
-        d.launch(
-            "add_sigmoid_scaled",
-            ((h as u32).div_ceil(256), t as u32, 1),
-            (256, 1, 1),
-            0,
-            &[
-                Arg::Ptr(x),
-                Arg::Ptr(mixed),
-                Arg::Ptr(inp + (e * F) as u64),
-                i(p),
-                i(t),
-                i(h),
-            ],
+        kernels::add_sigmoid_scaled(
+            d,
+            Launch::new(((h as u32).div_ceil(256), t as u32, 1), (256, 1, 1), 0),
+            dptr(x),
+            dptr(mixed),
+            dptr(inp + (e * F) as u64),
+            i(p),
+            i(t),
+            i(h),
         )?;
         // Router.
         let idx = sc.get(d, "moe_idx", t * k * 4)?;
         let wts = sc.get(d, "moe_w", t * k * F)?;
         if fast {
-            d.launch(
-                "router_topk_warp",
-                ((t as u32).div_ceil(8), 1, 1),
-                (256, 1, 1),
-                0,
-                &[
-                    Arg::Ptr(inp),
-                    i(p),
-                    i(e),
-                    i(k),
-                    i(t),
-                    Arg::Ptr(idx),
-                    Arg::Ptr(wts),
-                ],
+            kernels::router_topk_warp(
+                d,
+                Launch::new(((t as u32).div_ceil(8), 1, 1), (256, 1, 1), 0),
+                dptr(inp),
+                i(p),
+                i(e),
+                i(k),
+                i(t),
+                dptr(idx),
+                dptr(wts),
             )?;
         } else {
-            d.launch(
-                "router_topk",
-                (t as u32, 1, 1),
-                (256, 1, 1),
-                0,
-                &[
-                    Arg::Ptr(inp),
-                    i(p),
-                    i(e),
-                    i(k),
-                    Arg::Ptr(idx),
-                    Arg::Ptr(wts),
-                ],
+            kernels::router_topk(
+                d,
+                Launch::new((t as u32, 1, 1), (256, 1, 1), 0),
+                dptr(inp),
+                i(p),
+                i(e),
+                i(k),
+                dptr(idx),
+                dptr(wts),
             )?;
         }
         if t == 1 {
             let gu = sc.get(d, "gu", k * 2 * inter * F)?;
-            d.launch(
-                "moe_gemv_gate_up",
-                (((2 * inter) as u32).div_ceil(8), k as u32, 1),
-                (256, 1, 1),
-                0,
-                &[
-                    Arg::Ptr(gate_up.ptr()),
-                    Arg::Ptr(n),
-                    Arg::Ptr(idx),
-                    Arg::Ptr(gu),
-                    i(2 * inter),
-                    i(h),
-                ],
+            kernels::moe_gemv_gate_up(
+                d,
+                Launch::new(
+                    (((2 * inter) as u32).div_ceil(8), k as u32, 1),
+                    (256, 1, 1),
+                    0,
+                ),
+                dptr(gate_up.ptr()),
+                dptr(n),
+                dptr(idx),
+                dptr(gu),
+                i(2 * inter),
+                i(h),
             )?;
             let act = sc.get(d, "act", k * inter * F)?;
-            d.launch(
-                "silu_mul",
-                ((inter as u32).div_ceil(256), k as u32, 1),
-                (256, 1, 1),
-                0,
-                &[
-                    Arg::Ptr(gu),
-                    i(2 * inter),
-                    i(0),
-                    i(inter),
-                    Arg::Ptr(act),
-                    i(inter),
-                    i(k),
-                ],
+            kernels::silu_mul(
+                d,
+                Launch::new(((inter as u32).div_ceil(256), k as u32, 1), (256, 1, 1), 0),
+                dptr(gu),
+                i(2 * inter),
+                i(0),
+                i(inter),
+                dptr(act),
+                i(inter),
+                i(k),
             )?;
-            d.launch(
-                "moe_gemv_down",
-                ((h as u32).div_ceil(8), 1, 1),
-                (256, 1, 1),
-                0,
-                &[
-                    Arg::Ptr(down.ptr()),
-                    Arg::Ptr(act),
-                    Arg::Ptr(idx),
-                    Arg::Ptr(wts),
-                    Arg::Ptr(x),
-                    i(k),
-                    i(h),
-                    i(inter),
-                ],
+            kernels::moe_gemv_down(
+                d,
+                Launch::new(((h as u32).div_ceil(8), 1, 1), (256, 1, 1), 0),
+                dptr(down.ptr()),
+                dptr(act),
+                dptr(idx),
+                dptr(wts),
+                dptr(x),
+                i(k),
+                i(h),
+                i(inter),
             )?;
         } else if fast && m.gemm == GemmPath::CublasSplit {
             let io = MoeIo {
@@ -239,26 +216,26 @@ impl MoeLayer {
             m.dec_norm_gemv(dc, input.buf.ptr(), input.rows, post_norm.ptr(), proj)?;
         }
         if m.opts.dec_stage("moe_gate_up") {
-            d.launch_pdl(
-                "dec_moe_gate_up",
-                (inter.div_ceil(8 * ds.moe_pairs) as u32, k as u32, 1),
-                (256, 1, 1),
-                (h * F) as u32,
-                &[
-                    Arg::Ptr(gate_up.ptr()),
-                    Arg::Ptr(x),
-                    Arg::Ptr(ssq),
-                    i(nssq),
-                    Arg::Ptr(post_norm.ptr()),
-                    f(eps),
-                    Arg::Ptr(proj),
-                    i(e),
-                    i(k),
-                    Arg::Ptr(ds.act.ptr()),
-                    i(inter),
-                    i(h),
-                    i(ds.moe_pairs),
-                ],
+            kernels::dec_moe_gate_up(
+                d,
+                Launch::pdl(
+                    (inter.div_ceil(8 * ds.moe_pairs) as u32, k as u32, 1),
+                    (256, 1, 1),
+                    (h * F) as u32,
+                ),
+                dptr(gate_up.ptr()),
+                dptr(x),
+                dptr(ssq),
+                i(nssq),
+                dptr(post_norm.ptr()),
+                eps,
+                dptr(proj),
+                i(e),
+                i(k),
+                dptr(ds.act.ptr()),
+                i(inter),
+                i(h),
+                i(ds.moe_pairs),
             )?;
         }
         // The virtual row (k routed rows + the shared one) in
@@ -269,34 +246,35 @@ impl MoeLayer {
         let span = cols16.div_ceil(warps).div_ceil(32) * 32;
         let split =
             inter.is_multiple_of(8) && sh.is_multiple_of(8) && warps <= 2 && m.opts.split_gemv();
-        let mut args = vec![
-            Arg::Ptr(down.ptr()),
-            Arg::Ptr(shared_down.buf.ptr()),
-            Arg::Ptr(ds.act.ptr()),
-            Arg::Ptr(proj),
-            i(e),
-            i(k),
-            i(inter),
-            i(sh),
-            Arg::Ptr(x),
-            i(h),
-            Arg::Ptr(ssq),
-        ];
-        if split {
-            args.push(i(span));
-        }
         if m.opts.dec_stage("moe_down") {
-            d.launch_pdl(
-                if split {
-                    "dec_moe_down_rows"
-                } else {
-                    "dec_moe_down"
-                },
+            let l = Launch::pdl(
                 (h.div_ceil(8) as u32, 1, 1),
                 (if split { 256 * warps as u32 } else { 256 }, 1, 1),
                 ((k * inter + sh) * F) as u32,
-                &args,
-            )?;
+            );
+            let (wd, wsd) = (dptr(down.ptr()), dptr(shared_down.buf.ptr()));
+            let (act, inp, y, ssq) = (dptr(ds.act.ptr()), dptr(proj), dptr(x), dptr(ssq));
+            let (e, k, inter, sh, h) = (i(e), i(k), i(inter), i(sh), i(h));
+            if split {
+                kernels::dec_moe_down_rows(
+                    d,
+                    l,
+                    wd,
+                    wsd,
+                    act,
+                    inp,
+                    e,
+                    k,
+                    inter,
+                    sh,
+                    y,
+                    h,
+                    ssq,
+                    i(span),
+                )?;
+            } else {
+                kernels::dec_moe_down(d, l, wd, wsd, act, inp, e, k, inter, sh, y, h, ssq)?;
+            }
         }
         Ok(())
     }

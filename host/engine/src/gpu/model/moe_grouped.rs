@@ -5,7 +5,8 @@
 //! per-expert GEMMs over rows gathered on a plan copied back to the host.
 
 use super::{B, DBuf, F, GpuModel, Scratch};
-use crate::gpu::{Arg, i};
+use crate::gpu::kernels::{self, Launch, Typed, sig, typed};
+use crate::gpu::{dptr, i};
 use anyhow::{Result, bail};
 
 /// Column tile, k step and pipeline stages of `moe_gemm_split*`
@@ -31,23 +32,23 @@ fn moe_gemm_kernel(
     wg_cols: usize,
     k64: bool,
     k: usize,
-) -> (&'static str, usize, usize) {
+) -> (Typed<sig::moe_gemm_split>, usize, usize) {
     // mma.sync kernels: k steps of `bk`, shared rows padded by 8 bf16.
     let mma_smem = |bk: usize| MG_STAGES * (2 * bm + MG_BN) * (bk + 8) * B;
     match (bm, if wgmma { wg_cols } else { 0 }) {
-        (64, _) if k64 && k.is_multiple_of(64) => ("moe_gemm_split_k64", mma_smem(64), MG_BN),
+        (64, _) if k64 && k.is_multiple_of(64) => (typed::moe_gemm_split_k64, mma_smem(64), MG_BN),
         (128, 128) => (
-            "moe_gemm_split128_wg",
+            typed::moe_gemm_split128_wg,
             MG_WG_STAGES * (256 + 128) * MG_BK * B,
             128,
         ),
         (128, 256) => (
-            "moe_gemm_split128_wg256",
+            typed::moe_gemm_split128_wg256,
             MG_WG_STAGES * (256 + 256) * MG_BK * B,
             256,
         ),
-        (128, _) => ("moe_gemm_split128", mma_smem(MG_BK), MG_BN),
-        _ => ("moe_gemm_split", mma_smem(MG_BK), MG_BN),
+        (128, _) => (typed::moe_gemm_split128, mma_smem(MG_BK), MG_BN),
+        _ => (typed::moe_gemm_split, mma_smem(MG_BK), MG_BN),
     }
 }
 
@@ -117,29 +118,26 @@ impl GpuModel {
         } = io;
         let nn = t * k;
         let counts = sc.get(d, "plan_counts", (e + 1) * 4)?;
-        d.launch(
-            "moe_plan_count",
-            ((e + 1) as u32, 1, 1),
-            (256, 1, 1),
-            0,
-            &[Arg::Ptr(idx), i(nn), i(e), Arg::Ptr(counts)],
+        kernels::moe_plan_count(
+            d,
+            Launch::new(((e + 1) as u32, 1, 1), (256, 1, 1), 0),
+            dptr(idx),
+            i(nn),
+            i(e),
+            dptr(counts),
         )?;
         let pr = sc.get(d, "plan_rows", nn * 4)?;
         let slot = sc.get(d, "plan_slot", nn * 4)?;
-        d.launch(
-            "moe_plan_place",
-            (e as u32, 1, 1),
-            (256, 1, 1),
-            0,
-            &[
-                Arg::Ptr(idx),
-                i(nn),
-                i(k),
-                i(e),
-                Arg::Ptr(counts),
-                Arg::Ptr(pr),
-                Arg::Ptr(slot),
-            ],
+        kernels::moe_plan_place(
+            d,
+            Launch::new((e as u32, 1, 1), (256, 1, 1), 0),
+            dptr(idx),
+            i(nn),
+            i(k),
+            i(e),
+            dptr(counts),
+            dptr(pr),
+            dptr(slot),
         )?;
         let plan =
             if self.opts.grouped_moe && h.is_multiple_of(MG_BK) && inter.is_multiple_of(MG_BK) {
@@ -151,20 +149,16 @@ impl GpuModel {
                     bail!("{most} expert row tiles exceed the grid's 65,535");
                 }
                 let tiles = sc.get(d, "moe_tiles", (1 + 3 * most) * 4)?;
-                d.launch(
-                    "moe_plan_tiles",
-                    (1, 1, 1),
-                    (256, 1, 1),
-                    0,
-                    &[
-                        Arg::Ptr(counts),
-                        i(e),
-                        i(bm),
-                        i(nn),
-                        Arg::Ptr(tiles),
-                        Arg::Ptr(pr),
-                        Arg::Ptr(bad),
-                    ],
+                kernels::moe_plan_tiles(
+                    d,
+                    Launch::new((1, 1, 1), (256, 1, 1), 0),
+                    dptr(counts),
+                    i(e),
+                    i(bm),
+                    i(nn),
+                    dptr(tiles),
+                    dptr(pr),
+                    dptr(bad),
                 )?;
                 MoePlan::Tiles {
                     buf: tiles,
@@ -183,20 +177,16 @@ impl GpuModel {
         // hi | lo bf16 halves of the gathered rows; reused for the f32 expert outputs.
         let xs = sc.get(d, "moe_xs", nn * h * F)?;
         let (hi, lo) = (xs, xs + (nn * h * B) as u64);
-        d.launch(
-            "gather_split_bf16",
-            (nn as u32, 1, 1),
-            (256, 1, 1),
-            0,
-            &[
-                Arg::Ptr(n),
-                i(h),
-                Arg::Ptr(pr),
-                Arg::I64(nn as i64),
-                i(h),
-                Arg::Ptr(hi),
-                Arg::Ptr(lo),
-            ],
+        kernels::gather_split_bf16(
+            d,
+            Launch::new((nn as u32, 1, 1), (256, 1, 1), 0),
+            dptr(n),
+            i(h),
+            dptr(pr),
+            nn as i64,
+            i(h),
+            dptr(hi),
+            dptr(lo),
         )?;
         // y (f32, rows in plan order) = a (hi + lo) W_e^T per expert.
         let experts = |a_hi: u64, a_lo: u64, w: &DBuf, y: u64, rows: usize, cols: usize| match &plan
@@ -209,21 +199,21 @@ impl GpuModel {
                     self.opts.moe_k64,
                     cols,
                 );
-                d.launch(
-                    name,
-                    (rows.div_ceil(bn) as u32, *most, 1),
-                    (2 * *bm as u32, 1, 1),
-                    smem as u32,
-                    &[
-                        Arg::Ptr(a_hi),
-                        Arg::Ptr(a_lo),
-                        Arg::Ptr(w.ptr()),
-                        Arg::I64((rows * cols) as i64),
-                        Arg::Ptr(*buf),
-                        Arg::Ptr(y),
-                        i(rows),
-                        i(cols),
-                    ],
+                (name.launch)(
+                    d,
+                    Launch::new(
+                        (rows.div_ceil(bn) as u32, *most, 1),
+                        (2 * *bm as u32, 1, 1),
+                        smem as u32,
+                    ),
+                    dptr(a_hi),
+                    dptr(a_lo),
+                    dptr(w.ptr()),
+                    (rows * cols) as i64,
+                    dptr(*buf),
+                    dptr(y),
+                    i(rows),
+                    i(cols),
                 )
             }
             MoePlan::Counts(hc) => {
@@ -262,37 +252,29 @@ impl GpuModel {
         experts(hi, lo, gate_up, gu, 2 * inter, h)?;
         let ah = sc.get(d, "moe_act", nn * inter * 2 * B)?;
         let al = ah + (nn * inter * B) as u64;
-        d.launch(
-            "silu_mul_split",
-            (nn as u32, 1, 1),
-            (256, 1, 1),
-            0,
-            &[
-                Arg::Ptr(gu),
-                Arg::I64(nn as i64),
-                i(inter),
-                Arg::Ptr(ah),
-                Arg::Ptr(al),
-            ],
+        kernels::silu_mul_split(
+            d,
+            Launch::new((nn as u32, 1, 1), (256, 1, 1), 0),
+            dptr(gu),
+            nn as i64,
+            i(inter),
+            dptr(ah),
+            dptr(al),
         )?;
         let ye = xs;
         experts(ah, al, down, ye, h, inter)?;
-        d.launch(
-            "moe_combine",
-            (t as u32, 1, 1),
-            (256, 1, 1),
-            0,
-            &[
-                Arg::Ptr(ye),
-                Arg::Ptr(idx),
-                Arg::Ptr(wts),
-                Arg::Ptr(slot),
-                i(t),
-                i(k),
-                i(e),
-                i(h),
-                Arg::Ptr(x),
-            ],
+        kernels::moe_combine(
+            d,
+            Launch::new((t as u32, 1, 1), (256, 1, 1), 0),
+            dptr(ye),
+            dptr(idx),
+            dptr(wts),
+            dptr(slot),
+            i(t),
+            i(k),
+            i(e),
+            i(h),
+            dptr(x),
         )?;
         Ok(matches!(plan, MoePlan::Tiles { .. }))
     }
@@ -350,12 +332,15 @@ impl GpuModel {
         for (ex, start, cnt) in spans {
             let r = pr + (start * 4) as u64;
             let w = pw + (start * F) as u64;
-            d.launch(
-                "gather_rows",
-                ((h as u32).div_ceil(256), cnt as u32, 1),
-                (256, 1, 1),
-                0,
-                &[Arg::Ptr(n), i(h), Arg::Ptr(r), i(cnt), i(h), Arg::Ptr(xe)],
+            kernels::gather_rows(
+                d,
+                Launch::new(((h as u32).div_ceil(256), cnt as u32, 1), (256, 1, 1), 0),
+                dptr(n),
+                i(h),
+                dptr(r),
+                i(cnt),
+                i(h),
+                dptr(xe),
             )?;
             self.linear_raw(
                 sc,
@@ -367,20 +352,20 @@ impl GpuModel {
                 gu,
                 false,
             )?;
-            d.launch(
-                "silu_mul",
-                ((inter as u32).div_ceil(256), cnt as u32, 1),
-                (256, 1, 1),
-                0,
-                &[
-                    Arg::Ptr(gu),
-                    i(2 * inter),
-                    i(0),
-                    i(inter),
-                    Arg::Ptr(act),
-                    i(inter),
-                    i(cnt),
-                ],
+            kernels::silu_mul(
+                d,
+                Launch::new(
+                    ((inter as u32).div_ceil(256), cnt as u32, 1),
+                    (256, 1, 1),
+                    0,
+                ),
+                dptr(gu),
+                i(2 * inter),
+                i(0),
+                i(inter),
+                dptr(act),
+                i(inter),
+                i(cnt),
             )?;
             self.linear_raw(
                 sc,
@@ -392,19 +377,15 @@ impl GpuModel {
                 ye,
                 false,
             )?;
-            d.launch(
-                "scatter_add_rows",
-                ((h as u32).div_ceil(256), cnt as u32, 1),
-                (256, 1, 1),
-                0,
-                &[
-                    Arg::Ptr(ye),
-                    Arg::Ptr(r),
-                    Arg::Ptr(w),
-                    i(cnt),
-                    i(h),
-                    Arg::Ptr(x),
-                ],
+            kernels::scatter_add_rows(
+                d,
+                Launch::new(((h as u32).div_ceil(256), cnt as u32, 1), (256, 1, 1), 0),
+                dptr(ye),
+                dptr(r),
+                dptr(w),
+                i(cnt),
+                i(h),
+                dptr(x),
             )?;
         }
         Ok(())
@@ -424,7 +405,8 @@ mod tests {
             for wgmma in [false, true] {
                 for cols in [0, 128, 256] {
                     for (k64, k) in [(false, 2048), (true, 2048), (true, 96)] {
-                        let (name, smem, bn) = moe_gemm_kernel(bm, wgmma, cols, k64, k);
+                        let (kernel, smem, bn) = moe_gemm_kernel(bm, wgmma, cols, k64, k);
+                        let name = kernel.name();
                         assert!(smem <= 227 * 1024, "{name}: {smem} bytes");
                         let wg = bm == 128 && wgmma && cols != 0;
                         assert_eq!(

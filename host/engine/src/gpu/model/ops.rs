@@ -4,7 +4,8 @@
 
 use super::weights::DevMat;
 use super::{B, DBuf, Device, GemmPath, GpuModel};
-use crate::gpu::{Arg, f, i};
+use crate::gpu::kernels::{self, Launch};
+use crate::gpu::{dptr, i};
 use anyhow::Result;
 use std::collections::HashMap;
 
@@ -65,47 +66,43 @@ impl GpuModel {
     ) -> Result<()> {
         let d = &self.dev;
         if t == 1 {
-            return d.launch(
-                "gemv_bf16",
-                ((rows as u32).div_ceil(8), t as u32, 1),
-                (256, 1, 1),
-                0,
-                &[
-                    Arg::Ptr(w),
-                    Arg::Ptr(x),
-                    Arg::Ptr(y),
-                    i(rows),
-                    i(cols),
-                    i(t),
-                    i(accumulate as usize),
-                ],
+            return kernels::gemv_bf16(
+                d,
+                Launch::new(((rows as u32).div_ceil(8), t as u32, 1), (256, 1, 1), 0),
+                dptr(w),
+                dptr(x),
+                dptr(y),
+                i(rows),
+                i(cols),
+                i(t),
+                i(accumulate as usize),
             );
         }
         match self.gemm {
-            GemmPath::Tiled => d.launch(
-                "gemm_tiled",
-                ((rows as u32).div_ceil(64), (t as u32).div_ceil(64), 1),
-                (256, 1, 1),
-                0,
-                &[
-                    Arg::Ptr(x),
-                    Arg::Ptr(w),
-                    Arg::Ptr(y),
-                    i(t),
-                    i(rows),
-                    i(cols),
-                    i(accumulate as usize),
-                ],
+            GemmPath::Tiled => kernels::gemm_tiled(
+                d,
+                Launch::new(
+                    ((rows as u32).div_ceil(64), (t as u32).div_ceil(64), 1),
+                    (256, 1, 1),
+                    0,
+                ),
+                dptr(x),
+                dptr(w),
+                dptr(y),
+                i(t),
+                i(rows),
+                i(cols),
+                i(accumulate as usize),
             ),
             GemmPath::Cublas => {
                 let n = t * cols;
                 let xb = sc.get(d, "x_bf16", n * B)?;
-                d.launch(
-                    "f32_to_bf16",
-                    ((n as u32).div_ceil(256), 1, 1),
-                    (256, 1, 1),
-                    0,
-                    &[Arg::Ptr(x), Arg::Ptr(xb), Arg::I64(n as i64)],
+                kernels::f32_to_bf16(
+                    d,
+                    Launch::new(((n as u32).div_ceil(256), 1, 1), (256, 1, 1), 0),
+                    dptr(x),
+                    dptr(xb),
+                    n as i64,
                 )?;
                 d.gemm_bf16(xb, w, y, t, rows, cols, accumulate)
             }
@@ -113,12 +110,13 @@ impl GpuModel {
                 let n = t * cols;
                 let hi = sc.get(d, "x_bf16", 2 * n * B)?;
                 let lo = hi + (n * B) as u64;
-                d.launch(
-                    "f32_to_bf16_split",
-                    ((n as u32).div_ceil(4 * 256), 1, 1),
-                    (256, 1, 1),
-                    0,
-                    &[Arg::Ptr(x), Arg::Ptr(hi), Arg::Ptr(lo), Arg::I64(n as i64)],
+                kernels::f32_to_bf16_split(
+                    d,
+                    Launch::new(((n as u32).div_ceil(4 * 256), 1, 1), (256, 1, 1), 0),
+                    dptr(x),
+                    dptr(hi),
+                    dptr(lo),
+                    n as i64,
                 )?;
                 d.gemm_bf16(hi, w, y, t, rows, cols, accumulate)?;
                 d.gemm_bf16(lo, w, y, t, rows, cols, true)
@@ -137,21 +135,17 @@ impl GpuModel {
         rows: usize,
         dim: usize,
     ) -> Result<()> {
-        self.dev.launch(
-            "rmsnorm",
-            (rows as u32, 1, 1),
-            (256, 1, 1),
-            0,
-            &[
-                Arg::Ptr(x),
-                i(x_stride),
-                Arg::Ptr(w.ptr()),
-                Arg::Ptr(out),
-                i(out_stride),
-                i(rows),
-                i(dim),
-                f(self.cfg.rms_norm_eps),
-            ],
+        kernels::rmsnorm(
+            &self.dev,
+            Launch::new((rows as u32, 1, 1), (256, 1, 1), 0),
+            dptr(x),
+            i(x_stride),
+            dptr(w.ptr()),
+            dptr(out),
+            i(out_stride),
+            i(rows),
+            i(dim),
+            self.cfg.rms_norm_eps,
         )
     }
 
@@ -159,12 +153,12 @@ impl GpuModel {
     pub(super) fn residual_add(&self, x: u64, mixed: u64, t: usize) -> Result<()> {
         let (d, h) = (&self.dev, self.cfg.hidden_size);
         let nel = t * h;
-        d.launch(
-            "add_inplace",
-            ((nel as u32).div_ceil(256), 1, 1),
-            (256, 1, 1),
-            0,
-            &[Arg::Ptr(x), Arg::Ptr(mixed), Arg::I64(nel as i64)],
+        kernels::add_inplace(
+            d,
+            Launch::new(((nel as u32).div_ceil(256), 1, 1), (256, 1, 1), 0),
+            dptr(x),
+            dptr(mixed),
+            nel as i64,
         )?;
         Ok(())
     }

@@ -8,7 +8,8 @@ use super::gdn::GdnLayer;
 use super::mlp::DenseLayer;
 use super::moe::MoeLayer;
 use super::{B, F, GpuModel, LayerMixer, LayerMlp, mlp_dims};
-use crate::gpu::Arg;
+use crate::gpu::dptr;
+use crate::gpu::kernels::{self, Launch};
 use anyhow::{Result, bail};
 
 /// Bytes one decode step must move at a context of `ctx` tokens, by part.
@@ -153,16 +154,12 @@ impl GpuModel {
             Ok(t.elapsed().as_secs_f64() * 1e6 / (reps * mats.len()) as f64)
         };
         let read = time(&|w| {
-            d.launch(
-                "probe_read",
-                (blocks, 1, 1),
-                (256, 1, 1),
-                0,
-                &[
-                    Arg::Ptr(w),
-                    Arg::I64((bytes / 16) as i64),
-                    Arg::Ptr(sink.ptr()),
-                ],
+            kernels::probe_read(
+                d,
+                Launch::new((blocks, 1, 1), (256, 1, 1), 0),
+                dptr(w),
+                (bytes / 16) as i64,
+                dptr(sink.ptr()),
             )
         })?;
         let nssq = rows.div_ceil(8);

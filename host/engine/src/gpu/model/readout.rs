@@ -5,7 +5,8 @@
 //! per block of 64 and then what the host sampler asks for.
 
 use super::{F, GpuModel, GpuSequence, Scratch};
-use crate::gpu::{Arg, f, i};
+use crate::gpu::kernels::{self, Launch};
+use crate::gpu::{dptr, i};
 use crate::sampling::{
     RowPlanner, RowRead, RowSums, Sampled, TOP_CANDIDATES, TopLogits, WEIGHT_BLOCK, WeightedRow,
     Weighting, key_parts,
@@ -64,25 +65,22 @@ impl GpuModel {
         let keys = sc.get(&self.dev, "top_parts", parts * TOP_KEYS * 8)?;
         let ms = sc.get(&self.dev, "top_ms", parts * 2 * F)?;
         let out = sc.get(&self.dev, "top_out", HEAD_WORDS * 8 + extra)?;
-        self.dev.launch(
-            "logits_top_part",
-            (parts as u32, 1, 1),
-            (1024, 1, 1),
-            0,
-            &[
-                Arg::Ptr(logits),
-                i(n),
-                i(TOP_PER_PART),
-                Arg::Ptr(keys),
-                Arg::Ptr(ms),
-            ],
+        kernels::logits_top_part(
+            &self.dev,
+            Launch::new((parts as u32, 1, 1), (1024, 1, 1), 0),
+            dptr(logits),
+            i(n),
+            i(TOP_PER_PART),
+            dptr(keys),
+            dptr(ms),
         )?;
-        self.dev.launch(
-            "logits_top_merge",
-            (1, 1, 1),
-            (1024, 1, 1),
-            0,
-            &[Arg::Ptr(keys), Arg::Ptr(ms), i(parts), Arg::Ptr(out)],
+        kernels::logits_top_merge(
+            &self.dev,
+            Launch::new((1, 1, 1), (1024, 1, 1), 0),
+            dptr(keys),
+            dptr(ms),
+            i(parts),
+            dptr(out),
         )?;
         Ok(out)
     }
@@ -112,12 +110,12 @@ impl GpuModel {
         }
         let logits = self.logits_device(seq, tokens, &mut sc)?;
         let st = sc.get(&self.dev, "stats", 16)?;
-        self.dev.launch(
-            "logits_stats",
-            (1, 1, 1),
-            (1024, 1, 1),
-            0,
-            &[Arg::Ptr(logits), i(self.cfg.vocab_size), Arg::Ptr(st)],
+        kernels::logits_stats(
+            &self.dev,
+            Launch::new((1, 1, 1), (1024, 1, 1), 0),
+            dptr(logits),
+            i(self.cfg.vocab_size),
+            dptr(st),
         )?;
         let mut out = [0f32; 3];
         self.dev.dtoh(&mut out, st)?;
@@ -166,20 +164,16 @@ impl GpuModel {
         let out = self.read_head(&mut sc, logits, nb * 8 + warps * 4)?;
         let blocks = out + (HEAD_WORDS * 8) as u64;
         let heavy = blocks + (nb * 8) as u64;
-        self.dev.launch(
-            "logits_weights",
-            (grid as u32, 1, 1),
-            (256, 1, 1),
-            0,
-            &[
-                Arg::Ptr(logits),
-                i(n),
-                Arg::Ptr(out),
-                f(w.temperature),
-                f(w.min_p),
-                Arg::Ptr(blocks),
-                Arg::Ptr(heavy),
-            ],
+        kernels::logits_weights(
+            &self.dev,
+            Launch::new((grid as u32, 1, 1), (256, 1, 1), 0),
+            dptr(logits),
+            i(n),
+            dptr(out),
+            w.temperature,
+            w.min_p,
+            dptr(blocks),
+            dptr(heavy),
         )?;
         let mut all = vec![0u64; HEAD_WORDS + nb + warps.div_ceil(2)];
         self.dev.dtoh(&mut all, out)?;

@@ -11,8 +11,9 @@ use super::mlp::DenseLayer;
 use super::moe::MoeLayer;
 use super::{B, DBuf, DLayer, Device, F, GpuModel, LayerMixer, LayerMlp, mlp_dims};
 use crate::config::{LayerKind, MlpConfig, ModelConfig};
+use crate::gpu::dptr;
+use crate::gpu::kernels::{self, Launch};
 use crate::gpu::options::GpuOptions;
-use crate::gpu::{Arg, f};
 use crate::weights::{Mixer, Mlp, Weights};
 use anyhow::{Result, bail};
 
@@ -101,12 +102,12 @@ impl Synth<'_> {
     pub fn alog(&mut self, nv: usize) -> Result<DBuf> {
         let a_log = self.dev.alloc(nv * F)?;
         let seed = self.next_seed();
-        self.dev.launch(
-            "fill_alog_f32",
-            ((nv as u32).div_ceil(256), 1, 1),
-            (256, 1, 1),
-            0,
-            &[Arg::Ptr(a_log.ptr()), Arg::I64(nv as i64), Arg::U64(seed)],
+        kernels::fill_alog_f32(
+            self.dev,
+            Launch::new(((nv as u32).div_ceil(256), 1, 1), (256, 1, 1), 0),
+            dptr(a_log.ptr()),
+            nv as i64,
+            seed,
         )?;
         Ok(a_log)
     }
@@ -123,22 +124,22 @@ pub(super) fn fill_uniform(
     offset: f32,
     bf16: bool,
 ) -> Result<()> {
-    dev.launch(
-        if bf16 {
-            "fill_uniform_bf16"
-        } else {
-            "fill_uniform_f32"
-        },
-        (n.div_ceil(256).min(65_535 * 16) as u32, 1, 1),
-        (256, 1, 1),
-        0,
-        &[
-            Arg::Ptr(ptr),
-            Arg::I64(n as i64),
-            Arg::U64(seed),
-            f(scale),
-            f(offset),
-        ],
+    (if bf16 {
+        kernels::fill_uniform_bf16
+    } else {
+        kernels::fill_uniform_f32
+    })(
+        dev,
+        Launch::new(
+            (n.div_ceil(256).min(65_535 * 16) as u32, 1, 1),
+            (256, 1, 1),
+            0,
+        ),
+        dptr(ptr),
+        n as i64,
+        seed,
+        scale,
+        offset,
     )
 }
 
