@@ -1,6 +1,6 @@
 use super::*;
-use crate::sampling::{TOP_CANDIDATES, argmax, greedy, log_softmax, top_logits, top_logprobs};
 use crate::sampling::test_util::{logits, params};
+use crate::sampling::{TOP_CANDIDATES, argmax, greedy, log_softmax, top_logits, top_logprobs};
 
 #[test]
 fn greedy_is_what_an_argmax_only_sampler_picks() {
