@@ -26,6 +26,12 @@
 //! log-sum-exp) plus, for top-k / top-p, a bounded heap, a small candidate
 //! list or a 65,536-bucket histogram; no full sort. Buffers are reused
 //! between calls.
+//!
+//! Modules: `params` (the request's knobs), `sampler` (the draw over a row),
+//! `row_draw` (the draw over a row weighted on the device), `draw` and `keys`
+//! (cut-offs and the walk, on the `(logit, id)` key order), `simd` and `exp`
+//! (the row passes and the exponential), `logprobs`, `rng`. What a backend
+//! hands back lives in [`crate::readout::protocol`].
 
 mod draw;
 mod exp;
