@@ -23,8 +23,13 @@ use anyhow::{Result, bail};
 /// Most key-length splits of decode attention.
 pub(super) const MAX_SPLIT: usize = 128;
 
+/// Captured decode graphs kept at once: one per running sequence, so a
+/// scheduler that interleaves sequences step by step replays instead of
+/// capturing again (a capture costs several steps' time).
+const GRAPH_CACHE: usize = 64;
+
 /// Device buffers of the decode step (fixed addresses, so graphs stay valid)
-/// and the captured graph of the last sequence shape.
+/// and the captured graphs of the sequences that ran last.
 pub(super) struct DecodeState {
     /// `[token u32, position i32]`, written by the host before each step.
     pub step: DBuf,
@@ -44,7 +49,8 @@ pub(super) struct DecodeState {
     pub part: DBuf,
     /// `[token (int bits), max, log-sum-exp]` of the last step's logits.
     pub stats: DBuf,
-    graph: Option<((u64, usize), Graph)>,
+    /// `(sequence id, KV capacity)` -> its graph, least recently used first.
+    graphs: Vec<((u64, usize), Graph)>,
     graphs_ok: bool,
     /// Gate/up row pairs per warp of `dec_moe_gate_up` (`GpuOptions::moe_pairs`).
     pub moe_pairs: usize,
@@ -103,7 +109,7 @@ impl GpuModel {
             logits: d.alloc(c.vocab_size * F)?,
             part: d.alloc(ARGMAX_BLOCKS * 3 * F)?,
             stats: d.alloc(16)?,
-            graph: None,
+            graphs: Vec::new(),
             graphs_ok: self.opts.graphs && !d.debug && !d.profiling(),
             moe_pairs: self.opts.moe_pairs,
         })
@@ -134,10 +140,15 @@ impl GpuModel {
         let step = [token, seq.pos as u32];
         self.dev.htod(ds.step.ptr(), &step)?;
         let key = (seq.id, seq.cap());
-        match &ds.graph {
-            Some((k, g)) if *k == key => self.dev.launch_graph(g)?,
-            _ => {
-                ds.graph = None;
+        match ds.graphs.iter().position(|(k, _)| *k == key) {
+            Some(i) => {
+                let hit = ds.graphs.remove(i);
+                self.dev.launch_graph(&hit.1)?;
+                ds.graphs.push(hit);
+            }
+            None => {
+                // A grown KV slab makes the sequence's older graph stale.
+                ds.graphs.retain(|(k, _)| k.0 != seq.id);
                 self.decode_kernels(seq, ds)?;
                 if ds.graphs_ok {
                     // Record the same launches (nothing runs during capture).
@@ -145,7 +156,12 @@ impl GpuModel {
                     let recorded = self.decode_kernels(seq, ds);
                     let graph = self.dev.end_capture();
                     match (recorded, graph) {
-                        (Ok(()), Ok(g)) => ds.graph = Some((key, g)),
+                        (Ok(()), Ok(g)) => {
+                            if ds.graphs.len() >= GRAPH_CACHE {
+                                ds.graphs.remove(0);
+                            }
+                            ds.graphs.push((key, g));
+                        }
                         (r, g) => {
                             eprintln!(
                                 "[cuda] decode graphs disabled: {:#}",

@@ -104,6 +104,9 @@ pub struct GpuModel {
     pub gemm: GemmPath,
     /// KV cache in f32 (the default) or bf16 (`QWASI_KV=bf16`).
     pub kv_f32: bool,
+    /// Device bytes the running sequences' states may hold together
+    /// ([`Backend::kv_capacity`]), measured the first time it is asked.
+    state_budget: std::sync::OnceLock<usize>,
 }
 
 /// Longest token run one pass handles (longer prompts are split).
@@ -155,6 +158,7 @@ impl GpuModel {
             gemm,
             kv_f32: opts.kv_f32,
             opts,
+            state_budget: std::sync::OnceLock::new(),
         }
     }
 
@@ -350,6 +354,14 @@ impl Backend for GpuModel {
 
     fn demote(&self, snap: &dyn SeqSnapshot) -> Option<Box<dyn SeqSnapshot>> {
         self.demote_snapshot(snap)
+    }
+
+    fn sequence_bytes(&self, tokens: usize) -> usize {
+        self.state_bytes(tokens)
+    }
+
+    fn kv_capacity(&self) -> Option<usize> {
+        Some(*self.state_budget.get_or_init(|| self.measure_state_budget()))
     }
 }
 

@@ -130,6 +130,23 @@ impl GpuModel {
         self.cfg.num_key_value_heads * self.cfg.head_dim * if self.kv_f32 { F } else { B }
     }
 
+    /// Device bytes a sequence of `tokens` tokens holds: its GDN states and
+    /// the KV slab [`GpuModel::reserve`] grows to for that many.
+    pub(super) fn state_bytes(&self, tokens: usize) -> usize {
+        let cap = kv_capacity(tokens.max(1), 0, self.max_len);
+        self.gdn_layout().bytes()
+            + KvSlab::bytes_for(self.count_layers(LayerKind::Full), cap, self.kv_row_bytes())
+    }
+
+    /// The sequences' share of the device memory the weights leave free:
+    /// three quarters (the prefix cache's default budget is the other
+    /// quarter, `qwasi serve`) less [`WORK_RESERVE`] for the passes' work
+    /// buffers, the decode step's buffers and graphs.
+    pub(super) fn measure_state_budget(&self) -> usize {
+        let (used, total) = self.memory_used();
+        (total.saturating_sub(used) / 4 * 3).saturating_sub(WORK_RESERVE)
+    }
+
     /// A KV slab of `cap` rows per attention layer, written by its allocator.
     pub(super) fn alloc_kv(&self, cap: usize) -> Result<KvSlab> {
         let row = self.kv_row_bytes();
@@ -180,6 +197,10 @@ impl GpuModel {
         Ok(())
     }
 }
+
+/// Device memory kept out of the sequences' budget for work buffers (a
+/// 16K-token prefill pass of the 35B geometry takes about 10 GB).
+const WORK_RESERVE: usize = 12 << 30;
 
 #[cfg(test)]
 mod tests {
