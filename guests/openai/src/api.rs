@@ -9,6 +9,7 @@ use crate::host::Host;
 use crate::params::{
     self, ChatRequest, Common, CompletionRequest, Prompt, TokenizeRequest, ToolChoice, Tools,
 };
+use crate::structured;
 use crate::template;
 use crate::tokens;
 use crate::toolcall::{self, Out, ToolParser};
@@ -213,6 +214,7 @@ fn generate_request(
         sampling: common.sampling.clone(),
         cache_salt: common.cache_salt.clone(),
         snapshot_points,
+        constraint: None,
     }
 }
 
@@ -257,73 +259,14 @@ pub enum Ended {
         usage: Usage,
     },
     Failed(String),
-    /// The output broke the request's tool rules (`tool_choice`, ...).
-    Rejected(ApiError),
 }
 
-/// The error for output that breaks `tool_choice`/`parallel_tool_calls`/`tools`.
-pub fn tool_violation(message: impl Into<String>) -> ApiError {
-    ApiError::new(
-        500,
-        qwasi_guest_sdk::error::SERVER_ERROR,
-        Some("tool_choice_violation"),
-        message,
-    )
-}
-
-/// Tool-call parsing and validation of one generation.
+/// Tool-call parsing of one generation. What the calls may be is enforced
+/// while decoding (an engine constraint) where the request asks for it;
+/// whatever the model wrote is reported, never refused.
 struct ToolState {
     parser: ToolParser,
-    cfg: Tools,
     names: Vec<String>,
-    violation: Option<ApiError>,
-}
-
-impl ToolState {
-    fn check_start(&self, index: usize, name: &str) -> Result<(), ApiError> {
-        if !self
-            .cfg
-            .tools
-            .iter()
-            .any(|t| params::tool_name(t) == Some(name))
-        {
-            return Err(tool_violation(format!(
-                "the model called function '{name}', which is not in 'tools'"
-            )));
-        }
-        if let ToolChoice::Named(n) = &self.cfg.choice
-            && n != name
-        {
-            return Err(tool_violation(format!(
-                "tool_choice requires function '{n}', but the model called '{name}'"
-            )));
-        }
-        if index > 0 && !self.cfg.parallel {
-            return Err(tool_violation(
-                "parallel_tool_calls is false, but the model made more than one tool call",
-            ));
-        }
-        Ok(())
-    }
-
-    fn check_end(&self) -> Result<(), ApiError> {
-        if self.names.is_empty() {
-            match &self.cfg.choice {
-                ToolChoice::Required => {
-                    return Err(tool_violation(
-                        "tool_choice is 'required', but the model made no tool call",
-                    ));
-                }
-                ToolChoice::Named(n) => {
-                    return Err(tool_violation(format!(
-                        "tool_choice requires function '{n}', but the model made no tool call"
-                    )));
-                }
-                _ => {}
-            }
-        }
-        Ok(())
-    }
 }
 
 pub struct Driver<'h, H: Host> {
@@ -400,9 +343,7 @@ impl<'h, H: Host> Driver<'h, H> {
                 .collect();
             self.tools = Some(ToolState {
                 parser: ToolParser::new(toolcall::schemas(&tools.tools)),
-                cfg: tools.clone(),
                 names: Vec::new(),
-                violation: None,
             });
         }
         self
@@ -414,9 +355,6 @@ impl<'h, H: Host> Driver<'h, H> {
             piece.content.push_str(text);
             return;
         };
-        if ts.violation.is_some() {
-            return;
-        }
         let mut outs = ts.parser.push(text);
         if fin {
             outs.extend(ts.parser.finish());
@@ -425,10 +363,6 @@ impl<'h, H: Host> Driver<'h, H> {
             match o {
                 Out::Text(t) => piece.content.push_str(&t),
                 Out::Start { index, name } => {
-                    if let Err(e) = ts.check_start(index, &name) {
-                        ts.violation = Some(e);
-                        return;
-                    }
                     let id = format!("call_{}", self.host.random_hex(12));
                     piece.tool_calls.push(json!({"index": index, "id": id, "type": "function", "function": {"name": name, "arguments": ""}}));
                     ts.names.push(name);
@@ -439,13 +373,6 @@ impl<'h, H: Host> Driver<'h, H> {
                 Out::End { .. } => {}
             }
         }
-        if fin && let Err(e) = ts.check_end() {
-            ts.violation = Some(e);
-        }
-    }
-
-    fn take_violation(&mut self) -> Option<ApiError> {
-        self.tools.as_mut().and_then(|t| t.violation.take())
     }
 
     fn made_calls(&self) -> bool {
@@ -578,9 +505,6 @@ impl<'h, H: Host> Driver<'h, H> {
             {
                 *reason = "tool_calls";
             }
-        }
-        if let Some(e) = self.take_violation() {
-            self.ended = Some(Ended::Rejected(e));
         }
         piece
     }
@@ -854,7 +778,12 @@ fn completions<H: Host, S: Output>(
         prompt_len,
         offset,
     );
-    let req = generate_request(&r.common, prompt_ids, max_tokens, vec![]);
+    let mut req = generate_request(&r.common, prompt_ids, max_tokens, vec![]);
+    req.constraint = r
+        .common
+        .constraint
+        .as_ref()
+        .map(|c| structured::constraint(c, None));
     run(host, req, driver, &fmt, &m, &r.common, sink)
 }
 
@@ -910,7 +839,15 @@ fn chat_completions<H: Host, S: Output>(
         .into_iter()
         .filter(|&p| p > 0 && p < prompt_len)
         .collect();
-    let req = generate_request(&r.common, prompt_ids, max_tokens, points);
+    let mut req = generate_request(&r.common, prompt_ids, max_tokens, points);
+    // With thinking on, the model reasons freely and the constraint holds
+    // from `</think>` on.
+    let think_end = thinking.then(|| host.token_to_id(THINK_END)).flatten();
+    req.constraint = r
+        .common
+        .constraint
+        .as_ref()
+        .map(|c| structured::constraint(c, think_end));
     run(host, req, driver, &fmt, &m, &r.common, sink)
 }
 
@@ -938,7 +875,13 @@ fn run<H: Host, F: Format, S: Output>(
         });
         None
     } else {
-        Some(host.generate(req).map_err(ApiError::from)?)
+        Some(host.generate(req).map_err(|e| {
+            let e = ApiError::from(e);
+            match &common.constraint {
+                Some(c) => structured::rejected(c, e),
+                None => e,
+            }
+        })?)
     };
     if common.stream {
         stream(&mut generation, driver, fmt, m, common.include_usage, sink);
@@ -971,7 +914,6 @@ fn run<H: Host, F: Format, S: Output>(
     drop(generation); // Cancels the engine request when a stop string ended it.
     match driver.ended.take().expect("ended") {
         Ended::Failed(msg) => Err(ApiError::internal(format!("generation failed: {msg}"))),
-        Ended::Rejected(e) => Err(e),
         Ended::Finished { reason, usage } => {
             let mut v = envelope(m, F::OBJECT, vec![fmt.full_choice(&all, &lps, reason)]);
             v["usage"] = usage_json(&usage);
@@ -1053,11 +995,6 @@ fn stream<H: Host, F: Format, G: Generation, S: Output>(
             Some(Ended::Failed(msg)) => {
                 *generation = None;
                 let e = ApiError::internal(format!("generation failed: {msg}"));
-                let _ = w.json(&e.to_json());
-                let _ = w.done();
-            }
-            Some(Ended::Rejected(e)) => {
-                *generation = None;
                 let _ = w.json(&e.to_json());
                 let _ = w.done();
             }

@@ -9,6 +9,7 @@ pub mod api;
 pub mod chat;
 pub mod host;
 pub mod params;
+pub mod structured;
 pub mod template;
 pub mod tokens;
 pub mod toolcall;

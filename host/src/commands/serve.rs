@@ -513,6 +513,7 @@ pub fn start_engine(
         tokenizer,
         model_id: id.clone(),
         model_info,
+        constraints: Default::default(),
     });
     Ok(StartedEngine {
         shared,

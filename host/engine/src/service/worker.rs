@@ -12,6 +12,7 @@ use super::metrics::{Metrics, Phase};
 use super::queue::{Job, Queue};
 use super::{Event, Usage};
 use crate::backend::{Backend, SeqSnapshot};
+use crate::constraint::{Constraint, Step};
 use crate::generate::FinishReason;
 use crate::prefix_cache::{Lease, PrefixCache, Staged, StagedSnapshot};
 use crate::readout::{Next, Readout};
@@ -248,6 +249,8 @@ struct Running<'j, B: Backend> {
     readout: Readout,
     /// The next token, drawn when the step read less than the logits.
     next: Option<Sampled>,
+    /// The output constraint (such requests read the whole logits row).
+    constraint: Option<Constraint>,
     /// The prompt-end snapshot is still to be staged: after the first token
     /// is out ([`Running::stage_prompt_end`]), so its copy is not in the TTFT.
     stage_prompt: bool,
@@ -355,7 +358,11 @@ impl<'j, B: Backend> Running<'j, B> {
         // backend keeps the logits on the device, the first token is drawn
         // there (the same token and RNG stream as the host sampler's).
         let mut sampler = Sampler::new(req.sampling.clone());
-        let readout = Readout::choose(&req.sampling, &w.backend);
+        let constraint = job.opts.constraint.as_ref().map(|c| c.start());
+        let readout = match constraint {
+            Some(_) => Readout::Logits,
+            None => Readout::choose(&req.sampling, &w.backend),
+        };
         let (logits, next) = match stored_logits {
             Some(l) => (l, None),
             None => {
@@ -386,6 +393,7 @@ impl<'j, B: Backend> Running<'j, B> {
             logits,
             readout,
             next,
+            constraint,
             stage_prompt: w.cache.is_some() && cached_tokens < p,
             generated: 0,
             sampled: 0,
@@ -401,9 +409,13 @@ impl<'j, B: Backend> Running<'j, B> {
     fn step(&mut self, w: &Worker<B>) -> Result<Option<Finish>> {
         let req = &self.job.req;
         let t0 = Instant::now();
-        let s = match self.next.take() {
-            Some(s) => s,
-            None => self
+        let s = match (self.next.take(), &mut self.constraint) {
+            (Some(s), _) => s,
+            (None, Some(c)) => {
+                self.sampler
+                    .sample(c.masked(&self.logits)?, &self.context, req.prompt.len())
+            }
+            (None, None) => self
                 .sampler
                 .sample(&self.logits, &self.context, req.prompt.len()),
         };
@@ -422,7 +434,11 @@ impl<'j, B: Backend> Running<'j, B> {
             .store(self.sampled as u32, Ordering::Release);
         w.metrics.add_completion_token();
 
-        if self.stops.contains(&s.token) {
+        let done = match &mut self.constraint {
+            Some(c) if !self.stops.contains(&s.token) => c.advance(s.token)? == Step::Done,
+            _ => false,
+        };
+        if done || self.stops.contains(&s.token) {
             self.stage_prompt_end(w);
             self.stage_end(w);
             return Ok(Some(self.finish(FinishReason::Stop, Some(s.token))));
