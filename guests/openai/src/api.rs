@@ -7,7 +7,7 @@ use serde_json::{Map, Value, json};
 use crate::chat::{Message, RenderOptions};
 use crate::host::Host;
 use crate::params::{
-    self, ChatRequest, Common, CompletionRequest, Prompt, TokenizeRequest, ToolChoice, Tools,
+    self, ChatRequest, Common, CompletionRequest, Prompt, TokenizeRequest, Tools,
 };
 use crate::structured;
 use crate::template;

@@ -1254,7 +1254,7 @@ fn model_output_is_reported_never_refused() {
         "/v1/chat/completions",
         tool_req(json!({"tool_choice": "required"})),
     );
-    assert_eq!(s.status, 200);
+    assert_eq!(s.status, Some(200));
     assert_eq!(s.json()["choices"][0]["message"]["content"], "Just text.");
     // The request carried the tool-call constraint.
     match h.request().constraint.map(|c| c.grammar) {
@@ -1264,7 +1264,7 @@ fn model_output_is_reported_never_refused() {
     // An unknown function is reported as called.
     let h = big_host("<tool_call>\n<function=nope>\n</function>\n</tool_call>");
     let s = call(&h, "POST", "/v1/chat/completions", tool_req(json!({})));
-    assert_eq!(s.status, 200);
+    assert_eq!(s.status, Some(200));
     assert_eq!(
         s.json()["choices"][0]["message"]["tool_calls"][0]["function"]["name"],
         "nope"
@@ -1373,4 +1373,41 @@ fn model_template_renders_through_minijinja() {
             .unwrap()
             .contains("System message must come first")
     );
+}
+
+#[test]
+fn structured_output_constraint_reaches_the_engine() {
+    // Thinking on (the default): the constraint starts after `</think>`.
+    let h = big_host("{}");
+    let body = json!({"model": "qwen3.6", "messages": [{"role": "user", "content": "JSON"}],
+        "response_format": {"type": "json_object"}});
+    let s = call(&h, "POST", "/v1/chat/completions", body.clone());
+    assert_eq!(s.status, Some(200));
+    let c = h.request().constraint.unwrap();
+    assert_eq!(c.grammar, Grammar::JsonObject);
+    assert_eq!(c.start_after, h.token_to_id("</think>"));
+    assert!(c.start_after.is_some());
+    // Thinking off: from the first token.
+    let h = big_host("{}");
+    let mut off = body.clone();
+    off["enable_thinking"] = json!(false);
+    call(&h, "POST", "/v1/chat/completions", off);
+    assert_eq!(h.request().constraint.unwrap().start_after, None);
+    // The host's refusal is a 400 naming the field.
+    let h = big_host("{}");
+    *h.fail_with.borrow_mut() = Some(GenerateError::InvalidRequest(
+        "invalid constraint: the schema is bad".into(),
+    ));
+    let s = call(&h, "POST", "/v1/chat/completions", body);
+    let v = assert_error(&s, 400, "invalid_value");
+    assert_eq!(v["error"]["param"], "response_format", "{v}");
+    // With enforced tool calls: one or the other.
+    let s = call(
+        &big_host("{}"),
+        "POST",
+        "/v1/chat/completions",
+        tool_req(json!({"tool_choice": "required", "guided_regex": "x"})),
+    );
+    let v = assert_error(&s, 400, "invalid_value");
+    assert_eq!(v["error"]["param"], "guided_regex", "{v}");
 }

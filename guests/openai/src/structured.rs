@@ -240,3 +240,88 @@ pub fn rejected(r: &Requested, e: ApiError) -> ApiError {
         e
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::{Map, json};
+
+    fn parse_obj(v: Value, chat: bool) -> Result<Option<Requested>, ApiError> {
+        let m: Map<String, Value> = v.as_object().unwrap().clone();
+        parse(&Fields(&m), chat)
+    }
+
+    #[test]
+    fn fields_become_grammars() {
+        let g = |v: Value| parse_obj(v, true).unwrap().map(|r| (r.grammar, r.param));
+        assert_eq!(g(json!({"response_format": {"type": "text"}})), None);
+        assert_eq!(
+            g(json!({"response_format": {"type": "json_object"}})),
+            Some((Grammar::JsonObject, "response_format".into()))
+        );
+        let schema = json!({"type": "object"});
+        assert_eq!(
+            g(json!({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": schema, "strict": true}}})),
+            Some((
+                Grammar::JsonSchema { schema: schema.to_string(), strict: true },
+                "response_format.json_schema.schema".into()
+            ))
+        );
+        // guided_json as JSON text, vLLM's structured_outputs spelling.
+        assert_eq!(
+            g(json!({"guided_json": "{\"type\": \"object\"}"})).unwrap().0,
+            Grammar::JsonSchema { schema: schema.to_string(), strict: true }
+        );
+        assert_eq!(
+            g(json!({"structured_outputs": {"choice": ["a", "b"]}})),
+            Some((
+                Grammar::Choice(vec!["a".into(), "b".into()]),
+                "structured_outputs.choice".into()
+            ))
+        );
+        assert_eq!(g(json!({"guided_regex": "[0-9]+"})).unwrap().0, Grammar::Regex("[0-9]+".into()));
+        assert_eq!(g(json!({"guided_grammar": "start: \"x\""})).unwrap().0, Grammar::Lark("start: \"x\"".into()));
+        // response_format is a chat field.
+        assert_eq!(parse_obj(json!({"response_format": {"type": "json_object"}}), false).unwrap(), None);
+    }
+
+    #[test]
+    fn bad_fields_are_400s_naming_them() {
+        let e = |v: Value| parse_obj(v, true).unwrap_err().param.unwrap();
+        assert_eq!(e(json!({"response_format": {"type": "yaml"}})), "response_format.type");
+        assert_eq!(e(json!({"response_format": {"type": "json_schema"}})), "response_format.json_schema");
+        assert_eq!(
+            e(json!({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}})),
+            "response_format.json_schema.schema"
+        );
+        assert_eq!(e(json!({"guided_choice": []})), "guided_choice");
+        assert_eq!(e(json!({"guided_json": "[1]"})), "guided_json");
+        assert_eq!(e(json!({"structured_outputs": {"xml": "x"}})), "structured_outputs.xml");
+        assert_eq!(e(json!({"guided_regex": "a", "guided_choice": ["a"]})), "guided_choice");
+    }
+
+    #[test]
+    fn tool_choice_constraints() {
+        let weather = json!({"type": "function", "function": {"name": "w", "parameters": {"type": "object"}}});
+        let strict = json!({"type": "function", "function": {"name": "s", "strict": true}});
+        let tools = |choice: ToolChoice, list: Vec<Value>| Tools {
+            tools: list,
+            choice,
+            ..Tools::default()
+        };
+        let calls = |t: &Tools| match tool_calls(t).map(|r| r.grammar) {
+            Some(Grammar::ToolCalls(c)) => Some(c),
+            None => None,
+            other => panic!("{other:?}"),
+        };
+        assert!(calls(&tools(ToolChoice::Auto, vec![weather.clone()])).is_none());
+        assert!(calls(&tools(ToolChoice::None, vec![strict.clone()])).is_none());
+        let c = calls(&tools(ToolChoice::Required, vec![weather.clone()])).unwrap();
+        assert!(c.required && c.parallel && c.tools[0].parameters == r#"{"type":"object"}"#);
+        let c = calls(&tools(ToolChoice::Named("s".into()), vec![weather.clone(), strict.clone()])).unwrap();
+        assert!(c.required && !c.parallel);
+        assert_eq!(c.tools, vec![Tool { name: "s".into(), parameters: "{}".into() }]);
+        let c = calls(&tools(ToolChoice::Auto, vec![weather, strict])).unwrap();
+        assert!(!c.required && c.tools.len() == 2);
+    }
+}
