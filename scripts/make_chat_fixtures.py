@@ -5,10 +5,11 @@ jinja2 environment with transformers' tojson, raise_exception, trim_blocks,
 lstrip_blocks) on tests/fixtures/chat/qwen3_6_format.jinja.
 
 The guest normalises a request's messages before templating (developer ->
-system, text content parts joined with '\\n', null assistant content -> '',
-tool-call arguments given as a JSON string parsed to an object); `normalise`
-below does the same, so the fixtures pin the template's output on exactly
-what the guest hands it.
+system, null assistant content -> '', tool-call arguments given as a JSON
+string parsed to an object; content lists are passed as sent);
+`normalise` below does the same, so the fixtures pin the template's output
+on exactly what the guest hands it (scripts/make_template_corpus.py uses it
+too).
 
     pip install transformers jinja2
     python3 scripts/make_chat_fixtures.py
@@ -156,8 +157,6 @@ def normalise(messages):
     for m in copy.deepcopy(messages):
         n = {"role": "system" if m["role"] == "developer" else m["role"]}
         c = m.get("content")
-        if isinstance(c, list):
-            c = "\n".join(p["text"] for p in c)
         n["content"] = c if c is not None else ""
         if m.get("reasoning_content") is not None:
             n["reasoning_content"] = m["reasoning_content"]
@@ -176,26 +175,32 @@ def normalise(messages):
             n["tool_calls"] = calls
         if m["role"] == "tool" and "tool_call_id" in m:
             n["tool_call_id"] = m["tool_call_id"]
+        if isinstance(m.get("name"), str):
+            n["name"] = m["name"]
         out.append(n)
     return out
+
+
+def render(template, case):
+    """transformers' rendering of a request's conversation (as the guest hands it over)."""
+    rendered, _ = render_jinja_template(
+        conversations=[normalise(case["messages"])],
+        tools=case.get("tools"),
+        chat_template=template,
+        add_generation_prompt=case.get("add_generation_prompt", True),
+        **dict(case.get("chat_template_kwargs", {})),
+    )
+    return rendered[0]
 
 
 def main():
     for old in DIR.glob("*.json"):
         old.unlink()
     for name, case in CASES.items():
-        kwargs = dict(case.get("chat_template_kwargs", {}))
-        rendered, _ = render_jinja_template(
-            conversations=[normalise(case["messages"])],
-            tools=case.get("tools"),
-            chat_template=TEMPLATE,
-            add_generation_prompt=case.get("add_generation_prompt", True),
-            **kwargs,
-        )
-        fixture = {"request": case, "expected": rendered[0]}
+        text = render(TEMPLATE, case)
+        fixture = {"request": case, "expected": text}
         (DIR / f"{name}.json").write_text(json.dumps(fixture, indent=1, ensure_ascii=False) + "\n")
-        print(f"{name}: {len(rendered[0])} chars")
-
+        print(f"{name}: {len(text)} chars")
 
 if __name__ == "__main__":
     main()

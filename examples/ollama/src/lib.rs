@@ -196,7 +196,8 @@ fn check_model(info: &ModelInfo, model: Option<&Value>) -> Result<(), Error> {
         Some(Value::String(s)) => s.as_str(),
         Some(_) => return Err(Error::bad("model must be a string")),
     };
-    if name == info.id || name.strip_suffix(":latest") == Some(info.id.as_str()) {
+    // The id or an alias (`--served-model-name`), with or without `:latest`.
+    if info.serves(name.strip_suffix(":latest").unwrap_or(name)) {
         Ok(())
     } else {
         Err(Error::new(404, format!("model '{name}' not found")))

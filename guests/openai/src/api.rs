@@ -5,6 +5,7 @@ use std::collections::HashMap;
 use serde_json::{Map, Value, json};
 
 use crate::chat::{Message, RenderOptions};
+use crate::choices::{self, Job, Meta};
 use crate::host::Host;
 use crate::params::{
     self, ChatRequest, Common, CompletionRequest, Prompt, TokenizeRequest, Tools,
@@ -19,7 +20,6 @@ use qwasi_guest_sdk::inference::{
     Event, FinishReason, GenerateRequest, Generation, ModelInfo, StopMatcher, TokenEvent, Usage,
     early_usage,
 };
-use qwasi_guest_sdk::stream::{Framing, StreamWriter};
 use qwasi_guest_sdk::{ApiError, Request};
 
 /// Largest request body the guest reads.
@@ -61,20 +61,20 @@ fn route<H: Host, S: Output>(host: &H, req: &mut Request, sink: &mut S) -> Resul
         "/v1/models" => {
             allow("GET")?;
             let info = host.model_info();
-            send_json(
-                sink,
-                200,
-                &json!({"object": "list", "data": [model_json(&info)]}),
-            );
+            let data: Vec<Value> = std::iter::once(&info.id)
+                .chain(&info.aliases)
+                .map(|name| model_json(&info, name))
+                .collect();
+            send_json(sink, 200, &json!({"object": "list", "data": data}));
         }
         p if p.starts_with("/v1/models/") => {
             allow("GET")?;
             let id = http::percent_decode_path(&p["/v1/models/".len()..]);
             let info = host.model_info();
-            if id != info.id {
+            if !info.serves(&id) {
                 return Err(ApiError::model_not_found(&id));
             }
-            send_json(sink, 200, &model_json(&info));
+            send_json(sink, 200, &model_json(&info, &id));
         }
         "/v1/completions" => {
             allow("POST")?;
@@ -123,9 +123,10 @@ fn route<H: Host, S: Output>(host: &H, req: &mut Request, sink: &mut S) -> Resul
     Ok(())
 }
 
-fn model_json(info: &ModelInfo) -> Value {
+/// A model entry; `name` is the id or an alias (`root` is the id).
+fn model_json(info: &ModelInfo, name: &str) -> Value {
     json!({
-        "id": info.id,
+        "id": name,
         "object": "model",
         "created": info.created,
         "owned_by": "qwasi",
@@ -214,7 +215,10 @@ fn generate_request(
         sampling: common.sampling.clone(),
         cache_salt: common.cache_salt.clone(),
         snapshot_points,
-        constraint: None,
+        constraint: common
+            .constraint
+            .as_ref()
+            .map(|c| structured::constraint(c, None)),
     }
 }
 
@@ -244,7 +248,7 @@ pub struct Piece {
 }
 
 impl Piece {
-    fn is_empty(&self) -> bool {
+    pub fn is_empty(&self) -> bool {
         self.reasoning.is_empty()
             && self.content.is_empty()
             && self.logprob.is_none()
@@ -277,6 +281,8 @@ pub struct Driver<'h, H: Host> {
     want_logprobs: bool,
     prompt_tokens: u32,
     tokens: u32,
+    /// Sum of the generated tokens' logprobs (when the engine reports them).
+    logprob_sum: f64,
     /// Chars of generated text so far, plus the echoed prompt.
     offset: usize,
     spellings: HashMap<u32, (String, Vec<u8>)>,
@@ -311,6 +317,7 @@ impl<'h, H: Host> Driver<'h, H> {
             want_logprobs,
             prompt_tokens,
             tokens: 0,
+            logprob_sum: 0.0,
             offset,
             spellings: HashMap::new(),
             tools: None,
@@ -379,6 +386,11 @@ impl<'h, H: Host> Driver<'h, H> {
         self.tools.as_ref().is_some_and(|t| !t.names.is_empty())
     }
 
+    /// The mean logprob of the generated tokens (0 before any).
+    pub fn mean_logprob(&self) -> f64 {
+        self.logprob_sum / self.tokens.max(1) as f64
+    }
+
     /// Whether output is in the reasoning part (thinking on, `</think>` not seen yet).
     pub fn in_reasoning(&self) -> bool {
         self.think.as_ref().is_some_and(|t| !t.in_answer())
@@ -427,6 +439,7 @@ impl<'h, H: Host> Driver<'h, H> {
         match ev {
             Event::Token(TokenEvent { id, text, logprob }) => {
                 self.tokens += 1;
+                self.logprob_sum += logprob.as_ref().map_or(0.0, |l| l.logprob as f64);
                 let text =
                     if text.is_empty() && self.think_end_id == Some(id) && self.in_reasoning() {
                         THINK_END.to_string()
@@ -510,7 +523,7 @@ impl<'h, H: Host> Driver<'h, H> {
     }
 }
 
-fn usage_json(u: &Usage) -> Value {
+pub fn usage_json(u: &Usage) -> Value {
     json!({
         "prompt_tokens": u.prompt_tokens,
         "completion_tokens": u.completion_tokens,
@@ -557,8 +570,9 @@ fn chat_logprobs(lps: &[TokenLp]) -> Value {
 // ---------------------------------------------------------------------------
 // Endpoints.
 
-/// The format-specific half of a generation response.
-trait Format {
+/// The format-specific half of a generation response (choices are built
+/// with index 0; [`crate::choices`] sets each one's index).
+pub trait Format {
     const OBJECT: &'static str;
     const CHUNK_OBJECT: &'static str;
     /// Stream chunks for a piece (`in_reasoning` tells an empty piece's channel).
@@ -715,12 +729,6 @@ fn merge_tool_calls(deltas: &[Value]) -> Vec<Value> {
     calls
 }
 
-struct Meta {
-    id: String,
-    created: u64,
-    model: String,
-}
-
 fn meta<H: Host>(host: &H, prefix: &str, model: &str) -> Meta {
     Meta {
         id: format!("{prefix}{}", host.random_hex(16)),
@@ -735,56 +743,61 @@ fn completions<H: Host, S: Output>(
     r: CompletionRequest,
     sink: &mut S,
 ) -> Result<(), ApiError> {
-    let (prompt_ids, prompt_text) = match &r.prompt {
-        Prompt::Text(t) => (encode(host, t, "prompt")?, Some(t.clone())),
-        Prompt::Tokens(ids) => (ids.clone(), None),
-    };
-    if prompt_ids.is_empty() {
-        return Err(ApiError::invalid_value(
+    let mut formats = Vec::with_capacity(r.prompts.len());
+    let mut jobs = Vec::new();
+    for (p, prompt) in r.prompts.iter().enumerate() {
+        let (prompt_ids, prompt_text) = match prompt {
+            Prompt::Text(t) => (encode(host, t, "prompt")?, Some(t.clone())),
+            Prompt::Tokens(ids) => (ids.clone(), None),
+        };
+        if prompt_ids.is_empty() {
+            return Err(ApiError::invalid_value(
+                "prompt",
+                "'prompt' must not be empty",
+            ));
+        }
+        let echo = if r.echo {
+            Some(match prompt_text {
+                Some(t) => t,
+                None => host
+                    .detokenize(&prompt_ids, false)
+                    .map_err(|e| ApiError::invalid_value("prompt", e))?,
+            })
+        } else {
+            None
+        };
+        let prompt_len = prompt_ids.len() as u32;
+        let max_tokens = token_budget(
+            info,
+            prompt_len,
+            r.common.max_tokens,
+            Some(params::DEFAULT_COMPLETION_MAX_TOKENS),
+            "max_tokens",
             "prompt",
-            "'prompt' must not be empty",
-        ));
+        )?;
+        let offset = echo.as_ref().map_or(0, |e| e.chars().count());
+        let req = generate_request(&r.common, prompt_ids, max_tokens, vec![]);
+        for k in 0..r.common.best_of {
+            jobs.push(Job {
+                prompt: p,
+                req: choices::candidate(&r.common, req.clone(), k),
+                driver: Driver::new(
+                    host,
+                    r.common.stop.clone(),
+                    false,
+                    r.logprobs.is_some(),
+                    prompt_len,
+                    offset,
+                ),
+            });
+        }
+        formats.push(CompletionFormat {
+            echo,
+            logprobs: r.logprobs.is_some(),
+        });
     }
-    let echo = if r.echo {
-        Some(match prompt_text {
-            Some(t) => t,
-            None => host
-                .detokenize(&prompt_ids, false)
-                .map_err(|e| ApiError::invalid_value("prompt", e))?,
-        })
-    } else {
-        None
-    };
-    let prompt_len = prompt_ids.len() as u32;
-    let max_tokens = token_budget(
-        info,
-        prompt_len,
-        r.common.max_tokens,
-        Some(params::DEFAULT_COMPLETION_MAX_TOKENS),
-        "max_tokens",
-        "prompt",
-    )?;
-    let offset = echo.as_ref().map_or(0, |e| e.chars().count());
-    let fmt = CompletionFormat {
-        echo,
-        logprobs: r.logprobs.is_some(),
-    };
     let m = meta(host, "cmpl-", &r.common.model);
-    let driver = Driver::new(
-        host,
-        r.common.stop.clone(),
-        false,
-        r.logprobs.is_some(),
-        prompt_len,
-        offset,
-    );
-    let mut req = generate_request(&r.common, prompt_ids, max_tokens, vec![]);
-    req.constraint = r
-        .common
-        .constraint
-        .as_ref()
-        .map(|c| structured::constraint(c, None));
-    run(host, req, driver, &fmt, &m, &r.common, sink)
+    choices::respond(host, jobs, &formats, &m, &r.common, sink)
 }
 
 /// Renders a chat request's prompt (the model's template or the built-in).
@@ -826,15 +839,6 @@ fn chat_completions<H: Host, S: Output>(
         logprobs: r.logprobs,
     };
     let m = meta(host, "chatcmpl-", &r.common.model);
-    let driver = Driver::new(
-        host,
-        r.common.stop.clone(),
-        thinking,
-        r.logprobs,
-        prompt_len,
-        0,
-    )
-    .with_tools(&r.tools);
     let points: Vec<u32> = points
         .into_iter()
         .filter(|&p| p > 0 && p < prompt_len)
@@ -842,168 +846,23 @@ fn chat_completions<H: Host, S: Output>(
     let mut req = generate_request(&r.common, prompt_ids, max_tokens, points);
     // With thinking on, the model reasons freely and the constraint holds
     // from `</think>` on.
-    let think_end = thinking.then(|| host.token_to_id(THINK_END)).flatten();
-    req.constraint = r
-        .common
-        .constraint
-        .as_ref()
-        .map(|c| structured::constraint(c, think_end));
-    run(host, req, driver, &fmt, &m, &r.common, sink)
-}
-
-fn envelope(m: &Meta, object: &str, choices: Vec<Value>) -> Value {
-    json!({"id": m.id, "object": object, "created": m.created, "model": m.model, "choices": choices})
-}
-
-fn run<H: Host, F: Format, S: Output>(
-    host: &H,
-    req: GenerateRequest,
-    mut driver: Driver<H>,
-    fmt: &F,
-    m: &Meta,
-    common: &Common,
-    sink: &mut S,
-) -> Result<(), ApiError> {
-    // echo with max_tokens = 0: nothing to generate.
-    let mut generation = if req.max_tokens == 0 {
-        driver.ended = Some(Ended::Finished {
-            reason: "length",
-            usage: Usage {
-                prompt_tokens: req.prompt.len() as u32,
-                ..Usage::default()
-            },
-        });
-        None
-    } else {
-        Some(host.generate(req).map_err(|e| {
-            let e = ApiError::from(e);
-            match &common.constraint {
-                Some(c) => structured::rejected(c, e),
-                None => e,
-            }
-        })?)
-    };
-    if common.stream {
-        stream(&mut generation, driver, fmt, m, common.include_usage, sink);
-        return Ok(());
+    if let Some(c) = &mut req.constraint {
+        c.start_after = thinking.then(|| host.token_to_id(THINK_END)).flatten();
     }
-    let mut all = Piece::default();
-    let mut lps = Vec::new();
-    while driver.ended.is_none() {
-        let events = generation
-            .as_mut()
-            .map(|g| g.wait_next())
-            .unwrap_or_default();
-        if events.is_empty() {
-            driver.ended = Some(Ended::Failed(
-                "the generation ended without a finish event".into(),
-            ));
-        }
-        for ev in events {
-            let p = driver.on_event(ev);
-            all.reasoning.push_str(&p.reasoning);
-            all.content.push_str(&p.content);
-            all.tool_calls.extend(p.tool_calls);
-            lps.extend(p.logprob);
-            if driver.ended.is_some() {
-                break;
-            }
-        }
-    }
-    driver.engine_usage(generation.as_ref());
-    drop(generation); // Cancels the engine request when a stop string ended it.
-    match driver.ended.take().expect("ended") {
-        Ended::Failed(msg) => Err(ApiError::internal(format!("generation failed: {msg}"))),
-        Ended::Finished { reason, usage } => {
-            let mut v = envelope(m, F::OBJECT, vec![fmt.full_choice(&all, &lps, reason)]);
-            v["usage"] = usage_json(&usage);
-            send_json(sink, 200, &v);
-            Ok(())
-        }
-    }
-}
-
-fn stream<H: Host, F: Format, G: Generation, S: Output>(
-    generation: &mut Option<G>,
-    mut driver: Driver<H>,
-    fmt: &F,
-    m: &Meta,
-    include_usage: bool,
-    sink: &mut S,
-) {
-    // One host write per batch of engine events (flushed below), whatever its size.
-    let Ok(w) = StreamWriter::start(sink, 200, Framing::Sse, &[]) else {
-        return;
-    };
-    let mut w = w.flush_threshold(usize::MAX);
-    // Every chunk is the same envelope around one choice: serialise the
-    // envelope once and only the choice per token.
-    let envelope_json =
-        serde_json::to_string(&envelope(m, F::CHUNK_OBJECT, vec![])).expect("JSON serialises");
-    let head = envelope_json.strip_suffix("]}").expect("choices come last");
-    let tail = if include_usage {
-        "],\"usage\":null}"
-    } else {
-        "]}"
-    };
-    // Buffered only (the threshold is never reached): these cannot fail.
-    let push_chunk = |w: &mut StreamWriter<S>, choice: Value| {
-        let mut chunk = String::from(head);
-        chunk.push_str(&serde_json::to_string(&choice).expect("JSON serialises"));
-        chunk.push_str(tail);
-        let _ = w.sse(None, &chunk);
-    };
-    if let Some(first) = fmt.first_chunk() {
-        push_chunk(&mut w, first);
-    }
-    loop {
-        if driver.ended.is_none() {
-            let events = generation
-                .as_mut()
-                .map(|g| g.wait_next())
-                .unwrap_or_default();
-            if events.is_empty() {
-                driver.ended = Some(Ended::Failed(
-                    "the generation ended without a finish event".into(),
-                ));
-            }
-            for ev in events {
-                let p = driver.on_event(ev);
-                if !p.is_empty() {
-                    for c in fmt.chunks(&p, driver.in_reasoning()) {
-                        push_chunk(&mut w, c);
-                    }
-                }
-                if driver.ended.is_some() {
-                    break;
-                }
-            }
-        }
-        driver.engine_usage(generation.as_ref());
-        match &driver.ended {
-            None => {}
-            Some(Ended::Finished { reason, usage }) => {
-                *generation = None; // cancel at once after a stop string, before the last write
-                push_chunk(&mut w, fmt.final_choice(reason));
-                if include_usage {
-                    let mut v = envelope(m, F::CHUNK_OBJECT, vec![]);
-                    v["usage"] = usage_json(usage);
-                    let _ = w.json(&v);
-                }
-                let _ = w.done();
-            }
-            Some(Ended::Failed(msg)) => {
-                *generation = None;
-                let e = ApiError::internal(format!("generation failed: {msg}"));
-                let _ = w.json(&e.to_json());
-                let _ = w.done();
-            }
-        }
-        if w.flush().is_err() {
-            return; // client gone: dropping the generation cancels it
-        }
-        if driver.ended.is_some() {
-            return;
-        }
-    }
+    let jobs = (0..r.common.best_of)
+        .map(|k| Job {
+            prompt: 0,
+            req: choices::candidate(&r.common, req.clone(), k),
+            driver: Driver::new(
+                host,
+                r.common.stop.clone(),
+                thinking,
+                r.logprobs,
+                prompt_len,
+                0,
+            )
+            .with_tools(&r.tools),
+        })
+        .collect();
+    choices::respond(host, jobs, &[fmt], &m, &r.common, sink)
 }

@@ -36,6 +36,8 @@ struct FakeHost {
     polls: Rc<Cell<usize>>,
     /// What `generation.usage()` answers (`None`: an engine without it).
     usage: Option<Usage>,
+    /// The scripts of the generations after the next one, in order.
+    more: RefCell<std::collections::VecDeque<Vec<Vec<Event>>>>,
 }
 
 impl FakeHost {
@@ -50,6 +52,7 @@ impl FakeHost {
                 created: 1_700_000_000,
                 max_prompt_tokens: 0,
                 max_completion_tokens: 0,
+                ..Default::default()
             },
             script: RefCell::new(vec![]),
             fail_with: RefCell::new(None),
@@ -58,7 +61,15 @@ impl FakeHost {
             dropped: Rc::new(Cell::new(false)),
             polls: Rc::new(Cell::new(0)),
             usage: None,
+            more: RefCell::default(),
         }
+    }
+
+    /// One script per generation, in order.
+    fn with_scripts(self, mut scripts: Vec<Vec<Vec<Event>>>) -> Self {
+        let first = scripts.remove(0);
+        *self.more.borrow_mut() = scripts.into();
+        self.with_script(first)
     }
 
     fn with_usage(mut self, usage: Usage) -> Self {
@@ -172,8 +183,9 @@ impl Engine for FakeHost {
         if let Some(e) = self.fail_with.borrow_mut().take() {
             return Err(e);
         }
+        let next = self.more.borrow_mut().pop_front().unwrap_or_default();
         Ok(FakeGeneration {
-            batches: std::mem::take(&mut *self.script.borrow_mut()),
+            batches: std::mem::replace(&mut *self.script.borrow_mut(), next),
             usage: self.usage,
             dropped: self.dropped.clone(),
             polls: self.polls.clone(),
@@ -1082,10 +1094,10 @@ fn multimodal_rejected() {
             &h,
             "POST",
             "/v1/chat/completions",
-            json!({"model": "qwen3.6", "messages": [{"role": "user", "content": "q"}], "n": 2}),
+            json!({"model": "qwen3.6", "messages": [{"role": "user", "content": "q"}], "n": 2, "best_of": 1}),
         ),
         400,
-        "unsupported_parameter",
+        "invalid_value",
     );
 }
 
@@ -1373,6 +1385,292 @@ fn model_template_renders_through_minijinja() {
             .unwrap()
             .contains("System message must come first")
     );
+    // A template that does not compile: a 400 naming the line, not a 500.
+    h.info.chat_template = Some("{% if messages %}\n{% for %}".into());
+    let s = call(&h, "POST", "/v1/chat/completions", tool_req(json!({})));
+    let v = assert_error(&s, 400, "chat_template_error");
+    let msg = v["error"]["message"].as_str().unwrap();
+    assert!(msg.contains("chat_template.jinja:2"), "{msg}");
+}
+
+/// The two conversations of issue 24 with a template of the official
+/// Qwen3.6 shapes (loop.previtem/nextitem around tool results): one tool
+/// result, and two calls followed by two results.
+#[test]
+fn qwen_style_template_tool_results() {
+    let mut h = big_host("ok");
+    h.info.chat_template =
+        Some(include_str!("../../../tests/fixtures/templates/qwen3_6_style.jinja").to_owned());
+    let calls = json!([
+        {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}},
+        {"id": "c2", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Rome"}}}
+    ]);
+    let messages = json!([
+        {"role": "user", "content": "Weather in Paris and Rome?"},
+        {"role": "assistant", "content": null, "tool_calls": calls},
+        {"role": "tool", "tool_call_id": "c1", "content": "sunny"},
+        {"role": "tool", "tool_call_id": "c2", "content": "rain"}
+    ]);
+    let s = call(
+        &h,
+        "POST",
+        "/v1/chat/completions",
+        tool_req(json!({"messages": messages})),
+    );
+    assert_eq!(s.status, Some(200), "{}", s.body_string());
+    let prompt = dec(&h.request().prompt);
+    assert!(
+        prompt.ends_with(
+            "</tool_call><|im_end|>\n<|im_start|>user\n<tool_response>\nsunny\n</tool_response>\n\
+             <tool_response>\nrain\n</tool_response><|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
+        ),
+        "{prompt}"
+    );
+}
+
+/// `--served-model-name` aliases: listed, accepted, echoed; others 404.
+#[test]
+fn served_model_aliases() {
+    let mut h =
+        FakeHost::new().with_script(vec![vec![tok("ok"), finished(FinishReason::Stop, 0, 1, 0)]]);
+    h.info.aliases = vec!["gpt-4o-mini".into(), "local".into()];
+    let v = call(&h, "GET", "/v1/models", Value::Null).json();
+    let ids: Vec<&str> = v["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, ["qwen3.6", "gpt-4o-mini", "local"]);
+    assert_eq!(v["data"][2]["root"], "qwen3.6");
+    let m = call(&h, "GET", "/v1/models/local", Value::Null).json();
+    assert_eq!(m["id"], "local");
+    let s = call(
+        &h,
+        "POST",
+        "/v1/chat/completions",
+        json!({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "U"}]}),
+    );
+    assert_eq!(s.json()["model"], "gpt-4o-mini");
+    assert_error(
+        &call(
+            &h,
+            "POST",
+            "/v1/chat/completions",
+            json!({"model": "other", "messages": [{"role": "user", "content": "U"}]}),
+        ),
+        404,
+        "model_not_found",
+    );
+}
+
+/// The operator's default chat-template kwargs sit under the request's;
+/// `reasoning_effort` none/minimal turns thinking off, low/medium/high leaves
+/// it on, anything else is a 400.
+#[test]
+fn default_template_kwargs_and_reasoning_effort() {
+    let script = || vec![vec![tok("ok"), finished(FinishReason::Stop, 0, 1, 0)]];
+    let prompt = |h: &FakeHost, extra: Value| {
+        let mut body = json!({"model": "qwen3.6", "messages": [{"role": "user", "content": "U"}]});
+        for (k, v) in extra.as_object().unwrap() {
+            body[k] = v.clone();
+        }
+        let s = call(h, "POST", "/v1/chat/completions", body);
+        assert_eq!(s.status, Some(200), "{}", s.body_string());
+        dec(&h.request().prompt)
+    };
+    const OFF: &str = "<|im_start|>assistant\n<think>\n\n</think>\n\n";
+    let mut h = FakeHost::new().with_script(script());
+    h.info.default_chat_template_kwargs =
+        serde_json::from_str(r#"{"enable_thinking": false}"#).unwrap();
+    assert!(prompt(&h, json!({})).ends_with(OFF));
+    let h2 = FakeHost {
+        info: h.info.clone(),
+        ..FakeHost::new().with_script(script())
+    };
+    let on = prompt(
+        &h2,
+        json!({"chat_template_kwargs": {"enable_thinking": true}}),
+    );
+    assert!(on.ends_with("<|im_start|>assistant\n<think>\n"), "{on}");
+    for (effort, off) in [
+        ("none", true),
+        ("minimal", true),
+        ("low", false),
+        ("high", false),
+    ] {
+        let h = FakeHost::new().with_script(script());
+        let p = prompt(&h, json!({"reasoning_effort": effort}));
+        assert_eq!(p.ends_with(OFF), off, "{effort}: {p}");
+    }
+    // The request's kwargs win over reasoning_effort.
+    let h = FakeHost::new().with_script(script());
+    let p = prompt(
+        &h,
+        json!({"reasoning_effort": "none", "chat_template_kwargs": {"enable_thinking": true}}),
+    );
+    assert!(!p.ends_with(OFF));
+    let h = FakeHost::new();
+    let v = assert_error(
+        &call(
+            &h,
+            "POST",
+            "/v1/chat/completions",
+            json!({"model": "qwen3.6", "messages": [{"role": "user", "content": "U"}], "reasoning_effort": "max"}),
+        ),
+        400,
+        "invalid_value",
+    );
+    assert_eq!(v["error"]["param"], "reasoning_effort");
+}
+
+/// `n` choices: one generation each, seeds `seed + k`, indices in order,
+/// usage counting the prompt once and every completion token.
+#[test]
+fn chat_n_choices() {
+    let script = |t: &str| vec![vec![tok(t), finished(FinishReason::Stop, 9, 1, 4)]];
+    let h = FakeHost::new().with_scripts(vec![script("a"), script("b"), script("c")]);
+    let v = call(
+        &h,
+        "POST",
+        "/v1/chat/completions",
+        json!({"model": "qwen3.6", "messages": [{"role": "user", "content": "q"}], "n": 3, "seed": 7,
+               "chat_template_kwargs": {"enable_thinking": false}}),
+    )
+    .json();
+    let choices = v["choices"].as_array().unwrap();
+    assert_eq!(choices.len(), 3);
+    for (k, (c, t)) in choices.iter().zip(["a", "b", "c"]).enumerate() {
+        assert_eq!(c["index"], k);
+        assert_eq!(c["message"]["content"], t);
+        assert_eq!(c["finish_reason"], "stop");
+    }
+    let seeds: Vec<Option<u64>> = h
+        .requests
+        .borrow()
+        .iter()
+        .map(|r| r.sampling.seed)
+        .collect();
+    assert_eq!(seeds, [Some(7), Some(8), Some(9)]);
+    assert_eq!(v["usage"]["prompt_tokens"], 9);
+    assert_eq!(v["usage"]["completion_tokens"], 3);
+    assert_eq!(v["usage"]["prompt_tokens_details"]["cached_tokens"], 4);
+}
+
+/// A stream of `n` choices: each choice's chunks in turn (role chunk first,
+/// finish_reason chunk last), then one usage chunk with the sums.
+#[test]
+fn chat_n_choices_stream() {
+    let script = |t: &str| vec![vec![tok(t), finished(FinishReason::Length, 9, 1, 0)]];
+    let h = FakeHost::new().with_scripts(vec![script("a"), script("b")]);
+    let ev = call(
+        &h,
+        "POST",
+        "/v1/chat/completions",
+        json!({"model": "qwen3.6", "messages": [{"role": "user", "content": "q"}], "n": 2, "stream": true,
+               "stream_options": {"include_usage": true}, "chat_template_kwargs": {"enable_thinking": false}}),
+    )
+    .events();
+    let seen: Vec<(u64, String)> = ev
+        .iter()
+        .filter_map(|e| {
+            let c = e["choices"].get(0)?;
+            let what = match (&c["delta"]["content"], &c["finish_reason"]) {
+                (_, Value::String(r)) => format!("end:{r}"),
+                (Value::String(t), _) => t.clone(),
+                _ => "?".into(),
+            };
+            Some((c["index"].as_u64().unwrap(), what))
+        })
+        .collect();
+    let want = [
+        (0, ""),
+        (0, "a"),
+        (0, "end:length"),
+        (1, ""),
+        (1, "b"),
+        (1, "end:length"),
+    ];
+    assert_eq!(
+        seen,
+        want.iter()
+            .map(|(i, s)| (*i, s.to_string()))
+            .collect::<Vec<_>>()
+    );
+    let usage = &ev.last().unwrap()["usage"];
+    assert_eq!(
+        (
+            usage["prompt_tokens"].as_u64(),
+            usage["completion_tokens"].as_u64()
+        ),
+        (Some(9), Some(2))
+    );
+}
+
+/// `best_of`: every candidate generated (with the chosen tokens' logprobs),
+/// the `n` with the highest mean logprob returned, all tokens counted.
+#[test]
+fn completion_best_of_and_prompt_list() {
+    let cand = |t: &str, lp: f32| {
+        vec![vec![
+            tok_lp(100 + t.as_bytes()[0] as u32, t, lp, vec![]),
+            finished(FinishReason::Length, 1, 1, 0),
+        ]]
+    };
+    let h = FakeHost::new().with_scripts(vec![cand("a", -3.0), cand("b", -0.5), cand("c", -1.0)]);
+    let v = call(
+        &h,
+        "POST",
+        "/v1/completions",
+        json!({"model": "qwen3.6", "prompt": "x", "max_tokens": 1, "n": 2, "best_of": 3}),
+    )
+    .json();
+    let texts: Vec<&str> = v["choices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["text"].as_str().unwrap())
+        .collect();
+    assert_eq!(texts, ["b", "c"]);
+    assert_eq!(v["choices"][1]["index"], 1);
+    assert!(
+        v["choices"][0]["logprobs"].is_null(),
+        "logprobs were not asked for"
+    );
+    assert!(
+        h.requests
+            .borrow()
+            .iter()
+            .all(|r| r.sampling.logprobs == Some(0))
+    );
+    assert_eq!(v["usage"]["completion_tokens"], 3);
+
+    // Two prompts (a string and token ids), two choices each: index = prompt × n + k.
+    let one = |t: &str| vec![vec![tok(t), finished(FinishReason::Length, 1, 1, 0)]];
+    let h = FakeHost::new().with_scripts(vec![one("a"), one("b"), one("c"), one("d")]);
+    let v = call(
+        &h,
+        "POST",
+        "/v1/completions",
+        json!({"model": "qwen3.6", "prompt": ["x", [220, 221]], "max_tokens": 1, "n": 2, "echo": true}),
+    )
+    .json();
+    let got: Vec<(u64, &str)> = v["choices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| (c["index"].as_u64().unwrap(), c["text"].as_str().unwrap()))
+        .collect();
+    assert_eq!(got, [(0, "xa"), (1, "xb"), (2, "xyc"), (3, "xyd")]);
+    let prompts: Vec<Vec<u32>> = h
+        .requests
+        .borrow()
+        .iter()
+        .map(|r| r.prompt.clone())
+        .collect();
+    assert_eq!(prompts, [enc("x"), enc("x"), enc("xy"), enc("xy")]);
+    assert_eq!(v["usage"]["prompt_tokens"], 2);
+    assert_eq!(v["usage"]["completion_tokens"], 4);
 }
 
 #[test]

@@ -26,6 +26,11 @@ pub struct Message {
     pub turn: qwen::Message,
     pub tool_calls: Vec<ToolCall>,
     pub tool_call_id: Option<String>,
+    /// The content as sent when it was a list of parts (a jinja template
+    /// gets the list, as with transformers; `turn.content` joins the texts).
+    pub parts: Option<Vec<Value>>,
+    /// The message's `name`, if any.
+    pub name: Option<String>,
 }
 
 impl AsRef<qwen::Message> for Message {
@@ -40,6 +45,8 @@ impl Message {
             turn: qwen::Message::new(role, content),
             tool_calls: Vec::new(),
             tool_call_id: None,
+            parts: None,
+            name: None,
         }
     }
 
@@ -48,7 +55,16 @@ impl Message {
         let mut m = Map::new();
         let t = &self.turn;
         m.insert("role".into(), Value::String(t.role.as_str().into()));
-        m.insert("content".into(), Value::String(t.content.clone()));
+        m.insert(
+            "content".into(),
+            match &self.parts {
+                Some(p) => Value::Array(p.clone()),
+                None => Value::String(t.content.clone()),
+            },
+        );
+        if let Some(n) = &self.name {
+            m.insert("name".into(), Value::String(n.clone()));
+        }
         if let Some(r) = &t.reasoning {
             m.insert("reasoning_content".into(), Value::String(r.clone()));
         }
@@ -123,6 +139,10 @@ fn parse_message(i: usize, m: &Value) -> Result<Message, ApiError> {
         },
         Some(_) => return Err(ApiError::invalid_type(&p("role"), "a string")),
     };
+    let parts = match obj.get("content") {
+        Some(Value::Array(a)) => Some(a.clone()),
+        _ => None,
+    };
     let content = match obj.get("content") {
         None | Some(Value::Null) if role == Role::Assistant => String::new(),
         None | Some(Value::Null) => return Err(ApiError::missing(&p("content"))),
@@ -172,6 +192,8 @@ fn parse_message(i: usize, m: &Value) -> Result<Message, ApiError> {
         },
         tool_calls,
         tool_call_id,
+        parts,
+        name: obj.get("name").and_then(Value::as_str).map(str::to_owned),
     })
 }
 
@@ -297,32 +319,7 @@ pub fn render_call(out: &mut String, c: &ToolCall) {
 /// JSON the way Python's `json.dumps(ensure_ascii=False)` writes it (what
 /// transformers' `tojson` produces): `, ` and `: ` separators.
 pub fn to_json_py(v: &Value) -> String {
-    let mut out = Vec::new();
-    let mut ser = serde_json::Serializer::with_formatter(&mut out, PyFormatter);
-    serde::Serialize::serialize(v, &mut ser).expect("JSON serialises");
-    String::from_utf8(out).expect("UTF-8")
-}
-
-struct PyFormatter;
-
-impl serde_json::ser::Formatter for PyFormatter {
-    fn begin_array_value<W: ?Sized + std::io::Write>(
-        &mut self,
-        w: &mut W,
-        first: bool,
-    ) -> std::io::Result<()> {
-        if first { Ok(()) } else { w.write_all(b", ") }
-    }
-    fn begin_object_key<W: ?Sized + std::io::Write>(
-        &mut self,
-        w: &mut W,
-        first: bool,
-    ) -> std::io::Result<()> {
-        if first { Ok(()) } else { w.write_all(b", ") }
-    }
-    fn begin_object_value<W: ?Sized + std::io::Write>(&mut self, w: &mut W) -> std::io::Result<()> {
-        w.write_all(b": ")
-    }
+    crate::pyfmt::dumps(v, &crate::pyfmt::JsonOptions::default())
 }
 
 #[cfg(test)]

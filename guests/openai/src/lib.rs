@@ -7,15 +7,19 @@
 
 pub mod api;
 pub mod chat;
+pub mod choices;
 pub mod host;
 pub mod params;
 pub mod structured;
+pub mod pyfmt;
 pub mod template;
 pub mod tokens;
 pub mod toolcall;
 
 #[cfg(test)]
 mod api_tests;
+#[cfg(test)]
+mod template_corpus;
 
 #[cfg(target_arch = "wasm32")]
 mod wasm;

@@ -7,6 +7,9 @@ use qwasi_guest_sdk::inference::{ModelInfo, SamplingParams};
 use serde_json::{Map, Value};
 
 pub const MAX_STOP_STRINGS: usize = 4;
+/// Most generations one request may ask for (prompts × `best_of`): each is a
+/// whole generation of its own.
+pub const MAX_GENERATIONS: usize = 64;
 pub const DEFAULT_COMPLETION_MAX_TOKENS: u32 = 16;
 
 /// Fields shared by `/v1/completions` and `/v1/chat/completions`.
@@ -23,6 +26,10 @@ pub struct Common {
     pub cache_salt: Option<String>,
     /// Structured output or enforced tool calls.
     pub constraint: Option<Requested>,
+    /// Choices returned per prompt.
+    pub n: u32,
+    /// Generations per prompt, the `n` most likely returned (>= n).
+    pub best_of: u32,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -34,7 +41,8 @@ pub enum Prompt {
 #[derive(Debug, Clone, PartialEq)]
 pub struct CompletionRequest {
     pub common: Common,
-    pub prompt: Prompt,
+    /// One or more prompts (a list of prompts is a batch: `n` choices each).
+    pub prompts: Vec<Prompt>,
     pub echo: bool,
     /// 0..=5 alternatives per token.
     pub logprobs: Option<u32>,
@@ -241,7 +249,7 @@ pub fn check_model(f: &Fields, info: &ModelInfo, required: bool) -> Result<Strin
     match f.str("model")? {
         None if required => Err(ApiError::missing("model")),
         None => Ok(info.id.clone()),
-        Some(m) if m == info.id => Ok(m.to_owned()),
+        Some(m) if info.serves(m) => Ok(m.to_owned()),
         Some(m) => Err(ApiError::model_not_found(m)),
     }
 }
@@ -253,23 +261,22 @@ fn parse_common(f: &Fields, info: &ModelInfo) -> Result<Common, ApiError> {
         ..Default::default()
     };
 
-    if let Some(n) = f.int("n", i64::MIN, i64::MAX)?
-        && n != 1
-    {
-        return Err(ApiError::unsupported(
-            "n",
-            format!("only n=1 is supported, got n={n}"),
-        ));
-    }
-    if let Some(n) = f.int("best_of", i64::MIN, i64::MAX)?
-        && n != 1
-    {
-        return Err(ApiError::unsupported(
+    let max = MAX_GENERATIONS as i64;
+    c.n = f.int("n", 1, max)?.unwrap_or(1) as u32;
+    c.best_of = f.int("best_of", 1, max)?.map_or(c.n, |b| b as u32);
+    if c.best_of < c.n {
+        return Err(ApiError::invalid_value(
             "best_of",
-            "only best_of=1 is supported",
+            format!("'best_of' ({}) must be at least 'n' ({})", c.best_of, c.n),
         ));
     }
     c.stream = f.bool("stream")?.unwrap_or(false);
+    if c.stream && c.best_of > c.n {
+        return Err(ApiError::invalid_value(
+            "best_of",
+            "'best_of' greater than 'n' cannot be streamed (the best are known only at the end)",
+        ));
+    }
     if let Some(opts) = f.get("stream_options") {
         let obj = opts
             .as_object()
@@ -410,10 +417,20 @@ pub fn parse_completion(
     let mut common = parse_common(&f, info)?;
     let echo = f.bool("echo")?.unwrap_or(false);
     common.max_tokens = max_tokens(&f, "max_tokens", if echo { 0 } else { 1 })?;
-    let prompt = match f.get("prompt") {
+    let prompts = match f.get("prompt") {
         None => return Err(ApiError::missing("prompt")),
-        Some(v) => parse_prompt(v, info.vocab_size)?,
+        Some(v) => parse_prompts(v, info.vocab_size)?,
     };
+    if prompts.len() * common.best_of as usize > MAX_GENERATIONS {
+        return Err(ApiError::invalid_value(
+            "prompt",
+            format!(
+                "{} prompts × best_of {} is more than the {MAX_GENERATIONS} generations one request may ask for",
+                prompts.len(),
+                common.best_of
+            ),
+        ));
+    }
     let logprobs = f.int("logprobs", 0, 5)?.map(|x| x as u32);
     if echo && logprobs.is_some() {
         return Err(ApiError::unsupported(
@@ -431,16 +448,18 @@ pub fn parse_completion(
     common.constraint = structured::parse(&f, false)?;
     Ok(CompletionRequest {
         common,
-        prompt,
+        prompts,
         echo,
         logprobs,
     })
 }
 
-fn parse_prompt(v: &Value, vocab: u32) -> Result<Prompt, ApiError> {
-    const EXPECTED: &str = "a string, an array of one string, an array of token ids, or an array of one token-id array";
-    let p = match v {
-        Value::String(s) => Prompt::Text(s.clone()),
+/// `prompt`: a string, token ids, or a list of either (several prompts).
+fn parse_prompts(v: &Value, vocab: u32) -> Result<Vec<Prompt>, ApiError> {
+    const EXPECTED: &str =
+        "a string, an array of token ids, or an array of strings or of token-id arrays";
+    let prompts = match v {
+        Value::String(s) => vec![Prompt::Text(s.clone())],
         Value::Array(a) if a.is_empty() => {
             return Err(ApiError::invalid_value(
                 "prompt",
@@ -448,66 +467,99 @@ fn parse_prompt(v: &Value, vocab: u32) -> Result<Prompt, ApiError> {
             ));
         }
         Value::Array(a) => match &a[0] {
-            Value::String(_) | Value::Array(_) if a.len() > 1 => {
-                return Err(ApiError::unsupported(
-                    "prompt",
-                    format!(
-                        "batched prompts are not supported: got {} prompts, expected 1",
-                        a.len()
-                    ),
-                ));
-            }
-            Value::String(s) => Prompt::Text(s.clone()),
-            Value::Array(inner) => {
-                Prompt::Tokens(token_list(&Value::Array(inner.clone()), vocab, "prompt")?)
-            }
-            Value::Number(_) => Prompt::Tokens(token_list(v, vocab, "prompt")?),
+            Value::Number(_) => vec![Prompt::Tokens(token_list(v, vocab, "prompt")?)],
+            Value::String(_) | Value::Array(_) => a
+                .iter()
+                .enumerate()
+                .map(|(i, p)| match p {
+                    Value::String(s) => Ok(Prompt::Text(s.clone())),
+                    Value::Array(_) => Ok(Prompt::Tokens(token_list(
+                        p,
+                        vocab,
+                        &format!("prompt[{i}]"),
+                    )?)),
+                    _ => Err(ApiError::invalid_type(&format!("prompt[{i}]"), EXPECTED)),
+                })
+                .collect::<Result<_, _>>()?,
             _ => return Err(ApiError::invalid_type("prompt", EXPECTED)),
         },
         _ => return Err(ApiError::invalid_type("prompt", EXPECTED)),
     };
-    match &p {
-        Prompt::Text(s) if s.is_empty() => Err(ApiError::invalid_value(
+    if prompts.iter().any(|p| match p {
+        Prompt::Text(s) => s.is_empty(),
+        Prompt::Tokens(t) => t.is_empty(),
+    }) {
+        return Err(ApiError::invalid_value(
             "prompt",
             "'prompt' must not be empty",
-        )),
-        Prompt::Tokens(t) if t.is_empty() => Err(ApiError::invalid_value(
-            "prompt",
-            "'prompt' must not be empty",
-        )),
-        _ => Ok(p),
+        ));
     }
+    Ok(prompts)
 }
 
-fn render_options(f: &Fields) -> Result<(RenderOptions, Map<String, Value>), ApiError> {
+/// `reasoning_effort` as the template kwargs it stands for: the model
+/// either thinks or does not, so "none" and "minimal" turn thinking off and
+/// "low", "medium" and "high" leave it on; the value itself is passed to the
+/// template too (templates that know effort levels read it).
+fn reasoning_effort(f: &Fields) -> Result<Map<String, Value>, ApiError> {
+    let mut kw = Map::new();
+    let Some(effort) = f.str("reasoning_effort")? else {
+        return Ok(kw);
+    };
+    let thinking = match effort {
+        "none" | "minimal" => false,
+        "low" | "medium" | "high" => true,
+        other => {
+            return Err(ApiError::invalid_value(
+                "reasoning_effort",
+                format!(
+                    "unknown reasoning_effort '{other}'; expected 'none', 'minimal', 'low', 'medium' or 'high'"
+                ),
+            ));
+        }
+    };
+    kw.insert("enable_thinking".into(), Value::Bool(thinking));
+    kw.insert("reasoning_effort".into(), Value::String(effort.into()));
+    Ok(kw)
+}
+
+/// The render options and the template kwargs: the operator's defaults
+/// (`--default-chat-template-kwargs`), then `reasoning_effort`, then the
+/// top-level `enable_thinking`, then the request's `chat_template_kwargs`,
+/// each over the one before.
+fn render_options(
+    f: &Fields,
+    info: &ModelInfo,
+) -> Result<(RenderOptions, Map<String, Value>), ApiError> {
     let mut r = RenderOptions::default();
     if let Some(b) = f.bool("add_generation_prompt")? {
         r.add_generation_prompt = b;
     }
+    let mut kwargs = info.default_chat_template_kwargs.clone();
+    kwargs.extend(reasoning_effort(f)?);
     if let Some(b) = f.bool("enable_thinking")? {
-        r.enable_thinking = b;
+        kwargs.insert("enable_thinking".into(), Value::Bool(b));
     }
-    let mut kwargs = Map::new();
     if let Some(k) = f.get("chat_template_kwargs") {
         let obj = k
             .as_object()
             .ok_or_else(|| ApiError::invalid_type("chat_template_kwargs", "an object"))?;
-        for (name, slot) in [
-            ("enable_thinking", &mut r.enable_thinking),
-            ("preserve_thinking", &mut r.preserve_thinking),
-        ] {
-            match obj.get(name) {
-                None | Some(Value::Null) => {}
-                Some(Value::Bool(b)) => *slot = *b,
-                Some(_) => {
-                    return Err(ApiError::invalid_type(
-                        &format!("chat_template_kwargs.{name}"),
-                        "a boolean",
-                    ));
-                }
+        kwargs.extend(obj.iter().map(|(k, v)| (k.clone(), v.clone())));
+    }
+    for (name, slot) in [
+        ("enable_thinking", &mut r.enable_thinking),
+        ("preserve_thinking", &mut r.preserve_thinking),
+    ] {
+        match kwargs.get(name) {
+            None | Some(Value::Null) => {}
+            Some(Value::Bool(b)) => *slot = *b,
+            Some(_) => {
+                return Err(ApiError::invalid_type(
+                    &format!("chat_template_kwargs.{name}"),
+                    "a boolean",
+                ));
             }
         }
-        kwargs = obj.clone();
     }
     Ok((r, kwargs))
 }
@@ -592,11 +644,11 @@ fn parse_tool_choice(f: &Fields, tools: &[Value]) -> Result<ToolChoice, ApiError
 
 #[cfg(test)]
 pub fn parse_tool_side_for_tests(f: &Fields) -> Result<(RenderOptions, Tools), ApiError> {
-    parse_tool_side(f)
+    parse_tool_side(f, &ModelInfo::default())
 }
 
-fn parse_tool_side(f: &Fields) -> Result<(RenderOptions, Tools), ApiError> {
-    let (render, kwargs) = render_options(f)?;
+fn parse_tool_side(f: &Fields, info: &ModelInfo) -> Result<(RenderOptions, Tools), ApiError> {
+    let (render, kwargs) = render_options(f, info)?;
     let tools = parse_tools(f)?;
     let choice = parse_tool_choice(f, &tools)?;
     let parallel = f.bool("parallel_tool_calls")?.unwrap_or(true);
@@ -631,7 +683,7 @@ pub fn parse_chat(body: &Map<String, Value>, info: &ModelInfo) -> Result<ChatReq
     if logprobs {
         common.sampling.logprobs = Some(top_logprobs);
     }
-    let (mut render, tools) = parse_tool_side(&f)?;
+    let (mut render, tools) = parse_tool_side(&f, info)?;
     common.constraint = match (structured::parse(&f, true)?, structured::tool_calls(&tools)) {
         (Some(format), Some(_)) => {
             return Err(ApiError::invalid_value(
@@ -670,7 +722,7 @@ pub fn parse_tokenize(
         (Some(_), None) => Err(ApiError::invalid_type("prompt", "a string")),
         (None, Some(m)) => {
             let messages = parse_messages(Some(m))?;
-            let (render, tools) = parse_tool_side(&f)?;
+            let (render, tools) = parse_tool_side(&f, info)?;
             Ok(TokenizeRequest::Messages(messages, render, tools))
         }
         (None, None) => Err(ApiError::missing("prompt")),
@@ -701,6 +753,7 @@ mod tests {
             created: 1,
             max_prompt_tokens: 0,
             max_completion_tokens: 0,
+            ..Default::default()
         }
     }
 
@@ -743,7 +796,7 @@ mod tests {
             "stream_options": {"include_usage": true}, "user": "u1", "unknown_field": {"x": 1}
         }))
         .unwrap();
-        assert_eq!(r.prompt, Prompt::Text("Hello".into()));
+        assert_eq!(r.prompts, [Prompt::Text("Hello".into())]);
         assert_eq!(r.common.max_tokens, Some(5));
         let s = &r.common.sampling;
         assert_eq!(
@@ -775,15 +828,38 @@ mod tests {
 
     #[test]
     fn prompt_forms() {
-        let p = |v: Value| completion(json!({"model": "qwen3.6", "prompt": v})).map(|r| r.prompt);
-        assert_eq!(p(json!(["a"])).unwrap(), Prompt::Text("a".into()));
-        assert_eq!(p(json!([1, 2, 3])).unwrap(), Prompt::Tokens(vec![1, 2, 3]));
-        assert_eq!(p(json!([[4, 5]])).unwrap(), Prompt::Tokens(vec![4, 5]));
+        let p = |v: Value| completion(json!({"model": "qwen3.6", "prompt": v})).map(|r| r.prompts);
+        assert_eq!(p(json!(["a"])).unwrap(), [Prompt::Text("a".into())]);
         assert_eq!(
-            err_param(p(json!(["a", "b"]))),
-            (400, Some("prompt".into()), Some("unsupported_parameter"))
+            p(json!([1, 2, 3])).unwrap(),
+            [Prompt::Tokens(vec![1, 2, 3])]
         );
-        assert_eq!(err_param(p(json!([[1], [2]]))).1.as_deref(), Some("prompt"));
+        assert_eq!(p(json!([[4, 5]])).unwrap(), [Prompt::Tokens(vec![4, 5])]);
+        assert_eq!(
+            p(json!(["a", [7], "b"])).unwrap(),
+            [
+                Prompt::Text("a".into()),
+                Prompt::Tokens(vec![7]),
+                Prompt::Text("b".into())
+            ]
+        );
+        assert_eq!(
+            err_param(p(json!([[1], [2000]]))).1.as_deref(),
+            Some("prompt[1]")
+        );
+        assert_eq!(err_param(p(json!(["a", ""]))).2, Some("invalid_value"));
+        assert_eq!(
+            err_param(p(json!(["a", 5]))).1.as_deref(),
+            Some("prompt[1]")
+        );
+        let many: Vec<String> = (0..33).map(|i| i.to_string()).collect();
+        assert_eq!(
+            err_param(completion(
+                json!({"model": "qwen3.6", "prompt": many, "best_of": 2})
+            ))
+            .2,
+            Some("invalid_value")
+        );
         assert_eq!(err_param(p(json!([1, 1000]))).2, Some("invalid_value"));
         assert_eq!(err_param(p(json!([1, -1]))).2, Some("invalid_value"));
         assert_eq!(err_param(p(json!([1, "a"]))).2, Some("invalid_type"));
@@ -840,8 +916,10 @@ mod tests {
             ("max_tokens", json!(0), "invalid_value"),
             ("max_tokens", json!(-5), "invalid_value"),
             ("max_tokens", json!("10"), "invalid_type"),
-            ("n", json!(2), "unsupported_parameter"),
-            ("best_of", json!(3), "unsupported_parameter"),
+            ("n", json!(0), "invalid_value"),
+            ("n", json!(65), "invalid_value"),
+            ("n", json!("2"), "invalid_type"),
+            ("best_of", json!(0), "invalid_value"),
             ("stop", json!(["a", "b", "c", "d", "e"]), "invalid_value"),
             ("stop", json!(5), "invalid_type"),
             ("stop", json!([""]), "invalid_value"),
@@ -869,6 +947,30 @@ mod tests {
             );
             assert!(e.message.contains(name), "{name}: {}", e.message);
         }
+    }
+
+    #[test]
+    fn n_and_best_of() {
+        let r = completion(json!({"model": "qwen3.6", "prompt": "x", "n": 3})).unwrap();
+        assert_eq!((r.common.n, r.common.best_of), (3, 3));
+        let r =
+            completion(json!({"model": "qwen3.6", "prompt": "x", "n": 2, "best_of": 5})).unwrap();
+        assert_eq!((r.common.n, r.common.best_of), (2, 5));
+        let r = chat(json!({"model": "qwen3.6", "messages": [{"role": "user", "content": "hi"}]}))
+            .unwrap();
+        assert_eq!((r.common.n, r.common.best_of), (1, 1));
+        assert_eq!(
+            err_param(completion(
+                json!({"model": "qwen3.6", "prompt": "x", "n": 3, "best_of": 2})
+            )),
+            (400, Some("best_of".into()), Some("invalid_value"))
+        );
+        assert_eq!(
+            err_param(completion(
+                json!({"model": "qwen3.6", "prompt": "x", "best_of": 2, "stream": true})
+            )),
+            (400, Some("best_of".into()), Some("invalid_value"))
+        );
     }
 
     #[test]

@@ -1,6 +1,6 @@
 //! Structured outputs: the request fields that constrain the output
 //! (`response_format`, vLLM's `guided_*` and `structured_outputs`, and an
-//! enforced `tool_choice`) turned into the engine constraint of WIT 0.1.3.
+//! enforced `tool_choice`) turned into the engine constraint of WIT 0.1.4.
 
 use crate::params::{Fields, ToolChoice, Tools, tool_name};
 use qwasi_guest_sdk::ApiError;

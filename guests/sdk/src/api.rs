@@ -310,6 +310,7 @@ impl Engine for HostEngine {
 
     fn model_info(&self) -> ModelInfo {
         let m = inference::model_info();
+        let c = inference::serving_config();
         ModelInfo {
             id: m.id,
             context_length: m.context_length,
@@ -319,6 +320,9 @@ impl Engine for HostEngine {
             created: m.created,
             max_prompt_tokens: m.max_prompt_tokens,
             max_completion_tokens: m.max_completion_tokens,
+            aliases: c.aliases,
+            default_chat_template_kwargs: serde_json::from_str(&c.default_chat_template_kwargs)
+                .unwrap_or_default(),
         }
     }
 

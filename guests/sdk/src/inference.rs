@@ -24,6 +24,18 @@ pub struct ModelInfo {
     /// Operator caps (0 = none).
     pub max_prompt_tokens: u32,
     pub max_completion_tokens: u32,
+    /// `serving-config` (WIT 0.1.3): more names the model is served under.
+    pub aliases: Vec<String>,
+    /// `serving-config`: the operator's default chat-template kwargs, under
+    /// each request's own.
+    pub default_chat_template_kwargs: serde_json::Map<String, serde_json::Value>,
+}
+
+impl ModelInfo {
+    /// Whether clients may call the model `name` (its id or an alias).
+    pub fn serves(&self, name: &str) -> bool {
+        self.id == name || self.aliases.iter().any(|a| a == name)
+    }
 }
 
 /// Mirrors `sampling-params`. `Default` turns every option off and samples
@@ -81,7 +93,7 @@ pub struct GenerateRequest {
     pub cache_salt: Option<String>,
     /// Prompt positions worth snapshotting (message boundaries).
     pub snapshot_points: Vec<u32>,
-    /// Hold the output to this (sent through `generate-constrained`, WIT 0.1.3).
+    /// Hold the output to this (sent through `generate-constrained`, WIT 0.1.4).
     pub constraint: Option<Constraint>,
 }
 

@@ -52,6 +52,7 @@ impl FakeEngine {
                 created: 1_700_000_000,
                 max_prompt_tokens: 0,
                 max_completion_tokens: 0,
+                ..Default::default()
             },
             script: Vec::new(),
             finish: FinishReason::Stop,

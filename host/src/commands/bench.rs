@@ -1,7 +1,8 @@
-//! `qwasi bench --workload NAME`: engine benchmarks that print a table and
-//! write a JSON report, one module per workload: [`prefix_cache`] (TTFT cold
-//! vs cached prefix, on the CPU or a GPU) and [`speed`] (GPU batch-1 TTFT and
-//! decode). Add a variant to [`Workload`] and a module for more.
+//! `qwasi bench --workload NAME`: benchmarks that print a table and write a
+//! JSON report, one module per workload: [`prefix_cache`] (TTFT cold vs
+//! cached prefix, on the CPU or a GPU), [`speed`] (GPU batch-1 TTFT and
+//! decode) and [`serving`] (concurrent streams over HTTP through `qwasi
+//! serve`). Add a variant to [`Workload`] and a module for more.
 
 use super::ModelArgs;
 use anyhow::{Context, Result};
@@ -9,6 +10,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 mod prefix_cache;
+mod serving;
 mod speed;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -21,6 +23,10 @@ pub enum Workload {
     /// GPU batch-1 speed: TTFT and greedy decode at several prompt lengths
     /// (`--backend cuda --synthetic PRESET`), against the bandwidth floor.
     Speed,
+    /// Concurrent streaming requests over HTTP through the OpenAI guest of
+    /// `qwasi serve` (started by the bench, or `--url`): aggregate output
+    /// tok/s, TTFT and inter-token latency per concurrency level or arrival rate.
+    Serving,
 }
 
 #[derive(clap::Args)]
@@ -40,6 +46,8 @@ pub struct Args {
     out: Option<PathBuf>,
     #[command(flatten)]
     speed: speed::SpeedArgs,
+    #[command(flatten)]
+    serving: serving::ServingArgs,
     /// CPU threads (default: all cores).
     #[arg(long)]
     threads: Option<usize>,
@@ -61,6 +69,14 @@ pub fn run(a: Args) -> Result<()> {
                 format!("benchmarks/speed-{}.json", a.speed.gpu_backend()).into()
             }),
         ),
+        Workload::Serving => serving::run(
+            &a.serving,
+            a.model.model.as_deref(),
+            &a.speed.fixtures,
+            &a.out
+                .clone()
+                .unwrap_or_else(|| "benchmarks/serving.json".into()),
+        ),
     }
 }
 
@@ -73,6 +89,46 @@ fn median(v: &[f64]) -> f64 {
         n if n % 2 == 1 => s[n / 2],
         n => (s[n / 2 - 1] + s[n / 2]) / 2.0,
     }
+}
+
+/// This process's command line, shell-quoted where needed (for reports).
+fn command() -> String {
+    std::env::args()
+        .map(|a| {
+            let plain = !a.is_empty()
+                && a.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "_-./=:,@+%".contains(c));
+            if plain {
+                a
+            } else {
+                format!("'{}'", a.replace('\'', r"'\''"))
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// The CPU this report was measured on.
+fn machine() -> serde_json::Value {
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let cpu = cpuinfo
+        .lines()
+        .find(|l| l.starts_with("model name"))
+        .and_then(|l| l.split(':').nth(1))
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|| "unknown".into());
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let load = std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|s| s.split_whitespace().next().map(str::to_string));
+    serde_json::json!({
+        "cpu": cpu,
+        "cores": cores,
+        "rayon_threads": rayon::current_num_threads(),
+        "loadavg_1m_at_start": load,
+        "os": std::env::consts::OS,
+        "arch": std::env::consts::ARCH,
+    })
 }
 
 fn ms(d: Duration) -> f64 {

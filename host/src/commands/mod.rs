@@ -5,6 +5,7 @@ pub mod daemon;
 pub mod generate;
 pub mod run;
 pub mod serve;
+pub mod serving;
 pub mod state;
 pub mod tokenize;
 pub mod verify;

@@ -141,6 +141,7 @@ pub fn run(a: Args) -> Result<i32> {
         service_config,
         a.prefix_cache_mib.is_none(),
         None,
+        &Default::default(),
     )?;
     if is_demo {
         eprintln!("note: using the embedded demo model (random weights: its text is meaningless)");

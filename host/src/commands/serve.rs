@@ -1,6 +1,7 @@
 //! `qwasi serve`: the HTTP server in the foreground.
 
 use super::ModelArgs;
+use super::serving::ServingArgs;
 use super::state::{self, StateFile};
 use crate::runtime::{self, GuestSource, Mount, Runtime, RuntimeConfig, Shared};
 use crate::server::{self, AppState, ServerConfig};
@@ -21,6 +22,8 @@ pub const API_KEY_ENV: &str = "QWASI_API_KEY";
 pub struct Args {
     #[command(flatten)]
     pub model: ModelArgs,
+    #[command(flatten)]
+    pub serving: ServingArgs,
     /// Address to listen on.
     #[arg(long, default_value = "127.0.0.1")]
     pub host: String,
@@ -450,6 +453,7 @@ pub fn start_engine(
     service_config: ServiceConfig,
     gpu_budget_auto: bool,
     scripted_turns: Option<&Path>,
+    serving: &ServingArgs,
 ) -> Result<StartedEngine> {
     let mut service_config = service_config;
     #[cfg(not(any(feature = "cuda", feature = "hip")))]
@@ -457,6 +461,7 @@ pub fn start_engine(
     let t0 = std::time::Instant::now();
     let max_prompt_tokens = service_config.max_prompt_tokens as u32;
     let max_completion_tokens = service_config.max_completion_tokens as u32;
+    serving.apply(String::new(), None)?; // bad options fail before the weights load
     let model = LoadedModel::load(model)?;
     let LoadedModel {
         id,
@@ -466,6 +471,8 @@ pub fn start_engine(
         chat_template,
         is_demo,
     } = model;
+    let serving = serving.apply(id, chat_template)?;
+    let (id, chat_template) = (serving.id, serving.chat_template);
     let vocab_size = config.vocab_size as u32;
     let eos_token_ids = config.eos_token_ids.clone();
     let service = match backend {
@@ -514,6 +521,7 @@ pub fn start_engine(
         model_id: id.clone(),
         model_info,
         constraints: Default::default(),
+        serving: serving.config,
     });
     Ok(StartedEngine {
         shared,
@@ -546,6 +554,7 @@ fn load(a: &Args) -> Result<(Runtime, String)> {
         service_config,
         a.prefix_cache_mib.is_none(),
         a.scripted_turns.as_deref(),
+        &a.serving,
     )?;
 
     let t1 = std::time::Instant::now();

@@ -1,4 +1,4 @@
-//! `generate-constrained`'s constraint (WIT 0.1.3) compiled for the engine.
+//! `generate-constrained`'s constraint (WIT 0.1.4) compiled for the engine.
 
 use super::bindings::api::qwasi::inference::types;
 use qwasi_engine::constraint::{Compiled, Compiler, ConstraintSpec, Grammar, Tool, ToolCalls};

@@ -142,6 +142,11 @@ impl inference::Host for HostState {
         Ok(self.shared.model_info.clone())
     }
 
+    /// `@since(version = 0.1.3)`; older guests do not import it.
+    async fn serving_config(&mut self) -> Result<inference::ServingConfiguration> {
+        Ok(self.shared.serving.clone())
+    }
+
     async fn generate(
         &mut self,
         request: types::GenerateRequest,
@@ -149,7 +154,7 @@ impl inference::Host for HostState {
         self.submit(request, None).await
     }
 
-    /// `@since(version = 0.1.3)`.
+    /// `@since(version = 0.1.4)`.
     async fn generate_constrained(
         &mut self,
         request: types::GenerateRequest,

@@ -65,6 +65,8 @@ pub struct Shared {
     pub model_info: ModelInfo,
     /// Compiles `generate-constrained`'s constraints.
     pub constraints: constraint::Constraints,
+    /// `inference.serving-config` (WIT 0.1.3).
+    pub serving: bindings::api::qwasi::inference::inference::ServingConfiguration,
 }
 
 /// Which world a guest implements.

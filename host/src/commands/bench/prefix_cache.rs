@@ -39,7 +39,7 @@
 //! copies, sampling; from `qwasi_first_token_phase_seconds_total`), so what
 //! the TTFT holds beyond the prefill is visible.
 
-use super::{Args, median, ms};
+use super::{Args, command, machine, median, ms};
 use anyhow::{Context, Result, bail};
 use qwasi_engine::backend::Backend;
 use qwasi_engine::cpu::CpuModel;
@@ -599,44 +599,6 @@ fn report(
 }
 
 /// The command line, an empty or unusual argument single-quoted (`--intervals ''`).
-fn command() -> String {
-    std::env::args()
-        .map(|a| {
-            let plain = !a.is_empty()
-                && a.chars()
-                    .all(|c| c.is_ascii_alphanumeric() || "_-./=:,@+%".contains(c));
-            if plain {
-                a
-            } else {
-                format!("'{}'", a.replace('\'', r"'\''"))
-            }
-        })
-        .collect::<Vec<_>>()
-        .join(" ")
-}
-
-fn machine() -> Value {
-    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
-    let cpu = cpuinfo
-        .lines()
-        .find(|l| l.starts_with("model name"))
-        .and_then(|l| l.split(':').nth(1))
-        .map(|s| s.trim().to_string())
-        .unwrap_or_else(|| "unknown".into());
-    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
-    let load = std::fs::read_to_string("/proc/loadavg")
-        .ok()
-        .and_then(|s| s.split_whitespace().next().map(str::to_string));
-    json!({
-        "cpu": cpu,
-        "cores": cores,
-        "rayon_threads": rayon::current_num_threads(),
-        "loadavg_1m_at_start": load,
-        "os": std::env::consts::OS,
-        "arch": std::env::consts::ARCH,
-    })
-}
-
 /// Writes the report, prints it, and fails when `ok` is false.
 fn write(report: &Value, out: &Path, ok: bool, failure: &str) -> Result<()> {
     let text = serde_json::to_string_pretty(report)? + "\n";
