@@ -103,11 +103,12 @@ pub fn generate_with<B: Backend>(
             (None, Some(c)) => sampler.sample(c.masked(&logits)?, &context, req.prompt.len()),
             (None, None) => sampler.sample(&logits, &context, req.prompt.len()),
         };
-        let is_stop = stops.contains(&s.token)
-            || match &mut constraint {
-                Some(c) => c.advance(s.token)? == Step::Done,
-                None => false,
-            };
+        let is_stop = stops.contains(&s.token);
+        // A token that completes a constrained output ends it after itself.
+        let complete = match &mut constraint {
+            Some(c) if !is_stop => c.advance(s.token)? == Step::Done,
+            _ => false,
+        };
         let flow = on_token(&s, is_stop);
         result.steps.push(s.clone());
         if is_stop {
@@ -119,6 +120,10 @@ pub fn generate_with<B: Backend>(
         context.push(s.token);
         if flow.is_break() {
             result.finish_reason = FinishReason::Cancelled;
+            break;
+        }
+        if complete {
+            result.finish_reason = FinishReason::Stop;
             break;
         }
         if result.tokens.len() >= req.max_tokens || context.len() >= cfg.max_position_embeddings {

@@ -190,7 +190,8 @@ impl Compiled {
 pub enum Step {
     /// The output goes on.
     Continue,
-    /// The grammar is complete: the output ends here.
+    /// The token completed the output (it is part of it, unless it is an
+    /// EOS token): generation ends after it.
     Done,
 }
 

@@ -38,22 +38,23 @@ fn err(s: ConstraintSpec) -> String {
 }
 
 /// A dozen schemas whose shortest valid output is short (a random model
-/// writes strings until a quote happens to win, so strings are bounded).
+/// writes strings until a quote happens to win, so strings are bounded,
+/// and objects take no extra properties, whose keys are unbounded strings).
 fn schemas() -> Vec<Value> {
     let name = json!({"type": "string", "maxLength": 6});
     vec![
         json!({"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"], "additionalProperties": false}),
-        json!({"type": "object", "properties": {"n": {"type": "integer", "minimum": -5, "maximum": 5}}, "required": ["n"]}),
-        json!({"type": "object", "properties": {"x": {"type": "number", "exclusiveMinimum": 0, "maximum": 1}}, "required": ["x"]}),
-        json!({"type": "object", "properties": {"color": {"enum": ["red", "green", "blue"]}}, "required": ["color"]}),
+        json!({"type": "object", "properties": {"n": {"type": "integer", "minimum": -5, "maximum": 5}}, "required": ["n"], "additionalProperties": false}),
+        json!({"type": "object", "properties": {"x": {"type": "number", "exclusiveMinimum": 0, "maximum": 1}}, "required": ["x"], "additionalProperties": false}),
+        json!({"type": "object", "properties": {"color": {"enum": ["red", "green", "blue"]}}, "required": ["color"], "additionalProperties": false}),
         json!({"type": "object", "properties": {"name": name, "age": {"type": "integer", "minimum": 0, "maximum": 150}}, "required": ["name", "age"], "additionalProperties": false}),
-        json!({"type": "object", "properties": {"tags": {"type": "array", "items": {"enum": ["a", "b"]}, "minItems": 1, "maxItems": 3}}, "required": ["tags"]}),
-        json!({"type": "object", "properties": {"inner": {"type": "object", "properties": {"deep": {"type": "object", "properties": {"v": {"type": "boolean"}}, "required": ["v"]}}, "required": ["deep"]}}, "required": ["inner"]}),
+        json!({"type": "object", "properties": {"tags": {"type": "array", "items": {"enum": ["a", "b"]}, "minItems": 1, "maxItems": 3}}, "required": ["tags"], "additionalProperties": false}),
+        json!({"type": "object", "properties": {"inner": {"type": "object", "properties": {"deep": {"type": "object", "properties": {"v": {"type": "boolean"}}, "required": ["v"], "additionalProperties": false}}, "required": ["deep"], "additionalProperties": false}}, "required": ["inner"], "additionalProperties": false}),
         json!({"type": "object", "properties": {"req": {"type": "boolean"}, "opt": {"type": "integer", "minimum": 1, "maximum": 9}}, "required": ["req"], "additionalProperties": false}),
-        json!({"type": "object", "properties": {"v": {"anyOf": [{"type": "integer", "minimum": 0, "maximum": 3}, {"type": "boolean"}, {"type": "null"}]}}, "required": ["v"]}),
+        json!({"type": "object", "properties": {"v": {"anyOf": [{"type": "integer", "minimum": 0, "maximum": 3}, {"type": "boolean"}, {"type": "null"}]}}, "required": ["v"], "additionalProperties": false}),
         json!({"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 9}, "minItems": 2, "maxItems": 4}),
-        json!({"type": "object", "properties": {"points": {"type": "array", "items": {"type": "object", "properties": {"x": {"type": "integer", "minimum": 0, "maximum": 9}, "y": {"type": "integer", "minimum": 0, "maximum": 9}}, "required": ["x", "y"], "additionalProperties": false}, "maxItems": 2}}, "required": ["points"]}),
-        json!({"$defs": {"code": {"type": "string", "pattern": "^[A-Z]{2}$"}}, "type": "object", "properties": {"code": {"$ref": "#/$defs/code"}, "kind": {"const": "fixed"}}, "required": ["code", "kind"]}),
+        json!({"type": "object", "properties": {"points": {"type": "array", "items": {"type": "object", "properties": {"x": {"type": "integer", "minimum": 0, "maximum": 9}, "y": {"type": "integer", "minimum": 0, "maximum": 9}}, "required": ["x", "y"], "additionalProperties": false}, "maxItems": 2}}, "required": ["points"], "additionalProperties": false}),
+        json!({"$defs": {"code": {"type": "string", "pattern": "^[A-Z]{2}$"}}, "type": "object", "properties": {"code": {"$ref": "#/$defs/code"}, "kind": {"const": "fixed"}}, "required": ["code", "kind"], "additionalProperties": false}),
     ]
 }
 
@@ -78,10 +79,10 @@ fn random_walk(c: &mut Constraint, seed: u64, max: usize) -> (String, bool) {
         rng ^= rng >> 7;
         rng ^= rng << 17;
         let t = allowed[(rng % allowed.len() as u64) as usize];
+        ids.push(t);
         if c.advance(t).unwrap() == Step::Done {
             return (tok.decode(&ids, true).unwrap(), true);
         }
-        ids.push(t);
     }
     (tok.decode(&ids, true).unwrap(), false)
 }

@@ -36,15 +36,14 @@ pub fn token_env(tok: &Tokenizer, vocab_size: usize, eos: &[u32]) -> Result<TokE
     if eos.is_empty() {
         bail!("the model has no EOS token to end a constrained output");
     }
-    if tok.vocab_size() > vocab_size {
-        bail!(
-            "the tokenizer has {} tokens but the model only {vocab_size}",
-            tok.vocab_size()
-        );
+    // (`vocab_size` copies the tokenizer's vocabulary: once.)
+    let tokens = tok.vocab_size();
+    if tokens > vocab_size {
+        bail!("the tokenizer has {tokens} tokens but the model only {vocab_size}");
     }
     let words: Vec<Vec<u8>> = (0..vocab_size as u32)
         .map(|id| {
-            if (id as usize) >= tok.vocab_size() {
+            if (id as usize) >= tokens {
                 let mut w = format!(" <[{id}]>").into_bytes();
                 w[0] = TokTrie::SPECIAL_TOKEN_MARKER;
                 w

@@ -434,11 +434,12 @@ impl<'j, B: Backend> Running<'j, B> {
             .store(self.sampled as u32, Ordering::Release);
         w.metrics.add_completion_token();
 
-        let done = match &mut self.constraint {
+        // A token that completes a constrained output ends it after itself.
+        let complete = match &mut self.constraint {
             Some(c) if !self.stops.contains(&s.token) => c.advance(s.token)? == Step::Done,
             _ => false,
         };
-        if done || self.stops.contains(&s.token) {
+        if self.stops.contains(&s.token) {
             self.stage_prompt_end(w);
             self.stage_end(w);
             return Ok(Some(self.finish(FinishReason::Stop, Some(s.token))));
@@ -459,6 +460,10 @@ impl<'j, B: Backend> Running<'j, B> {
         self.context.push(token);
         if self.job.is_cancelled() {
             return Ok(Some(self.finish(FinishReason::Cancelled, None)));
+        }
+        if complete {
+            self.stage_end(w);
+            return Ok(Some(self.finish(FinishReason::Stop, None)));
         }
         if self.generated >= req.max_tokens || self.context.len() >= w.context_limit {
             self.stage_end(w);
