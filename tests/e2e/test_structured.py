@@ -73,7 +73,7 @@ SCHEMAS = [
                                       "tags": {"type": "array", "items": {"type": "string", "maxLength": 4},
                                                "maxItems": 3}},
      "required": ["v", "tags"], "additionalProperties": False},
-    {"type": "array", "items": {"type": "number", "minimum": -1, "maximum": 1}, "minItems": 1, "maxItems": 3},
+    {"type": "array", "items": {"type": "number", "minimum": -1, "maximum": 1, "multipleOf": 0.5}, "minItems": 1, "maxItems": 3},
 ]
 
 

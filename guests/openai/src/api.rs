@@ -7,9 +7,7 @@ use serde_json::{Map, Value, json};
 use crate::chat::{Message, RenderOptions};
 use crate::choices::{self, Job, Meta};
 use crate::host::Host;
-use crate::params::{
-    self, ChatRequest, Common, CompletionRequest, Prompt, TokenizeRequest, Tools,
-};
+use crate::params::{self, ChatRequest, Common, CompletionRequest, Prompt, TokenizeRequest, Tools};
 use crate::structured;
 use crate::template;
 use crate::tokens;
@@ -258,10 +256,7 @@ impl Piece {
 
 #[derive(Debug, Clone, PartialEq)]
 pub enum Ended {
-    Finished {
-        reason: &'static str,
-        usage: Usage,
-    },
+    Finished { reason: &'static str, usage: Usage },
     Failed(String),
 }
 

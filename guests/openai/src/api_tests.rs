@@ -1281,7 +1281,11 @@ fn model_output_is_reported_never_refused() {
         s.json()["choices"][0]["message"]["tool_calls"][0]["function"]["name"],
         "nope"
     );
-    assert_eq!(h.request().constraint, None, "auto without strict tools is free");
+    assert_eq!(
+        h.request().constraint,
+        None,
+        "auto without strict tools is free"
+    );
     // Two calls with parallel_tool_calls false: both reported.
     let two = format!("{CALL_TEXT}\n{}", &CALL_TEXT[15..]);
     let h = big_host(&two);

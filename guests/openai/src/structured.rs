@@ -133,7 +133,10 @@ fn guided(param: &str, key: &str, v: &Value) -> Result<Requested, ApiError> {
                     .ok()
                     .filter(Value::is_object)
                     .ok_or_else(|| {
-                        ApiError::invalid_value(param, format!("'{param}' is not a JSON schema object"))
+                        ApiError::invalid_value(
+                            param,
+                            format!("'{param}' is not a JSON schema object"),
+                        )
                     })?,
                 _ => return Err(ApiError::invalid_type(param, "a JSON schema object")),
             };
@@ -261,16 +264,26 @@ mod tests {
         );
         let schema = json!({"type": "object"});
         assert_eq!(
-            g(json!({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": schema, "strict": true}}})),
+            g(
+                json!({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": schema, "strict": true}}})
+            ),
             Some((
-                Grammar::JsonSchema { schema: schema.to_string(), strict: true },
+                Grammar::JsonSchema {
+                    schema: schema.to_string(),
+                    strict: true
+                },
                 "response_format.json_schema.schema".into()
             ))
         );
         // guided_json as JSON text, vLLM's structured_outputs spelling.
         assert_eq!(
-            g(json!({"guided_json": "{\"type\": \"object\"}"})).unwrap().0,
-            Grammar::JsonSchema { schema: schema.to_string(), strict: true }
+            g(json!({"guided_json": "{\"type\": \"object\"}"}))
+                .unwrap()
+                .0,
+            Grammar::JsonSchema {
+                schema: schema.to_string(),
+                strict: true
+            }
         );
         assert_eq!(
             g(json!({"structured_outputs": {"choice": ["a", "b"]}})),
@@ -279,25 +292,46 @@ mod tests {
                 "structured_outputs.choice".into()
             ))
         );
-        assert_eq!(g(json!({"guided_regex": "[0-9]+"})).unwrap().0, Grammar::Regex("[0-9]+".into()));
-        assert_eq!(g(json!({"guided_grammar": "start: \"x\""})).unwrap().0, Grammar::Lark("start: \"x\"".into()));
+        assert_eq!(
+            g(json!({"guided_regex": "[0-9]+"})).unwrap().0,
+            Grammar::Regex("[0-9]+".into())
+        );
+        assert_eq!(
+            g(json!({"guided_grammar": "start: \"x\""})).unwrap().0,
+            Grammar::Lark("start: \"x\"".into())
+        );
         // response_format is a chat field.
-        assert_eq!(parse_obj(json!({"response_format": {"type": "json_object"}}), false).unwrap(), None);
+        assert_eq!(
+            parse_obj(json!({"response_format": {"type": "json_object"}}), false).unwrap(),
+            None
+        );
     }
 
     #[test]
     fn bad_fields_are_400s_naming_them() {
         let e = |v: Value| parse_obj(v, true).unwrap_err().param.unwrap();
-        assert_eq!(e(json!({"response_format": {"type": "yaml"}})), "response_format.type");
-        assert_eq!(e(json!({"response_format": {"type": "json_schema"}})), "response_format.json_schema");
+        assert_eq!(
+            e(json!({"response_format": {"type": "yaml"}})),
+            "response_format.type"
+        );
+        assert_eq!(
+            e(json!({"response_format": {"type": "json_schema"}})),
+            "response_format.json_schema"
+        );
         assert_eq!(
             e(json!({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}})),
             "response_format.json_schema.schema"
         );
         assert_eq!(e(json!({"guided_choice": []})), "guided_choice");
         assert_eq!(e(json!({"guided_json": "[1]"})), "guided_json");
-        assert_eq!(e(json!({"structured_outputs": {"xml": "x"}})), "structured_outputs.xml");
-        assert_eq!(e(json!({"guided_regex": "a", "guided_choice": ["a"]})), "guided_choice");
+        assert_eq!(
+            e(json!({"structured_outputs": {"xml": "x"}})),
+            "structured_outputs.xml"
+        );
+        assert_eq!(
+            e(json!({"guided_regex": "a", "guided_choice": ["a"]})),
+            "guided_choice"
+        );
     }
 
     #[test]
@@ -318,9 +352,19 @@ mod tests {
         assert!(calls(&tools(ToolChoice::None, vec![strict.clone()])).is_none());
         let c = calls(&tools(ToolChoice::Required, vec![weather.clone()])).unwrap();
         assert!(c.required && c.parallel && c.tools[0].parameters == r#"{"type":"object"}"#);
-        let c = calls(&tools(ToolChoice::Named("s".into()), vec![weather.clone(), strict.clone()])).unwrap();
+        let c = calls(&tools(
+            ToolChoice::Named("s".into()),
+            vec![weather.clone(), strict.clone()],
+        ))
+        .unwrap();
         assert!(c.required && !c.parallel);
-        assert_eq!(c.tools, vec![Tool { name: "s".into(), parameters: "{}".into() }]);
+        assert_eq!(
+            c.tools,
+            vec![Tool {
+                name: "s".into(),
+                parameters: "{}".into()
+            }]
+        );
         let c = calls(&tools(ToolChoice::Auto, vec![weather, strict])).unwrap();
         assert!(!c.required && c.tools.len() == 2);
     }

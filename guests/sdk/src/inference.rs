@@ -102,7 +102,10 @@ pub struct GenerateRequest {
 pub enum Grammar {
     /// JSON valid under the schema (JSON text); `strict`: refuse keywords
     /// that cannot be enforced instead of ignoring them.
-    JsonSchema { schema: String, strict: bool },
+    JsonSchema {
+        schema: String,
+        strict: bool,
+    },
     JsonObject,
     Regex(String),
     Choice(Vec<String>),

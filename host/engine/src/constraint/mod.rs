@@ -118,13 +118,12 @@ impl Compiler {
                 let mut schema = schema.clone();
                 match &mut schema {
                     Value::Object(o) => {
-                        o.entry("x-guidance").or_insert_with(|| json_options(!strict));
+                        o.entry("x-guidance")
+                            .or_insert_with(|| json_options(!strict));
                     }
                     Value::Bool(true) => schema = json!({"x-guidance": json_options(!strict)}),
                     _ => {
-                        return Err(ConstraintError::new(
-                            "the JSON schema must be an object",
-                        ));
+                        return Err(ConstraintError::new("the JSON schema must be an object"));
                     }
                 }
                 TopLevelGrammar::from_json_schema(schema)

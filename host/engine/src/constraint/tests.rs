@@ -15,7 +15,12 @@ fn compiler() -> &'static Compiler {
     static C: OnceLock<Compiler> = OnceLock::new();
     C.get_or_init(|| {
         let cfg = crate::demo::config();
-        Compiler::new(&Tokenizer::qwen36().unwrap(), cfg.vocab_size, &cfg.eos_token_ids).unwrap()
+        Compiler::new(
+            &Tokenizer::qwen36().unwrap(),
+            cfg.vocab_size,
+            &cfg.eos_token_ids,
+        )
+        .unwrap()
     })
 }
 
@@ -45,7 +50,7 @@ fn schemas() -> Vec<Value> {
     vec![
         json!({"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"], "additionalProperties": false}),
         json!({"type": "object", "properties": {"n": {"type": "integer", "minimum": -5, "maximum": 5}}, "required": ["n"], "additionalProperties": false}),
-        json!({"type": "object", "properties": {"x": {"type": "number", "exclusiveMinimum": 0, "maximum": 1}}, "required": ["x"], "additionalProperties": false}),
+        json!({"type": "object", "properties": {"x": {"type": "number", "exclusiveMinimum": 0, "maximum": 1, "multipleOf": 0.25}}, "required": ["x"], "additionalProperties": false}),
         json!({"type": "object", "properties": {"color": {"enum": ["red", "green", "blue"]}}, "required": ["color"], "additionalProperties": false}),
         json!({"type": "object", "properties": {"name": name, "age": {"type": "integer", "minimum": 0, "maximum": 150}}, "required": ["name", "age"], "additionalProperties": false}),
         json!({"type": "object", "properties": {"tags": {"type": "array", "items": {"enum": ["a", "b"]}, "minItems": 1, "maxItems": 3}}, "required": ["tags"], "additionalProperties": false}),
@@ -89,7 +94,9 @@ fn random_walk(c: &mut Constraint, seed: u64, max: usize) -> (String, bool) {
 
 #[test]
 fn bad_constraints_say_why() {
-    let e = err(schema(json!({"type": "object", "properties": {"a": {"type": "strnig"}}})));
+    let e = err(schema(
+        json!({"type": "object", "properties": {"a": {"type": "strnig"}}}),
+    ));
     assert!(e.contains("strnig"), "{e}");
     let e = err(schema(json!([1, 2])));
     assert!(e.contains("must be an object"), "{e}");
@@ -132,7 +139,9 @@ fn random_outputs_match_every_schema() {
 
 #[test]
 fn regex_choice_object_and_lark() {
-    let c = compiler().compile(&spec(Grammar::Regex(r"[0-9]{3}-[a-z]{2}".into()))).unwrap();
+    let c = compiler()
+        .compile(&spec(Grammar::Regex(r"[0-9]{3}-[a-z]{2}".into())))
+        .unwrap();
     for seed in 0..5 {
         let (text, done) = random_walk(&mut c.start(), seed, 50);
         assert!(done);
@@ -145,7 +154,9 @@ fn regex_choice_object_and_lark() {
         );
     }
     let choices = vec!["yes".to_string(), "no".into(), "maybe not".into()];
-    let c = compiler().compile(&spec(Grammar::Choice(choices.clone()))).unwrap();
+    let c = compiler()
+        .compile(&spec(Grammar::Choice(choices.clone())))
+        .unwrap();
     for seed in 0..5 {
         let (text, done) = random_walk(&mut c.start(), seed, 50);
         assert!(done && choices.contains(&text), "{text:?}");
@@ -154,11 +165,17 @@ fn regex_choice_object_and_lark() {
     let (text, _) = random_walk(&mut c.start(), 3, 2);
     assert!(text.starts_with('{'), "{text:?}");
     let c = compiler()
-        .compile(&spec(Grammar::Lark(r#"start: "(" NUM ("+" NUM){0,3} ")"
-NUM: /[1-9]/"#.into())))
+        .compile(&spec(Grammar::Lark(
+            r#"start: "(" NUM ("+" NUM){0,3} ")"
+NUM: /[1-9]/"#
+                .into(),
+        )))
         .unwrap();
     let (text, done) = random_walk(&mut c.start(), 1, 50);
-    assert!(done && text.starts_with('(') && text.ends_with(')'), "{text:?}");
+    assert!(
+        done && text.starts_with('(') && text.ends_with(')'),
+        "{text:?}"
+    );
 }
 
 #[test]
@@ -192,29 +209,45 @@ fn tool_calls_are_well_formed() {
         "required": ["city", "days"]});
     let calls = ToolCalls {
         tools: vec![
-            Tool { name: "get_weather".into(), parameters: weather },
-            Tool { name: "noop".into(), parameters: json!({}) },
+            Tool {
+                name: "get_weather".into(),
+                parameters: weather,
+            },
+            Tool {
+                name: "noop".into(),
+                parameters: json!({}),
+            },
         ],
         required: true,
         parallel: false,
     };
-    let c = compiler().compile(&spec(Grammar::ToolCalls(calls))).unwrap();
+    let c = compiler()
+        .compile(&spec(Grammar::ToolCalls(calls)))
+        .unwrap();
     let tok = Tokenizer::qwen36().unwrap();
     let open = tok.token_id("<tool_call>").unwrap();
     for seed in 0..6 {
         let mut m = c.start();
         let first = m.mask().unwrap();
-        assert_eq!(first.to_list(), vec![open], "a call must start with <tool_call>");
+        assert_eq!(
+            first.to_list(),
+            vec![open],
+            "a call must start with <tool_call>"
+        );
         let (text, done) = random_walk(&mut m, seed, 200);
         assert!(done, "{text:?}");
         let body = text.trim_start_matches('\n');
         assert!(
-            body.starts_with("\n<function=get_weather>\n") || body.starts_with("\n<function=noop>\n")
+            body.starts_with("\n<function=get_weather>\n")
+                || body.starts_with("\n<function=noop>\n")
                 || body.starts_with("<function="),
             "{text:?}"
         );
         if text.contains("get_weather") {
-            assert!(text.contains("<parameter=city>\n") && text.contains("<parameter=days>\n"), "{text:?}");
+            assert!(
+                text.contains("<parameter=city>\n") && text.contains("<parameter=days>\n"),
+                "{text:?}"
+            );
         }
         assert!(text.ends_with("</function>\n"), "{text:?}");
     }
@@ -227,7 +260,9 @@ fn demo_model_outputs_valid_json() {
     let m = LoadedModel::demo().unwrap();
     let tok = m.tokenizer.clone().unwrap();
     let model = CpuModel::new(m.config, m.weights);
-    let prompt = tok.encode("<|im_start|>user\nJSON please<|im_end|>\n<|im_start|>assistant\n").unwrap();
+    let prompt = tok
+        .encode("<|im_start|>user\nJSON please<|im_end|>\n<|im_start|>assistant\n")
+        .unwrap();
     let schemas = schemas();
     let compiled: Vec<Compiled> = schemas
         .iter()
@@ -255,7 +290,11 @@ fn demo_model_outputs_valid_json() {
         masks += 1;
         let out = generate_with(&model, &req, Some(c), |_, _| ControlFlow::Continue(())).unwrap();
         let text = tok.decode(&out.tokens, true).unwrap();
-        assert_eq!(out.finish_reason, FinishReason::Stop, "request {i} (schema {k}): {text:?}");
+        assert_eq!(
+            out.finish_reason,
+            FinishReason::Stop,
+            "request {i} (schema {k}): {text:?}"
+        );
         assert_valid(&schemas[k], &text);
     }
     eprintln!(

@@ -45,23 +45,30 @@ pub struct ToolCalls {
 /// The Lark grammar for `calls`.
 pub fn grammar(calls: &ToolCalls) -> Result<String, ConstraintError> {
     if calls.tools.is_empty() {
-        return Err(ConstraintError::new("a tool-call constraint needs at least one tool"));
+        return Err(ConstraintError::new(
+            "a tool-call constraint needs at least one tool",
+        ));
     }
     let mut g = String::new();
-    let repeat = if calls.parallel { r#" ("\n" call)*"# } else { "" };
+    let repeat = if calls.parallel {
+        r#" ("\n" call)*"#
+    } else {
+        ""
+    };
     if calls.required {
         writeln!(g, "start: call{repeat}").unwrap();
     } else {
         // Text that never spells the call tag, then optionally calls.
         writeln!(g, "start: TEXT | TEXT? call{repeat}").unwrap();
-        writeln!(
-            g,
-            r"TEXT: /(?s:.+)/ & ~/(?s:.*)<tool_call>(?s:.*)/"
-        )
-        .unwrap();
+        writeln!(g, r"TEXT: /(?s:.+)/ & ~/(?s:.*)<tool_call>(?s:.*)/").unwrap();
     }
     let fns: Vec<String> = (0..calls.tools.len()).map(|i| format!("f{i}")).collect();
-    writeln!(g, r#"call: <tool_call> "\n" ({}) "\n" </tool_call>"#, fns.join(" | ")).unwrap();
+    writeln!(
+        g,
+        r#"call: <tool_call> "\n" ({}) "\n" </tool_call>"#,
+        fns.join(" | ")
+    )
+    .unwrap();
     for (i, tool) in calls.tools.iter().enumerate() {
         function(&mut g, i, tool)?;
     }
@@ -117,7 +124,11 @@ fn function(g: &mut String, i: usize, tool: &Tool) -> Result<(), ConstraintError
     let mut params = String::new();
     for (j, (key, sub)) in props.iter().enumerate() {
         let rule = format!("p{i}_{j}");
-        let optional = if required.contains(&key.as_str()) { "" } else { "?" };
+        let optional = if required.contains(&key.as_str()) {
+            ""
+        } else {
+            "?"
+        };
         write!(params, " {rule}{optional}").unwrap();
         let open = lit(&format!("<parameter={key}>\n"));
         match string_values(sub) {
@@ -183,7 +194,11 @@ fn string_values(schema: &Value) -> Option<Option<Vec<String>>> {
         return Some(Some(vec![c.clone()]));
     }
     if let Some(Value::Array(e)) = schema.get("enum") {
-        let values: Vec<String> = e.iter().filter_map(Value::as_str).map(str::to_owned).collect();
+        let values: Vec<String> = e
+            .iter()
+            .filter_map(Value::as_str)
+            .map(str::to_owned)
+            .collect();
         if !values.is_empty() {
             return Some(Some(values));
         }
