@@ -12,7 +12,8 @@
 //! cache stores them), and logprobs are those of the constrained row.
 //!
 //! A constraint may start after a token (`</think>`): until then the model
-//! writes freely, except that it cannot end (no EOS) before the answer.
+//! writes freely, except that it cannot end (no EOS) before the answer;
+//! right after that token, one newline token may precede the answer.
 //! Once the grammar is complete only EOS is allowed, so the output ends
 //! there; `max_tokens` can still cut it first (finish reason `length`).
 
@@ -180,6 +181,7 @@ impl Compiled {
             matcher: Matcher::new(Ok(self.0.parser.deep_clone())),
             waiting_for: self.0.start_after,
             masked: Vec::new(),
+            leading: None,
         }
     }
 }
@@ -200,6 +202,10 @@ pub struct Constraint {
     /// The constraint starts after this token.
     waiting_for: Option<u32>,
     masked: Vec<f32>,
+    /// Right after the start token: newlines may come before the grammar
+    /// (the model writes `</think>\n\n` before its answer).
+    /// The newline tokens, while one may still come before the grammar.
+    leading: Option<SimpleVob>,
 }
 
 impl Constraint {
@@ -213,14 +219,31 @@ impl Constraint {
             all.sub(&trie.eos_token_set());
             return Ok(all);
         }
-        let mask = self
+        let mut mask = self
             .matcher
             .compute_mask()
             .map_err(|e| anyhow!("the output constraint failed: {e}"))?;
+        if let Some(nl) = &self.leading {
+            mask.or(nl);
+        }
         if mask.is_zero() {
             return Err(anyhow!("the output constraint allows no token"));
         }
         Ok(mask)
+    }
+
+    /// Tokens made of newlines only.
+    fn newlines(&self) -> Result<SimpleVob> {
+        let env = self.matcher.tok_env()?;
+        let trie = env.tok_trie();
+        let mut set = trie.alloc_token_set();
+        for t in 0..trie.vocab_size() as u32 {
+            let b = trie.token(t);
+            if !b.is_empty() && b.iter().all(|&c| c == b'\n') {
+                set.allow_token(t);
+            }
+        }
+        Ok(set)
     }
 
     /// `logits` with every token the constraint does not allow at `-inf`.
@@ -241,7 +264,15 @@ impl Constraint {
         if let Some(t) = self.waiting_for {
             if token == t {
                 self.waiting_for = None;
+                self.leading = Some(self.newlines()?);
             }
+            return Ok(Step::Continue);
+        }
+        if let Some(nl) = self.leading.take()
+            && nl.is_allowed(token)
+            && !self.matcher.compute_mask()?.is_allowed(token)
+        {
+            // One newline token (`\n\n` is one): the model's separator.
             return Ok(Step::Continue);
         }
         self.matcher

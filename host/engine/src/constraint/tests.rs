@@ -213,6 +213,11 @@ fn start_after_lets_the_model_think_but_not_end() {
     assert!(mask.is_allowed(think_end) && mask.is_allowed(1000));
     assert_eq!(c.advance(1000).unwrap(), Step::Continue);
     assert_eq!(c.advance(think_end).unwrap(), Step::Continue);
+    // The newlines the model writes after `</think>` may come first.
+    let nl = Tokenizer::qwen36().unwrap().encode("\n\n").unwrap();
+    assert_eq!(nl.len(), 1);
+    assert!(c.mask().unwrap().is_allowed(nl[0]));
+    assert_eq!(c.advance(nl[0]).unwrap(), Step::Continue);
     let (text, done) = random_walk(&mut c, 0, 10);
     assert!(done && text == "ok", "{text:?}");
 }
