@@ -434,7 +434,7 @@ __device__ __forceinline__ void route_weights(float* sw, int k) {
 // expert among equal logits) and only the lane it came from rescans its P
 // keys. Two warp reductions a round (redux.sync on CUDA) instead of a
 // 32-logit scan and five dependent shuffle exchanges (1.1% faster decode at
-// 512 and 8K on the H200, benchmarks/experiment-h200-router-redux-206148e.json).
+// 512 and 8K on the H200, benchmarks/history/experiment-h200-router-redux-206148e.json).
 // The logits are read
 // through L2 only (the down kernel reads them before its grid dependency
 // wait; L2 is coherent, an SM's L1 may hold the last layer's).

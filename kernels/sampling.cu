@@ -15,7 +15,7 @@
 
 typedef unsigned long long top_key_t;
 
-// host/engine/src/sampling.rs `key`: sortable(z) << 32 | !id, so that unsigned
+// host/engine/src/sampling/keys.rs `key`: sortable(z) << 32 | !id, so that unsigned
 // order is (logit, then lower id) order; 0 is below every real key.
 __device__ __forceinline__ top_key_t top_key(float z, unsigned id) {
     if (z != z) z = -INFINITY;
@@ -101,7 +101,7 @@ QW_KERNEL void QW_BOUNDS(TOP_THREADS) logits_top_merge(const top_key_t* __restri
     }
 }
 
-// e^x for x <= 0 as host/engine/src/sampling.rs `exp_nonpos` computes it
+// e^x for x <= 0 as host/engine/src/sampling/exp.rs `exp_nonpos` computes it
 // (Cephes' expf polynomial), each operation rounded on its own as Rust does
 // (no contraction into FMAs), so the bits equal the host's.
 __device__ __forceinline__ float exp_nonpos_host(float x) {
@@ -123,8 +123,8 @@ __device__ __forceinline__ float exp_nonpos_host(float x) {
     return in_range ? e : 0.0f;
 }
 
-#define WEIGHT_BLOCK 64  // host/engine/src/sampling.rs BLOCK
-#define PREFILTER_LOG_W (-8.317766f)  // host/engine/src/sampling.rs PREFILTER_LOG_W: ln 2^-12
+#define WEIGHT_BLOCK 64  // host/engine/src/sampling/mod.rs BLOCK
+#define PREFILTER_LOG_W (-8.317766f)  // host/engine/src/sampling/draw.rs PREFILTER_LOG_W: ln 2^-12
 
 // One thread per WEIGHT_BLOCK logits: blocks[b] = the sum of the weights
 // e^((z - max) / t) (0 under min_p, NaN logits 0) of block b, formed as the

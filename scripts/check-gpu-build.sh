@@ -7,7 +7,7 @@
 #     clippy -D warnings of the engine with each, the GPU model's unit tests (host logic);
 #   - kernel logic on the CPU where a stand-in header makes a kernel plain C++
 #     (scripts/check-kernels-cpu.sh);
-#   - without a GPU, the CUDA example binary and `qwasi verify --backend hip` fail
+#   - without a GPU, `qwasi verify --backend cuda` and `--backend hip` fail
 #     with their clear "no CUDA driver" / "no HIP runtime|device" message.
 # Installs the toolchains first when missing (scripts/install-gpu-toolchains.sh).
 set -euo pipefail
@@ -46,9 +46,9 @@ cargo clippy -p qwasi-engine --features hip --all-targets -- -D warnings
 # The GPU model's host-side logic (tile tables, KV growth) needs no GPU.
 cargo test -q -p qwasi-engine --features cuda --lib gpu::
 # Without a GPU the backend must say so, not crash.
-cargo run -q -p qwasi-engine --features cuda --example gpu_verify -- --no-fixtures --synthetic qwen3.6-35b-a3b --layers 1 \
-  && echo "gpu_verify ran (a GPU is present)" \
-  || echo "gpu_verify: no GPU here (expected on CI): the error above must say 'no CUDA driver found'"
+cargo run -q -p qwasi --features cuda -- verify --backend cuda --no-fixtures --synthetic qwen3.6-35b-a3b --layers 1 \
+  && echo "qwasi verify --backend cuda ran (a GPU is present)" \
+  || echo "qwasi verify --backend cuda: no GPU here (expected on CI): the error above must say 'no CUDA driver found'"
 # The same for the HIP model path (GpuModel on the HIP layer): without an AMD GPU
 # (or without ROCm) it must fail with the "no HIP runtime/device found" message.
 if out=$(cargo run -q -p qwasi --features hip -- verify --backend hip --no-fixtures \

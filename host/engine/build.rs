@@ -1,67 +1,99 @@
 //! Compiles the GPU kernels in `kernels/*.cu` when the `cuda` or `hip` feature is
-//! on, and writes `OUT_DIR/kernels_{cuda,hip}.rs` listing the embedded images.
+//! on, writes `OUT_DIR/kernel_images_{cuda,hip}.rs` listing the embedded images,
+//! and `OUT_DIR/kernels.rs`: a typed launch function per kernel, made from the
+//! kernel's C++ signature (`src/gpu/kernel_sigs.rs`, included below).
 //!
 //! CUDA: nvcc from `$NVCC`, `PATH`, `/usr/local/cuda/bin` or the PyPI wheel
 //! (`pip install nvidia-cuda-nvcc==13.0.88 ...`, see scripts/install-gpu-toolchains.sh)
 //! builds one fatbin per source: SASS for sm_90a (H100/H200) plus sm_80 SASS and
 //! compute_80 PTX for other GPUs. HIP: hipcc from `$HIPCC` or `PATH` builds a code
-//! object for `$QWASI_HIP_ARCHS` (comma-separated, default gfx1030).
+//! object for `$QWASI_HIP_ARCHS` (comma-separated, default gfx1030). An image is
+//! rebuilt only when its inputs changed (the kernel sources and headers, the
+//! compiler and its arguments: a content hash next to the image), so editing
+//! this script does not recompile every kernel.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
+
+include!("src/gpu/kernel_sigs.rs");
 
 fn main() {
     let manifest = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").unwrap());
     let kernels = manifest.join("../../kernels");
     println!("cargo:rerun-if-changed={}", kernels.display());
+    println!("cargo:rerun-if-changed=src/gpu/kernel_sigs.rs");
     println!("cargo:rerun-if-env-changed=NVCC");
     println!("cargo:rerun-if-env-changed=HIPCC");
     println!("cargo:rerun-if-env-changed=QWASI_HIP_ARCHS");
     let out = PathBuf::from(std::env::var("OUT_DIR").unwrap());
-    let mut sources: Vec<PathBuf> = std::fs::read_dir(&kernels)
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&kernels)
         .map(|d| d.filter_map(|e| e.ok().map(|e| e.path())).collect())
         .unwrap_or_default();
-    sources.retain(|p| p.extension().is_some_and(|e| e == "cu"));
-    sources.sort();
-    for s in &sources {
+    files.sort();
+    for s in &files {
         println!("cargo:rerun-if-changed={}", s.display());
     }
-    if std::env::var_os("CARGO_FEATURE_CUDA").is_some() {
+    let sources: Vec<&PathBuf> = files
+        .iter()
+        .filter(|p| p.extension().is_some_and(|e| e == "cu"))
+        .collect();
+    let cuda = std::env::var_os("CARGO_FEATURE_CUDA").is_some();
+    let hip = std::env::var_os("CARGO_FEATURE_HIP").is_some();
+    if !cuda && !hip {
+        return;
+    }
+    // Every input of a compile but the source itself: the shared headers.
+    let mut headers = String::new();
+    for f in files
+        .iter()
+        .filter(|p| p.extension().is_some_and(|e| e == "h"))
+    {
+        headers.push_str(&std::fs::read_to_string(f).unwrap());
+    }
+    let modules: Vec<(String, Vec<KernelSig>)> = sources
+        .iter()
+        .map(|src| {
+            let text = std::fs::read_to_string(src).unwrap();
+            let sigs = parse_kernels(&text).unwrap_or_else(|e| panic!("{}: {e}", src.display()));
+            (stem(src), sigs)
+        })
+        .collect();
+    let launches = rust_launches(&modules).unwrap_or_else(|e| panic!("kernels: {e}"));
+    write_if_changed(&out.join("kernels.rs"), &launches);
+    if cuda {
         let nvcc = find_nvcc().unwrap_or_else(|| {
             panic!(
                 "feature `cuda` needs nvcc: set NVCC, put it on PATH, or run \
                  scripts/install-gpu-toolchains.sh cuda"
             )
         });
-        let mut list = String::from("pub const MODULES: &[(&str, &[u8], &[&str])] = &[\n");
-        for src in &sources {
-            let stem = src.file_stem().unwrap().to_string_lossy().into_owned();
-            let dst = out.join(format!("{stem}.fatbin"));
-            let mut cmd = Command::new(&nvcc);
-            cmd.args([
-                "--fatbin",
-                "-O3",
-                "-std=c++17",
-                "-gencode",
-                "arch=compute_90a,code=sm_90a",
-                "-gencode",
-                "arch=compute_80,code=[sm_80,compute_80]",
-                "-I",
-            ])
-            .arg(&kernels)
-            .arg("-o")
-            .arg(&dst)
-            .arg(src);
-            run(cmd, "nvcc");
-            list.push_str(&format!(
-                "    ({stem:?}, include_bytes!(concat!(env!(\"OUT_DIR\"), \"/{stem}.fatbin\")), &{:?}),\n",
-                kernel_names(src)
-            ));
-        }
-        list.push_str("];\n");
-        std::fs::write(out.join("kernels_cuda.rs"), list).unwrap();
+        let args = [
+            "--fatbin",
+            "-O3",
+            "-std=c++17",
+            "-gencode",
+            "arch=compute_90a,code=sm_90a",
+            "-gencode",
+            "arch=compute_80,code=[sm_80,compute_80]",
+        ];
+        let images = sources
+            .iter()
+            .map(|src| {
+                let dst = out.join(format!("{}.fatbin", stem(src)));
+                let mut cmd = Command::new(&nvcc);
+                cmd.args(args)
+                    .arg("-I")
+                    .arg(&kernels)
+                    .arg("-o")
+                    .arg(&dst)
+                    .arg(src);
+                compile(cmd, "nvcc", src, &headers, &dst);
+                dst
+            })
+            .collect::<Vec<_>>();
+        write_if_changed(&out.join("kernel_images_cuda.rs"), &image_list(&images));
     }
-    if std::env::var_os("CARGO_FEATURE_HIP").is_some() {
+    if hip {
         let hipcc = std::env::var_os("HIPCC")
             .map(PathBuf::from)
             .or_else(|| which("hipcc"))
@@ -70,68 +102,77 @@ fn main() {
                 panic!("feature `hip` needs hipcc: set HIPCC or run scripts/install-gpu-toolchains.sh hip")
             });
         let archs = std::env::var("QWASI_HIP_ARCHS").unwrap_or_else(|_| "gfx1030".into());
-        let mut list = String::from("pub const MODULES: &[(&str, &[u8], &[&str])] = &[\n");
-        for src in &sources {
-            let stem = src.file_stem().unwrap().to_string_lossy().into_owned();
-            let dst = out.join(format!("{stem}.hsaco"));
-            let mut cmd = Command::new(&hipcc);
-            cmd.args(["--genco", "-O3", "-std=c++17"]);
-            for a in archs.split(',').map(str::trim).filter(|a| !a.is_empty()) {
-                cmd.arg(format!("--offload-arch={a}"));
-            }
-            cmd.arg("-I").arg(&kernels).arg("-o").arg(&dst).arg(src);
-            run(cmd, "hipcc");
-            list.push_str(&format!(
-                "    ({stem:?}, include_bytes!(concat!(env!(\"OUT_DIR\"), \"/{stem}.hsaco\")), &{:?}),\n",
-                kernel_names(src)
-            ));
-        }
-        list.push_str("];\n");
-        std::fs::write(out.join("kernels_hip.rs"), list).unwrap();
+        let images = sources
+            .iter()
+            .map(|src| {
+                let dst = out.join(format!("{}.hsaco", stem(src)));
+                let mut cmd = Command::new(&hipcc);
+                cmd.args(["--genco", "-O3", "-std=c++17"]);
+                for a in archs.split(',').map(str::trim).filter(|a| !a.is_empty()) {
+                    cmd.arg(format!("--offload-arch={a}"));
+                }
+                cmd.arg("-I").arg(&kernels).arg("-o").arg(&dst).arg(src);
+                compile(cmd, "hipcc", src, &headers, &dst);
+                dst
+            })
+            .collect::<Vec<_>>();
+        write_if_changed(&out.join("kernel_images_hip.rs"), &image_list(&images));
     }
 }
 
-/// The `QW_KERNEL void [QW_BOUNDS(n) | QW_BOUNDS_MIN(n, m)] name(` entry points of a kernel source.
-fn kernel_names(src: &Path) -> Vec<String> {
-    let text = std::fs::read_to_string(src).unwrap();
-    let mut names = Vec::new();
-    for line in text.lines() {
-        if line.trim_end().ends_with('\\') {
-            continue; // inside a #define
-        }
-        // Kernels instantiated by a macro: `ATTN_PREP(attn_prep_bf16, bf16_t)` at the line start.
-        if let Some((mac, args)) = line.split_once('(')
-            && !mac.is_empty()
-            && mac.chars().all(|c| c.is_ascii_uppercase() || c == '_')
-            && mac != "QW_KERNEL"
-            && line.trim_end().ends_with(')')
-            && !line.contains("#define")
-            && let Some((name, _)) = args.split_once(',')
-        {
-            names.push(name.trim().to_string());
-            continue;
-        }
-        let Some(rest) = line.trim_start().strip_prefix("QW_KERNEL void ") else {
-            continue;
-        };
-        let rest = rest.trim_start();
-        // `QW_BOUNDS(n)` or `QW_BOUNDS_MIN(n, m)` before the name.
-        let rest = match rest
-            .strip_prefix("QW_BOUNDS(")
-            .or_else(|| rest.strip_prefix("QW_BOUNDS_MIN("))
-        {
-            Some(r) => r.split_once(')').map(|x| x.1).unwrap_or(r).trim_start(),
-            None => rest,
-        };
-        if let Some((name, _)) = rest.split_once('(')
-            && !name.contains(' ')
-            && !name.is_empty()
-            && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
-        {
-            names.push(name.trim().to_string());
-        }
+fn stem(p: &Path) -> String {
+    p.file_stem().unwrap().to_string_lossy().into_owned()
+}
+
+/// `pub const IMAGES`: (source stem, embedded image) per compiled source.
+fn image_list(images: &[PathBuf]) -> String {
+    let mut list = String::from("pub const IMAGES: &[(&str, &[u8])] = &[\n");
+    for img in images {
+        let file = img.file_name().unwrap().to_string_lossy();
+        list.push_str(&format!(
+            "    ({:?}, include_bytes!(concat!(env!(\"OUT_DIR\"), \"/{file}\"))),\n",
+            stem(img)
+        ));
     }
-    names
+    list.push_str("];\n");
+    list
+}
+
+/// Runs `cmd` (which writes `dst` from `src`) unless `dst` was built from the
+/// same inputs: the source, the headers, the compiler and its arguments,
+/// hashed into `dst.hash`.
+fn compile(cmd: Command, what: &str, src: &Path, headers: &str, dst: &Path) {
+    let mut key = format!("{cmd:?}\n{headers}\n");
+    key.push_str(&std::fs::read_to_string(src).unwrap());
+    if let Ok(m) = std::fs::metadata(cmd.get_program()).and_then(|m| m.modified()) {
+        key.push_str(&format!("\n{m:?}"));
+    }
+    let hash = format!("{:016x}", fnv1a(key.as_bytes()));
+    let stamp = dst.with_extension(format!(
+        "{}.hash",
+        dst.extension().unwrap().to_string_lossy()
+    ));
+    if dst.exists() && std::fs::read_to_string(&stamp).is_ok_and(|h| h == hash) {
+        return;
+    }
+    run(cmd, what);
+    std::fs::write(stamp, hash).unwrap();
+}
+
+/// FNV-1a, 64 bits: stable across Rust releases, unlike `DefaultHasher`.
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
+        (h ^ b as u64).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+/// Writes `text` unless the file already holds it (keeps its mtime, so the
+/// crate is not rebuilt for nothing).
+fn write_if_changed(path: &Path, text: &str) {
+    if std::fs::read_to_string(path).is_ok_and(|t| t == text) {
+        return;
+    }
+    std::fs::write(path, text).unwrap();
 }
 
 fn run(mut cmd: Command, what: &str) {

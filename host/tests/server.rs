@@ -52,7 +52,14 @@ fn health_ready_and_metrics() {
 
 #[test]
 fn queue_full_is_429_with_retry_after() {
-    let s = Server::start(&["--guest", &misbehave_guest(), "--max-queue", "1"]);
+    let s = Server::start(&[
+        "--guest",
+        &misbehave_guest(),
+        "--max-queue",
+        "1",
+        "--max-num-seqs",
+        "1",
+    ]);
     // A runs, B waits in the queue, C finds the queue full.
     let mut a = send(&s.addr, "GET", LONG, &[], "");
     assert_eq!(read_head(&mut a).0, 200);
@@ -75,7 +82,14 @@ fn queue_full_is_429_with_retry_after() {
 
 #[test]
 fn queue_timeout_is_503() {
-    let s = Server::start(&["--guest", &misbehave_guest(), "--queue-timeout", "300ms"]);
+    let s = Server::start(&[
+        "--guest",
+        &misbehave_guest(),
+        "--queue-timeout",
+        "300ms",
+        "--max-num-seqs",
+        "1",
+    ]);
     let mut a = send(&s.addr, "GET", LONG, &[], "");
     assert_eq!(read_head(&mut a).0, 200);
     let t0 = Instant::now();
@@ -92,7 +106,7 @@ fn queue_timeout_is_503() {
 
 #[test]
 fn disconnect_cancels_the_generation_at_once() {
-    let s = Server::start(&["--guest", &misbehave_guest()]);
+    let s = Server::start(&["--guest", &misbehave_guest(), "--max-num-seqs", "1"]);
     // Baseline: how long a short request takes on an idle engine.
     let t0 = Instant::now();
     assert_eq!(request(&s.addr, "GET", "/gen?n=2", &[], "").status, 200);
@@ -135,9 +149,66 @@ fn disconnect_cancels_the_generation_at_once() {
     wait_until("engine idle", Duration::from_secs(5), || running(&s) == 0);
 }
 
+/// Continuous batching over real HTTP: streams sent together through the
+/// OpenAI guest on the demo model all run at once — each one's first token
+/// arrives before the first stream ends — and the engine's steps held
+/// several sequences.
+#[test]
+fn concurrent_streams_progress_together() {
+    let s = Server::start_with(&["--max-num-seqs", "4"], false);
+    let model = s.get("/v1/models").json()["data"][0]["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let t0 = Instant::now();
+    let streams: Vec<_> = (0..4)
+        .map(|i| {
+            let body = serde_json::json!({
+                "model": model, "prompt": format!("Stream number {i} says"),
+                "max_tokens": 40, "temperature": 0, "ignore_eos": true, "stream": true,
+            })
+            .to_string();
+            let addr = s.addr.clone();
+            std::thread::spawn(move || {
+                let mut c = send(&addr, "POST", "/v1/completions", &[], &body);
+                let (status, mut seen) = read_head(&mut c);
+                assert_eq!(status, 200);
+                let mut first = None;
+                let mut buf = [0u8; 4096];
+                loop {
+                    if first.is_none() && String::from_utf8_lossy(&seen).contains("\"text\"") {
+                        first = Some(t0.elapsed());
+                    }
+                    let n = c.read(&mut buf).unwrap();
+                    if n == 0 {
+                        break;
+                    }
+                    seen.extend_from_slice(&buf[..n]);
+                }
+                let body = dechunk(&String::from_utf8_lossy(&seen));
+                assert!(body.contains("[DONE]"), "{body}");
+                (first.expect("no token streamed"), t0.elapsed())
+            })
+        })
+        .collect();
+    let times: Vec<(Duration, Duration)> = streams.into_iter().map(|t| t.join().unwrap()).collect();
+    let first_end = times.iter().map(|t| t.1).min().unwrap();
+    for (i, (first, end)) in times.iter().enumerate() {
+        eprintln!("stream {i}: first token {first:?}, end {end:?}");
+        assert!(
+            *first < first_end,
+            "stream {i}'s first token came at {first:?}, after a stream ended at {first_end:?}"
+        );
+    }
+    let steps = metric(&s, "qwasi_batch_size_count").unwrap();
+    let rows = metric(&s, "qwasi_batch_size_sum").unwrap();
+    assert!(rows >= steps * 2.0, "{rows} sequences in {steps} steps");
+    assert_eq!(metric(&s, "qwasi_sequences_running"), Some(0.0));
+}
+
 #[test]
 fn drain_refuses_new_requests_and_finishes_running_ones() {
-    let mut s = Server::start(&["--guest", &misbehave_guest()]);
+    let mut s = Server::start(&["--guest", &misbehave_guest(), "--max-num-seqs", "1"]);
     let mut a = send(&s.addr, "GET", "/gen?n=1500", &[], "");
     assert_eq!(read_head(&mut a).0, 200);
     let b = send(&s.addr, "GET", "/gen?n=5", &[], "");
@@ -344,7 +415,7 @@ fn unknown_backend_is_a_clear_error() {
 
 #[test]
 fn openai_guest_maps_a_full_queue_to_429() {
-    let s = Server::start(&["--max-queue", "1"]);
+    let s = Server::start(&["--max-queue", "1", "--max-num-seqs", "1"]);
     let long = r#"{"model":"dense","prompt":[1,2,3],"max_tokens":4000,"stream":true}"#;
     let short = r#"{"model":"dense","prompt":[1,2,3],"max_tokens":2}"#;
     let mut a = send(&s.addr, "POST", "/v1/completions", &[], long);

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# On the GPU machine, from the repository root (QWASI_BIN: a `--features cuda`
-# build): what each stage of the decode step costs inside the CUDA graph.
+# On the GPU machine, from the repository root (QWASI_BIN: a `--features
+# cuda,experiments` build; QWASI_DEC_SKIP is an error without `experiments`):
+# what each stage of the decode step costs inside the CUDA graph.
 # `bench --workload speed` at $LEN (default 8192) once with the full step and
 # once per stage left out (QWASI_DEC_SKIP: wrong tokens, measurement only);
 # the difference in ms per token is that stage's in-graph cost, with its

@@ -10,7 +10,7 @@ set -uo pipefail
 OUT=${OUT:-/tmp/qwasi-out}
 mkdir -p "$OUT"
 BIN=${QWASI_BIN:-target/release/qwasi}
-case "$BIN" in *gpu_verify) V="$BIN" ;; *) V="$BIN verify" ;; esac
+V="$BIN verify"
 rc=0
 {
   if [ -z "${SKIP_VERIFY:-}" ]; then

@@ -11,7 +11,7 @@ tokens by default) and 64 greedy tokens each (with each step's top-1 margin).
 
     python3 scripts/device/compare_transformers.py OUTDIR [--layers 8] [--lens 1,1024,8192] [--gen 64]
 
-Then: gpu_verify --compare OUTDIR  (or qwasi verify --compare OUTDIR).
+Then: qwasi verify --backend cuda --compare OUTDIR.
 Writes OUTDIR/model/{config.json,model.safetensors} and OUTDIR/ref.json,
 OUTDIR/logits_<len>.f32 (raw little-endian float32, vocab entries).
 """

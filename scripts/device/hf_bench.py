@@ -79,7 +79,7 @@ U64 = (1 << 64) - 1
 GOLDEN = 0x9E3779B97F4A7C15
 MIX1 = 0xBF58476D1CE4E5B9
 MIX2 = 0x94D049BB133111EB
-# The seed `qwasi generate --synthetic` and `gpu_verify --synthetic` pass to GpuModel::synthetic.
+# The seed `qwasi generate --synthetic` and `qwasi verify --synthetic` pass to GpuModel::synthetic.
 ENGINE_SEED = 0x5157_4153_4931
 
 

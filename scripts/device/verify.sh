@@ -11,8 +11,7 @@ set -uo pipefail
 OUT=${OUT:-/tmp/qwasi-out}
 mkdir -p "$OUT"
 BIN=${QWASI_BIN:-target/release/qwasi}
-# The qwasi binary takes `verify ...`; the engine's light `gpu_verify` example takes the options directly.
-case "$BIN" in *gpu_verify) V="$BIN" ;; *) V="$BIN verify" ;; esac
+V="$BIN verify"
 rc=0
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
 echo "== verify (default: cuBLAS prefill GEMMs on split hi/lo bf16 activations)"

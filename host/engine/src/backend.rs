@@ -5,6 +5,66 @@ use crate::sampling::{RowPlanner, Sampled, TopLogits, WeightedRow, Weighting};
 use anyhow::Result;
 use std::any::Any;
 
+/// What one row of a batched [`Backend::step`] reads back after its tokens.
+pub enum Want<'a> {
+    /// Nothing: a prompt chunk that does not end the prompt ([`Backend::extend`]).
+    Nothing,
+    /// The logits row ([`Backend::forward`]).
+    Logits,
+    /// The greedy token ([`Backend::forward_greedy`]).
+    Greedy,
+    /// The row's head of `k` logits ([`Backend::forward_top`]).
+    Top(usize),
+    /// The row weighted where it lies ([`Backend::forward_weighted`]); the
+    /// planner is called once, with this row's head and block sums.
+    Weighted(Weighting, Box<RowPlanner<'a>>),
+}
+
+/// One running sequence in a batched step: the tokens it appends this step
+/// (one decode token, or a chunk of its prompt, or the tokens it recomputes
+/// after a preemption) and what it reads back.
+pub struct BatchItem<'a, S> {
+    pub seq: &'a mut S,
+    /// At least one token.
+    pub tokens: &'a [u32],
+    pub want: Want<'a>,
+}
+
+/// A row's result, as its [`Want`] asked.
+#[derive(Debug)]
+pub enum StepOut {
+    Extended,
+    Logits(Vec<f32>),
+    Greedy(Sampled),
+    Top(TopLogits),
+    Weighted(WeightedRow),
+}
+
+/// Tokens per sequence the default [`Backend::default_max_num_seqs`] sizes
+/// the batch for.
+pub const SIZING_TOKENS: usize = 4096;
+
+/// A row of a batch run through the per-sequence methods (what the default
+/// [`Backend::step`] does for every row).
+pub fn step_one<B: Backend + ?Sized>(
+    b: &B,
+    item: &mut BatchItem<'_, B::Sequence>,
+) -> Result<StepOut> {
+    let (seq, tokens) = (&mut *item.seq, item.tokens);
+    Ok(match &mut item.want {
+        Want::Nothing => {
+            b.extend(seq, tokens)?;
+            StepOut::Extended
+        }
+        Want::Logits => StepOut::Logits(b.forward(seq, tokens)?),
+        Want::Greedy => StepOut::Greedy(b.forward_greedy(seq, tokens)?),
+        Want::Top(k) => StepOut::Top(b.forward_top(seq, tokens, *k)?),
+        Want::Weighted(w, plan) => {
+            StepOut::Weighted(b.forward_weighted(seq, tokens, *w, &mut **plan)?)
+        }
+    })
+}
+
 pub trait Backend: Send + Sync {
     /// A sequence's device-side state (KV cache, GDN states, position).
     type Sequence: Send;
@@ -77,6 +137,42 @@ pub trait Backend: Send + Sync {
     /// segments that end at a snapshot point). Same state as `forward`.
     fn extend(&self, seq: &mut Self::Sequence, tokens: &[u32]) -> Result<()> {
         self.forward(seq, tokens).map(|_| ())
+    }
+
+    /// One engine step over several sequences: each row appends its tokens
+    /// to its own sequence and reads back what its [`Want`] asks, as the
+    /// per-sequence methods would; one result per row, in order (an error
+    /// fails that row only; its sequence is then dropped). A sequence's
+    /// result must not depend on its batch-mates beyond documented
+    /// accumulation order. The default runs the rows one after another
+    /// through the per-sequence methods (batch 1 is exactly today's path).
+    fn step(&self, batch: &mut [BatchItem<'_, Self::Sequence>]) -> Vec<Result<StepOut>> {
+        batch.iter_mut().map(|item| step_one(self, item)).collect()
+    }
+
+    /// Bytes a sequence holding `tokens` tokens keeps (recurrent states and
+    /// KV) where the scheduler admits by memory ([`Backend::kv_capacity`]);
+    /// 0 (the default) where the backend does not account for it.
+    fn sequence_bytes(&self, _tokens: usize) -> usize {
+        0
+    }
+
+    /// Bytes the running sequences' states may hold together, the scheduler's
+    /// budget for admission and preemption (counted with
+    /// [`Backend::sequence_bytes`]); `None` (the default): not limited.
+    fn kv_capacity(&self) -> Option<usize> {
+        None
+    }
+
+    /// How many sequences run at once when the operator does not say
+    /// (`--max-num-seqs`): as many sequences of [`SIZING_TOKENS`] tokens as
+    /// [`Backend::kv_capacity`] holds, within 64..=256; 64 where the
+    /// capacity is not known.
+    fn default_max_num_seqs(&self) -> usize {
+        match self.kv_capacity() {
+            Some(cap) => (cap / self.sequence_bytes(SIZING_TOKENS).max(1)).clamp(64, 256),
+            None => 64,
+        }
     }
 
     /// Prefix cache: an immutable snapshot of `seq` at its current position
@@ -164,6 +260,18 @@ impl<B: Backend> Backend for std::sync::Arc<B> {
     }
     fn demote(&self, snap: &dyn SeqSnapshot) -> Option<Box<dyn SeqSnapshot>> {
         (**self).demote(snap)
+    }
+    fn step(&self, batch: &mut [BatchItem<'_, B::Sequence>]) -> Vec<Result<StepOut>> {
+        (**self).step(batch)
+    }
+    fn sequence_bytes(&self, tokens: usize) -> usize {
+        (**self).sequence_bytes(tokens)
+    }
+    fn kv_capacity(&self) -> Option<usize> {
+        (**self).kv_capacity()
+    }
+    fn default_max_num_seqs(&self) -> usize {
+        (**self).default_max_num_seqs()
     }
 }
 

@@ -11,7 +11,9 @@ pub mod constraint;
 pub mod cpu;
 pub mod demo;
 pub mod generate;
-#[cfg(any(feature = "cuda", feature = "hip"))]
+// Under `test` without a GPU feature: the device layer over a stand-in driver
+// and the kernel-signature parser over the real sources.
+#[cfg(any(feature = "cuda", feature = "hip", test))]
 pub mod gpu;
 pub mod model;
 pub mod prefix_cache;

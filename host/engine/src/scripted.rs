@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex};
 
 use anyhow::{Context, Result, anyhow, bail};
 
-use crate::backend::{Backend, SeqSnapshot};
+use crate::backend::{Backend, BatchItem, SeqSnapshot, StepOut, Want, step_one};
 use crate::config::ModelConfig;
 use crate::sampling::{RowPlanner, Sampled, TopLogits, WeightedRow, Weighting};
 use crate::tokenizer::Tokenizer;
@@ -282,6 +282,48 @@ impl<B: Backend> Backend for Scripted<B> {
         match self {
             Scripted::Real(b) => b.logits_on_device(),
             Scripted::Script(s) => s.logits_on_device(),
+        }
+    }
+
+    fn step(&self, batch: &mut [BatchItem<'_, Self::Sequence>]) -> Vec<Result<StepOut>> {
+        match self {
+            Scripted::Real(b) => {
+                // The inner backend's own (batched) step over the inner sequences.
+                let mut inner = Vec::with_capacity(batch.len());
+                for item in batch.iter_mut() {
+                    let ScriptedSeq::Real(seq) = &mut *item.seq else {
+                        unreachable!("a sequence of the other backend")
+                    };
+                    inner.push(BatchItem {
+                        seq,
+                        tokens: item.tokens,
+                        want: std::mem::replace(&mut item.want, Want::Nothing),
+                    });
+                }
+                b.step(&mut inner)
+            }
+            Scripted::Script(_) => batch.iter_mut().map(|it| step_one(self, it)).collect(),
+        }
+    }
+
+    fn sequence_bytes(&self, tokens: usize) -> usize {
+        match self {
+            Scripted::Real(b) => b.sequence_bytes(tokens),
+            Scripted::Script(_) => 0,
+        }
+    }
+
+    fn kv_capacity(&self) -> Option<usize> {
+        match self {
+            Scripted::Real(b) => b.kv_capacity(),
+            Scripted::Script(_) => None,
+        }
+    }
+
+    fn default_max_num_seqs(&self) -> usize {
+        match self {
+            Scripted::Real(b) => b.default_max_num_seqs(),
+            Scripted::Script(s) => s.default_max_num_seqs(),
         }
     }
 }

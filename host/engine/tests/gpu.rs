@@ -4,13 +4,15 @@
 
 #![cfg(feature = "cuda")]
 
-use qwasi_engine::gpu::cuda::Device;
+use qwasi_engine::gpu::Device;
+use qwasi_engine::gpu::options::GpuOptions;
 use qwasi_engine::gpu::verify::{Tolerances, fixture_dirs, verify_fixture};
 use std::path::PathBuf;
 
 #[test]
 fn gpu_matches_fixtures() {
-    if let Err(e) = Device::new() {
+    let opts = GpuOptions::from_env().unwrap();
+    if let Err(e) = Device::new(&opts.device) {
         eprintln!("SKIPPED gpu_matches_fixtures: {e:#}");
         return;
     }

@@ -148,8 +148,11 @@ impl Backend for TestBackend {
     }
 }
 
+/// One request at a time, so the queue tests have requests that wait
+/// (batching has its own tests, tests/batching.rs).
 fn base_cfg() -> ServiceConfig {
     ServiceConfig {
+        max_num_seqs: 1,
         max_queue: 8,
         queue_timeout: Duration::from_secs(30),
         max_model_len: 0,

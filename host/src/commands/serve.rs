@@ -120,6 +120,14 @@ pub struct Args {
     /// prompt ends, message boundaries and generation ends).
     #[arg(long, default_value_t = qwasi_engine::service::DEFAULT_SNAPSHOT_INTERVAL)]
     pub snapshot_interval: usize,
+    /// Requests that run at once: every engine step decodes all of them
+    /// (default: the backend's, 16 on cpu, at least 64 on cuda/hip).
+    #[arg(long, default_value_t = 0, hide_default_value = true)]
+    pub max_num_seqs: usize,
+    /// Tokens one engine step may run: every running request's decode token,
+    /// then chunks of the prompts being read (at least --max-num-seqs).
+    #[arg(long, default_value_t = qwasi_engine::service::DEFAULT_MAX_NUM_BATCHED_TOKENS)]
+    pub max_num_batched_tokens: usize,
     /// Testing: force the model's output to the turns of a JSON file, one per request.
     #[arg(long, value_name = "FILE", hide = true)]
     pub scripted_turns: Option<PathBuf>,
@@ -542,6 +550,8 @@ fn load(a: &Args) -> Result<(Runtime, String)> {
         prefix_cache_bytes: a.prefix_cache_mib.unwrap_or(CPU_PREFIX_CACHE_MIB) << 20,
         prefix_cache_host_bytes: a.prefix_cache_host_mib << 20,
         snapshot_interval: a.snapshot_interval,
+        max_num_seqs: a.max_num_seqs,
+        max_num_batched_tokens: a.max_num_batched_tokens,
     };
     let StartedEngine {
         shared,

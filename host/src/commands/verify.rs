@@ -61,9 +61,9 @@ fn imp(_a: Args) -> Result<()> {
 
 #[cfg(any(feature = "cuda", feature = "hip"))]
 fn imp(a: Args) -> Result<()> {
-    use qwasi_engine::gpu::verify::{VerifyOptions, compare_transformers, fixture_dirs, run_cli};
+    use qwasi_engine::gpu::verify::fixture_dirs;
     if let Some(dir) = &a.compare {
-        if !compare_transformers(dir, a.json.as_deref())? {
+        if !gpu::compare(dir, a.json.as_deref())? {
             bail!("verify --compare: FAIL");
         }
         return Ok(());
@@ -83,16 +83,182 @@ fn imp(a: Args) -> Result<()> {
         }
         dirs
     };
-    let ok = run_cli(&VerifyOptions {
-        fixtures,
-        synthetic: a.synthetic,
-        layers: a.layers,
-        prompt_len: a.prompt_len,
-        gen_tokens: a.gen_tokens,
-        json: a.json,
-    })?;
-    if !ok {
+    if !gpu::verify(&a, &fixtures)? {
         bail!("verify: FAIL");
     }
     Ok(())
+}
+
+/// The checks of `qwasi_engine::gpu::verify`, one line per result as each
+/// finishes.
+#[cfg(any(feature = "cuda", feature = "hip"))]
+mod gpu {
+    use super::Args;
+    use anyhow::Result;
+    use qwasi_engine::gpu::verify::{
+        ATTN_TOL, Comparison, SmokeReport, Tolerances, attention_check, smoke, synthetic_model,
+        verify_fixture,
+    };
+    use std::path::{Path, PathBuf};
+
+    fn verdict(pass: bool) -> &'static str {
+        if pass { "PASS" } else { "FAIL" }
+    }
+
+    /// The fixtures, then the synthetic smoke test and the attention kernels
+    /// (`--synthetic`); writes `--json`. Returns whether all passed.
+    pub fn verify(a: &Args, fixtures: &[PathBuf]) -> Result<bool> {
+        let tol = Tolerances::default();
+        let mut all_pass = true;
+        let mut cases = Vec::new();
+        if !fixtures.is_empty() {
+            println!(
+                "{:<12} {:<7} {:>5} {:>9} {:>10} {:>10} {:>10} {:>10} {:>8}  verdict",
+                "fixture",
+                "case",
+                "len",
+                "top1",
+                "|dlp| hf",
+                "|dlp| cpu",
+                "KL first",
+                "KL max",
+                "greedy"
+            );
+            for dir in fixtures {
+                for r in verify_fixture(dir, &tol)? {
+                    println!(
+                        "{:<12} {:<7} {:>5} {:>4}/{:<4} {:>10.2e} {:>10.2e} {:>10.2e} {:>10.2e} {:>4}/{:<3}  {}",
+                        r.fixture,
+                        r.case,
+                        r.prompt_len,
+                        r.decisive_agree,
+                        r.decisive_steps,
+                        r.first_max_dlogprob_hf,
+                        r.first_max_dlogprob_cpu,
+                        r.first_kl_cpu_gpu,
+                        r.max_kl_cpu_gpu,
+                        r.greedy_same_prefix,
+                        r.greedy_len,
+                        verdict(r.pass)
+                    );
+                    all_pass &= r.pass;
+                    cases.push(r);
+                }
+            }
+            println!(
+                "(top1: teacher-forced argmax agreement on steps with reference margin > {}; |dlp|: max first-token \
+                 logprob difference vs transformers top-8 / vs CPU full vocab; KL(cpu||gpu) first step and max over \
+                 teacher-forced steps; greedy: free-running tokens identical to transformers)",
+                tol.margin
+            );
+        }
+        let mut smoke_report = None;
+        let mut attention = None;
+        if let Some(p) = &a.synthetic {
+            let (model, load_s) = synthetic_model(p, a.layers)?;
+            let r = smoke(&model, p, load_s, a.prompt_len, a.gen_tokens)?;
+            print_smoke(p, &r);
+            all_pass &= r.pass;
+            smoke_report = Some(r);
+            let mut rows = Vec::new();
+            for c in attention_check(&model)? {
+                let r = &c.agreement;
+                println!(
+                    "prompt attention, {} queries after {} cached: max |diff| from the CUDA-core kernel: \
+                     warpgroup MMA {:?}, mma.sync {:?} (tolerance {ATTN_TOL:e})  {}",
+                    r.queries,
+                    r.cached,
+                    r.warpgroup_max_diff,
+                    r.mma_max_diff,
+                    verdict(c.pass)
+                );
+                all_pass &= c.pass;
+                rows.push(c.agreement);
+            }
+            attention = Some(rows);
+        }
+        if let Some(path) = &a.json {
+            let v = serde_json::json!({
+                "cases": cases,
+                "smoke": smoke_report,
+                "attention_kernels": attention,
+                "pass": all_pass
+            });
+            std::fs::write(path, serde_json::to_string_pretty(&v)?)?;
+        }
+        println!("verify: {}", verdict(all_pass));
+        Ok(all_pass)
+    }
+
+    fn print_smoke(preset: &str, r: &SmokeReport) {
+        println!(
+            "synthetic {preset} ({} layers): load {:.1} s, prefill {} tokens {:.3} s, finite {}, \
+             KL(prefill || prefill[..-1]+decode) {:.2e}, top1 agree {}, decode {:.1} tok/s \
+             (correctness build: no graphs, full logits copied per token), snapshot/restore max diff {:?}, \
+             from the host copy {:?}, promoted back {:?}, in the adopted KV slab {:?} (adopted {:?}), top-64 readout equal {} (lse diff {:.1e}), last logits equal {}, weighted readout equal {}, tokens {:?}  {}",
+            r.layers,
+            r.load_s,
+            r.prompt_len,
+            r.prefill_s,
+            r.finite,
+            r.kl_prefill_vs_decode,
+            r.top1_prefill_vs_decode_agree,
+            r.decode_tokens_per_s,
+            r.snapshot_restore_max_diff,
+            r.host_restore_max_diff,
+            r.promoted_restore_max_diff,
+            r.adopted_restore_max_diff,
+            r.adopted_kv,
+            r.top_readout_equal,
+            r.top_readout_max_lse_diff,
+            r.last_logits_equal,
+            r.weighted_readout_equal,
+            r.generated,
+            verdict(r.pass)
+        );
+    }
+
+    /// `--compare DIR`: the GPU backend against a transformers float32
+    /// reference; writes `--json`. Returns whether every case passed.
+    pub fn compare(dir: &Path, json: Option<&Path>) -> Result<bool> {
+        let cmp = Comparison::load(dir)?;
+        println!(
+            "[compare] {}-layer model loaded in {:.1} s (prefill GEMMs {:?}, KV cache {})",
+            cmp.layers,
+            cmp.load_s,
+            cmp.gemm,
+            if cmp.kv_f32 { "f32" } else { "bf16" }
+        );
+        let mut reports = Vec::new();
+        let mut all = true;
+        for r in cmp.reports() {
+            let r = r?;
+            println!(
+                "[compare] len {:>6}: KL(hf||gpu) {:.2e}, top1 {}, max|dlogprob| top8 {:.2e}, teacher-forced top1 {}/{} \
+                 (margin > 0.1), greedy identical {}/{} (hf margin at first difference {:?})  {}",
+                r.prompt_len,
+                r.kl_ref_gpu,
+                r.top1_agree,
+                r.max_dlogprob_top8,
+                r.decisive_agree,
+                r.decisive_steps,
+                r.greedy_same_prefix,
+                r.greedy_len,
+                r.greedy_diverged_margin,
+                verdict(r.pass)
+            );
+            all &= r.pass;
+            reports.push(r);
+        }
+        if let Some(p) = json {
+            std::fs::write(
+                p,
+                serde_json::to_string_pretty(
+                    &serde_json::json!({"compare": reports, "pass": all}),
+                )?,
+            )?;
+        }
+        println!("compare: {}", verdict(all));
+        Ok(all)
+    }
 }

@@ -192,30 +192,33 @@ impl Rope {
     }
 }
 
-/// One attention pass over `x` (`[T, hidden]`, normed) at positions
-/// `cache.len()..`; appends to the cache and returns `[T, hidden]`.
+/// One attention pass over `x` (`[Σ T, hidden]`, normed): the rows of
+/// several sequences stacked, `lens[i]` rows at positions
+/// `caches[i].len()..`; appends to each cache and returns `[Σ T, hidden]`.
+/// The projections run once over all rows, the attention per sequence over
+/// its own keys.
 pub fn forward(
     cfg: &ModelConfig,
     w: &AttentionWeights,
     rope: &Rope,
-    cache: &mut KvCache,
+    caches: &mut [&mut KvCache],
+    lens: &[usize],
     x: &[f32],
 ) -> Vec<f32> {
     let h = cfg.hidden_size;
-    let t_len = x.len() / h;
+    let t_all = x.len() / h;
     let (nh, nkv, hd) = (
         cfg.num_attention_heads,
         cfg.num_key_value_heads,
         cfg.head_dim,
     );
-    let pos0 = cache.len();
 
     let qg = linear(x, &w.q_proj);
     let mut k = linear(x, &w.k_proj);
     let v = linear(x, &w.v_proj);
-    let mut q = vec![0f32; t_len * nh * hd];
-    let mut gate = vec![0f32; t_len * nh * hd];
-    for t in 0..t_len {
+    let mut q = vec![0f32; t_all * nh * hd];
+    let mut gate = vec![0f32; t_all * nh * hd];
+    for t in 0..t_all {
         for head in 0..nh {
             let src = &qg[(t * nh + head) * 2 * hd..(t * nh + head + 1) * 2 * hd];
             let dst = (t * nh + head) * hd;
@@ -225,6 +228,42 @@ pub fn forward(
     }
     rms_norm(&mut q, &w.q_norm, cfg.rms_norm_eps);
     rms_norm(&mut k, &w.k_norm, cfg.rms_norm_eps);
+    let mut o = vec![0f32; t_all * nh * hd];
+    let row = nkv * hd;
+    let mut t0 = 0;
+    for (cache, &t_len) in caches.iter_mut().zip(lens) {
+        let rows = t0..t0 + t_len;
+        attend(
+            rope,
+            cache,
+            &mut q[rows.start * nh * hd..rows.end * nh * hd],
+            &mut k[rows.start * row..rows.end * row],
+            &v[rows.start * row..rows.end * row],
+            &gate[rows.start * nh * hd..rows.end * nh * hd],
+            &mut o[rows.start * nh * hd..rows.end * nh * hd],
+            (nh, nkv, hd),
+        );
+        t0 = rows.end;
+    }
+    linear(&o, &w.o_proj)
+}
+
+/// One sequence's part of [`forward`]: rotary embedding at its positions,
+/// its keys and values appended, causal GQA attention over its cache and
+/// the output gate; writes `[T, nh * hd]` to `o`.
+#[allow(clippy::too_many_arguments)]
+fn attend(
+    rope: &Rope,
+    cache: &mut KvCache,
+    q: &mut [f32],
+    k: &mut [f32],
+    v: &[f32],
+    gate: &[f32],
+    o: &mut [f32],
+    (nh, nkv, hd): (usize, usize, usize),
+) {
+    let t_len = q.len() / (nh * hd);
+    let pos0 = cache.len();
     for t in 0..t_len {
         for head in q[t * nh * hd..(t + 1) * nh * hd].chunks_mut(hd) {
             rope.apply(head, pos0 + t);
@@ -241,7 +280,7 @@ pub fn forward(
     let scale = 1.0 / (hd as f32).sqrt();
     let group = nh / nkv;
     let kc: &KvCache = cache;
-    let mut o = vec![0f32; t_len * nh * hd];
+    let q: &[f32] = q;
     o.par_chunks_mut(hd).enumerate().for_each(|(idx, out)| {
         let (t, head) = (idx / nh, idx % nh);
         let kvh = head / group;
@@ -262,5 +301,4 @@ pub fn forward(
             *o *= sigmoid(*gg);
         }
     });
-    linear(&o, &w.o_proj)
 }

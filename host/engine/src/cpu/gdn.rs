@@ -45,32 +45,72 @@ impl GdnState {
     }
 }
 
-/// One GDN mixer pass over `x` (`[T, hidden]`, already normed); returns `[T, hidden]`.
+/// One GDN mixer pass over `x` (`[Σ T, hidden]`, already normed): the rows
+/// of several sequences stacked, `lens[i]` rows continuing `states[i]`;
+/// returns `[Σ T, hidden]`. The projections run once over all rows, the
+/// conv and the recurrence per sequence over its own state.
 pub fn forward(
     cfg: &ModelConfig,
     w: &GdnWeights,
-    st: &mut GdnState,
+    states: &mut [&mut GdnState],
+    lens: &[usize],
     x: &[f32],
     mode: GdnPrefill,
 ) -> Vec<f32> {
-    let h = cfg.hidden_size;
-    let t_len = x.len() / h;
-    let (nk, nv) = (cfg.linear_num_key_heads, cfg.linear_num_value_heads);
-    let (dk, dv) = (cfg.linear_key_head_dim, cfg.linear_value_head_dim);
+    let (nv, dv) = (cfg.linear_num_value_heads, cfg.linear_value_head_dim);
     let conv_dim = cfg.linear_conv_dim();
-    let key_dim = nk * dk;
-
     let mut qkv = linear(x, &w.in_proj_qkv);
     let z = linear(x, &w.in_proj_z);
     let a = linear(x, &w.in_proj_a);
     let b = linear(x, &w.in_proj_b);
-    causal_conv_silu(
-        &mut qkv,
-        &mut st.conv,
-        &w.conv,
-        conv_dim,
-        cfg.linear_conv_kernel,
-    );
+    let mut o = vec![0f32; z.len()];
+    // Each sequence's rows of every buffer.
+    let (mut qkv_r, mut o_r) = (qkv.as_mut_slice(), o.as_mut_slice());
+    let (mut a_r, mut b_r) = (a.as_slice(), b.as_slice());
+    let mut jobs = Vec::with_capacity(states.len());
+    for (st, &t) in states.iter_mut().zip(lens) {
+        let (q1, q2) = std::mem::take(&mut qkv_r).split_at_mut(t * conv_dim);
+        let (o1, o2) = std::mem::take(&mut o_r).split_at_mut(t * nv * dv);
+        let (a1, a2) = a_r.split_at(t * nv);
+        let (b1, b2) = b_r.split_at(t * nv);
+        (qkv_r, o_r, a_r, b_r) = (q2, o2, a2, b2);
+        jobs.push((&mut **st, q1, a1, b1, o1));
+    }
+    if jobs.len() == 1 {
+        let (st, q, a, b, o) = jobs.pop().expect("one job");
+        mix(cfg, w, st, q, a, b, o, mode);
+    } else {
+        jobs.into_par_iter()
+            .for_each(|(st, q, a, b, o)| mix(cfg, w, st, q, a, b, o, mode));
+    }
+    // Gated RMSNorm per head (plain weight), times silu(z); then out_proj.
+    rms_norm(&mut o, &w.norm, cfg.rms_norm_eps);
+    for (oi, zi) in o.iter_mut().zip(&z) {
+        *oi *= silu(*zi);
+    }
+    linear(&o, &w.out_proj)
+}
+
+/// One sequence's part of [`forward`]: the conv over its projected `qkv`
+/// rows (continuing `st.conv`), the gates from its `a`, `b` rows and the
+/// recurrence over `st.s`; writes the heads' outputs `[T, nv * dv]` to `o`.
+#[allow(clippy::too_many_arguments)]
+fn mix(
+    cfg: &ModelConfig,
+    w: &GdnWeights,
+    st: &mut GdnState,
+    qkv: &mut [f32],
+    a: &[f32],
+    b: &[f32],
+    o: &mut [f32],
+    mode: GdnPrefill,
+) {
+    let (nk, nv) = (cfg.linear_num_key_heads, cfg.linear_num_value_heads);
+    let (dk, dv) = (cfg.linear_key_head_dim, cfg.linear_value_head_dim);
+    let conv_dim = cfg.linear_conv_dim();
+    let key_dim = nk * dk;
+    let t_len = qkv.len() / conv_dim;
+    causal_conv_silu(qkv, &mut st.conv, &w.conv, conv_dim, cfg.linear_conv_kernel);
 
     // Split and normalise: q, k per key head; v per value head.
     let scale = 1.0 / (dk as f32).sqrt();
@@ -124,20 +164,12 @@ pub fn forward(
                 }
             })
             .collect();
-
-    // Gated RMSNorm per head (plain weight), times silu(z); then out_proj.
-    let mut o = vec![0f32; t_len * nv * dv];
     for (hv, out) in per_head.iter().enumerate() {
         for t in 0..t_len {
             o[t * nv * dv + hv * dv..t * nv * dv + (hv + 1) * dv]
                 .copy_from_slice(&out[t * dv..(t + 1) * dv]);
         }
     }
-    rms_norm(&mut o, &w.norm, cfg.rms_norm_eps);
-    for (oi, zi) in o.iter_mut().zip(&z) {
-        *oi *= silu(*zi);
-    }
-    linear(&o, &w.out_proj)
 }
 
 /// Depthwise causal conv (kernel K) over `[T, C]` in place, continuing from

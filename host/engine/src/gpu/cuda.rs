@@ -1,113 +1,67 @@
-//! The CUDA device layer: a primary context on GPU 0, the embedded kernel
-//! modules, device buffers, launches on one stream (capturable into CUDA
-//! graphs), cuBLAS GEMMs, and an optional per-kernel event profile.
+//! The CUDA driver calls of the device layer ([`super::device::RawDevice`]):
+//! a primary context on GPU 0 through cudarc's driver API, one blocking
+//! stream, programmatic dependent launch (`cuLaunchKernelEx`), CUDA graphs,
+//! and cuBLAS `GemmEx` for the bf16 GEMMs.
 
-use super::{Arg, HostBuf};
-use anyhow::{Context, Result, bail};
+use super::device::{DeviceInfo, Launch, RawDevice, RawError, RawResult};
+use anyhow::{Result, bail};
 use cudarc::cublas::sys as cbs;
 use cudarc::driver::{CudaContext, result, sys};
-use std::collections::HashMap;
-use std::ffi::{CString, c_void};
+use std::ffi::{CStr, c_void};
 use std::sync::Arc;
 
 mod images {
-    include!(concat!(env!("OUT_DIR"), "/kernels_cuda.rs"));
+    include!(concat!(env!("OUT_DIR"), "/kernel_images_cuda.rs"));
 }
 
-/// Owned device memory; freed on drop.
-pub struct DBuf {
-    ptr: u64,
-    bytes: usize,
+/// Dynamic shared memory a kernel may use without opting in.
+const DEFAULT_SMEM: u32 = 48 * 1024;
+
+fn ck(r: sys::CUresult) -> RawResult<()> {
+    if r == sys::CUresult::CUDA_SUCCESS {
+        Ok(())
+    } else {
+        Err(RawError(format!("{r:?}")))
+    }
+}
+
+fn err(e: impl std::fmt::Debug) -> RawError {
+    RawError(format!("{e:?}"))
+}
+
+/// GPU 0's context, stream and cuBLAS handle.
+pub struct Cuda {
     ctx: Arc<CudaContext>,
-}
-
-impl DBuf {
-    pub fn ptr(&self) -> u64 {
-        self.ptr
-    }
-    /// The address `off` bytes in.
-    pub fn at(&self, off: usize) -> u64 {
-        debug_assert!(off <= self.bytes);
-        self.ptr + off as u64
-    }
-    pub fn bytes(&self) -> usize {
-        self.bytes
-    }
-}
-
-impl Drop for DBuf {
-    fn drop(&mut self) {
-        if self.ptr != 0 {
-            let _ = self.ctx.bind_to_thread();
-            unsafe {
-                let _ = result::free_sync(self.ptr);
-            }
-        }
-    }
-}
-
-pub struct Device {
-    ctx: Arc<CudaContext>,
-    funcs: HashMap<String, sys::CUfunction>,
     cublas: cbs::cublasHandle_t,
     /// Every launch and GEMM goes here. A blocking stream: the synchronous
     /// copies (legacy default stream) stay ordered with it.
     stream: sys::CUstream,
-    pub name: String,
-    pub sm_count: u32,
-    /// Opt-in shared memory per block, bytes (227 KB on H100/H200, 163 KB on
-    /// A100, 99 KB on sm_86/89).
-    max_smem: usize,
-    /// `QWASI_GPU_DEBUG=1`: synchronise after every launch and name the failing kernel.
-    pub debug: bool,
-    /// Programmatic dependent launch (compute capability >= 9.0, unless
-    /// `QWASI_PDL=0`): see [`Device::launch_pdl`].
-    pdl: bool,
-    /// Compute capability 9.0 or later (bulk copies, mbarrier transactions).
-    sm90: bool,
-    /// Warpgroup MMA (`wgmma`): the kernels' sm_90a code runs on 9.x only.
-    wgmma: bool,
-    /// `QWASI_GPU_PROFILE=1`: an event pair around every launch (see [`Device::take_profile`]).
-    profile: Option<std::sync::Mutex<Vec<Timing>>>,
 }
 
-/// A profiled launch: kernel name, start and end events.
-type Timing = (&'static str, sys::CUevent, sys::CUevent);
-
-/// An instantiated CUDA graph (one captured decode step).
-pub struct Graph {
+/// An instantiated CUDA graph.
+pub struct CudaGraph {
     exec: sys::CUgraphExec,
     graph: sys::CUgraph,
 }
 
-impl Drop for Graph {
-    fn drop(&mut self) {
-        unsafe {
-            sys::cuGraphExecDestroy(self.exec);
-            sys::cuGraphDestroy(self.graph);
-        }
-    }
-}
+// The raw handles are only used with the context bound, from one thread at a
+// time (the model serialises forward passes behind a mutex).
+unsafe impl Send for Cuda {}
+unsafe impl Sync for Cuda {}
 
-// Only used from the thread that holds the model's lock, with the context bound.
-unsafe impl Send for Graph {}
+// The handle arguments are the driver's opaque handles, passed back to it
+// and never dereferenced here.
+#[allow(clippy::not_unsafe_ptr_arg_deref)]
+unsafe impl RawDevice for Cuda {
+    type Module = sys::CUmodule;
+    type Function = sys::CUfunction;
+    type Event = sys::CUevent;
+    type Graph = CudaGraph;
+    const VENDOR: &'static str = "CUDA";
+    const GEMM_LABEL: &'static str = "cublas_gemm_bf16";
+    const IMAGES: &'static [(&'static str, &'static [u8])] = images::IMAGES;
 
-fn check(r: sys::CUresult, what: &str) -> Result<()> {
-    if r == sys::CUresult::CUDA_SUCCESS {
-        Ok(())
-    } else {
-        bail!("{what}: {r:?}")
-    }
-}
-
-// The raw handles are only used with the context bound, from one thread at a time
-// (the model serialises forward passes behind a mutex).
-unsafe impl Send for Device {}
-unsafe impl Sync for Device {}
-
-impl Device {
-    /// GPU 0, or a clear error when there is no CUDA driver or no GPU.
-    pub fn new() -> Result<Self> {
+    fn open() -> Result<(Self, DeviceInfo)> {
         if !unsafe { sys::is_culib_present() } {
             bail!(
                 "no CUDA driver found (libcuda.so could not be loaded); the cuda backend needs an NVIDIA GPU and driver"
@@ -116,247 +70,104 @@ impl Device {
         let ctx =
             CudaContext::new(0).map_err(|e| anyhow::anyhow!("cannot open CUDA device 0: {e:?}"))?;
         ctx.bind_to_thread().map_err(|e| anyhow::anyhow!("{e:?}"))?;
-        let name = cudarc::driver::result::device::get_name(ctx.cu_device())
-            .unwrap_or_else(|_| "CUDA GPU".into());
-        let mut funcs = HashMap::new();
-        for (module, image, names) in images::MODULES {
-            // The driver wants the image in memory that stays valid during the call; the
-            // embedded bytes are 'static but may be unaligned, so copy to an aligned buffer.
-            let mut aligned = vec![0u64; image.len().div_ceil(8) + 1];
-            unsafe {
-                std::ptr::copy_nonoverlapping(
-                    image.as_ptr(),
-                    aligned.as_mut_ptr() as *mut u8,
-                    image.len(),
-                );
-            }
-            let m = unsafe { result::module::load_data(aligned.as_ptr() as *const c_void) }
-                .map_err(|e| anyhow::anyhow!("loading kernel module {module}: {e:?}"))?;
-            for name in names.iter() {
-                let f = unsafe { result::module::get_function(m, CString::new(*name).unwrap()) }
-                    .map_err(|e| anyhow::anyhow!("kernel {name} in module {module}: {e:?}"))?;
-                funcs.insert(name.to_string(), f);
-            }
-        }
+        let name = result::device::get_name(ctx.cu_device()).unwrap_or_else(|_| "CUDA GPU".into());
         let cublas = cudarc::cublas::result::create_handle()
             .map_err(|e| anyhow::anyhow!("cuBLAS: {e:?}"))?;
         let mut stream: sys::CUstream = std::ptr::null_mut();
-        check(
-            unsafe { sys::cuStreamCreate(&mut stream, 0) },
-            "creating a CUDA stream",
-        )?;
+        ck(unsafe { sys::cuStreamCreate(&mut stream, 0) })
+            .map_err(|e| anyhow::anyhow!("creating a CUDA stream: {e}"))?;
+        let dev = Cuda {
+            ctx,
+            cublas,
+            stream,
+        };
         unsafe { cbs::cublasSetStream_v2(cublas, stream as cbs::cudaStream_t) }
             .result()
             .map_err(|e| anyhow::anyhow!("cuBLAS stream: {e:?}"))?;
         let attr = |a: sys::CUdevice_attribute| -> Result<i32> {
             let mut v = 0i32;
-            check(
-                unsafe { sys::cuDeviceGetAttribute(&mut v, a, ctx.cu_device()) },
-                "device attribute",
-            )?;
+            ck(unsafe { sys::cuDeviceGetAttribute(&mut v, a, dev.ctx.cu_device()) })
+                .map_err(|e| anyhow::anyhow!("device attribute: {e}"))?;
             Ok(v)
         };
         use sys::CUdevice_attribute as A;
         let sms = attr(A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
         let major = attr(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?;
+        // Opt-in shared memory per block (227 KB on H100/H200, 163 KB on
+        // A100, 99 KB on sm_86/89).
         let max_smem = attr(A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)?;
-        let env_on = |k: &str| std::env::var_os(k).is_some_and(|v| v != "0");
-        Ok(Device {
-            pdl: major >= 9 && std::env::var("QWASI_PDL").as_deref() != Ok("0"),
-            sm90: major >= 9,
-            wgmma: major == 9,
-            ctx,
-            funcs,
-            cublas,
-            stream,
+        let info = DeviceInfo {
             name,
             sm_count: sms.max(1) as u32,
             max_smem: max_smem.max(0) as usize,
-            debug: env_on("QWASI_GPU_DEBUG"),
-            profile: env_on("QWASI_GPU_PROFILE").then(Default::default),
-        })
-    }
-
-    /// Largest (opt-in) dynamic shared memory one block may use, in bytes.
-    pub fn max_shared_per_block(&self) -> usize {
-        self.max_smem
-    }
-
-    /// Whether kernels can use bulk copies into shared memory (`cp.async.bulk`
-    /// with mbarriers: compute capability 9.0 and later).
-    pub fn bulk_copies(&self) -> bool {
-        self.sm90
-    }
-
-    /// Whether the sm_90a kernels with warpgroup MMA (`wgmma`) run here
-    /// (compute capability 9.x).
-    pub fn wgmma(&self) -> bool {
-        self.wgmma
-    }
-
-    /// Starts recording this thread's launches into a graph instead of running them.
-    pub fn begin_capture(&self) -> Result<()> {
-        check(
-            unsafe {
-                sys::cuStreamBeginCapture_v2(
-                    self.stream,
-                    sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
-                )
-            },
-            "beginning graph capture",
-        )
-    }
-
-    /// Ends the capture begun by [`Device::begin_capture`] and instantiates it.
-    pub fn end_capture(&self) -> Result<Graph> {
-        let mut graph: sys::CUgraph = std::ptr::null_mut();
-        check(
-            unsafe { sys::cuStreamEndCapture(self.stream, &mut graph) },
-            "ending graph capture",
-        )?;
-        let mut exec: sys::CUgraphExec = std::ptr::null_mut();
-        let r = unsafe { sys::cuGraphInstantiateWithFlags(&mut exec, graph, 0) };
-        if r != sys::CUresult::CUDA_SUCCESS {
-            unsafe { sys::cuGraphDestroy(graph) };
-            bail!("instantiating a CUDA graph: {r:?}");
-        }
-        Ok(Graph { exec, graph })
-    }
-
-    pub fn launch_graph(&self, g: &Graph) -> Result<()> {
-        check(
-            unsafe { sys::cuGraphLaunch(g.exec, self.stream) },
-            "launching a CUDA graph",
-        )?;
-        if self.debug {
-            self.sync().context("CUDA graph")?;
-        }
-        Ok(())
-    }
-
-    /// Per-kernel GPU time since the last call, `(name, launches, ms)` by total
-    /// time, when `QWASI_GPU_PROFILE=1` (empty otherwise). Synchronises.
-    pub fn take_profile(&self) -> Vec<(&'static str, usize, f64)> {
-        let Some(p) = &self.profile else {
-            return Vec::new();
+            pdl: major >= 9,
+            bulk_copies: major >= 9,
+            // The kernels' sm_90a code runs on 9.x only.
+            wgmma: major == 9,
+            graphs: true,
+            blas_error: None,
         };
-        let _ = self.sync();
-        let mut agg: HashMap<&'static str, (usize, f64)> = HashMap::new();
-        for (name, a, b) in p.lock().unwrap().drain(..) {
-            let mut ms = 0f32;
-            unsafe {
-                sys::cuEventElapsedTime_v2(&mut ms, a, b);
-                sys::cuEventDestroy_v2(a);
-                sys::cuEventDestroy_v2(b);
-            }
-            let e = agg.entry(name).or_default();
-            e.0 += 1;
-            e.1 += ms as f64;
-        }
-        let mut v: Vec<_> = agg.into_iter().map(|(k, (n, t))| (k, n, t)).collect();
-        v.sort_by(|a, b| b.2.total_cmp(&a.2));
-        v
+        Ok((dev, info))
     }
 
-    pub fn profiling(&self) -> bool {
-        self.profile.is_some()
+    fn bind(&self) -> RawResult<()> {
+        self.ctx.bind_to_thread().map_err(err)
     }
 
-    pub fn bind(&self) -> Result<()> {
-        self.ctx
-            .bind_to_thread()
-            .map_err(|e| anyhow::anyhow!("{e:?}"))
+    fn mem_info(&self) -> RawResult<(usize, usize)> {
+        result::mem_get_info().map_err(err)
     }
 
-    /// (free, total) device memory in bytes.
-    pub fn mem_info(&self) -> (usize, usize) {
-        result::mem_get_info().unwrap_or((0, 0))
+    fn malloc(&self, bytes: usize) -> RawResult<u64> {
+        unsafe { result::malloc_sync(bytes) }.map_err(err)
     }
 
-    pub fn alloc(&self, bytes: usize) -> Result<DBuf> {
-        let ptr = unsafe { result::malloc_sync(bytes.max(16)) }
-            .map_err(|e| anyhow::anyhow!("cudaMalloc of {bytes} bytes failed: {e:?}"))?;
-        Ok(DBuf {
-            ptr,
-            bytes,
-            ctx: self.ctx.clone(),
-        })
+    unsafe fn free(&self, ptr: u64) {
+        let _ = self.ctx.bind_to_thread();
+        let _ = unsafe { result::free_sync(ptr) };
     }
 
-    /// `bytes` at `src` copied into new page-locked host memory (filled by
-    /// the copy before anyone can read it).
-    pub fn download_pinned(&self, src: u64, bytes: usize) -> Result<HostBuf> {
-        let ptr = unsafe { result::malloc_host(bytes.max(16), 0) }
-            .map_err(|e| anyhow::anyhow!("cuMemHostAlloc of {bytes} bytes failed: {e:?}"))?;
-        let ctx = self.ctx.clone();
-        let b = HostBuf::new(ptr.cast(), bytes, move |p| {
-            let _ = ctx.bind_to_thread();
-            unsafe {
-                let _ = result::free_host(p);
-            }
-        });
-        if bytes > 0 {
-            unsafe { sys::cuMemcpyDtoH_v2(ptr, src, bytes).result() }
-                .map_err(|e| anyhow::anyhow!("copy from device: {e:?}"))?;
-        }
-        Ok(b)
+    fn host_malloc(&self, bytes: usize) -> RawResult<*mut u8> {
+        unsafe { result::malloc_host(bytes, 0) }
+            .map(|p| p.cast())
+            .map_err(err)
     }
 
-    pub fn alloc_zeroed(&self, bytes: usize) -> Result<DBuf> {
-        let b = self.alloc(bytes)?;
-        unsafe { result::memset_d8_sync(b.ptr, 0, bytes.max(16)) }
-            .map_err(|e| anyhow::anyhow!("{e:?}"))?;
-        Ok(b)
+    unsafe fn host_free(&self, ptr: *mut c_void) {
+        let _ = self.ctx.bind_to_thread();
+        let _ = unsafe { result::free_host(ptr) };
     }
 
-    pub fn upload<T: Copy>(&self, data: &[T]) -> Result<DBuf> {
-        let b = self.alloc(std::mem::size_of_val(data))?;
-        self.htod(b.ptr, data)?;
-        Ok(b)
+    unsafe fn memset_zero(&self, ptr: u64, bytes: usize) -> RawResult<()> {
+        unsafe { result::memset_d8_sync(ptr, 0, bytes) }.map_err(err)
     }
 
-    pub fn htod<T: Copy>(&self, dst: u64, data: &[T]) -> Result<()> {
-        if data.is_empty() {
-            return Ok(());
-        }
-        unsafe { result::memcpy_htod_sync(dst, data) }
-            .map_err(|e| anyhow::anyhow!("copy to device: {e:?}"))
+    unsafe fn htod(&self, dst: u64, src: *const c_void, bytes: usize) -> RawResult<()> {
+        ck(unsafe { sys::cuMemcpyHtoD_v2(dst, src, bytes) })
     }
 
-    pub fn dtoh<T: Copy>(&self, dst: &mut [T], src: u64) -> Result<()> {
-        if dst.is_empty() {
-            return Ok(());
-        }
-        unsafe { result::memcpy_dtoh_sync(dst, src) }
-            .map_err(|e| anyhow::anyhow!("copy from device: {e:?}"))
+    unsafe fn dtoh(&self, dst: *mut c_void, src: u64, bytes: usize) -> RawResult<()> {
+        ck(unsafe { sys::cuMemcpyDtoH_v2(dst, src, bytes) })
     }
 
-    pub fn dtod(&self, dst: u64, src: u64, bytes: usize) -> Result<()> {
-        if bytes == 0 {
-            return Ok(());
-        }
-        unsafe { result::memcpy_dtod_sync(dst, src, bytes) }
-            .map_err(|e| anyhow::anyhow!("device copy: {e:?}"))
+    unsafe fn dtod(&self, dst: u64, src: u64, bytes: usize) -> RawResult<()> {
+        ck(unsafe { sys::cuMemcpyDtoD_v2(dst, src, bytes) })
     }
 
-    pub fn sync(&self) -> Result<()> {
-        self.ctx
-            .synchronize()
-            .map_err(|e| anyhow::anyhow!("CUDA error: {e:?}"))
+    fn sync(&self) -> RawResult<()> {
+        self.ctx.synchronize().map_err(err)
     }
 
-    fn kernel(&self, name: &str) -> Result<sys::CUfunction> {
-        self.funcs
-            .get(name)
-            .copied()
-            .with_context(|| format!("kernel {name} not found in the embedded modules"))
+    fn load_module(&self, image: &[u8]) -> RawResult<sys::CUmodule> {
+        unsafe { result::module::load_data(image.as_ptr().cast()) }.map_err(err)
     }
 
-    /// Kernel `name`, opted in to `smem` bytes of dynamic shared memory where
-    /// that is above the default 48 KB.
-    fn kernel_with_smem(&self, name: &str, smem: u32) -> Result<sys::CUfunction> {
-        let f = self.kernel(name)?;
-        if smem > 48 * 1024 {
+    fn function(&self, module: &sys::CUmodule, name: &CStr) -> RawResult<sys::CUfunction> {
+        unsafe { result::module::get_function(*module, name.to_owned()) }.map_err(err)
+    }
+
+    fn allow_smem(&self, f: sys::CUfunction, smem: u32) {
+        if smem > DEFAULT_SMEM {
             unsafe {
                 sys::cuFuncSetAttribute(
                     f,
@@ -365,149 +176,154 @@ impl Device {
                 );
             }
         }
-        Ok(f)
     }
 
-    /// Resident blocks per multiprocessor of kernel `name` at this block size
-    /// and dynamic shared memory (at least 1).
-    pub fn occupancy(&self, name: &str, block: u32, smem: u32) -> u32 {
-        let Some(&f) = self.funcs.get(name) else {
-            return 1;
-        };
+    fn occupancy(&self, f: sys::CUfunction, block: u32, smem: u32) -> Option<u32> {
         let mut n = 0i32;
         let r = unsafe {
             sys::cuOccupancyMaxActiveBlocksPerMultiprocessor(&mut n, f, block as i32, smem as usize)
         };
-        if r == sys::CUresult::CUDA_SUCCESS {
-            n.max(1) as u32
-        } else {
-            1
-        }
+        (r == sys::CUresult::CUDA_SUCCESS).then_some(n.max(0) as u32)
     }
 
-    /// Like [`Device::launch`], but the kernel may start while its predecessor
-    /// finishes (programmatic dependent launch): only for kernels that touch
-    /// nothing but read-only inputs before `QW_GRID_WAIT()`.
-    pub fn launch_pdl(
+    unsafe fn launch(
         &self,
-        name: &'static str,
-        grid: (u32, u32, u32),
-        block: (u32, u32, u32),
-        smem: u32,
-        args: &[Arg],
-    ) -> Result<()> {
-        if !self.pdl || self.profile.is_some() || self.debug {
-            return self.launch(name, grid, block, smem, args);
+        f: sys::CUfunction,
+        l: &Launch,
+        pdl: bool,
+        args: &[*const c_void],
+    ) -> RawResult<()> {
+        // The driver reads the parameters through `void**` and never writes them.
+        let params = args.as_ptr() as *mut *mut c_void;
+        if !pdl {
+            let (g, b) = (l.grid, l.block);
+            return ck(unsafe {
+                sys::cuLaunchKernel(
+                    f,
+                    g.0,
+                    g.1,
+                    g.2,
+                    b.0,
+                    b.1,
+                    b.2,
+                    l.smem,
+                    self.stream,
+                    params,
+                    std::ptr::null_mut(),
+                )
+            });
         }
-        if grid.0 == 0 || grid.1 == 0 || grid.2 == 0 {
-            return Ok(());
-        }
-        let f = self.kernel_with_smem(name, smem)?;
         let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
         attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
         attr.value.programmaticStreamSerializationAllowed = 1;
         let cfg = sys::CUlaunchConfig {
-            gridDimX: grid.0,
-            gridDimY: grid.1,
-            gridDimZ: grid.2,
-            blockDimX: block.0,
-            blockDimY: block.1,
-            blockDimZ: block.2,
-            sharedMemBytes: smem,
+            gridDimX: l.grid.0,
+            gridDimY: l.grid.1,
+            gridDimZ: l.grid.2,
+            blockDimX: l.block.0,
+            blockDimY: l.block.1,
+            blockDimZ: l.block.2,
+            sharedMemBytes: l.smem,
             hStream: self.stream,
             attrs: &mut attr,
             numAttrs: 1,
         };
-        let mut params: Vec<*mut c_void> = args.iter().map(Arg::addr).collect();
-        check(
-            unsafe { sys::cuLaunchKernelEx(&cfg, f, params.as_mut_ptr(), std::ptr::null_mut()) },
-            &format!("launching {name}"),
-        )
+        ck(unsafe { sys::cuLaunchKernelEx(&cfg, f, params, std::ptr::null_mut()) })
     }
 
-    pub fn launch(
-        &self,
-        name: &'static str,
-        grid: (u32, u32, u32),
-        block: (u32, u32, u32),
-        smem: u32,
-        args: &[Arg],
-    ) -> Result<()> {
-        if grid.0 == 0 || grid.1 == 0 || grid.2 == 0 {
-            return Ok(());
-        }
-        let f = self.kernel_with_smem(name, smem)?;
-        let mut params: Vec<*mut c_void> = args.iter().map(Arg::addr).collect();
-        self.profiled(name, || {
-            unsafe { result::launch_kernel(f, grid, block, smem, self.stream, &mut params) }
-                .map_err(|e| anyhow::anyhow!("launching {name}: {e:?}"))
-        })?;
-        if self.debug {
-            self.sync().with_context(|| {
-                format!("kernel {name} grid {grid:?} block {block:?} smem {smem}")
-            })?;
-        }
-        Ok(())
+    fn event_create(&self) -> RawResult<sys::CUevent> {
+        let mut e = std::ptr::null_mut();
+        ck(unsafe { sys::cuEventCreate(&mut e, 0) })?;
+        Ok(e)
     }
 
-    /// Runs `enqueue` between two recorded events when profiling (`QWASI_GPU_PROFILE=1`).
-    fn profiled(&self, name: &'static str, enqueue: impl FnOnce() -> Result<()>) -> Result<()> {
-        let Some(p) = &self.profile else {
-            return enqueue();
-        };
-        let mut ev = [std::ptr::null_mut(); 2];
-        for e in &mut ev {
-            unsafe { sys::cuEventCreate(e, 0) };
-        }
-        unsafe { sys::cuEventRecord(ev[0], self.stream) };
-        enqueue()?;
-        unsafe { sys::cuEventRecord(ev[1], self.stream) };
-        p.lock().unwrap().push((name, ev[0], ev[1]));
-        Ok(())
+    fn event_record(&self, e: sys::CUevent) {
+        unsafe { sys::cuEventRecord(e, self.stream) };
     }
 
-    /// `Y[T, R] = X[T, C] . W[R, C]^T` with bf16 X and W (row-major), f32 Y, f32 compute.
-    #[allow(clippy::too_many_arguments)]
-    pub fn gemm_bf16(
+    fn event_elapsed(&self, start: sys::CUevent, end: sys::CUevent) -> f32 {
+        let mut ms = 0f32;
+        unsafe { sys::cuEventElapsedTime_v2(&mut ms, start, end) };
+        ms
+    }
+
+    fn event_destroy(&self, e: sys::CUevent) {
+        unsafe { sys::cuEventDestroy_v2(e) };
+    }
+
+    fn begin_capture(&self) -> RawResult<()> {
+        ck(unsafe {
+            sys::cuStreamBeginCapture_v2(
+                self.stream,
+                sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+            )
+        })
+    }
+
+    fn end_capture(&self) -> RawResult<CudaGraph> {
+        let mut graph: sys::CUgraph = std::ptr::null_mut();
+        ck(unsafe { sys::cuStreamEndCapture(self.stream, &mut graph) })?;
+        let mut exec: sys::CUgraphExec = std::ptr::null_mut();
+        let r = unsafe { sys::cuGraphInstantiateWithFlags(&mut exec, graph, 0) };
+        if r != sys::CUresult::CUDA_SUCCESS {
+            unsafe { sys::cuGraphDestroy(graph) };
+            return Err(RawError(format!("instantiating the graph: {r:?}")));
+        }
+        Ok(CudaGraph { exec, graph })
+    }
+
+    fn graph_launch(&self, g: &CudaGraph) -> RawResult<()> {
+        ck(unsafe { sys::cuGraphLaunch(g.exec, self.stream) })
+    }
+
+    fn graph_destroy(&self, g: &mut CudaGraph) {
+        unsafe {
+            sys::cuGraphExecDestroy(g.exec);
+            sys::cuGraphDestroy(g.graph);
+        }
+    }
+
+    unsafe fn gemm_bf16(
         &self,
         x_bf16: u64,
         w: u64,
         y: u64,
-        t: usize,
-        r: usize,
-        c: usize,
+        t: i32,
+        r: i32,
+        c: i32,
         accumulate: bool,
-    ) -> Result<()> {
+    ) -> RawResult<()> {
+        // Column-major: Y^T[R, T] = W^T . X^T, i.e. op(W) = T over W[R, C].
         let alpha = 1.0f32;
         let beta = if accumulate { 1.0f32 } else { 0.0 };
-        self.profiled("cublas_gemm_bf16", || unsafe {
+        unsafe {
             cudarc::cublas::result::gemm_ex(
                 self.cublas,
                 cbs::cublasOperation_t::CUBLAS_OP_T,
                 cbs::cublasOperation_t::CUBLAS_OP_N,
-                r as i32,
-                t as i32,
-                c as i32,
+                r,
+                t,
+                c,
                 &alpha as *const f32 as *const c_void,
                 w as *const c_void,
                 cbs::cudaDataType::CUDA_R_16BF,
-                c as i32,
+                c,
                 x_bf16 as *const c_void,
                 cbs::cudaDataType::CUDA_R_16BF,
-                c as i32,
+                c,
                 &beta as *const f32 as *const c_void,
                 y as *mut c_void,
                 cbs::cudaDataType::CUDA_R_32F,
-                r as i32,
+                r,
                 cbs::cublasComputeType_t::CUBLAS_COMPUTE_32F,
                 cbs::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
             )
-            .map_err(|e| anyhow::anyhow!("cublasGemmEx {t}x{r}x{c}: {e:?}"))
-        })
+        }
+        .map_err(err)
     }
 }
 
-impl Drop for Device {
+impl Drop for Cuda {
     fn drop(&mut self) {
         let _ = self.ctx.bind_to_thread();
         unsafe {

@@ -1,22 +1,21 @@
-//! The HIP device layer (AMD): libamdhip64 (and libhipblas for GEMMs) loaded at
-//! run time, the embedded code objects (built by hipcc from the same kernels as
-//! the CUDA build), device buffers, launches on one stream (capturable into HIP
-//! graphs), hipBLAS GEMMs, and an optional per-kernel event profile. It has the
-//! same inherent API as [`super::cuda::Device`], so `gpu::model` runs on either
-//! (`--features hip` without `cuda`).
+//! The HIP driver calls of the device layer ([`super::device::RawDevice`]),
+//! for AMD GPUs: libamdhip64 (and libhipblas for GEMMs) loaded at run time,
+//! the code objects hipcc built from the same kernels as the CUDA build, one
+//! stream that every launch and copy is ordered on, HIP graphs where the
+//! runtime has them, hipBLAS GEMMs. No programmatic dependent launch (the
+//! kernels' `QW_GRID_WAIT()` is a no-op there, launches serialise) and no
+//! shared-memory opt-in (any size up to the device limit launches).
 //!
 //! Compile-checked only (kernels by hipcc from ROCm 5.2 for gfx1030; the enum
 //! values below checked against the ROCm 5.2 and 7.1 headers): it has not run
 //! on AMD hardware yet.
 
-use super::{Arg, HostBuf};
-use anyhow::{Context, Result, bail};
-use std::collections::HashMap;
-use std::ffi::{CStr, CString, c_char, c_void};
-use std::sync::{Arc, Mutex};
+use super::device::{DeviceInfo, Launch, RawDevice, RawError, RawResult};
+use anyhow::{Context, Result};
+use std::ffi::{CStr, c_char, c_void};
 
 mod images {
-    include!(concat!(env!("OUT_DIR"), "/kernels_hip.rs"));
+    include!(concat!(env!("OUT_DIR"), "/kernel_images_hip.rs"));
 }
 
 type HipError = i32;
@@ -73,6 +72,8 @@ struct Api {
     stream_sync: unsafe extern "C" fn(Handle) -> HipError,
     device_sync: unsafe extern "C" fn() -> HipError,
     launch: LaunchFn,
+    module_load: unsafe extern "C" fn(*mut Handle, *const c_void) -> HipError,
+    module_function: unsafe extern "C" fn(*mut Handle, Handle, *const c_char) -> HipError,
     event_create: unsafe extern "C" fn(*mut Handle) -> HipError,
     event_record: unsafe extern "C" fn(Handle, Handle) -> HipError,
     event_elapsed: unsafe extern "C" fn(*mut f32, Handle, Handle) -> HipError,
@@ -106,11 +107,11 @@ impl Api {
         }
     }
 
-    fn check(&self, e: HipError, what: &str) -> Result<()> {
+    fn ck(&self, e: HipError) -> RawResult<()> {
         if e == 0 {
             Ok(())
         } else {
-            bail!("{what}: {}", self.error(e))
+            Err(RawError(self.error(e)))
         }
     }
 }
@@ -204,91 +205,59 @@ impl Blas {
     }
 }
 
-/// Owned device memory; freed on drop.
-pub struct DBuf {
-    ptr: u64,
-    bytes: usize,
-    api: Arc<Api>,
-}
-
-impl DBuf {
-    pub fn ptr(&self) -> u64 {
-        self.ptr
-    }
-    /// The address `off` bytes in.
-    pub fn at(&self, off: usize) -> u64 {
-        debug_assert!(off <= self.bytes);
-        self.ptr + off as u64
-    }
-    pub fn bytes(&self) -> usize {
-        self.bytes
-    }
-}
-
-impl Drop for DBuf {
-    fn drop(&mut self) {
-        if self.ptr != 0 {
-            unsafe {
-                let _ = (self.api.free)(self.ptr as *mut c_void);
-            }
-        }
-    }
-}
-
-/// An instantiated HIP graph (one captured decode step).
-pub struct Graph {
-    exec: Handle,
-    graph: Handle,
-    api: Arc<Api>,
-}
-
-impl Drop for Graph {
-    fn drop(&mut self) {
-        if let Some(c) = &self.api.capture {
-            unsafe {
-                (c.exec_destroy)(self.exec);
-                (c.graph_destroy)(self.graph);
-            }
-        }
-    }
-}
-
-// Only used from the thread that holds the model's lock.
-unsafe impl Send for Graph {}
-
-/// A profiled launch: kernel name, start and end events.
-type Timing = (&'static str, Handle, Handle);
-
-pub struct Device {
-    api: Arc<Api>,
-    funcs: HashMap<String, Handle>,
+/// GPU 0 through the HIP runtime: its stream and hipBLAS.
+pub struct Hip {
     /// Every launch, copy and GEMM goes here (copies are asynchronous on it,
     /// then synchronised), so the order is the program order.
     stream: Handle,
     blas: std::result::Result<Blas, String>,
-    pub name: String,
-    pub sm_count: u32,
-    /// Largest dynamic + static shared memory of one block, in bytes (0: unknown).
-    max_smem: usize,
-    /// `QWASI_GPU_DEBUG=1`: synchronise after every launch and name the failing kernel.
-    pub debug: bool,
-    /// `QWASI_GPU_PROFILE=1`: an event pair around every launch (see [`Device::take_profile`]).
-    profile: Option<Mutex<Vec<Timing>>>,
-    /// The aligned copies of the code objects given to `hipModuleLoadData`,
-    /// kept for the modules' lifetime.
-    _images: Vec<Vec<u64>>,
+    api: Api,
 }
 
 // The raw handles are only used from one thread at a time (the model
 // serialises forward passes behind a mutex).
-unsafe impl Send for Device {}
-unsafe impl Sync for Device {}
+unsafe impl Send for Hip {}
+unsafe impl Sync for Hip {}
 
 const NO_RUNTIME: &str = "no HIP runtime found (libamdhip64.so could not be loaded); the hip backend needs ROCm >= 6.2 and an AMD GPU";
 
-impl Device {
-    /// GPU 0, or a clear error when there is no HIP runtime or no AMD GPU.
-    pub fn new() -> Result<Self> {
+impl Hip {
+    fn capture_api(&self) -> RawResult<&CaptureApi> {
+        self.api.capture.as_ref().ok_or_else(|| {
+            RawError(
+                "HIP graphs are not available (libamdhip64 lacks hipStreamBeginCapture or hipGraphInstantiate)"
+                    .into(),
+            )
+        })
+    }
+
+    /// A copy on the stream (after all earlier work), complete on return.
+    unsafe fn copy(
+        &self,
+        dst: *mut c_void,
+        src: *const c_void,
+        bytes: usize,
+        kind: i32,
+    ) -> RawResult<()> {
+        self.api
+            .ck(unsafe { (self.api.memcpy_async)(dst, src, bytes, kind, self.stream) })?;
+        self.api.ck(unsafe { (self.api.stream_sync)(self.stream) })
+    }
+}
+
+// The handle arguments are the driver's opaque handles, passed back to it
+// and never dereferenced here.
+#[allow(clippy::not_unsafe_ptr_arg_deref)]
+unsafe impl RawDevice for Hip {
+    type Module = Handle;
+    type Function = Handle;
+    type Event = Handle;
+    type Graph = (Handle, Handle);
+    const VENDOR: &'static str = "HIP";
+    const GEMM_LABEL: &'static str = "hipblas_gemm_bf16";
+    const IMAGES: &'static [(&'static str, &'static [u8])] = images::IMAGES;
+
+    fn open() -> Result<(Self, DeviceInfo)> {
         let lib = [
             "libamdhip64.so",
             "libamdhip64.so.7",
@@ -298,7 +267,7 @@ impl Device {
         .iter()
         .find_map(|n| unsafe { libloading::Library::new(n) }.ok())
         .context(NO_RUNTIME)?;
-        let (api, init, device_count, device_get, device_get_name, stream_create, load, get) = unsafe {
+        let (api, init, device_count, device_get, device_get_name, stream_create) = unsafe {
             macro_rules! sym {
                 ($n:literal) => {
                     *lib.get($n).with_context(|| {
@@ -322,10 +291,6 @@ impl Device {
                 sym!(b"hipDeviceGetName");
             let stream_create: unsafe extern "C" fn(*mut Handle) -> HipError =
                 sym!(b"hipStreamCreate");
-            let load: unsafe extern "C" fn(*mut Handle, *const c_void) -> HipError =
-                sym!(b"hipModuleLoadData");
-            let get: unsafe extern "C" fn(*mut Handle, Handle, *const c_char) -> HipError =
-                sym!(b"hipModuleGetFunction");
             let capture = (|| {
                 Some(CaptureApi {
                     begin: opt!(b"hipStreamBeginCapture")?,
@@ -351,6 +316,8 @@ impl Device {
                 stream_sync: sym!(b"hipStreamSynchronize"),
                 device_sync: sym!(b"hipDeviceSynchronize"),
                 launch: sym!(b"hipModuleLaunchKernel"),
+                module_load: sym!(b"hipModuleLoadData"),
+                module_function: sym!(b"hipModuleGetFunction"),
                 event_create: sym!(b"hipEventCreate"),
                 event_record: sym!(b"hipEventRecord"),
                 event_elapsed: sym!(b"hipEventElapsedTime"),
@@ -360,14 +327,12 @@ impl Device {
                 _lib: lib,
             };
             (
-                Arc::new(api),
+                api,
                 init,
                 device_count,
                 device_get,
                 device_get_name,
                 stream_create,
-                load,
-                get,
             )
         };
         let no_device = |what: String| {
@@ -388,9 +353,12 @@ impl Device {
                 "hipGetDeviceCount: 0 devices".into()
             }));
         }
-        api.check(unsafe { (api.set_device)(0) }, "hipSetDevice(0)")?;
+        let fail = |what: &str, e: RawError| anyhow::anyhow!("{what}: {e}");
+        api.ck(unsafe { (api.set_device)(0) })
+            .map_err(|e| fail("hipSetDevice(0)", e))?;
         let mut dev = 0i32;
-        api.check(unsafe { device_get(&mut dev, 0) }, "hipDeviceGet(0)")?;
+        api.ck(unsafe { device_get(&mut dev, 0) })
+            .map_err(|e| fail("hipDeviceGet(0)", e))?;
         let mut buf = [0 as c_char; 256];
         let name = if unsafe { device_get_name(buf.as_mut_ptr(), buf.len() as i32, dev) } == 0 {
             unsafe { CStr::from_ptr(buf.as_ptr()) }
@@ -399,122 +367,171 @@ impl Device {
         } else {
             "AMD GPU".into()
         };
-        let attr = |a: i32| -> Result<i32> {
+        let attr = |a: i32| -> RawResult<i32> {
             let mut v = 0i32;
-            api.check(
-                unsafe { (api.device_get_attribute)(&mut v, a, dev) },
-                "hipDeviceGetAttribute",
-            )?;
+            api.ck(unsafe { (api.device_get_attribute)(&mut v, a, dev) })?;
             Ok(v)
         };
-        let sms = attr(ATTR_MULTIPROCESSOR_COUNT)?;
+        let sms = attr(ATTR_MULTIPROCESSOR_COUNT).map_err(|e| fail("hipDeviceGetAttribute", e))?;
+        // Dynamic + static shared memory of one block (0: unknown).
         let max_smem = attr(ATTR_MAX_SHARED_MEMORY_PER_BLOCK).unwrap_or(0).max(0) as usize;
-        let mut funcs = HashMap::new();
-        let mut kept = Vec::new();
-        for (module, image, names) in images::MODULES {
-            // The runtime parses the image in place: copy it to an aligned buffer
-            // (the embedded bytes are 'static but may be unaligned).
-            let mut aligned = vec![0u64; image.len().div_ceil(8) + 1];
-            unsafe {
-                std::ptr::copy_nonoverlapping(
-                    image.as_ptr(),
-                    aligned.as_mut_ptr() as *mut u8,
-                    image.len(),
-                );
-            }
-            let mut m: Handle = std::ptr::null_mut();
-            api.check(
-                unsafe { load(&mut m, aligned.as_ptr() as *const c_void) },
-                &format!(
-                    "loading kernel module {module} on {name} (code objects built for {ARCHS}; \
-                     rebuild with QWASI_HIP_ARCHS set to this GPU's gfx target)"
-                ),
-            )?;
-            for kname in names.iter() {
-                let mut f: Handle = std::ptr::null_mut();
-                let cname = CString::new(*kname).unwrap();
-                api.check(
-                    unsafe { get(&mut f, m, cname.as_ptr()) },
-                    &format!("kernel {kname} in module {module}"),
-                )?;
-                funcs.insert(kname.to_string(), f);
-            }
-            kept.push(aligned);
-        }
         let mut stream: Handle = std::ptr::null_mut();
-        api.check(
-            unsafe { stream_create(&mut stream) },
-            "creating a HIP stream",
-        )?;
+        api.ck(unsafe { stream_create(&mut stream) })
+            .map_err(|e| fail("creating a HIP stream", e))?;
         let blas = Blas::load(stream);
-        let env_on = |k: &str| std::env::var_os(k).is_some_and(|v| v != "0");
-        Ok(Device {
-            api,
-            funcs,
-            stream,
-            blas,
+        let info = DeviceInfo {
             name,
             sm_count: sms.max(1) as u32,
             max_smem,
-            debug: env_on("QWASI_GPU_DEBUG"),
-            profile: env_on("QWASI_GPU_PROFILE").then(Default::default),
-            _images: kept,
+            pdl: false,
+            bulk_copies: false,
+            wgmma: false,
+            graphs: api.capture.is_some(),
+            blas_error: blas.as_ref().err().cloned(),
+        };
+        Ok((Hip { stream, blas, api }, info))
+    }
+
+    /// Makes GPU 0 current on this thread (HIP's current device is per thread).
+    fn bind(&self) -> RawResult<()> {
+        self.api.ck(unsafe { (self.api.set_device)(0) })
+    }
+
+    fn mem_info(&self) -> RawResult<(usize, usize)> {
+        let (mut free, mut total) = (0usize, 0usize);
+        self.api
+            .ck(unsafe { (self.api.mem_get_info)(&mut free, &mut total) })?;
+        Ok((free, total))
+    }
+
+    fn malloc(&self, bytes: usize) -> RawResult<u64> {
+        let mut p: *mut c_void = std::ptr::null_mut();
+        self.api.ck(unsafe { (self.api.malloc)(&mut p, bytes) })?;
+        Ok(p as u64)
+    }
+
+    unsafe fn free(&self, ptr: u64) {
+        let _ = unsafe { (self.api.free)(ptr as *mut c_void) };
+    }
+
+    fn host_malloc(&self, bytes: usize) -> RawResult<*mut u8> {
+        let mut p: *mut c_void = std::ptr::null_mut();
+        self.api
+            .ck(unsafe { (self.api.host_malloc)(&mut p, bytes, 0) })?;
+        Ok(p.cast())
+    }
+
+    unsafe fn host_free(&self, ptr: *mut c_void) {
+        let _ = unsafe { (self.api.host_free)(ptr) };
+    }
+
+    unsafe fn memset_zero(&self, ptr: u64, bytes: usize) -> RawResult<()> {
+        self.api
+            .ck(unsafe { (self.api.memset_async)(ptr as *mut c_void, 0, bytes, self.stream) })?;
+        self.api.ck(unsafe { (self.api.stream_sync)(self.stream) })
+    }
+
+    unsafe fn htod(&self, dst: u64, src: *const c_void, bytes: usize) -> RawResult<()> {
+        unsafe { self.copy(dst as *mut c_void, src, bytes, H2D) }
+    }
+
+    unsafe fn dtoh(&self, dst: *mut c_void, src: u64, bytes: usize) -> RawResult<()> {
+        unsafe { self.copy(dst, src as *const c_void, bytes, D2H) }
+    }
+
+    unsafe fn dtod(&self, dst: u64, src: u64, bytes: usize) -> RawResult<()> {
+        unsafe { self.copy(dst as *mut c_void, src as *const c_void, bytes, D2D) }
+    }
+
+    fn sync(&self) -> RawResult<()> {
+        self.api.ck(unsafe { (self.api.device_sync)() })
+    }
+
+    fn load_module(&self, image: &[u8]) -> RawResult<Handle> {
+        let mut m: Handle = std::ptr::null_mut();
+        self.api
+            .ck(unsafe { (self.api.module_load)(&mut m, image.as_ptr().cast()) })
+            .map_err(|e| {
+                RawError(format!(
+                    "{e} (code objects built for {ARCHS}; rebuild with QWASI_HIP_ARCHS set to this GPU's gfx target)"
+                ))
+            })?;
+        Ok(m)
+    }
+
+    fn function(&self, module: &Handle, name: &CStr) -> RawResult<Handle> {
+        let mut f: Handle = std::ptr::null_mut();
+        self.api
+            .ck(unsafe { (self.api.module_function)(&mut f, *module, name.as_ptr()) })?;
+        Ok(f)
+    }
+
+    /// No opt-in for large dynamic shared memory on AMD (CUDA's
+    /// `cuFuncSetAttribute` above 48 KB): any size up to the device limit launches.
+    fn allow_smem(&self, _f: Handle, _smem: u32) {}
+
+    fn occupancy(&self, f: Handle, block: u32, smem: u32) -> Option<u32> {
+        let occ = self.api.occupancy?;
+        let mut n = 0i32;
+        (unsafe { occ(&mut n, f, block as i32, smem as usize) } == 0).then_some(n.max(0) as u32)
+    }
+
+    unsafe fn launch(
+        &self,
+        f: Handle,
+        l: &Launch,
+        _pdl: bool,
+        args: &[*const c_void],
+    ) -> RawResult<()> {
+        let (g, b) = (l.grid, l.block);
+        self.api.ck(unsafe {
+            (self.api.launch)(
+                f,
+                g.0,
+                g.1,
+                g.2,
+                b.0,
+                b.1,
+                b.2,
+                l.smem,
+                self.stream,
+                // The runtime reads the parameters through `void**` and never writes them.
+                args.as_ptr() as *mut *mut c_void,
+                std::ptr::null_mut(),
+            )
         })
     }
 
-    /// Why hipBLAS GEMMs are unavailable, if they are.
-    pub fn blas_error(&self) -> Option<&str> {
-        self.blas.as_ref().err().map(String::as_str)
+    fn event_create(&self) -> RawResult<Handle> {
+        let mut e: Handle = std::ptr::null_mut();
+        self.api.ck(unsafe { (self.api.event_create)(&mut e) })?;
+        Ok(e)
     }
 
-    /// Bulk copies into shared memory (`cp.async.bulk`) are CUDA-only.
-    pub fn bulk_copies(&self) -> bool {
-        false
+    fn event_record(&self, e: Handle) {
+        unsafe { (self.api.event_record)(e, self.stream) };
     }
 
-    /// No warpgroup MMA on AMD GPUs.
-    pub fn wgmma(&self) -> bool {
-        false
+    fn event_elapsed(&self, start: Handle, end: Handle) -> f32 {
+        let mut ms = 0f32;
+        unsafe { (self.api.event_elapsed)(&mut ms, start, end) };
+        ms
     }
 
-    /// Whether this runtime has stream capture and graphs.
-    pub fn graphs_supported(&self) -> bool {
-        self.api.capture.is_some()
+    fn event_destroy(&self, e: Handle) {
+        unsafe { (self.api.event_destroy)(e) };
     }
 
-    /// Largest shared memory one block may use, in bytes (`usize::MAX` when unknown).
-    pub fn max_shared_per_block(&self) -> usize {
-        if self.max_smem == 0 {
-            usize::MAX
-        } else {
-            self.max_smem
-        }
-    }
-
-    fn capture_api(&self) -> Result<&CaptureApi> {
-        self.api
-            .capture
-            .as_ref()
-            .context("HIP graphs are not available (libamdhip64 lacks hipStreamBeginCapture or hipGraphInstantiate)")
-    }
-
-    /// Starts recording this thread's launches into a graph instead of running them.
-    pub fn begin_capture(&self) -> Result<()> {
+    fn begin_capture(&self) -> RawResult<()> {
         let c = self.capture_api()?;
-        self.api.check(
-            unsafe { (c.begin)(self.stream, CAPTURE_MODE_THREAD_LOCAL) },
-            "beginning graph capture",
-        )
+        self.api
+            .ck(unsafe { (c.begin)(self.stream, CAPTURE_MODE_THREAD_LOCAL) })
     }
 
-    /// Ends the capture begun by [`Device::begin_capture`] and instantiates it.
-    pub fn end_capture(&self) -> Result<Graph> {
+    fn end_capture(&self) -> RawResult<(Handle, Handle)> {
         let c = self.capture_api()?;
         let mut graph: Handle = std::ptr::null_mut();
-        self.api.check(
-            unsafe { (c.end)(self.stream, &mut graph) },
-            "ending graph capture",
-        )?;
+        self.api.ck(unsafe { (c.end)(self.stream, &mut graph) })?;
         let mut exec: Handle = std::ptr::null_mut();
         let r = unsafe {
             (c.instantiate)(
@@ -527,283 +544,46 @@ impl Device {
         };
         if r != 0 {
             unsafe { (c.graph_destroy)(graph) };
-            bail!("instantiating a HIP graph: {}", self.api.error(r));
+            return Err(RawError(format!(
+                "instantiating the graph: {}",
+                self.api.error(r)
+            )));
         }
-        Ok(Graph {
-            exec,
-            graph,
-            api: self.api.clone(),
-        })
+        Ok((exec, graph))
     }
 
-    pub fn launch_graph(&self, g: &Graph) -> Result<()> {
+    fn graph_launch(&self, g: &(Handle, Handle)) -> RawResult<()> {
         let c = self.capture_api()?;
-        self.api.check(
-            unsafe { (c.launch)(g.exec, self.stream) },
-            "launching a HIP graph",
-        )?;
-        if self.debug {
-            self.sync().context("HIP graph")?;
-        }
-        Ok(())
+        self.api.ck(unsafe { (c.launch)(g.0, self.stream) })
     }
 
-    /// Per-kernel GPU time since the last call, `(name, launches, ms)` by total
-    /// time, when `QWASI_GPU_PROFILE=1` (empty otherwise). Synchronises.
-    pub fn take_profile(&self) -> Vec<(&'static str, usize, f64)> {
-        let Some(p) = &self.profile else {
-            return Vec::new();
-        };
-        let _ = self.sync();
-        let mut agg: HashMap<&'static str, (usize, f64)> = HashMap::new();
-        for (name, a, b) in p.lock().unwrap().drain(..) {
-            let mut ms = 0f32;
+    fn graph_destroy(&self, g: &mut (Handle, Handle)) {
+        if let Some(c) = &self.api.capture {
             unsafe {
-                (self.api.event_elapsed)(&mut ms, a, b);
-                (self.api.event_destroy)(a);
-                (self.api.event_destroy)(b);
+                (c.exec_destroy)(g.0);
+                (c.graph_destroy)(g.1);
             }
-            let e = agg.entry(name).or_default();
-            e.0 += 1;
-            e.1 += ms as f64;
-        }
-        let mut v: Vec<_> = agg.into_iter().map(|(k, (n, t))| (k, n, t)).collect();
-        v.sort_by(|a, b| b.2.total_cmp(&a.2));
-        v
-    }
-
-    pub fn profiling(&self) -> bool {
-        self.profile.is_some()
-    }
-
-    /// Makes GPU 0 current on this thread (HIP's current device is per thread).
-    pub fn bind(&self) -> Result<()> {
-        self.api
-            .check(unsafe { (self.api.set_device)(0) }, "hipSetDevice(0)")
-    }
-
-    /// (free, total) device memory in bytes.
-    pub fn mem_info(&self) -> (usize, usize) {
-        let (mut free, mut total) = (0usize, 0usize);
-        if unsafe { (self.api.mem_get_info)(&mut free, &mut total) } == 0 {
-            (free, total)
-        } else {
-            (0, 0)
         }
     }
 
-    pub fn alloc(&self, bytes: usize) -> Result<DBuf> {
-        let mut p: *mut c_void = std::ptr::null_mut();
-        self.api.check(
-            unsafe { (self.api.malloc)(&mut p, bytes.max(16)) },
-            &format!("hipMalloc of {bytes} bytes failed"),
-        )?;
-        Ok(DBuf {
-            ptr: p as u64,
-            bytes,
-            api: self.api.clone(),
-        })
-    }
-
-    /// `bytes` at `src` copied into new page-locked host memory (filled by
-    /// the copy before anyone can read it).
-    pub fn download_pinned(&self, src: u64, bytes: usize) -> Result<HostBuf> {
-        let mut p: *mut c_void = std::ptr::null_mut();
-        self.api.check(
-            unsafe { (self.api.host_malloc)(&mut p, bytes.max(16), 0) },
-            &format!("hipHostMalloc of {bytes} bytes failed"),
-        )?;
-        let api = self.api.clone();
-        let b = HostBuf::new(p.cast(), bytes, move |p| unsafe {
-            let _ = (api.host_free)(p);
-        });
-        if bytes > 0 {
-            self.copy(p, src as *const c_void, bytes, D2H)?;
-        }
-        Ok(b)
-    }
-
-    pub fn alloc_zeroed(&self, bytes: usize) -> Result<DBuf> {
-        let b = self.alloc(bytes)?;
-        self.api.check(
-            unsafe { (self.api.memset_async)(b.ptr as *mut c_void, 0, bytes.max(16), self.stream) },
-            "hipMemsetAsync",
-        )?;
-        self.stream_sync("hipMemsetAsync")?;
-        Ok(b)
-    }
-
-    pub fn upload<T: Copy>(&self, data: &[T]) -> Result<DBuf> {
-        let b = self.alloc(std::mem::size_of_val(data))?;
-        self.htod(b.ptr, data)?;
-        Ok(b)
-    }
-
-    fn stream_sync(&self, what: &str) -> Result<()> {
-        self.api
-            .check(unsafe { (self.api.stream_sync)(self.stream) }, what)
-    }
-
-    /// A copy on the stream (after all earlier work), complete on return.
-    fn copy(&self, dst: *mut c_void, src: *const c_void, bytes: usize, kind: i32) -> Result<()> {
-        let what = match kind {
-            H2D => "copy to device",
-            D2H => "copy from device",
-            _ => "device copy",
-        };
-        self.api.check(
-            unsafe { (self.api.memcpy_async)(dst, src, bytes, kind, self.stream) },
-            what,
-        )?;
-        self.stream_sync(what)
-    }
-
-    pub fn htod<T: Copy>(&self, dst: u64, data: &[T]) -> Result<()> {
-        if data.is_empty() {
-            return Ok(());
-        }
-        self.copy(
-            dst as *mut c_void,
-            data.as_ptr() as *const c_void,
-            std::mem::size_of_val(data),
-            H2D,
-        )
-    }
-
-    pub fn dtoh<T: Copy>(&self, dst: &mut [T], src: u64) -> Result<()> {
-        if dst.is_empty() {
-            return Ok(());
-        }
-        self.copy(
-            dst.as_mut_ptr() as *mut c_void,
-            src as *const c_void,
-            std::mem::size_of_val(dst),
-            D2H,
-        )
-    }
-
-    pub fn dtod(&self, dst: u64, src: u64, bytes: usize) -> Result<()> {
-        if bytes == 0 {
-            return Ok(());
-        }
-        self.copy(dst as *mut c_void, src as *const c_void, bytes, D2D)
-    }
-
-    pub fn sync(&self) -> Result<()> {
-        self.api.check(
-            unsafe { (self.api.device_sync)() },
-            "HIP error (hipDeviceSynchronize)",
-        )
-    }
-
-    /// Resident blocks per multiprocessor of kernel `name` at this block size
-    /// and dynamic shared memory (at least 1).
-    pub fn occupancy(&self, name: &str, block: u32, smem: u32) -> u32 {
-        let (Some(&f), Some(occ)) = (self.funcs.get(name), self.api.occupancy) else {
-            return 1;
-        };
-        let mut n = 0i32;
-        if unsafe { occ(&mut n, f, block as i32, smem as usize) } == 0 {
-            n.max(1) as u32
-        } else {
-            1
-        }
-    }
-
-    /// [`Device::launch`]: HIP has no programmatic dependent launch (the
-    /// kernels' `QW_GRID_WAIT()` is a no-op there), so launches serialise.
-    pub fn launch_pdl(
-        &self,
-        name: &'static str,
-        grid: (u32, u32, u32),
-        block: (u32, u32, u32),
-        smem: u32,
-        args: &[Arg],
-    ) -> Result<()> {
-        self.launch(name, grid, block, smem, args)
-    }
-
-    pub fn launch(
-        &self,
-        name: &'static str,
-        grid: (u32, u32, u32),
-        block: (u32, u32, u32),
-        smem: u32,
-        args: &[Arg],
-    ) -> Result<()> {
-        let f = *self
-            .funcs
-            .get(name)
-            .with_context(|| format!("kernel {name} not found in the embedded code objects"))?;
-        if grid.0 == 0 || grid.1 == 0 || grid.2 == 0 {
-            return Ok(());
-        }
-        // No opt-in for large dynamic shared memory on AMD (CUDA's
-        // cuFuncSetAttribute above 48 KB): any size up to the device limit launches.
-        if smem as usize > self.max_shared_per_block() {
-            bail!(
-                "kernel {name} needs {smem} bytes of shared memory per block; {} allows {}",
-                self.name,
-                self.max_smem
-            );
-        }
-        let mut params: Vec<*mut c_void> = args.iter().map(Arg::addr).collect();
-        let events = self.profile.as_ref().map(|_| {
-            let mut ev: [Handle; 2] = [std::ptr::null_mut(); 2];
-            for e in &mut ev {
-                unsafe {
-                    (self.api.event_create)(e);
-                }
-            }
-            unsafe { (self.api.event_record)(ev[0], self.stream) };
-            ev
-        });
-        self.api.check(
-            unsafe {
-                (self.api.launch)(
-                    f,
-                    grid.0,
-                    grid.1,
-                    grid.2,
-                    block.0,
-                    block.1,
-                    block.2,
-                    smem,
-                    self.stream,
-                    params.as_mut_ptr(),
-                    std::ptr::null_mut(),
-                )
-            },
-            &format!("launching {name}"),
-        )?;
-        if let (Some(ev), Some(p)) = (events, &self.profile) {
-            unsafe { (self.api.event_record)(ev[1], self.stream) };
-            p.lock().unwrap().push((name, ev[0], ev[1]));
-        }
-        if self.debug {
-            self.sync().with_context(|| {
-                format!("kernel {name} grid {grid:?} block {block:?} smem {smem}")
-            })?;
-        }
-        Ok(())
-    }
-
-    /// `Y[T, R] = X[T, C] . W[R, C]^T` with bf16 X and W (row-major), f32 Y, f32
-    /// compute: the same column-major hipBLAS call as the CUDA layer's cuBLAS one.
-    #[allow(clippy::too_many_arguments)]
-    pub fn gemm_bf16(
+    /// The same column-major call as the CUDA layer's cuBLAS one.
+    unsafe fn gemm_bf16(
         &self,
         x_bf16: u64,
         w: u64,
         y: u64,
-        t: usize,
-        r: usize,
-        c: usize,
+        t: i32,
+        r: i32,
+        c: i32,
         accumulate: bool,
-    ) -> Result<()> {
+    ) -> RawResult<()> {
         let blas = match &self.blas {
             Ok(b) => b,
-            Err(e) => bail!("hipBLAS is not available: {e} (QWASI_GEMM=tiled avoids it)"),
+            Err(e) => {
+                return Err(RawError(format!(
+                    "hipBLAS is not available: {e} (QWASI_GEMM=tiled avoids it)"
+                )));
+            }
         };
         let alpha = 1.0f32;
         let beta = if accumulate { 1.0f32 } else { 0.0 };
@@ -812,32 +592,32 @@ impl Device {
                 blas.handle,
                 HIPBLAS_OP_T,
                 HIPBLAS_OP_N,
-                r as i32,
-                t as i32,
-                c as i32,
+                r,
+                t,
+                c,
                 &alpha as *const f32 as *const c_void,
                 w as *const c_void,
                 HIP_R_16BF,
-                c as i32,
+                c,
                 x_bf16 as *const c_void,
                 HIP_R_16BF,
-                c as i32,
+                c,
                 &beta as *const f32 as *const c_void,
                 y as *mut c_void,
                 HIP_R_32F,
-                r as i32,
+                r,
                 HIPBLAS_COMPUTE_32F,
                 HIPBLAS_GEMM_DEFAULT,
             )
         };
         if st != 0 {
-            bail!("hipblasGemmEx {t}x{r}x{c}: hipblasStatus {st}");
+            return Err(RawError(format!("hipblasStatus {st}")));
         }
         Ok(())
     }
 }
 
-impl Drop for Device {
+impl Drop for Hip {
     fn drop(&mut self) {
         unsafe {
             if let Ok(b) = &self.blas {

@@ -1,8 +1,9 @@
 //! Correctness checks of the GPU backend: every reference fixture (transformers'
 //! greedy tokens and logprobs, and the CPU reference on the same weights), and a
-//! self-consistency smoke test at any geometry with synthetic weights.
+//! self-consistency smoke test at any geometry with synthetic weights. Each
+//! check returns its results; `qwasi verify` prints them.
 
-use super::model::{GpuModel, GpuSequence};
+use super::model::{AttnAgreement, GemmPath, GpuModel, GpuSequence};
 use crate::backend::Backend;
 use crate::cpu::CpuModel;
 use crate::generate::{GenerateRequest, generate};
@@ -445,149 +446,49 @@ pub fn smoke(
     })
 }
 
-/// What `qwasi verify` asks for.
-#[derive(Clone, Debug)]
-pub struct VerifyOptions {
-    /// Fixture directories to check (empty: none).
-    pub fixtures: Vec<PathBuf>,
-    /// Synthetic smoke test: preset name and optional depth.
-    pub synthetic: Option<String>,
-    pub layers: Option<usize>,
-    pub prompt_len: usize,
-    pub gen_tokens: usize,
-    pub json: Option<PathBuf>,
-}
+/// Seed of the synthetic weights `verify --synthetic` checks.
+pub const SYNTHETIC_SEED: u64 = 0x5157_4153_4931;
 
-/// Runs the checks, printing one line per case; returns whether all passed.
-pub fn run_cli(o: &VerifyOptions) -> Result<bool> {
-    let tol = Tolerances::default();
-    let mut all_pass = true;
-    let mut cases = Vec::new();
-    if !o.fixtures.is_empty() {
-        println!(
-            "{:<12} {:<7} {:>5} {:>9} {:>10} {:>10} {:>10} {:>10} {:>8}  verdict",
-            "fixture",
-            "case",
-            "len",
-            "top1",
-            "|dlp| hf",
-            "|dlp| cpu",
-            "KL first",
-            "KL max",
-            "greedy"
-        );
-        for dir in &o.fixtures {
-            for r in verify_fixture(dir, &tol)? {
-                println!(
-                    "{:<12} {:<7} {:>5} {:>4}/{:<4} {:>10.2e} {:>10.2e} {:>10.2e} {:>10.2e} {:>4}/{:<3}  {}",
-                    r.fixture,
-                    r.case,
-                    r.prompt_len,
-                    r.decisive_agree,
-                    r.decisive_steps,
-                    r.first_max_dlogprob_hf,
-                    r.first_max_dlogprob_cpu,
-                    r.first_kl_cpu_gpu,
-                    r.max_kl_cpu_gpu,
-                    r.greedy_same_prefix,
-                    r.greedy_len,
-                    if r.pass { "PASS" } else { "FAIL" }
-                );
-                all_pass &= r.pass;
-                cases.push(r);
-            }
-        }
-        println!(
-            "(top1: teacher-forced argmax agreement on steps with reference margin > {}; |dlp|: max first-token \
-             logprob difference vs transformers top-8 / vs CPU full vocab; KL(cpu||gpu) first step and max over \
-             teacher-forced steps; greedy: free-running tokens identical to transformers)",
-            tol.margin
-        );
+/// The synthetic-weights model of `preset` (its first `layers` layers when
+/// given), and the seconds it took to load.
+pub fn synthetic_model(preset: &str, layers: Option<usize>) -> Result<(GpuModel, f64)> {
+    let mut cfg = crate::presets::by_name(preset)?;
+    if let Some(n) = layers {
+        cfg = crate::presets::with_layers(cfg, n)?;
     }
-    let mut smoke_report = None;
-    let mut attention = None;
-    if let Some(p) = &o.synthetic {
-        let mut cfg = crate::presets::by_name(p)?;
-        if let Some(n) = o.layers {
-            cfg = crate::presets::with_layers(cfg, n)?;
-        }
-        let t0 = Instant::now();
-        let model = GpuModel::synthetic(cfg, 0x5157_4153_4931)?;
-        let load_s = t0.elapsed().as_secs_f64();
-        let r = smoke(&model, p, load_s, o.prompt_len, o.gen_tokens)?;
-        println!(
-            "synthetic {p} ({} layers): load {:.1} s, prefill {} tokens {:.3} s, finite {}, \
-             KL(prefill || prefill[..-1]+decode) {:.2e}, top1 agree {}, decode {:.1} tok/s \
-             (correctness build: no graphs, full logits copied per token), snapshot/restore max diff {:?}, \
-             from the host copy {:?}, promoted back {:?}, in the adopted KV slab {:?} (adopted {:?}), top-64 readout equal {} (lse diff {:.1e}), last logits equal {}, weighted readout equal {}, tokens {:?}  {}",
-            r.layers,
-            r.load_s,
-            r.prompt_len,
-            r.prefill_s,
-            r.finite,
-            r.kl_prefill_vs_decode,
-            r.top1_prefill_vs_decode_agree,
-            r.decode_tokens_per_s,
-            r.snapshot_restore_max_diff,
-            r.host_restore_max_diff,
-            r.promoted_restore_max_diff,
-            r.adopted_restore_max_diff,
-            r.adopted_kv,
-            r.top_readout_equal,
-            r.top_readout_max_lse_diff,
-            r.last_logits_equal,
-            r.weighted_readout_equal,
-            r.generated,
-            if r.pass { "PASS" } else { "FAIL" }
-        );
-        all_pass &= r.pass;
-        smoke_report = Some(r);
-        let (ok, rows) = attention_check(&model)?;
-        all_pass &= ok;
-        attention = Some(rows);
-    }
-    if let Some(path) = &o.json {
-        let v = serde_json::json!({
-            "cases": cases,
-            "smoke": smoke_report,
-            "attention_kernels": attention,
-            "pass": all_pass
-        });
-        std::fs::write(path, serde_json::to_string_pretty(&v)?)?;
-    }
-    println!("verify: {}", if all_pass { "PASS" } else { "FAIL" });
-    Ok(all_pass)
+    let t0 = Instant::now();
+    let model = GpuModel::synthetic(cfg, SYNTHETIC_SEED)?;
+    Ok((model, t0.elapsed().as_secs_f64()))
 }
 
 /// Largest |difference| a tensor-core prompt attention kernel may show from
 /// the CUDA-core one: split precision is off by ~1e-5 on outputs of magnitude
 /// up to 1 here; a dropped lo term by ~1e-3, a wrong mask or fragment by 1e-2
 /// or more.
-const ATTN_TOL: f32 = 5e-4;
+pub const ATTN_TOL: f32 = 5e-4;
+
+/// One shape of [`attention_check`].
+#[derive(Clone, Debug)]
+pub struct AttnCheck {
+    pub agreement: AttnAgreement,
+    /// Every kernel that ran is within [`ATTN_TOL`].
+    pub pass: bool,
+}
 
 /// The tensor-core prompt attention kernels of this build against the
 /// CUDA-core one on the model's geometry (`GpuModel::attention_agreement`):
 /// a prompt from position 0, one after an odd-length prefix, and 1,024 new
-/// tokens after 8,192 cached (the prefix cache's case). Prints one line per
-/// shape; passes when every kernel that ran is within `ATTN_TOL`.
-fn attention_check(model: &GpuModel) -> Result<(bool, Vec<crate::gpu::model::AttnAgreement>)> {
+/// tokens after 8,192 cached (the prefix cache's case).
+pub fn attention_check(model: &GpuModel) -> Result<Vec<AttnCheck>> {
     let rows = model.attention_agreement(&[(300, 0), (257, 1000), (1024, 8192)])?;
     let within = |d: Option<f32>| d.is_none_or(|d| d <= ATTN_TOL);
-    let mut ok = true;
-    for r in &rows {
-        let pass = within(r.warpgroup_max_diff) && within(r.mma_max_diff);
-        ok &= pass;
-        println!(
-            "prompt attention, {} queries after {} cached: max |diff| from the CUDA-core kernel: \
-             warpgroup MMA {:?}, mma.sync {:?} (tolerance {ATTN_TOL:e})  {}",
-            r.queries,
-            r.cached,
-            r.warpgroup_max_diff,
-            r.mma_max_diff,
-            if pass { "PASS" } else { "FAIL" }
-        );
-    }
-    Ok((ok, rows))
+    Ok(rows
+        .into_iter()
+        .map(|r| AttnCheck {
+            pass: within(r.warpgroup_max_diff) && within(r.mma_max_diff),
+            agreement: r,
+        })
+        .collect())
 }
 
 #[derive(Deserialize)]
@@ -624,25 +525,48 @@ pub struct CompareReport {
     pub pass: bool,
 }
 
-/// Compares the GPU backend with a transformers float32 reference written by
-/// `scripts/device/compare_transformers.py` into `dir` (model/ + ref.json + logits_<len>.f32).
-pub fn compare_transformers(dir: &Path, json: Option<&Path>) -> Result<bool> {
-    let r: RefFile = serde_json::from_str(&std::fs::read_to_string(dir.join("ref.json"))?)?;
-    let t0 = Instant::now();
-    let m = LoadedModel::from_dir(&dir.join("model"))?;
-    let gpu = GpuModel::new(m.config, &m.weights)?;
-    drop(m.weights);
-    println!(
-        "[compare] {}-layer model loaded in {:.1} s (prefill GEMMs {:?}, KV cache {})",
-        r.layers,
-        t0.elapsed().as_secs_f64(),
-        gpu.gemm,
-        if gpu.kv_f32 { "f32" } else { "bf16" }
-    );
-    let mut reports = Vec::new();
-    let mut all = true;
-    for c in &r.cases {
-        let bytes = std::fs::read(dir.join(format!("logits_{}.f32", c.len)))?;
+/// A transformers float32 reference written by
+/// `scripts/device/compare_transformers.py` into a directory (model/ +
+/// ref.json + logits_<len>.f32), with the GPU model of its weights.
+pub struct Comparison {
+    /// Decoder layers of the reference model.
+    pub layers: usize,
+    /// Seconds to load the weights onto the GPU.
+    pub load_s: f64,
+    /// The model's prefill GEMMs and KV cache precision.
+    pub gemm: GemmPath,
+    pub kv_f32: bool,
+    gpu: GpuModel,
+    dir: PathBuf,
+    cases: Vec<RefCase>,
+}
+
+impl Comparison {
+    pub fn load(dir: &Path) -> Result<Self> {
+        let r: RefFile = serde_json::from_str(&std::fs::read_to_string(dir.join("ref.json"))?)?;
+        let t0 = Instant::now();
+        let m = LoadedModel::from_dir(&dir.join("model"))?;
+        let gpu = GpuModel::new(m.config, &m.weights)?;
+        drop(m.weights);
+        Ok(Comparison {
+            layers: r.layers,
+            load_s: t0.elapsed().as_secs_f64(),
+            gemm: gpu.gemm,
+            kv_f32: gpu.kv_f32,
+            gpu,
+            dir: dir.to_path_buf(),
+            cases: r.cases,
+        })
+    }
+
+    /// Each reference case compared with the GPU backend, in turn.
+    pub fn reports(&self) -> impl Iterator<Item = Result<CompareReport>> + '_ {
+        self.cases.iter().map(|c| self.compare(c))
+    }
+
+    fn compare(&self, c: &RefCase) -> Result<CompareReport> {
+        let gpu = &self.gpu;
+        let bytes = std::fs::read(self.dir.join(format!("logits_{}.f32", c.len)))?;
         let reference: Vec<f32> = bytes
             .chunks_exact(4)
             .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
@@ -678,10 +602,8 @@ pub fn compare_transformers(dir: &Path, json: Option<&Path>) -> Result<bool> {
                 g = gpu.forward(&mut seq, &[tok])?;
             }
         }
-        let pass = k <= 1e-2 && top1 && agree == steps;
-        all &= pass;
-        let rep = CompareReport {
-            layers: r.layers,
+        Ok(CompareReport {
+            layers: self.layers,
             prompt_len: c.len,
             kl_ref_gpu: k,
             top1_agree: top1,
@@ -692,30 +614,7 @@ pub fn compare_transformers(dir: &Path, json: Option<&Path>) -> Result<bool> {
             greedy_len: c.generated.len(),
             greedy_diverged_margin: div_margin,
             prefill_s,
-            pass,
-        };
-        println!(
-            "[compare] len {:>6}: KL(hf||gpu) {:.2e}, top1 {}, max|dlogprob| top8 {:.2e}, teacher-forced top1 {}/{} \
-             (margin > 0.1), greedy identical {}/{} (hf margin at first difference {:?})  {}",
-            c.len,
-            k,
-            top1,
-            max_d,
-            agree,
-            steps,
-            prefix,
-            c.generated.len(),
-            div_margin,
-            if pass { "PASS" } else { "FAIL" }
-        );
-        reports.push(rep);
+            pass: k <= 1e-2 && top1 && agree == steps,
+        })
     }
-    if let Some(p) = json {
-        std::fs::write(
-            p,
-            serde_json::to_string_pretty(&serde_json::json!({"compare": reports, "pass": all}))?,
-        )?;
-    }
-    println!("compare: {}", if all { "PASS" } else { "FAIL" });
-    Ok(all)
 }

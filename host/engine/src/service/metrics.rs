@@ -16,33 +16,52 @@ const DURATION_BUCKETS: &[f64] = &[
     0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0,
 ];
 
+/// Buckets for sequences per engine step.
+const BATCH_BUCKETS: &[f64] = &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0];
+
+/// Buckets for prompt tokens per engine step.
+const PREFILL_BUCKETS: &[f64] = &[
+    0.0, 1.0, 16.0, 64.0, 256.0, 1024.0, 2048.0, 4096.0, 8192.0, 32768.0, 131072.0,
+];
+
 /// A cumulative histogram over fixed buckets.
 struct Histogram {
     bounds: &'static [f64],
     /// One per bound, then +Inf; non-cumulative (summed when rendered).
     counts: Vec<AtomicU64>,
-    sum_ns: AtomicU64,
+    /// The sum of the observations in `unit`s (ns for durations, 1 for counts).
+    sum: AtomicU64,
+    unit: f64,
 }
 
 impl Histogram {
     fn new(bounds: &'static [f64]) -> Self {
+        Self::with_unit(bounds, 1e-9)
+    }
+
+    fn with_unit(bounds: &'static [f64], unit: f64) -> Self {
         Histogram {
             bounds,
             counts: (0..=bounds.len()).map(|_| AtomicU64::new(0)).collect(),
-            sum_ns: AtomicU64::new(0),
+            sum: AtomicU64::new(0),
+            unit,
         }
     }
 
     fn observe(&self, d: Duration) {
-        let s = d.as_secs_f64();
+        self.observe_units(d.as_nanos().min(u64::MAX as u128) as u64);
+    }
+
+    /// An observation of `units` (the value is `units * unit`).
+    fn observe_units(&self, units: u64) {
+        let v = units as f64 * self.unit;
         let i = self
             .bounds
             .iter()
-            .position(|&b| s <= b)
+            .position(|&b| v <= b)
             .unwrap_or(self.bounds.len());
         self.counts[i].fetch_add(1, Relaxed);
-        self.sum_ns
-            .fetch_add(d.as_nanos().min(u64::MAX as u128) as u64, Relaxed);
+        self.sum.fetch_add(units, Relaxed);
     }
 
     fn render(&self, out: &mut String, name: &str, help: &str) {
@@ -59,7 +78,7 @@ impl Histogram {
                 }
             }
         }
-        let sum = self.sum_ns.load(Relaxed) as f64 / 1e9;
+        let sum = self.sum.load(Relaxed) as f64 * self.unit;
         let _ = writeln!(out, "{name}_sum {sum}\n{name}_count {cum}");
     }
 }
@@ -129,6 +148,15 @@ pub(super) struct Metrics {
     /// Exponential moving average of how long the worker spends on one
     /// request, in microseconds (0 = no data yet); drives Retry-After.
     avg_service_us: AtomicU64,
+    /// The scheduler after its last step: sequences running and preempted,
+    /// the bytes the running ones hold and the capacity (0 = not limited).
+    seqs_running: AtomicU64,
+    seqs_preempted: AtomicU64,
+    kv_used_bytes: AtomicU64,
+    kv_capacity_bytes: AtomicU64,
+    preemptions: AtomicU64,
+    batch_size: Histogram,
+    step_prefill_tokens: Histogram,
 }
 
 impl Metrics {
@@ -155,7 +183,41 @@ impl Metrics {
             duration: Histogram::new(DURATION_BUCKETS),
             phase_ns: Default::default(),
             avg_service_us: AtomicU64::new(0),
+            seqs_running: AtomicU64::new(0),
+            seqs_preempted: AtomicU64::new(0),
+            kv_used_bytes: AtomicU64::new(0),
+            kv_capacity_bytes: AtomicU64::new(0),
+            preemptions: AtomicU64::new(0),
+            batch_size: Histogram::with_unit(BATCH_BUCKETS, 1.0),
+            step_prefill_tokens: Histogram::with_unit(PREFILL_BUCKETS, 1.0),
         }
+    }
+
+    /// The scheduler's state after a step.
+    pub fn set_scheduler(
+        &self,
+        running: usize,
+        preempted: usize,
+        kv_used: usize,
+        kv_capacity: Option<usize>,
+    ) {
+        self.seqs_running.store(running as u64, Relaxed);
+        self.seqs_preempted.store(preempted as u64, Relaxed);
+        self.kv_used_bytes.store(kv_used as u64, Relaxed);
+        self.kv_capacity_bytes
+            .store(kv_capacity.unwrap_or(0) as u64, Relaxed);
+    }
+
+    /// One engine step: the sequences it ran and its prompt tokens (prompt
+    /// chunks and recomputes after preemption; not decode tokens).
+    pub fn record_step(&self, sequences: usize, prefill_tokens: usize) {
+        self.batch_size.observe_units(sequences as u64);
+        self.step_prefill_tokens
+            .observe_units(prefill_tokens as u64);
+    }
+
+    pub fn record_preemption(&self) {
+        self.preemptions.fetch_add(1, Relaxed);
     }
 
     pub fn record_http(&self, status: u16) {
@@ -291,8 +353,66 @@ impl Metrics {
         gauge(
             o,
             "qwasi_requests_running",
-            "Requests the device worker is running.",
+            "Requests started and not ended (running or preempted).",
             running as u64,
+        );
+        let preempted = self.seqs_preempted.load(Relaxed);
+        gauge(
+            o,
+            "qwasi_sequences_running",
+            "Sequences in the running batch (holding device state).",
+            self.seqs_running.load(Relaxed),
+        );
+        gauge(
+            o,
+            "qwasi_sequences_waiting",
+            "Requests not running: queued, or preempted and waiting to resume.",
+            queue_depth as u64 + preempted,
+        );
+        gauge(
+            o,
+            "qwasi_sequences_preempted",
+            "Preempted requests waiting to resume (part of qwasi_sequences_waiting).",
+            preempted,
+        );
+        let (used, cap) = (
+            self.kv_used_bytes.load(Relaxed),
+            self.kv_capacity_bytes.load(Relaxed),
+        );
+        gauge(
+            o,
+            "qwasi_kv_cache_used_bytes",
+            "Bytes of sequence state (KV and recurrent states) the running sequences hold.",
+            used,
+        );
+        gauge(
+            o,
+            "qwasi_kv_cache_capacity_bytes",
+            "The scheduler's memory budget for running sequences (0 = not limited).",
+            cap,
+        );
+        let usage = if cap > 0 {
+            used as f64 / cap as f64
+        } else {
+            0.0
+        };
+        let _ = writeln!(
+            o,
+            "# HELP qwasi_kv_cache_usage Fraction of the memory budget the running sequences hold (0 when not limited).\n\
+             # TYPE qwasi_kv_cache_usage gauge\nqwasi_kv_cache_usage {usage}"
+        );
+        counter(
+            o,
+            "qwasi_preemptions_total",
+            "Running requests preempted for memory (recomputed when they resume).",
+            &self.preemptions,
+        );
+        self.batch_size
+            .render(o, "qwasi_batch_size", "Sequences per engine step.");
+        self.step_prefill_tokens.render(
+            o,
+            "qwasi_step_prefill_tokens",
+            "Prompt tokens per engine step (prompt chunks and recomputes; decode tokens not counted).",
         );
 
         let _ = writeln!(

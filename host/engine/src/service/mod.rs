@@ -17,10 +17,11 @@
 //! * A panic inside the backend fails that one request ([`Event::Failed`]);
 //!   the worker keeps serving.
 //!
-//! Batch size is 1 today. The queue tracks "slots" rather than a single
-//! running flag and the worker drives each request through
-//! `worker::Running::{start, step}`, so continuous batching can hold several
-//! `Running`s and step them together without changing this API.
+//! The worker runs the [`scheduler`]: up to `max_num_seqs` requests at
+//! once, every engine step one batched [`Backend::step`] over all of them
+//! (decode tokens and prompt chunks under `max_num_batched_tokens`),
+//! admission and preemption by the backend's memory (docs/SCHEDULER.md).
+//! The queue holds the requests not yet started.
 //!
 //! The engine owns no async runtime: the worker is a std thread and the
 //! async side uses tokio's runtime-agnostic `sync` primitives plus
@@ -29,6 +30,8 @@
 mod handle;
 mod metrics;
 mod queue;
+mod scheduler;
+mod sequence;
 mod worker;
 
 pub use handle::GenerationHandle;
@@ -49,7 +52,7 @@ use std::time::Duration;
 /// Operator settings for the service.
 #[derive(Clone, Debug)]
 pub struct ServiceConfig {
-    /// Requests that may wait (not counting the running one); beyond it
+    /// Requests that may wait (not counting the running ones); beyond it
     /// submits fail with [`SubmitError::QueueFull`].
     pub max_queue: usize,
     /// A request that waited longer than this fails with
@@ -73,7 +76,19 @@ pub struct ServiceConfig {
     /// prompt ends, guest marks and generation ends). See docs/PREFIX_CACHE.md
     /// for how the default was chosen.
     pub snapshot_interval: usize,
+    /// Requests running at once (each engine step decodes all of them);
+    /// 0 = the backend's default ([`Backend::default_max_num_seqs`]).
+    pub max_num_seqs: usize,
+    /// Tokens one engine step may run over all its sequences: every decode
+    /// token, then prompt chunks up to it (at least `max_num_seqs`); 0 =
+    /// [`DEFAULT_MAX_NUM_BATCHED_TOKENS`].
+    pub max_num_batched_tokens: usize,
 }
+
+/// Default [`ServiceConfig::max_num_batched_tokens`]: a prompt chunk of
+/// this size keeps the running streams' inter-token latency within a few
+/// decode steps while long prompts still run in large passes.
+pub const DEFAULT_MAX_NUM_BATCHED_TOKENS: usize = 2048;
 
 /// Default [`ServiceConfig::snapshot_interval`], chosen by measurement on
 /// the demo model (docs/PREFIX_CACHE.md).
@@ -90,6 +105,8 @@ impl Default for ServiceConfig {
             prefix_cache_bytes: 0,
             prefix_cache_host_bytes: 0,
             snapshot_interval: DEFAULT_SNAPSHOT_INTERVAL,
+            max_num_seqs: 0,
+            max_num_batched_tokens: 0,
         }
     }
 }
@@ -230,7 +247,7 @@ pub struct Usage {
 pub struct QueueStats {
     /// Requests waiting to start.
     pub queued: usize,
-    /// Requests running now (0 or 1 at batch size 1).
+    /// Requests started and not ended (running, or preempted to resume).
     pub running: usize,
     /// `max_queue`.
     pub capacity: usize,
@@ -262,6 +279,10 @@ struct Inner {
     tokenizer: Option<Tokenizer>,
     /// `min(cfg.max_model_len, model context)`.
     context_limit: usize,
+    /// The longest context one sequence may reach within the backend's
+    /// memory ([`Backend::kv_capacity`]); `usize::MAX` when not limited.
+    memory_limit: usize,
+    limits: scheduler::Limits,
 }
 
 impl Drop for Inner {
@@ -285,7 +306,22 @@ impl EngineService {
         } else {
             cfg.max_model_len.min(model_ctx)
         };
-        let queue = Arc::new(Queue::new(1));
+        let max_num_seqs = match cfg.max_num_seqs {
+            0 => backend.default_max_num_seqs(),
+            n => n,
+        }
+        .max(1);
+        let limits = scheduler::Limits {
+            max_num_seqs,
+            max_num_batched_tokens: match cfg.max_num_batched_tokens {
+                0 => DEFAULT_MAX_NUM_BATCHED_TOKENS,
+                n => n,
+            }
+            .max(max_num_seqs),
+            kv_capacity: backend.kv_capacity(),
+        };
+        let memory_limit = memory_limit(&backend, context_limit);
+        let queue = Arc::new(Queue::new(max_num_seqs));
         let metrics = Arc::new(Metrics::new());
         let cache = (cfg.prefix_cache_bytes > 0).then(|| {
             Arc::new(PrefixCache::with_host_tier(
@@ -301,6 +337,7 @@ impl EngineService {
             metrics.clone(),
             cache.clone(),
             cfg.snapshot_interval,
+            limits,
         );
         EngineService {
             inner: Arc::new(Inner {
@@ -312,8 +349,20 @@ impl EngineService {
                 cfg,
                 tokenizer,
                 context_limit,
+                memory_limit,
+                limits,
             }),
         }
+    }
+
+    /// Requests that run at once (`max_num_seqs`, resolved).
+    pub fn max_num_seqs(&self) -> usize {
+        self.inner.limits.max_num_seqs
+    }
+
+    /// Tokens per engine step (`max_num_batched_tokens`, resolved).
+    pub fn max_num_batched_tokens(&self) -> usize {
+        self.inner.limits.max_num_batched_tokens
     }
 
     pub fn model_id(&self) -> &str {
@@ -382,6 +431,16 @@ impl EngineService {
                  reduce the prompt or max_tokens",
                 req.prompt.len(),
                 req.max_tokens
+            )));
+        }
+        if total > self.inner.memory_limit {
+            return Err(SubmitError::ContextLengthExceeded(format!(
+                "{total} tokens were requested ({} in the prompt, {} for the completion) \
+                 but one sequence fits at most {} tokens in this server's KV memory; \
+                 reduce the prompt or max_tokens",
+                req.prompt.len(),
+                req.max_tokens,
+                self.inner.memory_limit
             )));
         }
         Ok(())
@@ -495,6 +554,25 @@ impl EngineService {
     pub fn record_http(&self, status: u16) {
         self.inner.metrics.record_http(status);
     }
+}
+
+/// The longest context (up to `limit`) whose [`Backend::sequence_bytes`]
+/// fit the backend's [`Backend::kv_capacity`]: `usize::MAX` without one.
+fn memory_limit<B: Backend>(backend: &B, limit: usize) -> usize {
+    let Some(cap) = backend.kv_capacity() else {
+        return usize::MAX;
+    };
+    // sequence_bytes grows with the tokens: the last n that fits.
+    let (mut lo, mut hi) = (0, limit);
+    while lo < hi {
+        let mid = lo + (hi - lo).div_ceil(2);
+        if backend.sequence_bytes(mid) <= cap {
+            lo = mid;
+        } else {
+            hi = mid - 1;
+        }
+    }
+    lo
 }
 
 /// Takes a not-yet-started request out of the queue when `submit` is dropped.

@@ -74,6 +74,10 @@ impl Job {
         true
     }
 
+    fn is_abandoned(&self) -> bool {
+        self.state.load(Ordering::Acquire) == ABANDONED
+    }
+
     /// The submitter gives up; false if the worker already started it.
     pub fn abandon(&self) -> bool {
         self.state
@@ -110,7 +114,7 @@ pub(super) struct Queue {
     work: Condvar,
     /// Wakes `drained()` waiters when the queue may have become idle.
     idle: Notify,
-    /// Requests the worker runs at once (1 until continuous batching).
+    /// Requests started and not ended (running or preempted): `max_num_seqs`.
     slots: usize,
     /// Lock-free mirrors for metrics.
     depth: AtomicUsize,
@@ -174,26 +178,49 @@ impl Queue {
         self.notify_if_idle(&s);
     }
 
-    /// Worker side: blocks until a job can start on a free slot and marks it
-    /// started (waking its submitter); `None` once closed and empty.
-    pub fn next(&self) -> Option<Arc<Job>> {
+    /// Worker side, when it has nothing running: blocks until a job waits
+    /// (true) or the queue is closed and empty (false).
+    pub fn wait_for_work(&self) -> bool {
         let mut s = lock(&self.state);
         loop {
-            if s.running < self.slots {
-                while let Some(job) = s.waiting.pop_front() {
-                    if job.try_start() {
-                        s.running += 1;
-                        self.mirror(&s);
-                        return Some(job);
-                    }
-                }
-                self.mirror(&s);
+            s.waiting.retain(|j| !j.is_abandoned());
+            self.mirror(&s);
+            if !s.waiting.is_empty() {
+                return true;
             }
-            if s.closed && s.waiting.is_empty() {
-                return None;
+            if s.closed {
+                return false;
             }
             s = self.work.wait(s).unwrap_or_else(|e| e.into_inner());
         }
+    }
+
+    /// Worker side, never blocking: starts the first waiting job (FIFO) if a
+    /// slot is free and `fits` accepts it, marking it started (waking its
+    /// submitter). `None` when nothing waits, no slot is free or the first
+    /// job does not fit (it keeps its place).
+    pub fn admit(&self, fits: impl Fn(&Job) -> bool) -> Option<Arc<Job>> {
+        let mut s = lock(&self.state);
+        if s.running >= self.slots {
+            return None;
+        }
+        while let Some(job) = s.waiting.front() {
+            if job.is_abandoned() {
+                s.waiting.pop_front();
+                continue;
+            }
+            if !fits(job) {
+                break;
+            }
+            let job = s.waiting.pop_front().expect("a front job");
+            if job.try_start() {
+                s.running += 1;
+                self.mirror(&s);
+                return Some(job);
+            }
+        }
+        self.mirror(&s);
+        None
     }
 
     /// Worker side: a started job ended (any way); `publish` (pushing its

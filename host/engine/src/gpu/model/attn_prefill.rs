@@ -22,10 +22,22 @@
 //! `attn_flash_*` kernel.
 
 #[cfg(feature = "cuda")]
-use super::{B, DBuf, fill_uniform};
-use super::{F, FA_BK, FA_BQ};
-use super::{GpuModel, Scratch};
+use super::weights::fill_uniform;
+#[cfg(feature = "cuda")]
+use super::{B, DBuf};
+use super::{F, GpuModel, Scratch};
 use anyhow::Result;
+
+/// Query and key tile of `attn_flash_*` (kernels/attention.cu, CUDA build).
+#[cfg(feature = "cuda")]
+const FA_BQ: usize = 64;
+#[cfg(feature = "cuda")]
+const FA_BK: usize = 32;
+/// Query and key tile of `attn_flash_*` in the HIP build (64 KB of LDS on RDNA).
+#[cfg(all(feature = "hip", not(feature = "cuda")))]
+const FA_BQ: usize = 32;
+#[cfg(all(feature = "hip", not(feature = "cuda")))]
+const FA_BK: usize = 16;
 
 /// One shape of [`GpuModel::attention_agreement`]: the largest |difference|
 /// of each tensor-core kernel's outputs from the CUDA-core kernel's.
@@ -39,6 +51,11 @@ pub struct AttnAgreement {
 
 #[cfg(feature = "cuda")]
 mod tc {
+    use crate::gpu::kernels::{Typed, sig, typed};
+
+    /// A warpgroup prompt-attention kernel (`attn_flash_wg_*`).
+    pub type WgKernel = Typed<sig::attn_flash_wg_f32_d256>;
+
     /// Keys per tile (`TC_BK`), smem row padding in bf16 (`TC_PAD`); a block of
     /// `warps` warps takes `16 * warps` (query, q head) rows.
     pub const BK: usize = 32;
@@ -78,12 +95,12 @@ mod tc {
     /// bf16 cache, and its dynamic shared memory: Q hi / lo `[128][hd]`, the
     /// 32 keys' rows `[32][hd]` and two tiles of values transposed `[hd][32]`,
     /// both hi and lo for an f32 cache, all bf16.
-    pub fn wg_kernel(hd: usize, kv_f32: bool) -> Option<(&'static str, usize)> {
+    pub fn wg_kernel(hd: usize, kv_f32: bool) -> Option<(WgKernel, usize)> {
         let name = match (hd, kv_f32) {
-            (256, true) => "attn_flash_wg_f32_d256",
-            (32, true) => "attn_flash_wg_f32_d32",
-            (256, false) => "attn_flash_wg_bf16_d256",
-            (32, false) => "attn_flash_wg_bf16_d32",
+            (256, true) => typed::attn_flash_wg_f32_d256,
+            (32, true) => typed::attn_flash_wg_f32_d32,
+            (256, false) => typed::attn_flash_wg_bf16_d256,
+            (32, false) => typed::attn_flash_wg_bf16_d32,
             _ => return None,
         };
         let planes = if kv_f32 { 2 } else { 1 };
@@ -113,7 +130,7 @@ impl GpuModel {
         t: usize,
         pos0: usize,
     ) -> Result<bool> {
-        let wg = self.wg_attention;
+        let wg = self.opts.wg_attention;
         self.attn_prefill_tc_with(sc, wg, q, k, v, proj, stride, out, t, pos0)
     }
 
@@ -133,10 +150,11 @@ impl GpuModel {
         t: usize,
         pos0: usize,
     ) -> Result<bool> {
-        use crate::gpu::{Arg, f, i};
+        use crate::gpu::kernels::{self, Launch};
+        use crate::gpu::{dptr, i};
         let c = &self.cfg;
         let (nh, nkv, hd) = (c.num_attention_heads, c.num_key_value_heads, c.head_dim);
-        if !self.tc_attention
+        if !self.opts.tc_attention
             || t == 0
             || nkv == 0
             || nh % nkv != 0
@@ -160,13 +178,13 @@ impl GpuModel {
             return Ok(false);
         };
         let smem = tc::smem_bytes(hd, self.kv_f32, warps);
-        let name = match (self.kv_f32, warps, hd == 256) {
-            (true, 8, true) => "attn_flash_tc_f32_d256",
-            (true, 8, false) => "attn_flash_tc_f32",
-            (false, 8, true) => "attn_flash_tc_bf16_d256",
-            (false, 8, false) => "attn_flash_tc_bf16",
-            (true, _, _) => "attn_flash_tc_f32_w4",
-            (false, _, _) => "attn_flash_tc_bf16_w4",
+        let launch: kernels::sig::attn_flash_tc_f32 = match (self.kv_f32, warps, hd == 256) {
+            (true, 8, true) => kernels::attn_flash_tc_f32_d256,
+            (true, 8, false) => kernels::attn_flash_tc_f32,
+            (false, 8, true) => kernels::attn_flash_tc_bf16_d256,
+            (false, 8, false) => kernels::attn_flash_tc_bf16,
+            (true, _, _) => kernels::attn_flash_tc_f32_w4,
+            (false, _, _) => kernels::attn_flash_tc_bf16_w4,
         };
         let d = &self.dev;
         // K, V planes [pos][nkv][hd] bf16: the f32 cache split once into hi / lo
@@ -182,47 +200,43 @@ impl GpuModel {
                 buf + 3 * plane as u64,
             );
             let n4 = elems / 4;
-            d.launch(
-                "attn_kv_split",
-                (n4.div_ceil(256).min(8192) as u32, 1, 1),
-                (256, 1, 1),
-                0,
-                &[
-                    Arg::Ptr(k),
-                    Arg::Ptr(v),
-                    Arg::Ptr(planes.0),
-                    Arg::Ptr(planes.1),
-                    Arg::Ptr(planes.2),
-                    Arg::Ptr(planes.3),
-                    Arg::I64(n4 as i64),
-                ],
+            kernels::attn_kv_split(
+                d,
+                Launch::new((n4.div_ceil(256).min(8192) as u32, 1, 1), (256, 1, 1), 0),
+                dptr(k),
+                dptr(v),
+                dptr(planes.0),
+                dptr(planes.1),
+                dptr(planes.2),
+                dptr(planes.3),
+                n4 as i64,
             )?;
             planes
         } else {
             (k, 0, v, 0)
         };
         let group = nh / nkv;
-        d.launch(
-            name,
-            ((t * group).div_ceil(16 * warps) as u32, nkv as u32, 1),
-            (32 * warps as u32, 1, 1),
-            smem as u32,
-            &[
-                Arg::Ptr(q),
-                Arg::Ptr(kh),
-                Arg::Ptr(kl),
-                Arg::Ptr(vh),
-                Arg::Ptr(vl),
-                Arg::Ptr(proj),
-                i(stride),
-                Arg::Ptr(out),
-                i(t),
-                i(nh),
-                i(nkv),
-                i(hd),
-                i(pos0),
-                f(1.0 / (hd as f32).sqrt()),
-            ],
+        launch(
+            d,
+            Launch::new(
+                ((t * group).div_ceil(16 * warps) as u32, nkv as u32, 1),
+                (32 * warps as u32, 1, 1),
+                smem as u32,
+            ),
+            dptr(q),
+            dptr(kh),
+            dptr(kl),
+            dptr(vh),
+            dptr(vl),
+            dptr(proj),
+            i(stride),
+            dptr(out),
+            i(t),
+            i(nh),
+            i(nkv),
+            i(hd),
+            i(pos0),
+            1.0 / (hd as f32).sqrt(),
         )?;
         Ok(true)
     }
@@ -241,42 +255,43 @@ impl GpuModel {
         t: usize,
         pos0: usize,
     ) -> Result<()> {
-        use crate::gpu::{Arg, f, i};
+        use crate::gpu::kernels::{self, Launch};
+        use crate::gpu::{dptr, i};
         let c = &self.cfg;
         let (nh, nkv, hd) = (c.num_attention_heads, c.num_key_value_heads, c.head_dim);
         let smem = ((FA_BQ + FA_BK) * (hd + 4) + FA_BQ * (FA_BK + 4)) * F;
-        self.dev.launch(
-            if self.kv_f32 {
-                "attn_flash_f32"
-            } else {
-                "attn_flash_bf16"
-            },
-            (nh as u32, t.div_ceil(FA_BQ) as u32, 1),
-            (256, 1, 1),
-            smem as u32,
-            &[
-                Arg::Ptr(q),
-                Arg::Ptr(k),
-                Arg::Ptr(v),
-                Arg::Ptr(proj),
-                i(stride),
-                Arg::Ptr(out),
-                i(t),
-                i(nh),
-                i(nkv),
-                i(hd),
-                i(pos0),
-                f(1.0 / (hd as f32).sqrt()),
-            ],
+        (if self.kv_f32 {
+            kernels::attn_flash_f32
+        } else {
+            kernels::attn_flash_bf16
+        })(
+            &self.dev,
+            Launch::new(
+                (nh as u32, t.div_ceil(FA_BQ) as u32, 1),
+                (256, 1, 1),
+                smem as u32,
+            ),
+            dptr(q),
+            dptr(k),
+            dptr(v),
+            dptr(proj),
+            i(stride),
+            dptr(out),
+            i(t),
+            i(nh),
+            i(nkv),
+            i(hd),
+            i(pos0),
+            1.0 / (hd as f32).sqrt(),
         )
     }
 
     /// The warpgroup kernel and its shared memory, where this device and the
     /// model's head dim and cache have one.
     #[cfg(feature = "cuda")]
-    fn wg_fit(&self) -> Option<(&'static str, usize)> {
+    fn wg_fit(&self) -> Option<(tc::WgKernel, usize)> {
         let limit = self.dev.max_shared_per_block();
-        (self.dev.wgmma() && self.tc_attention)
+        (self.dev.wgmma() && self.opts.tc_attention)
             .then(|| tc::wg_kernel(self.cfg.head_dim, self.kv_f32))
             .flatten()
             .filter(|&(_, s)| s <= limit)
@@ -371,7 +386,7 @@ impl GpuModel {
     fn attn_prefill_wg(
         &self,
         sc: &mut Scratch,
-        name: &'static str,
+        name: tc::WgKernel,
         smem: usize,
         q: u64,
         k: u64,
@@ -382,7 +397,8 @@ impl GpuModel {
         t: usize,
         pos0: usize,
     ) -> Result<()> {
-        use crate::gpu::{Arg, f, i};
+        use crate::gpu::kernels::{self, Launch};
+        use crate::gpu::{dptr, i};
         let c = &self.cfg;
         let (nh, nkv, hd) = (c.num_attention_heads, c.num_key_value_heads, c.head_dim);
         let d = &self.dev;
@@ -399,34 +415,30 @@ impl GpuModel {
                 buf + 2 * kplane,
                 buf + 2 * kplane + vplane,
             );
-            d.launch(
-                "attn_kv_split_t",
-                grid,
-                (256, 1, 1),
-                0,
-                &[
-                    Arg::Ptr(k),
-                    Arg::Ptr(v),
-                    Arg::Ptr(planes.0),
-                    Arg::Ptr(planes.1),
-                    Arg::Ptr(planes.2),
-                    Arg::Ptr(planes.3),
-                    i(n),
-                    i(ldp),
-                    i(nkv),
-                    i(hd),
-                ],
+            kernels::attn_kv_split_t(
+                d,
+                Launch::new(grid, (256, 1, 1), 0),
+                dptr(k),
+                dptr(v),
+                dptr(planes.0),
+                dptr(planes.1),
+                dptr(planes.2),
+                dptr(planes.3),
+                i(n),
+                i(ldp),
+                i(nkv),
+                i(hd),
             )?;
             planes
         } else {
             let vt = sc.get(d, "attn_kv_split", vplane as usize)?;
-            let args = [Arg::Ptr(v), Arg::Ptr(vt), i(n), i(ldp), i(nkv), i(hd)];
-            d.launch("attn_v_transpose_bf16", grid, (256, 1, 1), 0, &args)?;
+            let l = Launch::new(grid, (256, 1, 1), 0);
+            kernels::attn_v_transpose_bf16(d, l, dptr(v), dptr(vt), i(n), i(ldp), i(nkv), i(hd))?;
             (k, 0, vt, 0)
         };
         let blocks = (t * (nh / nkv)).div_ceil(tc::WG_ROWS);
-        let ctas = (self.dev.occupancy(name, 256, smem as u32) * self.dev.sm_count) as usize;
-        let split = self.wg_split && tc::split_pays(blocks * nkv, tiles, ctas);
+        let ctas = (self.dev.occupancy(name.kernel, 256, smem as u32) * self.dev.sm_count) as usize;
+        let split = self.opts.wg_split && tc::split_pays(blocks * nkv, tiles, ctas);
         let (plan, part) = if split {
             self.wg_plan(sc, t, pos0, blocks * nkv, ctas)?
         } else {
@@ -437,48 +449,47 @@ impl GpuModel {
         } else {
             (blocks as u32, nkv as u32, 1)
         };
-        let (proj, out) = (Arg::Ptr(proj), Arg::Ptr(out));
-        d.launch(
-            name,
-            grid,
-            (256, 1, 1),
-            smem as u32,
-            &[
-                Arg::Ptr(q),
-                Arg::Ptr(kh),
-                Arg::Ptr(kl),
-                Arg::Ptr(vth),
-                Arg::Ptr(vtl),
-                i(ldp),
-                proj,
-                i(stride),
-                out,
-                i(t),
-                i(nh),
-                i(nkv),
-                i(pos0),
-                f(1.0 / (hd as f32).sqrt()),
-                Arg::Ptr(plan),
-                Arg::Ptr(part),
-            ],
+        let (proj, out) = (dptr(proj), dptr(out));
+        (name.launch)(
+            d,
+            Launch::new(grid, (256, 1, 1), smem as u32),
+            dptr(q),
+            dptr(kh),
+            dptr(kl),
+            dptr(vth),
+            dptr(vtl),
+            i(ldp),
+            proj,
+            i(stride),
+            out,
+            i(t),
+            i(nh),
+            i(nkv),
+            i(pos0),
+            1.0 / (hd as f32).sqrt(),
+            dptr(plan),
+            dptr(part),
         )?;
         if split {
             let merge = if hd == 256 {
-                "attn_wg_merge_d256"
+                kernels::attn_wg_merge_d256
             } else {
-                "attn_wg_merge_d32"
+                kernels::attn_wg_merge_d32
             };
-            let args = [
-                Arg::Ptr(plan),
-                Arg::Ptr(part),
+            let l = Launch::new(((blocks * nkv) as u32, 1, 1), (256, 1, 1), 0);
+            let (t, nh, nkv) = (i(t), i(nh), i(nkv));
+            merge(
+                d,
+                l,
+                dptr(plan),
+                dptr(part),
                 proj,
                 i(stride),
                 out,
-                i(t),
-                i(nh),
-                i(nkv),
-            ];
-            d.launch(merge, ((blocks * nkv) as u32, 1, 1), (256, 1, 1), 0, &args)?;
+                t,
+                nh,
+                nkv,
+            )?;
         }
         Ok(())
     }
@@ -495,7 +506,8 @@ impl GpuModel {
         units: usize,
         ctas: usize,
     ) -> Result<(u64, u64)> {
-        use crate::gpu::{Arg, i};
+        use crate::gpu::kernels::{self, Launch};
+        use crate::gpu::{dptr, i};
         let d = &self.dev;
         let hd = self.cfg.head_dim;
         let ints = tc::WG_PLAN_HEAD + ctas + 1 + 4 * (units + ctas) + 3 * units;
@@ -504,8 +516,8 @@ impl GpuModel {
         if sc.attn_plan != Some((t, pos0, ctas, plan)) {
             let g = self.cfg.num_attention_heads / self.cfg.num_key_value_heads;
             let nkv = self.cfg.num_key_value_heads;
-            let args = [i(t), i(g), i(nkv), i(pos0), i(ctas), Arg::Ptr(plan)];
-            d.launch("attn_wg_plan", (1, 1, 1), (32, 1, 1), 0, &args)?;
+            let l = Launch::new((1, 1, 1), (32, 1, 1), 0);
+            kernels::attn_wg_plan(d, l, i(t), i(g), i(nkv), i(pos0), i(ctas), dptr(plan))?;
             sc.attn_plan = Some((t, pos0, ctas, plan));
         }
         Ok((plan, part))
@@ -541,10 +553,10 @@ mod tests {
     #[test]
     fn wg_kernels_fit() {
         let (name, smem) = tc::wg_kernel(256, true).unwrap();
-        assert_eq!((name, smem), ("attn_flash_wg_f32_d256", 229_376));
+        assert_eq!((name.name(), smem), ("attn_flash_wg_f32_d256", 229_376));
         assert!(smem <= 227 * 1024);
         let (name, smem) = tc::wg_kernel(256, false).unwrap();
-        assert_eq!((name, smem), ("attn_flash_wg_bf16_d256", 180_224));
+        assert_eq!((name.name(), smem), ("attn_flash_wg_bf16_d256", 180_224));
         assert_eq!(tc::wg_kernel(32, true).unwrap().1, 28_672);
         assert_eq!(tc::wg_kernel(32, false).unwrap().1, 22_528);
         assert!(tc::wg_kernel(128, true).is_none());

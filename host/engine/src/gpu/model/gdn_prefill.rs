@@ -6,7 +6,8 @@
 //! o and final S as the token-serial `gdn_recurrent`, to f32 rounding.
 
 use super::{F, GpuModel, Scratch};
-use crate::gpu::{Arg, i};
+use crate::gpu::kernels::{self, Launch};
+use crate::gpu::{dptr, i};
 use anyhow::Result;
 
 /// Chunk length (`GC_C` in the kernels).
@@ -47,7 +48,7 @@ impl GpuModel {
         if t == 0 {
             return Ok(());
         }
-        if t >= 2 && self.chunked_gdn && self.chunked_gdn_fits() {
+        if t >= 2 && self.opts.chunked_gdn && self.chunked_gdn_fits() {
             self.gdn_chunked(sc, proj, p, g, beta, s, o, t)
         } else {
             self.gdn_serial(proj, p, g, beta, s, o, t)
@@ -86,24 +87,20 @@ impl GpuModel {
             c.linear_value_head_dim,
         );
         let smem = ((dk * 32 + 2 * dk + 256) * F) as u32;
-        self.dev.launch(
-            "gdn_recurrent",
-            (nv as u32, (dv as u32).div_ceil(32), 1),
-            (32, 8, 1),
-            smem,
-            &[
-                Arg::Ptr(proj),
-                i(p),
-                i(nk),
-                i(nv),
-                i(dk),
-                i(dv),
-                Arg::Ptr(g),
-                Arg::Ptr(beta),
-                Arg::Ptr(s),
-                Arg::Ptr(o),
-                i(t),
-            ],
+        kernels::gdn_recurrent(
+            &self.dev,
+            Launch::new((nv as u32, (dv as u32).div_ceil(32), 1), (32, 8, 1), smem),
+            dptr(proj),
+            i(p),
+            i(nk),
+            i(nv),
+            i(dk),
+            i(dv),
+            dptr(g),
+            dptr(beta),
+            dptr(s),
+            dptr(o),
+            i(t),
         )
     }
 
@@ -133,64 +130,64 @@ impl GpuModel {
         let u = sc.get(d, "gdn_chunk_u", nv * t * dv * F)?;
         let gc = sc.get(d, "gdn_chunk_g", nv * t * F)?;
         let sc_states = sc.get(d, "gdn_chunk_s", nv * nch * dk * dv * F)?;
-        d.launch(
-            "gdn_chunk_prep",
-            (nch as u32, nv as u32, 1),
-            (256, 1, 1),
-            (PREP_SMEM * F) as u32,
-            &[
-                Arg::Ptr(proj),
-                i(p),
-                i(nk),
-                i(nv),
-                i(dk),
-                i(dv),
-                Arg::Ptr(g),
-                Arg::Ptr(beta),
-                Arg::Ptr(wt),
-                Arg::Ptr(u),
-                Arg::Ptr(gc),
-                i(t),
-            ],
+        kernels::gdn_chunk_prep(
+            d,
+            Launch::new(
+                (nch as u32, nv as u32, 1),
+                (256, 1, 1),
+                (PREP_SMEM * F) as u32,
+            ),
+            dptr(proj),
+            i(p),
+            i(nk),
+            i(nv),
+            i(dk),
+            i(dv),
+            dptr(g),
+            dptr(beta),
+            dptr(wt),
+            dptr(u),
+            dptr(gc),
+            i(t),
         )?;
-        d.launch(
-            "gdn_chunk_state",
-            (nv as u32, (dv as u32).div_ceil(32), 1),
-            (512, 1, 1),
-            (STATE_SMEM * F) as u32,
-            &[
-                Arg::Ptr(proj),
-                i(p),
-                i(nk),
-                i(nv),
-                i(dk),
-                i(dv),
-                Arg::Ptr(wt),
-                Arg::Ptr(u),
-                Arg::Ptr(gc),
-                Arg::Ptr(s),
-                Arg::Ptr(sc_states),
-                i(t),
-            ],
+        kernels::gdn_chunk_state(
+            d,
+            Launch::new(
+                (nv as u32, (dv as u32).div_ceil(32), 1),
+                (512, 1, 1),
+                (STATE_SMEM * F) as u32,
+            ),
+            dptr(proj),
+            i(p),
+            i(nk),
+            i(nv),
+            i(dk),
+            i(dv),
+            dptr(wt),
+            dptr(u),
+            dptr(gc),
+            dptr(s),
+            dptr(sc_states),
+            i(t),
         )?;
-        d.launch(
-            "gdn_chunk_out",
-            (nch as u32, nv as u32, 1),
-            (256, 1, 1),
-            (OUT_SMEM * F) as u32,
-            &[
-                Arg::Ptr(proj),
-                i(p),
-                i(nk),
-                i(nv),
-                i(dk),
-                i(dv),
-                Arg::Ptr(u),
-                Arg::Ptr(gc),
-                Arg::Ptr(sc_states),
-                Arg::Ptr(o),
-                i(t),
-            ],
+        kernels::gdn_chunk_out(
+            d,
+            Launch::new(
+                (nch as u32, nv as u32, 1),
+                (256, 1, 1),
+                (OUT_SMEM * F) as u32,
+            ),
+            dptr(proj),
+            i(p),
+            i(nk),
+            i(nv),
+            i(dk),
+            i(dv),
+            dptr(u),
+            dptr(gc),
+            dptr(sc_states),
+            dptr(o),
+            i(t),
         )
     }
 }

@@ -7,9 +7,12 @@
 //! drawn by [`Sampler::start_row_draw`]). Either way the request gets the same
 //! tokens and RNG stream.
 
+pub mod protocol;
+
 use crate::backend::Backend;
-use crate::sampling::{Sampled, Sampler, SamplingParams, TOP_CANDIDATES};
+use crate::sampling::{Sampler, SamplingParams};
 use anyhow::Result;
+use protocol::{Sampled, TOP_CANDIDATES};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Readout {

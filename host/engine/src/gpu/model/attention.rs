@@ -1,0 +1,258 @@
+//! The gated attention layer: its device weights and its prefill and decode
+//! launch sequences. The tensor-core prompt kernels are in
+//! [`super::attn_prefill`], decode attention's kernel choice in
+//! [`super::attn_decode`].
+//!
+//! Prefill: (1+w) RMSNorm -> fused projection (q | gate per head, k, v) ->
+//! q/k norms + partial RoPE + KV append -> causal GQA attention with the
+//! sigmoid gate (tiled kernels on the prefill path, split-K partials and a
+//! combine otherwise) -> o projection -> residual add. Decode: the norm
+//! inside the projection's GEMV, the same prep kernel, split-K attention over
+//! the KV capacity, combine + gate, o projection with the residual add in its
+//! epilogue.
+
+use super::attn_decode::dec_attn_plan;
+use super::pass::{Decode, Prefill};
+use super::weights::{DevMat, Synth, Upload};
+use super::{B, DBuf, F, GpuModel};
+use crate::config::ModelConfig;
+use crate::gpu::kernels::{self, Launch};
+use crate::gpu::{dptr, i};
+use anyhow::Result;
+
+/// One attention layer's weights on the device.
+pub(super) struct AttnLayer {
+    /// `[2 * nh * hd + 2 * nkv * hd, hidden]`: q|gate per head, k, v.
+    pub proj: DevMat,
+    pub q_norm: DBuf,
+    pub k_norm: DBuf,
+    pub o_proj: DevMat,
+}
+
+impl AttnLayer {
+    pub fn upload(up: &Upload, a: &crate::weights::AttentionWeights) -> Result<Self> {
+        Ok(AttnLayer {
+            proj: up.cat(&[&a.q_proj, &a.k_proj, &a.v_proj])?,
+            q_norm: up.f32s(&a.q_norm)?,
+            k_norm: up.f32s(&a.k_norm)?,
+            o_proj: up.mat(&a.o_proj)?,
+        })
+    }
+
+    /// Seeded random weights (`GpuModel::synthetic`).
+    pub fn synthetic(s: &mut Synth, cfg: &ModelConfig) -> Result<Self> {
+        let (nh, nkv, hd) = (
+            cfg.num_attention_heads,
+            cfg.num_key_value_heads,
+            cfg.head_dim,
+        );
+        Ok(AttnLayer {
+            proj: s.dmat(2 * nh * hd + 2 * nkv * hd, cfg.hidden_size)?,
+            q_norm: s.f32s(hd, 0.1, 1.0)?,
+            k_norm: s.f32s(hd, 0.1, 1.0)?,
+            o_proj: s.dmat(cfg.hidden_size, nh * hd)?,
+        })
+    }
+
+    /// Reads the residual `pf.x` (`[t, hidden]`), appends the pass's keys and
+    /// values to the sequence's cache, adds the layer's output to `pf.x`.
+    pub fn prefill(
+        &self,
+        m: &GpuModel,
+        pf: &mut Prefill,
+        input_norm: &DBuf,
+        li: usize,
+    ) -> Result<()> {
+        let AttnLayer {
+            proj: pw,
+            q_norm,
+            k_norm,
+            o_proj,
+        } = self;
+        let (k, v) = pf.kv(li)?;
+        let (c, d) = (&m.cfg, &m.dev);
+        let (t, h, x, n, mixed, fast) = (pf.t, c.hidden_size, pf.x, pf.n, pf.mixed, pf.fast);
+        let pos0 = pf.pos0;
+        let sc = &mut *pf.sc;
+        let (nh, nkv, hd) = (c.num_attention_heads, c.num_key_value_heads, c.head_dim);
+        m.rmsnorm(x, h, input_norm, n, h, t, h)?;
+        let p = pw.rows;
+        let proj = sc.get(d, "proj", t * p * F)?;
+        m.linear(sc, n, t, pw, proj, false)?;
+        let q = sc.get(d, "q", t * nh * hd * F)?;
+        (if m.kv_f32 {
+            kernels::attn_prep_f32
+        } else {
+            kernels::attn_prep_bf16
+        })(
+            d,
+            Launch::new((t as u32, (nh + nkv) as u32, 1), (256, 1, 1), 0),
+            dptr(proj),
+            i(p),
+            dptr(q_norm.ptr()),
+            dptr(k_norm.ptr()),
+            dptr(q),
+            dptr(k.ptr()),
+            dptr(v.ptr()),
+            i(nh),
+            i(nkv),
+            i(hd),
+            i(c.rotary_dim),
+            i(pos0),
+            dptr(0),
+            c.rope_theta as f32,
+            c.rms_norm_eps,
+        )?;
+        let queries = t * nh;
+        if fast && t >= 32 && hd % 4 == 0 && hd <= 256 && nh % nkv == 0 {
+            let ao = sc.get(d, "att_o", queries * hd * F)?;
+            // Tensor cores where the kernel supports the shape, else CUDA cores.
+            let tc = m.attn_prefill_tc(sc, q, k.ptr(), v.ptr(), proj, p, ao, t, pos0)?;
+            if !tc {
+                m.attn_prefill_cuda_cores(q, k.ptr(), v.ptr(), proj, p, ao, t, pos0)?;
+            }
+            m.linear(sc, ao, t, o_proj, mixed, false)?;
+        } else {
+            let lmax = pos0 + t;
+            let nsplit = if queries >= 128 {
+                1
+            } else {
+                (264usize.div_ceil(queries)).min(lmax.div_ceil(256)).max(1)
+            };
+            let chunk = lmax.div_ceil(nsplit);
+            let po = sc.get(d, "att_po", queries * nsplit * hd * F)?;
+            let pml = sc.get(d, "att_pml", queries * nsplit * 2 * F)?;
+            (if m.kv_f32 {
+                kernels::attn_partial_f32
+            } else {
+                kernels::attn_partial_bf16
+            })(
+                d,
+                Launch::new((queries as u32, nsplit as u32, 1), (128, 1, 1), 0),
+                dptr(q),
+                dptr(k.ptr()),
+                dptr(v.ptr()),
+                dptr(po),
+                dptr(pml),
+                i(nh),
+                i(nkv),
+                i(hd),
+                i(pos0),
+                dptr(0),
+                i(chunk),
+                i(nsplit),
+                1.0 / (hd as f32).sqrt(),
+            )?;
+            let ao = sc.get(d, "att_o", queries * hd * F)?;
+            kernels::attn_combine(
+                d,
+                Launch::new((queries as u32, 1, 1), (256, 1, 1), 0),
+                dptr(po),
+                dptr(pml),
+                dptr(proj),
+                i(p),
+                dptr(ao),
+                i(nh),
+                i(hd),
+                i(nsplit),
+            )?;
+            m.linear(sc, ao, t, o_proj, mixed, false)?;
+        }
+        m.residual_add(x, mixed, t)
+    }
+
+    /// Reads the step's residual row, appends its key and value at the
+    /// step's position, adds the layer's output to the row.
+    pub fn decode(&self, m: &GpuModel, dc: &Decode, input_norm: &DBuf, li: usize) -> Result<()> {
+        let AttnLayer {
+            proj: pw,
+            q_norm,
+            k_norm,
+            o_proj,
+        } = self;
+        let (k, v) = dc.kv(li)?;
+        let (c, d, ds, seq) = (&m.cfg, &m.dev, dc.ds, dc.seq);
+        let (h, eps) = (c.hidden_size, c.rms_norm_eps);
+        let (x, ssq, nssq, proj) = (ds.x.ptr(), ds.ssq.ptr(), ds.nssq, ds.proj.ptr());
+        let pos = ds.step.ptr() + 4;
+        let (nh, nkv, hd) = (c.num_attention_heads, c.num_key_value_heads, c.head_dim);
+        let p = pw.rows;
+        if m.opts.dec_stage("attn_proj") {
+            m.dec_norm_gemv(dc, pw.buf.ptr(), p, input_norm.ptr(), proj)?;
+        }
+        if m.opts.dec_stage("attn_prep") {
+            (if m.kv_f32 {
+                kernels::attn_prep_f32
+            } else {
+                kernels::attn_prep_bf16
+            })(
+                d,
+                Launch::pdl((1, (nh + nkv) as u32, 1), (256, 1, 1), 0),
+                dptr(proj),
+                i(p),
+                dptr(q_norm.ptr()),
+                dptr(k_norm.ptr()),
+                dptr(ds.q.ptr()),
+                dptr(k.ptr()),
+                dptr(v.ptr()),
+                i(nh),
+                i(nkv),
+                i(hd),
+                i(c.rotary_dim),
+                i(0),
+                dptr(pos),
+                c.rope_theta as f32,
+                eps,
+            )?;
+        }
+        let nsplit = GpuModel::decode_splits(seq.cap());
+        let plan = dec_attn_plan(
+            m.opts.dec_attn,
+            nh / nkv,
+            hd,
+            seq.cap().div_ceil(nsplit),
+            if m.kv_f32 { F } else { B },
+            d.max_shared_per_block(),
+            m.opts.tc_attention,
+        );
+        if m.opts.dec_stage("attn") {
+            (plan.kernel.launch)(
+                d,
+                Launch::pdl(
+                    (nkv as u32, nsplit as u32, 1),
+                    (plan.threads as u32, 1, 1),
+                    plan.smem as u32,
+                ),
+                dptr(ds.q.ptr()),
+                dptr(k.ptr()),
+                dptr(v.ptr()),
+                dptr(ds.att_po.ptr()),
+                dptr(ds.att_pml.ptr()),
+                i(nh),
+                i(nkv),
+                i(hd),
+                dptr(pos),
+                i(nsplit),
+                1.0 / (hd as f32).sqrt(),
+                i(plan.stages),
+            )?;
+        }
+        if m.opts.dec_stage("attn_combine") {
+            kernels::dec_attn_combine(
+                d,
+                Launch::pdl((nh as u32, hd.div_ceil(32) as u32, 1), (256, 1, 1), 0),
+                dptr(ds.att_po.ptr()),
+                dptr(ds.att_pml.ptr()),
+                dptr(proj),
+                dptr(ds.att_o.ptr()),
+                i(nh),
+                i(hd),
+                i(nsplit),
+            )?;
+        }
+        if m.opts.dec_stage("o_proj") {
+            m.dec_gemv(o_proj.buf.ptr(), ds.att_o.ptr(), x, h, nh * hd, ssq, nssq)?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,286 @@
+//! The Gated DeltaNet (linear attention) layer: its device weights and its
+//! prefill and decode launch sequences. The delta rule over a prompt is in
+//! [`super::gdn_prefill`].
+//!
+//! Prefill: (1+w) RMSNorm -> fused in projection (qkv | z | a | b) -> causal
+//! conv + SiLU (token-parallel on the prefill path, with the conv window
+//! updated after) -> q/k L2 norms -> gates -> delta rule -> gated RMSNorm ->
+//! out projection -> residual add. Decode: the norm inside the in
+//! projection's GEMV (the conv in its epilogue where the bulk GEMV can take
+//! it, else `dec_gdn_conv`), one fused step kernel (norms, gates, delta rule,
+//! gated norm), the out projection with the residual add in its epilogue.
+
+use super::pass::{Decode, Prefill};
+use super::weights::{DevMat, Synth, Upload};
+use super::{CONV_TPT, DBuf, F, GpuModel};
+use crate::config::ModelConfig;
+use crate::gpu::kernels::{self, Launch};
+use crate::gpu::{dptr, i};
+use anyhow::Result;
+
+/// One GDN layer's weights on the device.
+pub(super) struct GdnLayer {
+    /// `[conv_dim + value_dim + 2 * nv, hidden]`: qkv | z | a | b.
+    pub in_proj: DevMat,
+    pub conv: DBuf,
+    pub a_log: DBuf,
+    pub dt_bias: DBuf,
+    pub norm: DBuf,
+    pub out_proj: DevMat,
+}
+
+impl GdnLayer {
+    pub fn upload(up: &Upload, g: &crate::weights::GdnWeights) -> Result<Self> {
+        Ok(GdnLayer {
+            in_proj: up.cat(&[&g.in_proj_qkv, &g.in_proj_z, &g.in_proj_a, &g.in_proj_b])?,
+            conv: up.f32s(&g.conv)?,
+            a_log: up.f32s(&g.a_log)?,
+            dt_bias: up.f32s(&g.dt_bias)?,
+            norm: up.f32s(&g.norm)?,
+            out_proj: up.mat(&g.out_proj)?,
+        })
+    }
+
+    /// Seeded random weights (`GpuModel::synthetic`), drawn in the order the
+    /// generator always drew them.
+    pub fn synthetic(s: &mut Synth, cfg: &ModelConfig) -> Result<Self> {
+        let h = cfg.hidden_size;
+        let nv = cfg.linear_num_value_heads;
+        let rows = cfg.linear_conv_dim() + cfg.linear_value_dim() + 2 * nv;
+        let a_log = s.alog(nv)?;
+        Ok(GdnLayer {
+            in_proj: s.dmat(rows, h)?,
+            conv: s.f32s(cfg.linear_conv_dim() * cfg.linear_conv_kernel, 0.5, 0.0)?,
+            a_log,
+            dt_bias: s.f32s(nv, 0.5, 0.0)?,
+            norm: s.f32s(cfg.linear_value_head_dim, 0.1, 1.0)?,
+            out_proj: s.dmat(h, cfg.linear_value_dim())?,
+        })
+    }
+
+    /// Reads the residual `pf.x` (`[t, hidden]`), adds the layer's output to it.
+    pub fn prefill(
+        &self,
+        m: &GpuModel,
+        pf: &mut Prefill,
+        input_norm: &DBuf,
+        li: usize,
+    ) -> Result<()> {
+        let GdnLayer {
+            in_proj,
+            conv,
+            a_log,
+            dt_bias,
+            norm,
+            out_proj,
+        } = self;
+        let (cst, s) = pf.gdn(li)?;
+        let (c, d) = (&m.cfg, &m.dev);
+        let (t, h, x, n, mixed, fast) = (pf.t, c.hidden_size, pf.x, pf.n, pf.mixed, pf.fast);
+        let sc = &mut *pf.sc;
+        let (nk, nv, dk, dv) = (
+            c.linear_num_key_heads,
+            c.linear_num_value_heads,
+            c.linear_key_head_dim,
+            c.linear_value_head_dim,
+        );
+        let conv_dim = c.linear_conv_dim();
+        let key_dim = c.linear_key_dim();
+        let vdim = c.linear_value_dim();
+        m.rmsnorm(x, h, input_norm, n, h, t, h)?;
+        let p = in_proj.rows;
+        let proj = sc.get(d, "proj", t * p * F)?;
+        m.linear(sc, n, t, in_proj, proj, false)?;
+        // The conv output (q | k | v per token): in place in `proj` on the
+        // reference path, a separate [t, conv_dim] buffer on the prefill path
+        // (tokens in parallel cannot run in place).
+        let (qkv, qkv_stride) = if fast {
+            let co = sc.get(d, "conv_o", t * conv_dim * F)?;
+            kernels::conv_silu_tokens(
+                d,
+                Launch::new(
+                    (
+                        (conv_dim as u32).div_ceil(256),
+                        t.div_ceil(CONV_TPT) as u32,
+                        1,
+                    ),
+                    (256, 1, 1),
+                    0,
+                ),
+                dptr(proj),
+                i(p),
+                dptr(cst.ptr()),
+                dptr(conv.ptr()),
+                dptr(co),
+                i(t),
+                i(conv_dim),
+                i(c.linear_conv_kernel),
+            )?;
+            kernels::conv_state_update(
+                d,
+                Launch::new(((conv_dim as u32).div_ceil(256), 1, 1), (256, 1, 1), 0),
+                dptr(proj),
+                i(p),
+                dptr(cst.ptr()),
+                i(t),
+                i(conv_dim),
+                i(c.linear_conv_kernel),
+            )?;
+            (co, conv_dim)
+        } else {
+            kernels::conv_silu(
+                d,
+                Launch::new(((conv_dim as u32).div_ceil(128), 1, 1), (128, 1, 1), 0),
+                dptr(proj),
+                i(p),
+                dptr(cst.ptr()),
+                dptr(conv.ptr()),
+                i(t),
+                i(conv_dim),
+                i(c.linear_conv_kernel),
+            )?;
+            (proj, p)
+        };
+        let rows_q = (t * nk) as u32;
+        kernels::l2norm_heads(
+            d,
+            Launch::new((rows_q.div_ceil(8), 1, 1), (256, 1, 1), 0),
+            dptr(qkv),
+            i(t),
+            i(nk),
+            i(dk),
+            i(qkv_stride),
+            1.0 / (dk as f32).sqrt(),
+            1e-6,
+        )?;
+        kernels::l2norm_heads(
+            d,
+            Launch::new((rows_q.div_ceil(8), 1, 1), (256, 1, 1), 0),
+            dptr(qkv + (key_dim * F) as u64),
+            i(t),
+            i(nk),
+            i(dk),
+            i(qkv_stride),
+            1.0,
+            1e-6,
+        )?;
+        let g = sc.get(d, "g", t * nv * F)?;
+        let beta = sc.get(d, "beta", t * nv * F)?;
+        let a_off = conv_dim + vdim;
+        kernels::gdn_gates(
+            d,
+            Launch::new((((t * nv) as u32).div_ceil(256), 1, 1), (256, 1, 1), 0),
+            dptr(proj),
+            i(p),
+            i(a_off),
+            i(a_off + nv),
+            dptr(a_log.ptr()),
+            dptr(dt_bias.ptr()),
+            dptr(g),
+            dptr(beta),
+            i(t),
+            i(nv),
+        )?;
+        let o = sc.get(d, "gdn_o", t * vdim * F)?;
+        m.gdn_recurrence(sc, qkv, qkv_stride, g, beta, s.ptr(), o, t)?;
+        let o2 = sc.get(d, "gdn_o2", t * vdim * F)?;
+        kernels::gated_rmsnorm(
+            d,
+            Launch::new((((t * nv) as u32).div_ceil(8), 1, 1), (256, 1, 1), 0),
+            dptr(o),
+            dptr(proj + (conv_dim * F) as u64),
+            i(p),
+            dptr(norm.ptr()),
+            dptr(o2),
+            i(t),
+            i(nv),
+            i(dv),
+            c.rms_norm_eps,
+        )?;
+        m.linear(sc, o2, t, out_proj, mixed, false)?;
+        m.residual_add(x, mixed, t)
+    }
+
+    /// Reads the step's residual row, adds the layer's output to it (and
+    /// writes its sums of squares for the next norm).
+    pub fn decode(&self, m: &GpuModel, dc: &Decode, input_norm: &DBuf, li: usize) -> Result<()> {
+        let GdnLayer {
+            in_proj,
+            conv,
+            a_log,
+            dt_bias,
+            norm,
+            out_proj,
+        } = self;
+        let (cst, s) = dc.gdn(li)?;
+        let (c, d, ds) = (&m.cfg, &m.dev, dc.ds);
+        let (h, eps) = (c.hidden_size, c.rms_norm_eps);
+        let (x, ssq, nssq, proj) = (ds.x.ptr(), ds.ssq.ptr(), ds.nssq, ds.proj.ptr());
+        let (nk, nv, dk, dv) = (
+            c.linear_num_key_heads,
+            c.linear_num_value_heads,
+            c.linear_key_head_dim,
+            c.linear_value_head_dim,
+        );
+        let conv_dim = c.linear_conv_dim();
+        let vdim = c.linear_value_dim();
+        let p = in_proj.rows;
+        let k = c.linear_conv_kernel;
+        // The conv in the in projection's epilogue where it can
+        // take it, else its own kernel.
+        let mut folded = false;
+        if m.opts.dec_stage("in_proj") {
+            let norm = input_norm.ptr();
+            folded = m.opts.conv_gdn
+                && m.bulk_gemv(
+                    in_proj.buf.ptr(),
+                    x,
+                    proj,
+                    p,
+                    h,
+                    Some(norm),
+                    ssq,
+                    nssq,
+                    Some((conv.ptr(), cst.ptr(), k, conv_dim)),
+                )?;
+            if !folded {
+                m.dec_norm_gemv(dc, in_proj.buf.ptr(), p, norm, proj)?;
+            }
+        }
+        if !folded && m.opts.dec_stage("gdn_prep") {
+            kernels::dec_gdn_conv(
+                d,
+                Launch::pdl((conv_dim.div_ceil(128) as u32, 1, 1), (128, 1, 1), 0),
+                dptr(proj),
+                dptr(cst.ptr()),
+                dptr(conv.ptr()),
+                i(k),
+                i(conv_dim),
+            )?;
+        }
+        if m.opts.dec_stage("gdn_step") {
+            kernels::dec_gdn_step(
+                d,
+                Launch::pdl((nv as u32, 1, 1), ((32 * dv.div_ceil(32)) as u32, 4, 1), 0),
+                dptr(proj),
+                i(nk),
+                i(nv),
+                i(dk),
+                i(dv),
+                dptr(a_log.ptr()),
+                dptr(dt_bias.ptr()),
+                i(conv_dim + vdim),
+                1.0 / (dk as f32).sqrt(),
+                dptr(s.ptr()),
+                dptr(proj + (conv_dim * F) as u64),
+                dptr(norm.ptr()),
+                eps,
+                dptr(ds.gdn_o.ptr()),
+            )?;
+        }
+        if m.opts.dec_stage("out_proj") {
+            m.dec_gemv(out_proj.buf.ptr(), ds.gdn_o.ptr(), x, h, vdim, ssq, nssq)?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,281 @@
+//! The mixture-of-experts layer with a gated shared expert: its device
+//! weights and its prefill and decode launch sequences. The grouped expert
+//! GEMMs of a prompt are in [`super::moe_grouped`].
+//!
+//! Prefill: (1+w) RMSNorm -> one GEMM for the router logits, the shared
+//! expert's gate and its gate/up projections -> SiLU * up -> shared down ->
+//! sigmoid-gated residual add -> router softmax/top-k on the device -> the
+//! routed experts (GEMVs over the k chosen at T = 1, grouped GEMMs over
+//! tokens sorted by expert otherwise) adding into the residual. Decode: the
+//! norm inside the input GEMV, routed gate/up with the router's top-k
+//! recomputed per block, then routed + shared down with the residual add in
+//! one kernel.
+
+use super::moe_grouped::MoeIo;
+use super::pass::{Decode, Prefill};
+use super::weights::{DevMat, Synth, Upload};
+use super::{DBuf, F, GemmPath, GpuModel, mlp_dims};
+use crate::config::ModelConfig;
+use crate::gpu::kernels::{self, Launch};
+use crate::gpu::{dptr, i};
+use crate::weights::DenseMlp;
+use anyhow::Result;
+
+/// 16-byte loads per lane of `dec_moe_down_rows` (`DOWN_SPAN`).
+const DOWN_SPAN: usize = 9;
+
+/// One MoE layer's weights on the device.
+pub(super) struct MoeLayer {
+    /// `[E + 1 + 2 * Is, hidden]`: router | shared gate | shared gate_proj | shared up_proj.
+    pub input: DevMat,
+    /// `[E, 2I, hidden]` (gate rows then up rows per expert).
+    pub gate_up: DBuf,
+    /// `[E, hidden, I]`.
+    pub down: DBuf,
+    pub shared_down: DevMat,
+}
+
+impl MoeLayer {
+    pub fn upload(
+        up: &Upload,
+        cfg: &ModelConfig,
+        router: &crate::tensor::Mat,
+        experts: &[DenseMlp],
+        shared: &DenseMlp,
+        shared_gate: &crate::tensor::Mat,
+    ) -> Result<Self> {
+        let (dev, h) = (up.dev, cfg.hidden_size);
+        let (e, _, inter, _) = mlp_dims(cfg);
+        let gate_up = dev.alloc(e * 2 * inter * h * super::B)?;
+        let down = dev.alloc(e * h * inter * super::B)?;
+        for (k, x) in experts.iter().enumerate() {
+            let base = k * 2 * inter * h * super::B;
+            dev.htod(gate_up.at(base), x.gate.data())?;
+            dev.htod(gate_up.at(base + inter * h * super::B), x.up.data())?;
+            dev.htod(down.at(k * h * inter * super::B), x.down.data())?;
+        }
+        Ok(MoeLayer {
+            input: up.cat(&[router, shared_gate, &shared.gate, &shared.up])?,
+            gate_up,
+            down,
+            shared_down: up.mat(&shared.down)?,
+        })
+    }
+
+    /// Seeded random weights (`GpuModel::synthetic`).
+    pub fn synthetic(s: &mut Synth, cfg: &ModelConfig) -> Result<Self> {
+        let h = cfg.hidden_size;
+        let (e, _, inter, sh) = mlp_dims(cfg);
+        Ok(MoeLayer {
+            input: s.dmat(e + 1 + 2 * sh, h)?,
+            gate_up: s.bf16(e * 2 * inter * h, Synth::unif(h))?,
+            down: s.bf16(e * h * inter, Synth::unif(inter))?,
+            shared_down: s.dmat(h, sh)?,
+        })
+    }
+
+    /// Normalises the residual `pf.x` (`[t, hidden]`) into `pf.n`, adds the
+    /// shared and routed experts' outputs to `pf.x`.
+    pub fn prefill(&self, m: &GpuModel, pf: &mut Prefill, post_norm: &DBuf) -> Result<()> {
+        let MoeLayer {
+            input,
+            gate_up,
+            down,
+            shared_down,
+        } = self;
+        let (c, d) = (&m.cfg, &m.dev);
+        let (t, h, x, n, mixed, fast) = (pf.t, c.hidden_size, pf.x, pf.n, pf.mixed, pf.fast);
+        let sc = &mut *pf.sc;
+        m.rmsnorm(x, h, post_norm, n, h, t, h)?;
+        let (e, k, inter, sh) = mlp_dims(c);
+        let p = input.rows;
+        let inp = sc.get(d, "moe_in", t * p * F)?;
+        m.linear(sc, n, t, input, inp, false)?;
+        // Shared expert, gated.
+        let act_s = sc.get(d, "act_s", t * sh * F)?;
+        kernels::silu_mul(
+            d,
+            Launch::new(((sh as u32).div_ceil(256), t as u32, 1), (256, 1, 1), 0),
+            dptr(inp),
+            i(p),
+            i(e + 1),
+            i(e + 1 + sh),
+            dptr(act_s),
+            i(sh),
+            i(t),
+        )?;
+        m.linear(sc, act_s, t, shared_down, mixed, false)?;
+        kernels::add_sigmoid_scaled(
+            d,
+            Launch::new(((h as u32).div_ceil(256), t as u32, 1), (256, 1, 1), 0),
+            dptr(x),
+            dptr(mixed),
+            dptr(inp + (e * F) as u64),
+            i(p),
+            i(t),
+            i(h),
+        )?;
+        // Router.
+        let idx = sc.get(d, "moe_idx", t * k * 4)?;
+        let wts = sc.get(d, "moe_w", t * k * F)?;
+        if fast {
+            kernels::router_topk_warp(
+                d,
+                Launch::new(((t as u32).div_ceil(8), 1, 1), (256, 1, 1), 0),
+                dptr(inp),
+                i(p),
+                i(e),
+                i(k),
+                i(t),
+                dptr(idx),
+                dptr(wts),
+            )?;
+        } else {
+            kernels::router_topk(
+                d,
+                Launch::new((t as u32, 1, 1), (256, 1, 1), 0),
+                dptr(inp),
+                i(p),
+                i(e),
+                i(k),
+                dptr(idx),
+                dptr(wts),
+            )?;
+        }
+        if t == 1 {
+            let gu = sc.get(d, "gu", k * 2 * inter * F)?;
+            kernels::moe_gemv_gate_up(
+                d,
+                Launch::new(
+                    (((2 * inter) as u32).div_ceil(8), k as u32, 1),
+                    (256, 1, 1),
+                    0,
+                ),
+                dptr(gate_up.ptr()),
+                dptr(n),
+                dptr(idx),
+                dptr(gu),
+                i(2 * inter),
+                i(h),
+            )?;
+            let act = sc.get(d, "act", k * inter * F)?;
+            kernels::silu_mul(
+                d,
+                Launch::new(((inter as u32).div_ceil(256), k as u32, 1), (256, 1, 1), 0),
+                dptr(gu),
+                i(2 * inter),
+                i(0),
+                i(inter),
+                dptr(act),
+                i(inter),
+                i(k),
+            )?;
+            kernels::moe_gemv_down(
+                d,
+                Launch::new(((h as u32).div_ceil(8), 1, 1), (256, 1, 1), 0),
+                dptr(down.ptr()),
+                dptr(act),
+                dptr(idx),
+                dptr(wts),
+                dptr(x),
+                i(k),
+                i(h),
+                i(inter),
+            )?;
+        } else if fast && m.gemm == GemmPath::CublasSplit {
+            let io = MoeIo {
+                n,
+                x,
+                idx,
+                wts,
+                bad: pf.bad_words + 4 * pf.planned as u64,
+            };
+            if m.moe_grouped_device(sc, t, e, k, inter, io, gate_up, down)? {
+                (pf.planned, pf.experts) = (pf.planned + 1, e);
+            }
+        } else {
+            m.moe_grouped(sc, t, e, k, inter, n, x, idx, wts, gate_up, down)?;
+        }
+        Ok(())
+    }
+
+    /// Adds the experts' outputs for the step's residual row to it (the
+    /// norm folded into the input GEMV).
+    pub fn decode(&self, m: &GpuModel, dc: &Decode, post_norm: &DBuf) -> Result<()> {
+        let MoeLayer {
+            input,
+            gate_up,
+            down,
+            shared_down,
+        } = self;
+        let (c, d, ds) = (&m.cfg, &m.dev, dc.ds);
+        let (h, eps) = (c.hidden_size, c.rms_norm_eps);
+        let (x, ssq, nssq, proj) = (ds.x.ptr(), ds.ssq.ptr(), ds.nssq, ds.proj.ptr());
+        let (e, k, inter, sh) = mlp_dims(c);
+        if m.opts.dec_stage("moe_input") {
+            m.dec_norm_gemv(dc, input.buf.ptr(), input.rows, post_norm.ptr(), proj)?;
+        }
+        if m.opts.dec_stage("moe_gate_up") {
+            kernels::dec_moe_gate_up(
+                d,
+                Launch::pdl(
+                    (inter.div_ceil(8 * ds.moe_pairs) as u32, k as u32, 1),
+                    (256, 1, 1),
+                    (h * F) as u32,
+                ),
+                dptr(gate_up.ptr()),
+                dptr(x),
+                dptr(ssq),
+                i(nssq),
+                dptr(post_norm.ptr()),
+                eps,
+                dptr(proj),
+                i(e),
+                i(k),
+                dptr(ds.act.ptr()),
+                i(inter),
+                i(h),
+                i(ds.moe_pairs),
+            )?;
+        }
+        // The virtual row (k routed rows + the shared one) in
+        // 16-byte columns, split between `warps` warps of `span`
+        // each where two suffice (dec_moe_down_rows).
+        let cols16 = (k * inter + sh) / 8;
+        let warps = cols16.div_ceil(DOWN_SPAN * 32);
+        let span = cols16.div_ceil(warps).div_ceil(32) * 32;
+        let split =
+            inter.is_multiple_of(8) && sh.is_multiple_of(8) && warps <= 2 && m.opts.split_gemv();
+        if m.opts.dec_stage("moe_down") {
+            let l = Launch::pdl(
+                (h.div_ceil(8) as u32, 1, 1),
+                (if split { 256 * warps as u32 } else { 256 }, 1, 1),
+                ((k * inter + sh) * F) as u32,
+            );
+            let (wd, wsd) = (dptr(down.ptr()), dptr(shared_down.buf.ptr()));
+            let (act, inp, y, ssq) = (dptr(ds.act.ptr()), dptr(proj), dptr(x), dptr(ssq));
+            let (e, k, inter, sh, h) = (i(e), i(k), i(inter), i(sh), i(h));
+            if split {
+                kernels::dec_moe_down_rows(
+                    d,
+                    l,
+                    wd,
+                    wsd,
+                    act,
+                    inp,
+                    e,
+                    k,
+                    inter,
+                    sh,
+                    y,
+                    h,
+                    ssq,
+                    i(span),
+                )?;
+            } else {
+                kernels::dec_moe_down(d, l, wd, wsd, act, inp, e, k, inter, sh, y, h, ssq)?;
+            }
+        }
+        Ok(())
+    }
+}

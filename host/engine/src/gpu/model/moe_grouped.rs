@@ -1,0 +1,480 @@
+//! A prompt's routed experts: every expert's rows grouped and run as GEMMs.
+//! With the split GEMM path, the routing plan is built on the device
+//! (`moe_plan_*`) and each matrix (gate/up, down) is one grouped tensor-core
+//! launch over the plan's row tiles (`kernels/moe_gemm.cu`); otherwise
+//! per-expert GEMMs over rows gathered on a plan copied back to the host.
+
+use super::{B, DBuf, F, GpuModel, Scratch};
+use crate::gpu::kernels::{self, Launch, Typed, sig, typed};
+use crate::gpu::{dptr, i};
+use anyhow::{Result, bail};
+
+/// Column tile, k step and pipeline stages of `moe_gemm_split*`
+/// (kernels/moe_gemm.cu); its row tile is 64 (`moe_gemm_split`, 128 threads)
+/// or 128 (`moe_gemm_split128`, 256 threads). On the H200 at 8K tokens,
+/// 128-row tiles were 4% faster than 64, and 3 stages slower than 2 (148
+/// against 108 ms of kernel time per prefill, at ecea6ea).
+const MG_BN: usize = 128;
+const MG_BK: usize = 32;
+const MG_STAGES: usize = 2;
+/// Stages of `moe_gemm_split128_wg*` (A hi and A lo of 128 rows, B of 128 or
+/// 256 rows, MG_BK bf16 each).
+const MG_WG_STAGES: usize = 4;
+
+/// The grouped expert GEMM kernel for `bm`-row tiles over `k` columns: its
+/// name, dynamic shared memory (bytes) and columns per block. The
+/// warpgroup-MMA kernels (`wg_cols` 128 or 256, where the device has `wgmma`)
+/// take 128-row tiles only; 64-row tiles take k steps of 64
+/// (`moe_gemm_split_k64`) where `k64` and `k` allows, else 32.
+fn moe_gemm_kernel(
+    bm: usize,
+    wgmma: bool,
+    wg_cols: usize,
+    k64: bool,
+    k: usize,
+) -> (Typed<sig::moe_gemm_split>, usize, usize) {
+    // mma.sync kernels: k steps of `bk`, shared rows padded by 8 bf16.
+    let mma_smem = |bk: usize| MG_STAGES * (2 * bm + MG_BN) * (bk + 8) * B;
+    match (bm, if wgmma { wg_cols } else { 0 }) {
+        (64, _) if k64 && k.is_multiple_of(64) => (typed::moe_gemm_split_k64, mma_smem(64), MG_BN),
+        (128, 128) => (
+            typed::moe_gemm_split128_wg,
+            MG_WG_STAGES * (256 + 128) * MG_BK * B,
+            128,
+        ),
+        (128, 256) => (
+            typed::moe_gemm_split128_wg256,
+            MG_WG_STAGES * (256 + 256) * MG_BK * B,
+            256,
+        ),
+        (128, _) => (typed::moe_gemm_split128, mma_smem(MG_BK), MG_BN),
+        _ => (typed::moe_gemm_split, mma_smem(MG_BK), MG_BN),
+    }
+}
+
+/// The most block rows the grouped expert GEMM can need for `nn` rows over
+/// `e` experts in tiles of `bm`: every full tile, plus a partial one per
+/// expert that has rows (at most `min(e, nn)` of them). Its grid is this tall;
+/// `moe_plan_tiles` writes how many there are and the rest return at once.
+fn moe_max_tiles(nn: usize, e: usize, bm: usize) -> usize {
+    nn / bm + e.min(nn)
+}
+
+/// A router that picked `n` indices outside the `e` experts.
+pub(super) fn router_out_of_range(n: i32, e: usize) -> anyhow::Error {
+    anyhow::anyhow!("router produced {n} expert indices outside 0..{e}: non-finite activations?")
+}
+
+/// Where `moe_grouped_device` reads and writes: the normed input rows `n`,
+/// the residual `x`, the router's indices and weights, and this layer's
+/// out-of-range count `bad`.
+pub(super) struct MoeIo {
+    pub n: u64,
+    pub x: u64,
+    pub idx: u64,
+    pub wts: u64,
+    pub bad: u64,
+}
+
+/// The prefill experts' row tiles: on the device (`moe_plan_tiles`' table,
+/// `most` block rows launched), or the per-expert counts on the host for the
+/// per-expert cuBLAS path.
+enum MoePlan {
+    Tiles { buf: u64, most: u32, bm: usize },
+    Counts(Vec<i32>),
+}
+
+impl GpuModel {
+    /// Prefill experts with the plan built on the device (`moe_plan_*`: entries
+    /// sorted by expert, tokens ascending within one): one gather + hi/lo split of
+    /// all `t * k` rows, the grouped split GEMMs over `moe_plan_tiles`' tile
+    /// table (nothing comes back to the host: the grid is the most tiles the
+    /// plan can need, and the out-of-range count lands in `io.bad`), one
+    /// SiLU*up + split, and `moe_combine` adding each token's `k` outputs in
+    /// ascending expert order (as `moe_grouped`'s per-expert scatter-adds do).
+    /// Where the grouped kernels do not fit the shapes, per-expert cuBLAS
+    /// calls on the counts copied back. Needs `GemmPath::CublasSplit`.
+    /// `Ok(true)` when the plan stayed on the device (`io.bad` written).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn moe_grouped_device(
+        &self,
+        sc: &mut Scratch,
+        t: usize,
+        e: usize,
+        k: usize,
+        inter: usize,
+        io: MoeIo,
+        gate_up: &DBuf,
+        down: &DBuf,
+    ) -> Result<bool> {
+        let d = &self.dev;
+        let h = self.cfg.hidden_size;
+        let MoeIo {
+            n,
+            x,
+            idx,
+            wts,
+            bad,
+        } = io;
+        let nn = t * k;
+        let counts = sc.get(d, "plan_counts", (e + 1) * 4)?;
+        kernels::moe_plan_count(
+            d,
+            Launch::new(((e + 1) as u32, 1, 1), (256, 1, 1), 0),
+            dptr(idx),
+            i(nn),
+            i(e),
+            dptr(counts),
+        )?;
+        let pr = sc.get(d, "plan_rows", nn * 4)?;
+        let slot = sc.get(d, "plan_slot", nn * 4)?;
+        kernels::moe_plan_place(
+            d,
+            Launch::new((e as u32, 1, 1), (256, 1, 1), 0),
+            dptr(idx),
+            i(nn),
+            i(k),
+            i(e),
+            dptr(counts),
+            dptr(pr),
+            dptr(slot),
+        )?;
+        let plan =
+            if self.opts.grouped_moe && h.is_multiple_of(MG_BK) && inter.is_multiple_of(MG_BK) {
+                // 128-row tiles once experts average that many rows, were every
+                // expert busy (the counts stay on the device).
+                let bm = if nn / e.min(nn) >= 128 { 128 } else { 64 };
+                let most = moe_max_tiles(nn, e, bm);
+                if most > 65_535 {
+                    bail!("{most} expert row tiles exceed the grid's 65,535");
+                }
+                let tiles = sc.get(d, "moe_tiles", (1 + 3 * most) * 4)?;
+                kernels::moe_plan_tiles(
+                    d,
+                    Launch::new((1, 1, 1), (256, 1, 1), 0),
+                    dptr(counts),
+                    i(e),
+                    i(bm),
+                    i(nn),
+                    dptr(tiles),
+                    dptr(pr),
+                    dptr(bad),
+                )?;
+                MoePlan::Tiles {
+                    buf: tiles,
+                    most: most as u32,
+                    bm,
+                }
+            } else {
+                let mut hc = vec![0i32; e + 1];
+                d.dtoh(&mut hc, counts)?;
+                if hc[e] != 0 {
+                    return Err(router_out_of_range(hc[e], e));
+                }
+                hc.truncate(e);
+                MoePlan::Counts(hc)
+            };
+        // hi | lo bf16 halves of the gathered rows; reused for the f32 expert outputs.
+        let xs = sc.get(d, "moe_xs", nn * h * F)?;
+        let (hi, lo) = (xs, xs + (nn * h * B) as u64);
+        kernels::gather_split_bf16(
+            d,
+            Launch::new((nn as u32, 1, 1), (256, 1, 1), 0),
+            dptr(n),
+            i(h),
+            dptr(pr),
+            nn as i64,
+            i(h),
+            dptr(hi),
+            dptr(lo),
+        )?;
+        // y (f32, rows in plan order) = a (hi + lo) W_e^T per expert.
+        let experts = |a_hi: u64, a_lo: u64, w: &DBuf, y: u64, rows: usize, cols: usize| match &plan
+        {
+            MoePlan::Tiles { buf, most, bm } => {
+                let (name, smem, bn) = moe_gemm_kernel(
+                    *bm,
+                    d.wgmma(),
+                    self.opts.moe_wg_cols,
+                    self.opts.moe_k64,
+                    cols,
+                );
+                (name.launch)(
+                    d,
+                    Launch::new(
+                        (rows.div_ceil(bn) as u32, *most, 1),
+                        (2 * *bm as u32, 1, 1),
+                        smem as u32,
+                    ),
+                    dptr(a_hi),
+                    dptr(a_lo),
+                    dptr(w.ptr()),
+                    (rows * cols) as i64,
+                    dptr(*buf),
+                    dptr(y),
+                    i(rows),
+                    i(cols),
+                )
+            }
+            MoePlan::Counts(hc) => {
+                let mut start = 0;
+                for (ex, &cnt) in hc.iter().enumerate() {
+                    let cnt = cnt as usize;
+                    if cnt == 0 {
+                        continue;
+                    }
+                    let w = w.at(ex * rows * cols * B);
+                    let y = y + (start * rows * F) as u64;
+                    d.gemm_bf16(
+                        a_hi + (start * cols * B) as u64,
+                        w,
+                        y,
+                        cnt,
+                        rows,
+                        cols,
+                        false,
+                    )?;
+                    d.gemm_bf16(
+                        a_lo + (start * cols * B) as u64,
+                        w,
+                        y,
+                        cnt,
+                        rows,
+                        cols,
+                        true,
+                    )?;
+                    start += cnt;
+                }
+                Ok(())
+            }
+        };
+        let gu = sc.get(d, "gu", nn * 2 * inter * F)?;
+        experts(hi, lo, gate_up, gu, 2 * inter, h)?;
+        let ah = sc.get(d, "moe_act", nn * inter * 2 * B)?;
+        let al = ah + (nn * inter * B) as u64;
+        kernels::silu_mul_split(
+            d,
+            Launch::new((nn as u32, 1, 1), (256, 1, 1), 0),
+            dptr(gu),
+            nn as i64,
+            i(inter),
+            dptr(ah),
+            dptr(al),
+        )?;
+        let ye = xs;
+        experts(ah, al, down, ye, h, inter)?;
+        kernels::moe_combine(
+            d,
+            Launch::new((t as u32, 1, 1), (256, 1, 1), 0),
+            dptr(ye),
+            dptr(idx),
+            dptr(wts),
+            dptr(slot),
+            i(t),
+            i(k),
+            i(e),
+            i(h),
+            dptr(x),
+        )?;
+        Ok(matches!(plan, MoePlan::Tiles { .. }))
+    }
+
+    /// Prefill experts: route on the device, copy the plan back, then per expert
+    /// gather its tokens, two GEMMs, and a weighted scatter-add into the residual.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn moe_grouped(
+        &self,
+        sc: &mut Scratch,
+        t: usize,
+        e: usize,
+        k: usize,
+        inter: usize,
+        n: u64,
+        x: u64,
+        idx: u64,
+        wts: u64,
+        gate_up: &DBuf,
+        down: &DBuf,
+    ) -> Result<()> {
+        let d = &self.dev;
+        let h = self.cfg.hidden_size;
+        let mut hidx = vec![0i32; t * k];
+        let mut hw = vec![0f32; t * k];
+        d.dtoh(&mut hidx, idx)?;
+        d.dtoh(&mut hw, wts)?;
+        let mut rows: Vec<Vec<(i32, f32)>> = vec![Vec::new(); e];
+        for (j, (&ex, &w)) in hidx.iter().zip(&hw).enumerate() {
+            if ex < 0 || ex as usize >= e {
+                bail!("router produced expert {ex} (of {e}): non-finite activations?");
+            }
+            rows[ex as usize].push(((j / k) as i32, w));
+        }
+        let mut plan_rows = Vec::with_capacity(t * k);
+        let mut plan_w = Vec::with_capacity(t * k);
+        let mut spans = Vec::new();
+        for (ex, r) in rows.iter().enumerate() {
+            if r.is_empty() {
+                continue;
+            }
+            spans.push((ex, plan_rows.len(), r.len()));
+            plan_rows.extend(r.iter().map(|p| p.0));
+            plan_w.extend(r.iter().map(|p| p.1));
+        }
+        let pr = sc.get(d, "plan_rows", plan_rows.len() * 4)?;
+        let pw = sc.get(d, "plan_w", plan_w.len() * F)?;
+        d.htod(pr, &plan_rows)?;
+        d.htod(pw, &plan_w)?;
+        let maxn = spans.iter().map(|s| s.2).max().unwrap_or(0);
+        let xe = sc.get(d, "xe", maxn * h * F)?;
+        let gu = sc.get(d, "gu", maxn * 2 * inter * F)?;
+        let act = sc.get(d, "act", maxn * inter * F)?;
+        let ye = sc.get(d, "ye", maxn * h * F)?;
+        for (ex, start, cnt) in spans {
+            let r = pr + (start * 4) as u64;
+            let w = pw + (start * F) as u64;
+            kernels::gather_rows(
+                d,
+                Launch::new(((h as u32).div_ceil(256), cnt as u32, 1), (256, 1, 1), 0),
+                dptr(n),
+                i(h),
+                dptr(r),
+                i(cnt),
+                i(h),
+                dptr(xe),
+            )?;
+            self.linear_raw(
+                sc,
+                xe,
+                cnt,
+                gate_up.at(ex * 2 * inter * h * B),
+                2 * inter,
+                h,
+                gu,
+                false,
+            )?;
+            kernels::silu_mul(
+                d,
+                Launch::new(
+                    ((inter as u32).div_ceil(256), cnt as u32, 1),
+                    (256, 1, 1),
+                    0,
+                ),
+                dptr(gu),
+                i(2 * inter),
+                i(0),
+                i(inter),
+                dptr(act),
+                i(inter),
+                i(cnt),
+            )?;
+            self.linear_raw(
+                sc,
+                act,
+                cnt,
+                down.at(ex * h * inter * B),
+                h,
+                inter,
+                ye,
+                false,
+            )?;
+            kernels::scatter_add_rows(
+                d,
+                Launch::new(((h as u32).div_ceil(256), cnt as u32, 1), (256, 1, 1), 0),
+                dptr(ye),
+                dptr(r),
+                dptr(w),
+                i(cnt),
+                i(h),
+                dptr(x),
+            )?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn expert_gemm_kernels_fit_and_fall_back() {
+        // Shared memory within the H100/H200's 227 KB per block; without
+        // wgmma, or for 64-row tiles, the mma.sync kernels, k steps of 64
+        // for 64-row tiles where k allows.
+        for bm in [64, 128] {
+            for wgmma in [false, true] {
+                for cols in [0, 128, 256] {
+                    for (k64, k) in [(false, 2048), (true, 2048), (true, 96)] {
+                        let (kernel, smem, bn) = moe_gemm_kernel(bm, wgmma, cols, k64, k);
+                        let name = kernel.name();
+                        assert!(smem <= 227 * 1024, "{name}: {smem} bytes");
+                        let wg = bm == 128 && wgmma && cols != 0;
+                        assert_eq!(
+                            name.contains("_wg"),
+                            wg,
+                            "bm {bm} wgmma {wgmma} cols {cols}"
+                        );
+                        assert_eq!(bn, if wg { cols } else { MG_BN });
+                        let want_k64 = bm == 64 && k64 && k % 64 == 0;
+                        assert_eq!(name == "moe_gemm_split_k64", want_k64, "{name}");
+                    }
+                }
+            }
+        }
+        // moe_gemm_split128_wg's sm_80 stand-in is the mma.sync kernel, so
+        // its shared memory must hold that kernel's too.
+        let (_, wg, _) = moe_gemm_kernel(128, true, 128, true, 2048);
+        let (_, mma, _) = moe_gemm_kernel(128, false, 128, true, 2048);
+        assert!(wg >= mma, "{wg} < {mma}");
+    }
+
+    #[test]
+    fn the_expert_tile_grid_covers_every_plan() {
+        // The tiles a plan needs (moe_plan_tiles' count) never exceed the grid.
+        let need =
+            |counts: &[usize], bm: usize| counts.iter().map(|c| c.div_ceil(bm)).sum::<usize>();
+        let mut r = 0x2545_f491_4f6c_dd1du64;
+        let mut next = |m: usize| {
+            r ^= r << 13;
+            r ^= r >> 7;
+            r ^= r << 17;
+            (r % m as u64) as usize
+        };
+        for bm in [64, 128] {
+            for &(nn, e) in &[
+                (1, 256),
+                (8, 256),
+                (8192, 256),
+                (131_072, 256),
+                (300, 4),
+                (65, 1),
+            ] {
+                // Uniform, all on one expert, and one short of a tile on each.
+                let mut uniform = vec![0; e];
+                for _ in 0..nn {
+                    uniform[next(e)] += 1;
+                }
+                let mut one = vec![0; e];
+                one[e - 1] = nn;
+                let mut ragged = vec![0; e];
+                let mut left = nn;
+                for c in ragged.iter_mut() {
+                    *c = left.min(bm - 1);
+                    left -= *c;
+                }
+                ragged[0] += left;
+                for counts in [uniform, one, ragged] {
+                    assert_eq!(counts.iter().sum::<usize>(), nn);
+                    assert!(
+                        need(&counts, bm) <= moe_max_tiles(nn, e, bm),
+                        "{nn} {e} {bm}"
+                    );
+                }
+            }
+            // Every expert one row past a full tile: within a few rows of the bound.
+            let counts = vec![bm + 1; 256];
+            let most = moe_max_tiles(256 * (bm + 1), 256, bm);
+            assert!(need(&counts, bm) <= most && most <= need(&counts, bm) + 4);
+        }
+    }
+}

@@ -1,0 +1,165 @@
+//! The prefill building blocks every layer kind uses: projections (GEMV at
+//! T = 1, cuBLAS or the tiled kernel otherwise, per `GemmPath`), the (1+w)
+//! RMSNorm, the residual add, and the pass's work buffers.
+
+use super::weights::DevMat;
+use super::{B, DBuf, Device, GemmPath, GpuModel};
+use crate::gpu::kernels::{self, Launch};
+use crate::gpu::{dptr, i};
+use anyhow::Result;
+use std::collections::HashMap;
+
+/// Work buffers, grown on demand and reused across passes.
+#[derive(Default)]
+pub(super) struct Scratch {
+    bufs: HashMap<&'static str, DBuf>,
+    /// Where `logits_device` left the last logits: (sequence id, the
+    /// position they follow, device pointer), for `last_logits`.
+    pub last_logits: Option<(u64, usize, u64)>,
+    /// The stream-K plan of the warpgroup prompt attention on the device:
+    /// (tokens, first position, blocks, buffer) it was made for.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    pub attn_plan: Option<(usize, usize, usize, u64)>,
+}
+
+impl Scratch {
+    pub fn get(&mut self, dev: &Device, name: &'static str, bytes: usize) -> Result<u64> {
+        let need = bytes.max(256);
+        if let Some(b) = self.bufs.get(name)
+            && b.bytes() >= need
+        {
+            return Ok(b.ptr());
+        }
+        self.bufs.remove(name);
+        let b = dev.alloc(need.next_power_of_two())?;
+        let p = b.ptr();
+        self.bufs.insert(name, b);
+        Ok(p)
+    }
+}
+
+impl GpuModel {
+    /// `y[t, :] = W x[t, :]` for T rows of x (f32) into y (f32).
+    pub(super) fn linear(
+        &self,
+        sc: &mut Scratch,
+        x: u64,
+        t: usize,
+        w: &DevMat,
+        y: u64,
+        accumulate: bool,
+    ) -> Result<()> {
+        self.linear_raw(sc, x, t, w.buf.ptr(), w.rows, w.cols, y, accumulate)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn linear_raw(
+        &self,
+        sc: &mut Scratch,
+        x: u64,
+        t: usize,
+        w: u64,
+        rows: usize,
+        cols: usize,
+        y: u64,
+        accumulate: bool,
+    ) -> Result<()> {
+        let d = &self.dev;
+        if t == 1 {
+            return kernels::gemv_bf16(
+                d,
+                Launch::new(((rows as u32).div_ceil(8), t as u32, 1), (256, 1, 1), 0),
+                dptr(w),
+                dptr(x),
+                dptr(y),
+                i(rows),
+                i(cols),
+                i(t),
+                i(accumulate as usize),
+            );
+        }
+        match self.gemm {
+            GemmPath::Tiled => kernels::gemm_tiled(
+                d,
+                Launch::new(
+                    ((rows as u32).div_ceil(64), (t as u32).div_ceil(64), 1),
+                    (256, 1, 1),
+                    0,
+                ),
+                dptr(x),
+                dptr(w),
+                dptr(y),
+                i(t),
+                i(rows),
+                i(cols),
+                i(accumulate as usize),
+            ),
+            GemmPath::Cublas => {
+                let n = t * cols;
+                let xb = sc.get(d, "x_bf16", n * B)?;
+                kernels::f32_to_bf16(
+                    d,
+                    Launch::new(((n as u32).div_ceil(256), 1, 1), (256, 1, 1), 0),
+                    dptr(x),
+                    dptr(xb),
+                    n as i64,
+                )?;
+                d.gemm_bf16(xb, w, y, t, rows, cols, accumulate)
+            }
+            GemmPath::CublasSplit => {
+                let n = t * cols;
+                let hi = sc.get(d, "x_bf16", 2 * n * B)?;
+                let lo = hi + (n * B) as u64;
+                kernels::f32_to_bf16_split(
+                    d,
+                    Launch::new(((n as u32).div_ceil(4 * 256), 1, 1), (256, 1, 1), 0),
+                    dptr(x),
+                    dptr(hi),
+                    dptr(lo),
+                    n as i64,
+                )?;
+                d.gemm_bf16(hi, w, y, t, rows, cols, accumulate)?;
+                d.gemm_bf16(lo, w, y, t, rows, cols, true)
+            }
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn rmsnorm(
+        &self,
+        x: u64,
+        x_stride: usize,
+        w: &DBuf,
+        out: u64,
+        out_stride: usize,
+        rows: usize,
+        dim: usize,
+    ) -> Result<()> {
+        kernels::rmsnorm(
+            &self.dev,
+            Launch::new((rows as u32, 1, 1), (256, 1, 1), 0),
+            dptr(x),
+            i(x_stride),
+            dptr(w.ptr()),
+            dptr(out),
+            i(out_stride),
+            i(rows),
+            i(dim),
+            self.cfg.rms_norm_eps,
+        )
+    }
+
+    /// `x += y` over `t` rows of the residual stream.
+    pub(super) fn residual_add(&self, x: u64, mixed: u64, t: usize) -> Result<()> {
+        let (d, h) = (&self.dev, self.cfg.hidden_size);
+        let nel = t * h;
+        kernels::add_inplace(
+            d,
+            Launch::new(((nel as u32).div_ceil(256), 1, 1), (256, 1, 1), 0),
+            dptr(x),
+            dptr(mixed),
+            nel as i64,
+        )?;
+        Ok(())
+    }
+}

@@ -1,0 +1,103 @@
+//! One walk over the layers, shared by prompts and decode steps
+//! ([`GpuModel::walk`]), and what each kind of pass hands the layers.
+//!
+//! # The per-layer interface
+//!
+//! Every layer kind (`gdn::GdnLayer`, `attention::AttnLayer`,
+//! `moe::MoeLayer`, `mlp::DenseLayer`) owns its device weights and offers
+//!
+//! ```text
+//! fn prefill(&self, m: &GpuModel, pf: &mut Prefill, norm: &DBuf [, li: usize]) -> Result<()>
+//! fn decode(&self, m: &GpuModel, dc: &Decode, norm: &DBuf [, li: usize]) -> Result<()>
+//! ```
+//!
+//! with one contract for both: read the residual stream (rows of `[R,
+//! hidden]` f32), normalise it with `norm` (the layer's input norm for a
+//! mixer, its post-attention norm for an MLP), and add the layer's output
+//! back into the same rows. A prompt pass has `R = t` rows, the tokens of
+//! one sequence, and runs the norm as a kernel; a decode step folds the norm
+//! into its first GEMV (from the per-block sums of squares the previous
+//! residual kernel wrote) and the residual add into its last.
+//!
+//! Mixers take their layer index `li` and reach the recurrent state or KV
+//! cache through the pass (`Prefill::gdn`, `Prefill::kv`, `Decode::gdn`,
+//! `Decode::kv`), never from a sequence of their own. That is where
+//! continuous batching (issue 23) plugs in: a decode step is `R = B` rows,
+//! one token of each of B sequences, in `DecodeState`'s `[B, hidden]`
+//! buffers; `Decode` then carries the batch's slots, and `gdn`/`kv` resolve a
+//! layer's state per row (a device table of per-sequence pointers for the
+//! kernels) instead of the one sequence's spans. The layers' signatures and
+//! the walk stay as they are; today B = 1.
+
+use super::decode::DecodeState;
+use super::seq_state::Span;
+use super::{GpuSequence, Scratch, SeqLayer};
+use anyhow::{Result, bail};
+
+/// A prompt pass: `t` tokens of one sequence from position `pos0`, as the
+/// rows of the `[t, hidden]` buffers `x` (residual), `n` (normed input) and
+/// `mixed` (a mixer's output before the residual add).
+pub(super) struct Prefill<'a> {
+    pub sc: &'a mut Scratch,
+    /// The sequence's per-layer state.
+    pub states: &'a [SeqLayer],
+    pub t: usize,
+    pub pos0: usize,
+    /// Multi-token passes take the prefill kernels (tiled attention,
+    /// parallel conv, warp-per-token router); `QWASI_PREFILL=reference`
+    /// keeps the original kernels for comparison.
+    pub fast: bool,
+    pub x: u64,
+    pub n: u64,
+    pub mixed: u64,
+    /// Per MoE layer planned on the device, its count of router indices
+    /// outside the experts (`moe_plan_tiles`), checked once at the end: the
+    /// counts' buffer, how many layers wrote one, and the expert count.
+    pub bad_words: u64,
+    pub planned: usize,
+    pub experts: usize,
+}
+
+/// A decode step: the step's buffers (token, position, `[B, hidden]`
+/// activations) and the sequence each row decodes (B = 1 today).
+pub(super) struct Decode<'a> {
+    pub ds: &'a DecodeState,
+    pub seq: &'a GpuSequence,
+}
+
+/// What a walk over the layers runs: a prompt pass or a decode step.
+pub(super) enum Pass<'p, 'a> {
+    Prefill(&'p mut Prefill<'a>),
+    Decode(&'p Decode<'a>),
+}
+
+/// Layer `li`'s state in `states`, which must be of the layer's kind.
+fn state(states: &[SeqLayer], li: usize, gdn: bool) -> Result<(Span, Span)> {
+    match (states.get(li), gdn) {
+        (Some(&SeqLayer::Gdn { conv, s }), true) => Ok((conv, s)),
+        (Some(&SeqLayer::Attn { k, v }), false) => Ok((k, v)),
+        _ => bail!("layer state does not match the layer kind"),
+    }
+}
+
+impl Prefill<'_> {
+    /// GDN layer `li`'s (conv window, recurrent state).
+    pub fn gdn(&self, li: usize) -> Result<(Span, Span)> {
+        state(self.states, li, true)
+    }
+    /// Attention layer `li`'s (K, V) cache.
+    pub fn kv(&self, li: usize) -> Result<(Span, Span)> {
+        state(self.states, li, false)
+    }
+}
+
+impl Decode<'_> {
+    /// GDN layer `li`'s (conv window, recurrent state) of the step's sequence.
+    pub fn gdn(&self, li: usize) -> Result<(Span, Span)> {
+        state(&self.seq.layers, li, true)
+    }
+    /// Attention layer `li`'s (K, V) cache of the step's sequence.
+    pub fn kv(&self, li: usize) -> Result<(Span, Span)> {
+        state(&self.seq.layers, li, false)
+    }
+}

@@ -1,0 +1,256 @@
+//! What the `Backend` readouts copy back from the device (`readout.rs`'s
+//! protocol): the logits row, the greedy token and its log-probability
+//! (argmax + log-sum-exp on the device, 12 bytes), the head of the row (the
+//! 64 largest logits, `kernels/sampling.cu`), or the row's weights summed
+//! per block of 64 and then what the host sampler asks for.
+
+use super::{F, GpuModel, GpuSequence, Scratch};
+use crate::gpu::kernels::{self, Launch};
+use crate::gpu::{dptr, i};
+use crate::sampling::{
+    RowPlanner, RowRead, RowSums, Sampled, TOP_CANDIDATES, TopLogits, WEIGHT_BLOCK, WeightedRow,
+    Weighting, key_parts,
+};
+use anyhow::{Result, bail};
+
+/// kernels/sampling.cu: keys per head (TOP_K, the sampler's candidates),
+/// logits per slice of the first pass (one sort round), and the head's size
+/// in 8-byte words (keys, then the max and the log-sum-exp as two f32).
+const TOP_KEYS: usize = TOP_CANDIDATES;
+const TOP_PER_PART: usize = 4096 - TOP_KEYS;
+const HEAD_WORDS: usize = TOP_KEYS + 1;
+
+/// Fails (before any work) when more than the device's head is asked for.
+fn check_head(k: usize) -> Result<()> {
+    if k > TOP_KEYS {
+        bail!("the device reads at most {TOP_KEYS} top logits, {k} asked for");
+    }
+    Ok(())
+}
+
+/// The first `k` (at most `TOP_KEYS`) entries of a head read back from the device.
+fn head_of(words: &[u64], k: usize) -> TopLogits {
+    TopLogits {
+        top: words[..k].iter().map(|&w| key_parts(w)).collect(),
+        lse: f32::from_bits((words[TOP_KEYS] >> 32) as u32) as f64,
+    }
+}
+
+impl GpuModel {
+    /// The logits after `tokens` (checked): the fused decode step for one
+    /// token, prompt passes and the lm_head otherwise.
+    pub(super) fn logits_device(
+        &self,
+        seq: &mut GpuSequence,
+        tokens: &[u32],
+        sc: &mut Scratch,
+    ) -> Result<u64> {
+        self.check_tokens(seq, tokens)?;
+        sc.last_logits = None;
+        let logits = if tokens.len() == 1 && self.opts.fused_decode {
+            self.decode_step(seq, tokens[0])?.0
+        } else {
+            let nf = self.run_passes(seq, tokens, sc)?;
+            self.head.logits(self, sc, nf)?
+        };
+        sc.last_logits = Some((seq.id, seq.pos, logits));
+        Ok(logits)
+    }
+
+    /// Launches the head of `logits` (kernels/sampling.cu): `HEAD_WORDS`
+    /// words at the returned buffer, followed by `extra` bytes for the caller.
+    fn read_head(&self, sc: &mut Scratch, logits: u64, extra: usize) -> Result<u64> {
+        let n = self.cfg.vocab_size;
+        let parts = n.div_ceil(TOP_PER_PART);
+        let keys = sc.get(&self.dev, "top_parts", parts * TOP_KEYS * 8)?;
+        let ms = sc.get(&self.dev, "top_ms", parts * 2 * F)?;
+        let out = sc.get(&self.dev, "top_out", HEAD_WORDS * 8 + extra)?;
+        kernels::logits_top_part(
+            &self.dev,
+            Launch::new((parts as u32, 1, 1), (1024, 1, 1), 0),
+            dptr(logits),
+            i(n),
+            i(TOP_PER_PART),
+            dptr(keys),
+            dptr(ms),
+        )?;
+        kernels::logits_top_merge(
+            &self.dev,
+            Launch::new((1, 1, 1), (1024, 1, 1), 0),
+            dptr(keys),
+            dptr(ms),
+            i(parts),
+            dptr(out),
+        )?;
+        Ok(out)
+    }
+
+    pub(super) fn read_logits(&self, seq: &mut GpuSequence, tokens: &[u32]) -> Result<Vec<f32>> {
+        let mut sc = self.scratch.lock().unwrap();
+        self.dev.bind()?;
+        let logits = self.logits_device(seq, tokens, &mut sc)?;
+        let mut out = vec![0f32; self.cfg.vocab_size];
+        self.dev.dtoh(&mut out, logits)?;
+        Ok(out)
+    }
+
+    /// The greedy token and its log-probability computed on the device
+    /// (argmax and log-sum-exp of the logits buffer): 12 bytes come back, not
+    /// the logits.
+    pub(super) fn read_greedy(&self, seq: &mut GpuSequence, tokens: &[u32]) -> Result<Sampled> {
+        let mut sc = self.scratch.lock().unwrap();
+        self.dev.bind()?;
+        if tokens.len() == 1 && self.opts.fused_decode {
+            self.check_tokens(seq, tokens)?;
+            let (logits, st) = self.decode_step(seq, tokens[0])?;
+            sc.last_logits = Some((seq.id, seq.pos, logits));
+            let mut out = [0f32; 3];
+            self.dev.dtoh(&mut out, st)?;
+            return greedy_sampled(out, self.cfg.vocab_size);
+        }
+        let logits = self.logits_device(seq, tokens, &mut sc)?;
+        let st = sc.get(&self.dev, "stats", 16)?;
+        kernels::logits_stats(
+            &self.dev,
+            Launch::new((1, 1, 1), (1024, 1, 1), 0),
+            dptr(logits),
+            i(self.cfg.vocab_size),
+            dptr(st),
+        )?;
+        let mut out = [0f32; 3];
+        self.dev.dtoh(&mut out, st)?;
+        greedy_sampled(out, self.cfg.vocab_size)
+    }
+
+    /// The head of the logits read on the device (kernels/sampling.cu): 64
+    /// keys and two floats come back instead of the row.
+    pub(super) fn read_top(
+        &self,
+        seq: &mut GpuSequence,
+        tokens: &[u32],
+        k: usize,
+    ) -> Result<TopLogits> {
+        check_head(k)?;
+        let mut sc = self.scratch.lock().unwrap();
+        self.dev.bind()?;
+        let logits = self.logits_device(seq, tokens, &mut sc)?;
+        let out = self.read_head(&mut sc, logits, 0)?;
+        let mut head = [0u64; HEAD_WORDS];
+        self.dev.dtoh(&mut head, out)?;
+        Ok(head_of(&head, k.min(self.cfg.vocab_size)))
+    }
+
+    /// The row weighted on the device (kernels/sampling.cu `logits_weights`,
+    /// the host sampler's block sums bit for bit): the head and the block
+    /// sums come back in one copy, then what `plan` asks for (one block's 64
+    /// logits, or nothing, or the row).
+    pub(super) fn read_weighted(
+        &self,
+        seq: &mut GpuSequence,
+        tokens: &[u32],
+        w: Weighting,
+        plan: &mut RowPlanner,
+    ) -> Result<WeightedRow> {
+        check_head(w.head)?;
+        let mut sc = self.scratch.lock().unwrap();
+        self.dev.bind()?;
+        let logits = self.logits_device(seq, tokens, &mut sc)?;
+        let n = self.cfg.vocab_size;
+        let nb = n.div_ceil(WEIGHT_BLOCK);
+        // One thread per block of 64 logits, 256 per launch block; then a
+        // heavy-token count per warp (two to an 8-byte word).
+        let grid = nb.div_ceil(256);
+        let warps = grid * 256 / 32;
+        let out = self.read_head(&mut sc, logits, nb * 8 + warps * 4)?;
+        let blocks = out + (HEAD_WORDS * 8) as u64;
+        let heavy = blocks + (nb * 8) as u64;
+        kernels::logits_weights(
+            &self.dev,
+            Launch::new((grid as u32, 1, 1), (256, 1, 1), 0),
+            dptr(logits),
+            i(n),
+            dptr(out),
+            w.temperature,
+            w.min_p,
+            dptr(blocks),
+            dptr(heavy),
+        )?;
+        let mut all = vec![0u64; HEAD_WORDS + nb + warps.div_ceil(2)];
+        self.dev.dtoh(&mut all, out)?;
+        let head = head_of(&all[..HEAD_WORDS], w.head.min(n));
+        let sums: Vec<f64> = all[HEAD_WORDS..HEAD_WORDS + nb]
+            .iter()
+            .map(|&b| f64::from_bits(b))
+            .collect();
+        let heavy_words = &all[HEAD_WORDS + nb..];
+        let heavy: usize = (0..warps)
+            .map(|k| (heavy_words[k / 2] >> (32 * (k % 2))) as u32 as usize)
+            .sum();
+        let read = plan(
+            &head,
+            RowSums {
+                blocks: &sums,
+                heavy,
+            },
+        );
+        let (start, len) = match read {
+            RowRead::Head => (0, 0),
+            RowRead::Block(b) => {
+                let start = (b * WEIGHT_BLOCK).min(n);
+                (start, WEIGHT_BLOCK.min(n - start))
+            }
+            RowRead::Whole => (0, n),
+        };
+        let mut row = vec![0f32; len];
+        self.dev.dtoh(&mut row, logits + (start * F) as u64)?;
+        Ok(WeightedRow {
+            head,
+            read,
+            logits: row,
+        })
+    }
+
+    /// The logits buffer of the last `forward*` when it ran on `seq` and
+    /// nothing ran on `seq` since (its position unchanged).
+    pub(super) fn read_last_logits(&self, seq: &GpuSequence) -> Option<Vec<f32>> {
+        let sc = self.scratch.lock().unwrap();
+        let (id, pos, ptr) = sc.last_logits?;
+        if id != seq.id || pos != seq.pos {
+            return None;
+        }
+        self.dev.bind().ok()?;
+        let mut out = vec![0f32; self.cfg.vocab_size];
+        self.dev.dtoh(&mut out, ptr).ok()?;
+        Some(out)
+    }
+}
+
+/// The device argmax `[token bits, max, log-sum-exp]` as a sampled token.
+/// The argmax kernels find no token when every logit is NaN or -inf (a
+/// broken hidden state): an error, not a token id past the vocabulary.
+fn greedy_sampled(out: [f32; 3], vocab: usize) -> Result<Sampled> {
+    let token = out[0].to_bits();
+    if token as usize >= vocab {
+        bail!("the model produced no finite logit (all NaN or -inf); generation stopped");
+    }
+    Ok(Sampled {
+        token,
+        logprob: -out[2],
+        top: Vec::new(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_greedy_step_without_a_finite_logit_is_an_error() {
+        let ok = greedy_sampled([f32::from_bits(7), 1.5, 0.25], 100).unwrap();
+        assert_eq!((ok.token, ok.logprob), (7, -0.25));
+        // argmax_final's "nothing found" index.
+        let err = greedy_sampled([f32::from_bits(0x7fff_ffff), f32::NEG_INFINITY, 0.0], 100);
+        assert!(err.unwrap_err().to_string().contains("no finite logit"));
+        assert!(greedy_sampled([f32::from_bits(100), 0.0, 0.0], 100).is_err());
+    }
+}

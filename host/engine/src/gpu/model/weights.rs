@@ -1,0 +1,335 @@
+//! Putting a model's weights on the device: uploaded from a checkpoint
+//! ([`GpuModel::new`]: fused per-layer projections, contiguous experts) or
+//! generated there from a seed ([`GpuModel::synthetic`]). Each layer kind
+//! lays out its own weights (`upload`, `synthetic` in its module); this file
+//! holds the helpers they share and refuses geometries the kernels cannot run.
+
+use super::attention::AttnLayer;
+use super::embed::EmbedHead;
+use super::gdn::GdnLayer;
+use super::mlp::DenseLayer;
+use super::moe::MoeLayer;
+use super::{B, DBuf, DLayer, Device, F, GpuModel, LayerMixer, LayerMlp, mlp_dims};
+use crate::config::{LayerKind, MlpConfig, ModelConfig};
+use crate::gpu::dptr;
+use crate::gpu::kernels::{self, Launch};
+use crate::gpu::options::GpuOptions;
+use crate::weights::{Mixer, Mlp, Weights};
+use anyhow::{Result, bail};
+
+/// A bf16 matrix on the device, row-major `[rows, cols]`.
+pub(super) struct DevMat {
+    pub buf: DBuf,
+    pub rows: usize,
+    pub cols: usize,
+}
+
+/// Uploads host tensors.
+pub(super) struct Upload<'a> {
+    pub dev: &'a Device,
+}
+
+impl Upload<'_> {
+    pub fn mat(&self, m: &crate::tensor::Mat) -> Result<DevMat> {
+        Ok(DevMat {
+            buf: self.dev.upload(m.data())?,
+            rows: m.rows,
+            cols: m.cols,
+        })
+    }
+
+    /// Matrices of the same width stacked into one (one GEMV / GEMM for all).
+    pub fn cat(&self, ms: &[&crate::tensor::Mat]) -> Result<DevMat> {
+        let cols = ms[0].cols;
+        let rows: usize = ms.iter().map(|m| m.rows).sum();
+        let buf = self.dev.alloc(rows * cols * B)?;
+        let mut off = 0;
+        for m in ms {
+            assert_eq!(m.cols, cols);
+            self.dev.htod(buf.at(off), m.data())?;
+            off += m.rows * cols * B;
+        }
+        Ok(DevMat { buf, rows, cols })
+    }
+
+    pub fn f32s(&self, v: &[f32]) -> Result<DBuf> {
+        self.dev.upload(v)
+    }
+}
+
+/// Seeded random weights generated on the device, one seed per tensor in
+/// the order they are drawn.
+pub(super) struct Synth<'a> {
+    dev: &'a Device,
+    seed: u64,
+    counter: u64,
+}
+
+impl Synth<'_> {
+    fn next_seed(&mut self) -> u64 {
+        self.counter += 1;
+        self.seed ^ self.counter.wrapping_mul(0x9E37_79B9_7F4A_7C15)
+    }
+
+    /// Scale of a uniform with standard deviation 1/sqrt(cols).
+    pub fn unif(cols: usize) -> f32 {
+        (3.0f32).sqrt() / (cols as f32).sqrt()
+    }
+
+    pub fn bf16(&mut self, n: usize, scale: f32) -> Result<DBuf> {
+        let s = self.next_seed();
+        let b = self.dev.alloc(n * B)?;
+        fill_uniform(self.dev, b.ptr(), n, s, scale, 0.0, true)?;
+        Ok(b)
+    }
+
+    pub fn f32s(&mut self, n: usize, scale: f32, offset: f32) -> Result<DBuf> {
+        let s = self.next_seed();
+        let b = self.dev.alloc(n * F)?;
+        fill_uniform(self.dev, b.ptr(), n, s, scale, offset, false)?;
+        Ok(b)
+    }
+
+    pub fn dmat(&mut self, rows: usize, cols: usize) -> Result<DevMat> {
+        Ok(DevMat {
+            buf: self.bf16(rows * cols, Self::unif(cols))?,
+            rows,
+            cols,
+        })
+    }
+
+    /// GDN decay logs (`fill_alog_f32`).
+    pub fn alog(&mut self, nv: usize) -> Result<DBuf> {
+        let a_log = self.dev.alloc(nv * F)?;
+        let seed = self.next_seed();
+        kernels::fill_alog_f32(
+            self.dev,
+            Launch::new(((nv as u32).div_ceil(256), 1, 1), (256, 1, 1), 0),
+            dptr(a_log.ptr()),
+            nv as i64,
+            seed,
+        )?;
+        Ok(a_log)
+    }
+}
+
+/// `n` seeded uniform values `offset + scale * u`, u in [-1, 1), at `ptr`:
+/// bf16 (`fill_uniform_bf16`) or f32 (`fill_uniform_f32`).
+pub(super) fn fill_uniform(
+    dev: &Device,
+    ptr: u64,
+    n: usize,
+    seed: u64,
+    scale: f32,
+    offset: f32,
+    bf16: bool,
+) -> Result<()> {
+    (if bf16 {
+        kernels::fill_uniform_bf16
+    } else {
+        kernels::fill_uniform_f32
+    })(
+        dev,
+        Launch::new(
+            (n.div_ceil(256).min(65_535 * 16) as u32, 1, 1),
+            (256, 1, 1),
+            0,
+        ),
+        dptr(ptr),
+        n as i64,
+        seed,
+        scale,
+        offset,
+    )
+}
+
+/// Largest expert count and top-k of the MoE kernels (`MOE_MAXE`, `MOE_MAXK` in kernels/compat.h).
+const MOE_MAXE: usize = 1024;
+const MOE_MAXK: usize = 32;
+
+/// Tokens per thread and longest conv kernel of `conv_silu_tokens`
+/// (`CONV_TPT`, `CONV_MAXK` in kernels/gdn.cu).
+pub(super) const CONV_TPT: usize = 16;
+const CONV_MAXK: usize = 8;
+
+/// Refuses geometries the kernels do not handle, before anything is allocated.
+fn check_supported(cfg: &ModelConfig) -> Result<()> {
+    if !(1..=CONV_MAXK).contains(&cfg.linear_conv_kernel) {
+        bail!(
+            "the GPU backend handles GDN conv kernels of 1 to {CONV_MAXK} taps; \
+             this model has {} (use --backend cpu)",
+            cfg.linear_conv_kernel
+        );
+    }
+    // The decode step's delta rule (kernels/decode.cu: dec_gdn_step) keeps a
+    // key head's state rows in 4 x 32 threads and a value head's columns in
+    // one block.
+    let (dk, dv) = (cfg.linear_key_head_dim, cfg.linear_value_head_dim);
+    let heads_ok = cfg.linear_num_key_heads > 0
+        && cfg
+            .linear_num_value_heads
+            .is_multiple_of(cfg.linear_num_key_heads);
+    if cfg.layer_kinds.contains(&LayerKind::Linear) && (dk > 128 || dv > 256 || !heads_ok) {
+        bail!(
+            "the GPU backend handles GDN key heads of up to 128 and value heads of up to 256, \
+             a whole number of value heads per key head; this model has {dk} and {dv}, \
+             {} value heads for {} key heads (use --backend cpu)",
+            cfg.linear_num_value_heads,
+            cfg.linear_num_key_heads
+        );
+    }
+    let (e, k, _, _) = mlp_dims(cfg);
+    if e > MOE_MAXE || k > MOE_MAXK {
+        bail!(
+            "the GPU backend handles up to {MOE_MAXE} experts and top-{MOE_MAXK} routing; \
+             this model has {e} experts, top-{k} (use --backend cpu)"
+        );
+    }
+    Ok(())
+}
+
+impl GpuModel {
+    /// Uploads `weights` to GPU 0 (fused per-layer projections, contiguous
+    /// experts), with the options of the environment ([`GpuOptions::from_env`]).
+    pub fn new(cfg: ModelConfig, w: &Weights) -> Result<Self> {
+        check_supported(&cfg)?;
+        let opts = GpuOptions::from_env()?;
+        let dev = Device::new(&opts.device)?;
+        let total = w.bytes_total();
+        eprintln!(
+            "[cuda] {}: uploading {:.2} GB of weights",
+            dev.name,
+            total as f64 / 1e9
+        );
+        let t0 = std::time::Instant::now();
+        let up = Upload { dev: &dev };
+        let mut layers = Vec::with_capacity(w.layers.len());
+        for (li, l) in w.layers.iter().enumerate() {
+            let mixer = match &l.mixer {
+                Mixer::Gdn(g) => LayerMixer::Gdn(GdnLayer::upload(&up, g)?),
+                Mixer::Attention(a) => LayerMixer::Attn(AttnLayer::upload(&up, a)?),
+            };
+            let mlp = match &l.mlp {
+                Mlp::Moe {
+                    router,
+                    experts,
+                    shared,
+                    shared_gate,
+                } => LayerMlp::Moe(MoeLayer::upload(
+                    &up,
+                    &cfg,
+                    router,
+                    experts,
+                    shared,
+                    shared_gate,
+                )?),
+                Mlp::Dense(d) => LayerMlp::Dense(DenseLayer::upload(&up, d)?),
+            };
+            layers.push(DLayer {
+                input_norm: up.f32s(&l.input_norm)?,
+                post_norm: up.f32s(&l.post_norm)?,
+                mixer,
+                mlp,
+            });
+            if (li + 1) % 10 == 0 {
+                eprintln!("[cuda] uploaded {} / {} layers", li + 1, w.layers.len());
+            }
+        }
+        let head = EmbedHead::upload(&up, w)?;
+        dev.sync()?;
+        eprintln!(
+            "[cuda] weights on the GPU in {:.1} s",
+            t0.elapsed().as_secs_f64()
+        );
+        Ok(Self::assemble(dev, cfg, head, layers, opts))
+    }
+
+    /// A model of `cfg`'s geometry with seeded random bf16 weights generated on
+    /// the GPU (no host copy): for speed and long-context runs without a checkpoint.
+    pub fn synthetic(cfg: ModelConfig, seed: u64) -> Result<Self> {
+        check_supported(&cfg)?;
+        let opts = GpuOptions::from_env()?;
+        let dev = Device::new(&opts.device)?;
+        let h = cfg.hidden_size;
+        let t0 = std::time::Instant::now();
+        let mut s = Synth {
+            dev: &dev,
+            seed,
+            counter: 0,
+        };
+        let mut layers = Vec::new();
+        for kind in cfg.layer_kinds.clone() {
+            let mixer = match kind {
+                LayerKind::Linear => LayerMixer::Gdn(GdnLayer::synthetic(&mut s, &cfg)?),
+                LayerKind::Full => LayerMixer::Attn(AttnLayer::synthetic(&mut s, &cfg)?),
+            };
+            let mlp = match cfg.mlp {
+                MlpConfig::Moe { .. } => LayerMlp::Moe(MoeLayer::synthetic(&mut s, &cfg)?),
+                MlpConfig::Dense { intermediate } => {
+                    LayerMlp::Dense(DenseLayer::synthetic(&mut s, h, intermediate)?)
+                }
+            };
+            layers.push(DLayer {
+                input_norm: s.f32s(h, 0.1, 1.0)?,
+                post_norm: s.f32s(h, 0.1, 1.0)?,
+                mixer,
+                mlp,
+            });
+        }
+        let head = EmbedHead::synthetic(&mut s, &cfg)?;
+        dev.sync()?;
+        let (free, total) = dev.mem_info();
+        eprintln!(
+            "[cuda] {}: synthetic {}-layer model generated in {:.1} s; {:.1} GB of {:.1} GB free",
+            dev.name,
+            cfg.num_layers(),
+            t0.elapsed().as_secs_f64(),
+            free as f64 / 1e9,
+            total as f64 / 1e9
+        );
+        Ok(Self::assemble(dev, cfg, head, layers, opts))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn geometries_the_kernels_cannot_run_are_refused_before_any_work() {
+        let mut cfg = crate::presets::qwen36_35b_a3b();
+        assert!(check_supported(&cfg).is_ok());
+        // conv_silu / conv_silu_tokens keep at most 8 taps in registers.
+        for taps in [0, 9] {
+            cfg.linear_conv_kernel = taps;
+            let err = check_supported(&cfg).unwrap_err().to_string();
+            assert!(err.contains("conv kernels of 1 to 8 taps"), "{err}");
+        }
+        cfg.linear_conv_kernel = 8;
+        assert!(check_supported(&cfg).is_ok());
+        // dec_gdn_step: key heads up to 128, value heads up to 256, whole
+        // value heads per key head.
+        for (dk, dv, nv, ok) in [
+            (128, 256, 32, true),
+            (256, 128, 32, false),
+            (128, 512, 32, false),
+            (128, 128, 24, false),
+        ] {
+            let mut c = cfg.clone();
+            (c.linear_key_head_dim, c.linear_value_head_dim) = (dk, dv);
+            c.linear_num_value_heads = nv;
+            let got = check_supported(&c);
+            assert_eq!(got.is_ok(), ok, "{dk} {dv} {nv}: {got:?}");
+            if let Err(e) = got {
+                assert!(e.to_string().contains("GDN key heads of up to 128"), "{e}");
+            }
+        }
+        cfg.mlp = MlpConfig::Moe {
+            num_experts: 2048,
+            top_k: 8,
+            intermediate: 512,
+            shared_intermediate: 512,
+        };
+        assert!(check_supported(&cfg).is_err());
+    }
+}
