@@ -135,18 +135,23 @@ def test_non_streaming_thinking_and_tool_call():
         assert json.loads(m.tool_calls[0].function.arguments) == {"city": "Paris", "days": 2}
 
 
-def test_tool_choice_violation_is_an_error():
-    import openai
-
+def test_tool_choice_required_overrides_the_model():
+    # The script never calls a tool; `required` constrains the decoding to a
+    # call anyway (never a 500 for what the model chose).
+    pick = {"type": "function", "function": {"name": "pick", "parameters": {
+        "type": "object", "properties": {"c": {"type": "string", "enum": ["x", "y"]}}, "required": ["c"]}}}
     with scripted(["No tools for me."]) as s:
         client = s.client()
-        # A 422, which the SDK does not retry (it retries 5xx).
-        with pytest.raises(openai.UnprocessableEntityError) as e:
-            client.chat.completions.create(
-                model=client.models.list().data[0].id,
-                messages=[{"role": "user", "content": "Weather?"}],
-                tools=[WEATHER_TOOL],
-                tool_choice="required",
-                extra_body={"enable_thinking": False},
-            )
-        assert e.value.body["code"] == "tool_choice_violation"
+        r = client.chat.completions.create(
+            model=client.models.list().data[0].id,
+            messages=[{"role": "user", "content": "Pick one."}],
+            tools=[pick],
+            tool_choice="required",
+            parallel_tool_calls=False,
+            max_tokens=40,
+            extra_body={"enable_thinking": False},
+        )
+        c = r.choices[0]
+        assert c.finish_reason == "tool_calls", c
+        assert [t.function.name for t in c.message.tool_calls] == ["pick"]
+        assert json.loads(c.message.tool_calls[0].function.arguments)["c"] in ("x", "y")

@@ -7,9 +7,8 @@ use serde_json::{Map, Value, json};
 use crate::chat::{Message, RenderOptions};
 use crate::choices::{self, Job, Meta};
 use crate::host::Host;
-use crate::params::{
-    self, ChatRequest, Common, CompletionRequest, Prompt, TokenizeRequest, ToolChoice, Tools,
-};
+use crate::params::{self, ChatRequest, Common, CompletionRequest, Prompt, TokenizeRequest, Tools};
+use crate::structured;
 use crate::template;
 use crate::tokens;
 use crate::toolcall::{self, Out, ToolParser};
@@ -214,6 +213,10 @@ fn generate_request(
         sampling: common.sampling.clone(),
         cache_salt: common.cache_salt.clone(),
         snapshot_points,
+        constraint: common
+            .constraint
+            .as_ref()
+            .map(|c| structured::constraint(c, None)),
     }
 }
 
@@ -253,81 +256,16 @@ impl Piece {
 
 #[derive(Debug, Clone, PartialEq)]
 pub enum Ended {
-    Finished {
-        reason: &'static str,
-        usage: Usage,
-    },
+    Finished { reason: &'static str, usage: Usage },
     Failed(String),
-    /// The output broke the request's tool rules (`tool_choice`, ...).
-    Rejected(ApiError),
 }
 
-/// The error for output that breaks `tool_choice`/`parallel_tool_calls`/`tools`.
-/// A 422, not a 5xx: the request was served as asked, the model's answer
-/// broke its rules, and retrying the same request (which clients do on a
-/// 5xx) rarely helps.
-pub fn tool_violation(message: impl Into<String>) -> ApiError {
-    ApiError::new(
-        422,
-        qwasi_guest_sdk::error::SERVER_ERROR,
-        Some("tool_choice_violation"),
-        message,
-    )
-}
-
-/// Tool-call parsing and validation of one generation.
+/// Tool-call parsing of one generation. What the calls may be is enforced
+/// while decoding (an engine constraint) where the request asks for it;
+/// whatever the model wrote is reported, never refused.
 struct ToolState {
     parser: ToolParser,
-    cfg: Tools,
     names: Vec<String>,
-    violation: Option<ApiError>,
-}
-
-impl ToolState {
-    fn check_start(&self, index: usize, name: &str) -> Result<(), ApiError> {
-        if !self
-            .cfg
-            .tools
-            .iter()
-            .any(|t| params::tool_name(t) == Some(name))
-        {
-            return Err(tool_violation(format!(
-                "the model called function '{name}', which is not in 'tools'"
-            )));
-        }
-        if let ToolChoice::Named(n) = &self.cfg.choice
-            && n != name
-        {
-            return Err(tool_violation(format!(
-                "tool_choice requires function '{n}', but the model called '{name}'"
-            )));
-        }
-        if index > 0 && !self.cfg.parallel {
-            return Err(tool_violation(
-                "parallel_tool_calls is false, but the model made more than one tool call",
-            ));
-        }
-        Ok(())
-    }
-
-    fn check_end(&self) -> Result<(), ApiError> {
-        if self.names.is_empty() {
-            match &self.cfg.choice {
-                ToolChoice::Required => {
-                    return Err(tool_violation(
-                        "tool_choice is 'required', but the model made no tool call",
-                    ));
-                }
-                ToolChoice::Named(n) => {
-                    return Err(tool_violation(format!(
-                        "tool_choice requires function '{n}', but the model made no tool call"
-                    )));
-                }
-                _ => {}
-            }
-        }
-        Ok(())
-    }
 }
 
 pub struct Driver<'h, H: Host> {
@@ -407,9 +345,7 @@ impl<'h, H: Host> Driver<'h, H> {
                 .collect();
             self.tools = Some(ToolState {
                 parser: ToolParser::new(toolcall::schemas(&tools.tools)),
-                cfg: tools.clone(),
                 names: Vec::new(),
-                violation: None,
             });
         }
         self
@@ -421,9 +357,6 @@ impl<'h, H: Host> Driver<'h, H> {
             piece.content.push_str(text);
             return;
         };
-        if ts.violation.is_some() {
-            return;
-        }
         let mut outs = ts.parser.push(text);
         if fin {
             outs.extend(ts.parser.finish());
@@ -432,10 +365,6 @@ impl<'h, H: Host> Driver<'h, H> {
             match o {
                 Out::Text(t) => piece.content.push_str(&t),
                 Out::Start { index, name } => {
-                    if let Err(e) = ts.check_start(index, &name) {
-                        ts.violation = Some(e);
-                        return;
-                    }
                     let id = format!("call_{}", self.host.random_hex(12));
                     piece.tool_calls.push(json!({"index": index, "id": id, "type": "function", "function": {"name": name, "arguments": ""}}));
                     ts.names.push(name);
@@ -446,13 +375,6 @@ impl<'h, H: Host> Driver<'h, H> {
                 Out::End { .. } => {}
             }
         }
-        if fin && let Err(e) = ts.check_end() {
-            ts.violation = Some(e);
-        }
-    }
-
-    fn take_violation(&mut self) -> Option<ApiError> {
-        self.tools.as_mut().and_then(|t| t.violation.take())
     }
 
     fn made_calls(&self) -> bool {
@@ -591,9 +513,6 @@ impl<'h, H: Host> Driver<'h, H> {
             {
                 *reason = "tool_calls";
             }
-        }
-        if let Some(e) = self.take_violation() {
-            self.ended = Some(Ended::Rejected(e));
         }
         piece
     }
@@ -919,7 +838,12 @@ fn chat_completions<H: Host, S: Output>(
         .into_iter()
         .filter(|&p| p > 0 && p < prompt_len)
         .collect();
-    let req = generate_request(&r.common, prompt_ids, max_tokens, points);
+    let mut req = generate_request(&r.common, prompt_ids, max_tokens, points);
+    // With thinking on, the model reasons freely and the constraint holds
+    // from `</think>` on.
+    if let Some(c) = &mut req.constraint {
+        c.start_after = thinking.then(|| host.token_to_id(THINK_END)).flatten();
+    }
     let jobs = (0..r.common.best_of)
         .map(|k| Job {
             prompt: 0,

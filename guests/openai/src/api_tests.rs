@@ -1257,8 +1257,8 @@ fn tool_call_stream_deltas() {
 }
 
 #[test]
-fn tool_choice_violations() {
-    // required, but no call.
+fn model_output_is_reported_never_refused() {
+    // required, but no call (the constraint is the engine's): the text, 200.
     let h = big_host("Just text.");
     let s = call(
         &h,
@@ -1266,12 +1266,27 @@ fn tool_choice_violations() {
         "/v1/chat/completions",
         tool_req(json!({"tool_choice": "required"})),
     );
-    assert_error(&s, 422, "tool_choice_violation");
-    // Unknown function.
+    assert_eq!(s.status, Some(200));
+    assert_eq!(s.json()["choices"][0]["message"]["content"], "Just text.");
+    // The request carried the tool-call constraint.
+    match h.request().constraint.map(|c| c.grammar) {
+        Some(Grammar::ToolCalls(t)) => assert!(t.required && t.tools.len() == 1),
+        other => panic!("{other:?}"),
+    }
+    // An unknown function is reported as called.
     let h = big_host("<tool_call>\n<function=nope>\n</function>\n</tool_call>");
     let s = call(&h, "POST", "/v1/chat/completions", tool_req(json!({})));
-    assert_error(&s, 422, "tool_choice_violation");
-    // Two calls with parallel_tool_calls false; streaming: an error event.
+    assert_eq!(s.status, Some(200));
+    assert_eq!(
+        s.json()["choices"][0]["message"]["tool_calls"][0]["function"]["name"],
+        "nope"
+    );
+    assert_eq!(
+        h.request().constraint,
+        None,
+        "auto without strict tools is free"
+    );
+    // Two calls with parallel_tool_calls false: both reported.
     let two = format!("{CALL_TEXT}\n{}", &CALL_TEXT[15..]);
     let h = big_host(&two);
     let s = call(
@@ -1281,7 +1296,7 @@ fn tool_choice_violations() {
         tool_req(json!({"parallel_tool_calls": false, "stream": true})),
     );
     let ev = s.events();
-    assert_eq!(ev.last().unwrap()["error"]["code"], "tool_choice_violation");
+    assert!(ev.iter().all(|e| e.get("error").is_none()), "{ev:?}");
     // tool_choice none: tools not rendered, markup is content.
     let h = big_host(CALL_TEXT);
     let s = call(
@@ -1660,4 +1675,41 @@ fn completion_best_of_and_prompt_list() {
     assert_eq!(prompts, [enc("x"), enc("x"), enc("xy"), enc("xy")]);
     assert_eq!(v["usage"]["prompt_tokens"], 2);
     assert_eq!(v["usage"]["completion_tokens"], 4);
+}
+
+#[test]
+fn structured_output_constraint_reaches_the_engine() {
+    // Thinking on (the default): the constraint starts after `</think>`.
+    let h = big_host("{}");
+    let body = json!({"model": "qwen3.6", "messages": [{"role": "user", "content": "JSON"}],
+        "response_format": {"type": "json_object"}});
+    let s = call(&h, "POST", "/v1/chat/completions", body.clone());
+    assert_eq!(s.status, Some(200));
+    let c = h.request().constraint.unwrap();
+    assert_eq!(c.grammar, Grammar::JsonObject);
+    assert_eq!(c.start_after, h.token_to_id("</think>"));
+    assert!(c.start_after.is_some());
+    // Thinking off: from the first token.
+    let h = big_host("{}");
+    let mut off = body.clone();
+    off["enable_thinking"] = json!(false);
+    call(&h, "POST", "/v1/chat/completions", off);
+    assert_eq!(h.request().constraint.unwrap().start_after, None);
+    // The host's refusal is a 400 naming the field.
+    let h = big_host("{}");
+    *h.fail_with.borrow_mut() = Some(GenerateError::InvalidRequest(
+        "invalid constraint: the schema is bad".into(),
+    ));
+    let s = call(&h, "POST", "/v1/chat/completions", body);
+    let v = assert_error(&s, 400, "invalid_value");
+    assert_eq!(v["error"]["param"], "response_format", "{v}");
+    // With enforced tool calls: one or the other.
+    let s = call(
+        &big_host("{}"),
+        "POST",
+        "/v1/chat/completions",
+        tool_req(json!({"tool_choice": "required", "guided_regex": "x"})),
+    );
+    let v = assert_error(&s, 400, "invalid_value");
+    assert_eq!(v["error"]["param"], "guided_regex", "{v}");
 }

@@ -14,6 +14,7 @@ use serde_json::{Value, json};
 use crate::api::{Driver, Ended, Format, Piece, TokenLp, send_json, usage_json};
 use crate::host::Host;
 use crate::params::Common;
+use crate::structured;
 use qwasi_guest_sdk::ApiError;
 use qwasi_guest_sdk::http::Output;
 use qwasi_guest_sdk::inference::{GenerateRequest, Generation, Usage};
@@ -120,7 +121,6 @@ fn drive<H: Host>(host: &H, mut job: Job<H>) -> Result<Outcome, ApiError> {
     let mean_logprob = driver.mean_logprob();
     match driver.ended.take().expect("ended") {
         Ended::Failed(msg) => Err(ApiError::internal(format!("generation failed: {msg}"))),
-        Ended::Rejected(e) => Err(e),
         Ended::Finished { reason, usage } => Ok(Outcome {
             prompt: job.prompt,
             piece: all,
@@ -142,8 +142,23 @@ fn add_usage(total: &mut Usage, u: &Usage, first_of_prompt: bool) {
     total.completion_tokens += u.completion_tokens;
 }
 
-/// Runs every job and answers: one JSON response, or a stream.
+/// Runs every job and answers: one JSON response, or a stream. A
+/// constraint the host refused is a 400 naming the request field it came from.
 pub fn respond<H: Host, F: Format, S: Output>(
+    host: &H,
+    jobs: Vec<Job<H>>,
+    formats: &[F],
+    m: &Meta,
+    common: &Common,
+    sink: &mut S,
+) -> Result<(), ApiError> {
+    respond_all(host, jobs, formats, m, common, sink).map_err(|e| match &common.constraint {
+        Some(c) => structured::rejected(c, e),
+        None => e,
+    })
+}
+
+fn respond_all<H: Host, F: Format, S: Output>(
     host: &H,
     jobs: Vec<Job<H>>,
     formats: &[F],
@@ -293,11 +308,6 @@ fn stream_one<H: Host, F: Format, S: Output, G: Generation>(
             Some(Ended::Failed(msg)) => {
                 generation = None;
                 let e = ApiError::internal(format!("generation failed: {msg}"));
-                let _ = w.json(&e.to_json());
-                let _ = w.done();
-            }
-            Some(Ended::Rejected(e)) => {
-                generation = None;
                 let _ = w.json(&e.to_json());
                 let _ = w.done();
             }

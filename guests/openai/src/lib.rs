@@ -11,6 +11,7 @@ pub mod choices;
 pub mod host;
 pub mod params;
 pub mod pyfmt;
+pub mod structured;
 pub mod template;
 pub mod tokens;
 pub mod toolcall;

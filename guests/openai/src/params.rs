@@ -1,6 +1,7 @@
 //! Request bodies: parsing and validation, each error naming its parameter.
 
 use crate::chat::{Message, RenderOptions, parse_messages};
+use crate::structured::{self, Requested};
 use qwasi_guest_sdk::ApiError;
 use qwasi_guest_sdk::inference::{ModelInfo, SamplingParams};
 use serde_json::{Map, Value};
@@ -23,6 +24,8 @@ pub struct Common {
     pub ignore_eos: bool,
     pub stop_token_ids: Vec<u32>,
     pub cache_salt: Option<String>,
+    /// Structured output or enforced tool calls.
+    pub constraint: Option<Requested>,
     /// Choices returned per prompt.
     pub n: u32,
     /// Generations per prompt, the `n` most likely returned (>= n).
@@ -442,6 +445,7 @@ pub fn parse_completion(
         return Err(ApiError::unsupported("suffix", "'suffix' is not supported"));
     }
     common.sampling.logprobs = logprobs;
+    common.constraint = structured::parse(&f, false)?;
     Ok(CompletionRequest {
         common,
         prompts,
@@ -679,16 +683,19 @@ pub fn parse_chat(body: &Map<String, Value>, info: &ModelInfo) -> Result<ChatReq
     if logprobs {
         common.sampling.logprobs = Some(top_logprobs);
     }
-    if let Some(rf) = f.get("response_format") {
-        let t = rf.get("type").and_then(Value::as_str);
-        if t != Some("text") {
-            return Err(ApiError::unsupported(
-                "response_format",
-                "only response_format {\"type\": \"text\"} is supported",
+    let (mut render, tools) = parse_tool_side(&f, info)?;
+    common.constraint = match (structured::parse(&f, true)?, structured::tool_calls(&tools)) {
+        (Some(format), Some(_)) => {
+            return Err(ApiError::invalid_value(
+                &format.param,
+                format!(
+                    "'{}' cannot be combined with enforced tool calls (tool_choice 'required', a named function, or strict tools)",
+                    format.param
+                ),
             ));
         }
-    }
-    let (mut render, tools) = parse_tool_side(&f, info)?;
+        (format, calls) => format.or(calls),
+    };
     render.add_generation_prompt = true;
     Ok(ChatRequest {
         common,
@@ -1038,10 +1045,10 @@ mod tests {
             Some("tool_choice")
         );
         assert_eq!(
-            with("response_format", json!({"type": "json_object"}))
+            with("response_format", json!({"type": "xml"}))
                 .param
                 .as_deref(),
-            Some("response_format")
+            Some("response_format.type")
         );
         assert_eq!(
             with("chat_template_kwargs", json!({"enable_thinking": "no"}))

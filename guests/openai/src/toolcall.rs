@@ -78,7 +78,9 @@ pub fn schemas(tools: &[Value]) -> Schemas {
                         .find(|t| *t != "null")
                         .unwrap_or("string")
                         .to_owned(),
-                    _ => "string".to_owned(),
+                    // No `type` (`anyOf`, `$ref`, `enum`...): the value is
+                    // JSON when it parses (what a constrained call writes).
+                    _ => "any".to_owned(),
                 };
                 params.insert(k.clone(), ty);
             }
@@ -113,6 +115,11 @@ pub fn typed_value(text: &str, ty: Option<&str>) -> Value {
             "false" => return Value::Bool(false),
             _ => {}
         },
+        "any" => {
+            if let Ok(v) = serde_json::from_str::<Value>(t) {
+                return v;
+            }
+        }
         "object" | "array" => {
             if let Ok(v @ (Value::Object(_) | Value::Array(_))) = serde_json::from_str::<Value>(t) {
                 return v;

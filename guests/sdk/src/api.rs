@@ -276,6 +276,35 @@ fn event(e: types::Event) -> Event {
     }
 }
 
+fn constraint(c: crate::inference::Constraint) -> types::Constraint {
+    use crate::inference::Grammar as G;
+    let grammar = match c.grammar {
+        G::JsonSchema { schema, strict } => {
+            types::Grammar::JsonSchema(types::JsonSchema { schema, strict })
+        }
+        G::JsonObject => types::Grammar::JsonObject,
+        G::Regex(r) => types::Grammar::Regex(r),
+        G::Choice(c) => types::Grammar::Choice(c),
+        G::Lark(g) => types::Grammar::Lark(g),
+        G::ToolCalls(t) => types::Grammar::ToolCalls(types::ToolCalls {
+            tools: t
+                .tools
+                .into_iter()
+                .map(|t| types::Tool {
+                    name: t.name,
+                    parameters: t.parameters,
+                })
+                .collect(),
+            required: t.required,
+            parallel: t.parallel,
+        }),
+    };
+    types::Constraint {
+        grammar,
+        start_after: c.start_after,
+    }
+}
+
 impl Engine for HostEngine {
     type Generation = HostGeneration;
 
@@ -339,7 +368,11 @@ impl Engine for HostEngine {
             cache_salt: r.cache_salt,
             snapshot_points: r.snapshot_points,
         };
-        match inference::generate(&request) {
+        let started = match r.constraint {
+            None => inference::generate(&request),
+            Some(c) => inference::generate_constrained(&request, &constraint(c)),
+        };
+        match started {
             Ok(generation) => Ok(HostGeneration {
                 pollable: generation.subscribe(),
                 generation,

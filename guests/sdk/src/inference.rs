@@ -93,6 +93,49 @@ pub struct GenerateRequest {
     pub cache_salt: Option<String>,
     /// Prompt positions worth snapshotting (message boundaries).
     pub snapshot_points: Vec<u32>,
+    /// Hold the output to this (sent through `generate-constrained`, WIT 0.1.4).
+    pub constraint: Option<Constraint>,
+}
+
+/// Mirrors `grammar`: what a constrained output must match.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Grammar {
+    /// JSON valid under the schema (JSON text); `strict`: refuse keywords
+    /// that cannot be enforced instead of ignoring them.
+    JsonSchema {
+        schema: String,
+        strict: bool,
+    },
+    JsonObject,
+    Regex(String),
+    Choice(Vec<String>),
+    /// llguidance's Lark syntax.
+    Lark(String),
+    ToolCalls(ToolCalls),
+}
+
+/// Mirrors `tool`: a function with its `parameters` schema (JSON text).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Tool {
+    pub name: String,
+    pub parameters: String,
+}
+
+/// Mirrors `tool-calls`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ToolCalls {
+    pub tools: Vec<Tool>,
+    /// At least one call; otherwise text, or text then calls.
+    pub required: bool,
+    pub parallel: bool,
+}
+
+/// Mirrors `constraint`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Constraint {
+    pub grammar: Grammar,
+    /// Start after this token (`</think>`).
+    pub start_after: Option<u32>,
 }
 
 impl GenerateRequest {

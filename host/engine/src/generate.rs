@@ -2,6 +2,7 @@
 //! token at a time until a stop token, the token limit or the context limit.
 
 use crate::backend::Backend;
+use crate::constraint::{Constraint, Step};
 use crate::readout::{Next, Readout};
 use crate::sampling::{Sampled, Sampler, SamplingParams};
 use anyhow::{Result, bail};
@@ -46,6 +47,16 @@ pub struct GenerateResult {
 pub fn generate<B: Backend>(
     backend: &B,
     req: &GenerateRequest,
+    on_token: impl FnMut(&Sampled, bool) -> ControlFlow<()>,
+) -> Result<GenerateResult> {
+    generate_with(backend, req, None, on_token)
+}
+
+/// [`generate`], the output held to `constraint` (see [`crate::constraint`]).
+pub fn generate_with<B: Backend>(
+    backend: &B,
+    req: &GenerateRequest,
+    mut constraint: Option<Constraint>,
     mut on_token: impl FnMut(&Sampled, bool) -> ControlFlow<()>,
 ) -> Result<GenerateResult> {
     let cfg = backend.config();
@@ -77,17 +88,27 @@ pub fn generate<B: Backend>(
         return Ok(result);
     }
     // Requests that allow it read less than the logits from the device.
-    let readout = Readout::choose(&req.sampling, backend);
+    let readout = match constraint {
+        // The mask is applied to the whole row on the host.
+        Some(_) => Readout::Logits,
+        None => Readout::choose(&req.sampling, backend),
+    };
     // The prompt is read out as every step is (on the device where it can be).
     let (mut logits, mut next) = readout
         .step(backend, &mut seq, &req.prompt, &mut sampler)?
         .into_parts();
     loop {
-        let s = match next.take() {
-            Some(s) => s,
-            None => sampler.sample(&logits, &context, req.prompt.len()),
+        let s = match (next.take(), &mut constraint) {
+            (Some(s), _) => s,
+            (None, Some(c)) => sampler.sample(c.masked(&logits)?, &context, req.prompt.len()),
+            (None, None) => sampler.sample(&logits, &context, req.prompt.len()),
         };
         let is_stop = stops.contains(&s.token);
+        // A token that completes a constrained output ends it after itself.
+        let complete = match &mut constraint {
+            Some(c) if !is_stop => c.advance(s.token)? == Step::Done,
+            _ => false,
+        };
         let flow = on_token(&s, is_stop);
         result.steps.push(s.clone());
         if is_stop {
@@ -99,6 +120,10 @@ pub fn generate<B: Backend>(
         context.push(s.token);
         if flow.is_break() {
             result.finish_reason = FinishReason::Cancelled;
+            break;
+        }
+        if complete {
+            result.finish_reason = FinishReason::Stop;
             break;
         }
         if result.tokens.len() >= req.max_tokens || context.len() >= cfg.max_position_embeddings {

@@ -7,6 +7,7 @@
 pub mod backend;
 pub mod checkpoint;
 pub mod config;
+pub mod constraint;
 pub mod cpu;
 pub mod demo;
 pub mod generate;

@@ -528,6 +528,7 @@ pub fn start_engine(
         tokenizer,
         model_id: id.clone(),
         model_info,
+        constraints: Default::default(),
         serving: serving.config,
     });
     Ok(StartedEngine {

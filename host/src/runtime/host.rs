@@ -4,6 +4,7 @@
 use super::Shared;
 use super::bindings::api::qwasi::inference::{inference, tokenizer, types};
 use super::limits::CpuMeter;
+use qwasi_engine::constraint::Compiled;
 use qwasi_engine::generate::{FinishReason, GenerateRequest};
 use qwasi_engine::sampling::{Sampled, SamplingParams};
 use qwasi_engine::service::{Event, GenerationHandle, SubmitError, SubmitOptions, Usage};
@@ -150,6 +151,34 @@ impl inference::Host for HostState {
         &mut self,
         request: types::GenerateRequest,
     ) -> Result<std::result::Result<Resource<GenerationResource>, types::GenerateError>> {
+        self.submit(request, None).await
+    }
+
+    /// `@since(version = 0.1.4)`.
+    async fn generate_constrained(
+        &mut self,
+        request: types::GenerateRequest,
+        constraint: types::Constraint,
+    ) -> Result<std::result::Result<Resource<GenerationResource>, types::GenerateError>> {
+        let shared = &self.shared;
+        match shared
+            .constraints
+            .compile(constraint, shared.tokenizer.as_ref(), &shared.model_info)
+        {
+            Ok(c) => self.submit(request, Some(c)).await,
+            Err(e) => Ok(Err(types::GenerateError::InvalidRequest(format!(
+                "invalid constraint: {e}"
+            )))),
+        }
+    }
+}
+
+impl HostState {
+    async fn submit(
+        &mut self,
+        request: types::GenerateRequest,
+        constraint: Option<Compiled>,
+    ) -> Result<std::result::Result<Resource<GenerationResource>, types::GenerateError>> {
         let types::GenerateRequest {
             prompt,
             max_tokens,
@@ -187,6 +216,7 @@ impl inference::Host for HostState {
             cache_salt,
             snapshot_points: snapshot_points.into_iter().map(|p| p as usize).collect(),
             detokenize: true,
+            constraint,
         };
         match self.shared.service.submit(req, opts).await {
             Ok(handle) => Ok(Ok(self.table.push(GenerationResource { handle })?)),

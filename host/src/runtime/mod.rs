@@ -11,6 +11,7 @@
 
 pub mod bindings;
 pub mod command;
+pub mod constraint;
 pub mod host;
 pub mod limits;
 pub mod policy;
@@ -62,6 +63,8 @@ pub struct Shared {
     pub tokenizer: Option<Tokenizer>,
     pub model_id: String,
     pub model_info: ModelInfo,
+    /// Compiles `generate-constrained`'s constraints.
+    pub constraints: constraint::Constraints,
     /// `inference.serving-config` (WIT 0.1.3).
     pub serving: bindings::api::qwasi::inference::inference::ServingConfiguration,
 }

@@ -123,6 +123,8 @@ pub struct SubmitOptions {
     /// Fill [`Event::Token::text`] with UTF-8-complete text deltas
     /// (special tokens skipped). Without a tokenizer the text stays empty.
     pub detokenize: bool,
+    /// Hold the output to this constraint ([`crate::constraint`]).
+    pub constraint: Option<crate::constraint::Compiled>,
 }
 
 /// Why a request was not started.

@@ -16,6 +16,7 @@ use super::metrics::Phase;
 use super::queue::Job;
 use super::worker::{Finish, Worker};
 use crate::backend::{Backend, BatchItem, StepOut, Want};
+use crate::constraint::{Constraint, Step};
 use crate::generate::FinishReason;
 use crate::prefix_cache::{Lease, PrefixCache, Staged, StagedSnapshot};
 use crate::readout::Readout;
@@ -47,6 +48,8 @@ pub(super) struct Running<B: Backend> {
     logits: Vec<f32>,
     /// What the step at the context's end reads back ([`Readout`]).
     readout: Readout,
+    /// The output constraint (such requests read the whole logits row).
+    constraint: Option<Constraint>,
     /// The next token, drawn when the step read less than the logits.
     next: Option<Sampled>,
     /// The next token's distribution is here: [`Running::advance`] samples it.
@@ -159,7 +162,12 @@ impl<B: Backend> Running<B> {
             decoder,
             want_logprobs: req.sampling.logprobs.is_some(),
             logits: found.logits.unwrap_or_default(),
-            readout: Readout::choose(&req.sampling, &w.backend),
+            readout: match job.opts.constraint {
+                // The mask is applied to the whole row on the host.
+                Some(_) => Readout::Logits,
+                None => Readout::choose(&req.sampling, &w.backend),
+            },
+            constraint: job.opts.constraint.as_ref().map(|c| c.start()),
             next: None,
             ready,
             draw: None,
@@ -309,9 +317,14 @@ impl<B: Backend> Running<B> {
         self.ready = false;
         let (prompt_len, max_tokens) = (self.job.req.prompt.len(), self.job.req.max_tokens);
         let t0 = Instant::now();
-        let s = match self.next.take() {
-            Some(s) => s,
-            None => self.sampler.sample(&self.logits, &self.context, prompt_len),
+        // A failing constraint fails the request (the scheduler catches it).
+        let s = match (self.next.take(), &mut self.constraint) {
+            (Some(s), _) => s,
+            (None, Some(c)) => {
+                let masked = c.masked(&self.logits).unwrap_or_else(|e| panic!("{e:#}"));
+                self.sampler.sample(masked, &self.context, prompt_len)
+            }
+            (None, None) => self.sampler.sample(&self.logits, &self.context, prompt_len),
         };
         let now = Instant::now();
         if self.last_sample.is_none() {
@@ -328,6 +341,13 @@ impl<B: Backend> Running<B> {
             .store(self.sampled as u32, Ordering::Release);
         w.metrics.add_completion_token();
 
+        // A token that completes a constrained output ends it after itself.
+        let complete = match &mut self.constraint {
+            Some(c) if !self.stops.contains(&s.token) => {
+                c.advance(s.token).unwrap_or_else(|e| panic!("{e:#}")) == Step::Done
+            }
+            _ => false,
+        };
         if self.stops.contains(&s.token) {
             self.stage_prompt_end(w);
             self.stage_end(w);
@@ -349,6 +369,11 @@ impl<B: Backend> Running<B> {
         if self.job.is_cancelled() {
             self.context.push(token);
             return Some(self.finish(FinishReason::Cancelled, None));
+        }
+        if complete {
+            self.context.push(token);
+            self.stage_end(w);
+            return Some(self.finish(FinishReason::Stop, None));
         }
         if self.generated >= max_tokens || self.context.len() + 1 >= w.context_limit {
             self.context.push(token);

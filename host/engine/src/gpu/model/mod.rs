@@ -361,7 +361,11 @@ impl Backend for GpuModel {
     }
 
     fn kv_capacity(&self) -> Option<usize> {
-        Some(*self.state_budget.get_or_init(|| self.measure_state_budget()))
+        Some(
+            *self
+                .state_budget
+                .get_or_init(|| self.measure_state_budget()),
+        )
     }
 }
 
