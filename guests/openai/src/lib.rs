@@ -6,15 +6,18 @@
 //! wasm glue is the SDK's (`qwasi_guest_sdk::api`).
 
 pub mod api;
-pub mod chat;
 pub mod host;
 pub mod params;
-pub mod template;
-pub mod tokens;
-pub mod toolcall;
+
+// Chat messages, rendering, tool-call parsing and token spellings are the
+// SDK's (shared with the other API guests).
+pub use qwasi_guest_sdk::messages as chat;
+pub use qwasi_guest_sdk::{template, tokens, toolcall};
 
 #[cfg(test)]
 mod api_tests;
+#[cfg(test)]
+mod template_tests;
 
 #[cfg(target_arch = "wasm32")]
 mod wasm;

@@ -10,6 +10,11 @@
 //!   which turns engine events into text deltas (stop strings, usage,
 //!   finish reason).
 //! * [`chat`]: the Qwen3.6 (ChatML) prompt format.
+//! * [`messages`]: chat messages with tool calls (the OpenAI shape every
+//!   API maps onto) and the built-in Qwen3.6 renderer with tools;
+//!   [`template`]: the model's own jinja chat template (minijinja).
+//! * [`toolcall`]: the incremental parser of Qwen3.6 XML tool calls.
+//! * [`tokens`]: byte-level BPE spellings and logprob numbers.
 //! * [`error`]: OpenAI-style JSON errors.
 //! * [`policy`]: settings, bearer tokens and denials for admission policies.
 //! * [`testing`]: a scripted [`inference::Engine`] and a recording
@@ -25,10 +30,14 @@ pub mod chat;
 pub mod error;
 pub mod http;
 pub mod inference;
+pub mod messages;
 pub mod policy;
 pub mod stream;
+pub mod template;
 pub mod testing;
 pub mod time;
+pub mod tokens;
+pub mod toolcall;
 
 #[cfg(all(target_arch = "wasm32", feature = "api"))]
 pub mod api;
