@@ -6,13 +6,12 @@
 //! wasm glue is the SDK's (`qwasi_guest_sdk::api`).
 
 pub mod api;
-pub mod host;
 pub mod params;
 
 // Chat messages, rendering, tool-call parsing and token spellings are the
 // SDK's (shared with the other API guests).
 pub use qwasi_guest_sdk::messages as chat;
-pub use qwasi_guest_sdk::{template, tokens, toolcall};
+pub use qwasi_guest_sdk::{host, template, tokens, toolcall};
 
 #[cfg(test)]
 mod api_tests;

@@ -5,6 +5,8 @@ use qwasi_guest_sdk::ApiError;
 use qwasi_guest_sdk::inference::{ModelInfo, SamplingParams};
 use serde_json::{Map, Value};
 
+pub use qwasi_guest_sdk::tools::{ToolChoice, Tools, tool_name};
+
 pub const MAX_STOP_STRINGS: usize = 4;
 pub const DEFAULT_COMPLETION_MAX_TOKENS: u32 = 16;
 
@@ -45,63 +47,6 @@ pub struct ChatRequest {
     pub top_logprobs: u32,
     pub render: RenderOptions,
     pub tools: Tools,
-}
-
-/// `tool_choice`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ToolChoice {
-    Auto,
-    None,
-    Required,
-    Named(String),
-}
-
-/// The tool side of a chat request.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Tools {
-    /// The request's `tools`, as given (rendered into the prompt).
-    pub tools: Vec<Value>,
-    pub choice: ToolChoice,
-    pub parallel: bool,
-    /// `chat_template_kwargs`, all of them (for the jinja template).
-    pub kwargs: Map<String, Value>,
-}
-
-impl Default for Tools {
-    fn default() -> Self {
-        Tools {
-            tools: Vec::new(),
-            choice: ToolChoice::Auto,
-            parallel: true,
-            kwargs: Map::new(),
-        }
-    }
-}
-
-impl Tools {
-    /// Tools as rendered into the prompt: none for `tool_choice: none`, only
-    /// the named one for a named choice.
-    pub fn rendered(&self) -> Vec<Value> {
-        match &self.choice {
-            ToolChoice::None => vec![],
-            ToolChoice::Named(n) => self
-                .tools
-                .iter()
-                .filter(|t| tool_name(t) == Some(n.as_str()))
-                .cloned()
-                .collect(),
-            _ => self.tools.clone(),
-        }
-    }
-
-    /// Whether the output is parsed for tool calls.
-    pub fn parse_calls(&self) -> bool {
-        !self.tools.is_empty() && self.choice != ToolChoice::None
-    }
-}
-
-pub fn tool_name(t: &Value) -> Option<&str> {
-    t.get("function")?.get("name")?.as_str()
 }
 
 #[derive(Debug, Clone, PartialEq)]

@@ -13,7 +13,11 @@
 //! * [`messages`]: chat messages with tool calls (the OpenAI shape every
 //!   API maps onto) and the built-in Qwen3.6 renderer with tools;
 //!   [`template`]: the model's own jinja chat template (minijinja).
-//! * [`toolcall`]: the incremental parser of Qwen3.6 XML tool calls.
+//! * [`toolcall`]: the incremental parser of Qwen3.6 XML tool calls;
+//!   [`tools`]: a request's tools and `tool_choice`.
+//! * [`driver`]: engine events -> reasoning, content, tool-call events and
+//!   the finish (stop strings, thinking, tool rules): what an API formats.
+//! * [`host`]: [`host::Host`], the [`inference::Engine`] plus random ids.
 //! * [`tokens`]: byte-level BPE spellings and logprob numbers.
 //! * [`error`]: OpenAI-style JSON errors.
 //! * [`policy`]: settings, bearer tokens and denials for admission policies.
@@ -27,7 +31,9 @@
 //! `policy_host::HostCounter`). A component enables the one of its world.
 
 pub mod chat;
+pub mod driver;
 pub mod error;
+pub mod host;
 pub mod http;
 pub mod inference;
 pub mod messages;
@@ -38,6 +44,7 @@ pub mod testing;
 pub mod time;
 pub mod tokens;
 pub mod toolcall;
+pub mod tools;
 
 #[cfg(all(target_arch = "wasm32", feature = "api"))]
 pub mod api;

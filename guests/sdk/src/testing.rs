@@ -32,6 +32,7 @@ pub struct FakeEngine {
     last: Rc<RefCell<Option<GenerateRequest>>>,
     cancelled: Rc<Cell<usize>>,
     clock: Rc<Cell<u64>>,
+    ids: Rc<Cell<u64>>,
 }
 
 impl Default for FakeEngine {
@@ -62,6 +63,7 @@ impl FakeEngine {
             last: Rc::default(),
             cancelled: Rc::default(),
             clock: Rc::default(),
+            ids: Rc::default(),
         }
     }
 
@@ -128,6 +130,14 @@ impl Drop for FakeGeneration {
         if !self.events.is_empty() {
             self.cancelled.set(self.cancelled.get() + 1);
         }
+    }
+}
+
+/// Ids count up (`000…01`, `000…02`, ...), so tests can predict them.
+impl crate::host::Host for FakeEngine {
+    fn random_hex(&self, bytes: usize) -> String {
+        self.ids.set(self.ids.get() + 1);
+        format!("{:0width$x}", self.ids.get(), width = bytes * 2)
     }
 }
 
