@@ -4,6 +4,7 @@
 //! * [`http`]: the request (method, path, query, headers, body with a size
 //!   limit, JSON parsing) and the response side ([`http::Output`]: JSON and
 //!   error responses).
+//! * [`fields`]: a JSON body's fields, typed, errors naming the parameter.
 //! * [`stream`]: a batching writer for server-sent events and NDJSON.
 //! * [`inference`]: the `qwasi:inference` types as plain Rust, the
 //!   [`inference::Engine`] trait over the imports, and [`inference::Run`],
@@ -33,6 +34,7 @@
 pub mod chat;
 pub mod driver;
 pub mod error;
+pub mod fields;
 pub mod host;
 pub mod http;
 pub mod inference;
