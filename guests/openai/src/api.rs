@@ -520,27 +520,13 @@ fn run<H: Host, F: Format, S: Output>(
     let mut all = Piece::default();
     let mut lps = Vec::new();
     while driver.ended.is_none() {
-        let events = generation
-            .as_mut()
-            .map(|g| g.wait_next())
-            .unwrap_or_default();
-        if events.is_empty() {
-            driver.ended = Some(Ended::Failed(
-                "the generation ended without a finish event".into(),
-            ));
-        }
-        for ev in events {
-            let p = driver.on_event(ev);
+        for p in driver.next_batch(&mut generation) {
             all.reasoning.push_str(&p.reasoning);
             all.content.push_str(&p.content);
             all.tool_calls.extend(p.tool_calls);
             lps.extend(p.logprob);
-            if driver.ended.is_some() {
-                break;
-            }
         }
     }
-    driver.engine_usage(generation.as_ref());
     drop(generation); // Cancels the engine request when a stop string ended it.
     match driver.ended.take().expect("ended") {
         Ended::Failed(msg) => Err(ApiError::internal(format!("generation failed: {msg}"))),
@@ -588,29 +574,11 @@ fn stream<H: Host, F: Format, G: Generation, S: Output>(
         push_chunk(&mut w, first);
     }
     loop {
-        if driver.ended.is_none() {
-            let events = generation
-                .as_mut()
-                .map(|g| g.wait_next())
-                .unwrap_or_default();
-            if events.is_empty() {
-                driver.ended = Some(Ended::Failed(
-                    "the generation ended without a finish event".into(),
-                ));
-            }
-            for ev in events {
-                let p = driver.on_event(ev);
-                if !p.is_empty() {
-                    for c in fmt.chunks(&p, driver.in_reasoning()) {
-                        push_chunk(&mut w, c);
-                    }
-                }
-                if driver.ended.is_some() {
-                    break;
-                }
+        for p in driver.next_batch(generation) {
+            for c in fmt.chunks(&p, p.in_reasoning) {
+                push_chunk(&mut w, c);
             }
         }
-        driver.engine_usage(generation.as_ref());
         match &driver.ended {
             None => {}
             Some(Ended::Finished { reason, usage }) => {

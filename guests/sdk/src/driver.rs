@@ -101,6 +101,9 @@ pub struct Piece {
     pub logprob: Option<TokenLp>,
     /// Tool-call events, in order.
     pub tool_calls: Vec<ToolEvent>,
+    /// Whether the output was in the reasoning part after this piece (the
+    /// channel of a piece with nothing but a logprob).
+    pub in_reasoning: bool,
 }
 
 impl Piece {
@@ -381,6 +384,37 @@ impl<'h, H: Host> Driver<'h, H> {
         }
     }
 
+    /// Waits for the next batch of engine events and handles them: the
+    /// non-empty pieces, in order. Sets `ended` at the end (a generation
+    /// that stops without a finish event fails); after a stop string, also
+    /// takes the engine's usage ([`Driver::engine_usage`]). `None` is a
+    /// generation with nothing to generate (`ended` is already set).
+    pub fn next_batch<G: Generation>(&mut self, generation: &mut Option<G>) -> Vec<Piece> {
+        let mut out = Vec::new();
+        if self.ended.is_none() {
+            let events = generation
+                .as_mut()
+                .map(|g| g.wait_next())
+                .unwrap_or_default();
+            if events.is_empty() {
+                self.ended = Some(Ended::Failed(
+                    "the generation ended without a finish event".into(),
+                ));
+            }
+            for ev in events {
+                let p = self.on_event(ev);
+                if !p.is_empty() {
+                    out.push(p);
+                }
+                if self.ended.is_some() {
+                    break;
+                }
+            }
+        }
+        self.engine_usage(generation.as_ref());
+        out
+    }
+
     /// Handles one event; returns what to emit. Sets `ended` at the end.
     pub fn on_event(&mut self, ev: Event) -> Piece {
         let mut piece = Piece::default();
@@ -469,6 +503,7 @@ impl<'h, H: Host> Driver<'h, H> {
                 *reason = "tool_calls";
             }
         }
+        piece.in_reasoning = self.in_reasoning();
         if let Some(e) = self.take_violation() {
             self.ended = Some(Ended::Rejected(e));
         }

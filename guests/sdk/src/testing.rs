@@ -278,6 +278,29 @@ impl Recorder {
         serde_json::from_slice(&self.body()).expect("JSON body")
     }
 
+    /// The body as server-sent events: each event's `event:` name (if any)
+    /// and its `data:` parsed as JSON (`[DONE]` as the string).
+    pub fn sse(&self) -> Vec<(Option<String>, serde_json::Value)> {
+        self.body_string()
+            .split("\n\n")
+            .filter(|e| !e.trim().is_empty())
+            .map(|e| {
+                let mut name = None;
+                let mut data = Vec::new();
+                for line in e.lines() {
+                    if let Some(n) = line.strip_prefix("event: ") {
+                        name = Some(n.to_owned());
+                    } else if let Some(d) = line.strip_prefix("data: ") {
+                        data.push(d);
+                    }
+                }
+                let data = data.join("\n");
+                let v = serde_json::from_str(&data).unwrap_or(serde_json::Value::String(data));
+                (name, v)
+            })
+            .collect()
+    }
+
     /// The body as NDJSON, one value per line.
     pub fn ndjson(&self) -> Vec<serde_json::Value> {
         self.body_string()
