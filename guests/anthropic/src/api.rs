@@ -8,10 +8,11 @@ use qwasi_guest_sdk::fields::parse_body;
 use qwasi_guest_sdk::host::Host;
 use qwasi_guest_sdk::http::{self, Output};
 use qwasi_guest_sdk::inference::{GenerateRequest, Generation, ModelInfo, Usage};
+use qwasi_guest_sdk::segments::Segments;
 use qwasi_guest_sdk::stream::{Framing, StreamWriter};
 use qwasi_guest_sdk::{ApiError, Request, chat, template};
 
-use crate::blocks::{Blocks, Content, Event};
+use crate::blocks::{self, Content, Event};
 use crate::request::{self, MessagesRequest};
 
 /// Largest request body the guest reads (agents send long histories).
@@ -134,16 +135,16 @@ fn messages<H: Host, S: Output>(
         stream(&mut generation, driver, &message, sink);
         return Ok(());
     }
-    let mut blocks = Blocks::new();
+    let mut segments = Segments::new();
     let mut content = Content::default();
     let mut driver = driver;
-    let mut events = Vec::new();
+    let mut segs = Vec::new();
     while driver.ended.is_none() {
         for p in driver.next_batch(&mut generation) {
-            blocks.piece(&p, &mut events);
+            segments.piece(&p, &mut segs);
         }
-        content.apply(&events);
-        events.clear();
+        content.apply(&segs);
+        segs.clear();
     }
     drop(generation); // cancels the engine request when a stop sequence ended it
     let (stop_reason, stop_sequence, usage) = finish(&mut driver)?;
@@ -245,17 +246,23 @@ fn stream<H: Host, G: Generation, S: Output>(
         &mut w,
         &[("message_start", start), ("ping", json!({"type": "ping"}))],
     );
-    let mut blocks = Blocks::new();
+    let mut segments = Segments::new();
+    let mut kinds = Vec::new();
+    let mut segs = Vec::new();
     let mut events = Vec::new();
     loop {
         for p in driver.next_batch(generation) {
-            blocks.piece(&p, &mut events);
+            segments.piece(&p, &mut segs);
         }
-        if driver.ended.is_some() {
+        let ended = driver.ended.is_some();
+        if ended {
+            segments.close(&mut segs);
+        }
+        events.extend(segs.drain(..).map(|s| blocks::event(&s, &mut kinds)));
+        if ended {
             *generation = None; // cancel at once after a stop sequence, before the last write
             match finish(&mut driver) {
                 Ok((stop_reason, stop_sequence, usage)) => {
-                    blocks.close(&mut events);
                     events.push((
                         "message_delta",
                         json!({

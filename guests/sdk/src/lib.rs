@@ -18,6 +18,8 @@
 //!   [`tools`]: a request's tools and `tool_choice`.
 //! * [`driver`]: engine events -> reasoning, content, tool-call events and
 //!   the finish (stop strings, thinking, tool rules): what an API formats.
+//! * [`segments`]: the pieces as typed output segments (reasoning, text,
+//!   tool calls) opened and closed in order: content blocks, output items.
 //! * [`host`]: [`host::Host`], the [`inference::Engine`] plus random ids.
 //! * [`tokens`]: byte-level BPE spellings and logprob numbers.
 //! * [`error`]: OpenAI-style JSON errors.
@@ -40,6 +42,7 @@ pub mod http;
 pub mod inference;
 pub mod messages;
 pub mod policy;
+pub mod segments;
 pub mod stream;
 pub mod template;
 pub mod testing;
