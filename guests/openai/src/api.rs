@@ -5,6 +5,7 @@ use serde_json::{Map, Value, json};
 use crate::chat::{Message, RenderOptions};
 use crate::host::Host;
 use crate::params::{self, ChatRequest, Common, CompletionRequest, Prompt, TokenizeRequest, Tools};
+use crate::responses;
 use crate::template;
 use crate::tokens;
 pub use qwasi_guest_sdk::driver::{
@@ -79,6 +80,22 @@ fn route<H: Host, S: Output>(host: &H, req: &mut Request, sink: &mut S) -> Resul
             let info = host.model_info();
             let r = params::parse_chat(&body, &info)?;
             chat_completions(host, &info, r, sink)?;
+        }
+        "/v1/responses" => {
+            allow("POST")?;
+            let body = params::parse_body(body)?;
+            let info = host.model_info();
+            responses(host, &info, &body, sink)?;
+        }
+        p if p.starts_with("/v1/responses/") => {
+            return Err(ApiError::new(
+                404,
+                qwasi_guest_sdk::error::INVALID_REQUEST,
+                Some("not_found"),
+                format!(
+                    "{method} {p}: this server does not store responses (each POST /v1/responses is answered in full and forgotten)"
+                ),
+            ));
         }
         "/tokenize" => {
             allow("POST")?;
@@ -453,6 +470,24 @@ fn chat_completions<H: Host, S: Output>(
     r: ChatRequest,
     sink: &mut S,
 ) -> Result<(), ApiError> {
+    let fmt = ChatFormat {
+        thinking: r.render.enable_thinking,
+        logprobs: r.logprobs,
+    };
+    let m = meta(host, "chatcmpl-", &r.common.model);
+    let (req, driver) = prepare_chat(host, info, &r, ("max_tokens", "messages"))?;
+    run(host, req, driver, &fmt, &m, &r.common, sink)
+}
+
+/// A chat request's generation request (prompt rendered and tokenized,
+/// message boundaries as snapshot points, the token budget checked) and its
+/// driver. `params` name the token limit and the prompt in errors.
+fn prepare_chat<'h, H: Host>(
+    host: &'h H,
+    info: &ModelInfo,
+    r: &ChatRequest,
+    (max_param, prompt_param): (&str, &str),
+) -> Result<(GenerateRequest, Driver<'h, H>), ApiError> {
     let text = render_prompt(info, &r.messages, &r.tools, r.render)?;
     let (prompt_ids, points) = qwasi_guest_sdk::chat::tokenize_chat(host, &text)?;
     let prompt_len = prompt_ids.len() as u32;
@@ -461,19 +496,13 @@ fn chat_completions<H: Host, S: Output>(
         prompt_len,
         r.common.max_tokens,
         None,
-        "max_tokens",
-        "messages",
+        max_param,
+        prompt_param,
     )?;
-    let thinking = r.render.enable_thinking;
-    let fmt = ChatFormat {
-        thinking,
-        logprobs: r.logprobs,
-    };
-    let m = meta(host, "chatcmpl-", &r.common.model);
     let driver = Driver::new(
         host,
         r.common.stop.clone(),
-        thinking,
+        r.render.enable_thinking,
         r.logprobs,
         prompt_len,
         0,
@@ -483,8 +512,24 @@ fn chat_completions<H: Host, S: Output>(
         .into_iter()
         .filter(|&p| p > 0 && p < prompt_len)
         .collect();
-    let req = generate_request(&r.common, prompt_ids, max_tokens, points);
-    run(host, req, driver, &fmt, &m, &r.common, sink)
+    Ok((
+        generate_request(&r.common, prompt_ids, max_tokens, points),
+        driver,
+    ))
+}
+
+/// `POST /v1/responses` (stateless: see [`responses`]).
+fn responses<H: Host, S: Output>(
+    host: &H,
+    info: &ModelInfo,
+    body: &Map<String, Value>,
+    sink: &mut S,
+) -> Result<(), ApiError> {
+    let r = responses::parse(body, info)?;
+    let (req, driver) = prepare_chat(host, info, &r, ("max_output_tokens", "input"))?;
+    let generation = host.generate(req).map_err(ApiError::from)?;
+    let resp = responses::Response::new(host, body, &r.common.model);
+    responses::run(Some(generation), driver, resp, r.common.stream, sink)
 }
 
 fn envelope(m: &Meta, object: &str, choices: Vec<Value>) -> Value {

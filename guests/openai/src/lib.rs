@@ -7,6 +7,7 @@
 
 pub mod api;
 pub mod params;
+pub mod responses;
 
 // Chat messages, rendering, tool-call parsing and token spellings are the
 // SDK's (shared with the other API guests).
@@ -15,6 +16,8 @@ pub use qwasi_guest_sdk::{host, template, tokens, toolcall};
 
 #[cfg(test)]
 mod api_tests;
+#[cfg(test)]
+mod responses_tests;
 #[cfg(test)]
 mod template_tests;
 

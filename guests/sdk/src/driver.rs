@@ -209,6 +209,8 @@ pub struct Driver<'h, H: Host> {
     want_logprobs: bool,
     prompt_tokens: u32,
     tokens: u32,
+    /// Tokens generated in the reasoning part (thinking on, before `</think>`).
+    reasoning_tokens: u32,
     /// Chars of generated text so far, plus the echoed prompt.
     offset: usize,
     spellings: HashMap<u32, (String, Vec<u8>)>,
@@ -245,6 +247,7 @@ impl<'h, H: Host> Driver<'h, H> {
             want_logprobs,
             prompt_tokens,
             tokens: 0,
+            reasoning_tokens: 0,
             offset,
             spellings: HashMap::new(),
             tools: None,
@@ -266,6 +269,11 @@ impl<'h, H: Host> Driver<'h, H> {
         if let Some(Ended::Finished { usage, .. }) = &mut self.ended {
             *usage = early_usage(generation, self.prompt_tokens, self.tokens);
         }
+    }
+
+    /// Tokens generated while in the reasoning part (`</think>` included).
+    pub fn reasoning_tokens(&self) -> u32 {
+        self.reasoning_tokens
     }
 
     /// The stop string that ended the output, if one did.
@@ -424,6 +432,9 @@ impl<'h, H: Host> Driver<'h, H> {
         match ev {
             Event::Token(TokenEvent { id, text, logprob }) => {
                 self.tokens += 1;
+                if self.in_reasoning() {
+                    self.reasoning_tokens += 1;
+                }
                 let text =
                     if text.is_empty() && self.think_end_id == Some(id) && self.in_reasoning() {
                         THINK_END.to_string()
