@@ -237,22 +237,25 @@ fn stream<H: Host, G: Generation, S: Output>(
         return;
     };
     let mut w = w.flush_threshold(usize::MAX);
-    let cached = generation
-        .as_ref()
-        .and_then(Generation::usage)
-        .map_or(0, |u| u.cached_tokens);
-    let start = json!({"type": "message_start", "message": message.json(cached)});
-    push(
-        &mut w,
-        &[("message_start", start), ("ping", json!({"type": "ping"}))],
-    );
     let mut segments = Segments::new();
     let mut kinds = Vec::new();
     let mut segs = Vec::new();
     let mut events = Vec::new();
+    let mut started = false;
     loop {
         for p in driver.next_batch(generation) {
             segments.piece(&p, &mut segs);
+        }
+        if !started {
+            // After the first events: the prefix-cache hit is known by then.
+            started = true;
+            let cached = generation
+                .as_ref()
+                .and_then(Generation::usage)
+                .map_or(0, |u| u.cached_tokens);
+            let start = json!({"type": "message_start", "message": message.json(cached)});
+            events.push(("message_start", start));
+            events.push(("ping", json!({"type": "ping"})));
         }
         let ended = driver.ended.is_some();
         if ended {
