@@ -119,7 +119,8 @@ fn bundled_guest_stays_at_root_and_longest_prefix_wins() {
 /// bundled policy and host errors readable as Anthropic errors.
 #[test]
 fn bundled_anthropic_guest_at_v1_messages() {
-    let s = Server::start(&["--api-key", "sk-anthropic-test"]);
+    // The embedded demo model: the chat APIs need its tokenizer.
+    let s = Server::start_with(&["--api-key", "sk-anthropic-test", "--threads", "1"], false);
     let body = r#"{"model": "claude-x", "max_tokens": 3, "temperature": 0, "messages": [{"role": "user", "content": "Hi"}]}"#;
     let key = [
         ("x-api-key", "sk-anthropic-test"),
