@@ -60,13 +60,7 @@ fn create_plain() {
     assert_eq!(v["usage"]["cache_read_input_tokens"], 2);
     assert_eq!(v["usage"]["output_tokens"], 3);
     // Thinking is off unless asked for: the prompt closes the think block.
-    let text: String = e
-        .last_request()
-        .unwrap()
-        .prompt
-        .iter()
-        .map(|&c| char::from_u32(c).unwrap())
-        .collect();
+    let text = e.last_prompt_text();
     assert!(text.ends_with("<think>\n\n</think>\n\n"), "{text:?}");
 }
 
@@ -187,13 +181,7 @@ fn tools_round_trip() {
     )
     .json();
     assert_eq!(v2["content"][0]["text"], "18C in Paris.");
-    let text: String = e2
-        .last_request()
-        .unwrap()
-        .prompt
-        .iter()
-        .map(|&c| char::from_u32(c).unwrap())
-        .collect();
+    let text = e2.last_prompt_text();
     assert!(
         text.contains("<function=get_weather>\n<parameter=city>\nParis\n</parameter>"),
         "{text}"

@@ -8,9 +8,7 @@ use crate::params::{self, ChatRequest, Common, CompletionRequest, Prompt, Tokeni
 use crate::responses;
 use crate::template;
 use crate::tokens;
-pub use qwasi_guest_sdk::driver::{
-    CANCELLED_FINISH_REASON, Driver, Ended, Piece, TokenLp, ToolEvent, token_budget, tool_violation,
-};
+use qwasi_guest_sdk::driver::{Driver, Ended, Piece, TokenLp, ToolEvent, token_budget};
 use qwasi_guest_sdk::http::{self, Output};
 use qwasi_guest_sdk::inference::{GenerateRequest, Generation, ModelInfo, Usage};
 use qwasi_guest_sdk::stream::{Framing, StreamWriter};

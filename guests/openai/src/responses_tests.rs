@@ -26,15 +26,6 @@ fn body(extra: Value) -> Value {
     v
 }
 
-fn prompt_text(e: &FakeEngine) -> String {
-    e.last_request()
-        .unwrap()
-        .prompt
-        .iter()
-        .map(|&c| char::from_u32(c).unwrap())
-        .collect()
-}
-
 const TOOLS: &str = r#"[{"type": "function", "name": "get_weather", "description": "Weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}]"#;
 
 fn tool_script() -> Vec<&'static str> {
@@ -73,7 +64,7 @@ fn plain_response() {
     assert_eq!(v["usage"]["output_tokens"], 4);
     assert_eq!(v["usage"]["output_tokens_details"]["reasoning_tokens"], 2);
     assert_eq!(v["max_output_tokens"], 50);
-    let text = prompt_text(&e);
+    let text = e.last_prompt_text();
     assert!(
         text.starts_with("<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>"),
         "{text:?}"
@@ -92,7 +83,7 @@ fn token_limit_is_incomplete_and_effort_none_turns_thinking_off() {
     assert_eq!(v["status"], "incomplete");
     assert_eq!(v["incomplete_details"]["reason"], "max_output_tokens");
     assert_eq!(v["output"][0]["content"][0]["text"], "ab");
-    assert!(prompt_text(&e).ends_with("<think>\n\n</think>\n\n"));
+    assert!(e.last_prompt_text().ends_with("<think>\n\n</think>\n\n"));
 }
 
 #[test]
@@ -165,7 +156,7 @@ fn function_call_round_trip() {
     )
     .json();
     assert_eq!(v2["output"][0]["content"][0]["text"], "It is 18C.");
-    let text = prompt_text(&e2);
+    let text = e2.last_prompt_text();
     assert!(
         text.contains("<function=get_weather>\n<parameter=city>\nParis\n</parameter>"),
         "{text}"

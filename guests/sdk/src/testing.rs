@@ -103,6 +103,14 @@ impl FakeEngine {
         self.last.borrow().clone()
     }
 
+    /// The last request's prompt as text (its ids detokenized, special
+    /// tokens spelled out).
+    pub fn last_prompt_text(&self) -> String {
+        let prompt = self.last_request().map(|r| r.prompt).unwrap_or_default();
+        self.detokenize(&prompt, false)
+            .expect("fake ids detokenize")
+    }
+
     pub fn cancelled(&self) -> usize {
         self.cancelled.get()
     }
