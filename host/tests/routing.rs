@@ -178,7 +178,12 @@ fn flags_rule_over_the_bundled_anthropic_guest() {
     let r = request(&s.addr, "POST", "/v1/messages", &[], "{}");
     assert_eq!(r.status, 404, "{r:?}");
     assert_eq!(r.error_code(), "not_found");
-    assert!(r.json()["error"]["message"].as_str().unwrap().contains("/v1/messages"));
+    assert!(
+        r.json()["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("/v1/messages")
+    );
 }
 
 #[test]

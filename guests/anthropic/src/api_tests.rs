@@ -74,8 +74,13 @@ fn max_tokens_and_stop_sequences() {
     assert_eq!(v["stop_reason"], "stop_sequence");
     assert_eq!(v["stop_sequence"], "c");
     assert_eq!(v["content"][0]["text"], "ab");
-    // A huge max_tokens (Claude Code sends 32000) is clamped to the context.
-    let out = post(&e, "/v1/messages", body(json!({"max_tokens": 64000})));
+    // A huge max_tokens (Claude Code sends 32000) is clamped to the context;
+    // Claude Code's `?beta=true` query is fine.
+    let out = post(
+        &e,
+        "/v1/messages?beta=true",
+        body(json!({"max_tokens": 64000})),
+    );
     assert_eq!(out.status, Some(200));
     let room = 4096 - e.last_request().unwrap().prompt.len() as u32;
     assert_eq!(e.last_request().unwrap().max_tokens, room);
