@@ -120,7 +120,7 @@ fn messages<H: Host, S: Output>(
         prompt,
         max_tokens,
         stop_token_ids: Vec::new(),
-        ignore_eos: false,
+        ignore_eos: r.ignore_eos,
         sampling: r.sampling.clone(),
         cache_salt: None,
         snapshot_points,

@@ -84,6 +84,9 @@ fn max_tokens_and_stop_sequences() {
     assert_eq!(out.status, Some(200));
     let room = 4096 - e.last_request().unwrap().prompt.len() as u32;
     assert_eq!(e.last_request().unwrap().max_tokens, room);
+    assert!(!e.last_request().unwrap().ignore_eos);
+    post(&e, "/v1/messages", body(json!({"ignore_eos": true})));
+    assert!(e.last_request().unwrap().ignore_eos, "Qwasi's extension");
 }
 
 #[test]

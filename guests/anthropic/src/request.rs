@@ -29,6 +29,9 @@ pub struct MessagesRequest {
     pub stop_sequences: Vec<String>,
     pub sampling: SamplingParams,
     pub stream: bool,
+    /// Qwasi's extension (as in the OpenAI guest): generate through EOS, for
+    /// benchmarks that need a fixed output length.
+    pub ignore_eos: bool,
 }
 
 /// Parses a body; `count_tokens` bodies need no `max_tokens`.
@@ -101,6 +104,7 @@ pub fn parse(body: &Map<String, Value>, count_tokens: bool) -> Result<MessagesRe
         stop_sequences,
         sampling,
         stream: f.bool("stream")?.unwrap_or(false),
+        ignore_eos: f.bool("ignore_eos")?.unwrap_or(false),
     })
 }
 

@@ -33,6 +33,7 @@ const PASSED: &[&str] = &[
     "top_k",
     "min_p",
     "seed",
+    "ignore_eos",
     "parallel_tool_calls",
 ];
 

@@ -70,6 +70,9 @@ fn plain_response() {
         "{text:?}"
     );
     assert_eq!(e.last_request().unwrap().max_tokens, 50);
+    assert!(!e.last_request().unwrap().ignore_eos);
+    post(&e, body(json!({"ignore_eos": true})));
+    assert!(e.last_request().unwrap().ignore_eos, "Qwasi's extension");
 }
 
 #[test]
