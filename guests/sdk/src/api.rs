@@ -276,6 +276,15 @@ fn event(e: types::Event) -> Event {
     }
 }
 
+impl crate::host::Host for HostEngine {
+    fn random_hex(&self, bytes: usize) -> String {
+        wasip2::random::random::get_random_bytes(bytes as u64)
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect()
+    }
+}
+
 impl Engine for HostEngine {
     type Generation = HostGeneration;
 

@@ -1,13 +1,13 @@
 //! Chat messages (the OpenAI `messages`, with tool calls) and the built-in
-//! Qwen3.6 (ChatML) renderer: the SDK's [`qwasi_guest_sdk::chat`] format
+//! Qwen3.6 (ChatML) renderer: the SDK's [`crate::chat`] format
 //! (roles, reasoning, tool responses, the generation prompt) plus the tool
 //! definitions and the assistant turns' tool calls, rendered here. This is
 //! the fallback when the model has no jinja template (model-info's
 //! `chat-template`).
 
-use qwasi_guest_sdk::ApiError;
-use qwasi_guest_sdk::chat as qwen;
-pub use qwasi_guest_sdk::chat::{RenderOptions, Role};
+use crate::ApiError;
+use crate::chat as qwen;
+pub use crate::chat::{RenderOptions, Role};
 use serde_json::{Map, Value};
 
 /// A tool call of an assistant message; `arguments` normalised to an object
