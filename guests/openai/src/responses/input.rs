@@ -233,40 +233,13 @@ fn input_items(items: &[Value], messages: &mut Vec<Value>) -> Result<(), ApiErro
     Ok(())
 }
 
-/// A message's or a tool output's content: a string, or text parts joined.
+/// A message's or a tool output's content: a string, or text parts joined
+/// (as chat message content parts are).
 fn message_text(v: Option<&Value>, p: &str) -> Result<String, ApiError> {
     match v {
         None | Some(Value::Null) => Err(ApiError::missing(p)),
         Some(Value::String(s)) => Ok(s.clone()),
-        Some(Value::Array(parts)) => {
-            let mut texts = Vec::with_capacity(parts.len());
-            for (j, part) in parts.iter().enumerate() {
-                let pp = format!("{p}[{j}]");
-                match part.get("type").and_then(Value::as_str) {
-                    Some("input_text" | "output_text" | "text") => match part.get("text") {
-                        Some(Value::String(t)) => texts.push(t.as_str()),
-                        _ => return Err(ApiError::invalid_type(&format!("{pp}.text"), "a string")),
-                    },
-                    Some(t @ ("input_image" | "input_file" | "input_audio")) => {
-                        return Err(ApiError::param(
-                            &format!("{pp}.type"),
-                            "unsupported_content",
-                            format!(
-                                "'{t}' content is not supported (this server serves a text-only model)"
-                            ),
-                        ));
-                    }
-                    Some(t) => {
-                        return Err(ApiError::invalid_value(
-                            &format!("{pp}.type"),
-                            format!("content part type '{t}' is not supported"),
-                        ));
-                    }
-                    None => return Err(ApiError::missing(&format!("{pp}.type"))),
-                }
-            }
-            Ok(texts.join("\n"))
-        }
+        Some(Value::Array(parts)) => crate::chat::parts_text(p, parts),
         Some(_) => Err(ApiError::invalid_type(
             p,
             "a string or an array of content parts",
