@@ -160,10 +160,11 @@ def test_tool_choice_and_stop_sequences():
                                    tool_choice={"type": "tool", "name": "get_weather"})
         assert m.stop_reason == "tool_use"
         assert m.content[0].type == "tool_use" and m.content[0].input == {"city": "Paris"}
-        with pytest.raises(anthropic.InternalServerError) as e:
+        # A 422 (the model broke the request's rules), which the SDK does not retry.
+        with pytest.raises(anthropic.UnprocessableEntityError) as e:
             claude.messages.create(model="m", max_tokens=200, messages=HELLO, tools=tools,
                                    tool_choice={"type": "any"})
-        assert e.value.body["error"]["type"] == "api_error"
+        assert e.value.body["error"]["type"] == "invalid_request_error"
         m = claude.messages.create(model="m", max_tokens=200, messages=HELLO,
                                    stop_sequences=["STOP"])
         assert m.stop_reason == "stop_sequence" and m.stop_sequence == "STOP"
