@@ -7,6 +7,10 @@ Starts `qwasi serve` (demo model unless --model), then measures
   2. decode throughput: tokens/s of a streamed /v1/completions (every token through
      the guest and SSE) against `qwasi generate --json` on the same prompt (the engine
      alone, no HTTP, no guest);
+  3. decode throughput of the same conversation streamed through each chat API:
+     /v1/chat/completions, /v1/responses (OpenAI guest) and /v1/messages (Anthropic
+     guest), thinking off, through EOS: output tokens (from each API's usage) per
+     second from the first delta to the end of the stream (#25: within 2%);
 and writes benchmarks/wasm-overhead-cpu.json.
 
 Usage: python3 benchmarks/wasm_overhead.py [--bin target/release/qwasi] [--tokens 128]
@@ -45,6 +49,39 @@ def stream_completion(base, prompt, n):
     return ttft, (len(stamps) - 1) / (stamps[-1] - stamps[0])
 
 
+# One conversation, three APIs: the same rendered prompt and output length.
+CHAT_APIS = {
+    "chat_completions": ("/v1/chat/completions", lambda msgs, n: {
+        "messages": msgs, "max_tokens": n, "chat_template_kwargs": {"enable_thinking": False},
+        "stream_options": {"include_usage": True}}),
+    "responses": ("/v1/responses", lambda msgs, n: {
+        "input": msgs, "max_output_tokens": n, "reasoning": {"effort": "none"}}),
+    "messages": ("/v1/messages", lambda msgs, n: {"messages": msgs, "max_tokens": n}),
+}
+
+
+def output_tokens(event):
+    """The output token count in a final stream event of any of the three APIs."""
+    usage = (event.get("usage") or event.get("response", {}).get("usage") or {})
+    return usage.get("completion_tokens") or usage.get("output_tokens")
+
+
+def stream_chat_api(base, model, api, msgs, n):
+    path, shape = CHAT_APIS[api]
+    body = {"model": model, "temperature": 0, "ignore_eos": True, "stream": True, **shape(msgs, n)}
+    req = urllib.request.Request(base + path, json.dumps(body).encode(),
+                                 {"Content-Type": "application/json"})
+    first = tokens = None
+    with urllib.request.urlopen(req) as r:
+        for line in r:
+            if not line.startswith(b"data: {"):
+                continue
+            first = first or time.perf_counter()
+            tokens = output_tokens(json.loads(line[6:])) or tokens
+    end = time.perf_counter()
+    return (tokens - 1) / (end - first)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--bin", default=os.path.join(ROOT, "target/release/qwasi"))
@@ -81,6 +118,12 @@ def main():
             ttft, tps = stream_completion(base, prompt, a.tokens)
             streamed.append(tps)
             ttfts.append(ttft)
+        model = json.load(urllib.request.urlopen(base + "/v1/models"))["data"][0]["id"]
+        msgs = [{"role": "user", "content": prompt}]
+        by_api = {api: [] for api in CHAT_APIS}
+        for _ in range(a.reps):  # interleaved, so drift hits every API alike
+            for api in CHAT_APIS:
+                by_api[api].append(stream_chat_api(base, model, api, msgs, a.tokens))
     finally:
         srv.terminate()
         srv.wait(timeout=60)
@@ -105,6 +148,13 @@ def main():
             "streamed_ttft_ms_median": med(ttfts) * 1e3,
             "engine_runs": engine,
             "streamed_runs": streamed,
+        },
+        "decode_by_api": {
+            "tokens": a.tokens,
+            **{f"{api}_tokens_per_s_median": med(v) for api, v in by_api.items()},
+            **{f"{api}_vs_chat_completions": med(v) / med(by_api["chat_completions"]) - 1
+               for api, v in by_api.items() if api != "chat_completions"},
+            "runs": by_api,
         },
         "correctness": "cargo test (reference.rs: CPU engine vs transformers) passes on this commit",
         "note": "2-core shared CPU machine; the demo model decodes at tens of tok/s, so per-token guest costs "

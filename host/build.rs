@@ -1,12 +1,15 @@
 //! Builds the bundled guest components (wasm32-wasip2, release) and embeds them.
 //!
 //! * `guests/openai` → `qwasi_openai_guest.wasm` (the OpenAI API guest)
+//! * `guests/anthropic` → `qwasi_anthropic_guest.wasm` (the Anthropic
+//!   Messages API guest, mounted at `/v1/messages`)
 //! * `guests/policy` → `qwasi_policy_guest.wasm` (the default admission policy)
 //! * `tests/guests/misbehave` → a test-only guest (trap / infinite loop / memory
 //!   bomb); its path is exported to tests as `QWASI_TEST_GUEST_MISBEHAVE`.
 //! * `examples/batch-complete` → the example command component (`qwasi run`);
 //!   its path is exported to tests as `QWASI_EXAMPLE_BATCH_COMPLETE`, and the
-//!   bundled guests' as `QWASI_TEST_GUEST_OPENAI` and `QWASI_TEST_GUEST_POLICY`
+//!   bundled guests' as `QWASI_TEST_GUEST_OPENAI`, `QWASI_TEST_GUEST_ANTHROPIC`
+//!   and `QWASI_TEST_GUEST_POLICY`
 //!   (tests mount and hot-reload them from files).
 //!
 //! The guests are built by a nested `cargo` with its own target directory
@@ -37,6 +40,12 @@ const GUESTS: &[Guest] = &[
         name: "OPENAI",
         manifest: "guests/openai/Cargo.toml",
         artifact: "qwasi_openai_guest",
+        target_dir: "guests/target",
+    },
+    Guest {
+        name: "ANTHROPIC",
+        manifest: "guests/anthropic/Cargo.toml",
+        artifact: "qwasi_anthropic_guest",
         target_dir: "guests/target",
     },
     Guest {
@@ -77,6 +86,7 @@ fn main() {
         "guests/Cargo.toml",
         "guests/Cargo.lock",
         "guests/openai",
+        "guests/anthropic",
         "guests/policy",
         "guests/sdk",
         "wit",

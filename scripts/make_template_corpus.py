@@ -7,8 +7,9 @@ chat-template path (`render_jinja_template`: jinja2's
 ImmutableSandboxedEnvironment with trim_blocks, lstrip_blocks, loopcontrols,
 transformers' tojson and raise_exception).
 
-The OpenAI guest's test (guests/openai/src/template_corpus.rs) renders the
-same pairs and compares byte for byte; tests/e2e/test_template_corpus.py
+The OpenAI guest's test (guests/openai/src/template_corpus.rs, over the SDK's
+renderer guests/sdk/src/template.rs) renders the same pairs and compares byte
+for byte; tests/e2e/test_template_corpus.py
 re-runs this script's rendering in CI and compares it with the committed file,
 so the fixtures cannot drift from transformers.
 

@@ -114,6 +114,78 @@ fn bundled_guest_stays_at_root_and_longest_prefix_wins() {
     );
 }
 
+/// The bundled Anthropic Messages guest: mounted at /v1/messages beside the
+/// OpenAI guest at / (longest prefix wins), with `x-api-key` auth through the
+/// bundled policy and host errors readable as Anthropic errors.
+#[test]
+fn bundled_anthropic_guest_at_v1_messages() {
+    // The embedded demo model: the chat APIs need its tokenizer.
+    let s = Server::start_with(&["--api-key", "sk-anthropic-test", "--threads", "1"], false);
+    let body = r#"{"model": "claude-x", "max_tokens": 3, "temperature": 0, "messages": [{"role": "user", "content": "Hi"}]}"#;
+    let key = [
+        ("x-api-key", "sk-anthropic-test"),
+        ("anthropic-version", "2023-06-01"),
+    ];
+    let r = request(&s.addr, "POST", "/v1/messages", &key, body);
+    assert_eq!(r.status, 200, "{r:?}");
+    let m = r.json();
+    assert_eq!(m["type"], "message");
+    assert_eq!(m["model"], "claude-x");
+    assert_eq!(m["usage"]["output_tokens"], 3);
+    assert_eq!(m["stop_reason"], "max_tokens");
+    let r = request(&s.addr, "POST", "/v1/messages/count_tokens", &key, body);
+    assert_eq!(r.status, 200, "{r:?}");
+    assert!(r.json()["input_tokens"].as_u64().unwrap() > 0);
+    // The Anthropic guest's own errors, in its shape.
+    let r = request(&s.addr, "POST", "/v1/messages", &key, r#"{"model": "m"}"#);
+    assert_eq!(r.status, 400, "{r:?}");
+    assert_eq!(r.json()["type"], "error");
+    assert_eq!(r.json()["error"]["type"], "invalid_request_error");
+    // No key: the host's 401, readable by both SDKs.
+    let r = request(&s.addr, "POST", "/v1/messages", &[], body);
+    assert_eq!(r.status, 401, "{r:?}");
+    assert_eq!(r.json()["type"], "error");
+    assert_eq!(r.json()["error"]["type"], "authentication_error");
+    // Everything else still goes to the OpenAI guest at /, Bearer auth too.
+    let r = request(
+        &s.addr,
+        "GET",
+        "/v1/models",
+        &[("authorization", "Bearer sk-anthropic-test")],
+        "",
+    );
+    assert!(is_model_list(&r), "{r:?}");
+    // Segment boundary: /v1/messagesX is not under /v1/messages.
+    let r = request(&s.addr, "POST", "/v1/messagesX", &key, "{}");
+    assert_eq!((r.status, r.error_code().as_str()), (404, "not_found"));
+    assert!(s.log_text().contains("/v1/messages"), "{}", s.log_text());
+}
+
+/// `--guest` at /v1/messages replaces the bundled Anthropic guest, and
+/// `--no-default-guest` drops it with the OpenAI one.
+#[test]
+fn flags_rule_over_the_bundled_anthropic_guest() {
+    let s = Server::start(&["--guest", &format!("/v1/messages={}", misbehave_guest())]);
+    assert_eq!(s.get("/v1/messages/anything").body, "ok");
+    assert!(is_model_list(&s.get("/v1/models")));
+    drop(s);
+    let s = Server::start(&[
+        "--no-default-guest",
+        "--guest",
+        &format!("/v1={}", openai_guest()),
+    ]);
+    // The OpenAI guest at /v1 gets /v1/messages: its own 404.
+    let r = request(&s.addr, "POST", "/v1/messages", &[], "{}");
+    assert_eq!(r.status, 404, "{r:?}");
+    assert_eq!(r.error_code(), "not_found");
+    assert!(
+        r.json()["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("/v1/messages")
+    );
+}
+
 #[test]
 fn plain_file_replaces_the_bundled_guest() {
     let s = Server::start(&["--guest", &misbehave_guest()]);

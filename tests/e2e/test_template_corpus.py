@@ -2,7 +2,7 @@
 environment: tests/fixtures/templates/corpus.json and tests/fixtures/chat/*.json
 must be what scripts/make_template_corpus.py and scripts/make_chat_fixtures.py
 write now, so the byte-for-byte comparison the guest's native tests make
-(guests/openai/src/template_corpus.rs, template.rs) is against transformers,
+(guests/openai/src/template_corpus.rs over guests/sdk/src/template.rs) is against transformers,
 not against a stale file. Needs no server."""
 
 from __future__ import annotations

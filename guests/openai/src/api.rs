@@ -1,30 +1,22 @@
 //! Routing and the endpoints, over the [`Host`] and [`Output`] traits.
 
-use std::collections::HashMap;
-
 use serde_json::{Map, Value, json};
 
 use crate::chat::{Message, RenderOptions};
 use crate::choices::{self, Job, Meta};
 use crate::host::Host;
 use crate::params::{self, ChatRequest, Common, CompletionRequest, Prompt, TokenizeRequest, Tools};
+use crate::responses;
 use crate::structured;
 use crate::template;
 use crate::tokens;
-use crate::toolcall::{self, Out, ToolParser};
-use qwasi_guest_sdk::chat::{THINK_END, ThinkSplitter};
+use qwasi_guest_sdk::driver::{Driver, Piece, TokenLp, ToolEvent, token_budget};
 use qwasi_guest_sdk::http::{self, Output};
-use qwasi_guest_sdk::inference::{
-    Event, FinishReason, GenerateRequest, Generation, ModelInfo, StopMatcher, TokenEvent, Usage,
-    early_usage,
-};
+use qwasi_guest_sdk::inference::{GenerateRequest, ModelInfo, Usage};
 use qwasi_guest_sdk::{ApiError, Request};
 
 /// Largest request body the guest reads.
 pub const MAX_BODY_BYTES: usize = 32 << 20;
-
-/// What the guest serves; `finish_reason` for a cancelled generation.
-pub const CANCELLED_FINISH_REASON: &str = "abort";
 
 /// Serves one request.
 pub fn handle<H: Host, S: Output>(host: &H, mut req: Request, sink: &mut S) {
@@ -88,6 +80,22 @@ fn route<H: Host, S: Output>(host: &H, req: &mut Request, sink: &mut S) -> Resul
             let r = params::parse_chat(&body, &info)?;
             chat_completions(host, &info, r, sink)?;
         }
+        "/v1/responses" => {
+            allow("POST")?;
+            let body = params::parse_body(body)?;
+            let info = host.model_info();
+            responses(host, &info, &body, sink)?;
+        }
+        p if p.starts_with("/v1/responses/") => {
+            return Err(ApiError::new(
+                404,
+                qwasi_guest_sdk::error::INVALID_REQUEST,
+                Some("not_found"),
+                format!(
+                    "{method} {p}: this server does not store responses (each POST /v1/responses is answered in full and forgotten)"
+                ),
+            ));
+        }
         "/tokenize" => {
             allow("POST")?;
             let body = params::parse_body(body)?;
@@ -139,66 +147,6 @@ fn encode<H: Host>(host: &H, text: &str, param: &str) -> Result<Vec<u32>, ApiErr
         .map_err(|e| ApiError::invalid_value(param, format!("could not tokenize '{param}': {e}")))
 }
 
-/// The number of tokens to generate: the requested `max_tokens` checked
-/// against the context and the operator caps, or the default.
-pub fn token_budget(
-    info: &ModelInfo,
-    prompt_len: u32,
-    requested: Option<u32>,
-    default: Option<u32>,
-    max_param: &str,
-    prompt_param: &str,
-) -> Result<u32, ApiError> {
-    let ctx = info.context_length;
-    if info.max_prompt_tokens > 0 && prompt_len > info.max_prompt_tokens {
-        return Err(ApiError::context_length(
-            format!(
-                "The prompt has {prompt_len} tokens, but this server accepts at most {} prompt tokens.",
-                info.max_prompt_tokens
-            ),
-            prompt_param,
-        ));
-    }
-    if prompt_len >= ctx {
-        return Err(ApiError::context_length(
-            format!(
-                "This model's maximum context length is {ctx} tokens. However, your prompt has {prompt_len} tokens, \
-                 which leaves no room for the completion. Please reduce the length of the {prompt_param}."
-            ),
-            prompt_param,
-        ));
-    }
-    let room = ctx - prompt_len;
-    let cap = info.max_completion_tokens;
-    match requested {
-        Some(m) => {
-            if cap > 0 && m > cap {
-                return Err(ApiError::invalid_value(
-                    max_param,
-                    format!(
-                        "'{max_param}' is {m}, but this server allows at most {cap} completion tokens"
-                    ),
-                ));
-            }
-            if m > room {
-                return Err(ApiError::context_length(
-                    format!(
-                        "This model's maximum context length is {ctx} tokens. However, you requested {} tokens \
-                         ({prompt_len} in the {prompt_param}, {m} in the completion). Please reduce the length of the {prompt_param} or completion.",
-                        prompt_len as u64 + m as u64
-                    ),
-                    prompt_param,
-                ));
-            }
-            Ok(m)
-        }
-        None => {
-            let m = default.unwrap_or(room).min(room);
-            Ok(if cap > 0 { m.min(cap) } else { m })
-        }
-    }
-}
-
 fn generate_request(
     common: &Common,
     prompt: Vec<u32>,
@@ -217,304 +165,6 @@ fn generate_request(
             .constraint
             .as_ref()
             .map(|c| structured::constraint(c, None)),
-    }
-}
-
-// ---------------------------------------------------------------------------
-// The generation driver: engine events -> text pieces, shared by both endpoints
-// and both response modes.
-
-/// One generated token's logprob, ready for either format.
-#[derive(Debug, Clone, PartialEq)]
-pub struct TokenLp {
-    pub token: String,
-    pub bytes: Vec<u8>,
-    pub logprob: f32,
-    pub top: Vec<(String, Vec<u8>, f32)>,
-    /// Char offset of the token in the choice's text.
-    pub offset: usize,
-}
-
-/// Text that became safe to emit after one event.
-#[derive(Debug, Clone, PartialEq, Default)]
-pub struct Piece {
-    pub reasoning: String,
-    pub content: String,
-    pub logprob: Option<TokenLp>,
-    /// `delta.tool_calls` entries.
-    pub tool_calls: Vec<Value>,
-}
-
-impl Piece {
-    pub fn is_empty(&self) -> bool {
-        self.reasoning.is_empty()
-            && self.content.is_empty()
-            && self.logprob.is_none()
-            && self.tool_calls.is_empty()
-    }
-}
-
-#[derive(Debug, Clone, PartialEq)]
-pub enum Ended {
-    Finished { reason: &'static str, usage: Usage },
-    Failed(String),
-}
-
-/// Tool-call parsing of one generation. What the calls may be is enforced
-/// while decoding (an engine constraint) where the request asks for it;
-/// whatever the model wrote is reported, never refused.
-struct ToolState {
-    parser: ToolParser,
-    names: Vec<String>,
-}
-
-pub struct Driver<'h, H: Host> {
-    host: &'h H,
-    stop: StopMatcher,
-    think: Option<ThinkSplitter>,
-    think_end_id: Option<u32>,
-    want_logprobs: bool,
-    prompt_tokens: u32,
-    tokens: u32,
-    /// Sum of the generated tokens' logprobs (when the engine reports them).
-    logprob_sum: f64,
-    /// Chars of generated text so far, plus the echoed prompt.
-    offset: usize,
-    spellings: HashMap<u32, (String, Vec<u8>)>,
-    tools: Option<ToolState>,
-    /// Special tokens spelled out when tools are parsed (`<tool_call>`, `</tool_call>`).
-    markup_ids: Vec<(u32, &'static str)>,
-    /// A stop string ended the output: `ended`'s usage still lacks the
-    /// engine's counts ([`Driver::engine_usage`]).
-    cut_short: bool,
-    pub ended: Option<Ended>,
-}
-
-impl<'h, H: Host> Driver<'h, H> {
-    pub fn new(
-        host: &'h H,
-        stops: Vec<String>,
-        thinking: bool,
-        want_logprobs: bool,
-        prompt_tokens: u32,
-        offset: usize,
-    ) -> Self {
-        let think_end_id = if thinking {
-            host.token_to_id(THINK_END)
-        } else {
-            None
-        };
-        Driver {
-            host,
-            stop: StopMatcher::new(stops),
-            think: thinking.then(ThinkSplitter::new),
-            think_end_id,
-            want_logprobs,
-            prompt_tokens,
-            tokens: 0,
-            logprob_sum: 0.0,
-            offset,
-            spellings: HashMap::new(),
-            tools: None,
-            markup_ids: Vec::new(),
-            cut_short: false,
-            ended: None,
-        }
-    }
-
-    /// After a stop string ended the output, which pre-empts the engine's
-    /// `finished` event: takes the prompt and cached-token counts from
-    /// `generation.usage()` (ask before dropping it). The completion count
-    /// stays the tokens the output used.
-    pub fn engine_usage<G: Generation>(&mut self, generation: Option<&G>) {
-        if !std::mem::take(&mut self.cut_short) {
-            return;
-        }
-        if let Some(Ended::Finished { usage, .. }) = &mut self.ended {
-            *usage = early_usage(generation, self.prompt_tokens, self.tokens);
-        }
-    }
-
-    /// Parses the content for tool calls (when the request has tools and
-    /// `tool_choice` is not `none`).
-    pub fn with_tools(mut self, tools: &Tools) -> Self {
-        if tools.parse_calls() {
-            self.markup_ids = [toolcall::CALL_OPEN, toolcall::CALL_CLOSE]
-                .into_iter()
-                .filter_map(|t| Some((self.host.token_to_id(t)?, t)))
-                .collect();
-            self.tools = Some(ToolState {
-                parser: ToolParser::new(toolcall::schemas(&tools.tools)),
-                names: Vec::new(),
-            });
-        }
-        self
-    }
-
-    /// Passes content through the tool-call parser.
-    fn content(&mut self, text: &str, piece: &mut Piece, fin: bool) {
-        let Some(ts) = &mut self.tools else {
-            piece.content.push_str(text);
-            return;
-        };
-        let mut outs = ts.parser.push(text);
-        if fin {
-            outs.extend(ts.parser.finish());
-        }
-        for o in outs {
-            match o {
-                Out::Text(t) => piece.content.push_str(&t),
-                Out::Start { index, name } => {
-                    let id = format!("call_{}", self.host.random_hex(12));
-                    piece.tool_calls.push(json!({"index": index, "id": id, "type": "function", "function": {"name": name, "arguments": ""}}));
-                    ts.names.push(name);
-                }
-                Out::Args { index, fragment } => piece
-                    .tool_calls
-                    .push(json!({"index": index, "function": {"arguments": fragment}})),
-                Out::End { .. } => {}
-            }
-        }
-    }
-
-    fn made_calls(&self) -> bool {
-        self.tools.as_ref().is_some_and(|t| !t.names.is_empty())
-    }
-
-    /// The mean logprob of the generated tokens (0 before any).
-    pub fn mean_logprob(&self) -> f64 {
-        self.logprob_sum / self.tokens.max(1) as f64
-    }
-
-    /// Whether output is in the reasoning part (thinking on, `</think>` not seen yet).
-    pub fn in_reasoning(&self) -> bool {
-        self.think.as_ref().is_some_and(|t| !t.in_answer())
-    }
-
-    fn spelling(&mut self, id: u32) -> (String, Vec<u8>) {
-        if let Some(s) = self.spellings.get(&id) {
-            return s.clone();
-        }
-        let bytes = match self.host.id_to_token(id) {
-            Some(sp) => tokens::spelling_to_bytes(&sp),
-            None => self
-                .host
-                .detokenize(&[id], false)
-                .unwrap_or_default()
-                .into_bytes(),
-        };
-        let s = (String::from_utf8_lossy(&bytes).into_owned(), bytes);
-        self.spellings.insert(id, s.clone());
-        s
-    }
-
-    fn push_text(&mut self, text: &str, piece: &mut Piece) -> bool {
-        let text = self.stop.push(text);
-        self.split(&text, piece);
-        self.stop.stopped().is_some()
-    }
-
-    fn split(&mut self, text: &str, piece: &mut Piece) {
-        match &mut self.think {
-            Some(t) => {
-                let (reasoning, content) = t.push(text);
-                piece.reasoning.push_str(&reasoning);
-                self.content(&content, piece, false);
-            }
-            None => self.content(text, piece, false),
-        }
-    }
-
-    /// Handles one event; returns what to emit. Sets `ended` at the end.
-    pub fn on_event(&mut self, ev: Event) -> Piece {
-        let mut piece = Piece::default();
-        if self.ended.is_some() {
-            return piece;
-        }
-        match ev {
-            Event::Token(TokenEvent { id, text, logprob }) => {
-                self.tokens += 1;
-                self.logprob_sum += logprob.as_ref().map_or(0.0, |l| l.logprob as f64);
-                let text =
-                    if text.is_empty() && self.think_end_id == Some(id) && self.in_reasoning() {
-                        THINK_END.to_string()
-                    } else if text.is_empty()
-                        && let Some(&(_, tag)) = self.markup_ids.iter().find(|(i, _)| *i == id)
-                    {
-                        // The engine leaves special tokens' text out; the
-                        // tool-call tags are markup the parser needs.
-                        tag.to_string()
-                    } else {
-                        text
-                    };
-                if self.want_logprobs
-                    && let Some(lp) = logprob
-                {
-                    let (token, bytes) = self.spelling(lp.token);
-                    let top = lp
-                        .top
-                        .iter()
-                        .map(|&(t, l)| {
-                            let (s, b) = self.spelling(t);
-                            (s, b, l)
-                        })
-                        .collect();
-                    piece.logprob = Some(TokenLp {
-                        token,
-                        bytes,
-                        logprob: lp.logprob,
-                        top,
-                        offset: self.offset,
-                    });
-                }
-                self.offset += text.chars().count();
-                if self.push_text(&text, &mut piece) {
-                    self.cut_short = true;
-                    self.ended = Some(Ended::Finished {
-                        reason: "stop",
-                        // The engine's usage comes with `finished`, which a stop
-                        // string pre-empts: completed by `engine_usage`.
-                        usage: Usage {
-                            prompt_tokens: self.prompt_tokens,
-                            completion_tokens: self.tokens,
-                            cached_tokens: 0,
-                        },
-                    });
-                }
-            }
-            Event::Finished(f) => {
-                let stopped = self.push_text(&f.trailing_text, &mut piece);
-                if !stopped {
-                    let rest = self.stop.finish();
-                    self.split(&rest, &mut piece);
-                    if let Some(t) = &mut self.think {
-                        piece.reasoning.push_str(&t.finish());
-                    }
-                }
-                let reason = match f.reason {
-                    _ if stopped => "stop",
-                    FinishReason::Stop => "stop",
-                    FinishReason::Length => "length",
-                    FinishReason::Cancelled => CANCELLED_FINISH_REASON,
-                };
-                self.ended = Some(Ended::Finished {
-                    reason,
-                    usage: f.usage,
-                });
-            }
-            Event::Failed(m) => self.ended = Some(Ended::Failed(m)),
-        }
-        if let Some(Ended::Finished { reason, .. }) = &mut self.ended {
-            let stop = *reason == "stop";
-            self.content("", &mut piece, true);
-            if stop
-                && self.made_calls()
-                && let Some(Ended::Finished { reason, .. }) = &mut self.ended
-            {
-                *reason = "tool_calls";
-            }
-        }
-        piece
     }
 }
 
@@ -641,7 +291,7 @@ impl Format for ChatFormat {
             deltas.push(json!({"content": piece.content}));
         }
         for c in &piece.tool_calls {
-            deltas.push(json!({"tool_calls": [c]}));
+            deltas.push(json!({"tool_calls": [tool_call_delta(c)]}));
         }
         if deltas.is_empty() {
             if piece.logprob.is_none() || !self.logprobs {
@@ -703,22 +353,34 @@ impl Format for ChatFormat {
     }
 }
 
-/// Whole tool calls from their stream deltas.
-fn merge_tool_calls(deltas: &[Value]) -> Vec<Value> {
+/// A `delta.tool_calls` entry.
+fn tool_call_delta(e: &ToolEvent) -> Value {
+    match e {
+        ToolEvent::Start { index, id, name } => {
+            json!({"index": index, "id": id, "type": "function", "function": {"name": name, "arguments": ""}})
+        }
+        ToolEvent::Args { index, fragment } => {
+            json!({"index": index, "function": {"arguments": fragment}})
+        }
+    }
+}
+
+/// Whole tool calls (`message.tool_calls`) from their events.
+fn merge_tool_calls(events: &[ToolEvent]) -> Vec<Value> {
     let mut calls: Vec<Value> = Vec::new();
-    for d in deltas {
-        if d.get("id").is_some() {
-            let mut c = d.clone();
-            if let Some(o) = c.as_object_mut() {
-                o.remove("index");
+    for e in events {
+        match e {
+            ToolEvent::Start { id, name, .. } => calls.push(
+                json!({"id": id, "type": "function", "function": {"name": name, "arguments": ""}}),
+            ),
+            ToolEvent::Args { index, fragment } => {
+                if let Some(Value::String(a)) = calls
+                    .get_mut(*index)
+                    .and_then(|c| c.pointer_mut("/function/arguments"))
+                {
+                    a.push_str(fragment);
+                }
             }
-            calls.push(c);
-        } else if let (Some(last), Some(frag)) = (
-            calls.last_mut(),
-            d.pointer("/function/arguments").and_then(Value::as_str),
-        ) && let Some(Value::String(a)) = last.pointer_mut("/function/arguments")
-        {
-            a.push_str(frag);
         }
     }
     calls
@@ -817,6 +479,31 @@ fn chat_completions<H: Host, S: Output>(
     r: ChatRequest,
     sink: &mut S,
 ) -> Result<(), ApiError> {
+    let fmt = ChatFormat {
+        thinking: r.render.enable_thinking,
+        logprobs: r.logprobs,
+    };
+    let m = meta(host, "chatcmpl-", &r.common.model);
+    let req = prepare_chat(host, info, &r, ("max_tokens", "messages"))?;
+    let jobs = (0..r.common.best_of)
+        .map(|k| Job {
+            prompt: 0,
+            req: choices::candidate(&r.common, req.clone(), k),
+            driver: chat_driver(host, &r, req.prompt.len() as u32),
+        })
+        .collect();
+    choices::respond(host, jobs, &[fmt], &m, &r.common, sink)
+}
+
+/// A chat request's generation request: the prompt rendered and tokenized,
+/// message boundaries as snapshot points, the token budget checked.
+/// `params` name the token limit and the prompt in errors.
+fn prepare_chat<H: Host>(
+    host: &H,
+    info: &ModelInfo,
+    r: &ChatRequest,
+    (max_param, prompt_param): (&str, &str),
+) -> Result<GenerateRequest, ApiError> {
     let text = render_prompt(info, &r.messages, &r.tools, r.render)?;
     let (prompt_ids, points) = qwasi_guest_sdk::chat::tokenize_chat(host, &text)?;
     let prompt_len = prompt_ids.len() as u32;
@@ -825,15 +512,9 @@ fn chat_completions<H: Host, S: Output>(
         prompt_len,
         r.common.max_tokens,
         None,
-        "max_tokens",
-        "messages",
+        max_param,
+        prompt_param,
     )?;
-    let thinking = r.render.enable_thinking;
-    let fmt = ChatFormat {
-        thinking,
-        logprobs: r.logprobs,
-    };
-    let m = meta(host, "chatcmpl-", &r.common.model);
     let points: Vec<u32> = points
         .into_iter()
         .filter(|&p| p > 0 && p < prompt_len)
@@ -842,22 +523,43 @@ fn chat_completions<H: Host, S: Output>(
     // With thinking on, the model reasons freely and the constraint holds
     // from `</think>` on.
     if let Some(c) = &mut req.constraint {
-        c.start_after = thinking.then(|| host.token_to_id(THINK_END)).flatten();
+        c.start_after = r
+            .render
+            .enable_thinking
+            .then(|| host.token_to_id(qwasi_guest_sdk::chat::THINK_END))
+            .flatten();
     }
-    let jobs = (0..r.common.best_of)
-        .map(|k| Job {
-            prompt: 0,
-            req: choices::candidate(&r.common, req.clone(), k),
-            driver: Driver::new(
-                host,
-                r.common.stop.clone(),
-                thinking,
-                r.logprobs,
-                prompt_len,
-                0,
-            )
-            .with_tools(&r.tools),
-        })
-        .collect();
-    choices::respond(host, jobs, &[fmt], &m, &r.common, sink)
+    Ok(req)
+}
+
+/// The driver of one generation for a chat request (thinking, logprobs,
+/// stop strings and tool rules as asked).
+fn chat_driver<'h, H: Host>(host: &'h H, r: &ChatRequest, prompt_len: u32) -> Driver<'h, H> {
+    Driver::new(
+        host,
+        r.common.stop.clone(),
+        r.render.enable_thinking,
+        r.logprobs,
+        prompt_len,
+        0,
+    )
+    .with_tools(&r.tools)
+    // The engine enforces tool_choice while decoding (a constraint); what
+    // the model wrote is reported, never refused.
+    .report_only()
+}
+
+/// `POST /v1/responses` (stateless: see [`responses`]).
+fn responses<H: Host, S: Output>(
+    host: &H,
+    info: &ModelInfo,
+    body: &Map<String, Value>,
+    sink: &mut S,
+) -> Result<(), ApiError> {
+    let r = responses::parse(body, info)?;
+    let req = prepare_chat(host, info, &r, ("max_output_tokens", "input"))?;
+    let driver = chat_driver(host, &r, req.prompt.len() as u32);
+    let generation = host.generate(req).map_err(ApiError::from)?;
+    let resp = responses::Response::new(host, body, &r.common.model);
+    responses::run(Some(generation), driver, resp, r.common.stream, sink)
 }

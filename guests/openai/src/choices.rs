@@ -11,11 +11,12 @@
 
 use serde_json::{Value, json};
 
-use crate::api::{Driver, Ended, Format, Piece, TokenLp, send_json, usage_json};
+use crate::api::{Format, send_json, usage_json};
 use crate::host::Host;
 use crate::params::Common;
 use crate::structured;
 use qwasi_guest_sdk::ApiError;
+use qwasi_guest_sdk::driver::{Driver, Ended, Piece, TokenLp};
 use qwasi_guest_sdk::http::Output;
 use qwasi_guest_sdk::inference::{GenerateRequest, Generation, Usage};
 use qwasi_guest_sdk::stream::{Framing, StreamWriter};
@@ -80,24 +81,6 @@ fn start<H: Host>(
     ))
 }
 
-/// The next batch of events (none without a generation: echo only); an
-/// empty batch ends the generation as failed.
-fn next_events<H: Host, G: Generation>(
-    generation: &mut Option<G>,
-    driver: &mut Driver<H>,
-) -> Vec<qwasi_guest_sdk::inference::Event> {
-    let events = generation
-        .as_mut()
-        .map(|g| g.wait_next())
-        .unwrap_or_default();
-    if events.is_empty() {
-        driver.ended = Some(Ended::Failed(
-            "the generation ended without a finish event".into(),
-        ));
-    }
-    events
-}
-
 /// Runs one generation to its end.
 fn drive<H: Host>(host: &H, mut job: Job<H>) -> Result<Outcome, ApiError> {
     let mut generation = start(host, &mut job)?;
@@ -105,22 +88,18 @@ fn drive<H: Host>(host: &H, mut job: Job<H>) -> Result<Outcome, ApiError> {
     let mut all = Piece::default();
     let mut lps = Vec::new();
     while driver.ended.is_none() {
-        for ev in next_events(&mut generation, driver) {
-            let p = driver.on_event(ev);
+        for p in driver.next_batch(&mut generation) {
             all.reasoning.push_str(&p.reasoning);
             all.content.push_str(&p.content);
             all.tool_calls.extend(p.tool_calls);
             lps.extend(p.logprob);
-            if driver.ended.is_some() {
-                break;
-            }
         }
     }
-    driver.engine_usage(generation.as_ref());
     drop(generation); // Cancels the engine request when a stop string ended it.
     let mean_logprob = driver.mean_logprob();
     match driver.ended.take().expect("ended") {
         Ended::Failed(msg) => Err(ApiError::internal(format!("generation failed: {msg}"))),
+        Ended::Rejected(e) => Err(e),
         Ended::Finished { reason, usage } => Ok(Outcome {
             prompt: job.prompt,
             piece: all,
@@ -283,20 +262,11 @@ fn stream_one<H: Host, F: Format, S: Output, G: Generation>(
         push_chunk(w, first);
     }
     loop {
-        if driver.ended.is_none() {
-            for ev in next_events(&mut generation, driver) {
-                let p = driver.on_event(ev);
-                if !p.is_empty() {
-                    for c in fmt.chunks(&p, driver.in_reasoning()) {
-                        push_chunk(w, c);
-                    }
-                }
-                if driver.ended.is_some() {
-                    break;
-                }
+        for p in driver.next_batch(&mut generation) {
+            for c in fmt.chunks(&p, p.in_reasoning) {
+                push_chunk(w, c);
             }
         }
-        driver.engine_usage(generation.as_ref());
         let mut result = None;
         match &driver.ended {
             None => {}
@@ -308,6 +278,11 @@ fn stream_one<H: Host, F: Format, S: Output, G: Generation>(
             Some(Ended::Failed(msg)) => {
                 generation = None;
                 let e = ApiError::internal(format!("generation failed: {msg}"));
+                let _ = w.json(&e.to_json());
+                let _ = w.done();
+            }
+            Some(Ended::Rejected(e)) => {
+                generation = None;
                 let _ = w.json(&e.to_json());
                 let _ = w.done();
             }

@@ -6,20 +6,26 @@
 //! wasm glue is the SDK's (`qwasi_guest_sdk::api`).
 
 pub mod api;
-pub mod chat;
 pub mod choices;
-pub mod host;
 pub mod params;
-pub mod pyfmt;
+pub mod responses;
 pub mod structured;
-pub mod template;
-pub mod tokens;
-pub mod toolcall;
+
+// Chat messages, rendering, tool-call parsing and token spellings are the
+// SDK's (shared with the other API guests).
+pub use qwasi_guest_sdk::messages as chat;
+pub use qwasi_guest_sdk::{host, template, tokens, toolcall};
 
 #[cfg(test)]
 mod api_tests;
 #[cfg(test)]
+mod responses_tests;
+// The renderer's fixture tests take their requests through the OpenAI
+// request parser, so they live here rather than in the SDK.
+#[cfg(test)]
 mod template_corpus;
+#[cfg(test)]
+mod template_tests;
 
 #[cfg(target_arch = "wasm32")]
 mod wasm;

@@ -6,6 +6,9 @@ use qwasi_guest_sdk::ApiError;
 use qwasi_guest_sdk::inference::{ModelInfo, SamplingParams};
 use serde_json::{Map, Value};
 
+pub use qwasi_guest_sdk::fields::{Fields, as_int, parse_body};
+pub use qwasi_guest_sdk::tools::{ToolChoice, Tools, tool_name};
+
 pub const MAX_STOP_STRINGS: usize = 4;
 /// Most generations one request may ask for (prompts × `best_of`): each is a
 /// whole generation of its own.
@@ -58,171 +61,10 @@ pub struct ChatRequest {
     pub tools: Tools,
 }
 
-/// `tool_choice`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ToolChoice {
-    Auto,
-    None,
-    Required,
-    Named(String),
-}
-
-/// The tool side of a chat request.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Tools {
-    /// The request's `tools`, as given (rendered into the prompt).
-    pub tools: Vec<Value>,
-    pub choice: ToolChoice,
-    pub parallel: bool,
-    /// `chat_template_kwargs`, all of them (for the jinja template).
-    pub kwargs: Map<String, Value>,
-}
-
-impl Default for Tools {
-    fn default() -> Self {
-        Tools {
-            tools: Vec::new(),
-            choice: ToolChoice::Auto,
-            parallel: true,
-            kwargs: Map::new(),
-        }
-    }
-}
-
-impl Tools {
-    /// Tools as rendered into the prompt: none for `tool_choice: none`, only
-    /// the named one for a named choice.
-    pub fn rendered(&self) -> Vec<Value> {
-        match &self.choice {
-            ToolChoice::None => vec![],
-            ToolChoice::Named(n) => self
-                .tools
-                .iter()
-                .filter(|t| tool_name(t) == Some(n.as_str()))
-                .cloned()
-                .collect(),
-            _ => self.tools.clone(),
-        }
-    }
-
-    /// Whether the output is parsed for tool calls.
-    pub fn parse_calls(&self) -> bool {
-        !self.tools.is_empty() && self.choice != ToolChoice::None
-    }
-}
-
-pub fn tool_name(t: &Value) -> Option<&str> {
-    t.get("function")?.get("name")?.as_str()
-}
-
 #[derive(Debug, Clone, PartialEq)]
 pub enum TokenizeRequest {
     Prompt(String),
     Messages(Vec<Message>, RenderOptions, Tools),
-}
-
-/// 400 `invalid_json` for a body that does not parse.
-fn malformed_json(detail: impl std::fmt::Display) -> ApiError {
-    ApiError::invalid(
-        "invalid_json",
-        format!(
-            "We could not parse the JSON body of your request ({detail}). The body must be a JSON object."
-        ),
-    )
-}
-
-/// Parses a body as a JSON object.
-pub fn parse_body(body: &[u8]) -> Result<Map<String, Value>, ApiError> {
-    if body.iter().all(u8::is_ascii_whitespace) {
-        return Err(malformed_json("the body is empty"));
-    }
-    match serde_json::from_slice::<Value>(body) {
-        Ok(Value::Object(m)) => Ok(m),
-        Ok(_) => Err(ApiError::invalid(
-            "invalid_json",
-            "The request body must be a JSON object.",
-        )),
-        Err(e) => Err(malformed_json(e)),
-    }
-}
-
-/// Typed, named access to the fields of a request object. `null` counts as absent.
-pub struct Fields<'a>(pub &'a Map<String, Value>);
-
-impl<'a> Fields<'a> {
-    pub fn get(&self, name: &str) -> Option<&'a Value> {
-        self.0.get(name).filter(|v| !v.is_null())
-    }
-
-    pub fn bool(&self, name: &str) -> Result<Option<bool>, ApiError> {
-        match self.get(name) {
-            None => Ok(None),
-            Some(Value::Bool(b)) => Ok(Some(*b)),
-            Some(_) => Err(ApiError::invalid_type(name, "a boolean")),
-        }
-    }
-
-    pub fn str(&self, name: &str) -> Result<Option<&'a str>, ApiError> {
-        match self.get(name) {
-            None => Ok(None),
-            Some(Value::String(s)) => Ok(Some(s)),
-            Some(_) => Err(ApiError::invalid_type(name, "a string")),
-        }
-    }
-
-    /// A number in `[min, max]` (`min_open` excludes `min`).
-    pub fn num(
-        &self,
-        name: &str,
-        min: f64,
-        min_open: bool,
-        max: f64,
-    ) -> Result<Option<f64>, ApiError> {
-        let Some(v) = self.get(name) else {
-            return Ok(None);
-        };
-        let x = v
-            .as_f64()
-            .ok_or_else(|| ApiError::invalid_type(name, "a number"))?;
-        let low_ok = if min_open { x > min } else { x >= min };
-        if !low_ok || x > max {
-            let lo = if min_open { "(" } else { "[" };
-            return Err(ApiError::invalid_value(
-                name,
-                format!("'{name}' must be in {lo}{min}, {max}], got {x}"),
-            ));
-        }
-        Ok(Some(x))
-    }
-
-    /// An integer in `[min, max]`.
-    pub fn int(&self, name: &str, min: i64, max: i64) -> Result<Option<i64>, ApiError> {
-        let Some(v) = self.get(name) else {
-            return Ok(None);
-        };
-        let x = as_int(v).ok_or_else(|| ApiError::invalid_type(name, "an integer"))?;
-        if x < min || x > max {
-            return Err(ApiError::invalid_value(
-                name,
-                format!("'{name}' must be in [{min}, {max}], got {x}"),
-            ));
-        }
-        Ok(Some(x))
-    }
-}
-
-fn as_int(v: &Value) -> Option<i64> {
-    match v {
-        Value::Number(n) => n.as_i64().or_else(|| {
-            // Accept 16.0 but not 16.5; u64 beyond i64 saturates (caught by range checks).
-            n.as_u64().map(|_| i64::MAX).or_else(|| {
-                n.as_f64()
-                    .filter(|f| f.fract() == 0.0 && f.abs() < 9e15)
-                    .map(|f| f as i64)
-            })
-        }),
-        _ => None,
-    }
 }
 
 fn token_id(v: &Value, vocab: u32, param: &str) -> Result<u32, ApiError> {

@@ -1,11 +1,10 @@
-//! The component glue: the SDK's `wasi:http` export and `qwasi:inference`
-//! engine, plus `wasi:random` for response ids.
+//! The component glue: the SDK's `wasi:http` export and its host (the
+//! `qwasi:inference` engine plus `wasi:random` for ids).
 
-use qwasi_guest_sdk::api::{HostEngine, HttpGuest, WasiOutput, wasip2};
+use qwasi_guest_sdk::api::{HostEngine, HttpGuest, WasiOutput};
 use qwasi_guest_sdk::{ApiError, Request};
 
 use crate::api;
-use crate::host::Host;
 
 struct OpenAi;
 
@@ -17,12 +16,3 @@ impl HttpGuest for OpenAi {
 }
 
 qwasi_guest_sdk::export_http!(OpenAi);
-
-impl Host for HostEngine {
-    fn random_hex(&self, bytes: usize) -> String {
-        wasip2::random::random::get_random_bytes(bytes as u64)
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect()
-    }
-}

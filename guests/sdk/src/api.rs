@@ -305,6 +305,15 @@ fn constraint(c: crate::inference::Constraint) -> types::Constraint {
     }
 }
 
+impl crate::host::Host for HostEngine {
+    fn random_hex(&self, bytes: usize) -> String {
+        wasip2::random::random::get_random_bytes(bytes as u64)
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect()
+    }
+}
+
 impl Engine for HostEngine {
     type Generation = HostGeneration;
 

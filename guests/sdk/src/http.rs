@@ -335,6 +335,15 @@ pub fn send_json_with(
 
 /// An OpenAI-format error response (with `Retry-After` and `Allow` when set).
 pub fn send_error(out: &mut impl Output, e: &ApiError) -> Result<(), Disconnected> {
+    send_error_as(out, e, &e.to_json())
+}
+
+/// `e`'s status and headers with `body`, the error in an API's own shape.
+pub fn send_error_as(
+    out: &mut impl Output,
+    e: &ApiError,
+    body: &Value,
+) -> Result<(), Disconnected> {
     let mut headers = Vec::new();
     if let Some(s) = e.retry_after {
         headers.push(("retry-after", s.to_string()));
@@ -342,7 +351,8 @@ pub fn send_error(out: &mut impl Output, e: &ApiError) -> Result<(), Disconnecte
     if let Some(a) = e.allow() {
         headers.push(("allow", a.to_owned()));
     }
-    send(out, e.status, "application/json", &headers, &e.body())
+    let body = serde_json::to_vec(body).expect("JSON serialises");
+    send(out, e.status, "application/json", &headers, &body)
 }
 
 #[cfg(test)]

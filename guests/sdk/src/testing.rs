@@ -32,6 +32,7 @@ pub struct FakeEngine {
     last: Rc<RefCell<Option<GenerateRequest>>>,
     cancelled: Rc<Cell<usize>>,
     clock: Rc<Cell<u64>>,
+    ids: Rc<Cell<u64>>,
 }
 
 impl Default for FakeEngine {
@@ -63,6 +64,7 @@ impl FakeEngine {
             last: Rc::default(),
             cancelled: Rc::default(),
             clock: Rc::default(),
+            ids: Rc::default(),
         }
     }
 
@@ -102,6 +104,14 @@ impl FakeEngine {
         self.last.borrow().clone()
     }
 
+    /// The last request's prompt as text (its ids detokenized, special
+    /// tokens spelled out).
+    pub fn last_prompt_text(&self) -> String {
+        let prompt = self.last_request().map(|r| r.prompt).unwrap_or_default();
+        self.detokenize(&prompt, false)
+            .expect("fake ids detokenize")
+    }
+
     pub fn cancelled(&self) -> usize {
         self.cancelled.get()
     }
@@ -129,6 +139,14 @@ impl Drop for FakeGeneration {
         if !self.events.is_empty() {
             self.cancelled.set(self.cancelled.get() + 1);
         }
+    }
+}
+
+/// Ids count up (`000…01`, `000…02`, ...), so tests can predict them.
+impl crate::host::Host for FakeEngine {
+    fn random_hex(&self, bytes: usize) -> String {
+        self.ids.set(self.ids.get() + 1);
+        format!("{:0width$x}", self.ids.get(), width = bytes * 2)
     }
 }
 
@@ -267,6 +285,29 @@ impl Recorder {
     /// The body parsed as one JSON value.
     pub fn json(&self) -> serde_json::Value {
         serde_json::from_slice(&self.body()).expect("JSON body")
+    }
+
+    /// The body as server-sent events: each event's `event:` name (if any)
+    /// and its `data:` parsed as JSON (`[DONE]` as the string).
+    pub fn sse(&self) -> Vec<(Option<String>, serde_json::Value)> {
+        self.body_string()
+            .split("\n\n")
+            .filter(|e| !e.trim().is_empty())
+            .map(|e| {
+                let mut name = None;
+                let mut data = Vec::new();
+                for line in e.lines() {
+                    if let Some(n) = line.strip_prefix("event: ") {
+                        name = Some(n.to_owned());
+                    } else if let Some(d) = line.strip_prefix("data: ") {
+                        data.push(d);
+                    }
+                }
+                let data = data.join("\n");
+                let v = serde_json::from_str(&data).unwrap_or(serde_json::Value::String(data));
+                (name, v)
+            })
+            .collect()
     }
 
     /// The body as NDJSON, one value per line.

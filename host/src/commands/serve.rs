@@ -67,7 +67,8 @@ pub struct Args {
     /// are watched and reloaded when they change.
     #[arg(long, value_name = "[PREFIX=]FILE")]
     pub guest: Vec<String>,
-    /// Don't mount the bundled OpenAI guest at / (paths no --guest matches get 404).
+    /// Don't mount the bundled guests (OpenAI at /, Anthropic Messages at
+    /// /v1/messages); paths no --guest matches get 404.
     #[arg(long)]
     pub no_default_guest: bool,
     /// How often guest files are checked for changes (0 = don't watch; SIGHUP
@@ -269,8 +270,12 @@ pub fn parse_guest(value: &str) -> Result<(String, PathBuf)> {
     Ok(("/".into(), PathBuf::from(value)))
 }
 
+/// Where the bundled Anthropic Messages guest is mounted.
+pub const ANTHROPIC_PREFIX: &str = "/v1/messages";
+
 /// The API guests to mount: every `--guest`, plus the bundled OpenAI guest at
-/// `/` unless a guest is mounted there or `--no-default-guest`.
+/// `/` and the bundled Anthropic guest at `/v1/messages`, each unless a
+/// guest is mounted there or `--no-default-guest`.
 pub fn mounts(a: &Args) -> Result<Vec<Mount>> {
     let mut mounts: Vec<Mount> = Vec::new();
     for g in &a.guest {
@@ -298,6 +303,15 @@ pub fn mounts(a: &Args) -> Result<Vec<Mount>> {
             }
             None => {}
         }
+    }
+    if !a.no_default_guest
+        && !mounts.iter().any(|m| m.prefix == ANTHROPIC_PREFIX)
+        && let Some(bytes) = runtime::bundled::ANTHROPIC
+    {
+        mounts.push(Mount {
+            prefix: ANTHROPIC_PREFIX.into(),
+            source: GuestSource::Bundled("Anthropic guest", bytes),
+        });
     }
     if mounts.is_empty() {
         bail!("no API guest to serve: --no-default-guest needs at least one --guest PREFIX=FILE");

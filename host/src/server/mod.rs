@@ -404,7 +404,10 @@ pub fn full(s: impl Into<Bytes>) -> Body {
         .boxed_unsync()
 }
 
-/// An OpenAI-style error object.
+/// An error object in the shape both bundled APIs read: OpenAI's
+/// `{"error": {"message", "type", "param", "code"}}` plus Anthropic's
+/// top-level `"type": "error"` (the host answers denials, queue and loading
+/// errors itself, before any API guest runs).
 pub fn error_response(
     status: StatusCode,
     message: &str,
@@ -419,7 +422,7 @@ pub fn error_response(
     };
     let mut r = json_response(
         status,
-        json!({"error": {"message": message, "type": kind, "param": null, "code": code}}),
+        json!({"type": "error", "error": {"message": message, "type": kind, "param": null, "code": code}}),
     );
     if let Some(s) = retry_after {
         r.headers_mut()

@@ -1,13 +1,13 @@
 //! Chat messages (the OpenAI `messages`, with tool calls) and the built-in
-//! Qwen3.6 (ChatML) renderer: the SDK's [`qwasi_guest_sdk::chat`] format
+//! Qwen3.6 (ChatML) renderer: the SDK's [`crate::chat`] format
 //! (roles, reasoning, tool responses, the generation prompt) plus the tool
 //! definitions and the assistant turns' tool calls, rendered here. This is
 //! the fallback when the model has no jinja template (model-info's
 //! `chat-template`).
 
-use qwasi_guest_sdk::ApiError;
-use qwasi_guest_sdk::chat as qwen;
-pub use qwasi_guest_sdk::chat::{RenderOptions, Role};
+use crate::ApiError;
+use crate::chat as qwen;
+pub use crate::chat::{RenderOptions, Role};
 use serde_json::{Map, Value};
 
 /// A tool call of an assistant message; `arguments` normalised to an object
@@ -234,14 +234,20 @@ fn parse_tool_call(p: &str, c: &Value) -> Result<ToolCall, ApiError> {
 }
 
 fn parse_parts(i: usize, parts: &[Value]) -> Result<String, ApiError> {
+    parts_text(&format!("messages[{i}].content"), parts)
+}
+
+/// The text of content parts (`text`, `input_text`, `output_text`), joined
+/// by newlines; multimodal parts are refused. Errors name `at[j]`.
+pub fn parts_text(at: &str, parts: &[Value]) -> Result<String, ApiError> {
     let mut texts = Vec::with_capacity(parts.len());
     for (j, part) in parts.iter().enumerate() {
-        let p = format!("messages[{i}].content[{j}]");
+        let p = format!("{at}[{j}]");
         let obj = part
             .as_object()
             .ok_or_else(|| ApiError::invalid_type(&p, "a content part object"))?;
         match obj.get("type").and_then(Value::as_str) {
-            Some("text") | Some("input_text") => match obj.get("text") {
+            Some("text" | "input_text" | "output_text") => match obj.get("text") {
                 Some(Value::String(t)) => texts.push(t.as_str()),
                 _ => return Err(ApiError::invalid_type(&format!("{p}.text"), "a string")),
             },

@@ -1,9 +1,9 @@
-//! What the guest needs from its host: the SDK's [`Engine`] (the
+//! What an API guest needs from its host: the [`Engine`] (the
 //! `qwasi:inference` imports, with the WIT types mirrored in
-//! [`qwasi_guest_sdk::inference`]) plus random ids. `wasm.rs` implements
-//! [`Host`] for the SDK's `HostEngine`; the tests, for a fake engine.
+//! [`crate::inference`]) plus random ids. `api.rs` implements [`Host`] for
+//! `HostEngine` (wasi:random); [`crate::testing`], for the fake engine.
 
-use qwasi_guest_sdk::inference::Engine;
+use crate::inference::Engine;
 
 /// The imports of world `api` ([`Engine`]) and `wasi:random`.
 pub trait Host: Engine {
