@@ -23,10 +23,11 @@ use anyhow::{Result, bail};
 /// Most key-length splits of decode attention.
 pub(super) const MAX_SPLIT: usize = 128;
 
-/// Captured decode graphs kept at once: one per running sequence, so a
-/// scheduler that interleaves sequences step by step replays instead of
-/// capturing again (a capture costs several steps' time).
-const GRAPH_CACHE: usize = 64;
+/// Captured decode graphs kept at once: one per running sequence (as many
+/// as the scheduler's largest default `--max-num-seqs`), so a scheduler that
+/// interleaves sequences step by step replays instead of capturing again (a
+/// capture costs several steps' time; least recently used go first).
+const GRAPH_CACHE: usize = 256;
 
 /// Device buffers of the decode step (fixed addresses, so graphs stay valid)
 /// and the captured graphs of the sequences that ran last.
