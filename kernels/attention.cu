@@ -11,20 +11,17 @@ __device__ __forceinline__ void kv_store(float* p, float v) { *p = v; }
 
 // proj rows [T, stride]: per q head [query hd | gate hd] (nh heads), then k (nkv*hd),
 // then v (nkv*hd). grid (T, nh + nkv), block 256 (hd <= 256).
+// One token's head blockIdx.y: its projection row `row`, its position `pos`,
+// its q heads written to q_row ([nh][hd]).
 template <typename KV>
-__device__ __forceinline__ void attn_prep_impl(const float* __restrict__ proj, int stride,
-                                        const float* __restrict__ qnorm, const float* __restrict__ knorm,
-                                        float* __restrict__ q_out, KV* __restrict__ kc, KV* __restrict__ vc,
-                                        int nh, int nkv, int hd, int rot, int pos0, const int* pos_dev,
-                                        float theta, float eps) {
+__device__ __forceinline__ void attn_prep_row(const float* __restrict__ row, const float* __restrict__ qnorm,
+                                              const float* __restrict__ knorm, float* __restrict__ q_row,
+                                              KV* __restrict__ kc, KV* __restrict__ vc, int nh, int nkv, int hd,
+                                              int rot, int pos, float theta, float eps) {
     __shared__ float buf[256];
-    QW_GRID_WAIT();
-    QW_GRID_LAUNCH();
-    if (pos_dev) pos0 = *pos_dev;
     __shared__ float scratch[32];
-    int t = blockIdx.x, head = blockIdx.y;
+    int head = blockIdx.y;
     int i = threadIdx.x;
-    const float* row = proj + (size_t)t * stride;
     bool is_q = head < nh;
     int kvh = head - nh;
     const float* src = is_q ? row + (size_t)head * 2 * hd : row + (size_t)2 * nh * hd + (size_t)kvh * hd;
@@ -35,7 +32,6 @@ __device__ __forceinline__ void attn_prep_impl(const float* __restrict__ proj, i
     if (i < hd) buf[i] = x * inv * w[i];
     __syncthreads();
     int half = rot / 2;
-    int pos = pos0 + t;
     float y = i < hd ? buf[i] : 0.f;
     if (i < rot) {
         int f = i < half ? i : i - half;
@@ -50,13 +46,27 @@ __device__ __forceinline__ void attn_prep_impl(const float* __restrict__ proj, i
     }
     if (i < hd) {
         if (is_q) {
-            q_out[((size_t)t * nh + head) * hd + i] = y;
+            q_row[(size_t)head * hd + i] = y;
         } else {
-            size_t at = ((size_t)(pos0 + t) * nkv + kvh) * hd + i;
+            size_t at = ((size_t)pos * nkv + kvh) * hd + i;
             kv_store(kc + at, y);
             kv_store(vc + at, row[(size_t)2 * nh * hd + (size_t)nkv * hd + (size_t)kvh * hd + i]);
         }
     }
+}
+
+template <typename KV>
+__device__ __forceinline__ void attn_prep_impl(const float* __restrict__ proj, int stride,
+                                        const float* __restrict__ qnorm, const float* __restrict__ knorm,
+                                        float* __restrict__ q_out, KV* __restrict__ kc, KV* __restrict__ vc,
+                                        int nh, int nkv, int hd, int rot, int pos0, const int* pos_dev,
+                                        float theta, float eps) {
+    QW_GRID_WAIT();
+    QW_GRID_LAUNCH();
+    if (pos_dev) pos0 = *pos_dev;
+    const int t = blockIdx.x;
+    attn_prep_row<KV>(proj + (size_t)t * stride, qnorm, knorm, q_out + (size_t)t * nh * hd, kc, vc, nh, nkv, hd,
+                      rot, pos0 + t, theta, eps);
 }
 
 #define ATTN_PREP(NAME, KV)                                                                                  \
@@ -156,6 +166,21 @@ __device__ __forceinline__ void attn_partial_impl(const float* __restrict__ q, c
 // KV cache storage: f32 (default, exact vs the f32 references) or bf16 (half the bytes).
 ATTN_PREP(attn_prep_bf16, bf16_t)
 ATTN_PREP(attn_prep_f32, float)
+
+// Batched decode (issue 23): sequence b = blockIdx.x, one token at pos[b],
+// its projection row b of [B, stride], its K and V caches at tab[2 b] and
+// tab[2 b + 1]. grid (B, nh + nkv), block 256.
+#define BAT_ATTN_PREP(NAME, KV)                                                                              \
+    QW_KERNEL void QW_BOUNDS(256) NAME(const float* __restrict__ proj, int stride, const float* __restrict__ qnorm, \
+                                       const float* __restrict__ knorm, float* __restrict__ q_out,            \
+                                       const unsigned long long* __restrict__ tab, const int* __restrict__ pos, \
+                                       int nh, int nkv, int hd, int rot, float theta, float eps) {           \
+        const int b = blockIdx.x;                                                                             \
+        attn_prep_row<KV>(proj + (size_t)b * stride, qnorm, knorm, q_out + (size_t)b * nh * hd, (KV*)tab[2 * b], \
+                          (KV*)tab[2 * b + 1], nh, nkv, hd, rot, pos[b], theta, eps);                         \
+    }
+BAT_ATTN_PREP(bat_attn_prep_bf16, bf16_t)
+BAT_ATTN_PREP(bat_attn_prep_f32, float)
 ATTN_PARTIAL(attn_partial_bf16, bf16_t)
 ATTN_PARTIAL(attn_partial_f32, float)
 

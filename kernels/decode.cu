@@ -331,11 +331,11 @@ __device__ __forceinline__ void gdn_head_step(float (&sr)[GS_ROWS], const float*
 // itself, so no block barrier is added) and gates (beta = sigmoid(b),
 // g = -exp(A_log) softplus(a + dt_bias); a at proj[a_off + hv], b at
 // proj[a_off + nv + hv]) taken here.
-QW_KERNEL void QW_BOUNDS(512) dec_gdn_step(const float* __restrict__ proj, int nk, int nv, int dk, int dv,
-                                          const float* __restrict__ a_log, const float* __restrict__ dt_bias,
-                                          int a_off, float q_scale, float* __restrict__ S,
-                                          const float* __restrict__ z, const float* __restrict__ nw, float eps,
-                                          float* __restrict__ out) {
+__device__ __forceinline__ void dec_gdn_step_impl(const float* __restrict__ proj, int nk, int nv, int dk, int dv,
+                                                  const float* __restrict__ a_log, const float* __restrict__ dt_bias,
+                                                  int a_off, float q_scale, float* __restrict__ S,
+                                                  const float* __restrict__ z, const float* __restrict__ nw, float eps,
+                                                  float* __restrict__ out) {
     __shared__ float qs[GS_RG * GS_ROWS], ks[GS_RG * GS_ROWS];
     int hv = blockIdx.x;
     float sr[GS_ROWS];
@@ -362,17 +362,37 @@ QW_KERNEL void QW_BOUNDS(512) dec_gdn_step(const float* __restrict__ proj, int n
     const float qinv = rsqrtf(warp_sum(sq) + 1e-6f) * q_scale, kinv = rsqrtf(warp_sum(sk) + 1e-6f);
     gdn_head_step(sr, qs, ks, qinv, kinv, v, decay, b, hv, dk, dv, S, z, nw, eps, out);
 }
+QW_KERNEL void QW_BOUNDS(512) dec_gdn_step(const float* __restrict__ proj, int nk, int nv, int dk, int dv,
+                                          const float* __restrict__ a_log, const float* __restrict__ dt_bias,
+                                          int a_off, float q_scale, float* __restrict__ S,
+                                          const float* __restrict__ z, const float* __restrict__ nw, float eps,
+                                          float* __restrict__ out) {
+    dec_gdn_step_impl(proj, nk, nv, dk, dv, a_log, dt_bias, a_off, q_scale, S, z, nw, eps, out);
+}
+
+// Batched decode (issue 23): one launch steps B sequences, row b of the
+// step's [B, stride] projections = blockIdx.y, its recurrent state at
+// tab[2 b + 1] (the layer's per-row table: conv window, state), z at
+// z_off in the row; out rows [B, out_stride]. The same arithmetic per row as
+// dec_gdn_step.
+QW_KERNEL void QW_BOUNDS(512) bat_gdn_step(const float* __restrict__ proj, int stride, int nk, int nv, int dk,
+                                          int dv, const float* __restrict__ a_log,
+                                          const float* __restrict__ dt_bias, int a_off, float q_scale,
+                                          const unsigned long long* __restrict__ tab, int z_off,
+                                          const float* __restrict__ nw, float eps, float* __restrict__ out,
+                                          int out_stride) {
+    const int b = blockIdx.y;
+    const float* row = proj + (size_t)b * stride;
+    dec_gdn_step_impl(row, nk, nv, dk, dv, a_log, dt_bias, a_off, q_scale, (float*)tab[2 * b + 1], row + z_off,
+                      nw, eps, out + (size_t)b * out_stride);
+}
 
 // The step's causal conv (state [C][K-1], same arithmetic as `conv_silu` at
 // T = 1) + SiLU on every channel, in place on the projection row, where the
 // in projection cannot take it (dec_gemv_bulk_conv). One channel per thread.
 #define CONV_THREADS 128
-QW_KERNEL void QW_BOUNDS(CONV_THREADS) dec_gdn_conv(float* __restrict__ proj, float* __restrict__ state,
-                                                   const float* __restrict__ conv_w, int K, int C) {
-    QW_GRID_WAIT();
-    QW_GRID_LAUNCH();
-    const int ch = blockIdx.x * CONV_THREADS + threadIdx.x;
-    if (ch >= C) return;
+__device__ __forceinline__ void gdn_conv_channel(float* __restrict__ proj, float* __restrict__ state,
+                                                 const float* __restrict__ conv_w, int K, int ch) {
     const int H = K - 1;
     const float* wk = conv_w + (size_t)ch * K;
     float* hist = state + (size_t)ch * H;
@@ -382,6 +402,21 @@ QW_KERNEL void QW_BOUNDS(CONV_THREADS) dec_gdn_conv(float* __restrict__ proj, fl
     for (int q = 0; q + 1 < H; q++) hist[q] = hist[q + 1];
     if (H > 0) hist[H - 1] = cur;
     proj[ch] = silu_f(acc);
+}
+QW_KERNEL void QW_BOUNDS(CONV_THREADS) dec_gdn_conv(float* __restrict__ proj, float* __restrict__ state,
+                                                   const float* __restrict__ conv_w, int K, int C) {
+    QW_GRID_WAIT();
+    QW_GRID_LAUNCH();
+    const int ch = blockIdx.x * CONV_THREADS + threadIdx.x;
+    if (ch < C) gdn_conv_channel(proj, state, conv_w, K, ch);
+}
+// Batched decode: row b = blockIdx.y of [B, stride] projections, its conv
+// window at tab[2 b].
+QW_KERNEL void QW_BOUNDS(CONV_THREADS) bat_gdn_conv(float* __restrict__ proj, int stride,
+                                                   const unsigned long long* __restrict__ tab,
+                                                   const float* __restrict__ conv_w, int K, int C) {
+    const int ch = blockIdx.x * CONV_THREADS + threadIdx.x, b = blockIdx.y;
+    if (ch < C) gdn_conv_channel(proj + (size_t)b * stride, (float*)tab[2 * b], conv_w, K, ch);
 }
 
 
@@ -904,16 +939,33 @@ DEC_ATTN(dec_attn_f32_ring, float, true)
 DEC_ATTN(dec_attn_bf16, bf16_t, false)
 DEC_ATTN(dec_attn_bf16_ring, bf16_t, true)
 
+// Batched decode: sequence b = blockIdx.z, its queries at q + b nh hd, K and
+// V at tab[2 b], tab[2 b + 1], its position at pos[b] (keys 0..pos[b]);
+// partials at part_o/part_ml + b nh nsplit (hd, 2).
+#define BAT_ATTN(NAME, KV, RING)                                                                              \
+    QW_KERNEL void QW_BOUNDS(512) NAME(const float* __restrict__ q, const unsigned long long* __restrict__ tab, \
+                                       const int* __restrict__ pos, float* __restrict__ part_o,               \
+                                       float* __restrict__ part_ml, int nh, int nkv, int hd, int nsplit,      \
+                                       float scale, int stages) {                                             \
+        const size_t b = blockIdx.z, parts = (size_t)nh * nsplit;                                             \
+        dec_attn_impl<KV, RING>(q + b * nh * hd, (const KV*)tab[2 * b], (const KV*)tab[2 * b + 1],            \
+                                part_o + b * parts * hd, part_ml + b * parts * 2, nh, nkv, hd, pos + b, nsplit, \
+                                scale, stages);                                                               \
+    }
+BAT_ATTN(bat_attn_f32, float, false)
+BAT_ATTN(bat_attn_f32_ring, float, true)
+BAT_ATTN(bat_attn_bf16, bf16_t, false)
+BAT_ATTN(bat_attn_bf16_ring, bf16_t, true)
+
 // out[head, d] = (sum_s o_s[d] e^{m_s - M}) / (sum_s l_s e^{m_s - M}) * sigmoid(gate[head, d]).
 // grid (nh, ceil(hd / 32)), block 256: 32 dims x 8 groups of splits, then a
 // shared-memory sum over the groups.
-QW_KERNEL void QW_BOUNDS(256) dec_attn_combine(const float* __restrict__ part_o, const float* __restrict__ part_ml,
-                                               const float* __restrict__ proj, float* __restrict__ out,
-                                               int nh, int hd, int nsplit) {
+__device__ __forceinline__ void dec_attn_combine_impl(const float* __restrict__ part_o,
+                                                      const float* __restrict__ part_ml,
+                                                      const float* __restrict__ proj, float* __restrict__ out,
+                                                      int nh, int hd, int nsplit) {
     __shared__ float scratch[32];
     __shared__ float red[8][32];
-    QW_GRID_WAIT();
-    QW_GRID_LAUNCH();
     int head = blockIdx.x;
     int lane = threadIdx.x % WARP, grp = threadIdx.x / WARP;
     int d = blockIdx.y * WARP + lane;
@@ -941,6 +993,22 @@ QW_KERNEL void QW_BOUNDS(256) dec_attn_combine(const float* __restrict__ part_o,
         float gate = proj[(size_t)head * 2 * hd + hd + d];
         out[(size_t)head * hd + d] = t / Lsum * sigmoid_f(gate);
     }
+}
+QW_KERNEL void QW_BOUNDS(256) dec_attn_combine(const float* __restrict__ part_o, const float* __restrict__ part_ml,
+                                               const float* __restrict__ proj, float* __restrict__ out,
+                                               int nh, int hd, int nsplit) {
+    QW_GRID_WAIT();
+    QW_GRID_LAUNCH();
+    dec_attn_combine_impl(part_o, part_ml, proj, out, nh, hd, nsplit);
+}
+// Batched decode: sequence b = blockIdx.z (partials as bat_attn_*, its gates
+// in row b of the [B, stride] projections, output rows of nh hd).
+QW_KERNEL void QW_BOUNDS(256) bat_attn_combine(const float* __restrict__ part_o, const float* __restrict__ part_ml,
+                                               const float* __restrict__ proj, int stride, float* __restrict__ out,
+                                               int nh, int hd, int nsplit) {
+    const size_t b = blockIdx.z, parts = (size_t)nh * nsplit;
+    dec_attn_combine_impl(part_o + b * parts * hd, part_ml + b * parts * 2, proj + b * stride,
+                          out + b * nh * hd, nh, hd, nsplit);
 }
 
 // Greedy pick over many blocks: each block reduces its slice of the logits to

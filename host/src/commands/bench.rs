@@ -1,14 +1,15 @@
 //! `qwasi bench --workload NAME`: benchmarks that print a table and write a
 //! JSON report, one module per workload: [`prefix_cache`] (TTFT cold vs
 //! cached prefix, on the CPU or a GPU), [`speed`] (GPU batch-1 TTFT and
-//! decode) and [`serving`] (concurrent streams over HTTP through `qwasi
-//! serve`). Add a variant to [`Workload`] and a module for more.
+//! decode), [`batch`] (the GPU engine decoding B sequences together) and
+//! [`serving`] (concurrent streams over HTTP through `qwasi serve`). Add a variant to [`Workload`] and a module for more.
 
 use super::ModelArgs;
 use anyhow::{Context, Result};
 use std::path::PathBuf;
 use std::time::Duration;
 
+mod batch;
 mod prefix_cache;
 mod serving;
 mod speed;
@@ -23,6 +24,10 @@ pub enum Workload {
     /// GPU batch-1 speed: TTFT and greedy decode at several prompt lengths
     /// (`--backend cuda --synthetic PRESET`), against the bandwidth floor.
     Speed,
+    /// GPU engine alone, B sequences decoding together through the batched
+    /// step (`--batches`, `--lens`, `--synthetic`): aggregate tok/s and step
+    /// time per batch size.
+    Batch,
     /// Concurrent streaming requests over HTTP through the OpenAI guest of
     /// `qwasi serve` (started by the bench, or `--url`): aggregate output
     /// tok/s, TTFT and inter-token latency per concurrency level or arrival rate.
@@ -48,6 +53,8 @@ pub struct Args {
     speed: speed::SpeedArgs,
     #[command(flatten)]
     serving: serving::ServingArgs,
+    #[command(flatten)]
+    batch: batch::BatchArgs,
     /// CPU threads (default: all cores).
     #[arg(long)]
     threads: Option<usize>,
@@ -67,6 +74,13 @@ pub fn run(a: Args) -> Result<()> {
             a.runs.unwrap_or(5),
             a.out.clone().unwrap_or_else(|| {
                 format!("benchmarks/speed-{}.json", a.speed.gpu_backend()).into()
+            }),
+        ),
+        Workload::Batch => batch::run(
+            &a.speed,
+            &a.batch,
+            &a.out.clone().unwrap_or_else(|| {
+                format!("benchmarks/batch-{}.json", a.speed.gpu_backend()).into()
             }),
         ),
         Workload::Serving => serving::run(

@@ -96,8 +96,8 @@ mod gpu {
     use super::Args;
     use anyhow::Result;
     use qwasi_engine::gpu::verify::{
-        ATTN_TOL, Comparison, SmokeReport, Tolerances, attention_check, smoke, synthetic_model,
-        verify_fixture,
+        ATTN_TOL, BATCH_LOGPROB_TOL, Comparison, SmokeReport, Tolerances, attention_check,
+        batch_check, smoke, synthetic_model, verify_fixture, verify_fixture_batch,
     };
     use std::path::{Path, PathBuf};
 
@@ -111,6 +111,7 @@ mod gpu {
         let tol = Tolerances::default();
         let mut all_pass = true;
         let mut cases = Vec::new();
+        let mut batches = Vec::new();
         if !fixtures.is_empty() {
             println!(
                 "{:<12} {:<7} {:>5} {:>9} {:>10} {:>10} {:>10} {:>10} {:>8}  verdict",
@@ -145,6 +146,26 @@ mod gpu {
                     cases.push(r);
                 }
             }
+            for dir in fixtures {
+                let r = verify_fixture_batch(dir)?;
+                println!(
+                    "{:<12} batched: {} rows x {} tokens, {} steps of 2-{} decode rows together: \
+                     {}/{} rows' tokens equal alone, max |dlogprob| {:.2e} (tolerance {BATCH_LOGPROB_TOL})  {}",
+                    dir.file_name()
+                        .map(|n| n.to_string_lossy())
+                        .unwrap_or_default(),
+                    r.rows,
+                    r.tokens,
+                    r.batched_steps,
+                    r.widest_step,
+                    r.rows_equal,
+                    r.rows,
+                    r.max_dlogprob,
+                    verdict(r.pass)
+                );
+                all_pass &= r.pass;
+                batches.push(r);
+            }
             println!(
                 "(top1: teacher-forced argmax agreement on steps with reference margin > {}; |dlp|: max first-token \
                  logprob difference vs transformers top-8 / vs CPU full vocab; KL(cpu||gpu) first step and max over \
@@ -153,6 +174,7 @@ mod gpu {
             );
         }
         let mut smoke_report = None;
+        let mut synthetic_batch = None;
         let mut attention = None;
         if let Some(p) = &a.synthetic {
             let (model, load_s) = synthetic_model(p, a.layers)?;
@@ -160,6 +182,32 @@ mod gpu {
             print_smoke(p, &r);
             all_pass &= r.pass;
             smoke_report = Some(r);
+            // Four prompts of different lengths, batched against alone.
+            let vocab = qwasi_engine::backend::Backend::config(&model).vocab_size as u32;
+            let prompts: Vec<Vec<u32>> = [a.prompt_len, 37, 5, 1]
+                .iter()
+                .enumerate()
+                .map(|(k, &len)| {
+                    (0..len as u32)
+                        .map(|t| (t * 7919 + k as u32 * 104_729) % vocab)
+                        .collect()
+                })
+                .collect();
+            let b = batch_check(&model, &prompts, a.gen_tokens)?;
+            println!(
+                "synthetic {p} batched: {} rows x {} tokens, {} steps of 2-{} decode rows: {}/{} rows' tokens \
+                 equal alone, max |dlogprob| {:.2e}  {}",
+                b.rows,
+                b.tokens,
+                b.batched_steps,
+                b.widest_step,
+                b.rows_equal,
+                b.rows,
+                b.max_dlogprob,
+                verdict(b.pass)
+            );
+            all_pass &= b.pass;
+            synthetic_batch = Some(b);
             let mut rows = Vec::new();
             for c in attention_check(&model)? {
                 let r = &c.agreement;
@@ -180,7 +228,9 @@ mod gpu {
         if let Some(path) = &a.json {
             let v = serde_json::json!({
                 "cases": cases,
+                "batched": batches,
                 "smoke": smoke_report,
+                "synthetic_batched": synthetic_batch,
                 "attention_kernels": attention,
                 "pass": all_pass
             });

@@ -31,6 +31,8 @@ pub mod model;
 pub mod options;
 #[cfg(any(feature = "cuda", feature = "hip"))]
 pub mod verify;
+#[cfg(any(feature = "cuda", feature = "hip"))]
+mod verify_batch;
 
 /// The driver the model runs on: CUDA when the feature is on, else HIP.
 #[cfg(feature = "cuda")]

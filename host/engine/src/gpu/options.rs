@@ -135,6 +135,10 @@ pub struct GpuOptions {
     pub pinned_host_tier: bool,
     /// Decode steps captured and replayed as graphs (`QWASI_GRAPHS=0`: eager).
     pub graphs: bool,
+    /// A step's single-token rows of two or more sequences run as one
+    /// batched pass (`model/batch.rs`); `QWASI_BATCH=serial` runs each row
+    /// through the batch-1 decode step instead.
+    pub batch_decode: bool,
     /// Gate/up row pairs per warp of `dec_moe_gate_up` (`QWASI_MOE_PAIRS`,
     /// default 2: on the H200 512/8K decode 333.0/302.5 tok/s against
     /// 320.5/289.4 with 1 and 320.0/289.9 with 4).
@@ -246,6 +250,7 @@ impl GpuOptions {
         Ok(GpuOptions {
             gemm,
             fused_decode: pick("QWASI_DECODE", &["fused", "unfused"])? == "fused",
+            batch_decode: pick("QWASI_BATCH", &["batched", "serial"])? == "batched",
             fast_prefill: pick("QWASI_PREFILL", &["fast", "reference"])? == "fast",
             chunked_gdn: pick("QWASI_GDN", &["chunked", "serial"])? == "chunked",
             grouped_moe: cfg!(feature = "cuda")

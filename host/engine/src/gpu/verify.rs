@@ -4,6 +4,7 @@
 //! check returns its results; `qwasi verify` prints them.
 
 use super::model::{AttnAgreement, GemmPath, GpuModel, GpuSequence};
+pub use super::verify_batch::{BATCH_LOGPROB_TOL, BatchReport, batch_check};
 use crate::backend::Backend;
 use crate::cpu::CpuModel;
 use crate::generate::{GenerateRequest, generate};
@@ -196,6 +197,29 @@ pub fn verify_fixture(dir: &Path, tol: &Tolerances) -> Result<Vec<CaseReport>> {
         out.push(r);
     }
     Ok(out)
+}
+
+/// Every case's prompt of one fixture decoded batched against alone
+/// ([`super::verify_batch`]), as many tokens as the fixture's greedy runs.
+pub fn verify_fixture_batch(dir: &Path) -> Result<BatchReport> {
+    let m = LoadedModel::from_dir(dir)?;
+    let expected: Expected =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("expected.json"))?)
+            .with_context(|| format!("{}/expected.json", dir.display()))?;
+    let gpu = GpuModel::new(m.config.clone(), &m.weights)?;
+    let prompts: Vec<Vec<u32>> = expected
+        .cases
+        .iter()
+        .map(|c| c.prompt_tokens.clone())
+        .collect();
+    let n = expected
+        .cases
+        .iter()
+        .map(|c| c.generated.len())
+        .max()
+        .unwrap_or(0)
+        .max(8);
+    batch_check(&gpu, &prompts, n)
 }
 
 #[derive(Serialize, Clone, Debug)]

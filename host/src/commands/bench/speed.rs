@@ -30,10 +30,10 @@ pub struct SpeedArgs {
     pub layers: Option<usize>,
     /// Prompt lengths.
     #[arg(long, value_delimiter = ',', default_value = "512,8192")]
-    lens: Vec<usize>,
+    pub lens: Vec<usize>,
     /// Greedy tokens decoded per run.
     #[arg(long, default_value_t = 128)]
-    decode_tokens: usize,
+    pub decode_tokens: usize,
     /// Untimed runs before the timed ones.
     #[arg(long, default_value_t = 2)]
     warmups: usize,
@@ -127,17 +127,26 @@ impl SpeedArgs {
     }
 }
 
-pub fn run(a: &SpeedArgs, runs: usize, out: PathBuf) -> Result<()> {
-    match a.gpu_backend() {
-        "cuda" if !cfg!(feature = "cuda") => {
-            bail!("this qwasi was built without the cuda backend; rebuild with `--features cuda`")
+impl SpeedArgs {
+    /// Fails unless the backend is a GPU this build has.
+    pub fn check_gpu_backend(&self, workload: &str) -> Result<()> {
+        match self.gpu_backend() {
+            "cuda" if !cfg!(feature = "cuda") => {
+                bail!(
+                    "this qwasi was built without the cuda backend; rebuild with `--features cuda`"
+                )
+            }
+            "hip" if !cfg!(all(feature = "hip", not(feature = "cuda"))) => bail!(
+                "this qwasi was built without the hip backend; rebuild with `--features hip` (without cuda)"
+            ),
+            "cuda" | "hip" => Ok(()),
+            other => bail!("--workload {workload} supports --backend cuda or hip (got {other:?})"),
         }
-        "hip" if !cfg!(all(feature = "hip", not(feature = "cuda"))) => bail!(
-            "this qwasi was built without the hip backend; rebuild with `--features hip` (without cuda)"
-        ),
-        "cuda" | "hip" => {}
-        other => bail!("--workload speed supports --backend cuda or hip (got {other:?})"),
     }
+}
+
+pub fn run(a: &SpeedArgs, runs: usize, out: PathBuf) -> Result<()> {
+    a.check_gpu_backend("speed")?;
     if runs == 0 || a.lens.is_empty() {
         bail!("--runs and --lens must be non-empty");
     }

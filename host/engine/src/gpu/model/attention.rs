@@ -12,6 +12,7 @@
 //! epilogue.
 
 use super::attn_decode::dec_attn_plan;
+use super::batch::Batch;
 use super::pass::{Decode, Prefill};
 use super::weights::{DevMat, Synth, Upload};
 use super::{B, DBuf, F, GpuModel};
@@ -158,6 +159,86 @@ impl AttnLayer {
             )?;
             m.linear(sc, ao, t, o_proj, mixed, false)?;
         }
+        m.residual_add(x, mixed, t)
+    }
+
+    /// Reads the batch's residual rows `bt.pf.x` (one per sequence), appends
+    /// each row's key and value to its own cache at its position, attends
+    /// over that cache, adds the layer's output.
+    pub fn batch(&self, m: &GpuModel, bt: &mut Batch, input_norm: &DBuf, li: usize) -> Result<()> {
+        let (tab, pos, nsplit) = (bt.layer_tab(li), bt.pos, bt.nsplit);
+        let pf = &mut bt.pf;
+        let (c, d) = (&m.cfg, &m.dev);
+        let (t, h, x, n, mixed) = (pf.t, c.hidden_size, pf.x, pf.n, pf.mixed);
+        let sc = &mut *pf.sc;
+        let (nh, nkv, hd) = (c.num_attention_heads, c.num_key_value_heads, c.head_dim);
+        m.rmsnorm(x, h, input_norm, n, h, t, h)?;
+        let p = self.proj.rows;
+        let proj = sc.get(d, "proj", t * p * F)?;
+        m.linear(sc, n, t, &self.proj, proj, false)?;
+        let q = sc.get(d, "q", t * nh * hd * F)?;
+        (if m.kv_f32 {
+            kernels::bat_attn_prep_f32
+        } else {
+            kernels::bat_attn_prep_bf16
+        })(
+            d,
+            Launch::new((t as u32, (nh + nkv) as u32, 1), (256, 1, 1), 0),
+            dptr(proj),
+            i(p),
+            dptr(self.q_norm.ptr()),
+            dptr(self.k_norm.ptr()),
+            dptr(q),
+            dptr(tab),
+            dptr(pos),
+            i(nh),
+            i(nkv),
+            i(hd),
+            i(c.rotary_dim),
+            c.rope_theta as f32,
+            c.rms_norm_eps,
+        )?;
+        let po = sc.get(d, "att_po", t * nh * nsplit * hd * F)?;
+        let pml = sc.get(d, "att_pml", t * nh * nsplit * 2 * F)?;
+        // The longest row's keys per split decide the kernel.
+        let (kernel, stages, smem) = m.batch_attn_kernel(bt.longest.div_ceil(nsplit));
+        (kernel.launch)(
+            d,
+            Launch::new(
+                (nkv as u32, nsplit as u32, t as u32),
+                ((32 * (nh / nkv)) as u32, 1, 1),
+                smem as u32,
+            ),
+            dptr(q),
+            dptr(tab),
+            dptr(pos),
+            dptr(po),
+            dptr(pml),
+            i(nh),
+            i(nkv),
+            i(hd),
+            i(nsplit),
+            1.0 / (hd as f32).sqrt(),
+            i(stages),
+        )?;
+        let ao = sc.get(d, "att_o", t * nh * hd * F)?;
+        kernels::bat_attn_combine(
+            d,
+            Launch::new(
+                (nh as u32, hd.div_ceil(32) as u32, t as u32),
+                (256, 1, 1),
+                0,
+            ),
+            dptr(po),
+            dptr(pml),
+            dptr(proj),
+            i(p),
+            dptr(ao),
+            i(nh),
+            i(hd),
+            i(nsplit),
+        )?;
+        m.linear(sc, ao, t, &self.o_proj, mixed, false)?;
         m.residual_add(x, mixed, t)
     }
 

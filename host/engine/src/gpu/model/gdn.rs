@@ -10,6 +10,7 @@
 //! it, else `dec_gdn_conv`), one fused step kernel (norms, gates, delta rule,
 //! gated norm), the out projection with the residual add in its epilogue.
 
+use super::batch::Batch;
 use super::pass::{Decode, Prefill};
 use super::weights::{DevMat, Synth, Upload};
 use super::{CONV_TPT, DBuf, F, GpuModel};
@@ -198,6 +199,69 @@ impl GdnLayer {
             c.rms_norm_eps,
         )?;
         m.linear(sc, o2, t, out_proj, mixed, false)?;
+        m.residual_add(x, mixed, t)
+    }
+
+    /// Reads the batch's residual rows `bt.pf.x` (one per sequence), steps
+    /// each row's own conv window and state, adds the layer's output.
+    pub fn batch(&self, m: &GpuModel, bt: &mut Batch, input_norm: &DBuf, li: usize) -> Result<()> {
+        let tab = bt.layer_tab(li);
+        let pf = &mut bt.pf;
+        let (c, d) = (&m.cfg, &m.dev);
+        let (t, h, x, n, mixed) = (pf.t, c.hidden_size, pf.x, pf.n, pf.mixed);
+        let sc = &mut *pf.sc;
+        let (nk, nv, dk, dv) = (
+            c.linear_num_key_heads,
+            c.linear_num_value_heads,
+            c.linear_key_head_dim,
+            c.linear_value_head_dim,
+        );
+        let conv_dim = c.linear_conv_dim();
+        let vdim = c.linear_value_dim();
+        m.rmsnorm(x, h, input_norm, n, h, t, h)?;
+        let p = self.in_proj.rows;
+        let proj = sc.get(d, "proj", t * p * F)?;
+        m.linear(sc, n, t, &self.in_proj, proj, false)?;
+        kernels::bat_gdn_conv(
+            d,
+            Launch::new(
+                ((conv_dim as u32).div_ceil(128), t as u32, 1),
+                (128, 1, 1),
+                0,
+            ),
+            dptr(proj),
+            i(p),
+            dptr(tab),
+            dptr(self.conv.ptr()),
+            i(c.linear_conv_kernel),
+            i(conv_dim),
+        )?;
+        let o = sc.get(d, "gdn_o", t * vdim * F)?;
+        kernels::bat_gdn_step(
+            d,
+            Launch::new(
+                (nv as u32, t as u32, 1),
+                ((32 * dv.div_ceil(32)) as u32, 4, 1),
+                0,
+            ),
+            dptr(proj),
+            i(p),
+            i(nk),
+            i(nv),
+            i(dk),
+            i(dv),
+            dptr(self.a_log.ptr()),
+            dptr(self.dt_bias.ptr()),
+            i(conv_dim + vdim),
+            1.0 / (dk as f32).sqrt(),
+            dptr(tab),
+            i(conv_dim),
+            dptr(self.norm.ptr()),
+            c.rms_norm_eps,
+            dptr(o),
+            i(vdim),
+        )?;
+        m.linear(sc, o, t, &self.out_proj, mixed, false)?;
         m.residual_add(x, mixed, t)
     }
 

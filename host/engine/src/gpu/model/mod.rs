@@ -1,5 +1,6 @@
 //! The whole Qwen3.5/3.6 forward on one GPU: bf16 weights, f32 activations and
-//! accumulation, f32 GDN state, f32 (or bf16) KV cache. Batch 1.
+//! accumulation, f32 GDN state, f32 (or bf16) KV cache. One sequence per
+//! decode step, or a batch of them ([`batch`]).
 //!
 //! Laid out like `cpu/`: one module per layer kind, each owning its device
 //! weights and its prefill and decode launch sequences, and this file only
@@ -15,6 +16,7 @@
 //! | [`embed`] | embedding, final norm, lm_head |
 //! | [`ops`] | prefill projections, RMSNorm, residual add, work buffers |
 //! | [`decode`] | the decode step's buffers and graph; [`gemv`] its GEMVs |
+//! | [`batch`] | the batched decode step: one token of each of B sequences |
 //! | [`weights`] | upload and seeded generation of the weights |
 //! | [`sequence`], [`seq_state`] | a sequence's GDN states and KV slab |
 //! | [`snapshot`] | prefix-cache snapshots, restore, host tier |
@@ -28,6 +30,7 @@ mod attention;
 mod attn_decode;
 mod attn_prefill;
 pub use attn_prefill::AttnAgreement;
+mod batch;
 mod decode;
 mod embed;
 mod gdn;
@@ -52,7 +55,7 @@ use super::HostBuf;
 pub use super::options::GemmPath;
 use super::options::GpuOptions;
 use super::{DBuf, Device, Graph};
-use crate::backend::{Backend, SeqSnapshot};
+use crate::backend::{Backend, BatchItem, SeqSnapshot, StepOut};
 use crate::config::{MlpConfig, ModelConfig};
 use crate::sampling::{RowPlanner, Sampled, TopLogits, WeightedRow, Weighting};
 use anyhow::{Result, bail};
@@ -180,6 +183,8 @@ impl GpuModel {
                 (LayerMixer::Gdn(g), Pass::Decode(dc)) => g.decode(self, dc, norm, li)?,
                 (LayerMixer::Attn(a), Pass::Prefill(pf)) => a.prefill(self, pf, norm, li)?,
                 (LayerMixer::Attn(a), Pass::Decode(dc)) => a.decode(self, dc, norm, li)?,
+                (LayerMixer::Gdn(g), Pass::Batch(bt)) => g.batch(self, bt, norm, li)?,
+                (LayerMixer::Attn(a), Pass::Batch(bt)) => a.batch(self, bt, norm, li)?,
             }
             let norm = &l.post_norm;
             match (&l.mlp, &mut *pass) {
@@ -187,6 +192,8 @@ impl GpuModel {
                 (LayerMlp::Moe(e), Pass::Decode(dc)) => e.decode(self, dc, norm)?,
                 (LayerMlp::Dense(m), Pass::Prefill(pf)) => m.prefill(self, pf, norm)?,
                 (LayerMlp::Dense(m), Pass::Decode(dc)) => m.decode(self, dc, norm)?,
+                (LayerMlp::Moe(e), Pass::Batch(bt)) => e.prefill(self, &mut bt.pf, norm)?,
+                (LayerMlp::Dense(m), Pass::Batch(bt)) => m.prefill(self, &mut bt.pf, norm)?,
             }
         }
         Ok(())
@@ -354,6 +361,10 @@ impl Backend for GpuModel {
 
     fn demote(&self, snap: &dyn SeqSnapshot) -> Option<Box<dyn SeqSnapshot>> {
         self.demote_snapshot(snap)
+    }
+
+    fn step(&self, batch: &mut [BatchItem<'_, GpuSequence>]) -> Vec<Result<StepOut>> {
+        self.step_rows(batch)
     }
 
     fn sequence_bytes(&self, tokens: usize) -> usize {

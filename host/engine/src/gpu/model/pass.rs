@@ -22,13 +22,12 @@
 //! Mixers take their layer index `li` and reach the recurrent state or KV
 //! cache through the pass (`Prefill::gdn`, `Prefill::kv`, `Decode::gdn`,
 //! `Decode::kv`), never from a sequence of their own. That is where
-//! continuous batching (issue 23) plugs in: a decode step is `R = B` rows,
-//! one token of each of B sequences, in `DecodeState`'s `[B, hidden]`
-//! buffers; `Decode` then carries the batch's slots, and `gdn`/`kv` resolve a
-//! layer's state per row (a device table of per-sequence pointers for the
-//! kernels) instead of the one sequence's spans. The layers' signatures and
-//! the walk stay as they are; today B = 1.
+//! continuous batching (issue 23) plugs in: a batched step is `R = B` rows,
+//! one token of each of B sequences ([`Pass::Batch`]); the MLPs run it as a
+//! prompt pass of B rows, and the mixers' `batch` reach each row's state
+//! through a device table of per-sequence addresses ([`Batch::layer_tab`]).
 
+use super::batch::Batch;
 use super::decode::DecodeState;
 use super::seq_state::Span;
 use super::{GpuSequence, Scratch, SeqLayer};
@@ -65,10 +64,13 @@ pub(super) struct Decode<'a> {
     pub seq: &'a GpuSequence,
 }
 
-/// What a walk over the layers runs: a prompt pass or a decode step.
+/// What a walk over the layers runs: a prompt pass, a decode step, or a
+/// batched decode step ([`super::batch`]: B sequences' tokens as the rows of
+/// a prompt pass, with each row's state from a table).
 pub(super) enum Pass<'p, 'a> {
     Prefill(&'p mut Prefill<'a>),
     Decode(&'p Decode<'a>),
+    Batch(&'p mut Batch<'a>),
 }
 
 /// Layer `li`'s state in `states`, which must be of the layer's kind.

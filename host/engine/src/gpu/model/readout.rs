@@ -21,7 +21,7 @@ const TOP_PER_PART: usize = 4096 - TOP_KEYS;
 const HEAD_WORDS: usize = TOP_KEYS + 1;
 
 /// Fails (before any work) when more than the device's head is asked for.
-fn check_head(k: usize) -> Result<()> {
+pub(super) fn check_head(k: usize) -> Result<()> {
     if k > TOP_KEYS {
         bail!("the device reads at most {TOP_KEYS} top logits, {k} asked for");
     }
@@ -89,6 +89,11 @@ impl GpuModel {
         let mut sc = self.scratch.lock().unwrap();
         self.dev.bind()?;
         let logits = self.logits_device(seq, tokens, &mut sc)?;
+        self.logits_at(logits)
+    }
+
+    /// The logits row at `logits`, copied back.
+    pub(super) fn logits_at(&self, logits: u64) -> Result<Vec<f32>> {
         let mut out = vec![0f32; self.cfg.vocab_size];
         self.dev.dtoh(&mut out, logits)?;
         Ok(out)
@@ -109,6 +114,11 @@ impl GpuModel {
             return greedy_sampled(out, self.cfg.vocab_size);
         }
         let logits = self.logits_device(seq, tokens, &mut sc)?;
+        self.greedy_at(&mut sc, logits)
+    }
+
+    /// The greedy token and its log-probability of the logits row at `logits`.
+    pub(super) fn greedy_at(&self, sc: &mut Scratch, logits: u64) -> Result<Sampled> {
         let st = sc.get(&self.dev, "stats", 16)?;
         kernels::logits_stats(
             &self.dev,
@@ -134,7 +144,12 @@ impl GpuModel {
         let mut sc = self.scratch.lock().unwrap();
         self.dev.bind()?;
         let logits = self.logits_device(seq, tokens, &mut sc)?;
-        let out = self.read_head(&mut sc, logits, 0)?;
+        self.top_at(&mut sc, logits, k)
+    }
+
+    /// The head of `k` (checked) of the logits row at `logits`.
+    pub(super) fn top_at(&self, sc: &mut Scratch, logits: u64, k: usize) -> Result<TopLogits> {
+        let out = self.read_head(sc, logits, 0)?;
         let mut head = [0u64; HEAD_WORDS];
         self.dev.dtoh(&mut head, out)?;
         Ok(head_of(&head, k.min(self.cfg.vocab_size)))
@@ -155,13 +170,24 @@ impl GpuModel {
         let mut sc = self.scratch.lock().unwrap();
         self.dev.bind()?;
         let logits = self.logits_device(seq, tokens, &mut sc)?;
+        self.weighted_at(&mut sc, logits, w, plan)
+    }
+
+    /// The logits row at `logits` weighted as `w` says (`w.head` checked).
+    pub(super) fn weighted_at(
+        &self,
+        sc: &mut Scratch,
+        logits: u64,
+        w: Weighting,
+        plan: &mut RowPlanner,
+    ) -> Result<WeightedRow> {
         let n = self.cfg.vocab_size;
         let nb = n.div_ceil(WEIGHT_BLOCK);
         // One thread per block of 64 logits, 256 per launch block; then a
         // heavy-token count per warp (two to an 8-byte word).
         let grid = nb.div_ceil(256);
         let warps = grid * 256 / 32;
-        let out = self.read_head(&mut sc, logits, nb * 8 + warps * 4)?;
+        let out = self.read_head(sc, logits, nb * 8 + warps * 4)?;
         let blocks = out + (HEAD_WORDS * 8) as u64;
         let heavy = blocks + (nb * 8) as u64;
         kernels::logits_weights(

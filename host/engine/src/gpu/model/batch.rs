@@ -1,0 +1,236 @@
+//! The batched decode step (issue 23): one token of each of B sequences in
+//! one pass over the layers, so every weight is read once per step instead of
+//! once per sequence.
+//!
+//! The rows run like a prompt pass of `t = B` tokens ([`Prefill`]: the same
+//! RMSNorm kernel, split-precision projections over the rows, the MoE router
+//! and grouped expert GEMMs over the batch's tokens) except where a row needs
+//! its own sequence's state: the GDN conv and delta-rule step and the
+//! attention prep (RoPE, KV append) and split-K attention take per-row
+//! addresses from a table on the device (`bat_*` in kernels/decode.cu and
+//! kernels/attention.cu, the batch-1 decode kernels' arithmetic per row).
+//! Then the final norm and the lm_head over the rows, and each row's readout
+//! (greedy, head, weights or the logits) from its row of the logits.
+
+use super::pass::{Pass, Prefill};
+use super::readout::check_head;
+use super::{F, GpuModel, GpuSequence, Scratch, SeqLayer};
+use crate::backend::{BatchItem, StepOut, Want, step_one};
+use crate::gpu::kernels;
+use anyhow::{Result, bail};
+
+/// Keys per split of batched decode attention from which the block copies
+/// K/V through a shared-memory ring (as `attn_decode::RING_MIN_KEYS`).
+const RING_MIN_KEYS: usize = 256;
+/// Keys per tile and most ring stages of `dec_attn_impl` (kernels/decode.cu).
+const DA_TILE: usize = 16;
+const DA_STAGES: usize = 3;
+/// Blocks batched decode attention aims for (two waves of the H200's 132
+/// multiprocessors), split over the rows' keys.
+const ATTN_BLOCKS: usize = 264;
+/// Fewest keys per split.
+const MIN_SPLIT_KEYS: usize = 64;
+
+/// What a batched step hands the layers: the rows as a prompt pass (`pf`, with
+/// no sequence state of its own) and where each row's state is.
+pub(super) struct Batch<'a> {
+    pub pf: Prefill<'a>,
+    /// `[layers][B][2]` device addresses: (conv window, recurrent state) of a
+    /// GDN layer, (K, V) of an attention layer, per row.
+    pub tab: u64,
+    /// `[B]` i32: each row's position (where its token's K/V land).
+    pub pos: u64,
+    /// Key splits of attention (the same for every row), and the most keys
+    /// a row attends to.
+    pub nsplit: usize,
+    pub longest: usize,
+}
+
+impl Batch<'_> {
+    /// Layer `li`'s rows of the state table.
+    pub fn layer_tab(&self, li: usize) -> u64 {
+        self.tab + (li * self.pf.t * 2 * 8) as u64
+    }
+}
+
+impl GpuModel {
+    /// A step over `batch`: the rows that append one token run as one
+    /// batched pass where there are two or more of them (and
+    /// `QWASI_BATCH` is not `serial`), every other row on its own.
+    pub(super) fn step_rows(
+        &self,
+        batch: &mut [BatchItem<'_, GpuSequence>],
+    ) -> Vec<Result<StepOut>> {
+        let mut out: Vec<Option<Result<StepOut>>> = batch.iter().map(|_| None).collect();
+        let rows: Vec<usize> = (0..batch.len())
+            .filter(|&r| {
+                let it = &batch[r];
+                it.tokens.len() == 1 && self.check_tokens(it.seq, it.tokens).is_ok()
+            })
+            .collect();
+        if rows.len() >= 2 && self.opts.batch_decode && self.opts.fused_decode {
+            match self.decode_batch(batch, &rows) {
+                Ok(outs) => {
+                    for (&r, o) in rows.iter().zip(outs) {
+                        out[r] = Some(o);
+                    }
+                }
+                Err(e) => {
+                    let msg = format!("{e:#}");
+                    for &r in &rows {
+                        out[r] = Some(Err(anyhow::anyhow!("batched decode step: {msg}")));
+                    }
+                }
+            }
+        }
+        batch
+            .iter_mut()
+            .zip(out)
+            .map(|(it, o)| o.unwrap_or_else(|| step_one(self, it)))
+            .collect()
+    }
+
+    /// One token of each sequence in `rows` (checked), every row's readout.
+    /// An error fails every row (their sequences may be part-way through it).
+    fn decode_batch(
+        &self,
+        batch: &mut [BatchItem<'_, GpuSequence>],
+        rows: &[usize],
+    ) -> Result<Vec<Result<StepOut>>> {
+        let mut guard = self.scratch.lock().unwrap();
+        let sc = &mut *guard;
+        self.dev.bind()?;
+        sc.last_logits = None;
+        let (d, c) = (&self.dev, &self.cfg);
+        let (b, h, nl) = (rows.len(), c.hidden_size, self.layers.len());
+        // States first: a grown KV slab moves a row's addresses.
+        for &r in rows {
+            let s = &mut *batch[r].seq;
+            self.init_sequence(s)?;
+            self.reserve(s, s.pos + 1)?;
+        }
+        let mut tab = vec![0u64; nl * b * 2];
+        let mut pos = Vec::with_capacity(b);
+        let mut toks = Vec::with_capacity(b);
+        let mut longest = 0;
+        for (j, &r) in rows.iter().enumerate() {
+            let s = &*batch[r].seq;
+            pos.push(s.pos as i32);
+            toks.push(batch[r].tokens[0]);
+            longest = longest.max(s.pos + 1);
+            if s.layers.len() != nl {
+                bail!("a sequence's state does not match the model's layers");
+            }
+            for (li, l) in s.layers.iter().enumerate() {
+                let (a, z) = match *l {
+                    SeqLayer::Gdn { conv, s } => (conv.ptr(), s.ptr()),
+                    SeqLayer::Attn { k, v } => (k.ptr(), v.ptr()),
+                };
+                tab[(li * b + j) * 2] = a;
+                tab[(li * b + j) * 2 + 1] = z;
+            }
+        }
+        let tab_d = sc.get(d, "bat_tab", tab.len() * 8)?;
+        d.htod(tab_d, &tab)?;
+        let pos_d = sc.get(d, "bat_pos", b * 4)?;
+        d.htod(pos_d, &pos)?;
+        let tok = sc.get(d, "tokens", b * 4)?;
+        d.htod(tok, &toks)?;
+        let x = sc.get(d, "x", b * h * F)?;
+        let n = sc.get(d, "n", b * h * F)?;
+        let mixed = sc.get(d, "mixed", b * h * F)?;
+        self.head.prefill(self, tok, x, b)?;
+        let bad_words = sc.get(d, "moe_bad", nl * 4)?;
+        let nkv = c.num_key_value_heads.max(1);
+        let nsplit = ATTN_BLOCKS
+            .div_ceil(nkv * b)
+            .min(longest.div_ceil(MIN_SPLIT_KEYS))
+            .clamp(1, super::decode::MAX_SPLIT);
+        let mut bt = Batch {
+            pf: Prefill {
+                sc: &mut *sc,
+                states: &[],
+                t: b,
+                pos0: 0,
+                fast: self.opts.fast_prefill,
+                x,
+                n,
+                mixed,
+                bad_words,
+                planned: 0,
+                experts: 0,
+            },
+            tab: tab_d,
+            pos: pos_d,
+            nsplit,
+            longest,
+        };
+        self.walk(&mut Pass::Batch(&mut bt))?;
+        let (planned, experts) = (bt.pf.planned, bt.pf.experts);
+        let nf = sc.get(d, "bat_final", b * h * F)?;
+        self.rmsnorm(x, h, &self.head.norm, nf, h, b, h)?;
+        let vocab = c.vocab_size;
+        let logits = sc.get(d, "bat_logits", b * vocab * F)?;
+        self.linear(sc, nf, b, self.lm_head(), logits, false)?;
+        if planned > 0 {
+            let mut bad = vec![0i32; planned];
+            d.dtoh(&mut bad, bad_words)?;
+            if let Some(&w) = bad.iter().find(|&&w| w != 0) {
+                return Err(super::moe_grouped::router_out_of_range(w, experts));
+            }
+        }
+        for &r in rows {
+            batch[r].seq.pos += 1;
+        }
+        Ok(rows
+            .iter()
+            .enumerate()
+            .map(|(j, &r)| {
+                let at = logits + (j * vocab * F) as u64;
+                self.readout_at(sc, at, &mut batch[r].want)
+            })
+            .collect())
+    }
+
+    /// What `want` asks for, read from the logits row at `logits`.
+    fn readout_at(&self, sc: &mut Scratch, logits: u64, want: &mut Want) -> Result<StepOut> {
+        Ok(match want {
+            Want::Nothing => StepOut::Extended,
+            Want::Logits => StepOut::Logits(self.logits_at(logits)?),
+            Want::Greedy => StepOut::Greedy(self.greedy_at(sc, logits)?),
+            Want::Top(k) => {
+                check_head(*k)?;
+                StepOut::Top(self.top_at(sc, logits, *k)?)
+            }
+            Want::Weighted(w, plan) => {
+                check_head(w.head)?;
+                StepOut::Weighted(self.weighted_at(sc, logits, *w, &mut **plan)?)
+            }
+        })
+    }
+
+    /// Batched decode attention's kernel for splits of `split_keys` keys:
+    /// direct reads, or a shared-memory ring of as many tiles as fit (its
+    /// stages and dynamic shared memory).
+    pub(super) fn batch_attn_kernel(
+        &self,
+        split_keys: usize,
+    ) -> (kernels::Typed<kernels::sig::bat_attn_f32>, usize, usize) {
+        let hd = self.cfg.head_dim;
+        let kv_bytes = if self.kv_f32 { F } else { super::B };
+        let tile = 2 * DA_TILE * hd * kv_bytes;
+        let stages = if split_keys >= RING_MIN_KEYS {
+            (self.dev.max_shared_per_block() / tile).min(DA_STAGES)
+        } else {
+            0
+        };
+        use kernels::typed;
+        let k = match (self.kv_f32, stages > 0) {
+            (true, false) => typed::bat_attn_f32,
+            (true, true) => typed::bat_attn_f32_ring,
+            (false, false) => typed::bat_attn_bf16,
+            (false, true) => typed::bat_attn_bf16_ring,
+        };
+        (k, stages, stages * tile)
+    }
+}

@@ -1,0 +1,136 @@
+//! `qwasi bench --workload batch --backend cuda|hip --synthetic PRESET`: the
+//! engine alone decoding B sequences together (issue 23), no HTTP. Per batch
+//! size B (`--batches`): B different prompts of each `--lens` length are
+//! prefilled one by one, then `--decode-tokens` steps of `Backend::step`
+//! decode one greedy token of every sequence. Reports the aggregate rate and
+//! the step time's median and p99 (every token's inter-token latency), with
+//! the fixture check and the batched-against-alone check of the same build.
+
+use super::speed::SpeedArgs;
+use anyhow::{Result, bail};
+use serde_json::{Value, json};
+use std::path::Path;
+
+#[derive(clap::Args)]
+pub struct BatchArgs {
+    /// Batch sizes (sequences decoding together).
+    #[arg(long, value_delimiter = ',', default_value = "1,8,16,32,64")]
+    batches: Vec<usize>,
+}
+
+pub fn run(a: &SpeedArgs, b: &BatchArgs, out: &Path) -> Result<()> {
+    a.check_gpu_backend("batch")?;
+    if b.batches.is_empty() || b.batches.contains(&0) {
+        bail!("--batches takes sizes of at least 1");
+    }
+    imp(a, b, out)
+}
+
+#[cfg(not(any(feature = "cuda", feature = "hip")))]
+fn imp(_a: &SpeedArgs, _b: &BatchArgs, _out: &Path) -> Result<()> {
+    unreachable!("run() refuses every backend in a build without GPU features")
+}
+
+/// The `p` quantile (0..=1) of `v` (sorted in place).
+#[cfg_attr(not(any(feature = "cuda", feature = "hip")), allow(dead_code))]
+fn quantile(v: &mut [f64], p: f64) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[((v.len() - 1) as f64 * p).round() as usize]
+}
+
+#[cfg(any(feature = "cuda", feature = "hip"))]
+fn imp(a: &SpeedArgs, b: &BatchArgs, out: &Path) -> Result<()> {
+    use qwasi_engine::backend::{Backend, BatchItem, StepOut, Want};
+    use std::time::Instant;
+
+    let correctness = super::speed::fixture_check(&a.fixtures)?;
+    let t0 = Instant::now();
+    let model = super::speed::synthetic_model(a)?;
+    let vocab = model.config().vocab_size;
+    eprintln!(
+        "[bench] {}: model in {:.1} s",
+        model.device_name(),
+        t0.elapsed().as_secs_f64()
+    );
+    let batched_vs_alone = {
+        let prompts: Vec<Vec<u32>> = [300, 37, 5, 1]
+            .iter()
+            .enumerate()
+            .map(|(k, &len)| super::speed::prompt(len + k, vocab))
+            .collect();
+        let r = qwasi_engine::gpu::verify::batch_check(&model, &prompts, 16)?;
+        eprintln!(
+            "[bench] batched vs alone: {}/{} rows equal, max |dlogprob| {:.2e}: {}",
+            r.rows_equal,
+            r.rows,
+            r.max_dlogprob,
+            if r.pass { "PASS" } else { "FAIL" }
+        );
+        serde_json::to_value(r)?
+    };
+    let mut results = Vec::new();
+    for &len in &a.lens {
+        for &bs in &b.batches {
+            // Distinct prompts: the rows route to different experts, as users' do.
+            let mut seqs = Vec::with_capacity(bs);
+            let mut next = Vec::with_capacity(bs);
+            for k in 0..bs {
+                let p = super::speed::prompt(len + k, vocab);
+                let mut s = model.new_sequence();
+                next.push(model.forward_greedy(&mut s, &p[..len])?.token);
+                seqs.push(s);
+            }
+            let mut steps_ms = Vec::with_capacity(a.decode_tokens);
+            let t = Instant::now();
+            for _ in 0..a.decode_tokens {
+                let toks: Vec<[u32; 1]> = next.iter().map(|&t| [t]).collect();
+                let mut items: Vec<_> = seqs
+                    .iter_mut()
+                    .zip(&toks)
+                    .map(|(seq, tok)| BatchItem {
+                        seq,
+                        tokens: tok,
+                        want: Want::Greedy,
+                    })
+                    .collect();
+                let s0 = Instant::now();
+                let outs = model.step(&mut items);
+                steps_ms.push(s0.elapsed().as_secs_f64() * 1e3);
+                for (n, o) in next.iter_mut().zip(outs) {
+                    match o? {
+                        StepOut::Greedy(s) => *n = s.token,
+                        other => bail!("a greedy row returned {other:?}"),
+                    }
+                }
+            }
+            let secs = t.elapsed().as_secs_f64();
+            let rate = (bs * a.decode_tokens) as f64 / secs;
+            let p50 = quantile(&mut steps_ms, 0.5);
+            let p99 = quantile(&mut steps_ms, 0.99);
+            eprintln!(
+                "[bench] {len} prompt, batch {bs:>3}: {rate:>8.1} tok/s aggregate, step p50 {p50:.2} ms p99 {p99:.2} ms"
+            );
+            results.push(json!({
+                "prompt_len": len, "batch": bs, "decode_tokens": a.decode_tokens,
+                "aggregate_tok_per_s": rate, "step_ms_p50": p50, "step_ms_p99": p99,
+            }));
+        }
+    }
+    let report: Value = json!({
+        "workload": "batch",
+        "device": model.device_name(),
+        "synthetic": a.synthetic,
+        "layers": model.config().layer_kinds.len(),
+        "commit": super::commit(),
+        "command": std::env::args().collect::<Vec<_>>().join(" "),
+        "correctness": correctness,
+        "batched_vs_alone": batched_vs_alone,
+        "results": results,
+    });
+    if let Some(dir) = out.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    std::fs::write(out, serde_json::to_string_pretty(&report)?)?;
+    eprintln!("[bench] wrote {}", out.display());
+    Ok(())
+}
