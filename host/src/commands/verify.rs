@@ -150,7 +150,8 @@ mod gpu {
                 let r = verify_fixture_batch(dir)?;
                 println!(
                     "{:<12} batched: {} rows x {} tokens, {} steps of 2-{} decode rows together: \
-                     {}/{} rows' tokens equal alone, max |dlogprob| {:.2e} (tolerance {BATCH_LOGPROB_TOL})  {}",
+                     {}/{} rows' tokens equal alone, max |dlogprob| {:.2e} (prompt kernels vs decode {:.2e}; \
+                     tolerance {BATCH_LOGPROB_TOL} or twice that)  {}",
                     dir.file_name()
                         .map(|n| n.to_string_lossy())
                         .unwrap_or_default(),
@@ -161,6 +162,7 @@ mod gpu {
                     r.rows_equal,
                     r.rows,
                     r.max_dlogprob,
+                    r.prompt_vs_decode_dlogprob,
                     verdict(r.pass)
                 );
                 all_pass &= r.pass;
@@ -196,7 +198,7 @@ mod gpu {
             let b = batch_check(&model, &prompts, a.gen_tokens)?;
             println!(
                 "synthetic {p} batched: {} rows x {} tokens, {} steps of 2-{} decode rows: {}/{} rows' tokens \
-                 equal alone, max |dlogprob| {:.2e}  {}",
+                 equal alone, max |dlogprob| {:.2e} (prompt kernels vs decode {:.2e})  {}",
                 b.rows,
                 b.tokens,
                 b.batched_steps,
@@ -204,6 +206,7 @@ mod gpu {
                 b.rows_equal,
                 b.rows,
                 b.max_dlogprob,
+                b.prompt_vs_decode_dlogprob,
                 verdict(b.pass)
             );
             all_pass &= b.pass;

@@ -2,7 +2,8 @@
 //! engine alone decoding B sequences together (issue 23), no HTTP. Per batch
 //! size B (`--batches`): B different prompts of each `--lens` length are
 //! prefilled one by one, then `--decode-tokens` steps of `Backend::step`
-//! decode one greedy token of every sequence. Reports the aggregate rate and
+//! decode one greedy token of every sequence (after two untimed steps).
+//! Reports the aggregate rate and
 //! the step time's median and p99 (every token's inter-token latency), with
 //! the fixture check and the batched-against-alone check of the same build.
 
@@ -60,10 +61,11 @@ fn imp(a: &SpeedArgs, b: &BatchArgs, out: &Path) -> Result<()> {
             .collect();
         let r = qwasi_engine::gpu::verify::batch_check(&model, &prompts, 16)?;
         eprintln!(
-            "[bench] batched vs alone: {}/{} rows equal, max |dlogprob| {:.2e}: {}",
+            "[bench] batched vs alone: {}/{} rows equal, max |dlogprob| {:.2e} (prompt kernels vs decode {:.2e}): {}",
             r.rows_equal,
             r.rows,
             r.max_dlogprob,
+            r.prompt_vs_decode_dlogprob,
             if r.pass { "PASS" } else { "FAIL" }
         );
         serde_json::to_value(r)?
@@ -81,8 +83,15 @@ fn imp(a: &SpeedArgs, b: &BatchArgs, out: &Path) -> Result<()> {
                 seqs.push(s);
             }
             let mut steps_ms = Vec::with_capacity(a.decode_tokens);
-            let t = Instant::now();
-            for _ in 0..a.decode_tokens {
+            let mut t = Instant::now();
+            // Two untimed steps first: the eager one that sizes the buffers
+            // and the one that captures the graph.
+            for k in 0..a.decode_tokens + 2 {
+                if k == 2 {
+                    let _ = model.take_profile();
+                    steps_ms.clear();
+                    t = Instant::now();
+                }
                 let toks: Vec<[u32; 1]> = next.iter().map(|&t| [t]).collect();
                 let mut items: Vec<_> = seqs
                     .iter_mut()
@@ -104,6 +113,16 @@ fn imp(a: &SpeedArgs, b: &BatchArgs, out: &Path) -> Result<()> {
                 }
             }
             let secs = t.elapsed().as_secs_f64();
+            // QWASI_GPU_PROFILE=1: GPU time per kernel and step (launches serialise).
+            let profile: Vec<Value> = model
+                .take_profile()
+                .into_iter()
+                .take(25)
+                .map(|(k, n, ms)| json!({"kernel": k, "launches_per_step": n as f64 / a.decode_tokens as f64, "ms_per_step": ms / a.decode_tokens as f64}))
+                .collect();
+            for p in profile.iter().take(12) {
+                eprintln!("[bench]   {p}");
+            }
             let rate = (bs * a.decode_tokens) as f64 / secs;
             let p50 = quantile(&mut steps_ms, 0.5);
             let p99 = quantile(&mut steps_ms, 0.99);
@@ -113,6 +132,7 @@ fn imp(a: &SpeedArgs, b: &BatchArgs, out: &Path) -> Result<()> {
             results.push(json!({
                 "prompt_len": len, "batch": bs, "decode_tokens": a.decode_tokens,
                 "aggregate_tok_per_s": rate, "step_ms_p50": p50, "step_ms_p99": p99,
+                "profile": profile,
             }));
         }
     }

@@ -14,7 +14,7 @@
 
 use super::pass::{Pass, Prefill};
 use super::readout::check_head;
-use super::{F, GpuModel, GpuSequence, Scratch, SeqLayer};
+use super::{F, GpuModel, GpuSequence, Graph, Scratch, SeqLayer, mlp_dims};
 use crate::backend::{BatchItem, StepOut, Want, step_one};
 use crate::gpu::kernels;
 use anyhow::{Result, bail};
@@ -45,6 +45,27 @@ pub(super) struct Batch<'a> {
     pub nsplit: usize,
     pub longest: usize,
 }
+
+/// What a captured batched step depends on besides the scratch buffers:
+/// rows, attention splits and the attention kernel's ring stages.
+type GraphKey = (usize, usize, usize);
+
+/// Captured batched steps, least recently used first, each with the
+/// [`Scratch::generation`] it was captured at and its count of MoE layers
+/// that check their router indices on the device.
+#[derive(Default)]
+pub(super) struct BatchGraphs {
+    graphs: Vec<(GraphKey, u64, Graph, usize)>,
+    /// Capture failed once (or graphs are off): every step runs eagerly.
+    off: bool,
+}
+
+/// A batched step's launch arguments: rows, token ids, positions, state
+/// table, attention splits, most keys a row attends to.
+type StepArgs = (usize, u64, u64, u64, usize, usize);
+
+/// Captured batched steps kept at once (one per batch size in use).
+const BATCH_GRAPHS: usize = 64;
 
 impl Batch<'_> {
     /// Layer `li`'s rows of the state table.
@@ -102,7 +123,7 @@ impl GpuModel {
         self.dev.bind()?;
         sc.last_logits = None;
         let (d, c) = (&self.dev, &self.cfg);
-        let (b, h, nl) = (rows.len(), c.hidden_size, self.layers.len());
+        let (b, nl) = (rows.len(), self.layers.len());
         // States first: a grown KV slab moves a row's addresses.
         for &r in rows {
             let s = &mut *batch[r].seq;
@@ -134,18 +155,114 @@ impl GpuModel {
         d.htod(tab_d, &tab)?;
         let pos_d = sc.get(d, "bat_pos", b * 4)?;
         d.htod(pos_d, &pos)?;
-        let tok = sc.get(d, "tokens", b * 4)?;
+        let tok = sc.get(d, "bat_tokens", b * 4)?;
         d.htod(tok, &toks)?;
-        let x = sc.get(d, "x", b * h * F)?;
-        let n = sc.get(d, "n", b * h * F)?;
-        let mixed = sc.get(d, "mixed", b * h * F)?;
-        self.head.prefill(self, tok, x, b)?;
-        let bad_words = sc.get(d, "moe_bad", nl * 4)?;
         let nkv = c.num_key_value_heads.max(1);
         let nsplit = ATTN_BLOCKS
             .div_ceil(nkv * b)
             .min(longest.div_ceil(MIN_SPLIT_KEYS))
             .clamp(1, super::decode::MAX_SPLIT);
+        let stages = self.batch_attn_kernel(longest.div_ceil(nsplit)).1;
+        let key = (b, nsplit, stages);
+        let at = sc.batch_graphs.graphs.iter().position(|g| g.0 == key);
+        let planned = match at {
+            Some(i) if sc.batch_graphs.graphs[i].1 == sc.generation => {
+                let hit = sc.batch_graphs.graphs.remove(i);
+                d.launch_graph(&hit.2)?;
+                let planned = hit.3;
+                sc.batch_graphs.graphs.push(hit);
+                planned
+            }
+            _ => {
+                if let Some(i) = at {
+                    sc.batch_graphs.graphs.remove(i);
+                }
+                let planned = self.batch_kernels(sc, b, tab_d, pos_d, tok, nsplit, longest)?;
+                self.capture_batch(sc, key, planned, (b, tab_d, pos_d, tok, nsplit, longest));
+                planned
+            }
+        };
+        let bad_words = sc.get(d, "bat_bad", nl * 4)?;
+        if planned > 0 {
+            let mut bad = vec![0i32; planned];
+            d.dtoh(&mut bad, bad_words)?;
+            if let Some(&w) = bad.iter().find(|&&w| w != 0) {
+                return Err(super::moe_grouped::router_out_of_range(w, mlp_dims(c).0));
+            }
+        }
+        for &r in rows {
+            batch[r].seq.pos += 1;
+        }
+        let vocab = c.vocab_size;
+        let logits = sc.get(d, "bat_logits", b * vocab * F)?;
+        Ok(rows
+            .iter()
+            .enumerate()
+            .map(|(j, &r)| {
+                let at = logits + (j * vocab * F) as u64;
+                self.readout_at(sc, at, &mut batch[r].want)
+            })
+            .collect())
+    }
+
+    /// Records the batched step's launches as a graph for `key` (the eager
+    /// step just ran, so every buffer is there); a failed capture turns
+    /// graphs off for the batched steps.
+    fn capture_batch(&self, sc: &mut Scratch, key: GraphKey, planned: usize, step: StepArgs) {
+        let (b, tab, pos, tok, nsplit, longest) = step;
+        let d = &self.dev;
+        #[cfg(all(feature = "hip", not(feature = "cuda")))]
+        {
+            sc.batch_graphs.off |= !d.graphs_supported();
+        }
+        if sc.batch_graphs.off || !self.opts.graphs || d.debug || d.profiling() {
+            return;
+        }
+        let generation = sc.generation;
+        let captured = d.begin_capture().and_then(|()| {
+            let recorded = self.batch_kernels(sc, b, tab, pos, tok, nsplit, longest);
+            let graph = d.end_capture();
+            recorded.and(graph)
+        });
+        match captured {
+            // Nothing was allocated during the capture.
+            Ok(g) if sc.generation == generation => {
+                let graphs = &mut sc.batch_graphs.graphs;
+                if graphs.len() >= BATCH_GRAPHS {
+                    graphs.remove(0);
+                }
+                graphs.push((key, generation, g, planned));
+            }
+            Ok(_) => {}
+            Err(e) => {
+                eprintln!("[gpu] batched decode graphs disabled: {e:#}");
+                sc.batch_graphs.off = true;
+            }
+        }
+    }
+
+    /// Launches a batched step of `b` rows (token ids at `tok`, positions at
+    /// `pos`, the state table at `tab`): the layers, the final norm and the
+    /// lm_head into `bat_logits`. Returns how many MoE layers wrote an
+    /// out-of-range count into `bat_bad`.
+    #[allow(clippy::too_many_arguments)]
+    fn batch_kernels(
+        &self,
+        sc: &mut Scratch,
+        b: usize,
+        tab: u64,
+        pos: u64,
+        tok: u64,
+        nsplit: usize,
+        longest: usize,
+    ) -> Result<usize> {
+        let (d, c) = (&self.dev, &self.cfg);
+        let (h, nl) = (c.hidden_size, self.layers.len());
+        let x = sc.get(d, "x", b * h * F)?;
+        let n = sc.get(d, "n", b * h * F)?;
+        let mixed = sc.get(d, "mixed", b * h * F)?;
+        self.head.prefill(self, tok, x, b)?;
+        let bad_words = sc.get(d, "bat_bad", nl * 4)?;
         let mut bt = Batch {
             pf: Prefill {
                 sc: &mut *sc,
@@ -160,36 +277,18 @@ impl GpuModel {
                 planned: 0,
                 experts: 0,
             },
-            tab: tab_d,
-            pos: pos_d,
+            tab,
+            pos,
             nsplit,
             longest,
         };
         self.walk(&mut Pass::Batch(&mut bt))?;
-        let (planned, experts) = (bt.pf.planned, bt.pf.experts);
+        let planned = bt.pf.planned;
         let nf = sc.get(d, "bat_final", b * h * F)?;
         self.rmsnorm(x, h, &self.head.norm, nf, h, b, h)?;
-        let vocab = c.vocab_size;
-        let logits = sc.get(d, "bat_logits", b * vocab * F)?;
+        let logits = sc.get(d, "bat_logits", b * c.vocab_size * F)?;
         self.linear(sc, nf, b, self.lm_head(), logits, false)?;
-        if planned > 0 {
-            let mut bad = vec![0i32; planned];
-            d.dtoh(&mut bad, bad_words)?;
-            if let Some(&w) = bad.iter().find(|&&w| w != 0) {
-                return Err(super::moe_grouped::router_out_of_range(w, experts));
-            }
-        }
-        for &r in rows {
-            batch[r].seq.pos += 1;
-        }
-        Ok(rows
-            .iter()
-            .enumerate()
-            .map(|(j, &r)| {
-                let at = logits + (j * vocab * F) as u64;
-                self.readout_at(sc, at, &mut batch[r].want)
-            })
-            .collect())
+        Ok(planned)
     }
 
     /// What `want` asks for, read from the logits row at `logits`.

@@ -20,6 +20,11 @@ pub(super) struct Scratch {
     /// (tokens, first position, blocks, buffer) it was made for.
     #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     pub attn_plan: Option<(usize, usize, usize, u64)>,
+    /// Counts the allocations: a graph captured over these buffers is valid
+    /// while it is unchanged.
+    pub generation: u64,
+    /// Captured batched decode steps (`batch.rs`).
+    pub batch_graphs: super::batch::BatchGraphs,
 }
 
 impl Scratch {
@@ -31,6 +36,7 @@ impl Scratch {
             return Ok(b.ptr());
         }
         self.bufs.remove(name);
+        self.generation += 1;
         let b = dev.alloc(need.next_power_of_two())?;
         let p = b.ptr();
         self.bufs.insert(name, b);
