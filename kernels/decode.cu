@@ -1014,12 +1014,16 @@ QW_KERNEL void QW_BOUNDS(256) bat_attn_combine(const float* __restrict__ part_o,
 // Greedy pick over many blocks: each block reduces its slice of the logits to
 // (max, argmax, sum exp(x - max)); `argmax_final` merges the partials into
 // out[0] = token (int bits), out[1] = max, out[2] = log sum exp(x - max), the
-// same layout as `logits_stats`.
+// same layout as `logits_stats`. Rows of a batch: row blockIdx.y of x ([rows][n])
+// into its gridDim.x partials; argmax_final's block b merges row b's into
+// out[4 b ..] (and next_tok[b]).
 QW_KERNEL void QW_BOUNDS(256) argmax_partial(const float* __restrict__ x, int n, float* __restrict__ part) {
     __shared__ float sv[32], ss[32];
     __shared__ int si[32];
     QW_GRID_WAIT();
     QW_GRID_LAUNCH();
+    x += (size_t)blockIdx.y * n;
+    part += (size_t)blockIdx.y * gridDim.x * 3;
     float best = -INFINITY;
     int bi = 0x7fffffff;
     int per = (n + gridDim.x - 1) / gridDim.x;
@@ -1064,6 +1068,9 @@ QW_KERNEL void QW_BOUNDS(256) argmax_final(const float* __restrict__ part, int n
     __shared__ float scratch[32];
     QW_GRID_WAIT();
     QW_GRID_LAUNCH();
+    part += (size_t)blockIdx.x * np * 3;
+    out += 4 * blockIdx.x;
+    if (next_tok) next_tok += blockIdx.x;
     float best = -INFINITY;
     int bi = 0x7fffffff;
     for (int p = threadIdx.x; p < np; p += blockDim.x) {

@@ -139,6 +139,10 @@ pub struct GpuOptions {
     /// batched pass (`model/batch.rs`); `QWASI_BATCH=serial` runs each row
     /// through the batch-1 decode step instead.
     pub batch_decode: bool,
+    /// Projections of 2..=64 rows (batched decode steps, short prompts) on
+    /// the few-row tensor-core kernel (kernels/gemm_rows.cu); `false` with
+    /// `QWASI_GEMM_ROWS=cublas` (the `QWASI_GEMM` path).
+    pub gemm_rows: bool,
     /// Gate/up row pairs per warp of `dec_moe_gate_up` (`QWASI_MOE_PAIRS`,
     /// default 2: on the H200 512/8K decode 333.0/302.5 tok/s against
     /// 320.5/289.4 with 1 and 320.0/289.9 with 4).
@@ -251,6 +255,7 @@ impl GpuOptions {
             gemm,
             fused_decode: pick("QWASI_DECODE", &["fused", "unfused"])? == "fused",
             batch_decode: pick("QWASI_BATCH", &["batched", "serial"])? == "batched",
+            gemm_rows: pick("QWASI_GEMM_ROWS", &["rows", "cublas"])? == "rows",
             fast_prefill: pick("QWASI_PREFILL", &["fast", "reference"])? == "fast",
             chunked_gdn: pick("QWASI_GDN", &["chunked", "serial"])? == "chunked",
             grouped_moe: cfg!(feature = "cuda")

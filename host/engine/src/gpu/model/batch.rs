@@ -12,11 +12,13 @@
 //! Then the final norm and the lm_head over the rows, and each row's readout
 //! (greedy, head, weights or the logits) from its row of the logits.
 
+use super::embed::ARGMAX_BLOCKS;
 use super::pass::{Pass, Prefill};
-use super::readout::check_head;
+use super::readout::{check_head, greedy_sampled};
 use super::{F, GpuModel, GpuSequence, Graph, Scratch, SeqLayer, mlp_dims};
 use crate::backend::{BatchItem, StepOut, Want, step_one};
-use crate::gpu::kernels;
+use crate::gpu::kernels::{self, Launch};
+use crate::gpu::{dptr, i};
 use anyhow::{Result, bail};
 
 /// Keys per split of batched decode attention from which the block copies
@@ -195,12 +197,24 @@ impl GpuModel {
         }
         let vocab = c.vocab_size;
         let logits = sc.get(d, "bat_logits", b * vocab * F)?;
+        // The greedy rows' statistics in one copy.
+        let mut stats = Vec::new();
+        if rows.iter().any(|&r| matches!(batch[r].want, Want::Greedy)) {
+            stats = vec![[0f32; 4]; b];
+            d.dtoh(&mut stats, sc.get(d, "bat_stats", b * 4 * F)?)?;
+        }
         Ok(rows
             .iter()
             .enumerate()
-            .map(|(j, &r)| {
-                let at = logits + (j * vocab * F) as u64;
-                self.readout_at(sc, at, &mut batch[r].want)
+            .map(|(j, &r)| match &mut batch[r].want {
+                Want::Greedy => {
+                    let [t, m, l, _] = stats[j];
+                    greedy_sampled([t, m, l], vocab).map(StepOut::Greedy)
+                }
+                want => {
+                    let at = logits + (j * vocab * F) as u64;
+                    self.readout_at(sc, at, want)
+                }
             })
             .collect())
     }
@@ -288,6 +302,24 @@ impl GpuModel {
         self.rmsnorm(x, h, &self.head.norm, nf, h, b, h)?;
         let logits = sc.get(d, "bat_logits", b * c.vocab_size * F)?;
         self.linear(sc, nf, b, self.lm_head(), logits, false)?;
+        // Every row's greedy statistics (rows that want them read them).
+        let part = sc.get(d, "bat_part", b * ARGMAX_BLOCKS * 3 * F)?;
+        let stats = sc.get(d, "bat_stats", b * 4 * F)?;
+        kernels::argmax_partial(
+            d,
+            Launch::new((ARGMAX_BLOCKS as u32, b as u32, 1), (256, 1, 1), 0),
+            dptr(logits),
+            i(c.vocab_size),
+            dptr(part),
+        )?;
+        kernels::argmax_final(
+            d,
+            Launch::new((b as u32, 1, 1), (256, 1, 1), 0),
+            dptr(part),
+            i(ARGMAX_BLOCKS),
+            dptr(stats),
+            dptr(0),
+        )?;
         Ok(planned)
     }
 

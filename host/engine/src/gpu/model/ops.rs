@@ -1,13 +1,21 @@
 //! The prefill building blocks every layer kind uses: projections (GEMV at
-//! T = 1, cuBLAS or the tiled kernel otherwise, per `GemmPath`), the (1+w)
+//! T = 1, the few-row tensor-core kernel up to 64 rows, cuBLAS or the tiled
+//! kernel otherwise, per `GemmPath`), the (1+w)
 //! RMSNorm, the residual add, and the pass's work buffers.
 
 use super::weights::DevMat;
-use super::{B, DBuf, Device, GemmPath, GpuModel};
+use super::{B, DBuf, Device, F, GemmPath, GpuModel};
 use crate::gpu::kernels::{self, Launch};
 use crate::gpu::{dptr, i};
 use anyhow::Result;
 use std::collections::HashMap;
+
+/// Most rows `gemm_rows` takes (kernels/gemm_rows.cu: 8 tiles of 8).
+const GEMM_ROWS_MAX: usize = 64;
+/// Warps `gemm_rows` aims for per multiprocessor (with the K slices), and
+/// the fewest columns of a slice.
+const GEMM_ROWS_WARPS_PER_SM: usize = 16;
+const GEMM_ROWS_MIN_SLICE: usize = 256;
 
 /// Work buffers, grown on demand and reused across passes.
 #[derive(Default)]
@@ -71,6 +79,9 @@ impl GpuModel {
         accumulate: bool,
     ) -> Result<()> {
         let d = &self.dev;
+        if self.rows_gemm_fits(x, t, cols) {
+            return self.gemm_rows(sc, x, t, w, rows, cols, y, accumulate);
+        }
         if t == 1 {
             return kernels::gemv_bf16(
                 d,
@@ -128,6 +139,83 @@ impl GpuModel {
                 d.gemm_bf16(lo, w, y, t, rows, cols, true)
             }
         }
+    }
+
+    /// Whether `gemm_rows` takes a projection of `t` rows of `cols` at `x`:
+    /// 2..=64 rows on the split path of a CUDA build (tensor cores), whole
+    /// 32-column steps, 16-byte aligned rows.
+    fn rows_gemm_fits(&self, x: u64, t: usize, cols: usize) -> bool {
+        cfg!(feature = "cuda")
+            && self.opts.gemm_rows
+            && self.gemm == GemmPath::CublasSplit
+            && (2..=GEMM_ROWS_MAX).contains(&t)
+            && cols.is_multiple_of(32)
+            && x.is_multiple_of(16)
+    }
+
+    /// `y = W x` over `t` (2..=64) rows with each weight read once
+    /// (kernels/gemm_rows.cu): the K dimension split into as many slices
+    /// (each of at least `GEMM_ROWS_MIN_SLICE` columns) as fill the GPU with
+    /// warps, summed in order by `gemm_rows_reduce`.
+    #[allow(clippy::too_many_arguments)]
+    fn gemm_rows(
+        &self,
+        sc: &mut Scratch,
+        x: u64,
+        t: usize,
+        w: u64,
+        rows: usize,
+        cols: usize,
+        y: u64,
+        accumulate: bool,
+    ) -> Result<()> {
+        let d = &self.dev;
+        let kernel = match t {
+            ..=8 => kernels::gemm_rows8,
+            ..=16 => kernels::gemm_rows16,
+            ..=32 => kernels::gemm_rows32,
+            _ => kernels::gemm_rows64,
+        };
+        let groups = rows.div_ceil(32);
+        let target = d.sm_count as usize * GEMM_ROWS_WARPS_PER_SM;
+        let mut slices = 1;
+        while groups * slices * 2 <= target
+            && (cols / 32).is_multiple_of(slices * 2)
+            && cols / (slices * 2) >= GEMM_ROWS_MIN_SLICE
+        {
+            slices *= 2;
+        }
+        let part = if slices > 1 {
+            sc.get(d, "rows_part", slices * t * rows * F)?
+        } else {
+            0
+        };
+        kernel(
+            d,
+            Launch::new(((groups * slices).div_ceil(4) as u32, 1, 1), (128, 1, 1), 0),
+            dptr(x),
+            dptr(w),
+            dptr(y),
+            dptr(part),
+            i(t),
+            i(rows),
+            i(cols),
+            i(slices),
+            i(accumulate as usize),
+        )?;
+        if slices > 1 {
+            let n = t * rows;
+            kernels::gemm_rows_reduce(
+                d,
+                Launch::new(((n as u32).div_ceil(256), 1, 1), (256, 1, 1), 0),
+                dptr(part),
+                dptr(y),
+                n as i64,
+                i(slices),
+                i(accumulate as usize),
+            )?;
+        }
+        Ok(())
     }
 
     #[allow(clippy::too_many_arguments)]

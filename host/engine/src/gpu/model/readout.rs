@@ -254,7 +254,7 @@ impl GpuModel {
 /// The device argmax `[token bits, max, log-sum-exp]` as a sampled token.
 /// The argmax kernels find no token when every logit is NaN or -inf (a
 /// broken hidden state): an error, not a token id past the vocabulary.
-fn greedy_sampled(out: [f32; 3], vocab: usize) -> Result<Sampled> {
+pub(super) fn greedy_sampled(out: [f32; 3], vocab: usize) -> Result<Sampled> {
     let token = out[0].to_bits();
     if token as usize >= vocab {
         bail!("the model produced no finite logit (all NaN or -inf); generation stopped");

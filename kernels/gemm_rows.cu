@@ -1,0 +1,137 @@
+// Projections of a few rows (a batched decode step's B <= 64 sequences, or a
+// short prompt): Y[b][n] = sum_k X[b][k] W[n][k] (+ Y[b][n] with accumulate)
+// for f32 activations X [B][K] and bf16 weights W [N][K], reading each weight
+// once. The activations are split into two bf16 terms (hi = bf16(x), lo =
+// bf16(x - hi): ~16 mantissa bits, as the cuBLAS split path) and both go
+// through the tensor cores against the same weight fragment, f32 accumulation.
+//
+// Transposed product on mma m16n8k16: A = 16 weight rows, B = 8 activation
+// rows (NT tiles of 8 cover B). Each thread loads 8 consecutive k of its
+// weight rows g and g + 8 (16 bytes each) and the same 8 k of activation row
+// g of each tile, and feeds them as two k16 steps: the fragments' k index is
+// permuted the same way in A and B, so the products are the sums over k.
+// Warp w of the grid takes MT m-tiles (16 MT weight rows) and one of S
+// slices of K (KS = K / S, a multiple of 32). With S = 1 the warp writes Y;
+// otherwise part[s][b][n] and gemm_rows_reduce adds the slices in order
+// (deterministic, no atomics).
+#include "mma.h"
+
+#define GR_MT 2  // m-tiles (16 weight rows each) per warp
+#define GR_WARPS 4
+
+#if defined(QW_CUDA) || defined(QW_CPU)
+// The 8 floats at p as hi and lo bf16 pairs: hi[j], lo[j] hold elements 2j, 2j + 1.
+__device__ __forceinline__ void gr_split8(const float* p, bool valid, unsigned (&hi)[4], unsigned (&lo)[4]) {
+    float v[8];
+    if (valid) {
+        const float4 a = ((const float4*)p)[0], b = ((const float4*)p)[1];
+        v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+    } else {
+#pragma unroll
+        for (int j = 0; j < 8; j++) v[j] = 0.f;
+    }
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        const bf16_t h0 = f2bf(v[2 * j]), h1 = f2bf(v[2 * j + 1]);
+        hi[j] = h0 | ((unsigned)h1 << 16);
+        lo[j] = f2bf(v[2 * j] - bf2f(h0)) | ((unsigned)f2bf(v[2 * j + 1] - bf2f(h1)) << 16);
+    }
+}
+
+template <int NT>
+__device__ __forceinline__ void gemm_rows_impl(const float* __restrict__ X, const bf16_t* __restrict__ W,
+                                               float* __restrict__ Y, float* __restrict__ part, int B, int N,
+                                               int K, int S, int accumulate) {
+    const int lane = threadIdx.x % WARP, g = lane >> 2, c = lane & 3;
+    const int warp = blockIdx.x * GR_WARPS + threadIdx.x / WARP;
+    const int groups = (N + 16 * GR_MT - 1) / (16 * GR_MT);
+    if (warp >= groups * S) return;
+    const int mg = warp % groups, s = warp / groups, KS = K / S;
+    const int n0 = mg * 16 * GR_MT, k0 = s * KS;
+    float acc[GR_MT][NT][4];
+#pragma unroll
+    for (int m = 0; m < GR_MT; m++)
+#pragma unroll
+        for (int t = 0; t < NT; t++)
+#pragma unroll
+            for (int j = 0; j < 4; j++) acc[m][t][j] = 0.f;
+    for (int kb = k0; kb < k0 + KS; kb += 32) {
+        const int k = kb + c * 8;
+        uint4 w[GR_MT][2];
+#pragma unroll
+        for (int m = 0; m < GR_MT; m++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const int row = n0 + m * 16 + g + 8 * h;
+                w[m][h] = row < N ? *(const uint4*)(W + (size_t)row * K + k) : make_uint4(0u, 0u, 0u, 0u);
+            }
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            const int b = t * 8 + g;
+            unsigned hi[4], lo[4];
+            gr_split8(X + (size_t)b * K + k, b < B, hi, lo);
+#pragma unroll
+            for (int st = 0; st < 2; st++) {
+#pragma unroll
+                for (int m = 0; m < GR_MT; m++) {
+                    const unsigned* w0 = (const unsigned*)&w[m][0];
+                    const unsigned* w1 = (const unsigned*)&w[m][1];
+                    const unsigned a[4] = {w0[2 * st], w1[2 * st], w0[2 * st + 1], w1[2 * st + 1]};
+                    mma_16816(acc[m][t], a, hi[2 * st], hi[2 * st + 1]);
+                    mma_16816(acc[m][t], a, lo[2 * st], lo[2 * st + 1]);
+                }
+            }
+        }
+    }
+    // c0, c1: weight row g, activation rows 2c, 2c + 1; c2, c3: weight row g + 8.
+#pragma unroll
+    for (int m = 0; m < GR_MT; m++)
+#pragma unroll
+        for (int t = 0; t < NT; t++)
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                const int n = n0 + m * 16 + g + 8 * (j >> 1), b = t * 8 + 2 * c + (j & 1);
+                if (n >= N || b >= B) continue;
+                const size_t at = (size_t)b * N + n;
+                if (S == 1) Y[at] = accumulate ? Y[at] + acc[m][t][j] : acc[m][t][j];
+                else part[(size_t)s * B * N + at] = acc[m][t][j];
+            }
+}
+#define GR_BODY(NT) gemm_rows_impl<NT>(X, W, Y, part, B, N, K, S, accumulate)
+#else
+// Without tensor cores (HIP): the same sums on CUDA cores, one output per thread.
+__device__ __forceinline__ void gemm_rows_fma(const float* __restrict__ X, const bf16_t* __restrict__ W,
+                                              float* __restrict__ Y, float* __restrict__ part, int B, int N, int K,
+                                              int S, int accumulate) {
+    const long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (o >= (long long)B * N) return;
+    const int b = (int)(o / N), n = (int)(o % N);
+    float acc = 0.f;
+    for (int k = 0; k < K; k++) acc = fmaf(X[(size_t)b * K + k], bf2f(W[(size_t)n * K + k]), acc);
+    Y[o] = accumulate ? Y[o] + acc : acc;
+}
+#define GR_BODY(NT) gemm_rows_fma(X, W, Y, part, B, N, K, S, accumulate)
+#endif
+
+// NT = 1, 2, 4, 8: up to 8, 16, 32, 64 activation rows. Grid: ceil(ceil(N /
+// 32) S / GR_WARPS) blocks of GR_WARPS warps (HIP: ceil(B N / 256) of 256).
+#define GEMM_ROWS(NAME, NT)                                                                                  \
+    QW_KERNEL void QW_BOUNDS(128) NAME(const float* __restrict__ X, const bf16_t* __restrict__ W,           \
+                                       float* __restrict__ Y, float* __restrict__ part, int B, int N, int K, \
+                                       int S, int accumulate) {                                              \
+        GR_BODY(NT);                                                                                         \
+    }
+GEMM_ROWS(gemm_rows8, 1)
+GEMM_ROWS(gemm_rows16, 2)
+GEMM_ROWS(gemm_rows32, 4)
+GEMM_ROWS(gemm_rows64, 8)
+
+// Y[i] = (accumulate ? Y[i] : 0) + sum over s of part[s][i], s ascending; i < n = B N.
+QW_KERNEL void QW_BOUNDS(256) gemm_rows_reduce(const float* __restrict__ part, float* __restrict__ Y, long long n,
+                                               int S, int accumulate) {
+    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    float t = 0.f;
+    for (int s = 0; s < S; s++) t += part[(size_t)s * n + i];
+    Y[i] = accumulate ? Y[i] + t : t;
+}
