@@ -38,7 +38,58 @@ __device__ __forceinline__ void gr_split8(const float* p, bool valid, unsigned (
     }
 }
 
-template <int NT>
+// The products of warp-owned weight rows n0 .. n0 + 32 over k in [k0, kend)
+// into acc, with xload(t, k, hi, lo) giving activation row t * 8 + g's hi
+// and lo pairs at k .. k + 8. PF k32 blocks of weights are loaded before any
+// is used (PF x 64 bytes per lane in flight: the weights stream at bandwidth
+// only with enough bytes in flight per multiprocessor).
+template <int NT, int PF, typename XL>
+__device__ __forceinline__ void gr_core(const bf16_t* __restrict__ W, int N, int K, int n0, int k0, int kend,
+                                        XL xload, float (&acc)[GR_MT][NT][4]) {
+    const int lane = threadIdx.x % WARP, g = lane >> 2, c = lane & 3;
+#pragma unroll
+    for (int m = 0; m < GR_MT; m++)
+#pragma unroll
+        for (int t = 0; t < NT; t++)
+#pragma unroll
+            for (int j = 0; j < 4; j++) acc[m][t][j] = 0.f;
+    for (int kb = k0; kb < kend; kb += 32 * PF) {
+        uint4 w[PF][GR_MT][2];
+#pragma unroll
+        for (int p = 0; p < PF; p++)
+#pragma unroll
+            for (int m = 0; m < GR_MT; m++)
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    const int row = n0 + m * 16 + g + 8 * h, k = kb + 32 * p + c * 8;
+                    w[p][m][h] = row < N && kb + 32 * p < kend ? *(const uint4*)(W + (size_t)row * K + k)
+                                                                : make_uint4(0u, 0u, 0u, 0u);
+                }
+#pragma unroll
+        for (int p = 0; p < PF; p++) {
+            if (kb + 32 * p >= kend) break;
+            const int k = kb + 32 * p + c * 8;
+#pragma unroll
+            for (int t = 0; t < NT; t++) {
+                unsigned hi[4], lo[4];
+                xload(t, k, hi, lo);
+#pragma unroll
+                for (int st = 0; st < 2; st++) {
+#pragma unroll
+                    for (int m = 0; m < GR_MT; m++) {
+                        const unsigned* w0 = (const unsigned*)&w[p][m][0];
+                        const unsigned* w1 = (const unsigned*)&w[p][m][1];
+                        const unsigned a[4] = {w0[2 * st], w1[2 * st], w0[2 * st + 1], w1[2 * st + 1]};
+                        mma_16816(acc[m][t], a, hi[2 * st], hi[2 * st + 1]);
+                        mma_16816(acc[m][t], a, lo[2 * st], lo[2 * st + 1]);
+                    }
+                }
+            }
+        }
+    }
+}
+
+template <int NT, int PF>
 __device__ __forceinline__ void gemm_rows_impl(const float* __restrict__ X, const bf16_t* __restrict__ W,
                                                float* __restrict__ Y, float* __restrict__ part, int B, int N,
                                                int K, int S, int accumulate) {
@@ -49,40 +100,12 @@ __device__ __forceinline__ void gemm_rows_impl(const float* __restrict__ X, cons
     const int mg = warp % groups, s = warp / groups, KS = K / S;
     const int n0 = mg * 16 * GR_MT, k0 = s * KS;
     float acc[GR_MT][NT][4];
-#pragma unroll
-    for (int m = 0; m < GR_MT; m++)
-#pragma unroll
-        for (int t = 0; t < NT; t++)
-#pragma unroll
-            for (int j = 0; j < 4; j++) acc[m][t][j] = 0.f;
-    for (int kb = k0; kb < k0 + KS; kb += 32) {
-        const int k = kb + c * 8;
-        uint4 w[GR_MT][2];
-#pragma unroll
-        for (int m = 0; m < GR_MT; m++)
-#pragma unroll
-            for (int h = 0; h < 2; h++) {
-                const int row = n0 + m * 16 + g + 8 * h;
-                w[m][h] = row < N ? *(const uint4*)(W + (size_t)row * K + k) : make_uint4(0u, 0u, 0u, 0u);
-            }
-#pragma unroll
-        for (int t = 0; t < NT; t++) {
-            const int b = t * 8 + g;
-            unsigned hi[4], lo[4];
-            gr_split8(X + (size_t)b * K + k, b < B, hi, lo);
-#pragma unroll
-            for (int st = 0; st < 2; st++) {
-#pragma unroll
-                for (int m = 0; m < GR_MT; m++) {
-                    const unsigned* w0 = (const unsigned*)&w[m][0];
-                    const unsigned* w1 = (const unsigned*)&w[m][1];
-                    const unsigned a[4] = {w0[2 * st], w1[2 * st], w0[2 * st + 1], w1[2 * st + 1]};
-                    mma_16816(acc[m][t], a, hi[2 * st], hi[2 * st + 1]);
-                    mma_16816(acc[m][t], a, lo[2 * st], lo[2 * st + 1]);
-                }
-            }
-        }
-    }
+    gr_core<NT, PF>(W, N, K, n0, k0, k0 + KS,
+                    [&](int t, int k, unsigned (&hi)[4], unsigned (&lo)[4]) {
+                        const int b = t * 8 + g;
+                        gr_split8(X + (size_t)b * K + k, b < B, hi, lo);
+                    },
+                    acc);
     // c0, c1: weight row g, activation rows 2c, 2c + 1; c2, c3: weight row g + 8.
 #pragma unroll
     for (int m = 0; m < GR_MT; m++)
@@ -97,7 +120,7 @@ __device__ __forceinline__ void gemm_rows_impl(const float* __restrict__ X, cons
                 else part[(size_t)s * B * N + at] = acc[m][t][j];
             }
 }
-#define GR_BODY(NT) gemm_rows_impl<NT>(X, W, Y, part, B, N, K, S, accumulate)
+#define GR_BODY(NT) gemm_rows_impl<NT, NT <= 2 ? 4 : 2>(X, W, Y, part, B, N, K, S, accumulate)
 #else
 // Without tensor cores (HIP): the same sums on CUDA cores, one output per thread.
 __device__ __forceinline__ void gemm_rows_fma(const float* __restrict__ X, const bf16_t* __restrict__ W,
@@ -125,6 +148,48 @@ GEMM_ROWS(gemm_rows8, 1)
 GEMM_ROWS(gemm_rows16, 2)
 GEMM_ROWS(gemm_rows32, 4)
 GEMM_ROWS(gemm_rows64, 8)
+
+// The routed experts of a batched decode step (or a short prompt): rows
+// gathered by expert in plan order, already split (ahi, alo [rows][K] bf16),
+// moe_plan_tiles' table of (expert, first row, rows <= 8) tiles; expert e's
+// weights at W + e w_stride ([N][K]). Y [rows][N]. Grid (ceil(ceil(N / 32) /
+// GR_WARPS), the most tiles); blocks past the table's count return.
+#if defined(QW_CUDA) || defined(QW_CPU)
+QW_KERNEL void QW_BOUNDS(128) moe_rows8(const bf16_t* __restrict__ ahi, const bf16_t* __restrict__ alo,
+                                        const bf16_t* __restrict__ W, long long w_stride,
+                                        const int* __restrict__ tiles, float* __restrict__ Y, int N, int K) {
+    if ((int)blockIdx.y >= tiles[0]) return;
+    const int e = tiles[1 + 3 * blockIdx.y], r0 = tiles[2 + 3 * blockIdx.y], rows = tiles[3 + 3 * blockIdx.y];
+    const int lane = threadIdx.x % WARP, g = lane >> 2, c = lane & 3;
+    const int warp = blockIdx.x * GR_WARPS + threadIdx.x / WARP;
+    if (warp * 16 * GR_MT >= N) return;
+    const int n0 = warp * 16 * GR_MT;
+    float acc[GR_MT][1][4];
+    gr_core<1, 4>(W + (size_t)e * w_stride, N, K, n0, 0, K,
+                  [&](int, int k, unsigned (&hi)[4], unsigned (&lo)[4]) {
+                      const bool v = g < rows;
+                      const size_t at = (size_t)(r0 + (v ? g : 0)) * K + k;
+                      const uint4 h = v ? *(const uint4*)(ahi + at) : make_uint4(0u, 0u, 0u, 0u);
+                      const uint4 l = v ? *(const uint4*)(alo + at) : make_uint4(0u, 0u, 0u, 0u);
+                      hi[0] = h.x, hi[1] = h.y, hi[2] = h.z, hi[3] = h.w;
+                      lo[0] = l.x, lo[1] = l.y, lo[2] = l.z, lo[3] = l.w;
+                  },
+                  acc);
+#pragma unroll
+    for (int m = 0; m < GR_MT; m++)
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const int n = n0 + m * 16 + g + 8 * (j >> 1), b = 2 * c + (j & 1);
+            if (n < N && b < rows) Y[(size_t)(r0 + b) * N + n] = acc[m][0][j];
+        }
+}
+#else
+QW_KERNEL void QW_BOUNDS(128) moe_rows8(const bf16_t* __restrict__ ahi, const bf16_t* __restrict__ alo,
+                                        const bf16_t* __restrict__ W, long long w_stride,
+                                        const int* __restrict__ tiles, float* __restrict__ Y, int N, int K) {
+    // Not launched without tensor cores (ops.rs takes it on CUDA only).
+}
+#endif
 
 // Y[i] = (accumulate ? Y[i] : 0) + sum over s of part[s][i], s ascending; i < n = B N.
 QW_KERNEL void QW_BOUNDS(256) gemm_rows_reduce(const float* __restrict__ part, float* __restrict__ Y, long long n,

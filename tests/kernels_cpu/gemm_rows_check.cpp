@@ -5,7 +5,8 @@
 // hi = bf16(x), lo = bf16(x - hi). Rows 2, 7, 8 (one tile), 9, 16, 17, 33 and
 // 64; N 48 (past the last 32-row group), 64 and 200; K 32 (one step), 96 and
 // 256 split into 1, 2 and 4 slices; with and without accumulate. Y past the
-// B N outputs is a canary that must stay untouched. Exit 1 on a mismatch.
+// B N outputs is a canary that must stay untouched. Then moe_rows8, the
+// routed experts' variant over moe_plan_tiles' table. Exit 1 on a mismatch.
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -73,6 +74,55 @@ int main() {
                         }
                     }
                 }
+    // moe_rows8: experts of 1, 8, 3 and 8 rows (tiles of at most 8, in plan
+    // order), a grid row past the table's count, N 48 and 64, K 32 and 256.
+    for (int N : {48, 64})
+        for (int K : {32, 256}) {
+            const std::vector<int> counts = {1, 8, 0, 3, 8};
+            std::vector<int> tiles = {0};
+            int rows = 0;
+            for (int e = 0; e < (int)counts.size(); e++)
+                if (counts[e] > 0) {
+                    tiles.insert(tiles.end(), {e, rows, counts[e]});
+                    tiles[0]++;
+                    rows += counts[e];
+                }
+            const int E = (int)counts.size();
+            std::vector<bf16_t> hi((size_t)rows * K), lo((size_t)rows * K), W((size_t)E * N * K);
+            for (size_t i = 0; i < hi.size(); i++) {
+                const float x = nd(rng);
+                hi[i] = f2bf(x);
+                lo[i] = f2bf(x - bf2f(hi[i]));
+            }
+            for (auto& v : W) v = f2bf(nd(rng));
+            std::vector<float> Y((size_t)rows * N + CANARY, NAN);
+            const std::vector<float> Y0 = Y;
+            const int blocks = ((N + 31) / 32 + 3) / 4;
+            qw_cpu::launch({(unsigned)blocks, (unsigned)tiles[0] + 1, 1}, {128, 1, 1}, [&] {
+                moe_rows8(hi.data(), lo.data(), W.data(), (long long)N * K, tiles.data(), Y.data(), N, K);
+            });
+            int wrong = 0;
+            for (int t = 0; t < tiles[0]; t++) {
+                const int e = tiles[1 + 3 * t], r0 = tiles[2 + 3 * t], cnt = tiles[3 + 3 * t];
+                for (int r = r0; r < r0 + cnt; r++)
+                    for (int n = 0; n < N; n++) {
+                        double want = 0, mag = 0;
+                        for (int kk = 0; kk < K; kk++) {
+                            const double p = ((double)bf2f(hi[(size_t)r * K + kk]) + bf2f(lo[(size_t)r * K + kk])) *
+                                             bf2f(W[((size_t)e * N + n) * K + kk]);
+                            want += p;
+                            mag += std::fabs(p);
+                        }
+                        wrong += !(std::fabs(Y[(size_t)r * N + n] - want) <= TOL * (mag + 1e-30));
+                    }
+            }
+            for (int i = 0; i < CANARY; i++) wrong += !std::isnan(Y[(size_t)rows * N + i]);
+            n_cases++;
+            if (wrong) {
+                bad++;
+                std::printf("moe_rows8 N %d K %d: FAIL (%d wrong)\n", N, K, wrong);
+            }
+        }
     std::printf("gemm_rows_check: %d of %d cases within %.0e\n", n_cases - bad, n_cases, TOL);
     return bad ? 1 : 0;
 }

@@ -96,8 +96,8 @@ mod gpu {
     use super::Args;
     use anyhow::Result;
     use qwasi_engine::gpu::verify::{
-        ATTN_TOL, BATCH_LOGPROB_TOL, Comparison, SmokeReport, Tolerances, attention_check,
-        batch_check, smoke, synthetic_model, verify_fixture, verify_fixture_batch,
+        ATTN_TOL, BATCH_LOGPROB_TOL, Comparison, MARGIN_TOL, SmokeReport, Tolerances,
+        attention_check, batch_check, smoke, synthetic_model, verify_fixture, verify_fixture_batch,
     };
     use std::path::{Path, PathBuf};
 
@@ -150,7 +150,8 @@ mod gpu {
                 let r = verify_fixture_batch(dir)?;
                 println!(
                     "{:<12} batched: {} rows x {} tokens, {} steps of 2-{} decode rows together: \
-                     {}/{} rows' tokens equal alone, max |dlogprob| {:.2e} (prompt kernels vs decode {:.2e}; \
+                     {}/{} rows' tokens equal alone (others first differ at alone margin {:?}, \
+                     tolerance {MARGIN_TOL}), max |dlogprob| {:.2e} (prompt kernels vs decode {:.2e}; \
                      tolerance {BATCH_LOGPROB_TOL} or twice that)  {}",
                     dir.file_name()
                         .map(|n| n.to_string_lossy())
@@ -161,6 +162,7 @@ mod gpu {
                     r.widest_step,
                     r.rows_equal,
                     r.rows,
+                    r.diverged_margin,
                     r.max_dlogprob,
                     r.prompt_vs_decode_dlogprob,
                     verdict(r.pass)
@@ -198,13 +200,14 @@ mod gpu {
             let b = batch_check(&model, &prompts, a.gen_tokens)?;
             println!(
                 "synthetic {p} batched: {} rows x {} tokens, {} steps of 2-{} decode rows: {}/{} rows' tokens \
-                 equal alone, max |dlogprob| {:.2e} (prompt kernels vs decode {:.2e})  {}",
+                 equal alone (others first differ at alone margin {:?}), max |dlogprob| {:.2e} (prompt kernels vs decode {:.2e})  {}",
                 b.rows,
                 b.tokens,
                 b.batched_steps,
                 b.widest_step,
                 b.rows_equal,
                 b.rows,
+                b.diverged_margin,
                 b.max_dlogprob,
                 b.prompt_vs_decode_dlogprob,
                 verdict(b.pass)

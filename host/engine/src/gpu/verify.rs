@@ -4,7 +4,7 @@
 //! check returns its results; `qwasi verify` prints them.
 
 use super::model::{AttnAgreement, GemmPath, GpuModel, GpuSequence};
-pub use super::verify_batch::{BATCH_LOGPROB_TOL, BatchReport, batch_check};
+pub use super::verify_batch::{BATCH_LOGPROB_TOL, BatchReport, MARGIN_TOL, batch_check};
 use crate::backend::Backend;
 use crate::cpu::CpuModel;
 use crate::generate::{GenerateRequest, generate};

@@ -61,9 +61,10 @@ fn imp(a: &SpeedArgs, b: &BatchArgs, out: &Path) -> Result<()> {
             .collect();
         let r = qwasi_engine::gpu::verify::batch_check(&model, &prompts, 16)?;
         eprintln!(
-            "[bench] batched vs alone: {}/{} rows equal, max |dlogprob| {:.2e} (prompt kernels vs decode {:.2e}): {}",
+            "[bench] batched vs alone: {}/{} rows equal (others first differ at alone margin {:?}), max |dlogprob| {:.2e} (prompt kernels vs decode {:.2e}): {}",
             r.rows_equal,
             r.rows,
+            r.diverged_margin,
             r.max_dlogprob,
             r.prompt_vs_decode_dlogprob,
             if r.pass { "PASS" } else { "FAIL" }

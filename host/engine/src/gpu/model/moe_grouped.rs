@@ -1,7 +1,8 @@
 //! A prompt's routed experts: every expert's rows grouped and run as GEMMs.
 //! With the split GEMM path, the routing plan is built on the device
 //! (`moe_plan_*`) and each matrix (gate/up, down) is one grouped tensor-core
-//! launch over the plan's row tiles (`kernels/moe_gemm.cu`); otherwise
+//! launch over the plan's row tiles (`kernels/moe_gemm.cu`, or
+//! `kernels/gemm_rows.cu`'s `moe_rows8` for up to 64 tokens); otherwise
 //! per-expert GEMMs over rows gathered on a plan copied back to the host.
 
 use super::{B, DBuf, F, GpuModel, Scratch};
@@ -51,6 +52,10 @@ fn moe_gemm_kernel(
         _ => (typed::moe_gemm_split, mma_smem(MG_BK), MG_BN),
     }
 }
+
+/// Row tile of `moe_rows8` (kernels/gemm_rows.cu), the few-row expert kernel
+/// (each expert's weights read once per 8 of its rows).
+const MOE_ROWS_BM: usize = 8;
 
 /// The most block rows the grouped expert GEMM can need for `nn` rows over
 /// `e` experts in tiles of `bm`: every full tile, plus a partial one per
@@ -141,9 +146,17 @@ impl GpuModel {
         )?;
         let plan =
             if self.opts.grouped_moe && h.is_multiple_of(MG_BK) && inter.is_multiple_of(MG_BK) {
-                // 128-row tiles once experts average that many rows, were every
-                // expert busy (the counts stay on the device).
-                let bm = if nn / e.min(nn) >= 128 { 128 } else { 64 };
+                // Tiles of 8 rows for the few-row kernel (batched decode,
+                // short prompts); else 128-row tiles once experts average
+                // that many rows, were every expert busy (the counts stay on
+                // the device).
+                let bm = if self.rows_gemm_fits(n, t, h.max(inter)) {
+                    MOE_ROWS_BM
+                } else if nn / e.min(nn) >= 128 {
+                    128
+                } else {
+                    64
+                };
                 let most = moe_max_tiles(nn, e, bm);
                 if most > 65_535 {
                     bail!("{most} expert row tiles exceed the grid's 65,535");
@@ -191,6 +204,22 @@ impl GpuModel {
         // y (f32, rows in plan order) = a (hi + lo) W_e^T per expert.
         let experts = |a_hi: u64, a_lo: u64, w: &DBuf, y: u64, rows: usize, cols: usize| match &plan
         {
+            MoePlan::Tiles { buf, most, bm } if *bm == MOE_ROWS_BM => kernels::moe_rows8(
+                d,
+                Launch::new(
+                    (rows.div_ceil(32).div_ceil(4) as u32, *most, 1),
+                    (128, 1, 1),
+                    0,
+                ),
+                dptr(a_hi),
+                dptr(a_lo),
+                dptr(w.ptr()),
+                (rows * cols) as i64,
+                dptr(*buf),
+                dptr(y),
+                i(rows),
+                i(cols),
+            ),
             MoePlan::Tiles { buf, most, bm } => {
                 let (name, smem, bn) = moe_gemm_kernel(
                     *bm,

@@ -144,7 +144,7 @@ impl GpuModel {
     /// Whether `gemm_rows` takes a projection of `t` rows of `cols` at `x`:
     /// 2..=64 rows on the split path of a CUDA build (tensor cores), whole
     /// 32-column steps, 16-byte aligned rows.
-    fn rows_gemm_fits(&self, x: u64, t: usize, cols: usize) -> bool {
+    pub(super) fn rows_gemm_fits(&self, x: u64, t: usize, cols: usize) -> bool {
         cfg!(feature = "cuda")
             && self.opts.gemm_rows
             && self.gemm == GemmPath::CublasSplit
