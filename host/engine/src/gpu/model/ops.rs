@@ -1,5 +1,5 @@
 //! The prefill building blocks every layer kind uses: projections (GEMV at
-//! T = 1, the few-row tensor-core kernel up to 64 rows, cuBLAS or the tiled
+//! T = 1, the few-row tensor-core kernel up to 16 rows, cuBLAS or the tiled
 //! kernel otherwise, per `GemmPath`), the (1+w)
 //! RMSNorm, the residual add, and the pass's work buffers.
 
@@ -10,8 +10,11 @@ use crate::gpu::{dptr, i};
 use anyhow::Result;
 use std::collections::HashMap;
 
-/// Most rows `gemm_rows` takes (kernels/gemm_rows.cu: 8 tiles of 8).
-const GEMM_ROWS_MAX: usize = 64;
+/// Most rows `gemm_rows` takes. The kernel handles 64 (8 tiles of 8), but
+/// every warp reads all the rows' activations for its 32 weight rows, and
+/// past 16 rows that traffic outweighs the weights' (H200, 64 rows: 13.1 ms
+/// per step against cuBLAS's 4.6): cuBLAS takes them.
+const GEMM_ROWS_MAX: usize = 16;
 /// Warps `gemm_rows` aims for per multiprocessor (with the K slices), and
 /// the fewest columns of a slice.
 const GEMM_ROWS_WARPS_PER_SM: usize = 16;
@@ -79,7 +82,7 @@ impl GpuModel {
         accumulate: bool,
     ) -> Result<()> {
         let d = &self.dev;
-        if self.rows_gemm_fits(x, t, cols) {
+        if self.rows_kernel_fits(x, t, cols, GEMM_ROWS_MAX) {
             return self.gemm_rows(sc, x, t, w, rows, cols, y, accumulate);
         }
         if t == 1 {
@@ -141,19 +144,19 @@ impl GpuModel {
         }
     }
 
-    /// Whether `gemm_rows` takes a projection of `t` rows of `cols` at `x`:
-    /// 2..=64 rows on the split path of a CUDA build (tensor cores), whole
+    /// Whether the few-row kernels take `t` rows (at most `max`) of `cols`
+    /// at `x`: on the split path of a CUDA build (tensor cores), whole
     /// 32-column steps, 16-byte aligned rows.
-    pub(super) fn rows_gemm_fits(&self, x: u64, t: usize, cols: usize) -> bool {
+    pub(super) fn rows_kernel_fits(&self, x: u64, t: usize, cols: usize, max: usize) -> bool {
         cfg!(feature = "cuda")
             && self.opts.gemm_rows
             && self.gemm == GemmPath::CublasSplit
-            && (2..=GEMM_ROWS_MAX).contains(&t)
+            && (2..=max).contains(&t)
             && cols.is_multiple_of(32)
             && x.is_multiple_of(16)
     }
 
-    /// `y = W x` over `t` (2..=64) rows with each weight read once
+    /// `y = W x` over `t` (2..=16) rows with each weight read once
     /// (kernels/gemm_rows.cu): the K dimension split into as many slices
     /// (each of at least `GEMM_ROWS_MIN_SLICE` columns) as fill the GPU with
     /// warps, summed in order by `gemm_rows_reduce`.

@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# On the GPU machine, from the repository root: continuous batching as a user
+# sees it (issue 23), through `qwasi serve --backend cuda` on a 40-layer
+# checkpoint in the Hugging Face layout, with the correctness check of the
+# same binary first.
+#   1. `qwasi verify --backend cuda` (the fixtures, each batched against alone);
+#   2. the checkpoint written by transformers into tmpfs (GEN: the path of
+#      gen_hf_checkpoint.py, carried in; skipped when $MODEL exists);
+#   3. one `qwasi serve --backend cuda`, then `qwasi bench --workload serving
+#      --url` at $CONC (1K prompts, $TOKENS tokens each);
+#   4. a 32K prompt arriving while 16 streams decode: the streams' inter-token
+#      latency with it (serving-long.json) and the long request itself.
+# Env: QWASI_BIN (.dev/qwasi), MODEL (/dev/shm/m40), GEN, TOKENIZER, CONC
+#      (1,8,16,32,64), TOKENS (256). Output: $OUT/{verify,serving,serving-long,long}.json.
+set -uo pipefail
+OUT=${OUT:-/tmp/qwasi-out}
+mkdir -p "$OUT"
+BIN=${QWASI_BIN:-.dev/qwasi}
+MODEL=${MODEL:-/dev/shm/m40}
+CONC=${CONC:-1,8,16,32,64}
+TOKENS=${TOKENS:-256}
+rc=0
+"$BIN" verify --backend cuda --json "$OUT/verify.json" > "$OUT/verify.log" 2>&1 || rc=1
+echo "verify: $(tail -1 "$OUT/verify.log")"
+if [ ! -e "$MODEL/config.json" ]; then
+  python3 "${GEN:-.dev/gen_hf_checkpoint.py}" --layers 40 --out "$MODEL" \
+    ${TOKENIZER:+--tokenizer "$TOKENIZER"} > "$OUT/gen.log" 2>&1 || { echo "checkpoint: failed"; tail "$OUT/gen.log"; exit 1; }
+fi
+PORT=8321
+URL=http://127.0.0.1:$PORT
+"$BIN" serve --backend cuda --model "$MODEL" --port $PORT > "$OUT/serve.log" 2>&1 &
+SRV=$!
+trap 'kill $SRV 2>/dev/null; wait $SRV 2>/dev/null' EXIT
+for _ in $(seq 1 600); do
+  curl -sf $URL/ready > /dev/null && break
+  kill -0 $SRV 2>/dev/null || { echo "serve exited"; tail -20 "$OUT/serve.log"; exit 1; }
+  sleep 0.5
+done
+echo "== serving at $CONC"
+"$BIN" bench --workload serving --url $URL --concurrency "$CONC" --prompt-tokens 1024 \
+  --output-tokens "$TOKENS" --out "$OUT/serving.json" 2>&1 | grep -v "^\[bench\] request" | tail -12 || rc=1
+echo "== a 32K prompt arriving while 16 streams decode"
+"$BIN" bench --workload serving --url $URL --concurrency 16 --num-prompts 16 --prompt-tokens 1024 \
+  --output-tokens 1024 --out "$OUT/serving-long.json" > "$OUT/serving-long.log" 2>&1 &
+BG=$!
+sleep 5
+"$BIN" bench --workload serving --url $URL --concurrency 1 --num-prompts 1 --prompt-tokens 32768 \
+  --output-tokens 16 --out "$OUT/long.json" 2>&1 | tail -3 || rc=1
+wait $BG || rc=1
+tail -4 "$OUT/serving-long.log"
+curl -s $URL/metrics | grep -E "^qwasi_(sequences|kv_cache|preemptions)" | tee "$OUT/metrics-after.txt"
+exit $rc
