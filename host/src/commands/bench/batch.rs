@@ -9,7 +9,6 @@
 
 use super::speed::SpeedArgs;
 use anyhow::{Result, bail};
-use serde_json::{Value, json};
 use std::path::Path;
 
 #[derive(clap::Args)]
@@ -42,6 +41,7 @@ fn quantile(v: &mut [f64], p: f64) -> f64 {
 #[cfg(any(feature = "cuda", feature = "hip"))]
 fn imp(a: &SpeedArgs, b: &BatchArgs, out: &Path) -> Result<()> {
     use qwasi_engine::backend::{Backend, BatchItem, StepOut, Want};
+    use serde_json::{Value, json};
     use std::time::Instant;
 
     let correctness = super::speed::fixture_check(&a.fixtures)?;

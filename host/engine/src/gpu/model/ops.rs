@@ -173,11 +173,14 @@ impl GpuModel {
         accumulate: bool,
     ) -> Result<()> {
         let d = &self.dev;
-        let kernel = match t {
-            ..=8 => kernels::gemm_rows8,
-            ..=16 => kernels::gemm_rows16,
-            ..=32 => kernels::gemm_rows32,
-            _ => kernels::gemm_rows64,
+        let kernel = if t <= 8 {
+            kernels::gemm_rows8
+        } else if t <= 16 {
+            kernels::gemm_rows16
+        } else if t <= 32 {
+            kernels::gemm_rows32
+        } else {
+            kernels::gemm_rows64
         };
         let groups = rows.div_ceil(32);
         let target = d.sm_count as usize * GEMM_ROWS_WARPS_PER_SM;
