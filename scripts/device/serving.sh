@@ -9,7 +9,9 @@
 #   3. one `qwasi serve --backend cuda`, then `qwasi bench --workload serving
 #      --url` at $CONC (1K prompts, $TOKENS tokens each);
 #   4. a 32K prompt arriving while 16 streams decode: the streams' inter-token
-#      latency with it (serving-long.json) and the long request itself.
+#      latency with it (serving-long.json) and the long request itself;
+#   5. with BUDGET2 set, a second server with --max-num-batched-tokens
+#      $BUDGET2 at concurrency 8 and 16 (serving-budget$BUDGET2.json).
 # Env: QWASI_BIN (.dev/qwasi), MODEL (/dev/shm/m40), GEN, TOKENIZER, CONC
 #      (1,8,16,32,64), TOKENS (256). Output: $OUT/{verify,serving,serving-long,long}.json.
 set -uo pipefail
@@ -49,4 +51,14 @@ sleep 5
 wait $BG || rc=1
 tail -4 "$OUT/serving-long.log"
 curl -s $URL/metrics | grep -E "^qwasi_(sequences|kv_cache|preemptions)" | tee "$OUT/metrics-after.txt"
+if [ -n "${BUDGET2:-}" ]; then
+  echo "== --max-num-batched-tokens $BUDGET2 at 8,16"
+  kill $SRV; wait $SRV 2>/dev/null
+  "$BIN" serve --backend cuda --model "$MODEL" --port $PORT --max-num-batched-tokens "$BUDGET2" \
+    > "$OUT/serve2.log" 2>&1 &
+  SRV=$!
+  for _ in $(seq 1 600); do curl -sf $URL/ready > /dev/null && break; sleep 0.5; done
+  "$BIN" bench --workload serving --url $URL --concurrency 8,16 --prompt-tokens 1024 \
+    --output-tokens "$TOKENS" --out "$OUT/serving-budget$BUDGET2.json" 2>&1 | grep "^\[bench\] c=" || rc=1
+fi
 exit $rc

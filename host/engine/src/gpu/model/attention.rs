@@ -14,12 +14,13 @@
 use super::attn_decode::dec_attn_plan;
 use super::batch::Batch;
 use super::pass::{Decode, Prefill};
+use super::seq_state::Span;
 use super::weights::{DevMat, Synth, Upload};
-use super::{B, DBuf, F, GpuModel};
+use super::{B, DBuf, F, GpuModel, SeqLayer};
 use crate::config::ModelConfig;
 use crate::gpu::kernels::{self, Launch};
 use crate::gpu::{dptr, i};
-use anyhow::Result;
+use anyhow::{Result, bail};
 
 /// One attention layer's weights on the device.
 pub(super) struct AttnLayer {
@@ -65,21 +66,38 @@ impl AttnLayer {
         li: usize,
     ) -> Result<()> {
         let AttnLayer {
-            proj: pw,
-            q_norm,
-            k_norm,
-            o_proj,
+            proj: pw, o_proj, ..
         } = self;
         let (k, v) = pf.kv(li)?;
         let (c, d) = (&m.cfg, &m.dev);
         let (t, h, x, n, mixed, fast) = (pf.t, c.hidden_size, pf.x, pf.n, pf.mixed, pf.fast);
         let pos0 = pf.pos0;
         let sc = &mut *pf.sc;
-        let (nh, nkv, hd) = (c.num_attention_heads, c.num_key_value_heads, c.head_dim);
         m.rmsnorm(x, h, input_norm, n, h, t, h)?;
         let p = pw.rows;
         let proj = sc.get(d, "proj", t * p * F)?;
         m.linear(sc, n, t, pw, proj, false)?;
+        let ao = sc.get(d, "att_o", t * c.num_attention_heads * c.head_dim * F)?;
+        self.mix_prompt(m, sc, (proj, p, t, pos0), (k, v), ao, fast)?;
+        m.linear(sc, ao, t, o_proj, mixed, false)?;
+        m.residual_add(x, mixed, t)
+    }
+
+    /// The token mixing of a prompt's `t` tokens from position `pos0`, their
+    /// projections the rows of `proj` (stride `p`): q/k norms, RoPE and the
+    /// append of their keys and values to the sequence's cache (`k`, `v`),
+    /// causal attention with the output gate into `ao` (`[t, nh * hd]`).
+    pub fn mix_prompt(
+        &self,
+        m: &GpuModel,
+        sc: &mut super::Scratch,
+        (proj, p, t, pos0): (u64, usize, usize, usize),
+        (k, v): (Span, Span),
+        ao: u64,
+        fast: bool,
+    ) -> Result<()> {
+        let (c, d) = (&m.cfg, &m.dev);
+        let (nh, nkv, hd) = (c.num_attention_heads, c.num_key_value_heads, c.head_dim);
         let q = sc.get(d, "q", t * nh * hd * F)?;
         (if m.kv_f32 {
             kernels::attn_prep_f32
@@ -90,8 +108,8 @@ impl AttnLayer {
             Launch::new((t as u32, (nh + nkv) as u32, 1), (256, 1, 1), 0),
             dptr(proj),
             i(p),
-            dptr(q_norm.ptr()),
-            dptr(k_norm.ptr()),
+            dptr(self.q_norm.ptr()),
+            dptr(self.k_norm.ptr()),
             dptr(q),
             dptr(k.ptr()),
             dptr(v.ptr()),
@@ -106,48 +124,129 @@ impl AttnLayer {
         )?;
         let queries = t * nh;
         if fast && t >= 32 && hd % 4 == 0 && hd <= 256 && nh % nkv == 0 {
-            let ao = sc.get(d, "att_o", queries * hd * F)?;
             // Tensor cores where the kernel supports the shape, else CUDA cores.
             let tc = m.attn_prefill_tc(sc, q, k.ptr(), v.ptr(), proj, p, ao, t, pos0)?;
             if !tc {
                 m.attn_prefill_cuda_cores(q, k.ptr(), v.ptr(), proj, p, ao, t, pos0)?;
             }
-            m.linear(sc, ao, t, o_proj, mixed, false)?;
+            return Ok(());
+        }
+        let lmax = pos0 + t;
+        let nsplit = if queries >= 128 {
+            1
         } else {
-            let lmax = pos0 + t;
-            let nsplit = if queries >= 128 {
-                1
-            } else {
-                (264usize.div_ceil(queries)).min(lmax.div_ceil(256)).max(1)
-            };
-            let chunk = lmax.div_ceil(nsplit);
-            let po = sc.get(d, "att_po", queries * nsplit * hd * F)?;
-            let pml = sc.get(d, "att_pml", queries * nsplit * 2 * F)?;
+            (264usize.div_ceil(queries)).min(lmax.div_ceil(256)).max(1)
+        };
+        let chunk = lmax.div_ceil(nsplit);
+        let po = sc.get(d, "att_po", queries * nsplit * hd * F)?;
+        let pml = sc.get(d, "att_pml", queries * nsplit * 2 * F)?;
+        (if m.kv_f32 {
+            kernels::attn_partial_f32
+        } else {
+            kernels::attn_partial_bf16
+        })(
+            d,
+            Launch::new((queries as u32, nsplit as u32, 1), (128, 1, 1), 0),
+            dptr(q),
+            dptr(k.ptr()),
+            dptr(v.ptr()),
+            dptr(po),
+            dptr(pml),
+            i(nh),
+            i(nkv),
+            i(hd),
+            i(pos0),
+            dptr(0),
+            i(chunk),
+            i(nsplit),
+            1.0 / (hd as f32).sqrt(),
+        )?;
+        kernels::attn_combine(
+            d,
+            Launch::new((queries as u32, 1, 1), (256, 1, 1), 0),
+            dptr(po),
+            dptr(pml),
+            dptr(proj),
+            i(p),
+            dptr(ao),
+            i(nh),
+            i(hd),
+            i(nsplit),
+        )
+    }
+
+    /// Reads the batch's residual rows `bt.pf.x`: appends each decode row's
+    /// key and value to its own cache at its position and attends over that
+    /// cache, runs each prompt chunk's rows over its sequence's cache as a
+    /// prompt pass would, adds the layer's output.
+    pub fn batch(&self, m: &GpuModel, bt: &mut Batch, input_norm: &DBuf, li: usize) -> Result<()> {
+        let (tab, pos, nsplit, b, chunks) = (bt.layer_tab(li), bt.pos, bt.nsplit, bt.b, bt.chunks);
+        let longest = bt.longest;
+        let pf = &mut bt.pf;
+        let (c, d) = (&m.cfg, &m.dev);
+        let (t, h, x, n, mixed, fast) = (pf.t, c.hidden_size, pf.x, pf.n, pf.mixed, pf.fast);
+        let sc = &mut *pf.sc;
+        let (nh, nkv, hd) = (c.num_attention_heads, c.num_key_value_heads, c.head_dim);
+        m.rmsnorm(x, h, input_norm, n, h, t, h)?;
+        let p = self.proj.rows;
+        let proj = sc.get(d, "proj", t * p * F)?;
+        m.linear(sc, n, t, &self.proj, proj, false)?;
+        // Every row's attention output (the "q", "att_*" buffers are the
+        // prompt mixing's own).
+        let ao = sc.get(d, "bat_att_o", t * nh * hd * F)?;
+        if b > 0 {
+            let q = sc.get(d, "bat_q", b * nh * hd * F)?;
             (if m.kv_f32 {
-                kernels::attn_partial_f32
+                kernels::bat_attn_prep_f32
             } else {
-                kernels::attn_partial_bf16
+                kernels::bat_attn_prep_bf16
             })(
                 d,
-                Launch::new((queries as u32, nsplit as u32, 1), (128, 1, 1), 0),
+                Launch::new((b as u32, (nh + nkv) as u32, 1), (256, 1, 1), 0),
+                dptr(proj),
+                i(p),
+                dptr(self.q_norm.ptr()),
+                dptr(self.k_norm.ptr()),
                 dptr(q),
-                dptr(k.ptr()),
-                dptr(v.ptr()),
+                dptr(tab),
+                dptr(pos),
+                i(nh),
+                i(nkv),
+                i(hd),
+                i(c.rotary_dim),
+                c.rope_theta as f32,
+                c.rms_norm_eps,
+            )?;
+            let po = sc.get(d, "bat_att_po", b * nh * nsplit * hd * F)?;
+            let pml = sc.get(d, "bat_att_pml", b * nh * nsplit * 2 * F)?;
+            // The longest row's keys per split decide the kernel.
+            let (kernel, stages, smem) = m.batch_attn_kernel(longest.div_ceil(nsplit));
+            (kernel.launch)(
+                d,
+                Launch::new(
+                    (nkv as u32, nsplit as u32, b as u32),
+                    ((32 * (nh / nkv)) as u32, 1, 1),
+                    smem as u32,
+                ),
+                dptr(q),
+                dptr(tab),
+                dptr(pos),
                 dptr(po),
                 dptr(pml),
                 i(nh),
                 i(nkv),
                 i(hd),
-                i(pos0),
-                dptr(0),
-                i(chunk),
                 i(nsplit),
                 1.0 / (hd as f32).sqrt(),
+                i(stages),
             )?;
-            let ao = sc.get(d, "att_o", queries * hd * F)?;
-            kernels::attn_combine(
+            kernels::bat_attn_combine(
                 d,
-                Launch::new((queries as u32, 1, 1), (256, 1, 1), 0),
+                Launch::new(
+                    (nh as u32, hd.div_ceil(32) as u32, b as u32),
+                    (256, 1, 1),
+                    0,
+                ),
                 dptr(po),
                 dptr(pml),
                 dptr(proj),
@@ -157,87 +256,15 @@ impl AttnLayer {
                 i(hd),
                 i(nsplit),
             )?;
-            m.linear(sc, ao, t, o_proj, mixed, false)?;
         }
-        m.residual_add(x, mixed, t)
-    }
-
-    /// Reads the batch's residual rows `bt.pf.x` (one per sequence), appends
-    /// each row's key and value to its own cache at its position, attends
-    /// over that cache, adds the layer's output.
-    pub fn batch(&self, m: &GpuModel, bt: &mut Batch, input_norm: &DBuf, li: usize) -> Result<()> {
-        let (tab, pos, nsplit) = (bt.layer_tab(li), bt.pos, bt.nsplit);
-        let pf = &mut bt.pf;
-        let (c, d) = (&m.cfg, &m.dev);
-        let (t, h, x, n, mixed) = (pf.t, c.hidden_size, pf.x, pf.n, pf.mixed);
-        let sc = &mut *pf.sc;
-        let (nh, nkv, hd) = (c.num_attention_heads, c.num_key_value_heads, c.head_dim);
-        m.rmsnorm(x, h, input_norm, n, h, t, h)?;
-        let p = self.proj.rows;
-        let proj = sc.get(d, "proj", t * p * F)?;
-        m.linear(sc, n, t, &self.proj, proj, false)?;
-        let q = sc.get(d, "q", t * nh * hd * F)?;
-        (if m.kv_f32 {
-            kernels::bat_attn_prep_f32
-        } else {
-            kernels::bat_attn_prep_bf16
-        })(
-            d,
-            Launch::new((t as u32, (nh + nkv) as u32, 1), (256, 1, 1), 0),
-            dptr(proj),
-            i(p),
-            dptr(self.q_norm.ptr()),
-            dptr(self.k_norm.ptr()),
-            dptr(q),
-            dptr(tab),
-            dptr(pos),
-            i(nh),
-            i(nkv),
-            i(hd),
-            i(c.rotary_dim),
-            c.rope_theta as f32,
-            c.rms_norm_eps,
-        )?;
-        let po = sc.get(d, "att_po", t * nh * nsplit * hd * F)?;
-        let pml = sc.get(d, "att_pml", t * nh * nsplit * 2 * F)?;
-        // The longest row's keys per split decide the kernel.
-        let (kernel, stages, smem) = m.batch_attn_kernel(bt.longest.div_ceil(nsplit));
-        (kernel.launch)(
-            d,
-            Launch::new(
-                (nkv as u32, nsplit as u32, t as u32),
-                ((32 * (nh / nkv)) as u32, 1, 1),
-                smem as u32,
-            ),
-            dptr(q),
-            dptr(tab),
-            dptr(pos),
-            dptr(po),
-            dptr(pml),
-            i(nh),
-            i(nkv),
-            i(hd),
-            i(nsplit),
-            1.0 / (hd as f32).sqrt(),
-            i(stages),
-        )?;
-        let ao = sc.get(d, "att_o", t * nh * hd * F)?;
-        kernels::bat_attn_combine(
-            d,
-            Launch::new(
-                (nh as u32, hd.div_ceil(32) as u32, t as u32),
-                (256, 1, 1),
-                0,
-            ),
-            dptr(po),
-            dptr(pml),
-            dptr(proj),
-            i(p),
-            dptr(ao),
-            i(nh),
-            i(hd),
-            i(nsplit),
-        )?;
+        for ch in chunks {
+            let SeqLayer::Attn { k, v } = ch.layers[li] else {
+                bail!("layer state does not match the layer kind");
+            };
+            let rows = (proj + (ch.off * p * F) as u64, p, ch.t, ch.pos0);
+            let out = ao + (ch.off * nh * hd * F) as u64;
+            self.mix_prompt(m, sc, rows, (k, v), out, fast)?;
+        }
         m.linear(sc, ao, t, &self.o_proj, mixed, false)?;
         m.residual_add(x, mixed, t)
     }

@@ -33,19 +33,50 @@ const ATTN_BLOCKS: usize = 264;
 /// Fewest keys per split.
 const MIN_SPLIT_KEYS: usize = 64;
 
+/// A prompt chunk riding in a batched step: its rows `off .. off + t` of
+/// the pass, its first position, and its sequence's per-layer state.
+pub(super) struct Chunk {
+    pub off: usize,
+    pub t: usize,
+    pub pos0: usize,
+    pub layers: Vec<SeqLayer>,
+}
+
+/// What a batched step runs: `b` decode rows first (token ids, positions
+/// and the state table on the device), then the chunks' rows, `rows` in
+/// all; the head reads `heads` rows (rows `0..heads`, or those listed at
+/// `head_rows` when it is not 0).
+#[derive(Clone, Copy)]
+struct Shape<'c> {
+    b: usize,
+    rows: usize,
+    tok: u64,
+    tab: u64,
+    pos: u64,
+    nsplit: usize,
+    longest: usize,
+    chunks: &'c [Chunk],
+    heads: usize,
+    head_rows: u64,
+}
+
 /// What a batched step hands the layers: the rows as a prompt pass (`pf`, with
 /// no sequence state of its own) and where each row's state is.
 pub(super) struct Batch<'a> {
     pub pf: Prefill<'a>,
-    /// `[layers][B][2]` device addresses: (conv window, recurrent state) of a
-    /// GDN layer, (K, V) of an attention layer, per row.
+    /// Decode rows (the first `b` rows of the pass).
+    pub b: usize,
+    /// `[layers][b][2]` device addresses: (conv window, recurrent state) of a
+    /// GDN layer, (K, V) of an attention layer, per decode row.
     pub tab: u64,
-    /// `[B]` i32: each row's position (where its token's K/V land).
+    /// `[b]` i32: each decode row's position (where its token's K/V land).
     pub pos: u64,
-    /// Key splits of attention (the same for every row), and the most keys
-    /// a row attends to.
+    /// Key splits of attention (the same for every decode row), and the
+    /// most keys a decode row attends to.
     pub nsplit: usize,
     pub longest: usize,
+    /// The prompt chunks after the decode rows.
+    pub chunks: &'a [Chunk],
 }
 
 /// What a captured batched step depends on besides the scratch buffers:
@@ -62,46 +93,55 @@ pub(super) struct BatchGraphs {
     off: bool,
 }
 
-/// A batched step's launch arguments: rows, token ids, positions, state
-/// table, attention splits, most keys a row attends to.
-type StepArgs = (usize, u64, u64, u64, usize, usize);
-
 /// Captured batched steps kept at once (one per batch size in use).
 const BATCH_GRAPHS: usize = 64;
 
 impl Batch<'_> {
     /// Layer `li`'s rows of the state table.
     pub fn layer_tab(&self, li: usize) -> u64 {
-        self.tab + (li * self.pf.t * 2 * 8) as u64
+        self.tab + (li * self.b * 2 * 8) as u64
     }
 }
 
 impl GpuModel {
     /// A step over `batch`: the rows that append one token run as one
-    /// batched pass where there are two or more of them (and
-    /// `QWASI_BATCH` is not `serial`), every other row on its own.
+    /// batched pass where there are two or more of them, or one beside
+    /// prompt chunks, which then ride in the same pass (and `QWASI_BATCH`
+    /// is not `serial`); every other row runs on its own.
     pub(super) fn step_rows(
         &self,
         batch: &mut [BatchItem<'_, GpuSequence>],
     ) -> Vec<Result<StepOut>> {
         let mut out: Vec<Option<Result<StepOut>>> = batch.iter().map(|_| None).collect();
+        let ok = |it: &BatchItem<'_, GpuSequence>| self.check_tokens(it.seq, it.tokens).is_ok();
         let rows: Vec<usize> = (0..batch.len())
-            .filter(|&r| {
-                let it = &batch[r];
-                it.tokens.len() == 1 && self.check_tokens(it.seq, it.tokens).is_ok()
-            })
+            .filter(|&r| batch[r].tokens.len() == 1 && ok(&batch[r]))
             .collect();
-        if rows.len() >= 2 && self.opts.batch_decode && self.opts.fused_decode {
-            match self.decode_batch(batch, &rows) {
+        let mut chunks: Vec<usize> = (0..batch.len())
+            .filter(|&r| batch[r].tokens.len() > 1 && ok(&batch[r]))
+            .collect();
+        // A pass holds at most PREFILL_CHUNK rows; the rest run alone.
+        let mut total = rows.len();
+        chunks.retain(|&r| {
+            total += batch[r].tokens.len();
+            total <= super::PREFILL_CHUNK
+        });
+        let on = self.opts.batch_decode && self.opts.fused_decode;
+        if !on || rows.is_empty() || rows.len() + chunks.len() < 2 {
+            chunks.clear();
+        }
+        if on && (rows.len() >= 2 || !chunks.is_empty()) {
+            let all: Vec<usize> = rows.iter().chain(&chunks).copied().collect();
+            match self.decode_batch(batch, &rows, &chunks) {
                 Ok(outs) => {
-                    for (&r, o) in rows.iter().zip(outs) {
+                    for (&r, o) in all.iter().zip(outs) {
                         out[r] = Some(o);
                     }
                 }
                 Err(e) => {
                     let msg = format!("{e:#}");
-                    for &r in &rows {
-                        out[r] = Some(Err(anyhow::anyhow!("batched decode step: {msg}")));
+                    for &r in &all {
+                        out[r] = Some(Err(anyhow::anyhow!("batched step: {msg}")));
                     }
                 }
             }
@@ -113,12 +153,15 @@ impl GpuModel {
             .collect()
     }
 
-    /// One token of each sequence in `rows` (checked), every row's readout.
-    /// An error fails every row (their sequences may be part-way through it).
+    /// One token of each sequence in `rows` and the prompt chunk of each in
+    /// `chunks` (all checked) in one pass; the readouts of `rows`, then of
+    /// `chunks`. An error fails every row (their sequences may be part-way
+    /// through it).
     fn decode_batch(
         &self,
         batch: &mut [BatchItem<'_, GpuSequence>],
         rows: &[usize],
+        chunks: &[usize],
     ) -> Result<Vec<Result<StepOut>>> {
         let mut guard = self.scratch.lock().unwrap();
         let sc = &mut *guard;
@@ -127,10 +170,13 @@ impl GpuModel {
         let (d, c) = (&self.dev, &self.cfg);
         let (b, nl) = (rows.len(), self.layers.len());
         // States first: a grown KV slab moves a row's addresses.
-        for &r in rows {
+        for &r in rows.iter().chain(chunks) {
             let s = &mut *batch[r].seq;
             self.init_sequence(s)?;
-            self.reserve(s, s.pos + 1)?;
+            self.reserve(s, s.pos + batch[r].tokens.len())?;
+            if s.layers.len() != nl {
+                bail!("a sequence's state does not match the model's layers");
+            }
         }
         let mut tab = vec![0u64; nl * b * 2];
         let mut pos = Vec::with_capacity(b);
@@ -141,9 +187,6 @@ impl GpuModel {
             pos.push(s.pos as i32);
             toks.push(batch[r].tokens[0]);
             longest = longest.max(s.pos + 1);
-            if s.layers.len() != nl {
-                bail!("a sequence's state does not match the model's layers");
-            }
             for (li, l) in s.layers.iter().enumerate() {
                 let (a, z) = match *l {
                     SeqLayer::Gdn { conv, s } => (conv.ptr(), s.ptr()),
@@ -153,21 +196,59 @@ impl GpuModel {
                 tab[(li * b + j) * 2 + 1] = z;
             }
         }
+        // The chunks' rows after the decode rows; the head reads every
+        // decode row and the last row of each chunk that wants a readout.
+        let mut parts = Vec::with_capacity(chunks.len());
+        let mut head_rows: Vec<i32> = (0..b as i32).collect();
+        for &r in chunks {
+            let (s, tokens) = (&*batch[r].seq, batch[r].tokens);
+            parts.push(Chunk {
+                off: toks.len(),
+                t: tokens.len(),
+                pos0: s.pos,
+                layers: s.layers.clone(),
+            });
+            toks.extend_from_slice(tokens);
+            if !matches!(batch[r].want, Want::Nothing) {
+                head_rows.push(toks.len() as i32 - 1);
+            }
+        }
         let tab_d = sc.get(d, "bat_tab", tab.len() * 8)?;
         d.htod(tab_d, &tab)?;
         let pos_d = sc.get(d, "bat_pos", b * 4)?;
         d.htod(pos_d, &pos)?;
-        let tok = sc.get(d, "bat_tokens", b * 4)?;
+        let tok = sc.get(d, "bat_tokens", toks.len() * 4)?;
         d.htod(tok, &toks)?;
+        let heads_d = if parts.is_empty() {
+            0
+        } else {
+            let h = sc.get(d, "bat_head_rows", head_rows.len() * 4)?;
+            d.htod(h, &head_rows)?;
+            h
+        };
         let nkv = c.num_key_value_heads.max(1);
         let nsplit = ATTN_BLOCKS
-            .div_ceil(nkv * b)
+            .div_ceil(nkv * b.max(1))
             .min(longest.div_ceil(MIN_SPLIT_KEYS))
             .clamp(1, super::decode::MAX_SPLIT);
         let stages = self.batch_attn_kernel(longest.div_ceil(nsplit)).1;
+        let shape = Shape {
+            b,
+            rows: toks.len(),
+            tok,
+            tab: tab_d,
+            pos: pos_d,
+            nsplit,
+            longest,
+            chunks: &parts,
+            heads: head_rows.len(),
+            head_rows: heads_d,
+        };
         let key = (b, nsplit, stages);
         let at = sc.batch_graphs.graphs.iter().position(|g| g.0 == key);
         let planned = match at {
+            // Steps with prompt chunks vary in shape: eager.
+            _ if !parts.is_empty() => self.batch_kernels(sc, shape)?,
             Some(i) if sc.batch_graphs.graphs[i].1 == sc.generation => {
                 let hit = sc.batch_graphs.graphs.remove(i);
                 d.launch_graph(&hit.2)?;
@@ -179,8 +260,8 @@ impl GpuModel {
                 if let Some(i) = at {
                     sc.batch_graphs.graphs.remove(i);
                 }
-                let planned = self.batch_kernels(sc, b, tab_d, pos_d, tok, nsplit, longest)?;
-                self.capture_batch(sc, key, planned, (b, tab_d, pos_d, tok, nsplit, longest));
+                let planned = self.batch_kernels(sc, shape)?;
+                self.capture_batch(sc, key, planned, shape);
                 planned
             }
         };
@@ -192,28 +273,41 @@ impl GpuModel {
                 return Err(super::moe_grouped::router_out_of_range(w, mlp_dims(c).0));
             }
         }
-        for &r in rows {
-            batch[r].seq.pos += 1;
+        for &r in rows.iter().chain(chunks) {
+            batch[r].seq.pos += batch[r].tokens.len();
         }
         let vocab = c.vocab_size;
-        let logits = sc.get(d, "bat_logits", b * vocab * F)?;
+        let heads = head_rows.len();
+        let logits = sc.get(d, "bat_logits", heads * vocab * F)?;
         // The greedy rows' statistics in one copy.
         let mut stats = Vec::new();
-        if rows.iter().any(|&r| matches!(batch[r].want, Want::Greedy)) {
-            stats = vec![[0f32; 4]; b];
-            d.dtoh(&mut stats, sc.get(d, "bat_stats", b * 4 * F)?)?;
+        let all = rows.iter().chain(chunks);
+        if all.clone().any(|&r| matches!(batch[r].want, Want::Greedy)) {
+            stats = vec![[0f32; 4]; heads];
+            d.dtoh(&mut stats, sc.get(d, "bat_stats", heads * 4 * F)?)?;
         }
-        Ok(rows
-            .iter()
+        // Head row of each: decode row k is row k; the chunks that want a
+        // readout follow in order.
+        let mut next = b;
+        Ok(all
             .enumerate()
-            .map(|(j, &r)| match &mut batch[r].want {
-                Want::Greedy => {
-                    let [t, m, l, _] = stats[j];
-                    greedy_sampled([t, m, l], vocab).map(StepOut::Greedy)
+            .map(|(k, &r)| {
+                let want = &mut batch[r].want;
+                if matches!(want, Want::Nothing) {
+                    return Ok(StepOut::Extended);
                 }
-                want => {
-                    let at = logits + (j * vocab * F) as u64;
-                    self.readout_at(sc, at, want)
+                let j = if k < b {
+                    k
+                } else {
+                    next += 1;
+                    next - 1
+                };
+                match want {
+                    Want::Greedy => {
+                        let [t, m, l, _] = stats[j];
+                        greedy_sampled([t, m, l], vocab).map(StepOut::Greedy)
+                    }
+                    want => self.readout_at(sc, logits + (j * vocab * F) as u64, want),
                 }
             })
             .collect())
@@ -222,8 +316,7 @@ impl GpuModel {
     /// Records the batched step's launches as a graph for `key` (the eager
     /// step just ran, so every buffer is there); a failed capture turns
     /// graphs off for the batched steps.
-    fn capture_batch(&self, sc: &mut Scratch, key: GraphKey, planned: usize, step: StepArgs) {
-        let (b, tab, pos, tok, nsplit, longest) = step;
+    fn capture_batch(&self, sc: &mut Scratch, key: GraphKey, planned: usize, shape: Shape) {
         let d = &self.dev;
         #[cfg(all(feature = "hip", not(feature = "cuda")))]
         {
@@ -234,7 +327,7 @@ impl GpuModel {
         }
         let generation = sc.generation;
         let captured = d.begin_capture().and_then(|()| {
-            let recorded = self.batch_kernels(sc, b, tab, pos, tok, nsplit, longest);
+            let recorded = self.batch_kernels(sc, shape);
             let graph = d.end_capture();
             recorded.and(graph)
         });
@@ -255,33 +348,24 @@ impl GpuModel {
         }
     }
 
-    /// Launches a batched step of `b` rows (token ids at `tok`, positions at
-    /// `pos`, the state table at `tab`): the layers, the final norm and the
-    /// lm_head into `bat_logits`. Returns how many MoE layers wrote an
-    /// out-of-range count into `bat_bad`.
-    #[allow(clippy::too_many_arguments)]
-    fn batch_kernels(
-        &self,
-        sc: &mut Scratch,
-        b: usize,
-        tab: u64,
-        pos: u64,
-        tok: u64,
-        nsplit: usize,
-        longest: usize,
-    ) -> Result<usize> {
+    /// Launches a batched step (`shape`): the layers over all its rows, the
+    /// final norm and the lm_head over the head's rows into `bat_logits`,
+    /// and each head row's greedy statistics into `bat_stats`. Returns how
+    /// many MoE layers wrote an out-of-range count into `bat_bad`.
+    fn batch_kernels(&self, sc: &mut Scratch, shape: Shape) -> Result<usize> {
         let (d, c) = (&self.dev, &self.cfg);
         let (h, nl) = (c.hidden_size, self.layers.len());
-        let x = sc.get(d, "x", b * h * F)?;
-        let n = sc.get(d, "n", b * h * F)?;
-        let mixed = sc.get(d, "mixed", b * h * F)?;
-        self.head.prefill(self, tok, x, b)?;
+        let (rows, heads) = (shape.rows, shape.heads);
+        let x = sc.get(d, "x", rows * h * F)?;
+        let n = sc.get(d, "n", rows * h * F)?;
+        let mixed = sc.get(d, "mixed", rows * h * F)?;
+        self.head.prefill(self, shape.tok, x, rows)?;
         let bad_words = sc.get(d, "bat_bad", nl * 4)?;
         let mut bt = Batch {
             pf: Prefill {
                 sc: &mut *sc,
                 states: &[],
-                t: b,
+                t: rows,
                 pos0: 0,
                 fast: self.opts.fast_prefill,
                 x,
@@ -291,30 +375,49 @@ impl GpuModel {
                 planned: 0,
                 experts: 0,
             },
-            tab,
-            pos,
-            nsplit,
-            longest,
+            b: shape.b,
+            tab: shape.tab,
+            pos: shape.pos,
+            nsplit: shape.nsplit,
+            longest: shape.longest,
+            chunks: shape.chunks,
         };
         self.walk(&mut Pass::Batch(&mut bt))?;
         let planned = bt.pf.planned;
-        let nf = sc.get(d, "bat_final", b * h * F)?;
-        self.rmsnorm(x, h, &self.head.norm, nf, h, b, h)?;
-        let logits = sc.get(d, "bat_logits", b * c.vocab_size * F)?;
-        self.linear(sc, nf, b, self.lm_head(), logits, false)?;
-        // Every row's greedy statistics (rows that want them read them).
-        let part = sc.get(d, "bat_part", b * ARGMAX_BLOCKS * 3 * F)?;
-        let stats = sc.get(d, "bat_stats", b * 4 * F)?;
+        // The head's rows: the first `heads`, or those listed.
+        let hx = if shape.head_rows == 0 {
+            x
+        } else {
+            let g = sc.get(d, "bat_head_x", heads * h * F)?;
+            kernels::gather_rows(
+                d,
+                Launch::new(((h as u32).div_ceil(256), heads as u32, 1), (256, 1, 1), 0),
+                dptr(x),
+                i(h),
+                dptr(shape.head_rows),
+                i(heads),
+                i(h),
+                dptr(g),
+            )?;
+            g
+        };
+        let nf = sc.get(d, "bat_final", heads * h * F)?;
+        self.rmsnorm(hx, h, &self.head.norm, nf, h, heads, h)?;
+        let logits = sc.get(d, "bat_logits", heads * c.vocab_size * F)?;
+        self.linear(sc, nf, heads, self.lm_head(), logits, false)?;
+        // Every head row's greedy statistics (rows that want them read them).
+        let part = sc.get(d, "bat_part", heads * ARGMAX_BLOCKS * 3 * F)?;
+        let stats = sc.get(d, "bat_stats", heads * 4 * F)?;
         kernels::argmax_partial(
             d,
-            Launch::new((ARGMAX_BLOCKS as u32, b as u32, 1), (256, 1, 1), 0),
+            Launch::new((ARGMAX_BLOCKS as u32, heads as u32, 1), (256, 1, 1), 0),
             dptr(logits),
             i(c.vocab_size),
             dptr(part),
         )?;
         kernels::argmax_final(
             d,
-            Launch::new((b as u32, 1, 1), (256, 1, 1), 0),
+            Launch::new((heads as u32, 1, 1), (256, 1, 1), 0),
             dptr(part),
             i(ARGMAX_BLOCKS),
             dptr(stats),

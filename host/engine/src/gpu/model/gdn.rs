@@ -12,12 +12,13 @@
 
 use super::batch::Batch;
 use super::pass::{Decode, Prefill};
+use super::seq_state::Span;
 use super::weights::{DevMat, Synth, Upload};
-use super::{CONV_TPT, DBuf, F, GpuModel};
+use super::{CONV_TPT, DBuf, F, GpuModel, SeqLayer};
 use crate::config::ModelConfig;
 use crate::gpu::kernels::{self, Launch};
 use crate::gpu::{dptr, i};
-use anyhow::Result;
+use anyhow::{Result, bail};
 
 /// One GDN layer's weights on the device.
 pub(super) struct GdnLayer {
@@ -68,17 +69,44 @@ impl GdnLayer {
         li: usize,
     ) -> Result<()> {
         let GdnLayer {
-            in_proj,
-            conv,
-            a_log,
-            dt_bias,
-            norm,
-            out_proj,
+            in_proj, out_proj, ..
         } = self;
         let (cst, s) = pf.gdn(li)?;
         let (c, d) = (&m.cfg, &m.dev);
         let (t, h, x, n, mixed, fast) = (pf.t, c.hidden_size, pf.x, pf.n, pf.mixed, pf.fast);
         let sc = &mut *pf.sc;
+        m.rmsnorm(x, h, input_norm, n, h, t, h)?;
+        let p = in_proj.rows;
+        let proj = sc.get(d, "proj", t * p * F)?;
+        m.linear(sc, n, t, in_proj, proj, false)?;
+        let o2 = sc.get(d, "gdn_o2", t * c.linear_value_dim() * F)?;
+        self.mix_prompt(m, sc, (proj, p, t), (cst, s), o2, fast)?;
+        m.linear(sc, o2, t, out_proj, mixed, false)?;
+        m.residual_add(x, mixed, t)
+    }
+
+    /// The token mixing of a prompt's `t` tokens whose in projections are the
+    /// rows of `proj` (stride `p`; the conv runs in place there on the
+    /// reference path): conv, norms, gates and the delta rule over the
+    /// sequence's conv window and state, the gated norm into `o2`
+    /// (`[t, value_dim]`).
+    pub fn mix_prompt(
+        &self,
+        m: &GpuModel,
+        sc: &mut super::Scratch,
+        (proj, p, t): (u64, usize, usize),
+        (cst, s): (Span, Span),
+        o2: u64,
+        fast: bool,
+    ) -> Result<()> {
+        let GdnLayer {
+            conv,
+            a_log,
+            dt_bias,
+            norm,
+            ..
+        } = self;
+        let (c, d) = (&m.cfg, &m.dev);
         let (nk, nv, dk, dv) = (
             c.linear_num_key_heads,
             c.linear_num_value_heads,
@@ -88,10 +116,6 @@ impl GdnLayer {
         let conv_dim = c.linear_conv_dim();
         let key_dim = c.linear_key_dim();
         let vdim = c.linear_value_dim();
-        m.rmsnorm(x, h, input_norm, n, h, t, h)?;
-        let p = in_proj.rows;
-        let proj = sc.get(d, "proj", t * p * F)?;
-        m.linear(sc, n, t, in_proj, proj, false)?;
         // The conv output (q | k | v per token): in place in `proj` on the
         // reference path, a separate [t, conv_dim] buffer on the prefill path
         // (tokens in parallel cannot run in place).
@@ -184,7 +208,6 @@ impl GdnLayer {
         )?;
         let o = sc.get(d, "gdn_o", t * vdim * F)?;
         m.gdn_recurrence(sc, qkv, qkv_stride, g, beta, s.ptr(), o, t)?;
-        let o2 = sc.get(d, "gdn_o2", t * vdim * F)?;
         kernels::gated_rmsnorm(
             d,
             Launch::new((((t * nv) as u32).div_ceil(8), 1, 1), (256, 1, 1), 0),
@@ -197,18 +220,17 @@ impl GdnLayer {
             i(nv),
             i(dv),
             c.rms_norm_eps,
-        )?;
-        m.linear(sc, o2, t, out_proj, mixed, false)?;
-        m.residual_add(x, mixed, t)
+        )
     }
 
-    /// Reads the batch's residual rows `bt.pf.x` (one per sequence), steps
-    /// each row's own conv window and state, adds the layer's output.
+    /// Reads the batch's residual rows `bt.pf.x`: steps each decode row's
+    /// own conv window and state, runs each prompt chunk's rows over its
+    /// sequence's state as a prompt pass would, adds the layer's output.
     pub fn batch(&self, m: &GpuModel, bt: &mut Batch, input_norm: &DBuf, li: usize) -> Result<()> {
-        let tab = bt.layer_tab(li);
+        let (tab, b, chunks) = (bt.layer_tab(li), bt.b, bt.chunks);
         let pf = &mut bt.pf;
         let (c, d) = (&m.cfg, &m.dev);
-        let (t, h, x, n, mixed) = (pf.t, c.hidden_size, pf.x, pf.n, pf.mixed);
+        let (t, h, x, n, mixed, fast) = (pf.t, c.hidden_size, pf.x, pf.n, pf.mixed, pf.fast);
         let sc = &mut *pf.sc;
         let (nk, nv, dk, dv) = (
             c.linear_num_key_heads,
@@ -222,45 +244,56 @@ impl GdnLayer {
         let p = self.in_proj.rows;
         let proj = sc.get(d, "proj", t * p * F)?;
         m.linear(sc, n, t, &self.in_proj, proj, false)?;
-        kernels::bat_gdn_conv(
-            d,
-            Launch::new(
-                ((conv_dim as u32).div_ceil(128), t as u32, 1),
-                (128, 1, 1),
-                0,
-            ),
-            dptr(proj),
-            i(p),
-            dptr(tab),
-            dptr(self.conv.ptr()),
-            i(c.linear_conv_kernel),
-            i(conv_dim),
-        )?;
-        let o = sc.get(d, "gdn_o", t * vdim * F)?;
-        kernels::bat_gdn_step(
-            d,
-            Launch::new(
-                (nv as u32, t as u32, 1),
-                ((32 * dv.div_ceil(32)) as u32, 4, 1),
-                0,
-            ),
-            dptr(proj),
-            i(p),
-            i(nk),
-            i(nv),
-            i(dk),
-            i(dv),
-            dptr(self.a_log.ptr()),
-            dptr(self.dt_bias.ptr()),
-            i(conv_dim + vdim),
-            1.0 / (dk as f32).sqrt(),
-            dptr(tab),
-            i(conv_dim),
-            dptr(self.norm.ptr()),
-            c.rms_norm_eps,
-            dptr(o),
-            i(vdim),
-        )?;
+        // Every row's gated-norm output ("gdn_o" is the prompt mixing's own).
+        let o = sc.get(d, "bat_gdn_o", t * vdim * F)?;
+        if b > 0 {
+            kernels::bat_gdn_conv(
+                d,
+                Launch::new(
+                    ((conv_dim as u32).div_ceil(128), b as u32, 1),
+                    (128, 1, 1),
+                    0,
+                ),
+                dptr(proj),
+                i(p),
+                dptr(tab),
+                dptr(self.conv.ptr()),
+                i(c.linear_conv_kernel),
+                i(conv_dim),
+            )?;
+            kernels::bat_gdn_step(
+                d,
+                Launch::new(
+                    (nv as u32, b as u32, 1),
+                    ((32 * dv.div_ceil(32)) as u32, 4, 1),
+                    0,
+                ),
+                dptr(proj),
+                i(p),
+                i(nk),
+                i(nv),
+                i(dk),
+                i(dv),
+                dptr(self.a_log.ptr()),
+                dptr(self.dt_bias.ptr()),
+                i(conv_dim + vdim),
+                1.0 / (dk as f32).sqrt(),
+                dptr(tab),
+                i(conv_dim),
+                dptr(self.norm.ptr()),
+                c.rms_norm_eps,
+                dptr(o),
+                i(vdim),
+            )?;
+        }
+        for ch in chunks {
+            let SeqLayer::Gdn { conv, s } = ch.layers[li] else {
+                bail!("layer state does not match the layer kind");
+            };
+            let rows = (proj + (ch.off * p * F) as u64, p, ch.t);
+            let out = o + (ch.off * vdim * F) as u64;
+            self.mix_prompt(m, sc, rows, (conv, s), out, fast)?;
+        }
         m.linear(sc, o, t, &self.out_proj, mixed, false)?;
         m.residual_add(x, mixed, t)
     }
