@@ -82,9 +82,27 @@ pub struct Args {
     /// Extra KEY=VALUE settings for the policy guest (repeatable).
     #[arg(long, value_name = "KEY=VALUE")]
     pub policy_setting: Vec<String>,
-    /// Linear-memory cap per guest instance (e.g. 64MiB, 1GiB).
-    #[arg(long, default_value = "64MiB", value_parser = parse_size)]
-    pub guest_memory: usize,
+    /// Linear-memory cap per guest instance (e.g. 64MiB, 1GiB; default: 16
+    /// times --max-body-size, so every body under the limit can be parsed).
+    #[arg(long, value_parser = parse_size)]
+    pub guest_memory: Option<usize>,
+    /// Largest request body (413 beyond), read by the host before a guest runs.
+    #[arg(long, default_value = "32MiB", value_parser = parse_size)]
+    pub max_body_size: usize,
+    /// Time a client has to send a request's head, and then its whole body (408 beyond).
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    pub body_timeout: Duration,
+    /// Requests whose body is still arriving, in all (503 server_busy beyond).
+    #[arg(long, default_value_t = 256)]
+    pub max_pending_bodies: usize,
+    /// Requests whose body is still arriving, per client: API key, or address
+    /// without keys (429 too_many_pending_requests beyond).
+    #[arg(long, default_value_t = 32)]
+    pub max_pending_bodies_per_client: usize,
+    /// Connections served at once (503 too_many_connections beyond; default:
+    /// 1024, or fewer if the open-file limit is lower).
+    #[arg(long)]
+    pub max_connections: Option<usize>,
     /// WebAssembly execution time allowed per request (0 = unlimited).
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
     pub guest_cpu_limit: Duration,
@@ -209,6 +227,7 @@ fn start_service<B: qwasi_engine::backend::Backend + 'static>(
 /// Checks that need no model: refuse an unauthenticated public bind, an
 /// unknown backend.
 pub fn preflight(a: &Args) -> Result<()> {
+    crate::server::keys::validate(&a.api_key).map_err(|e| anyhow::anyhow!("{e}"))?;
     let keys: Vec<&String> = a.api_key.iter().filter(|k| !k.is_empty()).collect();
     if !is_loopback(&a.host) && keys.is_empty() && !a.allow_unauthenticated && a.policy.is_none() {
         bail!(
@@ -218,6 +237,12 @@ pub fn preflight(a: &Args) -> Result<()> {
         );
     }
     check_backend(&a.backend)?;
+    connection_limit(a)?;
+    if a.max_body_size == 0 || a.max_pending_bodies == 0 || a.max_pending_bodies_per_client == 0 {
+        bail!(
+            "--max-body-size, --max-pending-bodies and --max-pending-bodies-per-client must be above 0"
+        );
+    }
     if a.threads == Some(0) {
         bail!("--threads must be at least 1");
     }
@@ -236,6 +261,35 @@ pub fn preflight(a: &Args) -> Result<()> {
             .with_context(|| format!("cannot read the {what} {}", file.display()))?;
     }
     Ok(())
+}
+
+/// `--max-connections`, or its default, checked against the open-file
+/// limit (raised to its hard limit first).
+pub fn connection_limit(a: &Args) -> Result<usize> {
+    use crate::server::conn;
+    let fds = conn::raise_fd_limit();
+    let most = conn::max_for_fd_limit(fds);
+    match a.max_connections {
+        Some(0) => bail!("--max-connections must be at least 1"),
+        Some(n) if n > most => bail!(
+            "--max-connections {n} does not fit the open-file limit ({fds}): at most {most}              (each connection, served or refused, needs a descriptor and {} stay free); raise `ulimit -n` or lower it",
+            conn::RESERVED_FDS
+        ),
+        Some(n) => Ok(n),
+        None if most == 0 => {
+            bail!("the open-file limit ({fds}) is too low to serve; raise `ulimit -n`")
+        }
+        None => Ok(most.min(DEFAULT_MAX_CONNECTIONS)),
+    }
+}
+
+/// `--max-connections` without the flag (if the open-file limit allows).
+pub const DEFAULT_MAX_CONNECTIONS: usize = 1024;
+
+/// `--guest-memory`, or its default: 16 times the body limit, at least 64 MiB.
+pub fn guest_memory(a: &Args) -> usize {
+    a.guest_memory
+        .unwrap_or_else(|| a.max_body_size.saturating_mul(16).max(64 << 20))
 }
 
 /// Refuses a backend this build can't run.
@@ -345,8 +399,16 @@ async fn serve(a: Args) -> Result<()> {
         Some(d) => d.display().to_string(),
         None => qwasi_engine::demo::DEMO_MODEL_ID.to_string(),
     };
+    let limits = server::Limits {
+        max_body: a.max_body_size,
+        body_timeout: a.body_timeout,
+        max_pending_bodies: a.max_pending_bodies,
+        max_pending_per_client: a.max_pending_bodies_per_client,
+        max_connections: connection_limit(&a)?,
+    };
     let state = AppState::new(
         ServerConfig {
+            limits,
             request_timeout: a.request_timeout,
             admin_keys: a
                 .api_key
@@ -427,17 +489,82 @@ async fn serve(a: Args) -> Result<()> {
         a.drain_timeout.as_secs_f64()
     );
     state.begin_drain();
-    tokio::select! {
-        _ = state.drained() => eprintln!("qwasi: drained; exiting"),
-        _ = tokio::time::sleep(a.drain_timeout) => eprintln!("qwasi: drain timeout; exiting with {} requests in flight", state.in_flight()),
-        _ = signals.recv() => eprintln!("qwasi: second signal; exiting now"),
+    let t0 = std::time::Instant::now();
+    let outcome = tokio::select! {
+        _ = state.drained() => StopOutcome::Drained,
+        _ = tokio::time::sleep(a.drain_timeout) => StopOutcome::DrainTimeout,
+        _ = signals.recv() => StopOutcome::SecondSignal,
+    };
+    let cut = state.in_flight();
+    if outcome != StopOutcome::Drained {
+        eprintln!(
+            "qwasi: {}: cancelling the {cut} request(s) still in flight",
+            outcome.describe()
+        );
+        // Each stream still ends with its final chunk and [DONE].
+        runtime.shared.hard_stop.fire();
+        tokio::select! {
+            _ = state.requests_done() => {}
+            _ = tokio::time::sleep(HARD_STOP_GRACE) => {}
+            _ = signals.recv() => {}
+        }
+    } else {
+        eprintln!("qwasi: drained; exiting");
     }
+    // Let the connections flush what the last responses wrote.
+    tokio::time::sleep(Duration::from_millis(200)).await;
     let _ = stop_tx.send(());
     let _ = tokio::time::timeout(Duration::from_secs(1), server).await;
     if let Some(sf) = &state_file {
+        sf.write_stop_report(&state::StopReport {
+            pid: std::process::id(),
+            outcome: outcome.name().into(),
+            drained: outcome == StopOutcome::Drained,
+            cut_requests: if outcome == StopOutcome::Drained {
+                0
+            } else {
+                cut
+            },
+            stop_s: t0.elapsed().as_secs_f64(),
+        });
         sf.remove();
     }
-    Ok(())
+    match outcome {
+        StopOutcome::Drained => Ok(()),
+        _ => bail!(
+            "stopped without draining ({}): {cut} request(s) in flight were cancelled",
+            outcome.describe()
+        ),
+    }
+}
+
+/// How long a hard stop waits for the cancelled streams to end.
+const HARD_STOP_GRACE: Duration = Duration::from_secs(5);
+
+/// How a graceful stop ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum StopOutcome {
+    Drained,
+    DrainTimeout,
+    SecondSignal,
+}
+
+impl StopOutcome {
+    fn name(self) -> &'static str {
+        match self {
+            StopOutcome::Drained => "drained",
+            StopOutcome::DrainTimeout => "drain_timeout",
+            StopOutcome::SecondSignal => "second_signal",
+        }
+    }
+
+    fn describe(self) -> &'static str {
+        match self {
+            StopOutcome::Drained => "drained",
+            StopOutcome::DrainTimeout => "the drain timeout (--drain-timeout) ran out",
+            StopOutcome::SecondSignal => "a second stop signal arrived",
+        }
+    }
 }
 
 /// The engine service and what guests see of it.
@@ -544,6 +671,7 @@ pub fn start_engine(
         model_info,
         constraints: Default::default(),
         serving: serving.config,
+        hard_stop: Default::default(),
     });
     Ok(StartedEngine {
         shared,
@@ -607,7 +735,7 @@ fn load(a: &Args) -> Result<(Runtime, String)> {
         policy_settings.push((k.to_string(), v.to_string()));
     }
     let cfg = RuntimeConfig {
-        memory_limit: a.guest_memory,
+        memory_limit: guest_memory(a),
         guest_cpu_limit: a.guest_cpu_limit,
         cache_dir: if a.no_compile_cache {
             None
@@ -616,6 +744,8 @@ fn load(a: &Args) -> Result<(Runtime, String)> {
         },
         policy_settings,
         guest_stderr: true,
+        // One API and one policy instance per connection at most.
+        instance_slots: u32::try_from(connection_limit(a)?).unwrap_or(u32::MAX),
     };
     let mount_list = mounts
         .iter()
