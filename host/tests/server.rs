@@ -415,9 +415,12 @@ fn unknown_backend_is_a_clear_error() {
 
 #[test]
 fn openai_guest_maps_a_full_queue_to_429() {
-    let s = Server::start(&["--max-queue", "1", "--max-num-seqs", "1"]);
-    let long = r#"{"model":"dense","prompt":[1,2,3],"max_tokens":4000,"stream":true}"#;
-    let short = r#"{"model":"dense","prompt":[1,2,3],"max_tokens":2}"#;
+    // The demo model (a tokenizer): A streams text, so a client that goes
+    // away is noticed at A's next chunk (a half-closed client still gets its
+    // response, so a read EOF alone does not cancel: docs/SECURITY.md).
+    let s = Server::start_with(&["--max-queue", "1", "--max-num-seqs", "1"], false);
+    let long = r#"{"model":"qwasi-demo","prompt":"hi","max_tokens":30000,"ignore_eos":true,"stream":true}"#;
+    let short = r#"{"model":"qwasi-demo","prompt":[1,2,3],"max_tokens":2,"ignore_eos":true}"#;
     let mut a = send(&s.addr, "POST", "/v1/completions", &[], long);
     assert_eq!(read_head(&mut a).0, 200);
     let b = send(&s.addr, "POST", "/v1/completions", &[], short);

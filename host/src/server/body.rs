@@ -61,14 +61,14 @@ impl Pending {
 }
 
 /// Takes a pending-body slot for `client`, or the refusal.
-fn enter(state: &Arc<AppState>, client: &str) -> Result<PendingGuard, Response<Body>> {
+fn enter(state: &Arc<AppState>, client: &str) -> Result<PendingGuard, Box<Response<Body>>> {
     let cfg = &state.cfg.limits;
     let p = &state.pending;
     let mut total = lock(&p.total);
     let mut clients = lock(&p.clients);
     let mine = clients.get(client).copied().unwrap_or(0);
     if mine >= cfg.max_pending_per_client {
-        return Err(error_response(
+        return Err(Box::new(error_response(
             StatusCode::TOO_MANY_REQUESTS,
             &format!(
                 "too many requests from this client are still sending their body (at most {}, --max-pending-bodies-per-client)",
@@ -76,10 +76,10 @@ fn enter(state: &Arc<AppState>, client: &str) -> Result<PendingGuard, Response<B
             ),
             "too_many_pending_requests",
             Some(1),
-        ));
+        )));
     }
     if *total >= cfg.max_pending_bodies {
-        return Err(error_response(
+        return Err(Box::new(error_response(
             StatusCode::SERVICE_UNAVAILABLE,
             &format!(
                 "the server is receiving too many request bodies at once (at most {}, --max-pending-bodies); retry shortly",
@@ -87,7 +87,7 @@ fn enter(state: &Arc<AppState>, client: &str) -> Result<PendingGuard, Response<B
             ),
             "server_busy",
             Some(1),
-        ));
+        )));
     }
     *total += 1;
     clients.insert(client.to_string(), mine + 1);
@@ -129,7 +129,7 @@ pub async fn buffer(
     let bytes = if declared == Some(0) || hyper::body::Body::is_end_stream(&incoming) {
         Bytes::new()
     } else {
-        let _pending = enter(state, client)?;
+        let _pending = enter(state, client).map_err(|r| *r)?;
         let mut drain = state.drain_signal();
         let read = Limited::new(incoming, limits.max_body).collect();
         tokio::select! {
