@@ -134,11 +134,15 @@ fn connections_beyond_the_limit_get_a_clear_503() {
     });
 
     // More than the open-file limit allows: refused at start.
-    let mut cmd = std::process::Command::new(QWASI);
-    let out = cmd
-        .args(["serve", "--port", "0", "--max-connections", "100000000"])
-        .output()
-        .unwrap();
+    let out = qwasi(&[
+        "serve",
+        "--port",
+        "0",
+        "--max-connections",
+        "100000000",
+        "--model",
+        "/nonexistent",
+    ]);
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("open-file limit"), "{err}");
@@ -270,13 +274,6 @@ fn a_hard_stop_ends_streams_with_abort_and_done() {
     let state = dir.path().to_str().unwrap();
     let port = free_port().to_string();
     let cache = compile_cache();
-    let qwasi = |args: &[&str]| {
-        std::process::Command::new(QWASI)
-            .args(args)
-            .env_remove("QWASI_API_KEY")
-            .output()
-            .unwrap()
-    };
     let out = qwasi(&[
         "start",
         "--port",
@@ -315,12 +312,20 @@ fn a_hard_stop_ends_streams_with_abort_and_done() {
 #[test]
 fn blank_and_colliding_api_keys_refuse_the_start() {
     let serve = |keys: &[&str]| {
-        let mut cmd = std::process::Command::new(QWASI);
-        cmd.args(["serve", "--port", "0", "--host", "0.0.0.0"]);
+        // A missing model: should the keys pass, the start still ends.
+        let mut args = vec![
+            "serve",
+            "--port",
+            "0",
+            "--host",
+            "0.0.0.0",
+            "--model",
+            "/nonexistent",
+        ];
         for k in keys {
-            cmd.args(["--api-key", k]);
+            args.extend(["--api-key", k]);
         }
-        let out = cmd.env_remove("QWASI_API_KEY").output().unwrap();
+        let out = qwasi(&args);
         assert!(!out.status.success());
         String::from_utf8_lossy(&out.stderr).to_string()
     };
