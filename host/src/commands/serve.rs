@@ -1,6 +1,7 @@
 //! `qwasi serve`: the HTTP server in the foreground.
 
 use super::ModelArgs;
+use super::limits::LimitArgs;
 use super::serving::ServingArgs;
 use super::state::{self, StateFile};
 use crate::runtime::{self, GuestSource, Mount, Runtime, RuntimeConfig, Shared};
@@ -82,27 +83,8 @@ pub struct Args {
     /// Extra KEY=VALUE settings for the policy guest (repeatable).
     #[arg(long, value_name = "KEY=VALUE")]
     pub policy_setting: Vec<String>,
-    /// Linear-memory cap per guest instance (e.g. 64MiB, 1GiB; default: 16
-    /// times --max-body-size, so every body under the limit can be parsed).
-    #[arg(long, value_parser = parse_size)]
-    pub guest_memory: Option<usize>,
-    /// Largest request body (413 beyond), read by the host before a guest runs.
-    #[arg(long, default_value = "32MiB", value_parser = parse_size)]
-    pub max_body_size: usize,
-    /// Time a client has to send a request's head, and then its whole body (408 beyond).
-    #[arg(long, default_value = "30s", value_parser = parse_duration)]
-    pub body_timeout: Duration,
-    /// Requests whose body is still arriving, in all (503 server_busy beyond).
-    #[arg(long, default_value_t = 256)]
-    pub max_pending_bodies: usize,
-    /// Requests whose body is still arriving, per client: API key, or address
-    /// without keys (429 too_many_pending_requests beyond).
-    #[arg(long, default_value_t = 32)]
-    pub max_pending_bodies_per_client: usize,
-    /// Connections served at once (503 too_many_connections beyond; default:
-    /// 1024, or fewer if the open-file limit is lower).
-    #[arg(long)]
-    pub max_connections: Option<usize>,
+    #[command(flatten)]
+    pub limits: LimitArgs,
     /// WebAssembly execution time allowed per request (0 = unlimited).
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
     pub guest_cpu_limit: Duration,
@@ -237,12 +219,7 @@ pub fn preflight(a: &Args) -> Result<()> {
         );
     }
     check_backend(&a.backend)?;
-    connection_limit(a)?;
-    if a.max_body_size == 0 || a.max_pending_bodies == 0 || a.max_pending_bodies_per_client == 0 {
-        bail!(
-            "--max-body-size, --max-pending-bodies and --max-pending-bodies-per-client must be above 0"
-        );
-    }
+    a.limits.check()?;
     if a.threads == Some(0) {
         bail!("--threads must be at least 1");
     }
@@ -261,35 +238,6 @@ pub fn preflight(a: &Args) -> Result<()> {
             .with_context(|| format!("cannot read the {what} {}", file.display()))?;
     }
     Ok(())
-}
-
-/// `--max-connections`, or its default, checked against the open-file
-/// limit (raised to its hard limit first).
-pub fn connection_limit(a: &Args) -> Result<usize> {
-    use crate::server::conn;
-    let fds = conn::raise_fd_limit();
-    let most = conn::max_for_fd_limit(fds);
-    match a.max_connections {
-        Some(0) => bail!("--max-connections must be at least 1"),
-        Some(n) if n > most => bail!(
-            "--max-connections {n} does not fit the open-file limit ({fds}): at most {most}              (each connection, served or refused, needs a descriptor and {} stay free); raise `ulimit -n` or lower it",
-            conn::RESERVED_FDS
-        ),
-        Some(n) => Ok(n),
-        None if most == 0 => {
-            bail!("the open-file limit ({fds}) is too low to serve; raise `ulimit -n`")
-        }
-        None => Ok(most.min(DEFAULT_MAX_CONNECTIONS)),
-    }
-}
-
-/// `--max-connections` without the flag (if the open-file limit allows).
-pub const DEFAULT_MAX_CONNECTIONS: usize = 1024;
-
-/// `--guest-memory`, or its default: 16 times the body limit, at least 64 MiB.
-pub fn guest_memory(a: &Args) -> usize {
-    a.guest_memory
-        .unwrap_or_else(|| a.max_body_size.saturating_mul(16).max(64 << 20))
 }
 
 /// Refuses a backend this build can't run.
@@ -399,13 +347,7 @@ async fn serve(a: Args) -> Result<()> {
         Some(d) => d.display().to_string(),
         None => qwasi_engine::demo::DEMO_MODEL_ID.to_string(),
     };
-    let limits = server::Limits {
-        max_body: a.max_body_size,
-        body_timeout: a.body_timeout,
-        max_pending_bodies: a.max_pending_bodies,
-        max_pending_per_client: a.max_pending_bodies_per_client,
-        max_connections: connection_limit(&a)?,
-    };
+    let limits = a.limits.server_limits()?;
     let state = AppState::new(
         ServerConfig {
             limits,
@@ -735,7 +677,7 @@ fn load(a: &Args) -> Result<(Runtime, String)> {
         policy_settings.push((k.to_string(), v.to_string()));
     }
     let cfg = RuntimeConfig {
-        memory_limit: guest_memory(a),
+        memory_limit: a.limits.guest_memory(),
         guest_cpu_limit: a.guest_cpu_limit,
         cache_dir: if a.no_compile_cache {
             None
@@ -745,7 +687,7 @@ fn load(a: &Args) -> Result<(Runtime, String)> {
         policy_settings,
         guest_stderr: true,
         // One API and one policy instance per connection at most.
-        instance_slots: u32::try_from(connection_limit(a)?).unwrap_or(u32::MAX),
+        instance_slots: u32::try_from(a.limits.connections()?).unwrap_or(u32::MAX),
     };
     let mount_list = mounts
         .iter()
@@ -770,6 +712,16 @@ fn load(a: &Args) -> Result<(Runtime, String)> {
             }
             (None, true) => "none (no API key: unauthenticated)".into(),
         }
+    ));
+    let l = &a.limits;
+    banner.push_str(&format!(
+        "\nqwasi: limits: {} connections; bodies up to {} within {:.0} s, {} pending ({} per client); guest memory {}",
+        l.connections()?,
+        server::human_size(l.max_body_size),
+        l.body_timeout.as_secs_f64(),
+        l.max_pending_bodies,
+        l.max_pending_bodies_per_client,
+        server::human_size(l.guest_memory()),
     ));
     Ok((runtime, banner))
 }
