@@ -1,6 +1,7 @@
 //! host/build.rs's check for the wasm32-wasip2 target, against a fake
 //! toolchain: a `rustc` that names a sysroot and a `rustup` that installs
 //! into it (or fails).
+#![cfg(unix)]
 
 #[path = "../build/wasm_target.rs"]
 mod wasm_target;

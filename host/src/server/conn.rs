@@ -84,6 +84,7 @@ pub async fn refuse(mut stream: TcpStream, max: usize, _permit: OwnedSemaphorePe
 
 /// Raises the soft limit on open files to the hard limit; returns the limit
 /// now in force.
+#[cfg(unix)]
 pub fn raise_fd_limit() -> u64 {
     let mut lim = libc::rlimit {
         rlim_cur: 0,
@@ -105,6 +106,13 @@ pub fn raise_fd_limit() -> u64 {
         }
     }
     lim.rlim_cur
+}
+
+/// Windows has no per-process descriptor limit of this kind: the sockets a
+/// process may open are bounded by memory.
+#[cfg(not(unix))]
+pub fn raise_fd_limit() -> u64 {
+    1 << 16
 }
 
 /// The most connections `fd_limit` allows: each served connection and each
