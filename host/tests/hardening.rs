@@ -360,3 +360,21 @@ fn bad_tool_schemas_and_suffix_types_are_400() {
     assert_eq!(r.status, 400, "{r:?}");
     assert_eq!(r.json()["error"]["param"], "suffix");
 }
+
+#[test]
+fn a_second_signal_ends_streams_with_abort_and_done_and_exits_1() {
+    let mut s = demo_server(&["--drain-timeout", "60s"]);
+    let mut c = send(&s.addr, "POST", CHAT, &[], &long_chat());
+    assert_eq!(read_head(&mut c).0, 200);
+    s.signal("TERM");
+    s.wait_for_log("shutting down", Duration::from_secs(10));
+    s.signal("TERM");
+    let status = s.wait_exit(Duration::from_secs(20));
+    assert_eq!(status.code(), Some(1), "{}", s.log_text());
+    s.wait_for_log("a second stop signal arrived", Duration::from_secs(5));
+    let mut rest = Vec::new();
+    let _ = c.read_to_end(&mut rest);
+    let body = dechunk(&String::from_utf8_lossy(&rest));
+    assert!(body.contains("\"finish_reason\":\"abort\""), "{body}");
+    assert!(body.trim_end().ends_with("data: [DONE]"), "{body}");
+}
