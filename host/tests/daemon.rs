@@ -3,16 +3,7 @@
 mod common;
 
 use common::*;
-use std::process::Command;
 use std::time::Duration;
-
-fn qwasi(args: &[&str]) -> std::process::Output {
-    Command::new(QWASI)
-        .args(args)
-        .env_remove("QWASI_API_KEY")
-        .output()
-        .expect("run qwasi")
-}
 
 #[test]
 fn start_status_stop_round_trip() {
@@ -135,7 +126,9 @@ struct KillOnDrop(u64);
 
 impl Drop for KillOnDrop {
     fn drop(&mut self) {
-        let _ = Command::new("kill").arg(self.0.to_string()).status();
+        let _ = std::process::Command::new("kill")
+            .arg(self.0.to_string())
+            .status();
     }
 }
 

@@ -280,11 +280,13 @@ pub fn parse_completion(
             "'echo' together with 'logprobs' is not supported (prompt logprobs are not available)",
         ));
     }
-    if f.get("suffix")
-        .and_then(Value::as_str)
-        .is_some_and(|s| !s.is_empty())
-    {
-        return Err(ApiError::unsupported("suffix", "'suffix' is not supported"));
+    match f.get("suffix") {
+        None | Some(Value::Null) => {}
+        Some(Value::String(s)) if s.is_empty() => {}
+        Some(Value::String(_)) => {
+            return Err(ApiError::unsupported("suffix", "'suffix' is not supported"));
+        }
+        Some(_) => return Err(ApiError::invalid_type("suffix", "a string")),
     }
     common.sampling.logprobs = logprobs;
     common.constraint = structured::parse(&f, false)?;
@@ -434,6 +436,28 @@ fn parse_tools(f: &Fields) -> Result<Vec<Value>, ApiError> {
         match func.get("name") {
             Some(Value::String(n)) if !n.is_empty() => {}
             _ => return Err(ApiError::missing(&format!("{p}.function.name"))),
+        }
+        // The schema is rendered into the prompt and may drive constrained
+        // decoding: it must be a JSON Schema object.
+        for (key, ok, expected) in [
+            (
+                "parameters",
+                Value::is_object as fn(&Value) -> bool,
+                "a JSON Schema object",
+            ),
+            ("description", Value::is_string, "a string"),
+            ("strict", Value::is_boolean, "a boolean"),
+        ] {
+            match func.get(key) {
+                None | Some(Value::Null) => {}
+                Some(v) if ok(v) => {}
+                Some(_) => {
+                    return Err(ApiError::invalid_type(
+                        &format!("{p}.function.{key}"),
+                        expected,
+                    ));
+                }
+            }
         }
     }
     Ok(arr.clone())
@@ -776,6 +800,8 @@ mod tests {
             ("stop_token_ids", json!([1000]), "invalid_value"),
             ("echo", json!(1), "invalid_type"),
             ("suffix", json!("x"), "unsupported_parameter"),
+            ("suffix", json!(5), "invalid_type"),
+            ("suffix", json!(["x"]), "invalid_type"),
             ("user", json!(5), "invalid_type"),
         ];
         for (name, value, code) in cases {
@@ -882,6 +908,21 @@ mod tests {
                 .as_deref(),
             Some("tools[0].function")
         );
+        for (key, bad) in [
+            ("parameters", json!("oops")),
+            ("parameters", json!([1])),
+            ("description", json!(5)),
+            ("strict", json!("yes")),
+        ] {
+            let mut f = json!({"name": "w", "parameters": {"type": "object"}});
+            f[key] = bad;
+            let e = with("tools", json!([{"type": "function", "function": f}]));
+            assert_eq!((e.status, e.code.as_deref()), (400, Some("invalid_type")));
+            assert_eq!(
+                e.param.as_deref(),
+                Some(format!("tools[0].function.{key}").as_str())
+            );
+        }
         assert_eq!(
             with("tool_choice", json!("required")).param.as_deref(),
             Some("tool_choice")

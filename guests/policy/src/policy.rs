@@ -148,7 +148,17 @@ impl Policy {
         for (key, value) in settings {
             let (key, value) = (key.as_ref().trim(), value.as_ref());
             match key {
-                SETTING_API_KEY => policy.keys.push(parse_api_key(value)?),
+                SETTING_API_KEY => {
+                    let key = parse_api_key(value)?;
+                    if policy.keys.iter().any(|k| k.id == key.id) {
+                        // Two keys with one id would share a prefix cache and a quota.
+                        return Err(format!(
+                            "setting `{SETTING_API_KEY}`: two keys have the caller id `{}`",
+                            key.id
+                        ));
+                    }
+                    policy.keys.push(key);
+                }
                 SETTING_MAX_RPM => {
                     policy.max_requests_per_minute = value.trim().parse().map_err(|_| {
                         format!(
@@ -543,6 +553,16 @@ mod tests {
             assert_eq!(d.status, 500, "{settings:?}");
             assert_eq!(d.code, "policy_misconfigured");
         }
+        let derived = Policy::from_settings(&[("api-key", "sk-plain")])
+            .unwrap()
+            .key_ids()
+            .next()
+            .unwrap()
+            .to_string();
+        let twin = format!("{derived}:sk-other");
+        let err = Policy::from_settings(&[("api-key", "sk-plain"), ("api-key", twin.as_str())])
+            .unwrap_err();
+        assert!(err.contains("two keys have the caller id"), "{err}");
         // The error never echoes a secret.
         let err = Policy::from_settings(&[("api-key", "id:sk with space")]).unwrap_err();
         assert!(!err.contains("sk with space"), "{err}");

@@ -159,7 +159,13 @@ impl Request {
     /// calls return the same bytes.
     pub fn body(&mut self, limit: usize) -> Result<&[u8], ApiError> {
         if self.read.is_none() {
-            let mut out = Vec::new();
+            // One allocation of the announced size: growing by doubling
+            // would need up to twice a large body's size at once.
+            let announced = self
+                .header("content-length")
+                .and_then(|v| v.trim().parse::<usize>().ok())
+                .unwrap_or(0);
+            let mut out = Vec::with_capacity(announced.min(limit.saturating_add(1)));
             if let Some(mut src) = self.body.take() {
                 while let Some(chunk) = src.read_chunk(64 << 10).map_err(|e| {
                     ApiError::invalid(

@@ -301,9 +301,25 @@ pub fn stop(a: StopArgs) -> Result<()> {
         std::thread::sleep(Duration::from_millis(50));
     }
     sf.remove_any();
+    let report = sf.take_stop_report(r.pid);
+    let drained = report.as_ref().map(|s| s.drained);
     println!(
         "{}",
-        json!({"stopped": true, "pid": r.pid, "after_s": t0.elapsed().as_secs_f64()})
+        json!({
+            "stopped": true,
+            "pid": r.pid,
+            "after_s": t0.elapsed().as_secs_f64(),
+            "drained": drained,
+            "outcome": report.as_ref().map(|s| s.outcome.clone()),
+            "cut_requests": report.as_ref().map(|s| s.cut_requests),
+        })
     );
+    if let Some(s) = report.filter(|s| !s.drained) {
+        bail!(
+            "the server stopped without draining ({}): {} request(s) in flight were cancelled",
+            s.outcome,
+            s.cut_requests
+        );
+    }
     Ok(())
 }

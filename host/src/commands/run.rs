@@ -121,6 +121,8 @@ pub fn run(a: Args) -> Result<i32> {
         },
         policy_settings: Vec::new(),
         guest_stderr: true,
+        // One command instance.
+        instance_slots: 1,
     };
     // Validate the component before loading the model.
     let prepared = command::prepare(&cfg, &a.component, &wasm)?;

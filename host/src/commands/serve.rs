@@ -1,6 +1,7 @@
 //! `qwasi serve`: the HTTP server in the foreground.
 
 use super::ModelArgs;
+use super::limits::LimitArgs;
 use super::serving::ServingArgs;
 use super::state::{self, StateFile};
 use crate::runtime::{self, GuestSource, Mount, Runtime, RuntimeConfig, Shared};
@@ -82,9 +83,8 @@ pub struct Args {
     /// Extra KEY=VALUE settings for the policy guest (repeatable).
     #[arg(long, value_name = "KEY=VALUE")]
     pub policy_setting: Vec<String>,
-    /// Linear-memory cap per guest instance (e.g. 64MiB, 1GiB).
-    #[arg(long, default_value = "64MiB", value_parser = parse_size)]
-    pub guest_memory: usize,
+    #[command(flatten)]
+    pub limits: LimitArgs,
     /// WebAssembly execution time allowed per request (0 = unlimited).
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
     pub guest_cpu_limit: Duration,
@@ -209,6 +209,7 @@ fn start_service<B: qwasi_engine::backend::Backend + 'static>(
 /// Checks that need no model: refuse an unauthenticated public bind, an
 /// unknown backend.
 pub fn preflight(a: &Args) -> Result<()> {
+    crate::server::keys::validate(&a.api_key).map_err(|e| anyhow::anyhow!("{e}"))?;
     let keys: Vec<&String> = a.api_key.iter().filter(|k| !k.is_empty()).collect();
     if !is_loopback(&a.host) && keys.is_empty() && !a.allow_unauthenticated && a.policy.is_none() {
         bail!(
@@ -218,6 +219,7 @@ pub fn preflight(a: &Args) -> Result<()> {
         );
     }
     check_backend(&a.backend)?;
+    a.limits.check()?;
     if a.threads == Some(0) {
         bail!("--threads must be at least 1");
     }
@@ -345,8 +347,10 @@ async fn serve(a: Args) -> Result<()> {
         Some(d) => d.display().to_string(),
         None => qwasi_engine::demo::DEMO_MODEL_ID.to_string(),
     };
+    let limits = a.limits.server_limits()?;
     let state = AppState::new(
         ServerConfig {
+            limits,
             request_timeout: a.request_timeout,
             admin_keys: a
                 .api_key
@@ -427,17 +431,82 @@ async fn serve(a: Args) -> Result<()> {
         a.drain_timeout.as_secs_f64()
     );
     state.begin_drain();
-    tokio::select! {
-        _ = state.drained() => eprintln!("qwasi: drained; exiting"),
-        _ = tokio::time::sleep(a.drain_timeout) => eprintln!("qwasi: drain timeout; exiting with {} requests in flight", state.in_flight()),
-        _ = signals.recv() => eprintln!("qwasi: second signal; exiting now"),
+    let t0 = std::time::Instant::now();
+    let outcome = tokio::select! {
+        _ = state.drained() => StopOutcome::Drained,
+        _ = tokio::time::sleep(a.drain_timeout) => StopOutcome::DrainTimeout,
+        _ = signals.recv() => StopOutcome::SecondSignal,
+    };
+    let cut = state.in_flight();
+    if outcome != StopOutcome::Drained {
+        eprintln!(
+            "qwasi: {}: cancelling the {cut} request(s) still in flight",
+            outcome.describe()
+        );
+        // Each stream still ends with its final chunk and [DONE].
+        runtime.shared.hard_stop.fire();
+        tokio::select! {
+            _ = state.requests_done() => {}
+            _ = tokio::time::sleep(HARD_STOP_GRACE) => {}
+            _ = signals.recv() => {}
+        }
+    } else {
+        eprintln!("qwasi: drained; exiting");
     }
+    // Let the connections flush what the last responses wrote.
+    tokio::time::sleep(Duration::from_millis(200)).await;
     let _ = stop_tx.send(());
     let _ = tokio::time::timeout(Duration::from_secs(1), server).await;
     if let Some(sf) = &state_file {
+        sf.write_stop_report(&state::StopReport {
+            pid: std::process::id(),
+            outcome: outcome.name().into(),
+            drained: outcome == StopOutcome::Drained,
+            cut_requests: if outcome == StopOutcome::Drained {
+                0
+            } else {
+                cut
+            },
+            stop_s: t0.elapsed().as_secs_f64(),
+        });
         sf.remove();
     }
-    Ok(())
+    match outcome {
+        StopOutcome::Drained => Ok(()),
+        _ => bail!(
+            "stopped without draining ({}): {cut} request(s) in flight were cancelled",
+            outcome.describe()
+        ),
+    }
+}
+
+/// How long a hard stop waits for the cancelled streams to end.
+const HARD_STOP_GRACE: Duration = Duration::from_secs(5);
+
+/// How a graceful stop ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum StopOutcome {
+    Drained,
+    DrainTimeout,
+    SecondSignal,
+}
+
+impl StopOutcome {
+    fn name(self) -> &'static str {
+        match self {
+            StopOutcome::Drained => "drained",
+            StopOutcome::DrainTimeout => "drain_timeout",
+            StopOutcome::SecondSignal => "second_signal",
+        }
+    }
+
+    fn describe(self) -> &'static str {
+        match self {
+            StopOutcome::Drained => "drained",
+            StopOutcome::DrainTimeout => "the drain timeout (--drain-timeout) ran out",
+            StopOutcome::SecondSignal => "a second stop signal arrived",
+        }
+    }
 }
 
 /// The engine service and what guests see of it.
@@ -544,6 +613,7 @@ pub fn start_engine(
         model_info,
         constraints: Default::default(),
         serving: serving.config,
+        hard_stop: Default::default(),
     });
     Ok(StartedEngine {
         shared,
@@ -607,7 +677,7 @@ fn load(a: &Args) -> Result<(Runtime, String)> {
         policy_settings.push((k.to_string(), v.to_string()));
     }
     let cfg = RuntimeConfig {
-        memory_limit: a.guest_memory,
+        memory_limit: a.limits.guest_memory(),
         guest_cpu_limit: a.guest_cpu_limit,
         cache_dir: if a.no_compile_cache {
             None
@@ -616,6 +686,8 @@ fn load(a: &Args) -> Result<(Runtime, String)> {
         },
         policy_settings,
         guest_stderr: true,
+        // One API and one policy instance per connection at most.
+        instance_slots: u32::try_from(a.limits.connections()?).unwrap_or(u32::MAX),
     };
     let mount_list = mounts
         .iter()
@@ -640,6 +712,16 @@ fn load(a: &Args) -> Result<(Runtime, String)> {
             }
             (None, true) => "none (no API key: unauthenticated)".into(),
         }
+    ));
+    let l = &a.limits;
+    banner.push_str(&format!(
+        "\nqwasi: limits: {} connections; bodies up to {} within {:.0} s, {} pending ({} per client); guest memory {}",
+        l.connections()?,
+        server::human_size(l.max_body_size),
+        l.body_timeout.as_secs_f64(),
+        l.max_pending_bodies,
+        l.max_pending_bodies_per_client,
+        server::human_size(l.guest_memory()),
     ));
     Ok((runtime, banner))
 }

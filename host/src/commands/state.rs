@@ -20,6 +20,20 @@ pub struct Record {
     pub model: Option<String>,
 }
 
+/// How a server's stop ended, written next to its state file as it exits
+/// (`qwasi stop` reports it).
+#[derive(Serialize, Deserialize, Clone, Debug)]
+pub struct StopReport {
+    pub pid: u32,
+    /// `drained`, `drain_timeout` or `second_signal`.
+    pub outcome: String,
+    pub drained: bool,
+    /// Requests cancelled by the hard stop.
+    pub cut_requests: usize,
+    /// Seconds from the stop signal to exit.
+    pub stop_s: f64,
+}
+
 pub fn default_state_dir() -> PathBuf {
     if let Some(d) = std::env::var_os("XDG_RUNTIME_DIR").filter(|v| !v.is_empty()) {
         return PathBuf::from(d).join("qwasi");
@@ -59,6 +73,24 @@ impl StateFile {
 
     pub fn log_path(&self) -> PathBuf {
         self.dir.join(format!("{}.log", self.stem))
+    }
+
+    fn stop_report_path(&self) -> PathBuf {
+        self.dir.join(format!("{}.stopped.json", self.stem))
+    }
+
+    pub fn write_stop_report(&self, r: &StopReport) {
+        if let Ok(text) = serde_json::to_string(r) {
+            let _ = std::fs::write(self.stop_report_path(), text);
+        }
+    }
+
+    /// The report `pid` left when it stopped (removed once read).
+    pub fn take_stop_report(&self, pid: u32) -> Option<StopReport> {
+        let text = std::fs::read_to_string(self.stop_report_path()).ok()?;
+        let r: StopReport = serde_json::from_str(&text).ok()?;
+        let _ = std::fs::remove_file(self.stop_report_path());
+        (r.pid == pid).then_some(r)
     }
 
     pub fn read(&self) -> Option<Record> {

@@ -12,7 +12,6 @@ use anyhow::{Result, anyhow};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
-use wasmtime::StoreLimitsBuilder;
 use wasmtime::component::Linker;
 use wasmtime_wasi::p2::bindings::CommandPre;
 use wasmtime_wasi::{FsPerms, I32Exit, WasiCtxBuilder};
@@ -108,10 +107,7 @@ pub async fn run(
             )
         })?;
     }
-    let limits = StoreLimitsBuilder::new()
-        .memory_size(cfg.memory_limit)
-        .trap_on_grow_failure(false)
-        .build();
+    let limits = super::memory::GuestLimits::new(cfg.memory_limit);
     let mut store = new_host_store(&engine, b.build(), limits, opts.cpu_limit, shared, None);
 
     let outcome = async {

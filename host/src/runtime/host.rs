@@ -4,13 +4,14 @@
 use super::Shared;
 use super::bindings::api::qwasi::inference::{inference, tokenizer, types};
 use super::limits::CpuMeter;
+use super::memory::GuestLimits;
 use qwasi_engine::constraint::Compiled;
 use qwasi_engine::generate::{FinishReason, GenerateRequest};
 use qwasi_engine::sampling::{Sampled, SamplingParams};
 use qwasi_engine::service::{Event, GenerationHandle, SubmitError, SubmitOptions, Usage};
 use std::sync::Arc;
+use wasmtime::Result;
 use wasmtime::component::{Resource, ResourceTable};
-use wasmtime::{Result, StoreLimits};
 use wasmtime_wasi::p2::{DynPollable, Pollable};
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpHooks, WasiHttpView};
@@ -21,7 +22,7 @@ pub struct HostState {
     pub(super) http: WasiHttpCtx,
     pub(super) hooks: DenyEgress,
     pub(super) table: ResourceTable,
-    pub(super) limits: StoreLimits,
+    pub(super) limits: GuestLimits,
     pub(super) cpu: CpuMeter,
     pub(super) shared: Arc<Shared>,
     /// Who the policy admitted (an API-key id): isolates the prefix cache.
@@ -76,16 +77,31 @@ impl WasiHttpHooks for DenyEgress {
 /// the engine handle, which cancels the request and frees its slot.
 pub struct GenerationResource {
     handle: GenerationHandle,
+    hard_stop: tokio::sync::watch::Receiver<bool>,
 }
 
 #[wasmtime_wasi::async_trait]
 impl Pollable for GenerationResource {
     async fn ready(&mut self) {
-        self.handle.wait().await
+        tokio::select! {
+            _ = self.handle.wait() => {}
+            _ = super::stop::fired(&mut self.hard_stop) => {
+                // The engine answers with `finished` (cancelled).
+                self.handle.cancel();
+                self.handle.wait().await;
+            }
+        }
     }
 }
 
 impl types::Host for HostState {}
+
+impl HostState {
+    /// The memory limit, when the guest asked for more than it.
+    pub fn memory_refused(&self) -> Option<usize> {
+        self.limits.refused().then(|| self.limits.limit())
+    }
+}
 
 impl tokenizer::Host for HostState {
     async fn encode(&mut self, text: String) -> Result<std::result::Result<Vec<u32>, String>> {
@@ -219,7 +235,15 @@ impl HostState {
             constraint,
         };
         match self.shared.service.submit(req, opts).await {
-            Ok(handle) => Ok(Ok(self.table.push(GenerationResource { handle })?)),
+            Ok(handle) => {
+                let hard_stop = self.shared.hard_stop.subscribe();
+                if *hard_stop.borrow() {
+                    handle.cancel();
+                }
+                Ok(Ok(self
+                    .table
+                    .push(GenerationResource { handle, hard_stop })?))
+            }
             Err(e) => Ok(Err(convert_submit_error(e))),
         }
     }

@@ -14,13 +14,18 @@ pub mod command;
 pub mod constraint;
 pub mod host;
 pub mod limits;
+pub mod memory;
 pub mod policy;
+pub mod pool;
+pub mod stop;
 
 use anyhow::{Context, Result, anyhow, bail};
 use bindings::api::qwasi::inference::types::ModelInfo;
 use host::{DenyEgress, HostState};
 use limits::{CpuMeter, EPOCH_TICK};
+use memory::GuestLimits;
 use policy::PolicyState;
+use pool::Slots;
 use qwasi_engine::service::EngineService;
 use qwasi_engine::tokenizer::Tokenizer;
 use sha2::{Digest, Sha256};
@@ -30,9 +35,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 use wasmtime::component::{Component, HasSelf, Linker, ResourceTable};
-use wasmtime::{
-    Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig, Store, StoreLimitsBuilder,
-};
+use wasmtime::{Config, Engine, InstanceAllocationStrategy, Store};
 use wasmtime_wasi::WasiCtxBuilder;
 use wasmtime_wasi_http::WasiHttpCtx;
 use wasmtime_wasi_http::p2::bindings::ProxyPre;
@@ -55,6 +58,9 @@ pub struct RuntimeConfig {
     pub policy_settings: Vec<(String, String)>,
     /// Let guests write to the server's stderr (their logs).
     pub guest_stderr: bool,
+    /// Guest instances of each kind (API, policy) that may live at once; the
+    /// instance pool is sized for all of them (see [`pool`]).
+    pub instance_slots: u32,
 }
 
 /// What every request's store shares.
@@ -67,6 +73,8 @@ pub struct Shared {
     pub constraints: constraint::Constraints,
     /// `inference.serving-config` (WIT 0.1.3).
     pub serving: bindings::api::qwasi::inference::inference::ServingConfiguration,
+    /// Cancels every live generation when the server stops without draining.
+    pub hard_stop: stop::HardStop,
 }
 
 /// Which world a guest implements.
@@ -287,6 +295,8 @@ pub struct Runtime {
     cfg: RuntimeConfig,
     /// One reload at a time.
     reload_lock: Mutex<()>,
+    api_slots: Slots,
+    policy_slots: Slots,
 }
 
 impl Runtime {
@@ -328,6 +338,8 @@ impl Runtime {
             policy: None,
             policy_counters: Arc::default(),
             shared,
+            api_slots: Slots::new(cfg.instance_slots),
+            policy_slots: Slots::new(cfg.instance_slots),
             cfg,
             reload_lock: Mutex::new(()),
         };
@@ -550,11 +562,19 @@ impl Runtime {
         b.build()
     }
 
-    fn limits(&self) -> wasmtime::StoreLimits {
-        StoreLimitsBuilder::new()
-            .memory_size(self.cfg.memory_limit)
-            .trap_on_grow_failure(false)
-            .build()
+    fn limits(&self) -> GuestLimits {
+        GuestLimits::new(self.cfg.memory_limit)
+    }
+
+    /// Slots of live API-guest instances.
+    pub fn api_slots(&self) -> &Slots {
+        &self.api_slots
+    }
+
+    /// Slots of live policy-guest instances (separate from the API guests',
+    /// so that requests holding API instances never starve admission).
+    pub fn policy_slots(&self) -> &Slots {
+        &self.policy_slots
     }
 
     /// A fresh store for one request to the API guest.
@@ -601,7 +621,7 @@ pub fn add_qwasi_to_linker(linker: &mut Linker<HostState>) -> Result<()> {
 pub fn new_host_store(
     engine: &Engine,
     wasi: wasmtime_wasi::WasiCtx,
-    limits: wasmtime::StoreLimits,
+    limits: GuestLimits,
     cpu_limit: Duration,
     shared: Arc<Shared>,
     caller: Option<String>,
@@ -626,8 +646,16 @@ pub fn new_engine(cfg: &RuntimeConfig) -> Result<Engine> {
     let mut config = Config::new();
     config.wasm_component_model(true);
     config.epoch_interruption(true);
-    let mut pool = PoolingAllocationConfig::default();
-    pool.max_memory_size(cfg.memory_limit);
+    // Proposals no guest needs stay off: less reachable runtime code (GC
+    // subtyping and atomics without the gc/threads cargo features aborted
+    // the host before 48.0.9: GHSA-rc4p-x33f-vpr2, GHSA-2674-w29h-wqvj).
+    config.wasm_features(
+        wasmtime::WasmFeatures::GC
+            | wasmtime::WasmFeatures::FUNCTION_REFERENCES
+            | wasmtime::WasmFeatures::THREADS,
+        false,
+    );
+    let pool = pool::pooling_config(cfg.memory_limit, cfg.instance_slots);
     config.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
     Engine::new(&config)
         .map_err(anyhow::Error::from)

@@ -3,11 +3,12 @@
 
 use super::bindings::policy::qwasi::inference::{policy_config, policy_state};
 use super::limits::CpuMeter;
+use super::memory::GuestLimits;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
+use wasmtime::Result;
 use wasmtime::component::ResourceTable;
-use wasmtime::{Result, StoreLimits};
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
 pub use super::bindings::policy::exports::qwasi::inference::admission::{Decision, RequestMeta};
@@ -15,7 +16,7 @@ pub use super::bindings::policy::exports::qwasi::inference::admission::{Decision
 pub struct PolicyState {
     pub(super) wasi: WasiCtx,
     pub(super) table: ResourceTable,
-    pub(super) limits: StoreLimits,
+    pub(super) limits: GuestLimits,
     pub(super) cpu: CpuMeter,
     pub(super) settings: Vec<(String, String)>,
     pub(super) counters: Arc<Counters>,

@@ -1,4 +1,5 @@
-//! One API request through the guests: policy check, then a fresh instance of
+//! One API request through the guests: policy check (on the head alone),
+//! the body read by the host ([`super::body`]), then a fresh instance of
 //! the API guest mounted at the longest matching path prefix, running
 //! `wasi:http/incoming-handler.handle` in its own task. Each request holds the
 //! guest version it started with, so a reload never affects it.
@@ -95,6 +96,7 @@ pub async fn handle(
                     .collect(),
                 remote_addr: remote.to_string(),
             };
+            let _slot = rt.policy_slots().acquire().await;
             let mut store = rt.policy_store();
             let check = async {
                 let policy = pre.instantiate_async(&mut store).await?;
@@ -124,7 +126,7 @@ pub async fn handle(
         }
     };
 
-    // 2. The API guest mounted at the longest matching prefix, in its own task.
+    // 2. The API guest mounted at the longest matching prefix.
     let Some(guest_version) = rt.route(req.uri().path()).map(|slot| slot.current()) else {
         return error_response(
             StatusCode::NOT_FOUND,
@@ -136,6 +138,25 @@ pub async fn handle(
             None,
         );
     };
+    // 3. The whole body, before any instance exists.
+    let client = match &caller {
+        Some(id) => format!("key:{id}"),
+        None => format!("addr:{}", remote.ip()),
+    };
+    let req = match super::body::buffer(state, req, &client).await {
+        Ok(r) => r,
+        Err(resp) => return resp,
+    };
+
+    // 4. The API guest, in its own task.
+    let slot = match tokio::time::timeout_at(deadline, rt.api_slots().acquire()).await {
+        Ok(p) => p,
+        Err(_) => {
+            HostMetrics::inc(&state.metrics.request_timeouts);
+            return timeout_error();
+        }
+    };
+    let body_len = req.body().size_hint().exact().unwrap_or(0);
     let mut store = rt.api_store(caller);
     let (tx, rx) = tokio::sync::oneshot::channel();
     let resources = (|| {
@@ -147,9 +168,10 @@ pub async fn handle(
     let (req_res, out) = match resources {
         Ok(x) => x,
         Err(e) => {
+            eprintln!("qwasi: {method} {path}: malformed request: {}", describe(e));
             return error_response(
                 StatusCode::BAD_REQUEST,
-                &format!("malformed request: {}", describe(e)),
+                "malformed request: the request head has no usable authority (Host header)",
                 "invalid_request_error",
                 None,
             );
@@ -172,9 +194,15 @@ pub async fn handle(
                 .await
         };
         let r = tokio::time::timeout_at(deadline, run).await;
+        let memory_refused = store.data().memory_refused();
         // Drop the store (and any generation) as soon as the guest is done.
         drop(store);
-        r
+        drop(slot);
+        Outcome {
+            r,
+            memory_refused,
+            body_len,
+        }
     });
     let abort = AbortOnDrop(task.abort_handle());
     let mut task = Some(task);
@@ -193,9 +221,16 @@ pub async fn handle(
                 });
             }
             let (parts, body) = resp.into_parts();
+            // hyper stops polling a body once Content-Length bytes are out.
+            let remaining = parts
+                .headers
+                .get(http::header::CONTENT_LENGTH)
+                .and_then(|v| v.to_str().ok()?.trim().parse::<u64>().ok())
+                .or(body.size_hint().exact());
             let body = GuestBody {
+                remaining,
                 inner: body,
-                finished: false,
+                finished: remaining == Some(0),
                 _abort: abort,
                 _active: active,
                 state: state.clone(),
@@ -220,14 +255,18 @@ pub async fn handle(
     }
 }
 
-/// Logs and counts a finished guest task; the error response for it, if any.
-fn report(
-    state: &AppState,
-    method: &str,
-    path: &str,
+/// How a guest task ended.
+struct Outcome {
     r: Result<wasmtime::Result<()>, tokio::time::error::Elapsed>,
-) -> Option<Response<Body>> {
-    match r {
+    /// The guest's memory limit, when it asked for more.
+    memory_refused: Option<usize>,
+    /// Size of the request body.
+    body_len: u64,
+}
+
+/// Logs and counts a finished guest task; the error response for it, if any.
+fn report(state: &AppState, method: &str, path: &str, o: Outcome) -> Option<Response<Body>> {
+    match o.r {
         Ok(Ok(())) => None,
         Ok(Err(e)) => {
             let why = describe(e);
@@ -236,6 +275,27 @@ fn report(
                 HostMetrics::inc(&state.metrics.guest_cpu_exceeded);
             }
             eprintln!("qwasi: {method} {path}: the API guest failed: {why}");
+            match o.memory_refused {
+                // A request too big for the guest's memory, not a crash.
+                Some(limit) if o.body_len > 0 => {
+                    return Some(error_response(
+                        StatusCode::PAYLOAD_TOO_LARGE,
+                        &format!(
+                            "the request needs more memory than an API guest may use ({}, --guest-memory); send a smaller request",
+                            super::human_size(limit)
+                        ),
+                        "request_too_large",
+                        None,
+                    ));
+                }
+                Some(limit) => {
+                    return Some(guest_error(&format!(
+                        "the API guest ran out of memory ({}, --guest-memory): {why}",
+                        super::human_size(limit)
+                    )));
+                }
+                None => {}
+            }
             Some(guest_error(&format!("the API guest failed: {why}")))
         }
         Err(_) => {
@@ -250,6 +310,9 @@ fn report(
 /// client went away) and the in-flight count.
 struct GuestBody {
     inner: HyperOutgoingBody,
+    /// Bytes still to send of a body of known length: hyper stops polling
+    /// once it has sent them, without waiting for the end of the stream.
+    remaining: Option<u64>,
     finished: bool,
     _abort: AbortOnDrop,
     _active: ActiveGuard,
@@ -265,8 +328,17 @@ impl hyper::body::Body for GuestBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
         let r = Pin::new(&mut self.inner).poll_frame(cx);
-        if matches!(r, Poll::Ready(None)) {
-            self.finished = true;
+        match &r {
+            Poll::Ready(None) => self.finished = true,
+            Poll::Ready(Some(Ok(frame))) => {
+                if let (Some(rem), Some(data)) = (self.remaining.as_mut(), frame.data_ref()) {
+                    *rem = rem.saturating_sub(data.len() as u64);
+                    if *rem == 0 {
+                        self.finished = true;
+                    }
+                }
+            }
+            _ => {}
         }
         r
     }
@@ -282,6 +354,7 @@ impl hyper::body::Body for GuestBody {
 
 impl Drop for GuestBody {
     fn drop(&mut self) {
+        // Only a body dropped before its end is a disconnect.
         if !self.finished && !self.inner.is_end_stream() {
             HostMetrics::inc(&self.state.metrics.client_disconnects);
         }

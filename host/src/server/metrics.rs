@@ -108,6 +108,15 @@ impl HostMetrics {
         );
         let _ = writeln!(
             out,
+            "# HELP qwasi_connections_open Connections being served.\n\
+             # TYPE qwasi_connections_open gauge\nqwasi_connections_open {}\n\
+             # HELP qwasi_pending_bodies Requests whose body is still arriving.\n\
+             # TYPE qwasi_pending_bodies gauge\nqwasi_pending_bodies {}",
+            state.connections.open(),
+            state.pending.total()
+        );
+        let _ = writeln!(
+            out,
             "# HELP qwasi_ready 1 when the server admits requests.\n\
              # TYPE qwasi_ready gauge\nqwasi_ready {}",
             u8::from(state.phase() == super::Phase::Ready)

@@ -3,8 +3,13 @@
 //! request goes through the policy guest (when one is configured) and then a
 //! fresh instance of the API guest mounted at the longest matching path
 //! prefix (`wasi:http/incoming-handler`), whose response streams back.
+//! The body is read by the host first ([`body`]), and connections are
+//! bounded ([`conn`]): see docs/SECURITY.md for the limits.
 
+mod body;
+pub mod conn;
 mod guest;
+pub mod keys;
 pub mod metrics;
 
 use crate::runtime::Runtime;
@@ -23,7 +28,7 @@ use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 use tokio::net::TcpListener;
-use tokio::sync::Notify;
+use tokio::sync::{Notify, watch};
 
 pub type Body = UnsyncBoxBody<Bytes, wasmtime_wasi_http::Error>;
 
@@ -37,6 +42,43 @@ pub struct ServerConfig {
     /// The server listens on a loopback address only: without API keys,
     /// `POST /admin/reload` is allowed (from anyone who can connect).
     pub loopback: bool,
+    pub limits: Limits,
+}
+
+/// What one client can hold (docs/SECURITY.md).
+#[derive(Clone, Debug)]
+pub struct Limits {
+    /// Largest request body (413 beyond).
+    pub max_body: usize,
+    /// Time a client has to send a request's head, and then its body.
+    pub body_timeout: Duration,
+    /// Requests whose body is still arriving, in all (503 beyond).
+    pub max_pending_bodies: usize,
+    /// ... and per client: API key, or address without keys (429 beyond).
+    pub max_pending_per_client: usize,
+    /// Connections served at once (503 `too_many_connections` beyond).
+    pub max_connections: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_body: 32 << 20,
+            body_timeout: Duration::from_secs(30),
+            max_pending_bodies: 256,
+            max_pending_per_client: 32,
+            max_connections: 1024,
+        }
+    }
+}
+
+/// `n` bytes as `32 MiB`, `512 KiB` or `100 bytes`.
+pub fn human_size(n: usize) -> String {
+    match n {
+        n if n >= 1 << 20 && n % (1 << 20) == 0 => format!("{} MiB", n >> 20),
+        n if n >= 1 << 10 && n % (1 << 10) == 0 => format!("{} KiB", n >> 10),
+        n => format!("{n} bytes"),
+    }
 }
 
 /// Lifecycle of the server, as `/ready` and `/health` report it.
@@ -71,11 +113,19 @@ pub struct AppState {
     started: Instant,
     /// Model id, known before the model has loaded.
     pub model_label: String,
+    /// Requests whose body is still arriving.
+    pending: body::Pending,
+    /// Set when a graceful stop begins: pending body reads give up.
+    drain: watch::Sender<bool>,
+    connections: conn::Connections,
 }
 
 impl AppState {
     pub fn new(cfg: ServerConfig, model_label: String) -> Arc<Self> {
         Arc::new(AppState {
+            connections: conn::Connections::new(cfg.limits.max_connections),
+            pending: body::Pending::default(),
+            drain: watch::Sender::new(false),
             cfg,
             runtime: OnceLock::new(),
             phase: AtomicU8::new(Phase::Loading as u8),
@@ -113,6 +163,7 @@ impl AppState {
     /// queued ones finish.
     pub fn begin_drain(&self) {
         self.phase.store(Phase::Draining as u8, Ordering::SeqCst);
+        self.drain.send_replace(true);
         if let Some(rt) = self.runtime() {
             rt.shared.service.begin_drain();
         }
@@ -122,8 +173,13 @@ impl AppState {
         self.active.load(Ordering::SeqCst)
     }
 
-    /// Resolves once no API request is in flight and the engine is idle.
-    pub async fn drained(&self) {
+    /// Becomes true when a graceful stop begins.
+    fn drain_signal(&self) -> watch::Receiver<bool> {
+        self.drain.subscribe()
+    }
+
+    /// Resolves once no API request is in flight.
+    pub async fn requests_done(&self) {
         loop {
             let notified = self.idle.notified();
             let mut notified = std::pin::pin!(notified);
@@ -133,6 +189,11 @@ impl AppState {
             }
             notified.await;
         }
+    }
+
+    /// Resolves once no API request is in flight and the engine is idle.
+    pub async fn drained(&self) {
+        self.requests_done().await;
         if let Some(rt) = self.runtime() {
             rt.shared.service.drained().await;
         }
@@ -174,16 +235,32 @@ pub async fn serve(
             },
             _ = &mut shutdown => return,
         };
+        let permit = match state.connections.admit() {
+            conn::Admission::Serve(p) => p,
+            conn::Admission::Refuse(p) => {
+                tokio::spawn(conn::refuse(stream, state.cfg.limits.max_connections, p));
+                continue;
+            }
+            conn::Admission::Drop => continue,
+        };
         let _ = stream.set_nodelay(true);
         let state = state.clone();
         tokio::spawn(async move {
+            let _permit = permit;
             let io = TokioIo::new(stream);
+            let header_timeout = state.cfg.limits.body_timeout;
             let svc = service_fn(move |req| {
                 let state = state.clone();
                 async move { Ok::<_, Infallible>(route(state, req, remote).await) }
             });
+            // Half-closed clients (shutdown(SHUT_WR) after the request)
+            // still get their response; a client that is really gone is
+            // found by the next write (a streamed response's next chunk).
             let _ = hyper::server::conn::http1::Builder::new()
                 .keep_alive(true)
+                .half_close(true)
+                .timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(header_timeout)
                 .serve_connection(io, svc)
                 .await;
         });
@@ -221,14 +298,7 @@ async fn api(state: &Arc<AppState>, req: Request<Incoming>, remote: SocketAddr) 
                 Some(1),
             );
         }
-        Phase::Draining => {
-            return error_response(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "the server is shutting down and accepts no new requests",
-                "service_shutting_down",
-                None,
-            );
-        }
+        Phase::Draining => return shutting_down(),
         Phase::Failed => {
             return error_response(
                 StatusCode::SERVICE_UNAVAILABLE,
@@ -310,46 +380,16 @@ async fn admin_reload(state: &Arc<AppState>, req: &Request<Incoming>) -> Respons
     }
 }
 
-/// The secret part of a configured key, as the bundled policy reads it:
-/// `id:secret` when the id is `[A-Za-z0-9._@-]{1,64}` and the secret is not
-/// empty, else the whole value.
-fn key_secret(value: &str) -> &str {
-    let value = value.trim();
-    match value.split_once(':') {
-        Some((id, secret))
-            if !id.is_empty()
-                && id.len() <= 64
-                && id
-                    .bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || b"._@-".contains(&b))
-                && !secret.is_empty() =>
-        {
-            secret
-        }
-        _ => value,
-    }
-}
-
-/// Compares two byte strings in time independent of where they differ.
-fn same_secret(a: &[u8], b: &[u8]) -> bool {
-    use sha2::{Digest, Sha256};
-    let (x, y) = (Sha256::digest(a), Sha256::digest(b));
-    x.iter()
-        .zip(y.iter())
-        .fold(0u8, |acc, (p, q)| acc | (p ^ q))
-        == 0
-}
-
 /// Who may call the admin endpoints: a bearer token equal to a configured API
 /// key; without keys, anyone on a loopback-only server. The refusal, if any.
 fn admin_denial(cfg: &ServerConfig, headers: &http::HeaderMap) -> Option<Response<Body>> {
-    let keys: Vec<&str> = cfg
+    let secrets: Vec<&str> = cfg
         .admin_keys
         .iter()
-        .map(|k| key_secret(k))
+        .map(|k| keys::key_secret(k))
         .filter(|k| !k.is_empty())
         .collect();
-    if keys.is_empty() {
+    if secrets.is_empty() {
         if cfg.loopback {
             return None;
         }
@@ -372,7 +412,13 @@ fn admin_denial(cfg: &ServerConfig, headers: &http::HeaderMap) -> Option<Respons
                 .then(|| token.trim().to_string())
         });
     match token {
-        Some(t) if keys.iter().any(|k| same_secret(k.as_bytes(), t.as_bytes())) => None,
+        Some(t)
+            if secrets
+                .iter()
+                .any(|k| keys::same_secret(k.as_bytes(), t.as_bytes())) =>
+        {
+            None
+        }
         Some(_) => Some(error_response(
             StatusCode::UNAUTHORIZED,
             "Incorrect API key provided for the admin endpoint.",
@@ -386,6 +432,15 @@ fn admin_denial(cfg: &ServerConfig, headers: &http::HeaderMap) -> Option<Respons
             None,
         )),
     }
+}
+
+fn shutting_down() -> Response<Body> {
+    error_response(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "the server is shutting down and accepts no new requests",
+        "service_shutting_down",
+        None,
+    )
 }
 
 fn json_response(status: StatusCode, v: serde_json::Value) -> Response<Body> {
@@ -461,6 +516,8 @@ fn health(state: &AppState) -> Response<Body> {
             "version": env!("CARGO_PKG_VERSION"),
             "uptime_s": state.started.elapsed().as_secs_f64(),
             "requests_in_flight": state.in_flight(),
+            "connections": state.connections.open(),
+            "pending_bodies": state.pending.total(),
             "queue": queue_json(state),
         }),
     )
@@ -495,18 +552,16 @@ fn metrics_response(state: &AppState) -> Response<Body> {
 
 #[cfg(test)]
 mod tests {
-    use super::{ServerConfig, admin_denial, key_secret};
+    use super::{ServerConfig, admin_denial};
     use std::time::Duration;
 
     #[test]
     fn admin_keys() {
-        assert_eq!(key_secret("ops:sk-1"), "sk-1");
-        assert_eq!(key_secret("sk-plain"), "sk-plain");
-        assert_eq!(key_secret("bad id:x"), "bad id:x");
         let cfg = |keys: &[&str], loopback| ServerConfig {
             request_timeout: Duration::from_secs(1),
             admin_keys: keys.iter().map(|k| k.to_string()).collect(),
             loopback,
+            limits: Default::default(),
         };
         let headers = |auth: &str| {
             let mut h = http::HeaderMap::new();

@@ -27,6 +27,15 @@ pub fn fixture_model() -> String {
         .to_string()
 }
 
+/// Runs `qwasi ARGS...` to its end (without the caller's QWASI_API_KEY).
+pub fn qwasi(args: &[&str]) -> std::process::Output {
+    Command::new(QWASI)
+        .args(args)
+        .env_remove("QWASI_API_KEY")
+        .output()
+        .expect("run qwasi")
+}
+
 /// The misbehaving test guest built by host/build.rs.
 pub fn misbehave_guest() -> String {
     let p = env!("QWASI_TEST_GUEST_MISBEHAVE");
