@@ -56,10 +56,15 @@ __device__ void top_rounds(top_key_t* s, int n, Key key) {
 
 // Block b: the slice [b * per_part, (b + 1) * per_part) of x[0, n): its
 // TOP_K keys to keys[b * TOP_K, ...), its max and Σ e^(z - max) to ms[2b, 2b+1].
+// Rows of a batch: row blockIdx.y of x ([rows][n]) into its gridDim.x parts;
+// logits_top_merge's block r merges row r's into out + r (TOP_K + 1) words.
 QW_KERNEL void QW_BOUNDS(TOP_THREADS) logits_top_part(const float* __restrict__ x, int n, int per_part,
                                                       top_key_t* __restrict__ keys, float* __restrict__ ms) {
     __shared__ top_key_t s[TOP_SORT];
     __shared__ float scratch[32];
+    x += (size_t)blockIdx.y * n;
+    keys += (size_t)blockIdx.y * gridDim.x * TOP_K;
+    ms += (size_t)blockIdx.y * gridDim.x * 2;
     const int lo = blockIdx.x * per_part, hi = min(n, lo + per_part);
     float m = -INFINITY;
     for (int i = lo + threadIdx.x; i < hi; i += blockDim.x) m = fmaxf(m, x[i]);  // fmaxf skips NaN
@@ -85,6 +90,9 @@ QW_KERNEL void QW_BOUNDS(TOP_THREADS) logits_top_merge(const top_key_t* __restri
                                                        const float* __restrict__ ms, int parts,
                                                        top_key_t* __restrict__ out) {
     __shared__ top_key_t s[TOP_SORT];
+    keys += (size_t)blockIdx.x * parts * TOP_K;
+    ms += (size_t)blockIdx.x * parts * 2;
+    out += (size_t)blockIdx.x * (TOP_K + 1);
     top_rounds(s, parts * TOP_K, [&](int i) { return keys[i]; });
     for (int i = threadIdx.x; i < TOP_K; i += blockDim.x) out[i] = s[i];
     if (threadIdx.x == 0) {

@@ -286,6 +286,11 @@ impl GpuModel {
             stats = vec![[0f32; 4]; heads];
             d.dtoh(&mut stats, sc.get(d, "bat_stats", heads * 4 * F)?)?;
         }
+        // Every head's top logits in one copy where rows read them.
+        let mut tops = Vec::new();
+        if all.clone().any(|&r| matches!(batch[r].want, Want::Top(_))) {
+            tops = self.heads_at(sc, logits, heads)?;
+        }
         // Head row of each: decode row k is row k; the chunks that want a
         // readout follow in order.
         let mut next = b;
@@ -307,6 +312,7 @@ impl GpuModel {
                         let [t, m, l, _] = stats[j];
                         greedy_sampled([t, m, l], vocab).map(StepOut::Greedy)
                     }
+                    Want::Top(k) => self.head_in(&tops, j, *k).map(StepOut::Top),
                     want => self.readout_at(sc, logits + (j * vocab * F) as u64, want),
                 }
             })

@@ -85,6 +85,43 @@ impl GpuModel {
         Ok(out)
     }
 
+    /// The heads of `rows` logits rows at `logits` in one launch pair and
+    /// one copy: `HEAD_WORDS` words per row.
+    pub(super) fn heads_at(&self, sc: &mut Scratch, logits: u64, rows: usize) -> Result<Vec<u64>> {
+        let n = self.cfg.vocab_size;
+        let parts = n.div_ceil(TOP_PER_PART);
+        let keys = sc.get(&self.dev, "bat_top_parts", rows * parts * TOP_KEYS * 8)?;
+        let ms = sc.get(&self.dev, "bat_top_ms", rows * parts * 2 * F)?;
+        let out = sc.get(&self.dev, "bat_top_out", rows * HEAD_WORDS * 8)?;
+        kernels::logits_top_part(
+            &self.dev,
+            Launch::new((parts as u32, rows as u32, 1), (1024, 1, 1), 0),
+            dptr(logits),
+            i(n),
+            i(TOP_PER_PART),
+            dptr(keys),
+            dptr(ms),
+        )?;
+        kernels::logits_top_merge(
+            &self.dev,
+            Launch::new((rows as u32, 1, 1), (1024, 1, 1), 0),
+            dptr(keys),
+            dptr(ms),
+            i(parts),
+            dptr(out),
+        )?;
+        let mut words = vec![0u64; rows * HEAD_WORDS];
+        self.dev.dtoh(&mut words, out)?;
+        Ok(words)
+    }
+
+    /// Row `j`'s head of `k` (checked) among [`GpuModel::heads_at`]'s words.
+    pub(super) fn head_in(&self, words: &[u64], j: usize, k: usize) -> Result<TopLogits> {
+        check_head(k)?;
+        let row = &words[j * HEAD_WORDS..(j + 1) * HEAD_WORDS];
+        Ok(head_of(row, k.min(self.cfg.vocab_size)))
+    }
+
     pub(super) fn read_logits(&self, seq: &mut GpuSequence, tokens: &[u32]) -> Result<Vec<f32>> {
         let mut sc = self.scratch.lock().unwrap();
         self.dev.bind()?;
