@@ -11,16 +11,22 @@ use libfuzzer_sys::fuzz_target;
 use qwasi_engine::tokenizer::{IncrementalDecoder, Tokenizer};
 use qwasi_fuzz::Input;
 
-fn tokenizer() -> &'static Tokenizer {
-    static T: OnceLock<Tokenizer> = OnceLock::new();
-    T.get_or_init(|| Tokenizer::qwen36().expect("embedded tokenizer"))
+/// The tokenizer and its size (`vocab_size` builds the whole vocabulary map:
+/// once, not per input).
+fn tokenizer() -> &'static (Tokenizer, u32) {
+    static T: OnceLock<(Tokenizer, u32)> = OnceLock::new();
+    T.get_or_init(|| {
+        let t = Tokenizer::qwen36().expect("embedded tokenizer");
+        let n = t.vocab_size() as u32;
+        (t, n)
+    })
 }
 
 fuzz_target!(|data: &[u8]| {
-    let tok = tokenizer();
+    let (tok, vocab) = tokenizer();
+    let vocab = *vocab;
     let mut input = Input(data);
     let skip = input.byte() & 1 != 0;
-    let vocab = tok.vocab_size() as u32;
     let mut ids = Vec::new();
     while !input.is_empty() && ids.len() < 4096 {
         // Mostly ids in the vocabulary, with the top of the range (special
