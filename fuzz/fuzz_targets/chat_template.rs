@@ -20,7 +20,9 @@ fuzz_target!(|data: &[u8]| {
         vocab_size: 1 << 20,
         ..Default::default()
     };
-    let Ok(r) = parse_chat(&body, &info) else { return };
+    let Ok(r) = parse_chat(&body, &info) else {
+        return;
+    };
     let builtin = render_prompt(&info, &r.messages, &r.tools, r.render.clone())
         .expect("the built-in renderer renders every parsed request");
     info.chat_template = Some(QWEN_TEMPLATE.into());

@@ -32,7 +32,11 @@ fuzz_target!(|data: &[u8]| {
         // Mostly ids in the vocabulary, with the top of the range (special
         // tokens, then ids past the end) reachable from small inputs.
         let raw = input.u24();
-        ids.push(if raw & 1 == 0 { (raw >> 1) % vocab } else { vocab - 40 + (raw >> 1) % 64 });
+        ids.push(if raw & 1 == 0 {
+            (raw >> 1) % vocab
+        } else {
+            vocab - 40 + (raw >> 1) % 64
+        });
     }
     let mut dec = IncrementalDecoder::new(tok.clone(), skip);
     let mut streamed = String::new();

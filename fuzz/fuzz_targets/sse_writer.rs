@@ -8,7 +8,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use qwasi_fuzz::{Input, SseEvent, parse_sse};
+use qwasi_fuzz::{Input, SseEvent, check_sse_parser, parse_sse};
 use qwasi_guest_sdk::stream::{Framing, StreamWriter};
 use qwasi_guest_sdk::testing::Recorder;
 use serde_json::{Value, json};
@@ -23,9 +23,15 @@ fn lf(s: &str) -> String {
 }
 
 fuzz_target!(|data: &[u8]| {
+    static ORACLE: std::sync::Once = std::sync::Once::new();
+    ORACLE.call_once(check_sse_parser);
     let mut input = Input(data);
     let flags = input.byte();
-    let framing = if flags & 1 != 0 { Framing::Ndjson } else { Framing::Sse };
+    let framing = if flags & 1 != 0 {
+        Framing::Ndjson
+    } else {
+        Framing::Sse
+    };
     let threshold = input.byte() as usize * 8;
     let mut rec = Recorder {
         fail_after: (flags & 2 != 0).then_some(input.byte() as usize % 8),
@@ -34,8 +40,12 @@ fuzz_target!(|data: &[u8]| {
     let mut sent = Vec::new();
     let mut disconnected = false;
     {
-        let Ok(w) = StreamWriter::start(&mut rec, 200, framing, &[]) else { return };
-        let mut w = w.flush_threshold(threshold).flush_each_event(flags & 4 != 0);
+        let Ok(w) = StreamWriter::start(&mut rec, 200, framing, &[]) else {
+            return;
+        };
+        let mut w = w
+            .flush_threshold(threshold)
+            .flush_each_event(flags & 4 != 0);
         while !input.is_empty() {
             let r = match input.byte() % 5 {
                 0 if framing == Framing::Sse => {
@@ -55,7 +65,10 @@ fuzz_target!(|data: &[u8]| {
                 2 => w.flush(),
                 3 => {
                     if framing == Framing::Sse {
-                        sent.push(Sent::Event(SseEvent { event: String::new(), data: "[DONE]".into() }));
+                        sent.push(Sent::Event(SseEvent {
+                            event: String::new(),
+                            data: "[DONE]".into(),
+                        }));
                     }
                     w.done()
                 }

@@ -11,12 +11,14 @@ use qwasi_guest_sdk::toolcall::{Schemas, ToolParser, collect, parse_all, schemas
 use serde_json::{Map, Value, json};
 
 fn tool_schemas() -> Schemas {
-    schemas(&[json!({"type": "function", "function": {"name": "get_weather", "parameters": {
+    schemas(&[
+        json!({"type": "function", "function": {"name": "get_weather", "parameters": {
         "type": "object", "properties": {
             "city": {"type": "string"}, "days": {"type": "integer"},
             "scale": {"type": ["number", "null"]}, "flags": {"type": "array"},
             "opts": {"type": "object"}, "ok": {"type": "boolean"}, "any": {"enum": [1, "a"]}
-        }}}})])
+        }}}}),
+    ])
 }
 
 fuzz_target!(|data: &[u8]| {
@@ -25,7 +27,13 @@ fuzz_target!(|data: &[u8]| {
     let cuts: Vec<usize> = (0..ncuts).map(|_| input.byte() as usize * 4).collect();
     let typed = input.byte() & 1 != 0;
     let text = String::from_utf8_lossy(input.rest()).into_owned();
-    let sch = || if typed { tool_schemas() } else { Schemas::new() };
+    let sch = || {
+        if typed {
+            tool_schemas()
+        } else {
+            Schemas::new()
+        }
+    };
 
     let whole = parse_all(sch(), &text);
     let mut bounds: Vec<usize> = cuts
@@ -58,5 +66,9 @@ fuzz_target!(|data: &[u8]| {
     let mut outs = p.push(&text);
     outs.extend(p.finish());
     let (content, _) = collect(outs);
-    assert_eq!(nonws(&content) + p.markup_chars(), nonws(&text), "text lost");
+    assert_eq!(
+        nonws(&content) + p.markup_chars(),
+        nonws(&text),
+        "text lost"
+    );
 });
