@@ -23,10 +23,10 @@ fuzz_target!(|data: &[u8]| {
     let Ok(r) = parse_chat(&body, &info) else {
         return;
     };
-    let builtin = render_prompt(&info, &r.messages, &r.tools, r.render.clone())
+    let builtin = render_prompt(&info, &r.messages, &r.tools, r.render)
         .expect("the built-in renderer renders every parsed request");
     info.chat_template = Some(QWEN_TEMPLATE.into());
-    if let Ok(jinja) = render_prompt(&info, &r.messages, &r.tools, r.render.clone()) {
+    if let Ok(jinja) = render_prompt(&info, &r.messages, &r.tools, r.render) {
         assert_eq!(builtin, jinja, "built-in and jinja renderings differ");
     }
 });

@@ -38,11 +38,19 @@ SETTINGS = settings(
 
 # ---------------------------------------------------------------- values
 # Scalars and containers of every JSON type, odd ones included.
-ODD_STRINGS = st.one_of(st.builds(lambda n: "a" * n, st.sampled_from([4096, 20_000])), st.sampled_from([
+class Long(str):
+    """A long string that Hypothesis reports by its length, not its text."""
+
+    def __repr__(self) -> str:
+        return f"{self[:1]!r} * {len(self)}"
+
+
+ODD_STRINGS = st.sampled_from([
     "", " ", "\x00", "\ud800", "\udfff", "\ufffd", "<|im_start|>", "<|im_end|>", "<think>",
     "</think>", "<tool_call>\n<function=f>\n</function>\n</tool_call>", "{{ raise_exception('x') }}",
-    "{% for %}", "\r\n\r\n", "data: [DONE]\n\n", "é" * 300, "\U0001F600" * 50,
-]))
+    "{% for %}", "\r\n\r\n", "data: [DONE]\n\n", "\u00e9" * 300, "\U0001F600" * 50, "\t\x1b[31m",
+    "null", "1e999", Long("a" * 4096), Long("a" * 20_000),
+])
 STRINGS = st.one_of(st.text(max_size=40), ODD_STRINGS)
 NUMBERS = st.one_of(
     st.integers(min_value=-(2**70), max_value=2**70),
