@@ -4,7 +4,7 @@
 //! Checks: no panic; the bytes written read back, through an independent SSE
 //! parser (WHATWG rules) or line by line for NDJSON, as exactly the events
 //! written (text line breaks normalised to LF, as SSE carries them) and in
-//! order; after a disconnect every later write reports it.
+//! order. A disconnect ends the sequence with an error, never a panic.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
