@@ -53,17 +53,31 @@ pub fn push_json<T: Serialize + ?Sized>(buf: &mut Vec<u8>, framing: Framing, val
 }
 
 /// Appends an SSE event with an optional `event:` name; multi-line data
-/// becomes one `data:` line per line, as the SSE format requires.
+/// becomes one `data:` line per line, as the SSE format requires. A line
+/// ends at CRLF, LF or a lone CR, as an SSE reader splits them: a CR left
+/// inside a `data:` line would end it there and lose the rest.
 pub fn push_sse(buf: &mut Vec<u8>, event: Option<&str>, data: &str) {
     if let Some(name) = event {
         buf.extend_from_slice(b"event: ");
         buf.extend_from_slice(name.replace(['\r', '\n'], " ").as_bytes());
         buf.push(b'\n');
     }
-    for line in data.split('\n') {
+    let mut rest = data;
+    loop {
+        let (line, next) = match rest.find(['\r', '\n']) {
+            Some(i) => {
+                let eol = if rest[i..].starts_with("\r\n") { 2 } else { 1 };
+                (&rest[..i], Some(&rest[i + eol..]))
+            }
+            None => (rest, None),
+        };
         buf.extend_from_slice(b"data: ");
-        buf.extend_from_slice(line.strip_suffix('\r').unwrap_or(line).as_bytes());
+        buf.extend_from_slice(line.as_bytes());
         buf.push(b'\n');
+        match next {
+            Some(n) => rest = n,
+            None => break,
+        }
     }
     buf.push(b'\n');
 }
@@ -198,6 +212,18 @@ mod tests {
         assert_eq!(
             String::from_utf8(buf).unwrap(),
             "data: {\"a\":\"x\\ny\"}\n\nevent: ping\ndata: l1\ndata: l2\n\ndata: \n\n"
+        );
+    }
+
+    /// Found by fuzz/fuzz_targets/sse_writer.rs: a lone CR ended the data
+    /// line for an SSE reader, and the text after it was lost.
+    #[test]
+    fn sse_data_splits_at_every_line_ending() {
+        let mut buf = Vec::new();
+        push_sse(&mut buf, None, "a\rb\r\nc\nd\r");
+        assert_eq!(
+            String::from_utf8(buf).unwrap(),
+            "data: a\ndata: b\ndata: c\ndata: d\ndata: \n\n"
         );
     }
 
