@@ -213,3 +213,57 @@ fn start_passes_api_keys_through_the_environment_not_the_command_line() {
     // Stopped: nothing left to kill (its pid may be reused).
     std::mem::forget(guard);
 }
+
+/// What `qwasi stop` does on Windows (no signals there): it writes the
+/// server's stop file, which `serve` watches on every platform. A stop file
+/// left over from an earlier run does not stop the next server.
+#[test]
+fn the_stop_file_drains_and_stops_the_server() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().to_str().unwrap();
+    let port = free_port().to_string();
+    let stop_file = dir.path().join(format!("server-127.0.0.1-{port}.stop"));
+    std::fs::write(&stop_file, "stale").unwrap();
+    let (model, cache, guest) = (fixture_model(), compile_cache(), misbehave_guest());
+    let out = qwasi(&[
+        "start",
+        "--port",
+        &port,
+        "--state-dir",
+        state,
+        "--model",
+        &model,
+        "--guest",
+        &guest,
+        "--compile-cache",
+        &cache,
+        "--wait-timeout",
+        "120s",
+    ]);
+    assert!(
+        out.status.success(),
+        "start failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let started: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let guard = KillOnDrop(started["pid"].as_u64().unwrap());
+    let addr = format!("127.0.0.1:{port}");
+    assert!(!stop_file.exists(), "the stale stop file was not cleared");
+    // Longer than the server's poll of its stop file: still serving.
+    std::thread::sleep(Duration::from_millis(600));
+    assert_eq!(request(&addr, "GET", "/ok", &[], "").status, 200);
+
+    std::fs::write(&stop_file, "stop\n").unwrap();
+    wait_until("port closed", Duration::from_secs(30), || {
+        std::net::TcpStream::connect(&addr).is_err()
+    });
+    let state_file = dir.path().join(format!("server-127.0.0.1-{port}.json"));
+    wait_until("state file removed", Duration::from_secs(10), || {
+        !state_file.exists()
+    });
+    assert!(!stop_file.exists());
+    let log =
+        std::fs::read_to_string(dir.path().join(format!("server-127.0.0.1-{port}.log"))).unwrap();
+    assert!(log.contains("drained"), "{log}");
+    std::mem::forget(guard);
+}
