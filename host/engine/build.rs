@@ -78,21 +78,18 @@ fn main() {
             "-gencode",
             "arch=compute_80,code=[sm_80,compute_80]",
         ];
-        let images = sources
-            .iter()
-            .map(|src| {
-                let dst = out.join(format!("{}.fatbin", stem(src)));
-                let mut cmd = Command::new(&nvcc);
-                cmd.args(args)
-                    .arg("-I")
-                    .arg(&kernels)
-                    .arg("-o")
-                    .arg(&dst)
-                    .arg(src);
-                compile(cmd, "nvcc", src, &headers, &dst);
-                dst
-            })
-            .collect::<Vec<_>>();
+        let images = parallel(&sources, |src| {
+            let dst = out.join(format!("{}.fatbin", stem(src)));
+            let mut cmd = Command::new(&nvcc);
+            cmd.args(args)
+                .arg("-I")
+                .arg(&kernels)
+                .arg("-o")
+                .arg(&dst)
+                .arg(src);
+            compile(cmd, "nvcc", src, &headers, &dst);
+            dst
+        });
         write_if_changed(&out.join("kernel_images_cuda.rs"), &image_list(&images));
     }
     if hip {
@@ -105,21 +102,18 @@ fn main() {
         // hip.rs names the targets in its "rebuild for this GPU" error.
         println!("cargo:rustc-env=QWASI_HIP_ARCHS_BUILT={}", archs.join(","));
         let compiler = HipCompiler::find(&out, &archs);
-        let images = sources
-            .iter()
-            .map(|src| {
-                let dst = out.join(format!("{}.hsaco", stem(src)));
-                let mut cmd = compiler.command(&archs);
-                cmd.args(["-O3", "-std=c++17"])
-                    .arg("-I")
-                    .arg(&kernels)
-                    .arg("-o")
-                    .arg(&dst)
-                    .arg(src);
-                compile(cmd, compiler.name(), src, &headers, &dst);
-                dst
-            })
-            .collect::<Vec<_>>();
+        let images = parallel(&sources, |src| {
+            let dst = out.join(format!("{}.hsaco", stem(src)));
+            let mut cmd = compiler.command(&archs);
+            cmd.args(["-O3", "-std=c++17"])
+                .arg("-I")
+                .arg(&kernels)
+                .arg("-o")
+                .arg(&dst)
+                .arg(src);
+            compile(cmd, compiler.name(), src, &headers, &dst);
+            dst
+        });
         write_if_changed(&out.join("kernel_images_hip.rs"), &image_list(&images));
     }
 }
@@ -292,6 +286,33 @@ fn isa_version(arch: &str) -> Option<u32> {
     let minor = u32::from_str_radix(&rest[..1], 16).ok()?;
     let stepping = u32::from_str_radix(&rest[1..], 16).ok()?;
     Some(major * 1000 + minor * 100 + stepping)
+}
+
+/// `job` of every source, on up to cargo's `NUM_JOBS` threads; the results
+/// in the order of `sources`.
+fn parallel<T: Send>(sources: &[&PathBuf], job: impl Fn(&Path) -> T + Sync) -> Vec<T> {
+    let threads = std::env::var("NUM_JOBS")
+        .ok()
+        .and_then(|n| n.parse::<usize>().ok())
+        .unwrap_or(1)
+        .clamp(1, sources.len().max(1));
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let done = std::sync::Mutex::new(Vec::new());
+    std::thread::scope(|s| {
+        for _ in 0..threads {
+            s.spawn(|| {
+                loop {
+                    let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    let Some(src) = sources.get(i) else { break };
+                    let r = job(src);
+                    done.lock().unwrap().push((i, r));
+                }
+            });
+        }
+    });
+    let mut done = done.into_inner().unwrap();
+    done.sort_by_key(|(i, _)| *i);
+    done.into_iter().map(|(_, r)| r).collect()
 }
 
 fn stem(p: &Path) -> String {
