@@ -151,7 +151,7 @@ pub fn start(a: StartArgs) -> Result<()> {
             break;
         }
         if t0.elapsed() > a.wait_timeout {
-            platform::request_stop(pid, &sf.stop_path())?;
+            let _ = platform::request_stop(pid, &sf.stop_path());
             bail!(
                 "the server did not become ready within {:.0} s; stopped it. Its log {}:\n{}",
                 a.wait_timeout.as_secs_f64(),
