@@ -60,7 +60,7 @@ def device_lib_dir(clang, archs, into):
         cl = into / f"oclc_isa_version_{ident}.cl"
         cl.write_text(f"const __constant int __oclc_ISA_version = {isa_version(arch)};\n")
         subprocess.run([clang, "-x", "cl", "-cl-std=CL2.0", "--target=amdgcn-amd-amdhsa", "-nogpulib",
-                        f"-mcpu={arch}", "-emit-llvm", "-c", "-o", bc, cl], check=True)
+                        f"-mcpu=gfx{ident}", "-emit-llvm", "-c", "-o", bc, cl], check=True)
 
 
 def usage(clang, libs, src, arch, tmp):

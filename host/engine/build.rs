@@ -243,7 +243,8 @@ fn device_lib_dir(clang: &Path, libs: &Path, dir: &Path, archs: &[&str]) {
         }
     }
     for arch in archs {
-        let id = arch.trim_start_matches("gfx");
+        // Feature suffixes (gfx90a:xnack+) share the target's file.
+        let id = arch.trim_start_matches("gfx").split(':').next().unwrap();
         let file = dir.join(format!("oclc_isa_version_{id}.bc"));
         if file.exists() {
             continue;
@@ -264,7 +265,7 @@ fn device_lib_dir(clang: &Path, libs: &Path, dir: &Path, archs: &[&str]) {
             "--target=amdgcn-amd-amdhsa",
             "-nogpulib",
         ])
-        .arg(format!("-mcpu={arch}"))
+        .arg(format!("-mcpu=gfx{id}"))
         .args(["-emit-llvm", "-c", "-o"])
         .arg(&file)
         .arg(&cl);
