@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Runs the Windows binary that scripts/check-windows-build.sh links under Wine (Debian 12's
 # Wine 8): `qwasi start` in the background (demo model, bundled guests), `status`, a
-# completion over HTTP, `stop` through the stop file (Windows has no SIGTERM), and
-# `verify --backend hip` naming the Windows DLLs it looked for. The Windows-only code of
+# completion over HTTP, `stop` through the stop file (Windows has no SIGTERM), a second
+# start and `stop --force` (TerminateProcess), and `verify --backend hip` naming the
+# Windows DLLs it looked for. The Windows-only code of
 # host/src/commands/platform.rs and gpu/hip.rs runs nowhere else in CI.
 # Wine 8 lacks ProcessPrng (bcryptprimitives.dll, Wine >= 9 has it), which Rust's standard
 # library calls for random numbers: a stand-in DLL built here with mingw-w64 forwards it to
@@ -46,7 +47,7 @@ state='Z:'"${dir//\//\\}"'\state'
 q() { "$wine" "$dir/qwasi.exe" "$@"; }
 
 echo "wine: qwasi start --port $port"
-q start --port "$port" --state-dir "$state" --wait-timeout 600s >"$dir/start.json"
+q start --port "$port" --state-dir "$state" --compile-cache "$state\\cache" --wait-timeout 600s >"$dir/start.json"
 cat "$dir/start.json"
 grep -q '"started":true' "$dir/start.json"
 q status --state-dir "$state" >"$dir/status.json"
@@ -64,7 +65,17 @@ if curl -s -m 3 "http://127.0.0.1:$port/health" >/dev/null; then
 fi
 grep -q "drained; exiting" "$dir"/state/*.log || { cat "$dir"/state/*.log; exit 1; }
 [ ! -e "$dir/state/server-127.0.0.1-$port.json" ] || { echo "state file left behind" >&2; exit 1; }
+# Again (the guests now come from the compile cache), then `stop --force` at once:
+# TerminateProcess.
+echo "wine: qwasi start again, qwasi stop --force --timeout 0s"
+q start --port "$port" --state-dir "$state" --compile-cache "$state\\cache" --wait-timeout 600s >/dev/null
+q stop --state-dir "$state" --timeout 0s --force | tee "$dir/stop.json"
+grep -q '"stopped":true' "$dir/stop.json"
+if curl -s -m 3 "http://127.0.0.1:$port/health" >/dev/null; then
+  echo "the server still answers after stop --force" >&2
+  exit 1
+fi
 out=$(q verify --backend hip --no-fixtures --synthetic qwen3.6-35b-a3b --layers 1 2>&1 || true)
 grep -q "amdhip64_7.dll / amdhip64_6.dll could not be loaded" <<<"$out" \
   || { echo "verify --backend hip under Wine: $out" >&2; exit 1; }
-echo "Windows run under Wine: OK (start, status, completion, stop via the stop file, the HIP DLL message)"
+echo "Windows run under Wine: OK (start, status, completion, stop via the stop file, stop --force, the HIP DLL message)"
