@@ -2,7 +2,9 @@
 # Installs the GPU compilers Qwasi's `cuda` and `hip` features build with, idempotently:
 #  - CUDA 13.0 nvcc from PyPI (no GPU or driver needed to compile); nvvm pinned,
 #    since an unpinned nvvm 13.5 emits PTX the 13.0 ptxas rejects.
-#  - hipcc + HIP headers/runtime from the distribution (ROCm 5.2 on Debian 12).
+#  - HIP: clang-19 + lld-19 (they know RDNA 3 / 3.5, gfx1100 and gfx1151), the HIP headers
+#    (libamdhip64-dev) and ROCm 5.2's device libraries (rocm-device-libs), all from Debian 12;
+#    host/engine/build.rs adds the oclc_isa_version_*.bc those libraries lack (see docs/AMD.md).
 # Usage: scripts/install-gpu-toolchains.sh [cuda] [hip]   (default: both)
 set -euo pipefail
 want_cuda=0; want_hip=0
@@ -21,12 +23,15 @@ if [ $want_cuda = 1 ]; then
   fi
 fi
 if [ $want_hip = 1 ]; then
-  if command -v hipcc >/dev/null && [ -e /usr/include/hip/hip_runtime.h ]; then
-    echo "hipcc present: $(command -v hipcc)"
+  libs=/usr/lib/x86_64-linux-gnu/amdgcn/bitcode
+  if command -v clang++-19 >/dev/null && command -v ld.lld-19 >/dev/null \
+      && [ -e /usr/include/hip/hip_runtime.h ] && [ -e "$libs/ocml.bc" ]; then
+    echo "HIP toolchain present: $(command -v clang++-19), $libs"
   else
     SUDO=; [ "$(id -u)" = 0 ] || SUDO=sudo
     $SUDO apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq hipcc libamdhip64-dev >/dev/null
-    echo "hipcc installed: $(command -v hipcc)"
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends \
+      clang-19 lld-19 libamdhip64-dev rocm-device-libs >/dev/null
+    echo "HIP toolchain installed: $(command -v clang++-19), $libs"
   fi
 fi

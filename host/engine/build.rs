@@ -6,8 +6,10 @@
 //! CUDA: nvcc from `$NVCC`, `PATH`, `/usr/local/cuda/bin` or the PyPI wheel
 //! (`pip install nvidia-cuda-nvcc==13.0.88 ...`, see scripts/install-gpu-toolchains.sh)
 //! builds one fatbin per source: SASS for sm_90a (H100/H200) plus sm_80 SASS and
-//! compute_80 PTX for other GPUs. HIP: hipcc from `$HIPCC` or `PATH` builds a code
-//! object for `$QWASI_HIP_ARCHS` (comma-separated, default gfx1030). An image is
+//! compute_80 PTX for other GPUs. HIP: one code object per source for
+//! `$QWASI_HIP_ARCHS` (comma-separated, default gfx1100,gfx1151: RDNA 3 and
+//! 3.5), built by a ROCm hipcc or by clang++-19 with the distribution's device
+//! libraries ([`HipCompiler`]; scripts/install-gpu-toolchains.sh hip). An image is
 //! rebuilt only when its inputs changed (the kernel sources and headers, the
 //! compiler and its arguments: a content hash next to the image), so editing
 //! this script does not recompile every kernel.
@@ -76,48 +78,242 @@ fn main() {
             "-gencode",
             "arch=compute_80,code=[sm_80,compute_80]",
         ];
-        let images = sources
-            .iter()
-            .map(|src| {
-                let dst = out.join(format!("{}.fatbin", stem(src)));
-                let mut cmd = Command::new(&nvcc);
-                cmd.args(args)
-                    .arg("-I")
-                    .arg(&kernels)
-                    .arg("-o")
-                    .arg(&dst)
-                    .arg(src);
-                compile(cmd, "nvcc", src, &headers, &dst);
-                dst
-            })
-            .collect::<Vec<_>>();
+        let images = parallel(&sources, |src| {
+            let dst = out.join(format!("{}.fatbin", stem(src)));
+            let mut cmd = Command::new(&nvcc);
+            cmd.args(args)
+                .arg("-I")
+                .arg(&kernels)
+                .arg("-o")
+                .arg(&dst)
+                .arg(src);
+            compile(cmd, "nvcc", src, &headers, &dst);
+            dst
+        });
         write_if_changed(&out.join("kernel_images_cuda.rs"), &image_list(&images));
     }
     if hip {
-        let hipcc = std::env::var_os("HIPCC")
-            .map(PathBuf::from)
-            .or_else(|| which("hipcc"))
-            .or_else(|| Some(PathBuf::from("/opt/rocm/bin/hipcc")).filter(|p| p.exists()))
-            .unwrap_or_else(|| {
-                panic!("feature `hip` needs hipcc: set HIPCC or run scripts/install-gpu-toolchains.sh hip")
-            });
-        let archs = std::env::var("QWASI_HIP_ARCHS").unwrap_or_else(|_| "gfx1030".into());
-        let images = sources
-            .iter()
-            .map(|src| {
-                let dst = out.join(format!("{}.hsaco", stem(src)));
-                let mut cmd = Command::new(&hipcc);
-                cmd.args(["--genco", "-O3", "-std=c++17"]);
-                for a in archs.split(',').map(str::trim).filter(|a| !a.is_empty()) {
-                    cmd.arg(format!("--offload-arch={a}"));
-                }
-                cmd.arg("-I").arg(&kernels).arg("-o").arg(&dst).arg(src);
-                compile(cmd, "hipcc", src, &headers, &dst);
-                dst
-            })
-            .collect::<Vec<_>>();
+        let archs = std::env::var("QWASI_HIP_ARCHS").unwrap_or_else(|_| DEFAULT_HIP_ARCHS.into());
+        let archs: Vec<&str> = archs
+            .split(',')
+            .map(str::trim)
+            .filter(|a| !a.is_empty())
+            .collect();
+        // hip.rs names the targets in its "rebuild for this GPU" error.
+        println!("cargo:rustc-env=QWASI_HIP_ARCHS_BUILT={}", archs.join(","));
+        let compiler = HipCompiler::find(&out, &archs);
+        let images = parallel(&sources, |src| {
+            let dst = out.join(format!("{}.hsaco", stem(src)));
+            let mut cmd = compiler.command(&archs);
+            cmd.args(["-O3", "-std=c++17"])
+                .arg("-I")
+                .arg(&kernels)
+                .arg("-o")
+                .arg(&dst)
+                .arg(src);
+            compile(cmd, compiler.name(), src, &headers, &dst);
+            dst
+        });
         write_if_changed(&out.join("kernel_images_hip.rs"), &image_list(&images));
     }
+}
+
+/// The HIP targets built when `QWASI_HIP_ARCHS` is unset: RDNA 3 (Radeon RX
+/// 7900, gfx1100) and RDNA 3.5 (Ryzen AI Max "Strix Halo", gfx1151).
+const DEFAULT_HIP_ARCHS: &str = "gfx1100,gfx1151";
+
+/// What compiles `kernels/*.cu` to AMD code objects.
+enum HipCompiler {
+    /// A ROCm (or HIP SDK) hipcc: `$HIPCC`, `/opt/rocm/bin/hipcc`,
+    /// `$HIP_PATH/bin/hipcc`, else `hipcc` on `PATH`. It knows its own
+    /// device libraries; ROCm 5.2's (Debian 12) stops at gfx1036.
+    Hipcc(PathBuf),
+    /// clang++ 19 or later (`$HIP_CLANG_PATH/clang++`, else `clang++-19` ...
+    /// on `PATH`) with the HIP headers under `/usr/include/hip` and a copy of
+    /// the distribution's device libraries (Debian 12: ROCm 5.2's
+    /// rocm-device-libs, `$HIP_DEVICE_LIB_PATH` elsewhere) to which the
+    /// `oclc_isa_version_*.bc` of newer targets are added.
+    Clang {
+        clang: PathBuf,
+        device_libs: PathBuf,
+    },
+}
+
+impl HipCompiler {
+    fn find(out: &Path, archs: &[&str]) -> HipCompiler {
+        println!("cargo:rerun-if-env-changed=HIP_CLANG_PATH");
+        println!("cargo:rerun-if-env-changed=HIP_DEVICE_LIB_PATH");
+        println!("cargo:rerun-if-env-changed=HIP_PATH");
+        if let Some(p) = std::env::var_os("HIPCC") {
+            return HipCompiler::Hipcc(PathBuf::from(p));
+        }
+        let rocm = [
+            Some(PathBuf::from("/opt/rocm")),
+            std::env::var_os("HIP_PATH").map(PathBuf::from),
+        ];
+        for dir in rocm.into_iter().flatten() {
+            for exe in ["bin/hipcc", "bin/hipcc.exe", "bin/hipcc.bat"] {
+                if dir.join(exe).is_file() {
+                    return HipCompiler::Hipcc(dir.join(exe));
+                }
+            }
+        }
+        let clang = std::env::var_os("HIP_CLANG_PATH")
+            .map(|d| PathBuf::from(d).join("clang++"))
+            .or_else(|| (19..=25).rev().find_map(|v| which(&format!("clang++-{v}"))));
+        let libs = std::env::var_os("HIP_DEVICE_LIB_PATH")
+            .map(PathBuf::from)
+            .or_else(|| {
+                [
+                    "/usr/lib/x86_64-linux-gnu/amdgcn/bitcode",
+                    "/usr/lib/amdgcn/bitcode",
+                ]
+                .iter()
+                .map(PathBuf::from)
+                .find(|p| p.join("ocml.bc").is_file())
+            });
+        if let (Some(clang), Some(libs)) = (clang, libs) {
+            let device_libs = out.join("amdgcn-bitcode");
+            device_lib_dir(&clang, &libs, &device_libs, archs);
+            return HipCompiler::Clang { clang, device_libs };
+        }
+        if let Some(p) = which("hipcc") {
+            return HipCompiler::Hipcc(p);
+        }
+        panic!(
+            "feature `hip` needs clang++-19 with ROCm's device libraries, or hipcc: \
+             run scripts/install-gpu-toolchains.sh hip (Debian 12), or set HIPCC"
+        )
+    }
+
+    fn name(&self) -> &'static str {
+        match self {
+            HipCompiler::Hipcc(_) => "hipcc",
+            HipCompiler::Clang { .. } => "clang++ (HIP)",
+        }
+    }
+
+    /// The compiler with its device-only code-object flags for `archs`.
+    fn command(&self, archs: &[&str]) -> Command {
+        let mut cmd = match self {
+            HipCompiler::Hipcc(p) => {
+                let mut c = Command::new(p);
+                c.arg("--genco");
+                c
+            }
+            HipCompiler::Clang { clang, device_libs } => {
+                let mut c = Command::new(clang);
+                // What hipcc passes its clang: device code only, the headers
+                // under /usr, every call inlined (as hipcc does).
+                c.args(["-x", "hip", "--cuda-device-only", "--rocm-path=/usr"])
+                    .arg(format!("--hip-device-lib-path={}", device_libs.display()))
+                    .args(["-mllvm", "-amdgpu-early-inline-all=true"])
+                    .args(["-mllvm", "-amdgpu-function-calls=false"]);
+                c
+            }
+        };
+        for a in archs {
+            cmd.arg(format!("--offload-arch={a}"));
+        }
+        cmd
+    }
+}
+
+/// Fills `dir` with the device libraries of `libs` plus, for each target in
+/// `archs` they lack, `oclc_isa_version_<n>.bc`: the one constant
+/// `__oclc_ISA_version` (major * 1000 + minor * 100 + stepping, as ROCm's
+/// own files: gfx1151 -> 11501) compiled for amdgcn by `clang`. clang reads
+/// the libraries from one directory, so the originals are copied next to them.
+fn device_lib_dir(clang: &Path, libs: &Path, dir: &Path, archs: &[&str]) {
+    std::fs::create_dir_all(dir).unwrap();
+    let entries = std::fs::read_dir(libs).unwrap_or_else(|e| {
+        panic!(
+            "cannot read the HIP device libraries {}: {e}",
+            libs.display()
+        )
+    });
+    for e in entries.filter_map(|e| e.ok()) {
+        let dst = dir.join(e.file_name());
+        let same = |a: &Path, b: &Path| {
+            let len = |p: &Path| std::fs::metadata(p).map(|m| m.len()).ok();
+            len(a).is_some() && len(a) == len(b)
+        };
+        if e.path().extension().is_some_and(|x| x == "bc") && !same(&e.path(), &dst) {
+            std::fs::copy(e.path(), &dst).unwrap();
+        }
+    }
+    for arch in archs {
+        // Feature suffixes (gfx90a:xnack+) share the target's file.
+        let id = arch.trim_start_matches("gfx").split(':').next().unwrap();
+        let file = dir.join(format!("oclc_isa_version_{id}.bc"));
+        if file.exists() {
+            continue;
+        }
+        let version = isa_version(arch)
+            .unwrap_or_else(|| panic!("QWASI_HIP_ARCHS: {arch:?} is not a gfx target"));
+        let cl = dir.join(format!("oclc_isa_version_{id}.cl"));
+        std::fs::write(
+            &cl,
+            format!("const __constant int __oclc_ISA_version = {version};\n"),
+        )
+        .unwrap();
+        let mut cmd = Command::new(clang);
+        cmd.args([
+            "-x",
+            "cl",
+            "-cl-std=CL2.0",
+            "--target=amdgcn-amd-amdhsa",
+            "-nogpulib",
+        ])
+        .arg(format!("-mcpu=gfx{id}"))
+        .args(["-emit-llvm", "-c", "-o"])
+        .arg(&file)
+        .arg(&cl);
+        run(cmd, "clang (oclc_isa_version)");
+    }
+}
+
+/// `__oclc_ISA_version` of a gfx target: the last two digits are the minor
+/// version and stepping (hexadecimal: gfx90a -> 9010), the rest the major.
+fn isa_version(arch: &str) -> Option<u32> {
+    let id = arch.strip_prefix("gfx")?;
+    // Feature suffixes (gfx90a:xnack+) do not change the ISA version.
+    let id = id.split(':').next()?;
+    if id.len() < 3 || !id.is_ascii() {
+        return None;
+    }
+    let (major, rest) = id.split_at(id.len() - 2);
+    let major: u32 = major.parse().ok()?;
+    let minor = u32::from_str_radix(&rest[..1], 16).ok()?;
+    let stepping = u32::from_str_radix(&rest[1..], 16).ok()?;
+    Some(major * 1000 + minor * 100 + stepping)
+}
+
+/// `job` of every source, on up to cargo's `NUM_JOBS` threads; the results
+/// in the order of `sources`.
+fn parallel<T: Send>(sources: &[&PathBuf], job: impl Fn(&Path) -> T + Sync) -> Vec<T> {
+    let threads = std::env::var("NUM_JOBS")
+        .ok()
+        .and_then(|n| n.parse::<usize>().ok())
+        .unwrap_or(1)
+        .clamp(1, sources.len().max(1));
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let done = std::sync::Mutex::new(Vec::new());
+    std::thread::scope(|s| {
+        for _ in 0..threads {
+            s.spawn(|| {
+                loop {
+                    let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    let Some(src) = sources.get(i) else { break };
+                    let r = job(src);
+                    done.lock().unwrap().push((i, r));
+                }
+            });
+        }
+    });
+    let mut done = done.into_inner().unwrap();
+    done.sort_by_key(|(i, _)| *i);
+    done.into_iter().map(|(_, r)| r).collect()
 }
 
 fn stem(p: &Path) -> String {

@@ -10,32 +10,7 @@ fn start_status_stop_round_trip() {
     let dir = tempfile::tempdir().unwrap();
     let state = dir.path().to_str().unwrap();
     let port = free_port().to_string();
-    let model = fixture_model();
-    let cache = compile_cache();
-    let guest = misbehave_guest();
-    let start_args = [
-        "start",
-        "--port",
-        &port,
-        "--state-dir",
-        state,
-        "--model",
-        &model,
-        "--guest",
-        &guest,
-        "--compile-cache",
-        &cache,
-        "--wait-timeout",
-        "120s",
-    ];
-
-    let out = qwasi(&start_args);
-    assert!(
-        out.status.success(),
-        "start failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let started: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let started = start(state, &port, &[]);
     assert_eq!(started["started"], true);
     let pid = started["pid"].as_u64().unwrap();
     let addr = format!("127.0.0.1:{port}");
@@ -43,7 +18,7 @@ fn start_status_stop_round_trip() {
     assert_eq!(request(&addr, "GET", "/ok", &[], "").status, 200);
 
     // A second instance on the same host:port is refused.
-    let out = qwasi(&start_args);
+    let out = qwasi(&as_strs(&start_args(state, &port, &[])));
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("already running"), "{err}");
@@ -101,6 +76,43 @@ fn stop_without_a_server_fails_clearly() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("no qwasi server is recorded"));
 }
 
+/// `qwasi start` of the fixture model with the misbehaving test guest on
+/// `port`, recorded in `state`, with `extra` flags.
+fn start_args(state: &str, port: &str, extra: &[&str]) -> Vec<String> {
+    let (model, cache, guest) = (fixture_model(), compile_cache(), misbehave_guest());
+    let common = [
+        "start",
+        "--port",
+        port,
+        "--state-dir",
+        state,
+        "--model",
+        &model,
+        "--guest",
+        &guest,
+        "--compile-cache",
+        &cache,
+        "--wait-timeout",
+        "120s",
+    ];
+    common.iter().chain(extra).map(|a| a.to_string()).collect()
+}
+
+fn as_strs(args: &[String]) -> Vec<&str> {
+    args.iter().map(String::as_str).collect()
+}
+
+/// `start_args`' server, started; asserts it started and returns the report.
+fn start(state: &str, port: &str, extra: &[&str]) -> serde_json::Value {
+    let out = qwasi(&as_strs(&start_args(state, port, extra)));
+    assert!(
+        out.status.success(),
+        "start failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
 /// `qwasi stop` (graceful, 60 s drain) of the server on `port`; asserts it
 /// succeeded and returns its JSON report.
 fn stop(state: &str, port: &str) -> serde_json::Value {
@@ -137,34 +149,8 @@ fn start_passes_api_keys_through_the_environment_not_the_command_line() {
     let dir = tempfile::tempdir().unwrap();
     let state = dir.path().to_str().unwrap();
     let port = free_port().to_string();
-    let model = fixture_model();
-    let cache = compile_cache();
-    let guest = misbehave_guest();
     let (k1, k2) = ("sk-daemon-first-4f1c", "sk-daemon-second-9a2e");
-    let out = qwasi(&[
-        "start",
-        "--port",
-        &port,
-        "--state-dir",
-        state,
-        "--model",
-        &model,
-        "--guest",
-        &guest,
-        "--compile-cache",
-        &cache,
-        "--api-key",
-        k1,
-        &format!("--api-key={k2}"),
-        "--wait-timeout",
-        "120s",
-    ]);
-    assert!(
-        out.status.success(),
-        "start failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let started: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let started = start(state, &port, &["--api-key", k1, &format!("--api-key={k2}")]);
     let pid = started["pid"].as_u64().unwrap();
     let guard = KillOnDrop(pid);
     let addr = format!("127.0.0.1:{port}");
@@ -204,5 +190,38 @@ fn start_passes_api_keys_through_the_environment_not_the_command_line() {
 
     stop(state, &port);
     // Stopped: nothing left to kill (its pid may be reused).
+    std::mem::forget(guard);
+}
+
+/// What `qwasi stop` does on Windows (no signals there): it writes the
+/// server's stop file, which `serve` watches on every platform. A stop file
+/// left over from an earlier run does not stop the next server.
+#[test]
+fn the_stop_file_drains_and_stops_the_server() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().to_str().unwrap();
+    let port = free_port().to_string();
+    let stop_file = dir.path().join(format!("server-127.0.0.1-{port}.stop"));
+    std::fs::write(&stop_file, "stale").unwrap();
+    let started = start(state, &port, &[]);
+    let guard = KillOnDrop(started["pid"].as_u64().unwrap());
+    let addr = format!("127.0.0.1:{port}");
+    assert!(!stop_file.exists(), "the stale stop file was not cleared");
+    // Longer than the server's poll of its stop file: still serving.
+    std::thread::sleep(Duration::from_millis(600));
+    assert_eq!(request(&addr, "GET", "/ok", &[], "").status, 200);
+
+    std::fs::write(&stop_file, "stop\n").unwrap();
+    wait_until("port closed", Duration::from_secs(30), || {
+        std::net::TcpStream::connect(&addr).is_err()
+    });
+    let state_file = dir.path().join(format!("server-127.0.0.1-{port}.json"));
+    wait_until("state file removed", Duration::from_secs(10), || {
+        !state_file.exists()
+    });
+    assert!(!stop_file.exists());
+    let log =
+        std::fs::read_to_string(dir.path().join(format!("server-127.0.0.1-{port}.log"))).unwrap();
+    assert!(log.contains("drained"), "{log}");
     std::mem::forget(guard);
 }

@@ -1,11 +1,11 @@
 //! `qwasi start` / `status` / `stop`: a background server tracked by a state file.
 
+use super::platform::{self, running};
 use super::serve;
-use super::state::{self, StateFile, connect_addr, default_state_dir, http_get, pid_alive};
+use super::state::{self, StateFile, connect_addr, default_state_dir, http_get};
 use anyhow::{Context, Result, bail};
 use serde_json::json;
 use std::ffi::OsString;
-use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -45,23 +45,10 @@ pub struct StopArgs {
     /// How long to wait for the graceful drain before giving up.
     #[arg(long, default_value = "150s", value_parser = serve::parse_duration)]
     timeout: Duration,
-    /// Kill the server (SIGKILL) if it has not exited after --timeout.
+    /// Kill the server (SIGKILL; TerminateProcess on Windows) if it has not
+    /// exited after --timeout.
     #[arg(long)]
     force: bool,
-}
-
-/// A process that exists and is not a zombie.
-fn running(pid: u32) -> bool {
-    if !pid_alive(pid) {
-        return false;
-    }
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        // The state follows the parenthesised command name.
-        Ok(s) => !s
-            .rsplit_once(')')
-            .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z')),
-        Err(_) => true,
-    }
 }
 
 fn log_tail(path: &std::path::Path, lines: usize) -> String {
@@ -147,14 +134,7 @@ pub fn start(a: StartArgs) -> Result<()> {
         .stdin(Stdio::null())
         .stdout(log.try_clone()?)
         .stderr(log);
-    // SAFETY: setsid is async-signal-safe; it detaches the server from our
-    // session and terminal so it outlives this command.
-    unsafe {
-        cmd.pre_exec(|| {
-            libc::setsid();
-            Ok(())
-        });
-    }
+    platform::detach(&mut cmd);
     let mut child = cmd.spawn().context("cannot start the server process")?;
     let pid = child.id();
     let addr = connect_addr(&host, port);
@@ -171,8 +151,7 @@ pub fn start(a: StartArgs) -> Result<()> {
             break;
         }
         if t0.elapsed() > a.wait_timeout {
-            // SAFETY: plain signal to the process we started.
-            unsafe { libc::kill(pid as libc::pid_t, libc::SIGTERM) };
+            let _ = platform::request_stop(pid, &sf.stop_path());
             bail!(
                 "the server did not become ready within {:.0} s; stopped it. Its log {}:\n{}",
                 a.wait_timeout.as_secs_f64(),
@@ -278,15 +257,13 @@ pub fn stop(a: StopArgs) -> Result<()> {
             r.pid
         );
     }
-    // SAFETY: plain signal to a recorded pid.
-    unsafe { libc::kill(r.pid as libc::pid_t, libc::SIGTERM) };
+    platform::request_stop(r.pid, &sf.stop_path())?;
     eprintln!("qwasi: stopping pid {} ({}): draining ...", r.pid, r.url);
     let t0 = Instant::now();
     while running(r.pid) {
         if t0.elapsed() > a.timeout {
             if a.force {
-                // SAFETY: as above.
-                unsafe { libc::kill(r.pid as libc::pid_t, libc::SIGKILL) };
+                platform::kill(r.pid);
                 std::thread::sleep(Duration::from_millis(200));
                 sf.remove_any();
                 println!("{}", json!({"stopped": true, "forced": true, "pid": r.pid}));

@@ -4,6 +4,7 @@ pub mod bench;
 pub mod daemon;
 pub mod generate;
 pub mod limits;
+pub mod platform;
 pub mod run;
 pub mod serve;
 pub mod serving;

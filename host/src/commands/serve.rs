@@ -2,6 +2,7 @@
 
 use super::ModelArgs;
 use super::limits::LimitArgs;
+use super::platform::StopRequests;
 use super::serving::ServingArgs;
 use super::state::{self, StateFile};
 use crate::runtime::{self, GuestSource, Mount, Runtime, RuntimeConfig, Shared};
@@ -387,7 +388,8 @@ async fn serve(a: Args) -> Result<()> {
     let server = tokio::spawn(server::serve(listener, state.clone(), async move {
         let _ = stop_rx.await;
     }));
-    let mut signals = Signals::new()?;
+    let mut signals = StopRequests::new(state_file.as_ref().map(StateFile::stop_path))?;
+    #[cfg(unix)]
     spawn_sighup_reloader(state.clone())?;
 
     eprintln!("qwasi: loading {} ...", state.model_label);
@@ -740,6 +742,8 @@ fn spawn_watcher(runtime: &Arc<Runtime>, interval: Duration) {
 
 /// SIGHUP reloads every file-backed guest (the default action, exiting, is
 /// replaced from the start, so a SIGHUP while loading is just ignored).
+/// Unix only; `--watch-interval` reloads changed files everywhere.
+#[cfg(unix)]
 fn spawn_sighup_reloader(state: Arc<AppState>) -> Result<()> {
     use tokio::signal::unix::{SignalKind, signal};
     let mut hup = signal(SignalKind::hangup())?;
@@ -755,29 +759,6 @@ fn spawn_sighup_reloader(state: Arc<AppState>) -> Result<()> {
         }
     });
     Ok(())
-}
-
-/// SIGINT / SIGTERM.
-struct Signals {
-    int: tokio::signal::unix::Signal,
-    term: tokio::signal::unix::Signal,
-}
-
-impl Signals {
-    fn new() -> Result<Self> {
-        use tokio::signal::unix::{SignalKind, signal};
-        Ok(Signals {
-            int: signal(SignalKind::interrupt())?,
-            term: signal(SignalKind::terminate())?,
-        })
-    }
-
-    async fn recv(&mut self) {
-        tokio::select! {
-            _ = self.int.recv() => {}
-            _ = self.term.recv() => {}
-        }
-    }
 }
 
 #[cfg(test)]

@@ -93,6 +93,12 @@ impl StateFile {
         (r.pid == pid).then_some(r)
     }
 
+    /// The file whose appearance stops the server (`qwasi stop` on Windows;
+    /// see `platform`).
+    pub fn stop_path(&self) -> PathBuf {
+        self.dir.join(format!("{}.stop", self.stem))
+    }
+
     pub fn read(&self) -> Option<Record> {
         read_record(&self.path())
     }
@@ -144,12 +150,6 @@ pub fn list(dir: &Path) -> Vec<(PathBuf, Record)> {
     }
     out.sort_by(|a, b| a.0.cmp(&b.0));
     out
-}
-
-pub fn pid_alive(pid: u32) -> bool {
-    // SAFETY: kill with signal 0 only checks for existence and permission.
-    let r = unsafe { libc::kill(pid as libc::pid_t, 0) };
-    r == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
 }
 
 /// The address a client on this machine uses for a server bound to `host`.

@@ -210,12 +210,17 @@ pub struct FileSig {
 }
 
 pub fn file_sig(p: &Path) -> Option<FileSig> {
-    use std::os::unix::fs::MetadataExt;
     let m = std::fs::metadata(p).ok()?;
+    #[cfg(unix)]
+    let ino = std::os::unix::fs::MetadataExt::ino(&m);
+    // Windows' file index needs an open handle (std's is unstable): a
+    // rename over the file is seen through its length and time.
+    #[cfg(not(unix))]
+    let ino = 0;
     Some(FileSig {
         len: m.len(),
         mtime: m.modified().ok(),
-        ino: m.ino(),
+        ino,
     })
 }
 

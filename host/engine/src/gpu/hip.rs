@@ -6,9 +6,14 @@
 //! kernels' `QW_GRID_WAIT()` is a no-op there, launches serialise) and no
 //! shared-memory opt-in (any size up to the device limit launches).
 //!
-//! Compile-checked only (kernels by hipcc from ROCm 5.2 for gfx1030; the enum
-//! values below checked against the ROCm 5.2 and 7.1 headers): it has not run
-//! on AMD hardware yet.
+//! The libraries are found by their Linux names (`libamdhip64.so.N`,
+//! `libhipblas.so.N`) or their Windows ones (`amdhip64_N.dll`, from the AMD
+//! driver or the HIP SDK, and `hipblas.dll`, also tried under `%HIP_PATH%\bin`).
+//!
+//! Compile-checked only (kernels by clang 19 for gfx1100 and gfx1151, see
+//! docs/AMD.md; the host for Linux and for Windows; the enum values below
+//! checked against the ROCm 5.2 and 7.1 headers): it has not run on AMD
+//! hardware yet.
 
 use super::device::{DeviceInfo, Launch, RawDevice, RawError, RawResult};
 use anyhow::{Context, Result};
@@ -37,11 +42,9 @@ const HIP_R_16BF: i32 = 14;
 const HIPBLAS_COMPUTE_32F: i32 = 2;
 const HIPBLAS_GEMM_DEFAULT: i32 = 160;
 
-/// The HIP architectures the embedded code objects were built for.
-const ARCHS: &str = match option_env!("QWASI_HIP_ARCHS") {
-    Some(a) => a,
-    None => "gfx1030",
-};
+/// The HIP architectures the embedded code objects were built for (build.rs:
+/// `QWASI_HIP_ARCHS`, default gfx1100,gfx1151).
+const ARCHS: &str = env!("QWASI_HIP_ARCHS_BUILT");
 
 type LaunchFn = unsafe extern "C" fn(
     Handle,
@@ -149,16 +152,9 @@ struct Blas {
 
 impl Blas {
     fn load(stream: Handle) -> std::result::Result<Blas, String> {
-        let lib = [
-            "libhipblas.so",
-            "libhipblas.so.3",
-            "libhipblas.so.2",
-            "libhipblas.so.1",
-            "libhipblas.so.0",
-        ]
-        .iter()
-        .find_map(|n| unsafe { libloading::Library::new(n) }.ok())
-        .ok_or("libhipblas.so could not be loaded (install ROCm's hipblas)")?;
+        let lib = load_first(BLAS_LIBS).ok_or(
+            "hipBLAS could not be loaded (libhipblas.so or hipblas.dll: install ROCm's or the HIP SDK's hipblas)",
+        )?;
         unsafe {
             let create = *lib
                 .get::<unsafe extern "C" fn(*mut Handle) -> i32>(b"hipblasCreate")
@@ -219,7 +215,55 @@ pub struct Hip {
 unsafe impl Send for Hip {}
 unsafe impl Sync for Hip {}
 
-const NO_RUNTIME: &str = "no HIP runtime found (libamdhip64.so could not be loaded); the hip backend needs ROCm >= 6.2 and an AMD GPU";
+const NO_RUNTIME: &str = if cfg!(windows) {
+    "no HIP runtime found (amdhip64_7.dll / amdhip64_6.dll could not be loaded); the hip backend needs an AMD GPU with its driver or the HIP SDK >= 6.2"
+} else {
+    "no HIP runtime found (libamdhip64.so could not be loaded); the hip backend needs ROCm >= 6.2 and an AMD GPU"
+};
+
+/// The HIP runtime's file names, newest first: ROCm's sonames, and the DLLs
+/// of the AMD driver and HIP SDK on Windows (`amdhip64_6.dll` from 6.0,
+/// `amdhip64.dll` before).
+const RUNTIME_LIBS: &[&str] = if cfg!(windows) {
+    &["amdhip64_7.dll", "amdhip64_6.dll", "amdhip64.dll"]
+} else {
+    &[
+        "libamdhip64.so",
+        "libamdhip64.so.7",
+        "libamdhip64.so.6",
+        "libamdhip64.so.5",
+    ]
+};
+
+/// hipBLAS's file names, newest first.
+const BLAS_LIBS: &[&str] = if cfg!(windows) {
+    &["hipblas.dll", "libhipblas.dll"]
+} else {
+    &[
+        "libhipblas.so",
+        "libhipblas.so.3",
+        "libhipblas.so.2",
+        "libhipblas.so.1",
+        "libhipblas.so.0",
+    ]
+};
+
+/// The first of `names` that loads: from the system's search path, and on
+/// Windows also from the HIP SDK's `%HIP_PATH%\bin` (the SDK's installer sets
+/// `HIP_PATH` but does not put its `bin` on `PATH`).
+fn load_first(names: &[&str]) -> Option<libloading::Library> {
+    let sdk_bin = std::env::var_os("HIP_PATH")
+        .filter(|_| cfg!(windows))
+        .map(|p| std::path::PathBuf::from(p).join("bin"));
+    names.iter().find_map(|n| {
+        // SAFETY: loading the vendor's runtime library runs its initialisers,
+        // which is what using it requires.
+        unsafe { libloading::Library::new(n) }.ok().or_else(|| {
+            let p = sdk_bin.as_ref()?.join(n);
+            unsafe { libloading::Library::new(p) }.ok()
+        })
+    })
+}
 
 impl Hip {
     fn capture_api(&self) -> RawResult<&CaptureApi> {
@@ -258,15 +302,7 @@ unsafe impl RawDevice for Hip {
     const IMAGES: &'static [(&'static str, &'static [u8])] = images::IMAGES;
 
     fn open() -> Result<(Self, DeviceInfo)> {
-        let lib = [
-            "libamdhip64.so",
-            "libamdhip64.so.7",
-            "libamdhip64.so.6",
-            "libamdhip64.so.5",
-        ]
-        .iter()
-        .find_map(|n| unsafe { libloading::Library::new(n) }.ok())
-        .context(NO_RUNTIME)?;
+        let lib = load_first(RUNTIME_LIBS).context(NO_RUNTIME)?;
         let (api, init, device_count, device_get, device_get_name, stream_create) = unsafe {
             macro_rules! sym {
                 ($n:literal) => {

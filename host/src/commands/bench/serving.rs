@@ -507,8 +507,7 @@ impl Server {
     /// SIGTERM (graceful), then wait; kill after 30 s.
     fn stop(&mut self) {
         if let Server::Started { child, .. } = self {
-            // SAFETY: signalling our own child process by its pid.
-            unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+            crate::commands::platform::stop_child(child);
             let t0 = Instant::now();
             while t0.elapsed() < Duration::from_secs(30) {
                 if let Ok(Some(_)) = child.try_wait() {
