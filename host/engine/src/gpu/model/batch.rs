@@ -328,7 +328,18 @@ impl GpuModel {
         {
             sc.batch_graphs.off |= !d.graphs_supported();
         }
-        if sc.batch_graphs.off || !self.opts.graphs || d.debug || d.profiling() {
+        // A MoE layer whose routing plan came back to the host (shapes the
+        // grouped kernels do not take) copies during the step: no graph.
+        let moe = self
+            .layers
+            .iter()
+            .filter(|l| matches!(l.mlp, super::LayerMlp::Moe(_)));
+        if sc.batch_graphs.off
+            || !self.opts.graphs
+            || d.debug
+            || d.profiling()
+            || planned < moe.count()
+        {
             return;
         }
         let generation = sc.generation;
