@@ -78,6 +78,15 @@ impl ModelConfig {
     pub fn linear_value_dim(&self) -> usize {
         self.linear_num_value_heads * self.linear_value_head_dim
     }
+    /// The GDN head geometry: (key heads, value heads, key dim, value dim).
+    pub fn linear_heads(&self) -> (usize, usize, usize, usize) {
+        (
+            self.linear_num_key_heads,
+            self.linear_num_value_heads,
+            self.linear_key_head_dim,
+            self.linear_value_head_dim,
+        )
+    }
 
     /// Reads `config.json` (and `generation_config.json` when present) from a model directory.
     pub fn from_dir(dir: &Path) -> Result<Self> {

@@ -307,14 +307,20 @@ impl GpuModel {
                     next += 1;
                     next - 1
                 };
-                match want {
+                let row = logits + (j * vocab * F) as u64;
+                Ok(match want {
+                    Want::Nothing => StepOut::Extended,
                     Want::Greedy => {
                         let [t, m, l, _] = stats[j];
-                        greedy_sampled([t, m, l], vocab).map(StepOut::Greedy)
+                        StepOut::Greedy(greedy_sampled([t, m, l], vocab)?)
                     }
-                    Want::Top(k) => self.head_in(&tops, j, *k).map(StepOut::Top),
-                    want => self.readout_at(sc, logits + (j * vocab * F) as u64, want),
-                }
+                    Want::Top(k) => StepOut::Top(self.head_in(&tops, j, *k)?),
+                    Want::Logits => StepOut::Logits(self.logits_at(row)?),
+                    Want::Weighted(w, plan) => {
+                        check_head(w.head)?;
+                        StepOut::Weighted(self.weighted_at(sc, row, *w, &mut **plan)?)
+                    }
+                })
             })
             .collect())
     }
@@ -441,23 +447,6 @@ impl GpuModel {
             dptr(0),
         )?;
         Ok(planned)
-    }
-
-    /// What `want` asks for, read from the logits row at `logits`.
-    fn readout_at(&self, sc: &mut Scratch, logits: u64, want: &mut Want) -> Result<StepOut> {
-        Ok(match want {
-            Want::Nothing => StepOut::Extended,
-            Want::Logits => StepOut::Logits(self.logits_at(logits)?),
-            Want::Greedy => StepOut::Greedy(self.greedy_at(sc, logits)?),
-            Want::Top(k) => {
-                check_head(*k)?;
-                StepOut::Top(self.top_at(sc, logits, *k)?)
-            }
-            Want::Weighted(w, plan) => {
-                check_head(w.head)?;
-                StepOut::Weighted(self.weighted_at(sc, logits, *w, &mut **plan)?)
-            }
-        })
     }
 
     /// Batched decode attention's kernel for splits of `split_keys` keys:

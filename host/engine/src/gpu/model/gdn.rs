@@ -107,12 +107,7 @@ impl GdnLayer {
             ..
         } = self;
         let (c, d) = (&m.cfg, &m.dev);
-        let (nk, nv, dk, dv) = (
-            c.linear_num_key_heads,
-            c.linear_num_value_heads,
-            c.linear_key_head_dim,
-            c.linear_value_head_dim,
-        );
+        let (nk, nv, dk, dv) = c.linear_heads();
         let conv_dim = c.linear_conv_dim();
         let key_dim = c.linear_key_dim();
         let vdim = c.linear_value_dim();
@@ -232,12 +227,7 @@ impl GdnLayer {
         let (c, d) = (&m.cfg, &m.dev);
         let (t, h, x, n, mixed, fast) = (pf.t, c.hidden_size, pf.x, pf.n, pf.mixed, pf.fast);
         let sc = &mut *pf.sc;
-        let (nk, nv, dk, dv) = (
-            c.linear_num_key_heads,
-            c.linear_num_value_heads,
-            c.linear_key_head_dim,
-            c.linear_value_head_dim,
-        );
+        let (nk, nv, dk, dv) = c.linear_heads();
         let conv_dim = c.linear_conv_dim();
         let vdim = c.linear_value_dim();
         m.rmsnorm(x, h, input_norm, n, h, t, h)?;
@@ -313,12 +303,7 @@ impl GdnLayer {
         let (c, d, ds) = (&m.cfg, &m.dev, dc.ds);
         let (h, eps) = (c.hidden_size, c.rms_norm_eps);
         let (x, ssq, nssq, proj) = (ds.x.ptr(), ds.ssq.ptr(), ds.nssq, ds.proj.ptr());
-        let (nk, nv, dk, dv) = (
-            c.linear_num_key_heads,
-            c.linear_num_value_heads,
-            c.linear_key_head_dim,
-            c.linear_value_head_dim,
-        );
+        let (nk, nv, dk, dv) = c.linear_heads();
         let conv_dim = c.linear_conv_dim();
         let vdim = c.linear_value_dim();
         let p = in_proj.rows;

@@ -80,12 +80,7 @@ impl GpuModel {
         t: usize,
     ) -> Result<()> {
         let c = &self.cfg;
-        let (nk, nv, dk, dv) = (
-            c.linear_num_key_heads,
-            c.linear_num_value_heads,
-            c.linear_key_head_dim,
-            c.linear_value_head_dim,
-        );
+        let (nk, nv, dk, dv) = c.linear_heads();
         let smem = ((dk * 32 + 2 * dk + 256) * F) as u32;
         kernels::gdn_recurrent(
             &self.dev,
@@ -119,12 +114,7 @@ impl GpuModel {
     ) -> Result<()> {
         let c = &self.cfg;
         let d = &self.dev;
-        let (nk, nv, dk, dv) = (
-            c.linear_num_key_heads,
-            c.linear_num_value_heads,
-            c.linear_key_head_dim,
-            c.linear_value_head_dim,
-        );
+        let (nk, nv, dk, dv) = c.linear_heads();
         let nch = t.div_ceil(CHUNK);
         let wt = sc.get(d, "gdn_chunk_wt", nv * nch * dk * CHUNK * F)?;
         let u = sc.get(d, "gdn_chunk_u", nv * t * dv * F)?;
