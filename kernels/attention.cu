@@ -175,6 +175,8 @@ ATTN_PREP(attn_prep_f32, float)
                                        const float* __restrict__ knorm, float* __restrict__ q_out,            \
                                        const unsigned long long* __restrict__ tab, const int* __restrict__ pos, \
                                        int nh, int nkv, int hd, int rot, float theta, float eps) {           \
+        QW_GRID_WAIT();                                                                                       \
+        QW_GRID_LAUNCH();                                                                                     \
         const int b = blockIdx.x;                                                                             \
         attn_prep_row<KV>(proj + (size_t)b * stride, qnorm, knorm, q_out + (size_t)b * nh * hd, (KV*)tab[2 * b], \
                           (KV*)tab[2 * b + 1], nh, nkv, hd, rot, pos[b], theta, eps);                         \

@@ -5,6 +5,8 @@
 // out[t, :] = bf16 embedding row tokens[t], as f32.
 QW_KERNEL void embed_gather(const bf16_t* __restrict__ emb, const unsigned int* __restrict__ tokens,
                             float* __restrict__ out, int T, int H) {
+    QW_GRID_WAIT();
+    QW_GRID_LAUNCH();
     int t = blockIdx.x;
     const bf16_t* row = emb + (size_t)tokens[t] * H;
     for (int i = threadIdx.x; i < H; i += blockDim.x) out[(size_t)t * H + i] = bf2f(row[i]);
@@ -14,6 +16,8 @@ QW_KERNEL void embed_gather(const bf16_t* __restrict__ emb, const unsigned int* 
 // One block per row; in/out rows have their own strides (may alias when equal).
 QW_KERNEL void QW_BOUNDS(256) rmsnorm(const float* x, int x_stride, const float* __restrict__ w,
                                       float* out, int out_stride, int rows, int dim, float eps) {
+    QW_GRID_WAIT();
+    QW_GRID_LAUNCH();
     __shared__ float scratch[32];
     int r = blockIdx.x;
     if (r >= rows) return;
@@ -28,6 +32,8 @@ QW_KERNEL void QW_BOUNDS(256) rmsnorm(const float* x, int x_stride, const float*
 
 // x += y, n elements.
 QW_KERNEL void add_inplace(float* __restrict__ x, const float* __restrict__ y, long long n) {
+    QW_GRID_WAIT();
+    QW_GRID_LAUNCH();
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) x[i] += y[i];
 }
@@ -35,12 +41,16 @@ QW_KERNEL void add_inplace(float* __restrict__ x, const float* __restrict__ y, l
 // x[t, :] += sigmoid(g[t * g_stride]) * y[t, :]  (the shared expert's gate).
 QW_KERNEL void add_sigmoid_scaled(float* __restrict__ x, const float* __restrict__ y,
                                   const float* __restrict__ g, int g_stride, int T, int H) {
+    QW_GRID_WAIT();
+    QW_GRID_LAUNCH();
     int t = blockIdx.y;
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < H && t < T) x[(size_t)t * H + i] += sigmoid_f(g[(size_t)t * g_stride]) * y[(size_t)t * H + i];
 }
 
 QW_KERNEL void f32_to_bf16(const float* __restrict__ x, bf16_t* __restrict__ y, long long n) {
+    QW_GRID_WAIT();
+    QW_GRID_LAUNCH();
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) y[i] = f2bf(x[i]);
 }
@@ -48,6 +58,8 @@ QW_KERNEL void f32_to_bf16(const float* __restrict__ x, bf16_t* __restrict__ y, 
 // out[r, i] = silu(in[r, gate_off + i]) * in[r, up_off + i], i < I.
 QW_KERNEL void silu_mul(const float* __restrict__ in, int in_stride, int gate_off, int up_off,
                         float* __restrict__ out, int I, int rows) {
+    QW_GRID_WAIT();
+    QW_GRID_LAUNCH();
     int r = blockIdx.y;
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < I && r < rows) {
@@ -145,6 +157,8 @@ QW_KERNEL void QW_BOUNDS(256) gemm_tiled(const float* __restrict__ X, const bf16
 // dst[i, :] = src[rows[i] * src_stride + (0..dim)]
 QW_KERNEL void gather_rows(const float* __restrict__ src, int src_stride, const int* __restrict__ rows,
                            int n, int dim, float* __restrict__ dst) {
+    QW_GRID_WAIT();
+    QW_GRID_LAUNCH();
     int i = blockIdx.y;
     int d = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n && d < dim) dst[(size_t)i * dim + d] = src[(size_t)rows[i] * src_stride + d];
@@ -224,6 +238,8 @@ QW_KERNEL void QW_BOUNDS(1024) logits_stats(const float* __restrict__ x, int n, 
 // ~16 mantissa bits of activation precision instead of 8.
 QW_KERNEL void f32_to_bf16_split(const float* __restrict__ x, bf16_t* __restrict__ hi,
                                  bf16_t* __restrict__ lo, long long n) {
+    QW_GRID_WAIT();
+    QW_GRID_LAUNCH();
     // Four elements per thread where x allows 16-byte loads and hi, lo 8-byte stores.
     const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if ((n & 3) == 0 && ((((size_t)x & 15) | (((size_t)hi | (size_t)lo) & 7))) == 0) {

@@ -381,6 +381,8 @@ QW_KERNEL void QW_BOUNDS(512) bat_gdn_step(const float* __restrict__ proj, int s
                                           const unsigned long long* __restrict__ tab, int z_off,
                                           const float* __restrict__ nw, float eps, float* __restrict__ out,
                                           int out_stride) {
+    QW_GRID_WAIT();
+    QW_GRID_LAUNCH();
     const int b = blockIdx.y;
     const float* row = proj + (size_t)b * stride;
     dec_gdn_step_impl(row, nk, nv, dk, dv, a_log, dt_bias, a_off, q_scale, (float*)tab[2 * b + 1], row + z_off,
@@ -415,6 +417,8 @@ QW_KERNEL void QW_BOUNDS(CONV_THREADS) dec_gdn_conv(float* __restrict__ proj, fl
 QW_KERNEL void QW_BOUNDS(CONV_THREADS) bat_gdn_conv(float* __restrict__ proj, int stride,
                                                    const unsigned long long* __restrict__ tab,
                                                    const float* __restrict__ conv_w, int K, int C) {
+    QW_GRID_WAIT();
+    QW_GRID_LAUNCH();
     const int ch = blockIdx.x * CONV_THREADS + threadIdx.x, b = blockIdx.y;
     if (ch < C) gdn_conv_channel(proj + (size_t)b * stride, (float*)tab[2 * b], conv_w, K, ch);
 }
@@ -1006,6 +1010,8 @@ QW_KERNEL void QW_BOUNDS(256) dec_attn_combine(const float* __restrict__ part_o,
 QW_KERNEL void QW_BOUNDS(256) bat_attn_combine(const float* __restrict__ part_o, const float* __restrict__ part_ml,
                                                const float* __restrict__ proj, int stride, float* __restrict__ out,
                                                int nh, int hd, int nsplit) {
+    QW_GRID_WAIT();
+    QW_GRID_LAUNCH();
     const size_t b = blockIdx.z, parts = (size_t)nh * nsplit;
     dec_attn_combine_impl(part_o + b * parts * hd, part_ml + b * parts * 2, proj + b * stride,
                           out + b * nh * hd, nh, hd, nsplit);

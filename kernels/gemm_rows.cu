@@ -43,9 +43,29 @@ __device__ __forceinline__ void gr_split8(const float* p, bool valid, unsigned (
 // and lo pairs at k .. k + 8. PF k32 blocks of weights are loaded before any
 // is used (PF x 64 bytes per lane in flight: the weights stream at bandwidth
 // only with enough bytes in flight per multiprocessor).
+// Asks L2 for the warp's weights of the k32 blocks [kb, kb + 32 PF) (one
+// of its 32 rows per lane, 64 bytes a block): no registers, no waiting.
+template <int PF>
+__device__ __forceinline__ void gr_prefetch(const bf16_t* __restrict__ W, int N, int K, int n0, int kb, int kend) {
+    const int row = n0 + threadIdx.x % WARP;
+    if (row >= N) return;
+#pragma unroll
+    for (int p = 0; p < PF; p++)
+        if (kb + 32 * p < kend) QW_PREFETCH_L2(W + (size_t)row * K + kb + 32 * p);
+}
+
+// The first `ahead` steps' weights of gr_core, requested before the
+// predecessor's results are awaited (QW_GRID_WAIT): the step's loads then
+// find them in L2.
+template <int PF>
+__device__ __forceinline__ void gr_prefetch_first(const bf16_t* __restrict__ W, int N, int K, int n0, int k0,
+                                                  int kend, int ahead) {
+    for (int a = 0; a < ahead; a++) gr_prefetch<PF>(W, N, K, n0, k0 + 32 * PF * a, kend);
+}
+
 template <int NT, int PF, typename XL>
 __device__ __forceinline__ void gr_core(const bf16_t* __restrict__ W, int N, int K, int n0, int k0, int kend,
-                                        XL xload, float (&acc)[GR_MT][NT][4]) {
+                                        int ahead, XL xload, float (&acc)[GR_MT][NT][4]) {
     const int lane = threadIdx.x % WARP, g = lane >> 2, c = lane & 3;
 #pragma unroll
     for (int m = 0; m < GR_MT; m++)
@@ -54,6 +74,10 @@ __device__ __forceinline__ void gr_core(const bf16_t* __restrict__ W, int N, int
 #pragma unroll
             for (int j = 0; j < 4; j++) acc[m][t][j] = 0.f;
     for (int kb = k0; kb < kend; kb += 32 * PF) {
+        // The weights `ahead` steps on go to L2 now, so each step's loads
+        // wait for L2, not for memory (more bytes in flight per warp than
+        // its registers hold).
+        if (ahead > 0) gr_prefetch<PF>(W, N, K, n0, kb + 32 * PF * ahead, kend);
         uint4 w[PF][GR_MT][2];
 #pragma unroll
         for (int p = 0; p < PF; p++)
@@ -92,15 +116,20 @@ __device__ __forceinline__ void gr_core(const bf16_t* __restrict__ W, int N, int
 template <int NT, int PF>
 __device__ __forceinline__ void gemm_rows_impl(const float* __restrict__ X, const bf16_t* __restrict__ W,
                                                float* __restrict__ Y, float* __restrict__ part, int B, int N,
-                                               int K, int S, int accumulate) {
+                                               int K, int S, int accumulate, int ahead) {
     const int lane = threadIdx.x % WARP, g = lane >> 2, c = lane & 3;
     const int warp = blockIdx.x * GR_WARPS + threadIdx.x / WARP;
     const int groups = (N + 16 * GR_MT - 1) / (16 * GR_MT);
     if (warp >= groups * S) return;
     const int mg = warp % groups, s = warp / groups, KS = K / S;
     const int n0 = mg * 16 * GR_MT, k0 = s * KS;
+    // Only the weights are touched before the predecessor's results are
+    // awaited (PDL): they stream while it finishes.
+    gr_prefetch_first<PF>(W, N, K, n0, k0, k0 + KS, ahead);
+    QW_GRID_WAIT();
+    QW_GRID_LAUNCH();
     float acc[GR_MT][NT][4];
-    gr_core<NT, PF>(W, N, K, n0, k0, k0 + KS,
+    gr_core<NT, PF>(W, N, K, n0, k0, k0 + KS, ahead,
                     [&](int t, int k, unsigned (&hi)[4], unsigned (&lo)[4]) {
                         const int b = t * 8 + g;
                         gr_split8(X + (size_t)b * K + k, b < B, hi, lo);
@@ -120,12 +149,14 @@ __device__ __forceinline__ void gemm_rows_impl(const float* __restrict__ X, cons
                 else part[(size_t)s * B * N + at] = acc[m][t][j];
             }
 }
-#define GR_BODY(NT) gemm_rows_impl<NT, NT <= 2 ? 4 : 2>(X, W, Y, part, B, N, K, S, accumulate)
+#define GR_BODY(NT) gemm_rows_impl<NT, NT <= 2 ? 4 : 2>(X, W, Y, part, B, N, K, S, accumulate, ahead)
 #else
 // Without tensor cores (HIP): the same sums on CUDA cores, one output per thread.
 __device__ __forceinline__ void gemm_rows_fma(const float* __restrict__ X, const bf16_t* __restrict__ W,
                                               float* __restrict__ Y, float* __restrict__ part, int B, int N, int K,
                                               int S, int accumulate) {
+    QW_GRID_WAIT();
+    QW_GRID_LAUNCH();
     const long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (o >= (long long)B * N) return;
     const int b = (int)(o / N), n = (int)(o % N);
@@ -138,10 +169,12 @@ __device__ __forceinline__ void gemm_rows_fma(const float* __restrict__ X, const
 
 // NT = 1, 2, 4, 8: up to 8, 16, 32, 64 activation rows. Grid: ceil(ceil(N /
 // 32) S / GR_WARPS) blocks of GR_WARPS warps (HIP: ceil(B N / 256) of 256).
+// ahead: how many k steps of weights each warp asks L2 for ahead of use (0:
+// none); the first ones are requested before QW_GRID_WAIT.
 #define GEMM_ROWS(NAME, NT)                                                                                  \
     QW_KERNEL void QW_BOUNDS(128) NAME(const float* __restrict__ X, const bf16_t* __restrict__ W,           \
                                        float* __restrict__ Y, float* __restrict__ part, int B, int N, int K, \
-                                       int S, int accumulate) {                                              \
+                                       int S, int accumulate, int ahead) {                                   \
         GR_BODY(NT);                                                                                         \
     }
 GEMM_ROWS(gemm_rows8, 1)
@@ -157,7 +190,10 @@ GEMM_ROWS(gemm_rows64, 8)
 #if defined(QW_CUDA) || defined(QW_CPU)
 QW_KERNEL void QW_BOUNDS(128) moe_rows8(const bf16_t* __restrict__ ahi, const bf16_t* __restrict__ alo,
                                         const bf16_t* __restrict__ W, long long w_stride,
-                                        const int* __restrict__ tiles, float* __restrict__ Y, int N, int K) {
+                                        const int* __restrict__ tiles, float* __restrict__ Y, int N, int K,
+                                        int ahead) {
+    QW_GRID_WAIT();  // the tile table is the predecessor's
+    QW_GRID_LAUNCH();
     if ((int)blockIdx.y >= tiles[0]) return;
     const int e = tiles[1 + 3 * blockIdx.y], r0 = tiles[2 + 3 * blockIdx.y], rows = tiles[3 + 3 * blockIdx.y];
     const int lane = threadIdx.x % WARP, g = lane >> 2, c = lane & 3;
@@ -165,7 +201,9 @@ QW_KERNEL void QW_BOUNDS(128) moe_rows8(const bf16_t* __restrict__ ahi, const bf
     if (warp * 16 * GR_MT >= N) return;
     const int n0 = warp * 16 * GR_MT;
     float acc[GR_MT][1][4];
-    gr_core<1, 4>(W + (size_t)e * w_stride, N, K, n0, 0, K,
+    const bf16_t* We = W + (size_t)e * w_stride;
+    gr_prefetch_first<4>(We, N, K, n0, 0, K, ahead);
+    gr_core<1, 4>(We, N, K, n0, 0, K, ahead,
                   [&](int, int k, unsigned (&hi)[4], unsigned (&lo)[4]) {
                       const bool v = g < rows;
                       const size_t at = (size_t)(r0 + (v ? g : 0)) * K + k;
@@ -186,7 +224,8 @@ QW_KERNEL void QW_BOUNDS(128) moe_rows8(const bf16_t* __restrict__ ahi, const bf
 #else
 QW_KERNEL void QW_BOUNDS(128) moe_rows8(const bf16_t* __restrict__ ahi, const bf16_t* __restrict__ alo,
                                         const bf16_t* __restrict__ W, long long w_stride,
-                                        const int* __restrict__ tiles, float* __restrict__ Y, int N, int K) {
+                                        const int* __restrict__ tiles, float* __restrict__ Y, int N, int K,
+                                        int ahead) {
     // Not launched without tensor cores (ops.rs takes it on CUDA only).
 }
 #endif
@@ -194,6 +233,8 @@ QW_KERNEL void QW_BOUNDS(128) moe_rows8(const bf16_t* __restrict__ ahi, const bf
 // Y[i] = (accumulate ? Y[i] : 0) + sum over s of part[s][i], s ascending; i < n = B N.
 QW_KERNEL void QW_BOUNDS(256) gemm_rows_reduce(const float* __restrict__ part, float* __restrict__ Y, long long n,
                                                int S, int accumulate) {
+    QW_GRID_WAIT();
+    QW_GRID_LAUNCH();
     const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
     float t = 0.f;

@@ -106,6 +106,8 @@ QW_KERNEL void QW_BOUNDS(256) moe_gemv_down(const bf16_t* __restrict__ Wd, const
 // bits). E <= 1024, k <= 32. grid ceil(T / 8).
 QW_KERNEL void QW_BOUNDS(256) router_topk_warp(const float* __restrict__ logits, int stride, int E, int k,
                                                int T, int* __restrict__ idx, float* __restrict__ wout) {
+    QW_GRID_WAIT();
+    QW_GRID_LAUNCH();
     __shared__ float ps[8][1024];
     int w = threadIdx.x / WARP, lane = threadIdx.x % WARP;
     int t = blockIdx.x * 8 + w;
@@ -173,6 +175,8 @@ __device__ __forceinline__ int block_isum256(int v, int* sh /* [256 / WARP] */) 
 // counts[e] = #{n < N : idx[n] == e} for e < E (block e); block E counts the
 // entries outside [0, E) into counts[E]. grid E + 1, block 256.
 QW_KERNEL void QW_BOUNDS(256) moe_plan_count(const int* __restrict__ idx, int N, int E, int* __restrict__ counts) {
+    QW_GRID_WAIT();
+    QW_GRID_LAUNCH();
     __shared__ int sh[256 / WARP];
     int e = blockIdx.x, c = 0;
     for (int n = threadIdx.x; n < N; n += 256) {
@@ -242,6 +246,8 @@ __device__ __forceinline__ unsigned long long block_excl_scan_u64(unsigned long 
 QW_KERNEL void QW_BOUNDS(256) moe_plan_place(const int* __restrict__ idx, int N, int k, int E,
                                              const int* __restrict__ counts, int* __restrict__ rows,
                                              int* __restrict__ slot) {
+    QW_GRID_WAIT();
+    QW_GRID_LAUNCH();
     __shared__ int osum[256 / WARP];
     // Warp totals of the tiles, double-buffered: a tile's writes go to the half
     // that the tile before last read, and the last tile's __syncthreads separates them.
@@ -308,6 +314,8 @@ QW_KERNEL void QW_BOUNDS(256) moe_plan_place(const int* __restrict__ idx, int N,
 // E <= MOE_MAXE (4 experts per thread). grid 1, block 256.
 QW_KERNEL void QW_BOUNDS(256) moe_plan_tiles(const int* __restrict__ counts, int E, int bm, int N,
                                              int* __restrict__ tiles, int* __restrict__ rows, int* __restrict__ bad) {
+    QW_GRID_WAIT();
+    QW_GRID_LAUNCH();
     __shared__ unsigned long long wsum[256 / WARP];
     const int tid = threadIdx.x;
     int c[4];
@@ -337,11 +345,79 @@ QW_KERNEL void QW_BOUNDS(256) moe_plan_tiles(const int* __restrict__ counts, int
     for (int p = (int)(tot & 0xffffffffu) + tid; p < N; p += 256) rows[p] = 0;
 }
 
+// The whole plan of a few tokens' routing in one block (a batched decode
+// step: N = tokens * k <= MOE_PLAN_SMALL entries): what moe_plan_count,
+// moe_plan_place and moe_plan_tiles write together (rows, slot, the tile
+// table, the zeroed row tail, *bad = the out-of-range count), as one launch
+// instead of three. The entries sit in shared memory; thread i owns experts
+// 4i .. 4i + 3 and walks them twice, counting, then placing each match at
+// its expert's next row (increasing n, the order moe_plan_place gives).
+// E <= MOE_MAXE. grid 1, block 256.
+#define MOE_PLAN_SMALL 512
+QW_KERNEL void QW_BOUNDS(256) moe_plan_small(const int* __restrict__ idx, int N, int k, int E, int bm,
+                                             int* __restrict__ tiles, int* __restrict__ rows,
+                                             int* __restrict__ slot, int* __restrict__ bad) {
+    QW_GRID_WAIT();
+    QW_GRID_LAUNCH();
+    __shared__ int ids[MOE_PLAN_SMALL];
+    __shared__ unsigned long long wsum[256 / WARP];
+    __shared__ int osum[256 / WARP];
+    const int tid = threadIdx.x, e0 = 4 * tid;
+    int out = 0;
+    for (int n = tid; n < N; n += 256) {
+        const int x = idx[n];
+        ids[n] = x;
+        out += x < 0 || x >= E;
+    }
+    __syncthreads();
+    int c[4] = {0, 0, 0, 0};
+    if (e0 < E)
+        for (int n = 0; n < N; n++) {
+            const unsigned d = (unsigned)(ids[n] - e0);
+            if (d < 4) c[d]++;
+        }
+    unsigned long long mine = 0;  // this thread's tiles << 32 | rows
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        if (e0 + j >= E) c[j] = 0;  // entries >= E are out of range, not this thread's
+        mine += ((unsigned long long)((c[j] + bm - 1) / bm) << 32) + (unsigned)c[j];
+    }
+    unsigned long long tot, pre = block_excl_scan_u64(mine, wsum, &tot);
+    int t = (int)(pre >> 32), r = (int)(pre & 0xffffffffu), at[4];
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        at[j] = r;
+        for (int r0 = 0; r0 < c[j]; r0 += bm) {
+            int* o = tiles + 1 + 3 * t++;
+            o[0] = e0 + j;
+            o[1] = r + r0;
+            o[2] = min(bm, c[j] - r0);
+        }
+        r += c[j];
+    }
+    if (c[0] + c[1] + c[2] + c[3] > 0)
+        for (int n = 0; n < N; n++) {
+            const unsigned d = (unsigned)(ids[n] - e0);
+            if (d < 4 && c[d] > 0) {
+                rows[at[d]] = n / k;
+                slot[n] = at[d]++;
+            }
+        }
+    const int nbad = block_isum256(out, osum);
+    if (tid == 0) {
+        tiles[0] = (int)(tot >> 32);
+        *bad = nbad;
+    }
+    for (int p = (int)(tot & 0xffffffffu) + tid; p < N; p += 256) rows[p] = 0;
+}
+
 // hi/lo[i, :] = bf16 split of src[rows[i] * src_stride + (0..dim)], i < n (as
 // gather_rows then f32_to_bf16_split). grid n (one row per block), block 256.
 QW_KERNEL void QW_BOUNDS(256) gather_split_bf16(const float* __restrict__ src, int src_stride,
                                                 const int* __restrict__ rows, long long n, int dim,
                                                 bf16_t* __restrict__ hi, bf16_t* __restrict__ lo) {
+    QW_GRID_WAIT();
+    QW_GRID_LAUNCH();
     const long long i = blockIdx.x;
     if (i >= n) return;
     split_row(src + (size_t)rows[i] * src_stride, hi + i * dim, lo + i * dim, dim);
@@ -351,6 +427,8 @@ QW_KERNEL void QW_BOUNDS(256) gather_split_bf16(const float* __restrict__ src, i
 // hi/lo [r, i] (as silu_mul then f32_to_bf16_split). grid rows (one per block), block 256.
 QW_KERNEL void QW_BOUNDS(256) silu_mul_split(const float* __restrict__ in, long long rows, int I,
                                              bf16_t* __restrict__ hi, bf16_t* __restrict__ lo) {
+    QW_GRID_WAIT();
+    QW_GRID_LAUNCH();
     const long long r = blockIdx.x;
     if (r >= rows) return;
     const float* g = in + r * 2 * I;
@@ -376,6 +454,8 @@ QW_KERNEL void QW_BOUNDS(256) silu_mul_split(const float* __restrict__ in, long 
 QW_KERNEL void QW_BOUNDS(256) moe_combine(const float* __restrict__ ye, const int* __restrict__ idx,
                                           const float* __restrict__ wts, const int* __restrict__ slot, int T,
                                           int k, int E, int H, float* __restrict__ x) {
+    QW_GRID_WAIT();
+    QW_GRID_LAUNCH();
     __shared__ const float* src[MOE_MAXK];
     __shared__ float sw[MOE_MAXK];
     const int t = blockIdx.x;

@@ -18,7 +18,7 @@
 constexpr double TOL = 1e-5;
 constexpr int CANARY = 5;
 
-using Kernel = void (*)(const float*, const bf16_t*, float*, float*, int, int, int, int, int);
+using Kernel = void (*)(const float*, const bf16_t*, float*, float*, int, int, int, int, int, int);
 
 static float split_sum(float x) {
     const bf16_t h = f2bf(x);
@@ -35,6 +35,7 @@ int main() {
                 for (int S : {1, 2, 4}) {
                     if ((K / 32) % S != 0) continue;
                     for (int accumulate : {0, 1}) {
+                        const int ahead = accumulate ? 2 : 0;  // the L2 hint changes nothing on the CPU
                         Kernel k = B <= 8 ? gemm_rows8 : B <= 16 ? gemm_rows16 : B <= 32 ? gemm_rows32 : gemm_rows64;
                         std::vector<float> X((size_t)B * K), Y((size_t)B * N + CANARY), part((size_t)S * B * N, NAN);
                         std::vector<bf16_t> W((size_t)N * K);
@@ -44,7 +45,7 @@ int main() {
                         const std::vector<float> Y0 = Y;
                         const int groups = (N + 31) / 32;
                         qw_cpu::launch({(unsigned)((groups * S + 3) / 4), 1, 1}, {128, 1, 1},
-                                       [&] { k(X.data(), W.data(), Y.data(), part.data(), B, N, K, S, accumulate); });
+                                       [&] { k(X.data(), W.data(), Y.data(), part.data(), B, N, K, S, accumulate, ahead); });
                         if (S > 1) {
                             const long long n = (long long)B * N;
                             qw_cpu::launch({(unsigned)((n + 255) / 256), 1, 1}, {256, 1, 1},
@@ -99,7 +100,7 @@ int main() {
             const std::vector<float> Y0 = Y;
             const int blocks = ((N + 31) / 32 + 3) / 4;
             qw_cpu::launch({(unsigned)blocks, (unsigned)tiles[0] + 1, 1}, {128, 1, 1}, [&] {
-                moe_rows8(hi.data(), lo.data(), W.data(), (long long)N * K, tiles.data(), Y.data(), N, K);
+                moe_rows8(hi.data(), lo.data(), W.data(), (long long)N * K, tiles.data(), Y.data(), N, K, 2);
             });
             int wrong = 0;
             for (int t = 0; t < tiles[0]; t++) {

@@ -485,13 +485,21 @@ async fn preempted_requests_resume_with_the_tokens_they_get_alone() {
     let m = cpu(None);
     // Room for two sequences of up to 128 tokens, not three.
     let budget = m.sequence_bytes(128) * 2 + m.sequence_bytes(0);
-    let svc = start(
-        cpu(Some(budget)),
-        ServiceConfig {
-            max_num_seqs: 4,
-            ..ServiceConfig::default()
-        },
-    );
+    let cfg = ServiceConfig {
+        max_num_seqs: 4,
+        ..ServiceConfig::default()
+    };
+    preemption_case(&m, budget, start(cpu(Some(budget)), cfg.clone())).await;
+    // The same budget set by the operator (`--kv-cache-mib`) on a backend
+    // without one.
+    let operator = ServiceConfig {
+        kv_cache_bytes: budget,
+        ..cfg
+    };
+    preemption_case(&m, budget, start(cpu(None), operator)).await;
+}
+
+async fn preemption_case(m: &CpuModel, budget: usize, svc: EngineService) {
     let reqs: Vec<GenerateRequest> = (0..4)
         .map(|i| {
             let mut r = req(&prompt(50 + i, i as u32), 70, seeded(7 + i as u64));
@@ -512,7 +520,7 @@ async fn preempted_requests_resume_with_the_tokens_they_get_alone() {
     }
     for (i, (r, mut h)) in reqs.iter().zip(handles).enumerate() {
         let events = collect(&mut h).await;
-        assert_eq!(got(&events), expected(&m, r), "request {i}");
+        assert_eq!(got(&events), expected(m, r), "request {i}");
     }
     assert!(metric(&svc, "qwasi_preemptions_total") >= 1.0);
     // Alone it needs more than the budget: refused, not failed later.

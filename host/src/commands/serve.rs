@@ -130,6 +130,13 @@ pub struct Args {
     /// then chunks of the prompts being read (at least --max-num-seqs).
     #[arg(long, default_value_t = qwasi_engine::service::DEFAULT_MAX_NUM_BATCHED_TOKENS)]
     pub max_num_batched_tokens: usize,
+    /// Memory the running requests' states (KV cache, recurrent state) may
+    /// hold together, in MiB (0 = the backend's: on cuda/hip three quarters
+    /// of the device memory the weights leave free, less a work reserve; not
+    /// limited on cpu). Requests are admitted by it and the newest is
+    /// preempted (and resumed later) when running ones outgrow it.
+    #[arg(long, default_value_t = 0)]
+    pub kv_cache_mib: usize,
     /// Testing: force the model's output to the turns of a JSON file, one per request.
     #[arg(long, value_name = "FILE", hide = true)]
     pub scripted_turns: Option<PathBuf>,
@@ -638,6 +645,7 @@ fn load(a: &Args) -> Result<(Runtime, String)> {
         snapshot_interval: a.snapshot_interval,
         max_num_seqs: a.max_num_seqs,
         max_num_batched_tokens: a.max_num_batched_tokens,
+        kv_cache_bytes: a.kv_cache_mib << 20,
     };
     let StartedEngine {
         shared,

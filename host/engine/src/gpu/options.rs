@@ -143,6 +143,14 @@ pub struct GpuOptions {
     /// the few-row tensor-core kernel (kernels/gemm_rows.cu); `false` with
     /// `QWASI_GEMM_ROWS=cublas` (the `QWASI_GEMM` path).
     pub gemm_rows: bool,
+    /// k steps of weights the few-row kernels (`gemm_rows*`, `moe_rows8`)
+    /// ask L2 for ahead of use (`QWASI_ROWS_AHEAD`, 0..=8, default 2; 0:
+    /// none), the first ones before the predecessor's results are awaited.
+    pub rows_ahead: usize,
+    /// The routing plan of up to 64 tokens' experts in one launch
+    /// (`moe_plan_small`); `QWASI_MOE_PLAN=three` keeps the three-kernel
+    /// plan (`moe_plan_count`, `_place`, `_tiles`) that longer prompts use.
+    pub small_plan: bool,
     /// Gate/up row pairs per warp of `dec_moe_gate_up` (`QWASI_MOE_PAIRS`,
     /// default 2: on the H200 512/8K decode 333.0/302.5 tok/s against
     /// 320.5/289.4 with 1 and 320.0/289.9 with 4).
@@ -256,6 +264,8 @@ impl GpuOptions {
             fused_decode: pick("QWASI_DECODE", &["fused", "unfused"])? == "fused",
             batch_decode: pick("QWASI_BATCH", &["batched", "serial"])? == "batched",
             gemm_rows: pick("QWASI_GEMM_ROWS", &["rows", "cublas"])? == "rows",
+            rows_ahead: count("QWASI_ROWS_AHEAD", 2, 0..=8)?,
+            small_plan: pick("QWASI_MOE_PLAN", &["small", "three"])? == "small",
             fast_prefill: pick("QWASI_PREFILL", &["fast", "reference"])? == "fast",
             chunked_gdn: pick("QWASI_GDN", &["chunked", "serial"])? == "chunked",
             grouped_moe: cfg!(feature = "cuda")

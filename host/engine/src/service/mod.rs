@@ -83,6 +83,10 @@ pub struct ServiceConfig {
     /// token, then prompt chunks up to it (at least `max_num_seqs`); 0 =
     /// [`DEFAULT_MAX_NUM_BATCHED_TOKENS`].
     pub max_num_batched_tokens: usize,
+    /// Bytes the running sequences' states may hold together (0 = the
+    /// backend's [`Backend::kv_capacity`]); below the backend's, it caps
+    /// admission and preemption (`--kv-cache-mib`).
+    pub kv_cache_bytes: usize,
 }
 
 /// Default [`ServiceConfig::max_num_batched_tokens`]: a prompt chunk of
@@ -107,6 +111,7 @@ impl Default for ServiceConfig {
             snapshot_interval: DEFAULT_SNAPSHOT_INTERVAL,
             max_num_seqs: 0,
             max_num_batched_tokens: 0,
+            kv_cache_bytes: 0,
         }
     }
 }
@@ -318,9 +323,9 @@ impl EngineService {
                 n => n,
             }
             .max(max_num_seqs),
-            kv_capacity: backend.kv_capacity(),
+            kv_capacity: kv_capacity(backend.kv_capacity(), cfg.kv_cache_bytes),
         };
-        let memory_limit = memory_limit(&backend, context_limit);
+        let memory_limit = memory_limit(&backend, limits.kv_capacity, context_limit);
         let queue = Arc::new(Queue::new(max_num_seqs));
         let metrics = Arc::new(Metrics::new());
         let cache = (cfg.prefix_cache_bytes > 0).then(|| {
@@ -556,10 +561,20 @@ impl EngineService {
     }
 }
 
+/// The sequences' memory budget: the backend's, or the operator's where
+/// that is set and smaller (0: not set).
+fn kv_capacity(backend: Option<usize>, operator: usize) -> Option<usize> {
+    match (backend, operator) {
+        (b, 0) => b,
+        (Some(b), o) => Some(b.min(o)),
+        (None, o) => Some(o),
+    }
+}
+
 /// The longest context (up to `limit`) whose [`Backend::sequence_bytes`]
-/// fit the backend's [`Backend::kv_capacity`]: `usize::MAX` without one.
-fn memory_limit<B: Backend>(backend: &B, limit: usize) -> usize {
-    let Some(cap) = backend.kv_capacity() else {
+/// fit the budget `cap`: `usize::MAX` without one.
+fn memory_limit<B: Backend>(backend: &B, cap: Option<usize>, limit: usize) -> usize {
+    let Some(cap) = cap else {
         return usize::MAX;
     };
     // sequence_bytes grows with the tokens: the last n that fits.

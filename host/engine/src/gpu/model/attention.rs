@@ -202,7 +202,7 @@ impl AttnLayer {
                 kernels::bat_attn_prep_bf16
             })(
                 d,
-                Launch::new((b as u32, (nh + nkv) as u32, 1), (256, 1, 1), 0),
+                Launch::pdl((b as u32, (nh + nkv) as u32, 1), (256, 1, 1), 0),
                 dptr(proj),
                 i(p),
                 dptr(self.q_norm.ptr()),
@@ -223,7 +223,7 @@ impl AttnLayer {
             let (kernel, stages, smem) = m.batch_attn_kernel(longest.div_ceil(nsplit));
             (kernel.launch)(
                 d,
-                Launch::new(
+                Launch::pdl(
                     (nkv as u32, nsplit as u32, b as u32),
                     ((32 * (nh / nkv)) as u32, 1, 1),
                     smem as u32,
@@ -242,7 +242,7 @@ impl AttnLayer {
             )?;
             kernels::bat_attn_combine(
                 d,
-                Launch::new(
+                Launch::pdl(
                     (nh as u32, hd.div_ceil(32) as u32, b as u32),
                     (256, 1, 1),
                     0,

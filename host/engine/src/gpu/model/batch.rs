@@ -414,7 +414,7 @@ impl GpuModel {
             let g = sc.get(d, "bat_head_x", heads * h * F)?;
             kernels::gather_rows(
                 d,
-                Launch::new(((h as u32).div_ceil(256), heads as u32, 1), (256, 1, 1), 0),
+                Launch::pdl(((h as u32).div_ceil(256), heads as u32, 1), (256, 1, 1), 0),
                 dptr(x),
                 i(h),
                 dptr(shape.head_rows),

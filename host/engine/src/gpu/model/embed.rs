@@ -69,7 +69,7 @@ impl EmbedHead {
         let h = m.cfg.hidden_size;
         kernels::embed_gather(
             &m.dev,
-            Launch::new((t as u32, 1, 1), (256, 1, 1), 0),
+            Launch::pdl((t as u32, 1, 1), (256, 1, 1), 0),
             dptr(self.embed.buf.ptr()),
             dptr(tok),
             dptr(x),

@@ -239,7 +239,7 @@ impl GdnLayer {
         if b > 0 {
             kernels::bat_gdn_conv(
                 d,
-                Launch::new(
+                Launch::pdl(
                     ((conv_dim as u32).div_ceil(128), b as u32, 1),
                     (128, 1, 1),
                     0,
@@ -253,7 +253,7 @@ impl GdnLayer {
             )?;
             kernels::bat_gdn_step(
                 d,
-                Launch::new(
+                Launch::pdl(
                     (nv as u32, b as u32, 1),
                     ((32 * dv.div_ceil(32)) as u32, 4, 1),
                     0,

@@ -46,7 +46,7 @@ impl DenseLayer {
         let act = sc.get(d, "act", t * inter * F)?;
         kernels::silu_mul(
             d,
-            Launch::new(((inter as u32).div_ceil(256), t as u32, 1), (256, 1, 1), 0),
+            Launch::pdl(((inter as u32).div_ceil(256), t as u32, 1), (256, 1, 1), 0),
             dptr(gu),
             i(2 * inter),
             i(0),
@@ -69,7 +69,7 @@ impl DenseLayer {
         m.dec_norm_gemv(dc, gate_up.buf.ptr(), gate_up.rows, post_norm.ptr(), proj)?;
         kernels::silu_mul(
             d,
-            Launch::new(((inter as u32).div_ceil(256), 1, 1), (256, 1, 1), 0),
+            Launch::pdl(((inter as u32).div_ceil(256), 1, 1), (256, 1, 1), 0),
             dptr(proj),
             i(2 * inter),
             i(0),

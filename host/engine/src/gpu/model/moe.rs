@@ -95,7 +95,7 @@ impl MoeLayer {
         let act_s = sc.get(d, "act_s", t * sh * F)?;
         kernels::silu_mul(
             d,
-            Launch::new(((sh as u32).div_ceil(256), t as u32, 1), (256, 1, 1), 0),
+            Launch::pdl(((sh as u32).div_ceil(256), t as u32, 1), (256, 1, 1), 0),
             dptr(inp),
             i(p),
             i(e + 1),
@@ -107,7 +107,7 @@ impl MoeLayer {
         m.linear(sc, act_s, t, shared_down, mixed, false)?;
         kernels::add_sigmoid_scaled(
             d,
-            Launch::new(((h as u32).div_ceil(256), t as u32, 1), (256, 1, 1), 0),
+            Launch::pdl(((h as u32).div_ceil(256), t as u32, 1), (256, 1, 1), 0),
             dptr(x),
             dptr(mixed),
             dptr(inp + (e * F) as u64),
@@ -121,7 +121,7 @@ impl MoeLayer {
         if fast {
             kernels::router_topk_warp(
                 d,
-                Launch::new(((t as u32).div_ceil(8), 1, 1), (256, 1, 1), 0),
+                Launch::pdl(((t as u32).div_ceil(8), 1, 1), (256, 1, 1), 0),
                 dptr(inp),
                 i(p),
                 i(e),
@@ -161,7 +161,7 @@ impl MoeLayer {
             let act = sc.get(d, "act", k * inter * F)?;
             kernels::silu_mul(
                 d,
-                Launch::new(((inter as u32).div_ceil(256), k as u32, 1), (256, 1, 1), 0),
+                Launch::pdl(((inter as u32).div_ceil(256), k as u32, 1), (256, 1, 1), 0),
                 dptr(gu),
                 i(2 * inter),
                 i(0),

@@ -119,7 +119,7 @@ impl GpuModel {
                 let xb = sc.get(d, "x_bf16", n * B)?;
                 kernels::f32_to_bf16(
                     d,
-                    Launch::new(((n as u32).div_ceil(256), 1, 1), (256, 1, 1), 0),
+                    Launch::pdl(((n as u32).div_ceil(256), 1, 1), (256, 1, 1), 0),
                     dptr(x),
                     dptr(xb),
                     n as i64,
@@ -132,7 +132,7 @@ impl GpuModel {
                 let lo = hi + (n * B) as u64;
                 kernels::f32_to_bf16_split(
                     d,
-                    Launch::new(((n as u32).div_ceil(4 * 256), 1, 1), (256, 1, 1), 0),
+                    Launch::pdl(((n as u32).div_ceil(4 * 256), 1, 1), (256, 1, 1), 0),
                     dptr(x),
                     dptr(hi),
                     dptr(lo),
@@ -198,7 +198,7 @@ impl GpuModel {
         };
         kernel(
             d,
-            Launch::new(((groups * slices).div_ceil(4) as u32, 1, 1), (128, 1, 1), 0),
+            Launch::pdl(((groups * slices).div_ceil(4) as u32, 1, 1), (128, 1, 1), 0),
             dptr(x),
             dptr(w),
             dptr(y),
@@ -208,12 +208,13 @@ impl GpuModel {
             i(cols),
             i(slices),
             i(accumulate as usize),
+            i(self.opts.rows_ahead),
         )?;
         if slices > 1 {
             let n = t * rows;
             kernels::gemm_rows_reduce(
                 d,
-                Launch::new(((n as u32).div_ceil(256), 1, 1), (256, 1, 1), 0),
+                Launch::pdl(((n as u32).div_ceil(256), 1, 1), (256, 1, 1), 0),
                 dptr(part),
                 dptr(y),
                 n as i64,
@@ -237,7 +238,7 @@ impl GpuModel {
     ) -> Result<()> {
         kernels::rmsnorm(
             &self.dev,
-            Launch::new((rows as u32, 1, 1), (256, 1, 1), 0),
+            Launch::pdl((rows as u32, 1, 1), (256, 1, 1), 0),
             dptr(x),
             i(x_stride),
             dptr(w.ptr()),
@@ -255,7 +256,7 @@ impl GpuModel {
         let nel = t * h;
         kernels::add_inplace(
             d,
-            Launch::new(((nel as u32).div_ceil(256), 1, 1), (256, 1, 1), 0),
+            Launch::pdl(((nel as u32).div_ceil(256), 1, 1), (256, 1, 1), 0),
             dptr(x),
             dptr(mixed),
             nel as i64,
