@@ -116,7 +116,7 @@ __device__ __forceinline__ void gr_core(const bf16_t* __restrict__ W, int N, int
 template <int NT, int PF>
 __device__ __forceinline__ void gemm_rows_impl(const float* __restrict__ X, const bf16_t* __restrict__ W,
                                                float* __restrict__ Y, float* __restrict__ part, int B, int N,
-                                               int K, int S, int accumulate, int ahead) {
+                                               int K, int S, int accumulate, int first, int ahead) {
     const int lane = threadIdx.x % WARP, g = lane >> 2, c = lane & 3;
     const int warp = blockIdx.x * GR_WARPS + threadIdx.x / WARP;
     const int groups = (N + 16 * GR_MT - 1) / (16 * GR_MT);
@@ -125,7 +125,7 @@ __device__ __forceinline__ void gemm_rows_impl(const float* __restrict__ X, cons
     const int n0 = mg * 16 * GR_MT, k0 = s * KS;
     // Only the weights are touched before the predecessor's results are
     // awaited (PDL): they stream while it finishes.
-    gr_prefetch_first<PF>(W, N, K, n0, k0, k0 + KS, ahead);
+    gr_prefetch_first<PF>(W, N, K, n0, k0, k0 + KS, first);
     QW_GRID_WAIT();
     QW_GRID_LAUNCH();
     float acc[GR_MT][NT][4];
@@ -149,7 +149,7 @@ __device__ __forceinline__ void gemm_rows_impl(const float* __restrict__ X, cons
                 else part[(size_t)s * B * N + at] = acc[m][t][j];
             }
 }
-#define GR_BODY(NT) gemm_rows_impl<NT, NT <= 2 ? 4 : 2>(X, W, Y, part, B, N, K, S, accumulate, ahead)
+#define GR_BODY(NT) gemm_rows_impl<NT, NT <= 2 ? 4 : 2>(X, W, Y, part, B, N, K, S, accumulate, first, ahead)
 #else
 // Without tensor cores (HIP): the same sums on CUDA cores, one output per thread.
 __device__ __forceinline__ void gemm_rows_fma(const float* __restrict__ X, const bf16_t* __restrict__ W,
@@ -169,12 +169,13 @@ __device__ __forceinline__ void gemm_rows_fma(const float* __restrict__ X, const
 
 // NT = 1, 2, 4, 8: up to 8, 16, 32, 64 activation rows. Grid: ceil(ceil(N /
 // 32) S / GR_WARPS) blocks of GR_WARPS warps (HIP: ceil(B N / 256) of 256).
-// ahead: how many k steps of weights each warp asks L2 for ahead of use (0:
-// none); the first ones are requested before QW_GRID_WAIT.
+// first: k steps of weights each warp asks L2 for before QW_GRID_WAIT (while
+// the predecessor finishes); ahead: how far ahead of use it keeps asking (0:
+// not at all).
 #define GEMM_ROWS(NAME, NT)                                                                                  \
     QW_KERNEL void QW_BOUNDS(128) NAME(const float* __restrict__ X, const bf16_t* __restrict__ W,           \
                                        float* __restrict__ Y, float* __restrict__ part, int B, int N, int K, \
-                                       int S, int accumulate, int ahead) {                                   \
+                                       int S, int accumulate, int first, int ahead) {                        \
         GR_BODY(NT);                                                                                         \
     }
 GEMM_ROWS(gemm_rows8, 1)

@@ -370,11 +370,16 @@ QW_KERNEL void QW_BOUNDS(256) moe_plan_small(const int* __restrict__ idx, int N,
         out += x < 0 || x >= E;
     }
     __syncthreads();
+    // Counters as four named registers (an array indexed by a runtime
+    // value would live in local memory, a load and a store per entry).
     int c[4] = {0, 0, 0, 0};
     if (e0 < E)
         for (int n = 0; n < N; n++) {
-            const unsigned d = (unsigned)(ids[n] - e0);
-            if (d < 4) c[d]++;
+            const int d = ids[n] - e0;
+            c[0] += d == 0;
+            c[1] += d == 1;
+            c[2] += d == 2;
+            c[3] += d == 3;
         }
     unsigned long long mine = 0;  // this thread's tiles << 32 | rows
 #pragma unroll
@@ -397,11 +402,16 @@ QW_KERNEL void QW_BOUNDS(256) moe_plan_small(const int* __restrict__ idx, int N,
     }
     if (c[0] + c[1] + c[2] + c[3] > 0)
         for (int n = 0; n < N; n++) {
-            const unsigned d = (unsigned)(ids[n] - e0);
-            if (d < 4 && c[d] > 0) {
-                rows[at[d]] = n / k;
-                slot[n] = at[d]++;
-            }
+            const int d = ids[n] - e0;
+            if (d < 0 || d > 3 || e0 + d >= E) continue;
+            // at[d] through selects, for the same reason as the counters.
+            const int p = d == 0 ? at[0] : d == 1 ? at[1] : d == 2 ? at[2] : at[3];
+            rows[p] = n / k;
+            slot[n] = p;
+            at[0] += d == 0;
+            at[1] += d == 1;
+            at[2] += d == 2;
+            at[3] += d == 3;
         }
     const int nbad = block_isum256(out, osum);
     if (tid == 0) {

@@ -9,9 +9,12 @@
 #      against the default, one JSON per run merged into $OUT/batch-ab.json;
 #   4. with PROFILE=1: per-kernel times at $PROFILE_BATCHES, $OUT/profile.json;
 #   5. with SOAK=1: scripts/soak on the GPU backend (demo model) under memory
-#      pressure (--kv-cache-mib $SOAK_KV_MIB, --expect-preemptions), $OUT/soak.json.
+#      pressure (--kv-cache-mib $SOAK_KV_MIB, default 17: two of the demo
+#      model's short sequences, 8.5 MiB each on the GPU with their 4,096 rows
+#      of KV headroom, fit until they grow; --max-tokens 300,
+#      --expect-preemptions), $OUT/soak.json.
 # Env: QWASI_BIN (.dev/qwasi), BATCHES (1,8,16,32,64), AB_BATCHES (8,16),
-#      AB ("QWASI_PDL=0 QWASI_ROWS_AHEAD=0 QWASI_MOE_PLAN=three"), SOAK_S (90).
+#      AB ("QWASI_PDL=0 QWASI_MOE_PLAN=three"), SOAK_S (90), SOAK_EXTRA.
 set -uo pipefail
 OUT=${OUT:-/tmp/qwasi-out}
 mkdir -p "$OUT"
@@ -27,7 +30,7 @@ echo "== batch at ${BATCHES:-1,8,16,32,64}"
 "$BIN" bench --workload batch $SYN --batches "${BATCHES:-1,8,16,32,64}" --out "$OUT/batch.json" 2>&1 \
   | grep -E "^\[bench\] [0-9]+ prompt" || rc=1
 mkdir -p /tmp/ab
-for sw in default ${AB:-QWASI_PDL=0 QWASI_ROWS_AHEAD=0 QWASI_MOE_PLAN=three}; do
+for sw in default ${AB:-QWASI_PDL=0 QWASI_MOE_PLAN=three}; do
   if [ "$sw" = default ]; then envs=(); else envs=("$sw"); fi
   env "${envs[@]}" "$BIN" bench --workload batch $SYN --batches "${AB_BATCHES:-8,16}" \
     --out "/tmp/ab/$sw.json" > "/tmp/ab/$sw.log" 2>&1 || rc=1
@@ -55,10 +58,15 @@ for r in json.load(open(sys.argv[1]))["results"]:
 EOF
 fi
 if [ "${SOAK:-0}" = 1 ]; then
-  echo "== GPU soak, ${SOAK_S:-90} s, --kv-cache-mib ${SOAK_KV_MIB:-26}"
-  python3 scripts/soak --bin "$BIN" --duration "${SOAK_S:-90}" --report "$OUT/soak.json" \
-    --serve-arg=--backend --serve-arg=cuda --serve-arg=--kv-cache-mib --serve-arg="${SOAK_KV_MIB:-26}" \
-    --expect-preemptions > /tmp/soak.log 2>&1 || rc=1
-  grep -E "preempt|soak FAILED|RSS:|^  " /tmp/soak.log | tail -15
+  # SOAK_ENVS: one soak per entry (VAR=value, or "default"), $OUT/soak-<entry>.json.
+  for sw in ${SOAK_ENVS:-default}; do
+    if [ "$sw" = default ]; then envs=(); else envs=("$sw"); fi
+    echo "== GPU soak ($sw), ${SOAK_S:-90} s, --kv-cache-mib ${SOAK_KV_MIB:-17}"
+    env "${envs[@]}" python3 scripts/soak --bin "$BIN" --duration "${SOAK_S:-90}" --report "$OUT/soak-$sw.json" \
+      --serve-arg=--backend --serve-arg=cuda --serve-arg=--kv-cache-mib --serve-arg="${SOAK_KV_MIB:-17}" \
+      --max-tokens 300 --expect-preemptions ${SOAK_EXTRA:-} > /tmp/soak.log 2>&1 || rc=1
+    grep -E "soak FAILED|RSS:|^  [a-z\"]" /tmp/soak.log | grep -v "^  \"qwasi_guest" | tail -8
+    python3 -c "import json,sys; d=json.load(open(sys.argv[1])); m=d['metrics_after']; print('outcomes', d['outcomes']); print('preemptions', m.get('qwasi_preemptions_total'), 'failed', m.get('qwasi_requests_finished_total{reason=\"failed\"}'))" "$OUT/soak-$sw.json"
+  done
 fi
 exit $rc

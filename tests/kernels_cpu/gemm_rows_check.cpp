@@ -18,7 +18,7 @@
 constexpr double TOL = 1e-5;
 constexpr int CANARY = 5;
 
-using Kernel = void (*)(const float*, const bf16_t*, float*, float*, int, int, int, int, int, int);
+using Kernel = void (*)(const float*, const bf16_t*, float*, float*, int, int, int, int, int, int, int);
 
 static float split_sum(float x) {
     const bf16_t h = f2bf(x);
@@ -45,7 +45,7 @@ int main() {
                         const std::vector<float> Y0 = Y;
                         const int groups = (N + 31) / 32;
                         qw_cpu::launch({(unsigned)((groups * S + 3) / 4), 1, 1}, {128, 1, 1},
-                                       [&] { k(X.data(), W.data(), Y.data(), part.data(), B, N, K, S, accumulate, ahead); });
+                                       [&] { k(X.data(), W.data(), Y.data(), part.data(), B, N, K, S, accumulate, ahead, ahead); });
                         if (S > 1) {
                             const long long n = (long long)B * N;
                             qw_cpu::launch({(unsigned)((n + 255) / 256), 1, 1}, {256, 1, 1},

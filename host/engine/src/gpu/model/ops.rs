@@ -208,6 +208,7 @@ impl GpuModel {
             i(cols),
             i(slices),
             i(accumulate as usize),
+            i(self.opts.rows_first),
             i(self.opts.rows_ahead),
         )?;
         if slices > 1 {
