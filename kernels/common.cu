@@ -48,6 +48,17 @@ QW_KERNEL void add_sigmoid_scaled(float* __restrict__ x, const float* __restrict
     if (i < H && t < T) x[(size_t)t * H + i] += sigmoid_f(g[(size_t)t * g_stride]) * y[(size_t)t * H + i];
 }
 
+// y[i] = (accumulate ? y[i] : 0) + (p[i] + p[n + i]), i < n: the hi and lo
+// halves of a split projection run as one GEMM over stacked rows.
+QW_KERNEL void add_halves(const float* __restrict__ p, float* __restrict__ y, long long n, int accumulate) {
+    QW_GRID_WAIT();
+    QW_GRID_LAUNCH();
+    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    const float v = p[i] + p[n + i];
+    y[i] = accumulate ? y[i] + v : v;
+}
+
 QW_KERNEL void f32_to_bf16(const float* __restrict__ x, bf16_t* __restrict__ y, long long n) {
     QW_GRID_WAIT();
     QW_GRID_LAUNCH();

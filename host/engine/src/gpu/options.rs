@@ -151,10 +151,6 @@ pub struct GpuOptions {
     /// cost 17% (674 against 817 tok/s; the experts 6.4 against 4.65 ms).
     pub rows_first: usize,
     pub rows_ahead: usize,
-    /// The routing plan of up to 64 tokens' experts in one launch
-    /// (`moe_plan_small`); `QWASI_MOE_PLAN=three` keeps the three-kernel
-    /// plan (`moe_plan_count`, `_place`, `_tiles`) that longer prompts use.
-    pub small_plan: bool,
     /// Gate/up row pairs per warp of `dec_moe_gate_up` (`QWASI_MOE_PAIRS`,
     /// default 2: on the H200 512/8K decode 333.0/302.5 tok/s against
     /// 320.5/289.4 with 1 and 320.0/289.9 with 4).
@@ -270,7 +266,6 @@ impl GpuOptions {
             gemm_rows: pick("QWASI_GEMM_ROWS", &["rows", "cublas"])? == "rows",
             rows_first: count("QWASI_ROWS_FIRST", 0, 0..=8)?,
             rows_ahead: count("QWASI_ROWS_AHEAD", 0, 0..=8)?,
-            small_plan: pick("QWASI_MOE_PLAN", &["small", "three"])? == "small",
             fast_prefill: pick("QWASI_PREFILL", &["fast", "reference"])? == "fast",
             chunked_gdn: pick("QWASI_GDN", &["chunked", "serial"])? == "chunked",
             grouped_moe: cfg!(feature = "cuda")

@@ -60,10 +60,6 @@ const MOE_ROWS_BM: usize = 8;
 /// expert's few rows, so it stays ahead of the 64-row tiles up to here: H200,
 /// 64 tokens, 16.1 against 18.2 ms per step).
 const MOE_ROWS_MAX: usize = 64;
-/// Most routing entries (tokens x experts per token) `moe_plan_small` plans
-/// in one block, and most experts (kernels/moe.cu, compat.h).
-const MOE_PLAN_SMALL: usize = 512;
-const MOE_MAXE: usize = 1024;
 
 /// The most block rows the grouped expert GEMM can need for `nn` rows over
 /// `e` experts in tiles of `bm`: every full tile, plus a partial one per
@@ -130,64 +126,41 @@ impl GpuModel {
             bad,
         } = io;
         let nn = t * k;
+        let counts = sc.get(d, "plan_counts", (e + 1) * 4)?;
+        kernels::moe_plan_count(
+            d,
+            Launch::pdl(((e + 1) as u32, 1, 1), (256, 1, 1), 0),
+            dptr(idx),
+            i(nn),
+            i(e),
+            dptr(counts),
+        )?;
         let pr = sc.get(d, "plan_rows", nn * 4)?;
         let slot = sc.get(d, "plan_slot", nn * 4)?;
-        let grouped =
-            self.opts.grouped_moe && h.is_multiple_of(MG_BK) && inter.is_multiple_of(MG_BK);
-        // Tiles of 8 rows for the few-row kernel (batched decode, short
-        // prompts); else 128-row tiles once experts average that many rows,
-        // were every expert busy (the counts stay on the device).
-        let bm = if self.rows_kernel_fits(n, t, h, MOE_ROWS_MAX) {
-            MOE_ROWS_BM
-        } else if nn / e.min(nn) >= 128 {
-            128
-        } else {
-            64
-        };
-        let plan = if grouped && self.opts.small_plan && nn <= MOE_PLAN_SMALL && e <= MOE_MAXE {
-            // A few tokens: the whole plan in one block.
-            let most = moe_max_tiles(nn, e, bm);
-            let tiles = sc.get(d, "moe_tiles", (1 + 3 * most) * 4)?;
-            kernels::moe_plan_small(
-                d,
-                Launch::pdl((1, 1, 1), (256, 1, 1), 0),
-                dptr(idx),
-                i(nn),
-                i(k),
-                i(e),
-                i(bm),
-                dptr(tiles),
-                dptr(pr),
-                dptr(slot),
-                dptr(bad),
-            )?;
-            MoePlan::Tiles {
-                buf: tiles,
-                most: most as u32,
-                bm,
-            }
-        } else {
-            let counts = sc.get(d, "plan_counts", (e + 1) * 4)?;
-            kernels::moe_plan_count(
-                d,
-                Launch::pdl(((e + 1) as u32, 1, 1), (256, 1, 1), 0),
-                dptr(idx),
-                i(nn),
-                i(e),
-                dptr(counts),
-            )?;
-            kernels::moe_plan_place(
-                d,
-                Launch::pdl((e as u32, 1, 1), (256, 1, 1), 0),
-                dptr(idx),
-                i(nn),
-                i(k),
-                i(e),
-                dptr(counts),
-                dptr(pr),
-                dptr(slot),
-            )?;
-            if grouped {
+        kernels::moe_plan_place(
+            d,
+            Launch::pdl((e as u32, 1, 1), (256, 1, 1), 0),
+            dptr(idx),
+            i(nn),
+            i(k),
+            i(e),
+            dptr(counts),
+            dptr(pr),
+            dptr(slot),
+        )?;
+        let plan =
+            if self.opts.grouped_moe && h.is_multiple_of(MG_BK) && inter.is_multiple_of(MG_BK) {
+                // Tiles of 8 rows for the few-row kernel (batched decode,
+                // short prompts); else 128-row tiles once experts average
+                // that many rows, were every expert busy (the counts stay on
+                // the device).
+                let bm = if self.rows_kernel_fits(n, t, h, MOE_ROWS_MAX) {
+                    MOE_ROWS_BM
+                } else if nn / e.min(nn) >= 128 {
+                    128
+                } else {
+                    64
+                };
                 let most = moe_max_tiles(nn, e, bm);
                 if most > 65_535 {
                     bail!("{most} expert row tiles exceed the grid's 65,535");
@@ -217,8 +190,7 @@ impl GpuModel {
                 }
                 hc.truncate(e);
                 MoePlan::Counts(hc)
-            }
-        };
+            };
         // hi | lo bf16 halves of the gathered rows; reused for the f32 expert outputs.
         let xs = sc.get(d, "moe_xs", nn * h * F)?;
         let (hi, lo) = (xs, xs + (nn * h * B) as u64);

@@ -15,6 +15,10 @@ use std::collections::HashMap;
 /// past 16 rows that traffic outweighs the weights' (H200, 64 rows: 13.1 ms
 /// per step against cuBLAS's 4.6): cuBLAS takes them.
 const GEMM_ROWS_MAX: usize = 16;
+/// Most rows whose split projection runs as one cuBLAS GEMM over the
+/// stacked hi and lo halves (a batched decode step past `GEMM_ROWS_MAX`);
+/// longer prompts run the two halves as two GEMMs (no 2x work buffer).
+const STACKED_MAX: usize = 64;
 /// Warps `gemm_rows` aims for per multiprocessor (with the K slices), and
 /// the fewest columns of a slice.
 const GEMM_ROWS_WARPS_PER_SM: usize = 16;
@@ -138,6 +142,21 @@ impl GpuModel {
                     dptr(lo),
                     n as i64,
                 )?;
+                if t <= STACKED_MAX {
+                    // Few rows: the weights dominate, so one GEMM over the
+                    // stacked [hi; lo] rows reads them once instead of twice.
+                    let p = sc.get(d, "stacked", 2 * t * rows * F)?;
+                    d.gemm_bf16(hi, w, p, 2 * t, rows, cols, false)?;
+                    let n = t * rows;
+                    return kernels::add_halves(
+                        d,
+                        Launch::pdl(((n as u32).div_ceil(256), 1, 1), (256, 1, 1), 0),
+                        dptr(p),
+                        dptr(y),
+                        n as i64,
+                        i(accumulate as usize),
+                    );
+                }
                 d.gemm_bf16(hi, w, y, t, rows, cols, accumulate)?;
                 d.gemm_bf16(lo, w, y, t, rows, cols, true)
             }
