@@ -142,7 +142,7 @@ impl GpuModel {
                     dptr(lo),
                     n as i64,
                 )?;
-                if t <= STACKED_MAX {
+                if t <= STACKED_MAX && self.opts.gemm_stack {
                     // Few rows: the weights dominate, so one GEMM over the
                     // stacked [hi; lo] rows reads them once instead of twice.
                     let p = sc.get(d, "stacked", 2 * t * rows * F)?;
