@@ -92,6 +92,7 @@ fn a_batched_step_is_bit_exact_with_each_sequence_alone() {
                 seq,
                 tokens: &ctx[i][done[i]..done[i] + chunk],
                 want,
+                mask: None,
             });
         }
         let outs = m.step(&mut items);
@@ -127,11 +128,13 @@ fn a_batched_step_is_bit_exact_with_each_sequence_alone() {
             seq: &mut a,
             tokens: &[1, 300],
             want: Want::Logits,
+            mask: None,
         },
         BatchItem {
             seq: &mut b,
             tokens: &prompts[1],
             want: Want::Logits,
+            mask: None,
         },
     ]);
     assert!(format!("{:#}", outs[0].as_ref().unwrap_err()).contains("out of range"));
@@ -146,11 +149,13 @@ fn a_batched_step_is_bit_exact_with_each_sequence_alone() {
             seq: &mut a,
             tokens: &[1, 2],
             want: Want::Nothing,
+            mask: None,
         },
         BatchItem {
             seq: &mut b,
             tokens: &[3],
             want: Want::Nothing,
+            mask: None,
         },
     ]);
     assert!(outs.iter().all(|o| matches!(o, Ok(StepOut::Extended))));

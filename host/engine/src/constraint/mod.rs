@@ -30,6 +30,7 @@ use serde_json::{Value, json};
 use std::fmt;
 use std::sync::Arc;
 
+use crate::readout::mask::TokenMask;
 use crate::tokenizer::Tokenizer;
 
 /// What the output must match.
@@ -230,6 +231,12 @@ impl Constraint {
             return Err(anyhow!("the output constraint allows no token"));
         }
         Ok(mask)
+    }
+
+    /// [`Constraint::mask`] as the readouts take it.
+    pub fn token_mask(&mut self) -> Result<TokenMask> {
+        let vocab = self.matcher.tok_env()?.tok_trie().vocab_size();
+        Ok(TokenMask::from_words(self.mask()?.into(), vocab))
     }
 
     /// Tokens made of newlines only.

@@ -33,6 +33,7 @@ pub use attn_prefill::AttnAgreement;
 mod batch;
 mod decode;
 mod embed;
+mod masks;
 mod gdn;
 mod gdn_prefill;
 mod gemv;
