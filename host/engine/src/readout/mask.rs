@@ -79,7 +79,11 @@ mod tests {
         let row: Vec<f32> = (0..70).map(|i| i as f32).collect();
         let masked = m.masked(&row);
         for (i, &z) in masked.iter().enumerate() {
-            let want = if [0, 5, 33, 69].contains(&i) { i as f32 } else { f32::NEG_INFINITY };
+            let want = if [0, 5, 33, 69].contains(&i) {
+                i as f32
+            } else {
+                f32::NEG_INFINITY
+            };
             assert_eq!(z, want, "token {i}");
         }
         let mut block = row[64..].to_vec();

@@ -125,7 +125,8 @@ impl Readout {
                 mask: Some(mask),
             }];
             let mut outs = backend.step(&mut row);
-            outs.pop().ok_or_else(|| anyhow!("the backend returned no row"))??
+            outs.pop()
+                .ok_or_else(|| anyhow!("the backend returned no row"))??
         };
         Self::next(out, sampler, &mut draw)?.ok_or_else(|| anyhow!("the step read nothing back"))
     }

@@ -17,9 +17,9 @@ use super::pass::{Pass, Prefill};
 use super::readout::{check_head, greedy_sampled};
 use super::{F, GpuModel, GpuSequence, Graph, Scratch, SeqLayer, mlp_dims};
 use crate::backend::{BatchItem, StepOut, Want};
-use crate::readout::mask::TokenMask;
 use crate::gpu::kernels::{self, Launch};
 use crate::gpu::{dptr, i};
+use crate::readout::mask::TokenMask;
 use anyhow::{Result, bail};
 
 /// Keys per split of batched decode attention from which the block copies

@@ -42,7 +42,11 @@ impl GpuModel {
     /// copy waits for the step's launches before it (the synchronous copies
     /// are ordered with the launch stream), so it follows the mask's
     /// computation on the host.
-    pub(super) fn upload_masks(&self, sc: &mut Scratch, rows: &[Option<&TokenMask>]) -> Result<u64> {
+    pub(super) fn upload_masks(
+        &self,
+        sc: &mut Scratch,
+        rows: &[Option<&TokenMask>],
+    ) -> Result<u64> {
         if rows.iter().all(Option::is_none) {
             return Ok(0);
         }
@@ -54,7 +58,11 @@ impl GpuModel {
         for (j, m) in rows.iter().enumerate() {
             let Some(m) = m else { continue };
             if m.words().len() != words {
-                bail!("a token mask of {} words for a vocabulary of {}", m.words().len(), self.cfg.vocab_size);
+                bail!(
+                    "a token mask of {} words for a vocabulary of {}",
+                    m.words().len(),
+                    self.cfg.vocab_size
+                );
             }
             host[2 * j] = at as u32;
             host[2 * j + 1] = (at >> 32) as u32;
@@ -88,7 +96,13 @@ impl GpuModel {
             }
             Want::Weighted(w, plan) => {
                 check_head(w.head)?;
-                StepOut::Weighted(self.weighted_at(sc, logits, *w, &mut **plan, Some((entry, mask)))?)
+                StepOut::Weighted(self.weighted_at(
+                    sc,
+                    logits,
+                    *w,
+                    &mut **plan,
+                    Some((entry, mask)),
+                )?)
             }
             Want::Logits => {
                 let mut row = self.logits_at(logits)?;

@@ -5,9 +5,9 @@
 //! per block of 64 and then what the host sampler asks for.
 
 use super::{F, GpuModel, GpuSequence, Scratch};
-use crate::readout::mask::TokenMask;
 use crate::gpu::kernels::{self, Launch};
 use crate::gpu::{dptr, i};
+use crate::readout::mask::TokenMask;
 use crate::sampling::{
     RowPlanner, RowRead, RowSums, Sampled, TOP_CANDIDATES, TopLogits, WEIGHT_BLOCK, WeightedRow,
     Weighting, key_parts,
