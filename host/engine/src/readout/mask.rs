@@ -16,7 +16,7 @@ impl TokenMask {
     /// `vocab` bits; bits past `vocab` cleared).
     pub fn from_words(mut words: Vec<u32>, vocab: usize) -> Self {
         words.resize(vocab.div_ceil(32), 0);
-        if vocab % 32 != 0
+        if !vocab.is_multiple_of(32)
             && let Some(last) = words.last_mut()
         {
             *last &= (1u32 << (vocab % 32)) - 1;
