@@ -318,6 +318,21 @@ impl GpuModel {
             }
         }
         let table = self.upload_masks(sc, &head_masks)?;
+        // Constrained greedy rows: every head row's pick under its mask in
+        // one launch pair, in place of the step's own.
+        let greedy = |k: usize, r: usize| matches!(batch[r].want, Want::Greedy) && js[k] < heads;
+        if all
+            .clone()
+            .enumerate()
+            .any(|(k, &r)| greedy(k, r) && matches!(masks[k], Some(Ok(_))))
+        {
+            let picks = self.greedy_rows(sc, logits, heads, table)?;
+            for (k, &j) in js.iter().enumerate() {
+                if matches!(masks[k], Some(Ok(_))) && j < heads {
+                    stats[j] = picks[j];
+                }
+            }
+        }
         // Every head's top logits in one copy where rows read them.
         let mut tops = Vec::new();
         if all.clone().any(|&r| matches!(batch[r].want, Want::Top(_))) {
@@ -334,7 +349,7 @@ impl GpuModel {
                 let row = logits + (j * vocab * F) as u64;
                 match masks[k].take() {
                     Some(Err(e)) => return Err(e),
-                    Some(Ok(m)) if !matches!(want, Want::Top(_)) => {
+                    Some(Ok(m)) if !matches!(want, Want::Top(_) | Want::Greedy) => {
                         return self.read_masked(sc, row, table + (j * 8) as u64, &m, want);
                     }
                     _ => {}
