@@ -39,7 +39,8 @@ grep -E "fixtures:|\] L " "$OUT/speed.log"
 if [ -e "$MODEL/config.json" ]; then
   echo "== served: scripts/bench_structured.py"
   PORT=8322
-  "$BIN" serve --backend cuda --model "$MODEL" --port $PORT > "$OUT/serve.log" 2>&1 &
+  "$BIN" serve --backend cuda --model "$MODEL" --port $PORT \
+    --chat-template tests/fixtures/chat/qwen3_6_format.jinja > "$OUT/serve.log" 2>&1 &
   SRV=$!
   trap 'kill $SRV 2>/dev/null; wait $SRV 2>/dev/null' EXIT
   for _ in $(seq 1 600); do
