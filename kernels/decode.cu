@@ -6,6 +6,7 @@
 // device memory so a whole step can be replayed as one CUDA graph.
 #include "mma.h"
 #include "norm_partials.h"
+#include "token_mask.h"
 
 // 16-byte weight load that bypasses L1 (weights are read once per token).
 __device__ __forceinline__ uint4 ld_stream(const uint4* p) {
@@ -1022,12 +1023,15 @@ QW_KERNEL void QW_BOUNDS(256) bat_attn_combine(const float* __restrict__ part_o,
 // out[0] = token (int bits), out[1] = max, out[2] = log sum exp(x - max), the
 // same layout as `logits_stats`. Rows of a batch: row blockIdx.y of x ([rows][n])
 // into its gridDim.x partials; argmax_final's block b merges row b's into
-// out[4 b ..] (and next_tok[b]).
-QW_KERNEL void QW_BOUNDS(256) argmax_partial(const float* __restrict__ x, int n, float* __restrict__ part) {
+// out[4 b ..] (and next_tok[b]). `masks` (token_mask.h; null in the decode
+// graphs): constrained rows count only their allowed tokens.
+QW_KERNEL void QW_BOUNDS(256) argmax_partial(const float* __restrict__ x, int n,
+                                            const unsigned long long* __restrict__ masks, float* __restrict__ part) {
     __shared__ float sv[32], ss[32];
     __shared__ int si[32];
     QW_GRID_WAIT();
     QW_GRID_LAUNCH();
+    const unsigned* mask = row_mask(masks, blockIdx.y);
     x += (size_t)blockIdx.y * n;
     part += (size_t)blockIdx.y * gridDim.x * 3;
     float best = -INFINITY;
@@ -1035,7 +1039,7 @@ QW_KERNEL void QW_BOUNDS(256) argmax_partial(const float* __restrict__ x, int n,
     int per = (n + gridDim.x - 1) / gridDim.x;
     int lo = blockIdx.x * per, hi = min(n, lo + per);
     for (int i = lo + threadIdx.x; i < hi; i += blockDim.x) {
-        float v = x[i];
+        float v = mask_logit(mask, i, x[i]);
         if (v > best) { best = v; bi = i; }
     }
     for (int m = WARP / 2; m > 0; m >>= 1) {
@@ -1051,7 +1055,7 @@ QW_KERNEL void QW_BOUNDS(256) argmax_partial(const float* __restrict__ x, int n,
         if (sv[i] > best || (sv[i] == best && si[i] < bi)) { best = sv[i]; bi = si[i]; }
     float s = 0.f;
     if (best != -INFINITY)
-        for (int i = lo + threadIdx.x; i < hi; i += blockDim.x) s += expf(x[i] - best);
+        for (int i = lo + threadIdx.x; i < hi; i += blockDim.x) s += expf(mask_logit(mask, i, x[i]) - best);
     s = warp_sum(s);
     __syncthreads();
     if (lane == 0) ss[w] = s;

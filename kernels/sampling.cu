@@ -7,7 +7,8 @@
 // those heads. The weights (Backend::forward_weighted): logits_weights sums
 // the row's temperature weights per 64 tokens bit for bit as the host
 // sampler does, so the host draws the block and then the token in it.
-#include "compat.h"
+// Constrained rows (`masks`, token_mask.h) read a token left out as -inf.
+#include "token_mask.h"
 
 #define TOP_SORT 4096  // keys per bitonic sort
 #define TOP_K 64       // kept per slice, and returned
@@ -59,24 +60,26 @@ __device__ void top_rounds(top_key_t* s, int n, Key key) {
 // Rows of a batch: row blockIdx.y of x ([rows][n]) into its gridDim.x parts;
 // logits_top_merge's block r merges row r's into out + r (TOP_K + 1) words.
 QW_KERNEL void QW_BOUNDS(TOP_THREADS) logits_top_part(const float* __restrict__ x, int n, int per_part,
+                                                      const unsigned long long* __restrict__ masks,
                                                       top_key_t* __restrict__ keys, float* __restrict__ ms) {
     __shared__ top_key_t s[TOP_SORT];
     __shared__ float scratch[32];
+    const unsigned* mask = row_mask(masks, blockIdx.y);
     x += (size_t)blockIdx.y * n;
     keys += (size_t)blockIdx.y * gridDim.x * TOP_K;
     ms += (size_t)blockIdx.y * gridDim.x * 2;
     const int lo = blockIdx.x * per_part, hi = min(n, lo + per_part);
     float m = -INFINITY;
-    for (int i = lo + threadIdx.x; i < hi; i += blockDim.x) m = fmaxf(m, x[i]);  // fmaxf skips NaN
+    for (int i = lo + threadIdx.x; i < hi; i += blockDim.x) m = fmaxf(m, mask_logit(mask, i, x[i]));  // skips NaN
     m = block_max(m, scratch);
     float e = 0.f;
     for (int i = lo + threadIdx.x; i < hi; i += blockDim.x) {
-        const float z = x[i];
+        const float z = mask_logit(mask, i, x[i]);
         if (z == m) e += 1.f;  // also an infinite max
         else if (z == z) e += expf(z - m);
     }
     e = block_sum(e, scratch);
-    top_rounds(s, hi - lo, [&](int i) { return top_key(x[lo + i], (unsigned)(lo + i)); });
+    top_rounds(s, hi - lo, [&](int i) { return top_key(mask_logit(mask, lo + i, x[lo + i]), (unsigned)(lo + i)); });
     for (int i = threadIdx.x; i < TOP_K; i += blockDim.x) keys[(size_t)blockIdx.x * TOP_K + i] = s[i];
     if (threadIdx.x == 0) {
         ms[2 * blockIdx.x] = m;
@@ -140,10 +143,11 @@ __device__ __forceinline__ float exp_nonpos_host(float x) {
 // the lanes added in f64, then the rest. `head`: logits_top_merge's output
 // (the row's max after its keys). heavy[warp] counts the warp's tokens with
 // z >= max + t ln 2^-12 and an (unmasked) weight > 0: the tokens the host
-// sampler's top-p tries first.
+// sampler's top-p tries first. `masks`: the row's mask at masks[0] (or none).
 QW_KERNEL void QW_BOUNDS(256) logits_weights(const float* __restrict__ x, int n, const top_key_t* __restrict__ head,
-                                             float t, float min_p, double* __restrict__ blocks,
-                                             unsigned* __restrict__ heavy) {
+                                             const unsigned long long* __restrict__ masks, float t, float min_p,
+                                             double* __restrict__ blocks, unsigned* __restrict__ heavy) {
+    const unsigned* mask = row_mask(masks, 0);
     const int b = blockIdx.x * blockDim.x + threadIdx.x;
     const float zmax = ((const float*)(head + TOP_K))[0];
     const float heavy_floor = __fadd_rn(zmax, __fmul_rn(t, PREFILTER_LOG_W));
@@ -151,7 +155,7 @@ QW_KERNEL void QW_BOUNDS(256) logits_weights(const float* __restrict__ x, int n,
     const int len = max(0, min(WEIGHT_BLOCK, n - b * WEIGHT_BLOCK)), full = len & ~7;
     unsigned count = 0;
     auto weight = [&](int j) {
-        float v = z[j];
+        float v = mask_logit(mask, b * WEIGHT_BLOCK + j, z[j]);
         if (v != v) v = -INFINITY;
         const float w = exp_nonpos_host(__fdiv_rn(__fsub_rn(v, zmax), t));
         count += v >= heavy_floor && w > 0.0f;

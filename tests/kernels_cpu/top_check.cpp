@@ -5,7 +5,9 @@
 // NaN, -0.0 and infinities); then logits_weights' block sums against double
 // precision (temperatures, min-p, partial last blocks) and its count of heavy
 // tokens (those within ln 2^-12 of the max at the temperature) against a
-// count. Bit equality with the
+// count. Each also with a constrained-decoding mask (token_mask.h) against
+// the same references on the row with the tokens left out at -inf. Bit
+// equality with the
 // host sampler's own sums is checked on the GPU (`qwasi verify --synthetic`).
 // Exit 1 on a mismatch.
 #include <cstdio>
@@ -16,12 +18,21 @@
 static int failures = 0;
 
 // Expected order: larger logit first (NaN as -inf, -0.0 equal to 0.0), then lower id.
-static void check(const char* what, const std::vector<float>& x, int per_part, unsigned threads) {
-    const int n = (int)x.size(), parts = (n + per_part - 1) / per_part;
+// `mask` (words, or empty): the kernels read x through it, the references
+// read the row with the tokens it leaves out at -inf.
+static void check(const char* what, const std::vector<float>& raw, int per_part, unsigned threads,
+                  const std::vector<unsigned>& mask = {}) {
+    const int n = (int)raw.size(), parts = (n + per_part - 1) / per_part;
+    std::vector<float> x = raw;
+    const unsigned long long table[1] = {(unsigned long long)(size_t)mask.data()};
+    const unsigned long long* masks = mask.empty() ? nullptr : table;
+    if (!mask.empty())
+        for (int i = 0; i < n; i++)
+            if (!((mask[i / 32] >> (i % 32)) & 1u)) x[i] = -INFINITY;
     std::vector<top_key_t> keys((size_t)parts * TOP_K), out(TOP_K + 1);
     std::vector<float> ms(2 * parts);
     qw_cpu::launch({(unsigned)parts, 1, 1}, {threads, 1, 1},
-                   [&] { logits_top_part(x.data(), n, per_part, keys.data(), ms.data()); });
+                   [&] { logits_top_part(raw.data(), n, per_part, masks, keys.data(), ms.data()); });
     qw_cpu::launch({1, 1, 1}, {threads, 1, 1}, [&] { logits_top_merge(keys.data(), ms.data(), parts, out.data()); });
 
     auto val = [&](int i) { return std::isnan(x[i]) ? -INFINITY : x[i]; };
@@ -62,7 +73,7 @@ static void check(const char* what, const std::vector<float>& x, int per_part, u
             std::vector<double> blocks(nb, -1.0);
             std::vector<unsigned> heavy(grid * 64 / WARP, ~0u);
             qw_cpu::launch({(unsigned)grid, 1, 1}, {64, 1, 1},
-                           [&] { logits_weights(x.data(), n, out.data(), t, min_p, blocks.data(), heavy.data()); });
+                           [&] { logits_weights(raw.data(), n, out.data(), masks, t, min_p, blocks.data(), heavy.data()); });
             const float heavy_floor = (float)m + t * PREFILTER_LOG_W;
             unsigned want_heavy = 0, got_heavy = 0;
             for (int i = 0; i < n; i++) want_heavy += val(i) >= heavy_floor;
@@ -104,6 +115,21 @@ int main() {
                 x[n - 1] = x[0];
             }
             check("row", x, per_part, 128);
+            // Constrained: a sparse mask (few tokens, maybe fewer than the
+            // head), a dense one, and one that leaves the row's max out.
+            for (int every : {97, 3}) {
+                std::vector<unsigned> mask((n + 31) / 32, 0u);
+                for (int i = 0; i < n; i += every) mask[i / 32] |= 1u << (i % 32);
+                if (every == 3 && n > 1) {
+                    int top = 0;
+                    for (int i = 0; i < n; i++)
+                        if (!std::isnan(x[i]) && x[i] > x[top]) top = i;
+                    mask[top / 32] &= ~(1u << (top % 32));
+                    mask[(n - 1) / 32] |= 1u << ((n - 1) % 32);
+                }
+                check(every == 97 ? "sparse mask" : "dense mask", x, per_part, 128, mask);
+                runs++;
+            }
             runs++;
             if (n == 10000) {
                 std::vector<float> y = x;

@@ -1,6 +1,7 @@
 //! What every compute backend (cpu, cuda, hip) provides to the generation loop.
 
 use crate::config::ModelConfig;
+use crate::readout::mask::{MaskSource, TokenMask};
 use crate::sampling::{RowPlanner, Sampled, TopLogits, WeightedRow, Weighting};
 use anyhow::Result;
 use std::any::Any;
@@ -28,6 +29,11 @@ pub struct BatchItem<'a, S> {
     /// At least one token.
     pub tokens: &'a [u32],
     pub want: Want<'a>,
+    /// Constrained decoding: the readout counts only the tokens of this
+    /// mask (the rest as `-inf`: the head, the greedy pick, the block sums,
+    /// the logits and the log-sum-exp behind every logprob). Asked for once,
+    /// when the readout needs it (not for [`Want::Nothing`]).
+    pub mask: Option<Box<MaskSource<'a>>>,
 }
 
 /// A row's result, as its [`Want`] asked.
@@ -45,12 +51,19 @@ pub enum StepOut {
 pub const SIZING_TOKENS: usize = 4096;
 
 /// A row of a batch run through the per-sequence methods (what the default
-/// [`Backend::step`] does for every row).
+/// [`Backend::step`] does for every row). A masked row reads the logits and
+/// masks them on the host: the reference a backend's masked readouts equal.
 pub fn step_one<B: Backend + ?Sized>(
     b: &B,
     item: &mut BatchItem<'_, B::Sequence>,
 ) -> Result<StepOut> {
     let (seq, tokens) = (&mut *item.seq, item.tokens);
+    if let Some(source) = &mut item.mask
+        && !matches!(item.want, Want::Nothing)
+    {
+        let logits = b.forward(seq, tokens)?;
+        return Ok(read_masked(&logits, &source()?, &mut item.want));
+    }
     Ok(match &mut item.want {
         Want::Nothing => {
             b.extend(seq, tokens)?;
@@ -63,6 +76,20 @@ pub fn step_one<B: Backend + ?Sized>(
             StepOut::Weighted(b.forward_weighted(seq, tokens, *w, &mut **plan)?)
         }
     })
+}
+
+/// What `want` reads from the row `logits` under `mask`, on the host.
+pub fn read_masked(logits: &[f32], mask: &TokenMask, want: &mut Want<'_>) -> StepOut {
+    let row = mask.masked(logits);
+    match want {
+        Want::Nothing => StepOut::Extended,
+        Want::Logits => StepOut::Logits(row),
+        Want::Greedy => StepOut::Greedy(crate::sampling::greedy(&row)),
+        Want::Top(k) => StepOut::Top(crate::sampling::top_logits(&row, *k)),
+        Want::Weighted(w, plan) => {
+            StepOut::Weighted(crate::sampling::read_weighted(&row, *w, &mut **plan))
+        }
+    }
 }
 
 pub trait Backend: Send + Sync {

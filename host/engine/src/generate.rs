@@ -87,16 +87,22 @@ pub fn generate_with<B: Backend>(
     if req.max_tokens == 0 {
         return Ok(result);
     }
-    // Requests that allow it read less than the logits from the device.
-    let readout = match constraint {
-        // The mask is applied to the whole row on the host.
-        Some(_) => Readout::Logits,
-        None => Readout::choose(&req.sampling, backend),
+    // Requests that allow it read less than the logits from the device; a
+    // constrained one's mask goes with the step, or (the logits readout)
+    // is applied to the row on the host.
+    let readout = Readout::choose(&req.sampling, backend);
+    let step = |seq: &mut B::Sequence,
+                tokens: &[u32],
+                sampler: &mut Sampler,
+                constraint: &mut Option<Constraint>| match constraint {
+        Some(c) if readout != Readout::Logits => {
+            readout.step_masked(backend, seq, tokens, sampler, Box::new(|| c.token_mask()))
+        }
+        _ => readout.step(backend, seq, tokens, sampler),
     };
     // The prompt is read out as every step is (on the device where it can be).
-    let (mut logits, mut next) = readout
-        .step(backend, &mut seq, &req.prompt, &mut sampler)?
-        .into_parts();
+    let (mut logits, mut next) =
+        step(&mut seq, &req.prompt, &mut sampler, &mut constraint)?.into_parts();
     loop {
         let s = match (next.take(), &mut constraint) {
             (Some(s), _) => s,
@@ -129,7 +135,7 @@ pub fn generate_with<B: Backend>(
         if result.tokens.len() >= req.max_tokens || context.len() >= cfg.max_position_embeddings {
             break;
         }
-        match readout.step(backend, &mut seq, &[s.token], &mut sampler)? {
+        match step(&mut seq, &[s.token], &mut sampler, &mut constraint)? {
             Next::Sampled(s) => next = Some(s),
             Next::Logits(l) => logits = l,
         }

@@ -298,6 +298,7 @@ impl<B: Backend> Backend for Scripted<B> {
                         seq,
                         tokens: item.tokens,
                         want: std::mem::replace(&mut item.want, Want::Nothing),
+                        mask: item.mask.take(),
                     });
                 }
                 b.step(&mut inner)

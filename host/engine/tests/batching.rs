@@ -92,6 +92,7 @@ fn a_batched_step_is_bit_exact_with_each_sequence_alone() {
                 seq,
                 tokens: &ctx[i][done[i]..done[i] + chunk],
                 want,
+                mask: None,
             });
         }
         let outs = m.step(&mut items);
@@ -127,11 +128,13 @@ fn a_batched_step_is_bit_exact_with_each_sequence_alone() {
             seq: &mut a,
             tokens: &[1, 300],
             want: Want::Logits,
+            mask: None,
         },
         BatchItem {
             seq: &mut b,
             tokens: &prompts[1],
             want: Want::Logits,
+            mask: None,
         },
     ]);
     assert!(format!("{:#}", outs[0].as_ref().unwrap_err()).contains("out of range"));
@@ -146,11 +149,13 @@ fn a_batched_step_is_bit_exact_with_each_sequence_alone() {
             seq: &mut a,
             tokens: &[1, 2],
             want: Want::Nothing,
+            mask: None,
         },
         BatchItem {
             seq: &mut b,
             tokens: &[3],
             want: Want::Nothing,
+            mask: None,
         },
     ]);
     assert!(outs.iter().all(|o| matches!(o, Ok(StepOut::Extended))));
@@ -693,4 +698,109 @@ async fn a_stress_run_leaves_nothing_behind() {
     assert!(metric(&svc, "qwasi_preemptions_total") >= 1.0);
     // No prefix cache: no page outlives its sequence.
     assert_eq!(model.page_stats().live_pages(), 0);
+}
+
+/// Constrained requests keep their device readouts (greedy, the head, the
+/// weighted row), the mask going with each step, in batches beside
+/// unconstrained ones: every request gets the tokens and logprobs the host
+/// mask gives it alone on the CPU (the logits readout, the constraint
+/// applied to the row).
+#[tokio::test]
+async fn constrained_rows_keep_their_device_readouts() {
+    use qwasi_engine::constraint::{Compiler, ConstraintSpec, Grammar};
+    use qwasi_engine::generate::generate_with;
+    use qwasi_engine::model::LoadedModel;
+    let demo = LoadedModel::demo().unwrap();
+    let tok = demo.tokenizer.clone().unwrap();
+    let cfg = demo.config.clone();
+    let m = Arc::new(CpuModel::new(demo.config, demo.weights));
+    let compiler = Compiler::new(&tok, cfg.vocab_size, &cfg.eos_token_ids).unwrap();
+    let grammars = [
+        Grammar::JsonSchema {
+            schema: serde_json::json!({"type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 99}}, "required": ["n"], "additionalProperties": false}),
+            strict: true,
+        },
+        Grammar::Regex("[a-z]{2,6}-[0-9]{1,3}".into()),
+        Grammar::Choice(vec!["alpha".into(), "beta gamma".into()]),
+    ];
+    let samplings = [
+        SamplingParams::default(),
+        SamplingParams {
+            temperature: 0.8,
+            top_k: 20,
+            seed: Some(3),
+            logprobs: Some(2),
+            ..Default::default()
+        },
+        SamplingParams {
+            temperature: 1.0,
+            top_p: 0.9,
+            seed: Some(4),
+            logprobs: Some(1),
+            ..Default::default()
+        },
+    ];
+    let svc = start(
+        OnDevice(m.clone()),
+        ServiceConfig {
+            max_num_seqs: 8,
+            max_num_batched_tokens: 64,
+            ..ServiceConfig::default()
+        },
+    );
+    let chat = tok
+        .encode("<|im_start|>user\nAnswer<|im_end|>\n<|im_start|>assistant\n")
+        .unwrap();
+    let mut runs = Vec::new();
+    for (i, g) in grammars.iter().enumerate() {
+        let compiled = compiler
+            .compile(&ConstraintSpec {
+                grammar: g.clone(),
+                start_after: None,
+            })
+            .unwrap();
+        for (k, s) in samplings.iter().enumerate() {
+            let r = GenerateRequest {
+                prompt: chat.clone(),
+                max_tokens: 24,
+                stop_token_ids: vec![],
+                ignore_eos: false,
+                sampling: s.clone(),
+            };
+            let host = generate_with(&*m, &r, Some(compiled.start()), |_, _| {
+                ControlFlow::Continue(())
+            })
+            .unwrap();
+            let want: Vec<(u32, Option<f32>)> = host
+                .tokens
+                .iter()
+                .zip(&host.steps)
+                .map(|(&t, st)| (t, s.logprobs.map(|_| st.logprob)))
+                .collect();
+            let opts = SubmitOptions {
+                constraint: Some(compiled.clone()),
+                ..Default::default()
+            };
+            let h = svc.submit(r.clone(), opts).await.unwrap();
+            // An unconstrained neighbour in the same batches.
+            let free = GenerateRequest {
+                ignore_eos: true,
+                ..req(&prompt(5 + i + k, k as u32), 12, s.clone())
+            };
+            let hf = svc
+                .submit(free.clone(), SubmitOptions::default())
+                .await
+                .unwrap();
+            runs.push((format!("grammar {i} sampling {k}"), h, want, hf, free));
+        }
+    }
+    for (what, mut h, want, mut hf, free) in runs {
+        assert_eq!(got(&collect(&mut h).await), want, "{what}");
+        assert_eq!(
+            got(&collect(&mut hf).await),
+            expected(&m, &free),
+            "{what}: its neighbour"
+        );
+    }
+    assert!(metric(&svc, "qwasi_batch_size_sum") > metric(&svc, "qwasi_batch_size_count"));
 }

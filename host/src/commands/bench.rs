@@ -10,6 +10,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 mod batch;
+#[cfg(any(feature = "cuda", feature = "hip"))]
+mod constrained;
 mod prefix_cache;
 mod serving;
 mod speed;

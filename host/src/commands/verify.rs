@@ -96,8 +96,9 @@ mod gpu {
     use super::Args;
     use anyhow::Result;
     use qwasi_engine::gpu::verify::{
-        ATTN_TOL, BATCH_LOGPROB_TOL, Comparison, MARGIN_TOL, SmokeReport, Tolerances,
-        attention_check, batch_check, smoke, synthetic_model, verify_fixture, verify_fixture_batch,
+        ATTN_TOL, BATCH_LOGPROB_TOL, Comparison, ConstrainedReport, MARGIN_TOL, MASK_LOGPROB_TOL,
+        SmokeReport, Tolerances, attention_check, batch_check, constrained_check, smoke,
+        synthetic_model, verify_fixture, verify_fixture_batch, verify_fixture_constrained,
     };
     use std::path::{Path, PathBuf};
 
@@ -112,6 +113,7 @@ mod gpu {
         let mut all_pass = true;
         let mut cases = Vec::new();
         let mut batches = Vec::new();
+        let mut constrained = Vec::new();
         if !fixtures.is_empty() {
             println!(
                 "{:<12} {:<7} {:>5} {:>9} {:>10} {:>10} {:>10} {:>10} {:>8}  verdict",
@@ -170,6 +172,13 @@ mod gpu {
                 all_pass &= r.pass;
                 batches.push(r);
             }
+            for dir in fixtures {
+                let name = dir.file_name().map(|n| n.to_string_lossy().into_owned());
+                let r = verify_fixture_constrained(dir)?;
+                print_constrained(&name.unwrap_or_default(), &r);
+                all_pass &= r.pass;
+                constrained.push(r);
+            }
             println!(
                 "(top1: teacher-forced argmax agreement on steps with reference margin > {}; |dlp|: max first-token \
                  logprob difference vs transformers top-8 / vs CPU full vocab; KL(cpu||gpu) first step and max over \
@@ -179,6 +188,7 @@ mod gpu {
         }
         let mut smoke_report = None;
         let mut synthetic_batch = None;
+        let mut synthetic_constrained = None;
         let mut attention = None;
         if let Some(p) = &a.synthetic {
             let (model, load_s) = synthetic_model(p, a.layers)?;
@@ -214,6 +224,17 @@ mod gpu {
             );
             all_pass &= b.pass;
             synthetic_batch = Some(b);
+            // Constrained decoding on the Qwen3.6 vocabulary.
+            let tok = qwasi_engine::tokenizer::Tokenizer::qwen36()?;
+            let eos = qwasi_engine::backend::Backend::config(&model)
+                .eos_token_ids
+                .clone();
+            let chat =
+                tok.encode("<|im_start|>user\nJSON please<|im_end|>\n<|im_start|>assistant\n")?;
+            let c = constrained_check(&model, &tok, &eos, &chat, a.gen_tokens)?;
+            print_constrained(&format!("synthetic {p}"), &c);
+            all_pass &= c.pass;
+            synthetic_constrained = Some(c);
             let mut rows = Vec::new();
             for c in attention_check(&model)? {
                 let r = &c.agreement;
@@ -235,8 +256,10 @@ mod gpu {
             let v = serde_json::json!({
                 "cases": cases,
                 "batched": batches,
+                "constrained": constrained,
                 "smoke": smoke_report,
                 "synthetic_batched": synthetic_batch,
+                "synthetic_constrained": synthetic_constrained,
                 "attention_kernels": attention,
                 "pass": all_pass
             });
@@ -244,6 +267,28 @@ mod gpu {
         }
         println!("verify: {}", verdict(all_pass));
         Ok(all_pass)
+    }
+
+    fn print_constrained(what: &str, r: &ConstrainedReport) {
+        println!(
+            "{what:<12} constrained: {} runs (grammar x greedy/top-k/top-p) on the device masks vs the host mask: \
+             tokens equal alone {}/{}, batched beside unconstrained rows {}/{}, neighbours unchanged {}/{}, \
+             {} tokens, max |dlogprob| {:.2e} (tolerance {MASK_LOGPROB_TOL}){}  {}",
+            r.runs,
+            r.alone_equal,
+            r.runs,
+            r.batched_equal,
+            r.runs,
+            r.neighbours_equal,
+            r.runs,
+            r.tokens,
+            r.max_dlogprob,
+            r.first_mismatch
+                .as_ref()
+                .map(|m| format!(", first mismatch: {m}"))
+                .unwrap_or_default(),
+            verdict(r.pass)
+        );
     }
 
     fn print_smoke(preset: &str, r: &SmokeReport) {

@@ -4,12 +4,19 @@
 //!
 //! [llguidance](https://github.com/guidance-ai/llguidance) (the engine vLLM,
 //! SGLang and llama.cpp use) compiles the grammar and, each step, computes
-//! the set of tokens that keep the output a prefix of a valid one. The mask
-//! is applied on the host: a constrained request reads the whole logits row
-//! (no device readout), [`Constraint::masked`] copies it with the disallowed
-//! tokens at `-inf`, the sampler draws as usual, and [`Constraint::advance`]
-//! feeds the token back. The logits themselves stay untouched (the prefix
-//! cache stores them), and logprobs are those of the constrained row.
+//! the set of tokens that keep the output a prefix of a valid one. A
+//! constrained request keeps the readout it would have without the
+//! constraint ([`crate::readout::Readout`]): with a device readout (greedy,
+//! head, weighted row) its step carries the mask ([`Constraint::token_mask`],
+//! asked for once the step's forward pass is launched, so it is computed
+//! while the GPU runs) and the backend's readout counts only the allowed
+//! tokens (on a GPU, kernels that read the others as `-inf`); with the
+//! logits readout (the CPU, penalties) [`Constraint::masked`] copies the row
+//! with the disallowed tokens at `-inf` on the host and the sampler draws as
+//! usual. Both give the same tokens and logprobs (those of the constrained
+//! row: its log-sum-exp runs over the allowed tokens).
+//! [`Constraint::advance`] feeds the token back. The logits themselves stay
+//! untouched (the prefix cache stores them).
 //!
 //! A constraint may start after a token (`</think>`): until then the model
 //! writes freely, except that it cannot end (no EOS) before the answer;
@@ -30,6 +37,7 @@ use serde_json::{Value, json};
 use std::fmt;
 use std::sync::Arc;
 
+use crate::readout::mask::TokenMask;
 use crate::tokenizer::Tokenizer;
 
 /// What the output must match.
@@ -230,6 +238,12 @@ impl Constraint {
             return Err(anyhow!("the output constraint allows no token"));
         }
         Ok(mask)
+    }
+
+    /// [`Constraint::mask`] as the readouts take it.
+    pub fn token_mask(&mut self) -> Result<TokenMask> {
+        let vocab = self.matcher.tok_env()?.tok_trie().vocab_size();
+        Ok(TokenMask::from_words(self.mask()?.into(), vocab))
     }
 
     /// Tokens made of newlines only.

@@ -4,7 +4,7 @@
 
 use super::*;
 use crate::cpu::CpuModel;
-use crate::generate::{FinishReason, GenerateRequest, generate_with};
+use crate::generate::{FinishReason, GenerateRequest, GenerateResult, generate_with};
 use crate::model::LoadedModel;
 use crate::sampling::SamplingParams;
 use std::ops::ControlFlow;
@@ -325,4 +325,105 @@ fn demo_model_outputs_valid_json() {
         "first-step mask: {:.3} ms mean over {masks}",
         mask_time.as_secs_f64() * 1e3 / masks as f64
     );
+}
+
+/// The CPU model posing as a backend that keeps the logits where they are
+/// (as the GPU does), with the default per-row step: a masked row is read
+/// through [`crate::backend::read_masked`], the reference the GPU's masked
+/// readout kernels equal.
+struct OnDevice<'a>(&'a CpuModel);
+
+impl crate::backend::Backend for OnDevice<'_> {
+    type Sequence = crate::cpu::CpuSequence;
+    fn name(&self) -> &'static str {
+        "on-device"
+    }
+    fn config(&self) -> &crate::config::ModelConfig {
+        self.0.config()
+    }
+    fn new_sequence(&self) -> Self::Sequence {
+        self.0.new_sequence()
+    }
+    fn position(&self, seq: &Self::Sequence) -> usize {
+        self.0.position(seq)
+    }
+    fn forward(&self, seq: &mut Self::Sequence, tokens: &[u32]) -> anyhow::Result<Vec<f32>> {
+        self.0.forward(seq, tokens)
+    }
+    fn logits_on_device(&self) -> bool {
+        true
+    }
+}
+
+/// `generate_with` on a backend with device readouts keeps them for a
+/// constrained request (greedy, head, weighted row; thinking first, then
+/// the grammar) and gives the tokens and logprobs of the host mask.
+#[test]
+fn device_readouts_under_a_mask_give_the_host_mask_tokens() {
+    use crate::readout::Readout;
+    let m = LoadedModel::demo().unwrap();
+    let tok = m.tokenizer.clone().unwrap();
+    let model = CpuModel::new(m.config, m.weights);
+    let dev = OnDevice(&model);
+    let prompt = tok
+        .encode("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n")
+        .unwrap();
+    let think_end = tok.token_id("</think>").unwrap();
+    let specs = [
+        schema(schemas()[1].clone()),
+        spec(Grammar::Regex("[a-c]{3}[0-9]".into())),
+        ConstraintSpec {
+            grammar: Grammar::Choice(vec!["yes".into(), "no".into()]),
+            // A random model may not close its thinking: free writing (no
+            // EOS) until max_tokens is a mask too.
+            start_after: Some(think_end),
+        },
+    ];
+    let samplings = [
+        (SamplingParams::default(), Readout::Greedy),
+        (
+            SamplingParams {
+                temperature: 0.9,
+                top_k: 30,
+                seed: Some(1),
+                logprobs: Some(3),
+                ..Default::default()
+            },
+            Readout::Top,
+        ),
+        (
+            SamplingParams {
+                temperature: 1.1,
+                top_p: 0.95,
+                seed: Some(2),
+                ..Default::default()
+            },
+            Readout::Weighted,
+        ),
+    ];
+    for (i, s) in specs.iter().enumerate() {
+        let c = compiler().compile(s).unwrap();
+        for (sampling, readout) in &samplings {
+            assert_eq!(Readout::choose(sampling, &dev), *readout);
+            let req = GenerateRequest {
+                prompt: prompt.clone(),
+                max_tokens: 12,
+                stop_token_ids: vec![],
+                ignore_eos: false,
+                sampling: sampling.clone(),
+            };
+            let run =
+                |b: &dyn Fn(&GenerateRequest, Constraint) -> GenerateResult| b(&req, c.start());
+            let host = run(&|r, c| {
+                generate_with(&model, r, Some(c), |_, _| ControlFlow::Continue(())).unwrap()
+            });
+            let on_dev = run(&|r, c| {
+                generate_with(&dev, r, Some(c), |_, _| ControlFlow::Continue(())).unwrap()
+            });
+            assert!(!host.tokens.is_empty());
+            assert_eq!(on_dev.tokens, host.tokens, "spec {i}, {readout:?}");
+            assert_eq!(on_dev.steps, host.steps, "spec {i}, {readout:?}");
+            assert_eq!(on_dev.finish_reason, host.finish_reason);
+        }
+    }
 }

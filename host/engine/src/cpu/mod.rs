@@ -6,7 +6,7 @@ pub mod gdn;
 pub mod mlp;
 pub mod ops;
 
-use crate::backend::{Backend, BatchItem, SeqSnapshot, StepOut, Want};
+use crate::backend::{Backend, BatchItem, SeqSnapshot, StepOut, Want, read_masked};
 use crate::config::{MlpConfig, ModelConfig};
 use crate::weights::{Mixer, Weights};
 use anyhow::{Result, bail};
@@ -264,6 +264,11 @@ impl CpuModel {
             }
             let l = &logits[j * vocab..(j + 1) * vocab];
             j += 1;
+            // A constrained row: its readout over the masked row.
+            if let Some(source) = &mut item.mask {
+                out[i] = Some(source().map(|m| read_masked(l, &m, &mut item.want)));
+                continue;
+            }
             let r = match &mut item.want {
                 Want::Nothing => StepOut::Extended,
                 // One row: the product is the row (no copy).

@@ -33,6 +33,8 @@ pub mod options;
 pub mod verify;
 #[cfg(any(feature = "cuda", feature = "hip"))]
 mod verify_batch;
+#[cfg(any(feature = "cuda", feature = "hip"))]
+mod verify_constrained;
 
 /// The driver the model runs on: CUDA when the feature is on, else HIP.
 #[cfg(feature = "cuda")]

@@ -5,6 +5,9 @@
 
 use super::model::{AttnAgreement, GemmPath, GpuModel, GpuSequence};
 pub use super::verify_batch::{BATCH_LOGPROB_TOL, BatchReport, MARGIN_TOL, batch_check};
+pub use super::verify_constrained::{
+    ConstrainedReport, MASK_LOGPROB_TOL, constrained_check, verify_fixture_constrained,
+};
 use crate::backend::Backend;
 use crate::cpu::CpuModel;
 use crate::generate::{GenerateRequest, generate};

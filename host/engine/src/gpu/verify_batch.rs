@@ -135,6 +135,7 @@ pub fn batch_check(m: &GpuModel, prompts: &[Vec<u32>], n: usize) -> Result<Batch
                 seq: &mut row.seq,
                 tokens: toks,
                 want: if row.top { Want::Top(8) } else { Want::Greedy },
+                mask: None,
             });
         }
         let outs = m.step(&mut items);

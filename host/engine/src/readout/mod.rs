@@ -6,13 +6,22 @@
 //! block sums of the row's weights and one block ([`Backend::forward_weighted`],
 //! drawn by [`Sampler::start_row_draw`]). Either way the request gets the same
 //! tokens and RNG stream.
+//!
+//! A constrained request keeps its readout: its allowed-token mask
+//! ([`mask::TokenMask`]) goes with the step ([`Readout::step_masked`]) and the
+//! backend's readout counts only those tokens (on the device for a GPU).
 
+pub mod mask;
 pub mod protocol;
 
-use crate::backend::Backend;
-use crate::sampling::{Sampler, SamplingParams};
-use anyhow::Result;
-use protocol::{Sampled, TOP_CANDIDATES};
+use crate::backend::{Backend, BatchItem, StepOut, Want};
+use crate::sampling::{RowDraw, RowPlan, Sampler, SamplingParams};
+use anyhow::{Result, anyhow};
+use mask::MaskSource;
+use protocol::{RowSums, Sampled, TOP_CANDIDATES, TopLogits};
+
+/// A weighted read in flight: its draw and, once the backend planned, the plan.
+pub type DrawSlot = Option<(RowDraw, Option<RowPlan>)>;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Readout {
@@ -94,5 +103,74 @@ impl Readout {
                 Next::Sampled(sampler.finish_row(&draw, &plan, &row))
             }
         })
+    }
+
+    /// [`Readout::step`] for a constrained request: the same readout over
+    /// the tokens `mask` allows, as a one-row [`Backend::step`].
+    pub fn step_masked<B: Backend>(
+        self,
+        backend: &B,
+        seq: &mut B::Sequence,
+        tokens: &[u32],
+        sampler: &mut Sampler,
+        mask: Box<MaskSource<'_>>,
+    ) -> Result<Next> {
+        let mut draw = None;
+        let out = {
+            let want = self.want(sampler, &mut draw);
+            let mut row = [BatchItem {
+                seq,
+                tokens,
+                want,
+                mask: Some(mask),
+            }];
+            let mut outs = backend.step(&mut row);
+            outs.pop()
+                .ok_or_else(|| anyhow!("the backend returned no row"))??
+        };
+        Self::next(out, sampler, &mut draw)?.ok_or_else(|| anyhow!("the step read nothing back"))
+    }
+
+    /// What a batch row reads back for this readout; a weighted read draws
+    /// its RNG output now (as [`Readout::step`] does) into `draw`, where the
+    /// backend's plan lands too.
+    pub fn want<'a>(self, sampler: &mut Sampler, draw: &'a mut DrawSlot) -> Want<'a> {
+        match self {
+            Readout::Logits => Want::Logits,
+            Readout::Greedy => Want::Greedy,
+            Readout::Top => Want::Top(TOP_CANDIDATES),
+            Readout::Weighted => {
+                let d = sampler.start_row_draw();
+                let weighting = d.weighting();
+                let slot = draw.insert((d, None));
+                Want::Weighted(
+                    weighting,
+                    Box::new(move |head: &TopLogits, blocks: RowSums<'_>| {
+                        let p = slot.0.plan(head, blocks);
+                        slot.1 = Some(p);
+                        p.read()
+                    }),
+                )
+            }
+        }
+    }
+
+    /// A batch row's result as the next token's distribution: the token
+    /// drawn (finishing a weighted read's `draw`), or the logits; `None`
+    /// for a row that read nothing.
+    pub fn next(out: StepOut, sampler: &mut Sampler, draw: &mut DrawSlot) -> Result<Option<Next>> {
+        Ok(Some(match out {
+            StepOut::Extended => return Ok(None),
+            StepOut::Logits(l) => Next::Logits(l),
+            StepOut::Greedy(s) => Next::Sampled(s),
+            StepOut::Top(top) => Next::Sampled(sampler.sample_top(&top)),
+            StepOut::Weighted(row) => {
+                let (d, plan) = draw
+                    .take()
+                    .ok_or_else(|| anyhow!("a weighted read without its draw"))?;
+                let plan = plan.ok_or_else(|| anyhow!("the backend planned no draw"))?;
+                Next::Sampled(sampler.finish_row(&d, &plan, &row))
+            }
+        }))
     }
 }

@@ -19,10 +19,11 @@ use crate::backend::{Backend, BatchItem, StepOut, Want};
 use crate::constraint::{Constraint, Step};
 use crate::generate::FinishReason;
 use crate::prefix_cache::{Lease, PrefixCache, Staged, StagedSnapshot};
-use crate::readout::Readout;
-use crate::sampling::{RowDraw, RowPlan, RowSums, Sampled, Sampler, TOP_CANDIDATES, TopLogits};
+use crate::readout::mask::MaskSource;
+use crate::readout::{DrawSlot, Next, Readout};
+use crate::sampling::{Sampled, Sampler};
 use crate::tokenizer::IncrementalDecoder;
-use anyhow::{Result, anyhow};
+use anyhow::Result;
 use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -48,14 +49,15 @@ pub(super) struct Running<B: Backend> {
     logits: Vec<f32>,
     /// What the step at the context's end reads back ([`Readout`]).
     readout: Readout,
-    /// The output constraint (such requests read the whole logits row).
+    /// The output constraint: its mask goes with each step's readout (on
+    /// the host for [`Readout::Logits`]).
     constraint: Option<Constraint>,
     /// The next token, drawn when the step read less than the logits.
     next: Option<Sampled>,
     /// The next token's distribution is here: [`Running::advance`] samples it.
     pub ready: bool,
     /// A weighted read in flight: its draw and, once planned, the plan.
-    draw: Option<(RowDraw, Option<RowPlan>)>,
+    draw: DrawSlot,
     /// Prompt positions still to snapshot at (intervals, guest marks).
     cuts: BTreeSet<usize>,
     /// The prompt-end snapshot is still to be staged: after the first token
@@ -162,11 +164,7 @@ impl<B: Backend> Running<B> {
             decoder,
             want_logprobs: req.sampling.logprobs.is_some(),
             logits: found.logits.unwrap_or_default(),
-            readout: match job.opts.constraint {
-                // The mask is applied to the whole row on the host.
-                Some(_) => Readout::Logits,
-                None => Readout::choose(&req.sampling, &w.backend),
-            },
+            readout: Readout::choose(&req.sampling, &w.backend),
             constraint: job.opts.constraint.as_ref().map(|c| c.start()),
             next: None,
             ready,
@@ -207,8 +205,9 @@ impl<B: Backend> Running<B> {
     }
 
     /// The batch row for `n` of the tokens it wants. The chunk that reaches
-    /// the context's end reads back what its readout needs; a weighted read
-    /// draws its RNG output now, as [`Readout::step`] does.
+    /// the context's end reads back what its readout needs ([`Readout::want`]),
+    /// a constrained one under the mask its constraint computes when the
+    /// backend asks (while the step runs).
     pub fn item(&mut self, n: usize) -> BatchItem<'_, B::Sequence> {
         let Running {
             seq,
@@ -217,35 +216,26 @@ impl<B: Backend> Running<B> {
             readout,
             sampler,
             draw,
+            constraint,
             ..
         } = self;
         let tokens = &context[*computed..*computed + n];
-        let want = if *computed + n < context.len() {
-            Want::Nothing
+        let (want, mask) = if *computed + n < context.len() {
+            (Want::Nothing, None)
         } else {
-            match readout {
-                Readout::Logits => Want::Logits,
-                Readout::Greedy => Want::Greedy,
-                Readout::Top => Want::Top(TOP_CANDIDATES),
-                Readout::Weighted => {
-                    let d = sampler.start_row_draw();
-                    let weighting = d.weighting();
-                    let slot = draw.insert((d, None));
-                    Want::Weighted(
-                        weighting,
-                        Box::new(move |head: &TopLogits, blocks: RowSums<'_>| {
-                            let p = slot.0.plan(head, blocks);
-                            slot.1 = Some(p);
-                            p.read()
-                        }),
-                    )
+            let mask = match constraint {
+                Some(c) if *readout != Readout::Logits => {
+                    Some(Box::new(move || c.token_mask()) as Box<MaskSource<'_>>)
                 }
-            }
+                _ => None,
+            };
+            (readout.want(sampler, draw), mask)
         };
         BatchItem {
             seq: seq.as_mut().expect("a running request holds its sequence"),
             tokens,
             want,
+            mask,
         }
     }
 
@@ -267,19 +257,10 @@ impl<B: Backend> Running<B> {
                 self.staged.push_bounded(s, cache.staging_budget());
             }
         }
-        match out {
-            StepOut::Extended => return Ok(()),
-            StepOut::Logits(l) => self.logits = l,
-            StepOut::Greedy(s) => self.next = Some(s),
-            StepOut::Top(top) => self.next = Some(self.sampler.sample_top(&top)),
-            StepOut::Weighted(row) => {
-                let (draw, plan) = self
-                    .draw
-                    .take()
-                    .ok_or_else(|| anyhow!("a weighted read without its draw"))?;
-                let plan = plan.ok_or_else(|| anyhow!("the backend planned no draw"))?;
-                self.next = Some(self.sampler.finish_row(&draw, &plan, &row));
-            }
+        match Readout::next(out, &mut self.sampler, &mut self.draw)? {
+            None => return Ok(()),
+            Some(Next::Logits(l)) => self.logits = l,
+            Some(Next::Sampled(s)) => self.next = Some(s),
         }
         if self.next.is_some() {
             self.logits.clear();

@@ -101,6 +101,7 @@ fn imp(a: &SpeedArgs, b: &BatchArgs, out: &Path) -> Result<()> {
                         seq,
                         tokens: tok,
                         want: Want::Greedy,
+                        mask: None,
                     })
                     .collect();
                 let s0 = Instant::now();

@@ -50,6 +50,10 @@ pub struct SpeedArgs {
     /// (out_proj-sized) matrix per launch: the per-kernel floor.
     #[arg(long)]
     probe: bool,
+    /// Also decode held to a grammar (the regex of scripts/bench_structured.py,
+    /// #24's bound): the mask on the device (greedy, top-k 20) and on the host.
+    #[arg(long)]
+    constrained: bool,
 }
 
 /// Prompt token `i` of a length-`len` benchmark prompt.
@@ -109,7 +113,7 @@ fn sampled_decode<B: qwasi_engine::backend::Backend>(
 }
 
 #[cfg_attr(not(any(feature = "cuda", feature = "hip")), allow(dead_code))]
-fn stats(v: &[f64]) -> Value {
+pub(super) fn stats(v: &[f64]) -> Value {
     json!({
         "median": super::median(v),
         "min": v.iter().copied().reduce(f64::min),
@@ -377,6 +381,26 @@ fn imp(a: &SpeedArgs, runs: usize, out: &Path) -> Result<()> {
                     .as_f64()
                     .unwrap_or(f64::NAN)
             };
+            let constrained = if a.constrained {
+                let c = super::constrained::constrained_decode(
+                    &model,
+                    snap.as_ref(),
+                    a.decode_tokens,
+                    runs.min(3),
+                )?;
+                let rate = |i: usize| c[i]["tok_per_s"]["median"].as_f64().unwrap_or(f64::NAN);
+                let free = super::median(&rates);
+                eprintln!(
+                    "[bench] L {len:>6}: constrained greedy {:.1} tok/s ({:.3}x of {free:.1} unconstrained), top-k 20 {:.1}, host mask {:.1}",
+                    rate(0),
+                    rate(0) / free,
+                    rate(1),
+                    rate(2)
+                );
+                json!({"runs": c, "greedy_over_unconstrained": rate(0) / free})
+            } else {
+                Value::Null
+            };
             let ctx = len + a.decode_tokens / 2;
             let bytes = model.step_bytes(ctx);
             let floor_s = bytes.total() as f64 / bw;
@@ -412,6 +436,7 @@ fn imp(a: &SpeedArgs, runs: usize, out: &Path) -> Result<()> {
                 "first_tokens": &tokens[..tokens.len().min(16)],
                 "greedy_equals_host_argmax_16": host_agree,
                 "sampled_decode": sampled,
+                "constrained_decode": constrained,
                 "host_logits_finite": finite,
                 "device_memory_used_bytes": used,
                 "device_memory_peak_bytes": peak,

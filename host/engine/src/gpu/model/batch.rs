@@ -16,9 +16,10 @@ use super::embed::ARGMAX_BLOCKS;
 use super::pass::{Pass, Prefill};
 use super::readout::{check_head, greedy_sampled};
 use super::{F, GpuModel, GpuSequence, Graph, Scratch, SeqLayer, mlp_dims};
-use crate::backend::{BatchItem, StepOut, Want, step_one};
+use crate::backend::{BatchItem, StepOut, Want};
 use crate::gpu::kernels::{self, Launch};
 use crate::gpu::{dptr, i};
+use crate::readout::mask::TokenMask;
 use anyhow::{Result, bail};
 
 /// Keys per split of batched decode attention from which the block copies
@@ -149,7 +150,7 @@ impl GpuModel {
         batch
             .iter_mut()
             .zip(out)
-            .map(|(it, o)| o.unwrap_or_else(|| step_one(self, it)))
+            .map(|(it, o)| o.unwrap_or_else(|| self.step_alone(it)))
             .collect()
     }
 
@@ -265,6 +266,15 @@ impl GpuModel {
                 planned
             }
         };
+        // Constrained rows' masks, computed while the step runs.
+        let mut masks: Vec<Option<Result<TokenMask>>> = rows
+            .iter()
+            .chain(chunks)
+            .map(|&r| match (&mut batch[r].mask, &batch[r].want) {
+                (Some(source), w) if !matches!(w, Want::Nothing) => Some(source()),
+                _ => None,
+            })
+            .collect();
         let bad_words = sc.get(d, "bat_bad", nl * 4)?;
         if planned > 0 {
             let mut bad = vec![0i32; planned];
@@ -286,28 +296,64 @@ impl GpuModel {
             stats = vec![[0f32; 4]; heads];
             d.dtoh(&mut stats, sc.get(d, "bat_stats", heads * 4 * F)?)?;
         }
-        // Every head's top logits in one copy where rows read them.
-        let mut tops = Vec::new();
-        if all.clone().any(|&r| matches!(batch[r].want, Want::Top(_))) {
-            tops = self.heads_at(sc, logits, heads)?;
-        }
         // Head row of each: decode row k is row k; the chunks that want a
         // readout follow in order.
         let mut next = b;
+        let js: Vec<usize> = all
+            .clone()
+            .enumerate()
+            .map(|(k, &r)| match (&batch[r].want, k < b) {
+                (Want::Nothing, _) => usize::MAX,
+                (_, true) => k,
+                (_, false) => {
+                    next += 1;
+                    next - 1
+                }
+            })
+            .collect();
+        let mut head_masks = vec![None; heads];
+        for (m, &j) in masks.iter().zip(&js) {
+            if let Some(Ok(m)) = m {
+                head_masks[j] = Some(m);
+            }
+        }
+        let table = self.upload_masks(sc, &head_masks)?;
+        // Constrained greedy rows: every head row's pick under its mask in
+        // one launch pair, in place of the step's own.
+        let greedy = |k: usize, r: usize| matches!(batch[r].want, Want::Greedy) && js[k] < heads;
+        if all
+            .clone()
+            .enumerate()
+            .any(|(k, &r)| greedy(k, r) && matches!(masks[k], Some(Ok(_))))
+        {
+            let picks = self.greedy_rows(sc, logits, heads, table)?;
+            for (k, &j) in js.iter().enumerate() {
+                if matches!(masks[k], Some(Ok(_))) && j < heads {
+                    stats[j] = picks[j];
+                }
+            }
+        }
+        // Every head's top logits in one copy where rows read them.
+        let mut tops = Vec::new();
+        if all.clone().any(|&r| matches!(batch[r].want, Want::Top(_))) {
+            tops = self.heads_at(sc, logits, heads, table)?;
+        }
         Ok(all
             .enumerate()
             .map(|(k, &r)| {
                 let want = &mut batch[r].want;
+                let j = js[k];
                 if matches!(want, Want::Nothing) {
                     return Ok(StepOut::Extended);
                 }
-                let j = if k < b {
-                    k
-                } else {
-                    next += 1;
-                    next - 1
-                };
                 let row = logits + (j * vocab * F) as u64;
+                match masks[k].take() {
+                    Some(Err(e)) => return Err(e),
+                    Some(Ok(m)) if !matches!(want, Want::Top(_) | Want::Greedy) => {
+                        return self.read_masked(sc, row, table + (j * 8) as u64, &m, want);
+                    }
+                    _ => {}
+                }
                 Ok(match want {
                     Want::Nothing => StepOut::Extended,
                     Want::Greedy => {
@@ -318,7 +364,7 @@ impl GpuModel {
                     Want::Logits => StepOut::Logits(self.logits_at(row)?),
                     Want::Weighted(w, plan) => {
                         check_head(w.head)?;
-                        StepOut::Weighted(self.weighted_at(sc, row, *w, &mut **plan)?)
+                        StepOut::Weighted(self.weighted_at(sc, row, *w, &mut **plan, None)?)
                     }
                 })
             })
@@ -436,6 +482,7 @@ impl GpuModel {
             Launch::new((ARGMAX_BLOCKS as u32, heads as u32, 1), (256, 1, 1), 0),
             dptr(logits),
             i(c.vocab_size),
+            dptr(0),
             dptr(part),
         )?;
         kernels::argmax_final(

@@ -133,6 +133,7 @@ impl EmbedHead {
             Launch::pdl((ARGMAX_BLOCKS as u32, 1, 1), (256, 1, 1), 0),
             dptr(ds.logits.ptr()),
             i(c.vocab_size),
+            dptr(0),
             dptr(ds.part.ptr()),
         )?;
         kernels::argmax_final(

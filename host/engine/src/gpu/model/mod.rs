@@ -36,6 +36,7 @@ mod embed;
 mod gdn;
 mod gdn_prefill;
 mod gemv;
+mod masks;
 mod mlp;
 mod moe;
 mod moe_grouped;

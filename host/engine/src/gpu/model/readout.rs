@@ -7,6 +7,7 @@
 use super::{F, GpuModel, GpuSequence, Scratch};
 use crate::gpu::kernels::{self, Launch};
 use crate::gpu::{dptr, i};
+use crate::readout::mask::TokenMask;
 use crate::sampling::{
     RowPlanner, RowRead, RowSums, Sampled, TOP_CANDIDATES, TopLogits, WEIGHT_BLOCK, WeightedRow,
     Weighting, key_parts,
@@ -57,9 +58,10 @@ impl GpuModel {
         Ok(logits)
     }
 
-    /// Launches the head of `logits` (kernels/sampling.cu): `HEAD_WORDS`
-    /// words at the returned buffer, followed by `extra` bytes for the caller.
-    fn read_head(&self, sc: &mut Scratch, logits: u64, extra: usize) -> Result<u64> {
+    /// Launches the head of `logits` (kernels/sampling.cu) under the mask
+    /// table `masks` (0: none; [`super::masks`]): `HEAD_WORDS` words at the
+    /// returned buffer, followed by `extra` bytes for the caller.
+    fn read_head(&self, sc: &mut Scratch, logits: u64, extra: usize, masks: u64) -> Result<u64> {
         let n = self.cfg.vocab_size;
         let parts = n.div_ceil(TOP_PER_PART);
         let keys = sc.get(&self.dev, "top_parts", parts * TOP_KEYS * 8)?;
@@ -71,6 +73,7 @@ impl GpuModel {
             dptr(logits),
             i(n),
             i(TOP_PER_PART),
+            dptr(masks),
             dptr(keys),
             dptr(ms),
         )?;
@@ -85,9 +88,16 @@ impl GpuModel {
         Ok(out)
     }
 
-    /// The heads of `rows` logits rows at `logits` in one launch pair and
-    /// one copy: `HEAD_WORDS` words per row.
-    pub(super) fn heads_at(&self, sc: &mut Scratch, logits: u64, rows: usize) -> Result<Vec<u64>> {
+    /// The heads of `rows` logits rows at `logits` (under the mask table
+    /// `masks`, one entry per row, or 0) in one launch pair and one copy:
+    /// `HEAD_WORDS` words per row.
+    pub(super) fn heads_at(
+        &self,
+        sc: &mut Scratch,
+        logits: u64,
+        rows: usize,
+        masks: u64,
+    ) -> Result<Vec<u64>> {
         let n = self.cfg.vocab_size;
         let parts = n.div_ceil(TOP_PER_PART);
         let keys = sc.get(&self.dev, "bat_top_parts", rows * parts * TOP_KEYS * 8)?;
@@ -99,6 +109,7 @@ impl GpuModel {
             dptr(logits),
             i(n),
             i(TOP_PER_PART),
+            dptr(masks),
             dptr(keys),
             dptr(ms),
         )?;
@@ -181,12 +192,18 @@ impl GpuModel {
         let mut sc = self.scratch.lock().unwrap();
         self.dev.bind()?;
         let logits = self.logits_device(seq, tokens, &mut sc)?;
-        self.top_at(&mut sc, logits, k)
+        self.top_at(&mut sc, logits, k, 0)
     }
 
-    /// The head of `k` (checked) of the logits row at `logits`.
-    pub(super) fn top_at(&self, sc: &mut Scratch, logits: u64, k: usize) -> Result<TopLogits> {
-        let out = self.read_head(sc, logits, 0)?;
+    /// The head of `k` of the logits row at `logits` under `masks` (or 0).
+    pub(super) fn top_at(
+        &self,
+        sc: &mut Scratch,
+        logits: u64,
+        k: usize,
+        masks: u64,
+    ) -> Result<TopLogits> {
+        let out = self.read_head(sc, logits, 0, masks)?;
         let mut head = [0u64; HEAD_WORDS];
         self.dev.dtoh(&mut head, out)?;
         Ok(head_of(&head, k.min(self.cfg.vocab_size)))
@@ -207,24 +224,28 @@ impl GpuModel {
         let mut sc = self.scratch.lock().unwrap();
         self.dev.bind()?;
         let logits = self.logits_device(seq, tokens, &mut sc)?;
-        self.weighted_at(&mut sc, logits, w, plan)
+        self.weighted_at(&mut sc, logits, w, plan, None)
     }
 
-    /// The logits row at `logits` weighted as `w` says (`w.head` checked).
+    /// The logits row at `logits` weighted as `w` says (`w.head` checked),
+    /// constrained by `mask` (its table entry on the device and its bits,
+    /// with which the logits read back are masked on the host).
     pub(super) fn weighted_at(
         &self,
         sc: &mut Scratch,
         logits: u64,
         w: Weighting,
         plan: &mut RowPlanner,
+        mask: Option<(u64, &TokenMask)>,
     ) -> Result<WeightedRow> {
+        let masks = mask.map_or(0, |m| m.0);
         let n = self.cfg.vocab_size;
         let nb = n.div_ceil(WEIGHT_BLOCK);
         // One thread per block of 64 logits, 256 per launch block; then a
         // heavy-token count per warp (two to an 8-byte word).
         let grid = nb.div_ceil(256);
         let warps = grid * 256 / 32;
-        let out = self.read_head(sc, logits, nb * 8 + warps * 4)?;
+        let out = self.read_head(sc, logits, nb * 8 + warps * 4, masks)?;
         let blocks = out + (HEAD_WORDS * 8) as u64;
         let heavy = blocks + (nb * 8) as u64;
         kernels::logits_weights(
@@ -233,6 +254,7 @@ impl GpuModel {
             dptr(logits),
             i(n),
             dptr(out),
+            dptr(masks),
             w.temperature,
             w.min_p,
             dptr(blocks),
@@ -266,6 +288,9 @@ impl GpuModel {
         };
         let mut row = vec![0f32; len];
         self.dev.dtoh(&mut row, logits + (start * F) as u64)?;
+        if let Some((_, m)) = mask {
+            m.apply(&mut row, start);
+        }
         Ok(WeightedRow {
             head,
             read,
