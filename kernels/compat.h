@@ -45,14 +45,6 @@
 #define QW_GRID_WAIT() ((void)0)
 #define QW_GRID_LAUNCH() ((void)0)
 #endif
-// Asks L2 for the line holding p (no register, no wait): the few-row
-// projections request their next weights this way while the current ones
-// are multiplied. A no-op where there is no such hint (HIP, the CPU).
-#if defined(QW_CUDA)
-#define QW_PREFETCH_L2(p) asm volatile("prefetch.global.L2 [%0];" ::"l"(p))
-#else
-#define QW_PREFETCH_L2(p) ((void)(p))
-#endif
 // A load cached in L2 only: coherent across the grid, so it may read a
 // result of a kernel that finished before the predecessor (PDL) without
 // QW_GRID_WAIT(); HIP launches serialise, a plain load does.

@@ -38,51 +38,30 @@ __device__ __forceinline__ void gr_split8(const float* p, bool valid, unsigned (
     }
 }
 
-// The products of warp-owned weight rows n0 .. n0 + 32 over k in [k0, kend)
-// into acc, with xload(t, k, hi, lo) giving activation row t * 8 + g's hi
-// and lo pairs at k .. k + 8. PF k32 blocks of weights are loaded before any
-// is used (PF x 64 bytes per lane in flight: the weights stream at bandwidth
-// only with enough bytes in flight per multiprocessor).
-// Asks L2 for the warp's weights of the k32 blocks [kb, kb + 32 PF) (one
-// of its 32 rows per lane, 64 bytes a block): no registers, no waiting.
-template <int PF>
-__device__ __forceinline__ void gr_prefetch(const bf16_t* __restrict__ W, int N, int K, int n0, int kb, int kend) {
-    const int row = n0 + threadIdx.x % WARP;
-    if (row >= N) return;
-#pragma unroll
-    for (int p = 0; p < PF; p++)
-        if (kb + 32 * p < kend) QW_PREFETCH_L2(W + (size_t)row * K + kb + 32 * p);
-}
-
-// The first `ahead` steps' weights of gr_core, requested before the
-// predecessor's results are awaited (QW_GRID_WAIT): the step's loads then
-// find them in L2.
-template <int PF>
-__device__ __forceinline__ void gr_prefetch_first(const bf16_t* __restrict__ W, int N, int K, int n0, int k0,
-                                                  int kend, int ahead) {
-    for (int a = 0; a < ahead; a++) gr_prefetch<PF>(W, N, K, n0, k0 + 32 * PF * a, kend);
-}
-
-template <int NT, int PF, typename XL>
+// The products of warp-owned weight rows n0 .. n0 + 16 MT over k in [k0,
+// kend) into acc, with xload(t, k, hi, lo) giving activation row t * 8 + g's
+// hi and lo pairs at k .. k + 8. PF k32 blocks of weights are loaded before
+// any is used (PF x MT x 32 bytes per lane in flight: the weights stream at
+// bandwidth only with enough bytes in flight per multiprocessor). Asking L2
+// for the next blocks ahead of use (prefetch.global.L2) was slower on the
+// H200: 17% at batch 8 two steps ahead, nothing gained for the first steps
+// before the PDL wait.
+template <int MT, int NT, int PF, typename XL>
 __device__ __forceinline__ void gr_core(const bf16_t* __restrict__ W, int N, int K, int n0, int k0, int kend,
-                                        int ahead, XL xload, float (&acc)[GR_MT][NT][4]) {
+                                        XL xload, float (&acc)[MT][NT][4]) {
     const int lane = threadIdx.x % WARP, g = lane >> 2, c = lane & 3;
 #pragma unroll
-    for (int m = 0; m < GR_MT; m++)
+    for (int m = 0; m < MT; m++)
 #pragma unroll
         for (int t = 0; t < NT; t++)
 #pragma unroll
             for (int j = 0; j < 4; j++) acc[m][t][j] = 0.f;
     for (int kb = k0; kb < kend; kb += 32 * PF) {
-        // The weights `ahead` steps on go to L2 now, so each step's loads
-        // wait for L2, not for memory (more bytes in flight per warp than
-        // its registers hold).
-        if (ahead > 0) gr_prefetch<PF>(W, N, K, n0, kb + 32 * PF * ahead, kend);
-        uint4 w[PF][GR_MT][2];
+        uint4 w[PF][MT][2];
 #pragma unroll
         for (int p = 0; p < PF; p++)
 #pragma unroll
-            for (int m = 0; m < GR_MT; m++)
+            for (int m = 0; m < MT; m++)
 #pragma unroll
                 for (int h = 0; h < 2; h++) {
                     const int row = n0 + m * 16 + g + 8 * h, k = kb + 32 * p + c * 8;
@@ -100,7 +79,7 @@ __device__ __forceinline__ void gr_core(const bf16_t* __restrict__ W, int N, int
 #pragma unroll
                 for (int st = 0; st < 2; st++) {
 #pragma unroll
-                    for (int m = 0; m < GR_MT; m++) {
+                    for (int m = 0; m < MT; m++) {
                         const unsigned* w0 = (const unsigned*)&w[p][m][0];
                         const unsigned* w1 = (const unsigned*)&w[p][m][1];
                         const unsigned a[4] = {w0[2 * st], w1[2 * st], w0[2 * st + 1], w1[2 * st + 1]};
@@ -113,23 +92,20 @@ __device__ __forceinline__ void gr_core(const bf16_t* __restrict__ W, int N, int
     }
 }
 
-template <int NT, int PF>
+template <int MT, int NT, int PF>
 __device__ __forceinline__ void gemm_rows_impl(const float* __restrict__ X, const bf16_t* __restrict__ W,
                                                float* __restrict__ Y, float* __restrict__ part, int B, int N,
-                                               int K, int S, int accumulate, int first, int ahead) {
-    const int lane = threadIdx.x % WARP, g = lane >> 2, c = lane & 3;
-    const int warp = blockIdx.x * GR_WARPS + threadIdx.x / WARP;
-    const int groups = (N + 16 * GR_MT - 1) / (16 * GR_MT);
-    if (warp >= groups * S) return;
-    const int mg = warp % groups, s = warp / groups, KS = K / S;
-    const int n0 = mg * 16 * GR_MT, k0 = s * KS;
-    // Only the weights are touched before the predecessor's results are
-    // awaited (PDL): they stream while it finishes.
-    gr_prefetch_first<PF>(W, N, K, n0, k0, k0 + KS, first);
+                                               int K, int S, int accumulate) {
     QW_GRID_WAIT();
     QW_GRID_LAUNCH();
-    float acc[GR_MT][NT][4];
-    gr_core<NT, PF>(W, N, K, n0, k0, k0 + KS, ahead,
+    const int lane = threadIdx.x % WARP, g = lane >> 2, c = lane & 3;
+    const int warp = blockIdx.x * GR_WARPS + threadIdx.x / WARP;
+    const int groups = (N + 16 * MT - 1) / (16 * MT);
+    if (warp >= groups * S) return;
+    const int mg = warp % groups, s = warp / groups, KS = K / S;
+    const int n0 = mg * 16 * MT, k0 = s * KS;
+    float acc[MT][NT][4];
+    gr_core<MT, NT, PF>(W, N, K, n0, k0, k0 + KS,
                     [&](int t, int k, unsigned (&hi)[4], unsigned (&lo)[4]) {
                         const int b = t * 8 + g;
                         gr_split8(X + (size_t)b * K + k, b < B, hi, lo);
@@ -137,7 +113,7 @@ __device__ __forceinline__ void gemm_rows_impl(const float* __restrict__ X, cons
                     acc);
     // c0, c1: weight row g, activation rows 2c, 2c + 1; c2, c3: weight row g + 8.
 #pragma unroll
-    for (int m = 0; m < GR_MT; m++)
+    for (int m = 0; m < MT; m++)
 #pragma unroll
         for (int t = 0; t < NT; t++)
 #pragma unroll
@@ -149,7 +125,7 @@ __device__ __forceinline__ void gemm_rows_impl(const float* __restrict__ X, cons
                 else part[(size_t)s * B * N + at] = acc[m][t][j];
             }
 }
-#define GR_BODY(NT) gemm_rows_impl<NT, NT <= 2 ? 4 : 2>(X, W, Y, part, B, N, K, S, accumulate, first, ahead)
+#define GR_BODY(MT, NT, PF) gemm_rows_impl<MT, NT, PF>(X, W, Y, part, B, N, K, S, accumulate)
 #else
 // Without tensor cores (HIP): the same sums on CUDA cores, one output per thread.
 __device__ __forceinline__ void gemm_rows_fma(const float* __restrict__ X, const bf16_t* __restrict__ W,
@@ -164,72 +140,79 @@ __device__ __forceinline__ void gemm_rows_fma(const float* __restrict__ X, const
     for (int k = 0; k < K; k++) acc = fmaf(X[(size_t)b * K + k], bf2f(W[(size_t)n * K + k]), acc);
     Y[o] = accumulate ? Y[o] + acc : acc;
 }
-#define GR_BODY(NT) gemm_rows_fma(X, W, Y, part, B, N, K, S, accumulate)
+#define GR_BODY(MT, NT, PF) gemm_rows_fma(X, W, Y, part, B, N, K, S, accumulate)
 #endif
 
-// NT = 1, 2, 4, 8: up to 8, 16, 32, 64 activation rows. Grid: ceil(ceil(N /
-// 32) S / GR_WARPS) blocks of GR_WARPS warps (HIP: ceil(B N / 256) of 256).
-// first: k steps of weights each warp asks L2 for before QW_GRID_WAIT (while
-// the predecessor finishes); ahead: how far ahead of use it keeps asking (0:
-// not at all).
-#define GEMM_ROWS(NAME, NT)                                                                                  \
+// NT = 1, 2, 4, 8: up to 8, 16, 32, 64 activation rows; MT m-tiles (16
+// weight rows each) per warp, PF k32 blocks per step. Grid: ceil(ceil(N /
+// (16 MT)) S / GR_WARPS) blocks of GR_WARPS warps (HIP: ceil(B N / 256) of
+// 256). The _m1p8 / _m2p8 shapes are alternatives `QWASI_ROWS_SHAPE` picks.
+#define GEMM_ROWS(NAME, MT, NT, PF)                                                                          \
     QW_KERNEL void QW_BOUNDS(128) NAME(const float* __restrict__ X, const bf16_t* __restrict__ W,           \
                                        float* __restrict__ Y, float* __restrict__ part, int B, int N, int K, \
-                                       int S, int accumulate, int first, int ahead) {                        \
-        GR_BODY(NT);                                                                                         \
+                                       int S, int accumulate) {                                              \
+        GR_BODY(MT, NT, PF);                                                                                 \
     }
-GEMM_ROWS(gemm_rows8, 1)
-GEMM_ROWS(gemm_rows16, 2)
-GEMM_ROWS(gemm_rows32, 4)
-GEMM_ROWS(gemm_rows64, 8)
+GEMM_ROWS(gemm_rows8, GR_MT, 1, 4)
+GEMM_ROWS(gemm_rows16, GR_MT, 2, 4)
+GEMM_ROWS(gemm_rows32, GR_MT, 4, 2)
+GEMM_ROWS(gemm_rows64, GR_MT, 8, 2)
+GEMM_ROWS(gemm_rows8_m1p8, 1, 1, 8)
+GEMM_ROWS(gemm_rows8_m2p8, 2, 1, 8)
+GEMM_ROWS(gemm_rows16_m1p8, 1, 2, 8)
+GEMM_ROWS(gemm_rows16_m2p8, 2, 2, 8)
 
 // The routed experts of a batched decode step (or a short prompt): rows
 // gathered by expert in plan order, already split (ahi, alo [rows][K] bf16),
 // moe_plan_tiles' table of (expert, first row, rows <= 8) tiles; expert e's
-// weights at W + e w_stride ([N][K]). Y [rows][N]. Grid (ceil(ceil(N / 32) /
-// GR_WARPS), the most tiles); blocks past the table's count return.
+// weights at W + e w_stride ([N][K]). Y [rows][N]. Grid (ceil(ceil(N / (16
+// MT)) / GR_WARPS), the most tiles); blocks past the table's count return.
 #if defined(QW_CUDA) || defined(QW_CPU)
-QW_KERNEL void QW_BOUNDS(128) moe_rows8(const bf16_t* __restrict__ ahi, const bf16_t* __restrict__ alo,
-                                        const bf16_t* __restrict__ W, long long w_stride,
-                                        const int* __restrict__ tiles, float* __restrict__ Y, int N, int K,
-                                        int ahead) {
+template <int MT, int PF>
+__device__ __forceinline__ void moe_rows_impl(const bf16_t* __restrict__ ahi, const bf16_t* __restrict__ alo,
+                                              const bf16_t* __restrict__ W, long long w_stride,
+                                              const int* __restrict__ tiles, float* __restrict__ Y, int N, int K) {
     QW_GRID_WAIT();  // the tile table is the predecessor's
     QW_GRID_LAUNCH();
     if ((int)blockIdx.y >= tiles[0]) return;
     const int e = tiles[1 + 3 * blockIdx.y], r0 = tiles[2 + 3 * blockIdx.y], rows = tiles[3 + 3 * blockIdx.y];
     const int lane = threadIdx.x % WARP, g = lane >> 2, c = lane & 3;
     const int warp = blockIdx.x * GR_WARPS + threadIdx.x / WARP;
-    if (warp * 16 * GR_MT >= N) return;
-    const int n0 = warp * 16 * GR_MT;
-    float acc[GR_MT][1][4];
-    const bf16_t* We = W + (size_t)e * w_stride;
-    gr_prefetch_first<4>(We, N, K, n0, 0, K, ahead);
-    gr_core<1, 4>(We, N, K, n0, 0, K, ahead,
-                  [&](int, int k, unsigned (&hi)[4], unsigned (&lo)[4]) {
-                      const bool v = g < rows;
-                      const size_t at = (size_t)(r0 + (v ? g : 0)) * K + k;
-                      const uint4 h = v ? *(const uint4*)(ahi + at) : make_uint4(0u, 0u, 0u, 0u);
-                      const uint4 l = v ? *(const uint4*)(alo + at) : make_uint4(0u, 0u, 0u, 0u);
-                      hi[0] = h.x, hi[1] = h.y, hi[2] = h.z, hi[3] = h.w;
-                      lo[0] = l.x, lo[1] = l.y, lo[2] = l.z, lo[3] = l.w;
-                  },
-                  acc);
+    if (warp * 16 * MT >= N) return;
+    const int n0 = warp * 16 * MT;
+    float acc[MT][1][4];
+    gr_core<MT, 1, PF>(W + (size_t)e * w_stride, N, K, n0, 0, K,
+                       [&](int, int k, unsigned (&hi)[4], unsigned (&lo)[4]) {
+                           const bool v = g < rows;
+                           const size_t at = (size_t)(r0 + (v ? g : 0)) * K + k;
+                           const uint4 h = v ? *(const uint4*)(ahi + at) : make_uint4(0u, 0u, 0u, 0u);
+                           const uint4 l = v ? *(const uint4*)(alo + at) : make_uint4(0u, 0u, 0u, 0u);
+                           hi[0] = h.x, hi[1] = h.y, hi[2] = h.z, hi[3] = h.w;
+                           lo[0] = l.x, lo[1] = l.y, lo[2] = l.z, lo[3] = l.w;
+                       },
+                       acc);
 #pragma unroll
-    for (int m = 0; m < GR_MT; m++)
+    for (int m = 0; m < MT; m++)
 #pragma unroll
         for (int j = 0; j < 4; j++) {
             const int n = n0 + m * 16 + g + 8 * (j >> 1), b = 2 * c + (j & 1);
             if (n < N && b < rows) Y[(size_t)(r0 + b) * N + n] = acc[m][0][j];
         }
 }
+#define MR_BODY(MT, PF) moe_rows_impl<MT, PF>(ahi, alo, W, w_stride, tiles, Y, N, K)
 #else
-QW_KERNEL void QW_BOUNDS(128) moe_rows8(const bf16_t* __restrict__ ahi, const bf16_t* __restrict__ alo,
-                                        const bf16_t* __restrict__ W, long long w_stride,
-                                        const int* __restrict__ tiles, float* __restrict__ Y, int N, int K,
-                                        int ahead) {
-    // Not launched without tensor cores (ops.rs takes it on CUDA only).
-}
+// Not launched without tensor cores (ops.rs takes it on CUDA only).
+#define MR_BODY(MT, PF)
 #endif
+#define MOE_ROWS(NAME, MT, PF)                                                                                \
+    QW_KERNEL void QW_BOUNDS(128) NAME(const bf16_t* __restrict__ ahi, const bf16_t* __restrict__ alo,        \
+                                       const bf16_t* __restrict__ W, long long w_stride,                     \
+                                       const int* __restrict__ tiles, float* __restrict__ Y, int N, int K) { \
+        MR_BODY(MT, PF);                                                                                      \
+    }
+MOE_ROWS(moe_rows8, GR_MT, 4)
+MOE_ROWS(moe_rows8_m1p8, 1, 8)
+MOE_ROWS(moe_rows8_m2p8, 2, 8)
 
 // Y[i] = (accumulate ? Y[i] : 0) + sum over s of part[s][i], s ascending; i < n = B N.
 QW_KERNEL void QW_BOUNDS(256) gemm_rows_reduce(const float* __restrict__ part, float* __restrict__ Y, long long n,

@@ -51,6 +51,25 @@ pub enum DecAttnPath {
     },
 }
 
+/// The few-row kernels' shape (`QWASI_ROWS_SHAPE`): MT m-tiles of 16
+/// weight rows per warp, PF k32 blocks of weights in flight per step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RowsShape {
+    M2P4,
+    M1P8,
+    M2P8,
+}
+
+impl RowsShape {
+    /// Weight rows per warp.
+    pub fn rows_per_warp(self) -> usize {
+        match self {
+            RowsShape::M1P8 => 16,
+            RowsShape::M2P4 | RowsShape::M2P8 => 32,
+        }
+    }
+}
+
 /// Ring slots per warp of the default decode attention (`dec_attn_*_tc_ring`).
 /// H200, 8K / 32K / 131K decode (tok/s): registers 326.3 / 287.4 / 201.2,
 /// 2 slots 331.1 / 305.9 / 232.8, 3: 328.4 / 303.0 / 233.8, 4: 322.2 /
@@ -143,22 +162,10 @@ pub struct GpuOptions {
     /// the few-row tensor-core kernel (kernels/gemm_rows.cu); `false` with
     /// `QWASI_GEMM_ROWS=cublas` (the `QWASI_GEMM` path).
     pub gemm_rows: bool,
-    /// k steps of weights the few-row projections (`gemm_rows*`) ask L2
-    /// for before they wait for their predecessor's results
-    /// (`QWASI_ROWS_FIRST`, 0..=8, default 0), and how many steps ahead of
-    /// use they and `moe_rows8` keep asking (`QWASI_ROWS_AHEAD`, default 0:
-    /// not at all). On the H200 at batch 8, 2 steps ahead (with 2 first)
-    /// cost 17% (674 against 817 tok/s; the experts 6.4 against 4.65 ms).
-    /// Split projections of 17-64 rows as one cuBLAS GEMM over the stacked
-    /// hi and lo rows (`QWASI_GEMM_STACK=on`; default `off`: two GEMMs).
-    /// On the H200 it reads the weights once instead of twice (batch 32 /
-    /// 64: 1,606 / 2,370 against 1,398 / 2,215 tok/s), but prompt passes of
-    /// 17-64 tokens then differ from the decode step by 0.072 in logprob on
-    /// the synthetic 40-layer model, against 3.6e-4 with two GEMMs: not
-    /// understood yet, so it stays off.
-    pub gemm_stack: bool,
-    pub rows_first: usize,
-    pub rows_ahead: usize,
+    /// Weight rows per warp (16 MT) and k32 blocks loaded per step (PF) of
+    /// the few-row kernels up to 16 rows (`gemm_rows*`, `moe_rows8*`):
+    /// `QWASI_ROWS_SHAPE=m2p4` (default), `m1p8`, `m2p8`.
+    pub rows_shape: RowsShape,
     /// Gate/up row pairs per warp of `dec_moe_gate_up` (`QWASI_MOE_PAIRS`,
     /// default 2: on the H200 512/8K decode 333.0/302.5 tok/s against
     /// 320.5/289.4 with 1 and 320.0/289.9 with 4).
@@ -273,8 +280,11 @@ impl GpuOptions {
             batch_decode: pick("QWASI_BATCH", &["batched", "serial"])? == "batched",
             gemm_rows: pick("QWASI_GEMM_ROWS", &["rows", "cublas"])? == "rows",
             gemm_stack: pick("QWASI_GEMM_STACK", &["off", "on"])? == "on",
-            rows_first: count("QWASI_ROWS_FIRST", 0, 0..=8)?,
-            rows_ahead: count("QWASI_ROWS_AHEAD", 0, 0..=8)?,
+            rows_shape: match pick("QWASI_ROWS_SHAPE", &["m2p4", "m1p8", "m2p8"])? {
+                "m1p8" => RowsShape::M1P8,
+                "m2p8" => RowsShape::M2P8,
+                _ => RowsShape::M2P4,
+            },
             fast_prefill: pick("QWASI_PREFILL", &["fast", "reference"])? == "fast",
             chunked_gdn: pick("QWASI_GDN", &["chunked", "serial"])? == "chunked",
             grouped_moe: cfg!(feature = "cuda")
