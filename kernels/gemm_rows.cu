@@ -146,7 +146,9 @@ __device__ __forceinline__ void gemm_rows_fma(const float* __restrict__ X, const
 // NT = 1, 2, 4, 8: up to 8, 16, 32, 64 activation rows; MT m-tiles (16
 // weight rows each) per warp, PF k32 blocks per step. Grid: ceil(ceil(N /
 // (16 MT)) S / GR_WARPS) blocks of GR_WARPS warps (HIP: ceil(B N / 256) of
-// 256). The _m1p8 / _m2p8 shapes are alternatives `QWASI_ROWS_SHAPE` picks.
+// 256). Other shapes were slower on the H200 (batch 8 / 16 / 64, tok/s): 16
+// rows x 8 blocks 747 / 912 / 1,973 and 32 x 8 763 / 928 / 1,971, against
+// 864 / 1,094 / 2,231 for 32 x 4 (with moe_rows8 in the same shape).
 #define GEMM_ROWS(NAME, MT, NT, PF)                                                                          \
     QW_KERNEL void QW_BOUNDS(128) NAME(const float* __restrict__ X, const bf16_t* __restrict__ W,           \
                                        float* __restrict__ Y, float* __restrict__ part, int B, int N, int K, \
@@ -157,10 +159,6 @@ GEMM_ROWS(gemm_rows8, GR_MT, 1, 4)
 GEMM_ROWS(gemm_rows16, GR_MT, 2, 4)
 GEMM_ROWS(gemm_rows32, GR_MT, 4, 2)
 GEMM_ROWS(gemm_rows64, GR_MT, 8, 2)
-GEMM_ROWS(gemm_rows8_m1p8, 1, 1, 8)
-GEMM_ROWS(gemm_rows8_m2p8, 2, 1, 8)
-GEMM_ROWS(gemm_rows16_m1p8, 1, 2, 8)
-GEMM_ROWS(gemm_rows16_m2p8, 2, 2, 8)
 
 // The routed experts of a batched decode step (or a short prompt): rows
 // gathered by expert in plan order, already split (ahi, alo [rows][K] bf16),
@@ -211,8 +209,6 @@ __device__ __forceinline__ void moe_rows_impl(const bf16_t* __restrict__ ahi, co
         MR_BODY(MT, PF);                                                                                      \
     }
 MOE_ROWS(moe_rows8, GR_MT, 4)
-MOE_ROWS(moe_rows8_m1p8, 1, 8)
-MOE_ROWS(moe_rows8_m2p8, 2, 8)
 
 // Y[i] = (accumulate ? Y[i] : 0) + sum over s of part[s][i], s ascending; i < n = B N.
 QW_KERNEL void QW_BOUNDS(256) gemm_rows_reduce(const float* __restrict__ part, float* __restrict__ Y, long long n,

@@ -5,9 +5,7 @@
 // hi = bf16(x), lo = bf16(x - hi). Rows 2, 7, 8 (one tile), 9, 16, 17, 33 and
 // 64; N 48 (past the last 32-row group), 64 and 200; K 32 (one step), 96 and
 // 256 split into 1, 2 and 4 slices; with and without accumulate. Y past the
-// B N outputs is a canary that must stay untouched. Up to 16 rows, each
-// shape QWASI_ROWS_SHAPE picks (32 weight rows per warp and 4 k32 blocks per
-// step, 16 and 8, 32 and 8). Then moe_rows8 in the same three shapes, the
+// B N outputs is a canary that must stay untouched. Then moe_rows8, the
 // routed experts' variant over moe_plan_tiles' table. Exit 1 on a mismatch.
 #include <cmath>
 #include <cstdio>
@@ -36,20 +34,15 @@ int main() {
             for (int K : {32, 96, 256})
                 for (int S : {1, 2, 4}) {
                     if ((K / 32) % S != 0) continue;
-                    for (int accumulate : {0, 1})
-                    for (int shape = 0; shape < (B <= 16 ? 3 : 1); shape++) {
-                        // Shapes (weight rows per warp, k32 blocks per step): 32 x 4, 16 x 8, 32 x 8.
-                        const Kernel small[2][3] = {{gemm_rows8, gemm_rows8_m1p8, gemm_rows8_m2p8},
-                                                    {gemm_rows16, gemm_rows16_m1p8, gemm_rows16_m2p8}};
-                        Kernel k = B <= 16 ? small[B > 8][shape] : B <= 32 ? gemm_rows32 : gemm_rows64;
-                        const int per_warp = shape == 1 ? 16 : 32;
+                    for (int accumulate : {0, 1}) {
+                        Kernel k = B <= 8 ? gemm_rows8 : B <= 16 ? gemm_rows16 : B <= 32 ? gemm_rows32 : gemm_rows64;
                         std::vector<float> X((size_t)B * K), Y((size_t)B * N + CANARY), part((size_t)S * B * N, NAN);
                         std::vector<bf16_t> W((size_t)N * K);
                         for (auto& v : X) v = nd(rng);
                         for (auto& v : W) v = f2bf(nd(rng));
                         for (auto& v : Y) v = nd(rng);
                         const std::vector<float> Y0 = Y;
-                        const int groups = (N + per_warp - 1) / per_warp;
+                        const int groups = (N + 31) / 32;
                         qw_cpu::launch({(unsigned)((groups * S + 3) / 4), 1, 1}, {128, 1, 1},
                                        [&] { k(X.data(), W.data(), Y.data(), part.data(), B, N, K, S, accumulate); });
                         if (S > 1) {
@@ -76,16 +69,13 @@ int main() {
                         n_cases++;
                         if (wrong) {
                             bad++;
-                            std::printf("B %2d N %3d K %3d S %d acc %d shape %d: FAIL (%d wrong, worst %.2e)\n", B, N, K, S,
-                                        accumulate, shape, wrong, worst);
+                            std::printf("B %2d N %3d K %3d S %d acc %d: FAIL (%d wrong, worst %.2e)\n", B, N, K, S,
+                                        accumulate, wrong, worst);
                         }
                     }
                 }
     // moe_rows8: experts of 1, 8, 3 and 8 rows (tiles of at most 8, in plan
     // order), a grid row past the table's count, N 48 and 64, K 32 and 256.
-    using MoeKernel = void (*)(const bf16_t*, const bf16_t*, const bf16_t*, long long, const int*, float*, int, int);
-    const MoeKernel moe[3] = {moe_rows8, moe_rows8_m1p8, moe_rows8_m2p8};
-    for (int shape = 0; shape < 3; shape++)
     for (int N : {48, 64})
         for (int K : {32, 256}) {
             const std::vector<int> counts = {1, 8, 0, 3, 8};
@@ -107,9 +97,9 @@ int main() {
             for (auto& v : W) v = f2bf(nd(rng));
             std::vector<float> Y((size_t)rows * N + CANARY, NAN);
             const std::vector<float> Y0 = Y;
-            const int per_warp = shape == 1 ? 16 : 32, blocks = ((N + per_warp - 1) / per_warp + 3) / 4;
+            const int blocks = ((N + 31) / 32 + 3) / 4;
             qw_cpu::launch({(unsigned)blocks, (unsigned)tiles[0] + 1, 1}, {128, 1, 1}, [&] {
-                moe[shape](hi.data(), lo.data(), W.data(), (long long)N * K, tiles.data(), Y.data(), N, K);
+                moe_rows8(hi.data(), lo.data(), W.data(), (long long)N * K, tiles.data(), Y.data(), N, K);
             });
             int wrong = 0;
             for (int t = 0; t < tiles[0]; t++) {
@@ -130,7 +120,7 @@ int main() {
             n_cases++;
             if (wrong) {
                 bad++;
-                std::printf("moe_rows8 shape %d N %d K %d: FAIL (%d wrong)\n", shape, N, K, wrong);
+                std::printf("moe_rows8 N %d K %d: FAIL (%d wrong)\n", N, K, wrong);
             }
         }
     std::printf("gemm_rows_check: %d of %d cases within %.0e\n", n_cases - bad, n_cases, TOL);

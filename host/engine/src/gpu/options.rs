@@ -51,25 +51,6 @@ pub enum DecAttnPath {
     },
 }
 
-/// The few-row kernels' shape (`QWASI_ROWS_SHAPE`): MT m-tiles of 16
-/// weight rows per warp, PF k32 blocks of weights in flight per step.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum RowsShape {
-    M2P4,
-    M1P8,
-    M2P8,
-}
-
-impl RowsShape {
-    /// Weight rows per warp.
-    pub fn rows_per_warp(self) -> usize {
-        match self {
-            RowsShape::M1P8 => 16,
-            RowsShape::M2P4 | RowsShape::M2P8 => 32,
-        }
-    }
-}
-
 /// Ring slots per warp of the default decode attention (`dec_attn_*_tc_ring`).
 /// H200, 8K / 32K / 131K decode (tok/s): registers 326.3 / 287.4 / 201.2,
 /// 2 slots 331.1 / 305.9 / 232.8, 3: 328.4 / 303.0 / 233.8, 4: 322.2 /
@@ -170,10 +151,6 @@ pub struct GpuOptions {
     /// the synthetic 40-layer model, against 3.6e-4 with two GEMMs: not
     /// understood yet, so it stays off.
     pub gemm_stack: bool,
-    /// Weight rows per warp (16 MT) and k32 blocks loaded per step (PF) of
-    /// the few-row kernels up to 16 rows (`gemm_rows*`, `moe_rows8*`):
-    /// `QWASI_ROWS_SHAPE=m2p4` (default), `m1p8`, `m2p8`.
-    pub rows_shape: RowsShape,
     /// Gate/up row pairs per warp of `dec_moe_gate_up` (`QWASI_MOE_PAIRS`,
     /// default 2: on the H200 512/8K decode 333.0/302.5 tok/s against
     /// 320.5/289.4 with 1 and 320.0/289.9 with 4).
@@ -288,11 +265,6 @@ impl GpuOptions {
             batch_decode: pick("QWASI_BATCH", &["batched", "serial"])? == "batched",
             gemm_rows: pick("QWASI_GEMM_ROWS", &["rows", "cublas"])? == "rows",
             gemm_stack: pick("QWASI_GEMM_STACK", &["off", "on"])? == "on",
-            rows_shape: match pick("QWASI_ROWS_SHAPE", &["m2p4", "m1p8", "m2p8"])? {
-                "m1p8" => RowsShape::M1P8,
-                "m2p8" => RowsShape::M2P8,
-                _ => RowsShape::M2P4,
-            },
             fast_prefill: pick("QWASI_PREFILL", &["fast", "reference"])? == "fast",
             chunked_gdn: pick("QWASI_GDN", &["chunked", "serial"])? == "chunked",
             grouped_moe: cfg!(feature = "cuda")

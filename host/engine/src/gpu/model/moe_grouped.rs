@@ -7,7 +7,6 @@
 
 use super::{B, DBuf, F, GpuModel, Scratch};
 use crate::gpu::kernels::{self, Launch, Typed, sig, typed};
-use crate::gpu::options::RowsShape;
 use crate::gpu::{dptr, i};
 use anyhow::{Result, bail};
 
@@ -209,19 +208,10 @@ impl GpuModel {
         // y (f32, rows in plan order) = a (hi + lo) W_e^T per expert.
         let experts = |a_hi: u64, a_lo: u64, w: &DBuf, y: u64, rows: usize, cols: usize| match &plan
         {
-            MoePlan::Tiles { buf, most, bm } if *bm == MOE_ROWS_BM => (match self.opts.rows_shape {
-                RowsShape::M2P4 => kernels::moe_rows8,
-                RowsShape::M1P8 => kernels::moe_rows8_m1p8,
-                RowsShape::M2P8 => kernels::moe_rows8_m2p8,
-            })(
+            MoePlan::Tiles { buf, most, bm } if *bm == MOE_ROWS_BM => kernels::moe_rows8(
                 d,
                 Launch::pdl(
-                    (
-                        rows.div_ceil(self.opts.rows_shape.rows_per_warp())
-                            .div_ceil(4) as u32,
-                        *most,
-                        1,
-                    ),
+                    (rows.div_ceil(32).div_ceil(4) as u32, *most, 1),
                     (128, 1, 1),
                     0,
                 ),

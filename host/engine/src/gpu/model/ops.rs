@@ -6,7 +6,6 @@
 use super::weights::DevMat;
 use super::{B, DBuf, Device, F, GemmPath, GpuModel};
 use crate::gpu::kernels::{self, Launch};
-use crate::gpu::options::RowsShape;
 use crate::gpu::{dptr, i};
 use anyhow::Result;
 use std::collections::HashMap;
@@ -193,23 +192,16 @@ impl GpuModel {
         accumulate: bool,
     ) -> Result<()> {
         let d = &self.dev;
-        let shape = self.opts.rows_shape;
-        let kernel = if t <= 16 {
-            match (t <= 8, shape) {
-                (true, RowsShape::M2P4) => kernels::gemm_rows8,
-                (true, RowsShape::M1P8) => kernels::gemm_rows8_m1p8,
-                (true, RowsShape::M2P8) => kernels::gemm_rows8_m2p8,
-                (false, RowsShape::M2P4) => kernels::gemm_rows16,
-                (false, RowsShape::M1P8) => kernels::gemm_rows16_m1p8,
-                (false, RowsShape::M2P8) => kernels::gemm_rows16_m2p8,
-            }
+        let kernel = if t <= 8 {
+            kernels::gemm_rows8
+        } else if t <= 16 {
+            kernels::gemm_rows16
         } else if t <= 32 {
             kernels::gemm_rows32
         } else {
             kernels::gemm_rows64
         };
-        let per_warp = if t <= 16 { shape.rows_per_warp() } else { 32 };
-        let groups = rows.div_ceil(per_warp);
+        let groups = rows.div_ceil(32);
         let target = d.sm_count as usize * GEMM_ROWS_WARPS_PER_SM;
         let mut slices = 1;
         while groups * slices * 2 <= target
