@@ -196,3 +196,37 @@ fn prefix_cache_bench_on_the_demo_model_is_exact() {
         );
     }
 }
+
+/// `qwasi bench --workload tokenize`: the report's prompt has the asked
+/// tokens, both encoders' ids are checked equal, and the parallel pieces
+/// are used on a multi-threaded pool.
+#[test]
+fn tokenize_bench_reports_and_checks_ids() {
+    let out = std::env::temp_dir().join(format!("qwasi-tok-bench-{}.json", std::process::id()));
+    let run = qwasi(&[
+        "bench",
+        "--workload",
+        "tokenize",
+        "--tokenize-tokens",
+        "4096",
+        "--runs",
+        "2",
+        "--threads",
+        "2",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert!(
+        run.status.success(),
+        "stderr: {}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let report: Value = serde_json::from_slice(&std::fs::read(&out).unwrap()).unwrap();
+    let _ = std::fs::remove_file(&out);
+    assert_eq!(report["workload"], "tokenize");
+    assert!(report["tokens"].as_u64().unwrap() >= 4096, "{report}");
+    assert_eq!(report["ids_equal"], true);
+    assert_eq!(report["parallel_pieces"], true);
+    assert!(report["whole_ms_median"].as_f64().unwrap() > 0.0);
+    assert!(report["encode_ms_median"].as_f64().unwrap() > 0.0);
+}

@@ -1,13 +1,16 @@
 """The example Ollama-compatible guest (examples/ollama) served by the real
 host on the demo model, driven with httpx: NDJSON streaming, one-object
-responses, /api/chat, /api/tags, /api/show, /api/version, errors."""
+responses, /api/chat, /api/tags, /api/show, /api/version, errors; and with
+the official `ollama` Python client: structured outputs (`format`)."""
 
 from __future__ import annotations
 
 import json
 
 import httpx
+import ollama as ollama_client
 import pytest
+from pydantic import BaseModel, Field
 
 from conftest import Server, example_wasm
 
@@ -191,8 +194,11 @@ def test_show_and_version(ollama, model):
      "model 'no-such-model' not found"),
     ("POST", "/api/chat", {"model": "MODEL", "messages": [{"role": "robot", "content": "x"}]},
      400, "unknown role"),
-    ("POST", "/api/generate", {"model": "MODEL", "prompt": "x", "format": "json"}, 400,
-     "not supported"),
+    ("POST", "/api/generate", {"model": "MODEL", "prompt": "x", "format": "yaml"}, 400,
+     'invalid format: "yaml"; expected "json" or a valid JSON Schema object'),
+    ("POST", "/api/chat", {"model": "MODEL", "messages": [{"role": "user", "content": "x"}],
+                           "format": {"type": "object", "properties": {"a": {"type": "strnig"}}}},
+     400, "invalid JSON schema in format: "),
     ("POST", "/api/generate", {"model": "MODEL", "prompt": "x", "options": {"num_predict": "ten"}},
      400, "invalid type"),
     ("GET", "/api/generate", None, 405, "not allowed"),
@@ -212,3 +218,67 @@ def test_errors_are_ollama_shaped(ollama, model, method, path, body, status, nee
     err = r.json()
     assert list(err) == ["error"], err
     assert needle in err["error"], err
+
+
+class Pet(BaseModel):
+    kind: str = Field(max_length=6)
+    age: int = Field(ge=0, le=30)
+
+
+class Person(BaseModel):
+    name: str = Field(max_length=8)
+    age: int = Field(ge=0, le=120)
+    pets: list[Pet] = Field(max_length=2)
+
+
+@pytest.fixture(scope="module")
+def client(ollama) -> ollama_client.Client:
+    return ollama_client.Client(host=str(ollama.base_url), timeout=120)
+
+
+def test_client_format_schema_parsed_by_pydantic(client, model):
+    """`format=Model.model_json_schema()`, the Ollama docs' structured
+    outputs: the demo model's random output is valid only because the
+    format constrains it."""
+    schema = Person.model_json_schema()
+    for seed in range(3):
+        r = client.chat(model=model, messages=[{"role": "user", "content": "Describe a person."}],
+                        format=schema, options={"seed": seed, "num_predict": 300})
+        assert r.done_reason == "stop", r
+        person = Person.model_validate_json(r.message.content)
+        assert 0 <= person.age <= 120
+    # Streaming: the deltas join into the same kind of document.
+    parts = [c.message.content for c in client.chat(
+        model=model, messages=[{"role": "user", "content": "Another."}], format=schema,
+        options={"seed": 9, "num_predict": 300}, stream=True)]
+    Person.model_validate_json("".join(parts))
+
+
+def test_client_format_json(client, model):
+    """`format="json"`: a JSON object. Nearly uniform sampling (a huge
+    temperature) over what the constraint allows: the random model's strings
+    never close, so an output either is cut by `num_predict` or ends as soon
+    as the object does (`{}`); either way it starts as an object."""
+    finished = []
+    for seed in range(12):
+        r = client.generate(model=model, prompt="A JSON object, please.", format="json",
+                            options={"seed": seed, "num_predict": 40, "temperature": 50,
+                                     "top_k": 0, "top_p": 1})
+        assert r.response.lstrip().startswith("{"), r.response
+        if r.done_reason == "stop":
+            assert isinstance(json.loads(r.response), dict), r.response
+            finished.append(seed)
+        else:
+            assert r.done_reason == "length" and r.eval_count == 40, r
+    assert finished, "no output completed its object"
+    r = client.chat(model=model, messages=[{"role": "user", "content": "JSON?"}], format="json",
+                    options={"temperature": 0, "num_predict": 5})
+    assert r.message.content.lstrip().startswith("{"), r.message.content
+
+
+def test_client_invalid_schema_is_a_400(client, model):
+    with pytest.raises(ollama_client.ResponseError) as e:
+        client.chat(model=model, messages=[{"role": "user", "content": "x"}],
+                    format={"type": "object", "properties": {"a": {"type": "strnig"}}})
+    assert e.value.status_code == 400
+    assert e.value.error.startswith("invalid JSON schema in format: "), e.value.error

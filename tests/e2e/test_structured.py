@@ -149,6 +149,50 @@ def test_tool_choice_is_enforced(client, model_id, choice):
             jsonschema.validate(json.loads(call.function.arguments), tool["function"]["parameters"])
 
 
+TICKET = {
+    "type": "function",
+    "function": {
+        "name": "open_ticket",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "code": {"type": "string", "pattern": "^[A-Z]{3}-[0-9]{2}$"},
+                "ref": {"type": "string", "pattern": "#[0-9]+", "maxLength": 8},
+                "id": {"type": "string", "format": "uuid"},
+                "ip": {"type": "string", "format": "ipv4"},
+            },
+            "required": ["code", "ref", "id", "ip"],
+        },
+    },
+}
+
+
+def test_raw_text_parameters_keep_pattern_and_format(client, model_id):
+    """String parameters are raw text in the Qwen3.6 call syntax: their
+    `pattern` and `format` hold on it (a strict tool, and a plain one)."""
+    checker = jsonschema.FormatChecker(["uuid", "ipv4"])
+    for strict in (False, True):
+        tool = {**TICKET, "function": {**TICKET["function"], "strict": strict}}
+        for seed in range(3):
+            r = client.chat.completions.create(
+                model=model_id, messages=[{"role": "user", "content": "Open a ticket."}],
+                tools=[tool], tool_choice="required", max_tokens=200, seed=seed,
+                extra_body=NO_THINK)
+            c = r.choices[0]
+            assert c.finish_reason == "tool_calls", c
+            args = json.loads(c.message.tool_calls[0].function.arguments)
+            jsonschema.validate(args, TICKET["function"]["parameters"], format_checker=checker)
+    # What cannot be enforced on raw text: a 400 for a strict tool.
+    bad = {"type": "function", "function": {"name": "link", "strict": True, "parameters": {
+        "type": "object", "properties": {"url": {"type": "string", "format": "uri"}},
+        "required": ["url"]}}}
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model=model_id, messages=ASK, tools=[bad],
+                                       tool_choice="required", max_tokens=8, extra_body=NO_THINK)
+    assert e.value.body["param"] == "tools", e.value.body
+    assert "'format'" in e.value.body["message"] and "'url'" in e.value.body["message"], e.value.body
+
+
 def test_bad_constraints_are_400s_naming_the_field(client, model_id):
     cases = [
         ({"response_format": {"type": "json_schema",

@@ -10,16 +10,19 @@
 //!
 //! Prompts use the Qwen3.6 chat format ([`qwasi_guest_sdk::chat`]); `think`
 //! (default false) turns the model's reasoning on and reports it in
-//! `thinking`. Durations are nanoseconds measured in the guest:
-//! `load_duration` is the time until the engine started the request
+//! `thinking`. `format` (`"json"` or a JSON schema) constrains the output
+//! while it is decoded ([`format`]). Durations are nanoseconds measured in
+//! the guest: `load_duration` is the time until the engine started the request
 //! (tokenization and queueing), `prompt_eval_duration` until the first
 //! token, `eval_duration` the rest. Errors are `{"error": "..."}` with the
 //! HTTP status Ollama uses.
 
+mod format;
+
 use qwasi_guest_sdk::chat::{self, Message, RenderOptions, Role, ThinkSplitter};
 use qwasi_guest_sdk::http::{self, Output, Request};
 use qwasi_guest_sdk::inference::{
-    End, Engine, GenerateError, GenerateRequest, ModelInfo, SamplingParams,
+    End, Engine, GenerateError, GenerateRequest, Grammar, ModelInfo, SamplingParams,
 };
 use qwasi_guest_sdk::stream::{Framing, StreamWriter};
 use qwasi_guest_sdk::time::{rfc3339_nanos, rfc3339_secs};
@@ -319,6 +322,8 @@ struct Job {
     options: Options,
     think: bool,
     stream: bool,
+    /// What `format` holds the output to.
+    format: Option<Grammar>,
 }
 
 fn generate<E: Engine, O: Output>(
@@ -329,8 +334,8 @@ fn generate<E: Engine, O: Output>(
 ) -> Result<(), Error> {
     let info = engine.model_info();
     check_model(&info, b.model.as_ref())?;
+    let format = format::grammar(b.format.as_ref())?;
     for (name, v) in [
-        ("format", &b.format),
         ("images", &b.images),
         ("suffix", &b.suffix),
         ("template", &b.template),
@@ -381,6 +386,7 @@ fn generate<E: Engine, O: Output>(
             options: b.options,
             think,
             stream,
+            format,
         },
         t0,
         out,
@@ -404,7 +410,7 @@ fn tokenize<E: Engine>(engine: &E, text: &str) -> Result<Vec<u32>, Error> {
 fn chat<E: Engine, O: Output>(engine: &E, b: ChatBody, t0: u64, out: &mut O) -> Result<(), Error> {
     let info = engine.model_info();
     check_model(&info, b.model.as_ref())?;
-    unsupported("format", &b.format)?;
+    let format = format::grammar(b.format.as_ref())?;
     unsupported("tools", &b.tools)?;
     let model = b
         .model
@@ -445,6 +451,7 @@ fn chat<E: Engine, O: Output>(engine: &E, b: ChatBody, t0: u64, out: &mut O) -> 
             options: b.options,
             think,
             stream,
+            format,
         },
         t0,
         out,
@@ -531,18 +538,23 @@ fn run<E: Engine, O: Output>(engine: &E, job: Job, t0: u64, out: &mut O) -> Resu
         let _ = http::send_json(out, 200, &Value::Object(done));
         return Ok(());
     }
+    let think_end = job
+        .think
+        .then(|| engine.token_to_id(chat::THINK_END))
+        .flatten();
     let request = GenerateRequest {
         prompt: job.prompt.clone(),
         max_tokens: n,
         sampling: job.options.sampling(),
         snapshot_points: job.snapshot_points.clone(),
+        constraint: job.format.clone().map(|g| format::constraint(g, think_end)),
         ..GenerateRequest::default()
     };
-    let mut r = engine.start(request)?;
+    let mut r = engine.start(request).map_err(format::rejected)?;
     r = r.with_stop(job.options.stop.clone().unwrap_or_default());
     let mut splitter = None;
     if job.think {
-        if let Some(id) = engine.token_to_id(chat::THINK_END) {
+        if let Some(id) = think_end {
             r = r.spell(id, chat::THINK_END);
         }
         splitter = Some(ThinkSplitter::new());

@@ -223,9 +223,16 @@ fn errors_in_ollama_format() {
         (
             "POST",
             "/api/generate",
-            r#"{"model": "fake-model", "prompt": "x", "format": "json"}"#,
+            r#"{"model": "fake-model", "prompt": "x", "format": "yaml"}"#,
             400,
-            "'format' is not supported",
+            r#"invalid format: "yaml"; expected "json" or a valid JSON Schema object"#,
+        ),
+        (
+            "POST",
+            "/api/chat",
+            r#"{"model": "fake-model", "messages": [], "format": ["json"]}"#,
+            400,
+            "invalid format: [\"json\"]",
         ),
         (
             "POST",
@@ -286,6 +293,112 @@ fn errors_in_ollama_format() {
     assert_eq!(
         out.ndjson().last().unwrap()["error"],
         "generation failed: boom"
+    );
+}
+
+#[test]
+fn format_becomes_the_constraint() {
+    let e = engine();
+    let grammar = |e: &FakeEngine| e.last_request().unwrap().constraint.map(|c| c.grammar);
+    // "json": any JSON object, on both endpoints; null and "" are no format.
+    call(
+        &e,
+        "POST",
+        "/api/generate",
+        r#"{"model": "fake-model", "prompt": "x", "format": "json"}"#,
+    );
+    assert_eq!(grammar(&e), Some(Grammar::JsonObject));
+    for none in ["null", r#""""#] {
+        let body = format!(
+            r#"{{"model": "fake-model", "messages": [{{"role": "user", "content": "x"}}], "format": {none}}}"#
+        );
+        assert_eq!(call(&e, "POST", "/api/chat", &body).status, Some(200));
+        assert_eq!(grammar(&e), None, "{none}");
+    }
+    // A schema, as the Python client sends `format=Model.model_json_schema()`:
+    // not strict (Ollama skips what its grammar cannot express).
+    let schema = r#"{"properties": {"name": {"title": "Name", "type": "string"}}, "required": ["name"], "title": "P", "type": "object"}"#;
+    let out = call(
+        &e,
+        "POST",
+        "/api/chat",
+        &format!(
+            r#"{{"model": "fake-model", "stream": false, "format": {schema},
+                "messages": [{{"role": "user", "content": "x"}}]}}"#
+        ),
+    );
+    assert_eq!(out.status, Some(200));
+    let c = e.last_request().unwrap().constraint.unwrap();
+    match c.grammar {
+        Grammar::JsonSchema { schema: s, strict } => {
+            assert!(!strict);
+            let mut want = serde_json::from_str::<Value>(schema).unwrap();
+            want["additionalProperties"] = false.into();
+            assert_eq!(serde_json::from_str::<Value>(&s).unwrap(), want);
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(c.start_after, None, "thinking off: the whole output");
+    // With thinking on, the constraint starts after `</think>` (id 2).
+    call(
+        &e,
+        "POST",
+        "/api/chat",
+        r#"{"model": "fake-model", "think": true, "format": "json",
+            "messages": [{"role": "user", "content": "x"}]}"#,
+    );
+    assert_eq!(
+        e.last_request().unwrap().constraint.unwrap().start_after,
+        Some(2)
+    );
+
+    // A schema the host cannot compile: Ollama's 400 with the host's reason.
+    let e = engine().refusing(GenerateError::InvalidRequest(
+        "invalid constraint: unknown type 'strin'".into(),
+    ));
+    let out = call(
+        &e,
+        "POST",
+        "/api/generate",
+        r#"{"model": "fake-model", "prompt": "x", "format": {"type": "strin"}}"#,
+    );
+    assert_eq!(out.status, Some(400));
+    assert_eq!(
+        out.json(),
+        json!({"error": "invalid JSON schema in format: unknown type 'strin'"})
+    );
+}
+
+#[test]
+fn schemas_are_closed_as_llama_cpp_reads_them() {
+    // Nested objects (through $defs, items, anyOf) take no unlisted
+    // properties; an explicit additionalProperties, an allOf branch and an
+    // object without properties stay as they are.
+    let schema = json!({
+        "$defs": {"Pet": {"type": "object", "properties": {"kind": {"type": "string"}}}},
+        "type": "object",
+        "properties": {
+            "pets": {"type": "array", "items": {"$ref": "#/$defs/Pet"}},
+            "properties": {"type": "object", "properties": {"x": {"type": "integer"}}},
+            "any": {"type": "object"},
+            "open": {"type": "object", "properties": {"a": {}}, "additionalProperties": true},
+            "either": {"anyOf": [{"type": "object", "properties": {"b": {}}}, {"type": "null"}]},
+            "both": {"allOf": [{"properties": {"c": {}}}, {"properties": {"d": {}}}]},
+        },
+    });
+    let c = format::closed(schema);
+    assert_eq!(c["additionalProperties"], false);
+    assert_eq!(c["$defs"]["Pet"]["additionalProperties"], false);
+    assert_eq!(c["properties"]["properties"]["additionalProperties"], false);
+    assert_eq!(c["properties"]["any"], json!({"type": "object"}));
+    assert_eq!(c["properties"]["open"]["additionalProperties"], true);
+    assert_eq!(
+        c["properties"]["either"]["anyOf"][0]["additionalProperties"],
+        false
+    );
+    assert_eq!(
+        c["properties"]["both"],
+        json!({"allOf": [{"properties": {"c": {}}}, {"properties": {"d": {}}}]})
     );
 }
 

@@ -207,13 +207,25 @@ pub fn tool_calls(tools: &Tools) -> Option<Requested> {
     }
     let tools = chosen
         .into_iter()
-        .map(|t| Tool {
-            name: tool_name(t).unwrap_or_default().to_owned(),
-            parameters: t
+        .map(|t| {
+            let mut parameters = t
                 .get("function")
                 .and_then(|f| f.get("parameters"))
                 .filter(|p| !p.is_null())
-                .map_or_else(|| "{}".to_owned(), Value::to_string),
+                .cloned()
+                .unwrap_or_else(|| Value::Object(Default::default()));
+            // A strict tool: the host refuses what it cannot enforce
+            // (llguidance's own switch), instead of ignoring it.
+            if strict(t)
+                && let Value::Object(o) = &mut parameters
+            {
+                o.entry("x-guidance")
+                    .or_insert_with(|| serde_json::json!({"lenient": false}));
+            }
+            Tool {
+                name: tool_name(t).unwrap_or_default().to_owned(),
+                parameters: parameters.to_string(),
+            }
         })
         .collect();
     Some(Requested {
@@ -362,7 +374,7 @@ mod tests {
             c.tools,
             vec![Tool {
                 name: "s".into(),
-                parameters: "{}".into()
+                parameters: r#"{"x-guidance":{"lenient":false}}"#.into()
             }]
         );
         let c = calls(&tools(ToolChoice::Auto, vec![weather, strict])).unwrap();

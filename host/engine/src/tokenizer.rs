@@ -9,9 +9,14 @@
 //! .encode(text)`: the text is NFC-normalised first, special-token text such as
 //! `<|im_start|>` maps to its id, and nothing (no BOS) is added.
 //!
+//! Long texts are encoded in pieces on several cores where the tokenizer's
+//! pipeline provably gives the same ids ([`split`]).
+//!
 //! [`IncrementalDecoder`] turns a stream of generated ids into text pieces that
 //! are always complete UTF-8, holding back the bytes of a character split
 //! across byte-level tokens until it is whole.
+
+mod split;
 
 use std::collections::HashSet;
 use std::io::Read;
@@ -38,6 +43,8 @@ struct Inner {
     /// The decoder is GPT-2 style byte-level, so a token's bytes can be read
     /// straight off its spelling.
     byte_level: bool,
+    /// Cuts long texts for parallel encoding (Qwen3.5/3.6 pipelines only).
+    splitter: Option<split::Splitter>,
 }
 
 impl std::fmt::Debug for Tokenizer {
@@ -80,11 +87,13 @@ impl Tokenizer {
             .map(|(id, _)| id)
             .collect();
         let byte_level = matches!(tok.get_decoder(), Some(DecoderWrapper::ByteLevel(_)));
+        let splitter = split::Splitter::for_tokenizer(&tok);
         Self {
             inner: Arc::new(Inner {
                 tok,
                 special,
                 byte_level,
+                splitter,
             }),
         }
     }
@@ -116,19 +125,32 @@ impl Tokenizer {
         // rest: they differ when NFC changes a special token's edge, e.g.
         // "</think>\u{338}" (">" + U+0338 composes to "≯"). Normalising here
         // first (the tokenizer's own NFC is then a no-op) matches the former.
-        let normalized;
-        let text = if is_nfc_quick(text.chars()) == IsNormalized::Yes {
-            text
-        } else {
-            normalized = text.nfc().collect::<String>();
-            &normalized
+        let text = nfc(text);
+        let ids = match &self.inner.splitter {
+            Some(s) => s.encode(&self.inner.tok, &text),
+            None => self
+                .inner
+                .tok
+                .encode_fast(&*text, false)
+                .map(|e| e.get_ids().to_vec()),
         };
+        ids.map_err(|e| anyhow!("tokenizer encode failed: {e}"))
+    }
+
+    /// `encode` without the parallel pieces: `tokenizers` on the whole
+    /// (NFC) text, the reference the pieces are checked and timed against.
+    pub fn encode_whole(&self, text: &str) -> Result<Vec<u32>> {
         let enc = self
             .inner
             .tok
-            .encode_fast(text, false)
+            .encode_fast(&*nfc(text), false)
             .map_err(|e| anyhow!("tokenizer encode failed: {e}"))?;
         Ok(enc.get_ids().to_vec())
+    }
+
+    /// Whether long texts are encoded in parallel pieces.
+    pub fn splits(&self) -> bool {
+        self.inner.splitter.is_some()
     }
 
     /// Text for `ids`. Ids outside the vocabulary are skipped; bytes that do
@@ -338,6 +360,15 @@ mod fast_load {
         tok.with_model(bpe);
         tok.add_tokens(&doc.added_tokens);
         Ok(tok)
+    }
+}
+
+/// `text` in NFC, borrowed when it already is.
+fn nfc(text: &str) -> std::borrow::Cow<'_, str> {
+    if is_nfc_quick(text.chars()) == IsNormalized::Yes {
+        text.into()
+    } else {
+        text.nfc().collect::<String>().into()
     }
 }
 

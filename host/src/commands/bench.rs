@@ -1,8 +1,10 @@
 //! `qwasi bench --workload NAME`: benchmarks that print a table and write a
 //! JSON report, one module per workload: [`prefix_cache`] (TTFT cold vs
 //! cached prefix, on the CPU or a GPU), [`speed`] (GPU batch-1 TTFT and
-//! decode), [`batch`] (the GPU engine decoding B sequences together) and
-//! [`serving`] (concurrent streams over HTTP through `qwasi serve`). Add a variant to [`Workload`] and a module for more.
+//! decode), [`batch`] (the GPU engine decoding B sequences together),
+//! [`serving`] (concurrent streams over HTTP through `qwasi serve`) and
+//! [`tokenize`] (encoding a long prompt). Add a variant to [`Workload`] and
+//! a module for more.
 
 use super::ModelArgs;
 use anyhow::{Context, Result};
@@ -15,6 +17,7 @@ mod constrained;
 mod prefix_cache;
 mod serving;
 mod speed;
+mod tokenize;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Workload {
@@ -34,6 +37,10 @@ pub enum Workload {
     /// `qwasi serve` (started by the bench, or `--url`): aggregate output
     /// tok/s, TTFT and inter-token latency per concurrency level or arrival rate.
     Serving,
+    /// Encoding a long prompt (`--tokenize-tokens`, default 8192, or
+    /// `--text FILE`): `tokenizers` on the whole text against the engine's
+    /// encoder (parallel pieces), same ids checked.
+    Tokenize,
 }
 
 #[derive(clap::Args)]
@@ -57,6 +64,8 @@ pub struct Args {
     serving: serving::ServingArgs,
     #[command(flatten)]
     batch: batch::BatchArgs,
+    #[command(flatten)]
+    tokenize: tokenize::TokenizeArgs,
     /// CPU threads (default: all cores).
     #[arg(long)]
     threads: Option<usize>,
@@ -92,6 +101,14 @@ pub fn run(a: Args) -> Result<()> {
             &a.out
                 .clone()
                 .unwrap_or_else(|| "benchmarks/serving.json".into()),
+        ),
+        Workload::Tokenize => tokenize::run(
+            &a.tokenize,
+            a.model.model.as_deref(),
+            a.runs.unwrap_or(20),
+            &a.out
+                .clone()
+                .unwrap_or_else(|| "benchmarks/tokenize.json".into()),
         ),
     }
 }

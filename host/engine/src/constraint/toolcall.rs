@@ -12,12 +12,21 @@
 //! ```
 //!
 //! `<tool_call>`/`</tool_call>` are special tokens. A parameter whose schema
-//! type is `string` is raw text (anything up to the first `</parameter>`,
-//! which is where the parser ends it, within `minLength`/`maxLength`; a
-//! `pattern` or `format` is not enforced on raw text), or one of its
-//! `enum`/`const` values;
-//! any other parameter is JSON valid under its schema (`%json`). Parameters
-//! come in the schema's `properties` order, the `required` ones always.
+//! type is `string` is raw text (never containing `</parameter>`, where the
+//! parser ends it; within `minLength`/`maxLength` and matching `pattern` and
+//! `format`, see [`rawtext`]), or one of its `enum`/`const` values; any
+//! other parameter is JSON valid under its schema (`%json`). Parameters come
+//! in the schema's `properties` order, the `required` ones always.
+//!
+//! A tool is strict when its `parameters` carry llguidance's
+//! `"x-guidance": {"lenient": false}` (the OpenAI guest adds it for
+//! `strict: true` tools): then a keyword that cannot be enforced (an unknown
+//! `format`, a lookaround in a `pattern`) is an error naming it; otherwise
+//! it is ignored.
+
+mod rawtext;
+#[cfg(test)]
+mod tests;
 
 use super::{ConstraintError, json_options};
 use serde_json::{Map, Value};
@@ -110,6 +119,12 @@ fn function(g: &mut String, i: usize, tool: &Tool) -> Result<(), ConstraintError
             )));
         }
     };
+    // Lenient unless the tool asks for strict enforcement.
+    let lenient = schema
+        .get("x-guidance")
+        .and_then(|g| g.get("lenient"))
+        .and_then(Value::as_bool)
+        .unwrap_or(true);
     let required: Vec<&str> = schema
         .get("required")
         .and_then(Value::as_array)
@@ -142,27 +157,15 @@ fn function(g: &mut String, i: usize, tool: &Tool) -> Result<(), ConstraintError
                 .unwrap();
             }
             Some(None) => {
-                // Raw text up to `</parameter>`, which it never contains
-                // before (the parser ends the value at the first one),
-                // within `minLength`/`maxLength` characters.
-                let bound = |k: &str| sub.get(k).and_then(Value::as_u64);
-                let (lo, hi) = (bound("minLength").unwrap_or(0), bound("maxLength"));
-                let reps = match hi {
-                    Some(hi) => format!("{{{lo},{}}}", hi.max(lo)),
-                    None => format!("{{{lo},}}"),
-                };
                 let term = rule.to_uppercase();
                 writeln!(g, "{rule}: {open} {term}").unwrap();
-                writeln!(
-                    g,
-                    r"{term}: /(?s:.{reps})<\/parameter>\n/ & ~/(?s:.*)<\/parameter>(?s:..+)/"
-                )
-                .unwrap();
+                let sub = sub.as_object().expect("a string schema is an object");
+                writeln!(g, "{term}: {}", raw_text(sub, lenient, &what, key)?).unwrap();
             }
             None => {
                 let mut sub = sub.clone();
                 if let Value::Object(o) = &mut sub {
-                    o.insert("x-guidance".into(), json_options(true));
+                    o.insert("x-guidance".into(), json_options(lenient));
                 }
                 writeln!(g, r#"{rule}: {open} {rule}_j "\n</parameter>\n""#).unwrap();
                 writeln!(g, "{rule}_j: %json {sub}").unwrap();
@@ -176,6 +179,36 @@ fn function(g: &mut String, i: usize, tool: &Tool) -> Result<(), ConstraintError
     )
     .unwrap();
     Ok(())
+}
+
+/// The terminal of a raw-text value and the `\n</parameter>\n` after it:
+/// the value matches every regex of its schema and never contains
+/// `</parameter>` (the parser ends the value at the first one, which must
+/// be the closing tag: nothing but its newline may follow a `</parameter>`).
+fn raw_text(
+    sub: &Map<String, Value>,
+    lenient: bool,
+    what: &dyn Fn() -> String,
+    key: &str,
+) -> Result<String, ConstraintError> {
+    let (mut regexes, unenforceable) = rawtext::value_regexes(sub);
+    if let Some(u) = unenforceable.into_iter().find(|_| !lenient) {
+        return Err(ConstraintError::new(format!(
+            "{}: parameter '{key}': {} (keyword '{}'; a tool that is not strict ignores it)",
+            what(),
+            u.why,
+            u.keyword
+        )));
+    }
+    if regexes.is_empty() {
+        regexes.push("(?s:.*)".into());
+    }
+    let mut term: Vec<String> = regexes
+        .iter()
+        .map(|r| format!(r"/(?:{r})\n<\/parameter>\n/"))
+        .collect();
+    term.push(r"~/(?s:.*)<\/parameter>(?s:..+)/".into());
+    Ok(term.join(" & "))
 }
 
 /// How the guest's parser reads a parameter: as raw text when its schema's
