@@ -151,11 +151,6 @@ pub struct GpuOptions {
     /// the synthetic 40-layer model, against 3.6e-4 with two GEMMs: not
     /// understood yet, so it stays off.
     pub gemm_stack: bool,
-    /// Warps the few-row projections aim for per multiprocessor, splitting
-    /// K into slices (`QWASI_ROWS_WARPS`, default 16), and the fewest
-    /// columns of a slice (`QWASI_ROWS_MIN_SLICE`, default 256).
-    pub rows_warps: usize,
-    pub rows_min_slice: usize,
     /// Gate/up row pairs per warp of `dec_moe_gate_up` (`QWASI_MOE_PAIRS`,
     /// default 2: on the H200 512/8K decode 333.0/302.5 tok/s against
     /// 320.5/289.4 with 1 and 320.0/289.9 with 4).
@@ -270,8 +265,6 @@ impl GpuOptions {
             batch_decode: pick("QWASI_BATCH", &["batched", "serial"])? == "batched",
             gemm_rows: pick("QWASI_GEMM_ROWS", &["rows", "cublas"])? == "rows",
             gemm_stack: pick("QWASI_GEMM_STACK", &["off", "on"])? == "on",
-            rows_warps: count("QWASI_ROWS_WARPS", 16, 1..=64)?,
-            rows_min_slice: count("QWASI_ROWS_MIN_SLICE", 256, 32..=4096)?,
             fast_prefill: pick("QWASI_PREFILL", &["fast", "reference"])? == "fast",
             chunked_gdn: pick("QWASI_GDN", &["chunked", "serial"])? == "chunked",
             grouped_moe: cfg!(feature = "cuda")

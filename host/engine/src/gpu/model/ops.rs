@@ -19,6 +19,10 @@ const GEMM_ROWS_MAX: usize = 16;
 /// stacked hi and lo halves (a batched decode step past `GEMM_ROWS_MAX`);
 /// longer prompts run the two halves as two GEMMs (no 2x work buffer).
 const STACKED_MAX: usize = 64;
+/// Warps `gemm_rows` aims for per multiprocessor (with the K slices), and
+/// the fewest columns of a slice.
+const GEMM_ROWS_WARPS_PER_SM: usize = 16;
+const GEMM_ROWS_MIN_SLICE: usize = 256;
 
 /// Work buffers, grown on demand and reused across passes.
 #[derive(Default)]
@@ -173,7 +177,7 @@ impl GpuModel {
 
     /// `y = W x` over `t` (2..=16) rows with each weight read once
     /// (kernels/gemm_rows.cu): the K dimension split into as many slices
-    /// (each of at least `rows_min_slice` columns) as fill the GPU with
+    /// (each of at least `GEMM_ROWS_MIN_SLICE` columns) as fill the GPU with
     /// warps, summed in order by `gemm_rows_reduce`.
     #[allow(clippy::too_many_arguments)]
     fn gemm_rows(
@@ -198,11 +202,11 @@ impl GpuModel {
             kernels::gemm_rows64
         };
         let groups = rows.div_ceil(32);
-        let target = d.sm_count as usize * self.opts.rows_warps;
+        let target = d.sm_count as usize * GEMM_ROWS_WARPS_PER_SM;
         let mut slices = 1;
         while groups * slices * 2 <= target
             && (cols / 32).is_multiple_of(slices * 2)
-            && cols / (slices * 2) >= self.opts.rows_min_slice
+            && cols / (slices * 2) >= GEMM_ROWS_MIN_SLICE
         {
             slices *= 2;
         }
