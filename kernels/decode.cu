@@ -382,8 +382,8 @@ QW_KERNEL void QW_BOUNDS(512) bat_gdn_step(const float* __restrict__ proj, int s
                                           const unsigned long long* __restrict__ tab, int z_off,
                                           const float* __restrict__ nw, float eps, float* __restrict__ out,
                                           int out_stride) {
-    // dec_gdn_step_impl loads the state before QW_GRID_WAIT (PDL): neither
-    // it nor the table (uploaded before the pass) is the predecessor's.
+    QW_GRID_WAIT();
+    QW_GRID_LAUNCH();
     const int b = blockIdx.y;
     const float* row = proj + (size_t)b * stride;
     dec_gdn_step_impl(row, nk, nv, dk, dv, a_log, dt_bias, a_off, q_scale, (float*)tab[2 * b + 1], row + z_off,
