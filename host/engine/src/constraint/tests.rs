@@ -11,7 +11,9 @@ use std::ops::ControlFlow;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-fn compiler() -> &'static Compiler {
+/// The Qwen3.6 vocabulary's compiler for the demo model (shared with the
+/// tool-call tests).
+pub(super) fn compiler() -> &'static Compiler {
     static C: OnceLock<Compiler> = OnceLock::new();
     C.get_or_init(|| {
         let cfg = crate::demo::config();

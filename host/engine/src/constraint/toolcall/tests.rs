@@ -4,24 +4,12 @@
 //! the closing tag never inside a value, and what cannot be enforced
 //! refused under strict, ignored otherwise.
 
-use super::super::{Compiler, ConstraintSpec, Grammar, Step};
+use super::super::tests::compiler;
+use super::super::{ConstraintSpec, Grammar, Step};
 use super::{Tool, ToolCalls};
 use crate::tokenizer::Tokenizer;
 use serde_json::{Map, Value, json};
 use std::sync::OnceLock;
-
-fn compiler() -> &'static Compiler {
-    static C: OnceLock<Compiler> = OnceLock::new();
-    C.get_or_init(|| {
-        let cfg = crate::demo::config();
-        Compiler::new(
-            &Tokenizer::qwen36().unwrap(),
-            cfg.vocab_size,
-            &cfg.eos_token_ids,
-        )
-        .unwrap()
-    })
-}
 
 fn tokenizer() -> &'static Tokenizer {
     static T: OnceLock<Tokenizer> = OnceLock::new();
