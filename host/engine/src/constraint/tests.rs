@@ -11,6 +11,14 @@ use std::ops::ControlFlow;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
+/// One of `allowed`, drawn by a xorshift step of `rng` (never 0).
+pub(super) fn pick(rng: &mut u64, allowed: &[u32]) -> u32 {
+    *rng ^= *rng << 13;
+    *rng ^= *rng >> 7;
+    *rng ^= *rng << 17;
+    allowed[(*rng % allowed.len() as u64) as usize]
+}
+
 /// The Qwen3.6 vocabulary's compiler for the demo model (shared with the
 /// tool-call tests).
 pub(super) fn compiler() -> &'static Compiler {
@@ -94,10 +102,7 @@ fn random_walk(c: &mut Constraint, seed: u64, max: usize) -> (String, bool) {
             m.2 = m.2.max(dt);
         }
         let allowed = mask.to_list();
-        rng ^= rng << 13;
-        rng ^= rng >> 7;
-        rng ^= rng << 17;
-        let t = allowed[(rng % allowed.len() as u64) as usize];
+        let t = pick(&mut rng, &allowed);
         ids.push(t);
         if c.advance(t).unwrap() == Step::Done {
             return (tok.decode(&ids, true).unwrap(), true);

@@ -4,7 +4,7 @@
 //! the closing tag never inside a value, and what cannot be enforced
 //! refused under strict, ignored otherwise.
 
-use super::super::tests::compiler;
+use super::super::tests::{compiler, pick};
 use super::super::{ConstraintSpec, Grammar, Step};
 use super::{Tool, ToolCalls};
 use crate::tokenizer::Tokenizer;
@@ -44,10 +44,7 @@ fn random_call(spec: &ConstraintSpec, seed: u64, max: usize) -> Option<String> {
     let mut ids = Vec::new();
     for _ in 0..max {
         let allowed = c.mask().unwrap().to_list();
-        rng ^= rng << 13;
-        rng ^= rng >> 7;
-        rng ^= rng << 17;
-        let t = allowed[(rng % allowed.len() as u64) as usize];
+        let t = pick(&mut rng, &allowed);
         ids.push(t);
         if c.advance(t).unwrap() == Step::Done {
             return Some(tokenizer().decode(&ids, true).unwrap());
