@@ -34,6 +34,22 @@ pub struct BatchItem<'a, S> {
     /// the logits and the log-sum-exp behind every logprob). Asked for once,
     /// when the readout needs it (not for [`Want::Nothing`]).
     pub mask: Option<Box<MaskSource<'a>>>,
+    /// Prefix-cache snapshots to stage inside this row's pass
+    /// ([`Backend::pass_snapshot_stride`]); empty for most rows.
+    pub snapshots: PassSnapshots,
+}
+
+/// Snapshots a multi-token row stages during its pass, so that the prompt
+/// runs as one pass instead of one pass per snapshot point.
+#[derive(Default)]
+pub struct PassSnapshots {
+    /// Positions strictly inside the row's tokens (after the sequence's
+    /// position, before its position plus the row's tokens), ascending, on
+    /// the backend's stride from the row's first position.
+    pub at: Vec<usize>,
+    /// What the backend staged, by position; a position it could not stage
+    /// (no memory for the copy) is missing.
+    pub taken: Vec<(usize, Box<dyn SeqSnapshot>)>,
 }
 
 /// A row's result, as its [`Want`] asked.
@@ -210,6 +226,14 @@ pub trait Backend: Send + Sync {
         None
     }
 
+    /// Where a multi-token row of [`Backend::step`] can stage snapshots
+    /// inside its pass ([`BatchItem::snapshots`]): `Some(g)` at positions
+    /// `g`, `2g`, ... tokens after the row's first position; `None` (the
+    /// default) nowhere, so the scheduler ends a pass at each snapshot point.
+    fn pass_snapshot_stride(&self) -> Option<usize> {
+        None
+    }
+
     /// A new sequence resumed from a snapshot this backend made, or `None`
     /// (not supported, or a snapshot of another backend).
     fn restore(&self, _snap: &dyn SeqSnapshot) -> Option<Self::Sequence> {
@@ -278,6 +302,9 @@ impl<B: Backend> Backend for std::sync::Arc<B> {
     }
     fn snapshot(&self, seq: &B::Sequence) -> Option<Box<dyn SeqSnapshot>> {
         (**self).snapshot(seq)
+    }
+    fn pass_snapshot_stride(&self) -> Option<usize> {
+        (**self).pass_snapshot_stride()
     }
     fn restore(&self, snap: &dyn SeqSnapshot) -> Option<B::Sequence> {
         (**self).restore(snap)

@@ -299,6 +299,7 @@ impl<B: Backend> Backend for Scripted<B> {
                         tokens: item.tokens,
                         want: std::mem::replace(&mut item.want, Want::Nothing),
                         mask: item.mask.take(),
+                        snapshots: Default::default(),
                     });
                 }
                 b.step(&mut inner)

@@ -93,6 +93,7 @@ fn a_batched_step_is_bit_exact_with_each_sequence_alone() {
                 tokens: &ctx[i][done[i]..done[i] + chunk],
                 want,
                 mask: None,
+                snapshots: Default::default(),
             });
         }
         let outs = m.step(&mut items);
@@ -129,12 +130,14 @@ fn a_batched_step_is_bit_exact_with_each_sequence_alone() {
             tokens: &[1, 300],
             want: Want::Logits,
             mask: None,
+            snapshots: Default::default(),
         },
         BatchItem {
             seq: &mut b,
             tokens: &prompts[1],
             want: Want::Logits,
             mask: None,
+            snapshots: Default::default(),
         },
     ]);
     assert!(format!("{:#}", outs[0].as_ref().unwrap_err()).contains("out of range"));
@@ -150,12 +153,14 @@ fn a_batched_step_is_bit_exact_with_each_sequence_alone() {
             tokens: &[1, 2],
             want: Want::Nothing,
             mask: None,
+            snapshots: Default::default(),
         },
         BatchItem {
             seq: &mut b,
             tokens: &[3],
             want: Want::Nothing,
             mask: None,
+            snapshots: Default::default(),
         },
     ]);
     assert!(outs.iter().all(|o| matches!(o, Ok(StepOut::Extended))));

@@ -4,7 +4,7 @@
 //! isolation, concurrency, metrics, and page accounting (no leaks).
 
 use anyhow::{Result, bail};
-use qwasi_engine::backend::{Backend, SeqSnapshot};
+use qwasi_engine::backend::{Backend, BatchItem, SeqSnapshot, StepOut, Want, step_one};
 use qwasi_engine::config::ModelConfig;
 use qwasi_engine::cpu::attention::PAGE_TOKENS;
 use qwasi_engine::cpu::gdn::CHUNK;
@@ -19,8 +19,8 @@ use qwasi_engine::service::{
 use qwasi_engine::weights::Weights;
 use serde_json::json;
 use std::ops::ControlFlow;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 const VOCAB: u32 = 300;
@@ -68,6 +68,11 @@ struct Faulty {
     host: Option<Arc<CopyStats>>,
     /// What `resumed_in_place` says of every restored sequence.
     in_place: Arc<AtomicBool>,
+    /// [`Backend::pass_snapshot_stride`]: with one, `step` stages the rows'
+    /// in-pass snapshots (by splitting the row here, exact on the CPU) and
+    /// records every row's token count in `rows`.
+    stride: Option<usize>,
+    rows: Arc<Mutex<Vec<usize>>>,
 }
 
 impl Faulty {
@@ -85,6 +90,35 @@ impl Faulty {
             bail!("injected failure");
         }
         Ok(())
+    }
+}
+
+impl Faulty {
+    /// One row of a step, staging its in-pass snapshots: what a backend
+    /// with a pass stride does inside its pass, done here by splitting.
+    fn step_staging(&self, it: &mut BatchItem<'_, CpuSequence>) -> Result<StepOut> {
+        let start = it.seq.position();
+        let mut done = 0;
+        for q in std::mem::take(&mut it.snapshots.at) {
+            let g = self.stride.expect("in-pass snapshots only with a stride");
+            assert!(
+                q > start + done && (q - start).is_multiple_of(g),
+                "{q} off the stride"
+            );
+            self.extend(it.seq, &it.tokens[done..q - start])?;
+            done = q - start;
+            if let Some(s) = self.snapshot(it.seq) {
+                it.snapshots.taken.push((q, s));
+            }
+        }
+        let mut rest = BatchItem {
+            seq: &mut *it.seq,
+            tokens: &it.tokens[done..],
+            want: std::mem::replace(&mut it.want, Want::Nothing),
+            mask: it.mask.take(),
+            snapshots: Default::default(),
+        };
+        step_one(self, &mut rest)
     }
 }
 
@@ -126,6 +160,14 @@ impl Backend for Faulty {
     fn resumed_in_place(&self, _seq: &CpuSequence) -> bool {
         self.in_place.load(Ordering::SeqCst)
     }
+    fn pass_snapshot_stride(&self) -> Option<usize> {
+        self.stride
+    }
+    fn step(&self, batch: &mut [BatchItem<'_, CpuSequence>]) -> Vec<Result<StepOut>> {
+        let lens = batch.iter().map(|it| it.tokens.len());
+        self.rows.lock().unwrap().extend(lens);
+        batch.iter_mut().map(|it| self.step_staging(it)).collect()
+    }
     /// A "host copy": a fresh snapshot of the same state that owns all its bytes.
     fn demote(&self, snap: &dyn SeqSnapshot) -> Option<Box<dyn SeqSnapshot>> {
         let stats = self.host.as_ref()?;
@@ -145,6 +187,8 @@ struct Harness {
     forwards: Arc<AtomicUsize>,
     forward_tokens: Arc<AtomicUsize>,
     in_place: Arc<AtomicBool>,
+    /// Token counts of the rows the backend's steps ran (with a stride).
+    rows: Arc<Mutex<Vec<usize>>>,
 }
 
 impl Harness {
@@ -186,12 +230,37 @@ impl Harness {
         copies: Option<Arc<CopyStats>>,
         host: Option<Arc<CopyStats>>,
     ) -> Self {
+        let config = ServiceConfig::default();
+        Self::build_full(
+            cache_bytes,
+            host_bytes,
+            interval,
+            delay_ms,
+            copies,
+            host,
+            None,
+            config,
+        )
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn build_full(
+        cache_bytes: usize,
+        host_bytes: usize,
+        interval: usize,
+        delay_ms: u64,
+        copies: Option<Arc<CopyStats>>,
+        host: Option<Arc<CopyStats>>,
+        stride: Option<usize>,
+        config: ServiceConfig,
+    ) -> Self {
         let model = model();
         let fail_pos = Arc::new(AtomicUsize::new(usize::MAX));
         let panic = Arc::new(AtomicBool::new(false));
         let forwards = Arc::new(AtomicUsize::new(0));
         let forward_tokens = Arc::new(AtomicUsize::new(0));
         let in_place = Arc::new(AtomicBool::new(false));
+        let rows = Arc::new(Mutex::new(Vec::new()));
         let backend = Faulty {
             model: model.clone(),
             fail_pos: fail_pos.clone(),
@@ -202,12 +271,14 @@ impl Harness {
             copies,
             host,
             in_place: in_place.clone(),
+            stride,
+            rows: rows.clone(),
         };
         let cfg = ServiceConfig {
             prefix_cache_bytes: cache_bytes,
             prefix_cache_host_bytes: host_bytes,
             snapshot_interval: interval,
-            ..ServiceConfig::default()
+            ..config
         };
         Harness {
             svc: EngineService::start(backend, None, "tiny".into(), cfg),
@@ -217,7 +288,19 @@ impl Harness {
             forwards,
             forward_tokens,
             in_place,
+            rows,
         }
+    }
+
+    /// A backend that stages snapshots inside its passes every `stride`
+    /// tokens; `config` for the scheduler's limits.
+    fn with_stride(interval: usize, stride: usize, config: ServiceConfig) -> Self {
+        Self::build_full(64 * MIB, 0, interval, 0, None, None, Some(stride), config)
+    }
+
+    /// Token counts of the rows run since the last call.
+    fn take_rows(&self) -> Vec<usize> {
+        std::mem::take(&mut *self.rows.lock().unwrap())
     }
 
     /// (forward/extend calls, tokens run) so far.
@@ -1147,4 +1230,99 @@ async fn a_hit_on_a_host_copy_moves_it_back_to_the_device() {
     assert_eq!(h.cache().stats().promotions, 2);
     h.cache().clear();
     assert_eq!(host.live.load(Ordering::SeqCst), 0, "host copies leaked");
+}
+
+/// A backend that stages snapshots inside its passes: a cold prompt runs as
+/// one pass whatever its snapshot points, the points move down onto the
+/// stride (counted from the first uncomputed token), and requests resumed
+/// from those snapshots match cold runs.
+#[tokio::test]
+async fn in_pass_snapshots_keep_a_prompt_in_one_pass() {
+    let h = Harness::with_stride(64, 16, ServiceConfig::default());
+    let full = prompt(300, 21);
+    let marks = SubmitOptions {
+        snapshot_points: vec![37, 150],
+        ..Default::default()
+    };
+    h.run(&req(&full, 4), marks).await;
+    // One row for the whole prompt, then one per decode step.
+    assert_eq!(h.take_rows(), vec![300, 1, 1, 1]);
+    // Marks 37 and 150 on the stride (32, 144); intervals; prompt and
+    // generation ends.
+    let positions: Vec<usize> = h.dump().iter().map(|e| e.2).collect();
+    assert_eq!(positions, vec![32, 64, 128, 144, 192, 256, 300, 303]);
+
+    // Diverging after 150 tokens: resumes from the in-pass snapshot at 144.
+    let mut diverged = full[..150].to_vec();
+    diverged.extend(prompt(60, 22));
+    let r = req(&diverged, 6);
+    let got = h.run(&r, SubmitOptions::default()).await;
+    assert_eq!(got.usage().cached_tokens, 144);
+    let (ct, cs) = cold(&h.model, &r);
+    assert_same("from 144", &got, &ct, &cs);
+
+    // From the prompt end at 300 (off the stride): the interval points 320
+    // and 384 move onto 300 + 16k.
+    h.take_rows();
+    let mut longer = full.clone();
+    longer.extend(prompt(100, 23));
+    let r = req(&longer, 2);
+    let got = h.run(&r, SubmitOptions::default()).await;
+    assert_eq!(got.usage().cached_tokens, 300);
+    assert_eq!(h.take_rows(), vec![100, 1]);
+    let positions: Vec<usize> = h.dump().iter().map(|e| e.2).collect();
+    for q in [316, 380] {
+        assert!(positions.contains(&q), "{q} not in {positions:?}");
+    }
+    let (ct, cs) = cold(&h.model, &r);
+    assert_same("from 300", &got, &ct, &cs);
+}
+
+/// Prompt chunks cut by the step's token budget stay on the stride, so the
+/// snapshot points after them are still staged inside the passes.
+#[tokio::test]
+async fn budget_chunks_stay_on_the_snapshot_stride() {
+    let config = ServiceConfig {
+        max_num_seqs: 2,
+        max_num_batched_tokens: 40,
+        ..ServiceConfig::default()
+    };
+    let h = Harness::with_stride(64, 16, config);
+    let (pa, pb) = (prompt(208, 24), prompt(208, 25));
+    let (ra, rb) = (req(&pa, 40), req(&pb, 4));
+    let mut a = h.svc.submit(ra.clone(), salted("a")).await.unwrap();
+    // B arrives once A decodes: its prompt is read beside A's tokens.
+    let mut first = Vec::new();
+    while first.is_empty() {
+        a.wait().await;
+        first = a.try_next();
+    }
+    let b = h.run(&rb, salted("b")).await;
+    let mut a = collect(&mut a).await;
+    for e in first.into_iter().rev() {
+        let Event::Token { id, logprob, .. } = e else {
+            panic!("A ended at its first token: {e:?}")
+        };
+        a.tokens.insert(0, id);
+        a.steps.splice(0..0, logprob);
+    }
+    // A's prompt alone; B's in chunks of the budget (40, less A's token)
+    // cut down onto the stride while a snapshot point lies beyond the
+    // chunk: never a pass ended at a point (39 + 25 + ...).
+    let chunks: Vec<usize> = h.take_rows().into_iter().filter(|&n| n > 1).collect();
+    assert_eq!(chunks, vec![208, 32, 32, 32, 32, 32, 39, 9]);
+    for (label, got, r) in [("a", &a, &ra), ("b", &b, &rb)] {
+        let (ct, cs) = cold(&h.model, r);
+        assert_same(label, got, &ct, &cs);
+    }
+    let dump = h.dump();
+    for salt in ["a", "b"] {
+        for q in [64, 128, 192] {
+            assert!(
+                dump.iter()
+                    .any(|e| e.2 == q && e.0.as_deref() == Some(salt)),
+                "no snapshot at {q} for {salt}: {dump:?}"
+            );
+        }
+    }
 }

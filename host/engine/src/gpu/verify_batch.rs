@@ -136,6 +136,7 @@ pub fn batch_check(m: &GpuModel, prompts: &[Vec<u32>], n: usize) -> Result<Batch
                 tokens: toks,
                 want: if row.top { Want::Top(8) } else { Want::Greedy },
                 mask: None,
+                snapshots: Default::default(),
             });
         }
         let outs = m.step(&mut items);

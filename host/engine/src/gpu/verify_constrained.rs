@@ -304,6 +304,7 @@ fn batched(
                 tokens: &inputs[0],
                 want: readout.want(&mut sampler, &mut draw),
                 mask,
+                snapshots: Default::default(),
             }];
             for (s, t) in rest.iter_mut().zip(&inputs[1..]) {
                 items.push(BatchItem {
@@ -311,6 +312,7 @@ fn batched(
                     tokens: t,
                     want: Want::Greedy,
                     mask: None,
+                    snapshots: Default::default(),
                 });
             }
             m.step(&mut items)

@@ -123,6 +123,7 @@ impl Readout {
                 tokens,
                 want,
                 mask: Some(mask),
+                snapshots: Default::default(),
             }];
             let mut outs = backend.step(&mut row);
             outs.pop()

@@ -28,7 +28,7 @@
 //!    context fits beside the reservations.
 
 use super::metrics::Phase;
-use super::sequence::Running;
+use super::sequence::{Running, Taken};
 use super::worker::Worker;
 use crate::backend::{Backend, StepOut};
 use crate::generate::FinishReason;
@@ -150,7 +150,7 @@ impl<B: Backend> Scheduler<B> {
         budget = budget.saturating_sub(grants.iter().sum());
         for (r, g) in self.running.iter().zip(grants.iter_mut()) {
             if *g == 0 {
-                *g = r.wants().min(budget);
+                *g = r.grant(budget);
                 budget -= *g;
             }
         }
@@ -210,7 +210,7 @@ impl<B: Backend> Scheduler<B> {
                 }
             };
             reserved += reserve(&r);
-            let g = r.wants().min(budget);
+            let g = r.grant(budget);
             budget -= g;
             grants.push(g);
             self.running.push(r);
@@ -232,7 +232,7 @@ impl<B: Backend> Scheduler<B> {
         }
         let t0 = Instant::now();
         let mut prefill = 0;
-        let outs = {
+        let (outs, mut taken) = {
             let mut items = Vec::with_capacity(rows);
             for (r, &g) in self.running.iter_mut().zip(grants) {
                 if g > 0 {
@@ -242,8 +242,14 @@ impl<B: Backend> Scheduler<B> {
                     items.push(r.item(g));
                 }
             }
-            catch_unwind(AssertUnwindSafe(|| w.backend.step(&mut items)))
+            let outs = catch_unwind(AssertUnwindSafe(|| w.backend.step(&mut items)));
+            let taken: Vec<Taken> = items
+                .iter_mut()
+                .map(|it| std::mem::take(&mut it.snapshots.taken))
+                .collect();
+            (outs, taken)
         };
+        taken.reverse();
         let took = t0.elapsed();
         w.metrics.record_step(rows, prefill);
         let total: usize = grants.iter().sum();
@@ -273,12 +279,14 @@ impl<B: Backend> Scheduler<B> {
                     .add_phase(Phase::Prefill, took.mul_f64(g as f64 / total as f64));
             }
             let out = outs.pop().expect("one result per row");
-            let res = out.and_then(
-                |o| match catch_unwind(AssertUnwindSafe(|| r.took(w, g, o))) {
-                    Ok(res) => res.map_err(|e| format!("{e:#}")),
-                    Err(panic) => Err(panic_text(panic)),
-                },
-            );
+            let snaps = taken.pop().expect("one item per row");
+            let res =
+                out.and_then(
+                    |o| match catch_unwind(AssertUnwindSafe(|| r.took(w, g, o, snaps))) {
+                        Ok(res) => res.map_err(|e| format!("{e:#}")),
+                        Err(panic) => Err(panic_text(panic)),
+                    },
+                );
             if let Err(msg) = res {
                 failed.push((i, msg));
             }

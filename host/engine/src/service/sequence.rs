@@ -15,7 +15,7 @@ use super::Event;
 use super::metrics::Phase;
 use super::queue::Job;
 use super::worker::{Finish, Worker};
-use crate::backend::{Backend, BatchItem, StepOut, Want};
+use crate::backend::{Backend, BatchItem, PassSnapshots, SeqSnapshot, StepOut, Want};
 use crate::constraint::{Constraint, Step};
 use crate::generate::FinishReason;
 use crate::prefix_cache::{Lease, PrefixCache, Staged, StagedSnapshot};
@@ -28,6 +28,9 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
+
+/// The snapshots a row's pass staged, by position ([`PassSnapshots::taken`]).
+pub(super) type Taken = Vec<(usize, Box<dyn SeqSnapshot>)>;
 
 pub(super) struct Running<B: Backend> {
     pub job: Arc<Job>,
@@ -60,6 +63,8 @@ pub(super) struct Running<B: Backend> {
     draw: DrawSlot,
     /// Prompt positions still to snapshot at (intervals, guest marks).
     cuts: BTreeSet<usize>,
+    /// [`Backend::pass_snapshot_stride`]: cuts on it are taken inside a pass.
+    pass_stride: Option<usize>,
     /// The prompt-end snapshot is still to be staged: after the first token
     /// is out ([`Running::stage_prompt_end`]), so its copy is not in the TTFT.
     stage_prompt: bool,
@@ -139,6 +144,17 @@ impl<B: Backend> Running<B> {
                         .filter(|&q| q > cached_tokens),
                 );
             }
+            // A backend that stages snapshots inside a pass takes them on
+            // its stride from the first uncomputed token: each point moves
+            // down onto it (at most stride - 1 tokens), and the prompt runs
+            // as one pass.
+            if let Some(g) = w.backend.pass_snapshot_stride() {
+                cuts = cuts
+                    .into_iter()
+                    .map(|q| cached_tokens + (q - cached_tokens) / g * g)
+                    .filter(|&q| q > cached_tokens)
+                    .collect();
+            }
             // Skip cuts already cached: nothing to stage there.
             cuts.retain(|&q| !cache.contains(salt, &req.prompt[..q]));
         }
@@ -170,6 +186,7 @@ impl<B: Backend> Running<B> {
             ready,
             draw: None,
             cuts,
+            pass_stride: w.backend.pass_snapshot_stride(),
             stage_prompt: w.cache.is_some() && cached_tokens < p,
             generated: 0,
             sampled: 0,
@@ -193,15 +210,44 @@ impl<B: Backend> Running<B> {
     }
 
     /// Tokens the next step may run for it: up to the context's end or the
-    /// next snapshot point, whichever is first (0 when it is ready to sample).
+    /// next snapshot point its pass cannot stage inside, whichever is first
+    /// (0 when it is ready to sample).
     pub fn wants(&self) -> usize {
         let end = self.context.len();
         let stop = self
             .cuts
             .range(self.computed + 1..)
-            .next()
+            .find(|&&q| !self.in_pass(q))
             .map_or(end, |&q| q.min(end));
         stop - self.computed
+    }
+
+    /// Whether a pass starting at `computed` stages the snapshot at `q` itself.
+    fn in_pass(&self, q: usize) -> bool {
+        self.pass_stride
+            .is_some_and(|g| (q - self.computed).is_multiple_of(g))
+    }
+
+    /// Tokens it runs this step with `budget` tokens left in the step:
+    /// what it wants, or a run within the budget ([`Running::within`]).
+    pub fn grant(&self, budget: usize) -> usize {
+        let want = self.wants();
+        if want <= budget {
+            want
+        } else {
+            self.within(budget)
+        }
+    }
+
+    /// The longest run of at most `n` tokens (`n` < [`Running::wants`]) that
+    /// keeps its next pass on the stride of the snapshots still ahead, so
+    /// that a prompt chunked by the step budget still stages them in its
+    /// passes; `n` itself where there are none or `n` is below the stride.
+    fn within(&self, n: usize) -> usize {
+        match self.pass_stride {
+            Some(g) if n >= g && self.cuts.range(self.computed + n..).next().is_some() => n / g * g,
+            _ => n,
+        }
     }
 
     /// The batch row for `n` of the tokens it wants. The chunk that reaches
@@ -217,9 +263,14 @@ impl<B: Backend> Running<B> {
             sampler,
             draw,
             constraint,
+            cuts,
             ..
         } = self;
         let tokens = &context[*computed..*computed + n];
+        let snapshots = PassSnapshots {
+            at: cuts.range(*computed + 1..*computed + n).copied().collect(),
+            taken: Vec::new(),
+        };
         let (want, mask) = if *computed + n < context.len() {
             (Want::Nothing, None)
         } else {
@@ -236,17 +287,29 @@ impl<B: Backend> Running<B> {
             tokens,
             want,
             mask,
+            snapshots,
         }
     }
 
-    /// Takes a step's result for the `n` tokens it ran: a snapshot where the
-    /// chunk ended at a snapshot point, the next token's distribution where
-    /// it reached the context's end.
-    pub fn took(&mut self, w: &Worker<B>, n: usize, out: StepOut) -> Result<()> {
+    /// Takes a step's result for the `n` tokens it ran: the snapshots its
+    /// pass staged (`taken`), a snapshot where the chunk ended at a snapshot
+    /// point, the next token's distribution where it reached the context's end.
+    pub fn took(&mut self, w: &Worker<B>, n: usize, out: StepOut, taken: Taken) -> Result<()> {
         self.computed += n;
-        if self.cuts.remove(&self.computed)
-            && let Some(cache) = &w.cache
-        {
+        // Points inside the chunk are past, staged or not (no memory).
+        let at_end = self.cuts.contains(&self.computed);
+        self.cuts = self.cuts.split_off(&(self.computed + 1));
+        if let Some(cache) = &w.cache {
+            for (q, snap) in taken {
+                let s = StagedSnapshot {
+                    tokens: self.context[..q].to_vec(),
+                    snap,
+                    logits: None,
+                };
+                self.staged.push_bounded(s, cache.staging_budget());
+            }
+        }
+        if at_end && let Some(cache) = &w.cache {
             let seq = self.seq.as_ref().expect("running");
             if let Some(snap) = w.timed(Phase::Snapshot, || w.backend.snapshot(seq)) {
                 let s = StagedSnapshot {

@@ -102,6 +102,7 @@ fn imp(a: &SpeedArgs, b: &BatchArgs, out: &Path) -> Result<()> {
                         tokens: tok,
                         want: Want::Greedy,
                         mask: None,
+                        snapshots: Default::default(),
                     })
                     .collect();
                 let s0 = Instant::now();
