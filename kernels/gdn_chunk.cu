@@ -502,3 +502,18 @@ QW_KERNEL void QW_BOUNDS(256) gdn_chunk_out(const float* __restrict__ qkv, int s
         }
     }
 }
+
+// A prefix-cache snapshot inside a prompt pass: every value head's state at
+// the start of chunk `ch` (phase 2's saved S_c, [nv][nch][dk][dv], `n` =
+// dk * dv floats per head), i.e. after the pass's first 64 ch tokens, copied
+// into a sequence's state layout [nv][dk][dv].
+// grid (ceil(n / 256), nv), block 256.
+QW_KERNEL void QW_BOUNDS(256) gdn_state_capture(const float* __restrict__ Sc, int nch, int ch, int n,
+                                                float* __restrict__ dst) {
+    QW_GRID_WAIT();
+    QW_GRID_LAUNCH();
+    const int hv = blockIdx.y;
+    const float* src = Sc + ((size_t)hv * nch + ch) * n;
+    float* out = dst + (size_t)hv * n;
+    for (int i = blockIdx.x * 256 + threadIdx.x; i < n; i += gridDim.x * 256) out[i] = src[i];
+}

@@ -4,7 +4,8 @@
 // against a double-precision token-serial gated delta rule (per token
 // S = e^g S; delta = beta (v - S^T k); S += k delta^T; o = S^T q, q taken as
 // it is in the qkv rows: L2-normalised and scaled by 1/sqrt(dk) upstream).
-// Outputs [T][nv][dv] and the final state [nv][dk][dv], max |error| relative
+// Outputs [T][nv][dv], the final state [nv][dk][dv] and the states captured
+// at each chunk boundary inside the pass (gdn_state_capture), max |error| relative
 // to the largest reference magnitude, within 1e-4. Inputs as the model's: q
 // and k L2-normalised per key head, log-decays g in [-3, 0), beta in (0, 1),
 // a random non-zero starting state, qkv rows wider than q | k | v (the
@@ -154,16 +155,31 @@ static void check(const Case& cs, unsigned seed) {
         gdn_chunk_state(qkv.data(), stride, nk, nv, dk, dv, wt.p(), u.p(), gc.p(), S.p(), sc.p(), T);
     });
     run(geo.out, [&] { gdn_chunk_out(qkv.data(), stride, nk, nv, dk, dv, u.p(), gc.p(), sc.p(), out.p(), T); });
-    const bool guards = wt.guards_ok() && u.guards_ok() && gc.guards_ok() && sc.guards_ok() && S.guards_ok() &&
-                        out.guards_ok();
+    // The state at every chunk boundary inside the pass (gdn_state_capture,
+    // as GpuModel::gdn_chunked launches it for an in-pass snapshot).
+    const int nch = (T + 63) / 64, n = dk * dv;
+    std::vector<Buf> caps;
+    for (int ch = 1; ch < nch; ch++) {
+        caps.emplace_back((size_t)nv * n);
+        const Launch l = {{(unsigned)(n + 255) / 256, (unsigned)nv, 1}, {256, 1, 1}, 0};
+        run(l, [&] { gdn_state_capture(sc.p(), nch, ch, n, caps.back().p()); });
+    }
+    bool guards = wt.guards_ok() && u.guards_ok() && gc.guards_ok() && sc.guards_ok() && S.guards_ok() &&
+                  out.guards_ok();
+    for (const Buf& b : caps) guards = guards && b.guards_ok();
 
     // The reference: token-serial, double precision, per value head.
-    double err_o = 0, max_o = 0, err_s = 0, max_s = 0;
+    double err_o = 0, max_o = 0, err_s = 0, max_s = 0, err_c = 0;
     for (int hv = 0; hv < nv; hv++) {
         const int hk = hv / (nv / nk);
         std::vector<double> Sd(S0.begin() + (size_t)hv * dk * dv, S0.begin() + (size_t)(hv + 1) * dk * dv);
         std::vector<double> kv(dv);
         for (int t = 0; t < T; t++) {
+            if (t > 0 && t % 64 == 0)  // a captured boundary: the state after t tokens
+                for (size_t i = 0; i < Sd.size(); i++) {
+                    const float got = caps[t / 64 - 1].p()[(size_t)hv * n + i];
+                    err_c = std::max(err_c, std::isfinite(got) ? std::fabs(got - Sd[i]) : INFINITY);
+                }
             const float* row = qkv.data() + (size_t)t * stride;
             const float *q = row + hk * dk, *k = row + key_dim + hk * dk, *v = row + 2 * key_dim + hv * dv;
             const double decay = std::exp((double)g[(size_t)t * nv + hv]), b = beta[(size_t)t * nv + hv];
@@ -189,11 +205,11 @@ static void check(const Case& cs, unsigned seed) {
             max_s = std::max(max_s, std::fabs(Sd[i]));
         }
     }
-    const double rel_o = err_o / max_o, rel_s = err_s / max_s;
-    const bool ok = rel_o < 1e-4 && rel_s < 1e-4 && guards && smem_ok;
+    const double rel_o = err_o / max_o, rel_s = err_s / max_s, rel_c = err_c / max_s;
+    const bool ok = rel_o < 1e-4 && rel_s < 1e-4 && rel_c < 1e-4 && guards && smem_ok;
     std::printf("nk %d nv %d dk %3d dv %3d T %3d g~%-2g: max error out %.2e (of %.2f, rel %.2e), state %.2e (of %.2f, "
-                "rel %.2e)%s%s\n",
-                nk, nv, dk, dv, T, cs.gmu, err_o, max_o, rel_o, err_s, max_s, rel_s,
+                "rel %.2e), captured states rel %.2e%s%s\n",
+                nk, nv, dk, dv, T, cs.gmu, err_o, max_o, rel_o, err_s, max_s, rel_s, rel_c,
                 guards ? "" : ", buffer guard overwritten", ok ? "" : "  FAIL");
     failures += !ok;
 }

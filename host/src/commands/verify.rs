@@ -97,8 +97,9 @@ mod gpu {
     use anyhow::Result;
     use qwasi_engine::gpu::verify::{
         ATTN_TOL, BATCH_LOGPROB_TOL, Comparison, ConstrainedReport, MARGIN_TOL, MASK_LOGPROB_TOL,
-        SmokeReport, Tolerances, attention_check, batch_check, constrained_check, smoke,
-        synthetic_model, verify_fixture, verify_fixture_batch, verify_fixture_constrained,
+        PASS_SNAPSHOT_TOL, SmokeReport, Tolerances, attention_check, batch_check,
+        constrained_check, pass_snapshots_check, smoke, synthetic_model, verify_fixture,
+        verify_fixture_batch, verify_fixture_constrained,
     };
     use std::path::{Path, PathBuf};
 
@@ -189,6 +190,7 @@ mod gpu {
         let mut smoke_report = None;
         let mut synthetic_batch = None;
         let mut synthetic_constrained = None;
+        let mut pass_snapshots = None;
         let mut attention = None;
         if let Some(p) = &a.synthetic {
             let (model, load_s) = synthetic_model(p, a.layers)?;
@@ -224,6 +226,26 @@ mod gpu {
             );
             all_pass &= b.pass;
             synthetic_batch = Some(b);
+            // Prefix-cache snapshots taken inside the prompt's pass.
+            if let Some(r) = pass_snapshots_check(&model, &prompts[0], a.gen_tokens)? {
+                println!(
+                    "synthetic {p} snapshots inside a {}-token pass at {:?}: taken alone {:?}, as a batched \
+                     chunk {:?}; resumed: max |dlogprob| {:.2e} (tolerance {PASS_SNAPSHOT_TOL}), same greedy \
+                     tokens {}; the pass {:.1} ms, with the snapshots {:.1} ms, split at them {:.1} ms  {}",
+                    r.prompt_len,
+                    r.asked,
+                    r.taken_alone,
+                    r.taken_batched,
+                    r.max_dlogprob,
+                    r.same_greedy,
+                    r.prompt_ms,
+                    r.prompt_with_snapshots_ms,
+                    r.prompt_split_ms,
+                    verdict(r.pass)
+                );
+                all_pass &= r.pass;
+                pass_snapshots = Some(r);
+            }
             // Constrained decoding on the Qwen3.6 vocabulary.
             let tok = qwasi_engine::tokenizer::Tokenizer::qwen36()?;
             let eos = qwasi_engine::backend::Backend::config(&model)
@@ -260,6 +282,7 @@ mod gpu {
                 "smoke": smoke_report,
                 "synthetic_batched": synthetic_batch,
                 "synthetic_constrained": synthetic_constrained,
+                "pass_snapshots": pass_snapshots,
                 "attention_kernels": attention,
                 "pass": all_pass
             });

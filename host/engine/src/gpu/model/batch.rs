@@ -14,6 +14,7 @@
 
 use super::embed::ARGMAX_BLOCKS;
 use super::pass::{Pass, Prefill};
+use super::pass_snapshots::Capture;
 use super::readout::{check_head, greedy_sampled};
 use super::{F, GpuModel, GpuSequence, Graph, Scratch, SeqLayer, mlp_dims};
 use crate::backend::{BatchItem, StepOut, Want};
@@ -35,12 +36,14 @@ const ATTN_BLOCKS: usize = 264;
 const MIN_SPLIT_KEYS: usize = 64;
 
 /// A prompt chunk riding in a batched step: its rows `off .. off + t` of
-/// the pass, its first position, and its sequence's per-layer state.
+/// the pass, its first position, its sequence's per-layer state, and the
+/// snapshots it takes inside the pass.
 pub(super) struct Chunk {
     pub off: usize,
     pub t: usize,
     pub pos0: usize,
     pub layers: Vec<SeqLayer>,
+    pub captures: Vec<Capture>,
 }
 
 /// What a batched step runs: `b` decode rows first (token ids, positions
@@ -208,6 +211,7 @@ impl GpuModel {
                 t: tokens.len(),
                 pos0: s.pos,
                 layers: s.layers.clone(),
+                captures: self.captures(s.pos, tokens.len(), &batch[r].snapshots.at),
             });
             toks.extend_from_slice(tokens);
             if !matches!(batch[r].want, Want::Nothing) {
@@ -285,6 +289,12 @@ impl GpuModel {
         }
         for &r in rows.iter().chain(chunks) {
             batch[r].seq.pos += batch[r].tokens.len();
+        }
+        for (part, &r) in parts.iter_mut().zip(chunks) {
+            let caps = std::mem::take(&mut part.captures);
+            if let (false, Some(kv)) = (caps.is_empty(), &batch[r].seq.kv) {
+                batch[r].snapshots.taken = self.captured(part.pos0, kv.slab(), caps);
+            }
         }
         let vocab = c.vocab_size;
         let heads = head_rows.len();
@@ -434,6 +444,7 @@ impl GpuModel {
             pf: Prefill {
                 sc: &mut *sc,
                 states: &[],
+                captures: &[],
                 t: rows,
                 pos0: 0,
                 fast: self.opts.fast_prefill,

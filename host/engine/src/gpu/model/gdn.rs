@@ -12,6 +12,7 @@
 
 use super::batch::Batch;
 use super::pass::{Decode, Prefill};
+use super::pass_snapshots::Capture;
 use super::seq_state::Span;
 use super::weights::{DevMat, Synth, Upload};
 use super::{CONV_TPT, DBuf, F, GpuModel, SeqLayer};
@@ -80,7 +81,8 @@ impl GdnLayer {
         let proj = sc.get(d, "proj", t * p * F)?;
         m.linear(sc, n, t, in_proj, proj, false)?;
         let o2 = sc.get(d, "gdn_o2", t * c.linear_value_dim() * F)?;
-        self.mix_prompt(m, sc, (proj, p, t), (cst, s), o2, fast)?;
+        let caps = (pf.captures, li);
+        self.mix_prompt(m, sc, (proj, p, t), (cst, s), o2, fast, caps)?;
         m.linear(sc, o2, t, out_proj, mixed, false)?;
         m.residual_add(x, mixed, t)
     }
@@ -89,7 +91,9 @@ impl GdnLayer {
     /// rows of `proj` (stride `p`; the conv runs in place there on the
     /// reference path): conv, norms, gates and the delta rule over the
     /// sequence's conv window and state, the gated norm into `o2`
-    /// (`[t, value_dim]`).
+    /// (`[t, value_dim]`); the states at the captures' offsets into the
+    /// captures (layer `li`'s spans).
+    #[allow(clippy::too_many_arguments)]
     pub fn mix_prompt(
         &self,
         m: &GpuModel,
@@ -98,6 +102,7 @@ impl GdnLayer {
         (cst, s): (Span, Span),
         o2: u64,
         fast: bool,
+        (caps, li): (&[Capture], usize),
     ) -> Result<()> {
         let GdnLayer {
             conv,
@@ -111,6 +116,25 @@ impl GdnLayer {
         let conv_dim = c.linear_conv_dim();
         let key_dim = c.linear_key_dim();
         let vdim = c.linear_value_dim();
+        // Captured conv windows: the projection rows before each offset, read
+        // before the reference path's conv overwrites them.
+        let mut cap_states = Vec::with_capacity(caps.len());
+        for cap in caps {
+            let Some((cconv, cs)) = cap.gdn(li) else {
+                bail!("a capture's layer state does not match the layer kind");
+            };
+            kernels::conv_state_update(
+                d,
+                Launch::new(((conv_dim as u32).div_ceil(256), 1, 1), (256, 1, 1), 0),
+                dptr(proj),
+                i(p),
+                dptr(cconv),
+                i(cap.off),
+                i(conv_dim),
+                i(c.linear_conv_kernel),
+            )?;
+            cap_states.push((cap.off, cs));
+        }
         // The conv output (q | k | v per token): in place in `proj` on the
         // reference path, a separate [t, conv_dim] buffer on the prefill path
         // (tokens in parallel cannot run in place).
@@ -202,7 +226,7 @@ impl GdnLayer {
             i(nv),
         )?;
         let o = sc.get(d, "gdn_o", t * vdim * F)?;
-        m.gdn_recurrence(sc, qkv, qkv_stride, g, beta, s.ptr(), o, t)?;
+        m.gdn_recurrence(sc, qkv, qkv_stride, g, beta, s.ptr(), o, t, &cap_states)?;
         kernels::gated_rmsnorm(
             d,
             Launch::new((((t * nv) as u32).div_ceil(8), 1, 1), (256, 1, 1), 0),
@@ -282,7 +306,8 @@ impl GdnLayer {
             };
             let rows = (proj + (ch.off * p * F) as u64, p, ch.t);
             let out = o + (ch.off * vdim * F) as u64;
-            self.mix_prompt(m, sc, rows, (conv, s), out, fast)?;
+            let caps = (&ch.captures[..], li);
+            self.mix_prompt(m, sc, rows, (conv, s), out, fast, caps)?;
         }
         m.linear(sc, o, t, &self.out_proj, mixed, false)?;
         m.residual_add(x, mixed, t)

@@ -8,10 +8,10 @@
 use super::{F, GpuModel, Scratch};
 use crate::gpu::kernels::{self, Launch};
 use crate::gpu::{dptr, i};
-use anyhow::Result;
+use anyhow::{Result, bail};
 
 /// Chunk length (`GC_C` in the kernels).
-const CHUNK: usize = 64;
+pub(super) const CHUNK: usize = 64;
 /// Largest key / value head dimension the kernels handle (`GC_D`).
 const MAX_DIM: usize = 128;
 /// Padded row strides of the kernels' shared tiles (`GC_LD`, `GC_LDA`, `GC_LDX`)
@@ -32,7 +32,8 @@ impl GpuModel {
     /// kernels for prompts; the token-serial kernel for one token, with
     /// `QWASI_GDN=serial`, for head dimensions above 128 or not multiples of 4,
     /// and where the chunked kernels' shared memory does not fit (RDNA's 64 KB
-    /// per block).
+    /// per block). `caps`: (token offset on the chunk grid, state) where
+    /// the state after that many tokens is copied (chunked kernels only).
     #[allow(clippy::too_many_arguments)]
     pub(super) fn gdn_recurrence(
         &self,
@@ -44,18 +45,21 @@ impl GpuModel {
         s: u64,
         o: u64,
         t: usize,
+        caps: &[(usize, u64)],
     ) -> Result<()> {
         if t == 0 {
             return Ok(());
         }
         if t >= 2 && self.opts.chunked_gdn && self.chunked_gdn_fits() {
-            self.gdn_chunked(sc, proj, p, g, beta, s, o, t)
-        } else {
+            self.gdn_chunked(sc, proj, p, g, beta, s, o, t, caps)
+        } else if caps.is_empty() {
             self.gdn_serial(proj, p, g, beta, s, o, t)
+        } else {
+            bail!("states inside a pass need the chunked GDN kernels")
         }
     }
 
-    fn chunked_gdn_fits(&self) -> bool {
+    pub(super) fn chunked_gdn_fits(&self) -> bool {
         let c = &self.cfg;
         let (nk, nv) = (c.linear_num_key_heads, c.linear_num_value_heads);
         let (dk, dv) = (c.linear_key_head_dim, c.linear_value_head_dim);
@@ -99,7 +103,8 @@ impl GpuModel {
         )
     }
 
-    /// The chunked (WY) form in three launches.
+    /// The chunked (WY) form in three launches, and a copy of the state at
+    /// each capture's chunk boundary after the second.
     #[allow(clippy::too_many_arguments)]
     fn gdn_chunked(
         &self,
@@ -111,6 +116,7 @@ impl GpuModel {
         s: u64,
         o: u64,
         t: usize,
+        caps: &[(usize, u64)],
     ) -> Result<()> {
         let c = &self.cfg;
         let d = &self.dev;
@@ -160,6 +166,21 @@ impl GpuModel {
             dptr(sc_states),
             i(t),
         )?;
+        let n = dk * dv;
+        for &(off, dst) in caps {
+            if off == 0 || off >= t || !off.is_multiple_of(CHUNK) {
+                bail!("a state capture at token {off} of a {t}-token pass is off the chunk grid");
+            }
+            kernels::gdn_state_capture(
+                d,
+                Launch::new(((n as u32).div_ceil(256), nv as u32, 1), (256, 1, 1), 0),
+                dptr(sc_states),
+                i(nch),
+                i(off / CHUNK),
+                i(n),
+                dptr(dst),
+            )?;
+        }
         kernels::gdn_chunk_out(
             d,
             Launch::new(

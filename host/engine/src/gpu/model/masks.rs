@@ -21,6 +21,15 @@ impl GpuModel {
     /// A row that runs on its own: through the per-sequence readouts, or
     /// (constrained) its forward pass, then its mask, then its readout over it.
     pub(super) fn step_alone(&self, item: &mut BatchItem<'_, GpuSequence>) -> Result<StepOut> {
+        let at = std::mem::take(&mut item.snapshots.at);
+        let id = item.seq.id;
+        let (out, taken) = self.with_pass_captures(id, at, || self.step_alone_now(item));
+        item.snapshots.taken = taken;
+        out
+    }
+
+    /// [`GpuModel::step_alone`], its snapshots set up.
+    fn step_alone_now(&self, item: &mut BatchItem<'_, GpuSequence>) -> Result<StepOut> {
         let Some(source) = item.mask.as_mut() else {
             return step_one(self, item);
         };

@@ -42,6 +42,7 @@ mod moe;
 mod moe_grouped;
 mod ops;
 mod pass;
+mod pass_snapshots;
 mod probes;
 pub use probes::StepBytes;
 mod readout;
@@ -201,7 +202,13 @@ impl GpuModel {
     }
 
     /// Runs `tokens` and returns the final-normed hidden state of the last one (device f32 [H]).
-    fn run(&self, seq: &mut GpuSequence, tokens: &[u32], sc: &mut Scratch) -> Result<u64> {
+    fn run(
+        &self,
+        seq: &mut GpuSequence,
+        tokens: &[u32],
+        sc: &mut Scratch,
+        captures: &[pass_snapshots::Capture],
+    ) -> Result<u64> {
         let d = &self.dev;
         let t = tokens.len();
         let h = self.cfg.hidden_size;
@@ -220,6 +227,7 @@ impl GpuModel {
         let mut pf = Prefill {
             sc: &mut *sc,
             states: &seq.layers,
+            captures,
             t,
             pos0,
             fast,
@@ -248,14 +256,33 @@ impl GpuModel {
     /// work buffers, and every grid's y dimension (tokens) stays under the
     /// 65,535 launch limit. The KV slab is grown for all of them first: one
     /// allocation instead of a doubling per pass, each of which copies the
-    /// rows so far and holds the old slab and the new one at once.
+    /// rows so far and holds the old slab and the new one at once. Takes the
+    /// snapshots a row running alone asked for ([`Scratch::captures`]).
     fn run_passes(&self, seq: &mut GpuSequence, tokens: &[u32], sc: &mut Scratch) -> Result<u64> {
         self.init_sequence(seq)?;
         self.reserve(seq, seq.pos + tokens.len())?;
+        let mut asked = sc.captures.take().filter(|c| c.seq == seq.id);
+        let end = seq.pos + tokens.len();
         let mut nf = 0;
         for chunk in tokens.chunks(PREFILL_CHUNK) {
-            nf = self.run(seq, chunk, sc)?;
+            let pos0 = seq.pos;
+            let Some(asked) = asked.as_mut() else {
+                nf = self.run(seq, chunk, sc, &[])?;
+                continue;
+            };
+            let caps = self.captures(pos0, chunk.len(), &asked.at);
+            nf = self.run(seq, chunk, sc, &caps)?;
+            let kv = seq.kv.as_ref().expect("a pass reserves the KV slab").slab();
+            asked.taken.extend(self.captured(pos0, kv, caps));
+            // A point where one pass ends and the next begins.
+            if seq.pos < end
+                && asked.at.contains(&seq.pos)
+                && let Some(snap) = self.snapshot_locked(seq)
+            {
+                asked.taken.push((seq.pos, snap));
+            }
         }
+        sc.captures = asked;
         Ok(nf)
     }
 
@@ -350,6 +377,10 @@ impl Backend for GpuModel {
 
     fn snapshot(&self, seq: &GpuSequence) -> Option<Box<dyn SeqSnapshot>> {
         self.snapshot_seq(seq)
+    }
+
+    fn pass_snapshot_stride(&self) -> Option<usize> {
+        self.captures_in_pass().then_some(pass_snapshots::STRIDE)
     }
 
     fn restore(&self, snap: &dyn SeqSnapshot) -> Option<GpuSequence> {

@@ -40,6 +40,9 @@ pub(super) struct Scratch {
     pub generation: u64,
     /// Captured batched decode steps (`batch.rs`).
     pub batch_graphs: super::batch::BatchGraphs,
+    /// Snapshots a row running alone asks of its prompt passes, and those
+    /// taken (`pass_snapshots.rs`).
+    pub captures: Option<super::pass_snapshots::PassCaptures>,
 }
 
 impl Scratch {

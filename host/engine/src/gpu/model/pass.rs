@@ -29,6 +29,7 @@
 
 use super::batch::Batch;
 use super::decode::DecodeState;
+use super::pass_snapshots::Capture;
 use super::seq_state::Span;
 use super::{GpuSequence, Scratch, SeqLayer};
 use anyhow::{Result, bail};
@@ -40,6 +41,8 @@ pub(super) struct Prefill<'a> {
     pub sc: &'a mut Scratch,
     /// The sequence's per-layer state.
     pub states: &'a [SeqLayer],
+    /// Snapshots the pass takes inside itself.
+    pub captures: &'a [Capture],
     pub t: usize,
     pub pos0: usize,
     /// Multi-token passes take the prefill kernels (tiled attention,

@@ -14,22 +14,32 @@ impl GpuModel {
     /// allocation) and a shared reference to the KV slab. `None` when the copy
     /// cannot be allocated.
     pub(super) fn snapshot_seq(&self, seq: &GpuSequence) -> Option<Box<dyn SeqSnapshot>> {
+        let _guard = self.scratch.lock().unwrap();
+        self.dev.bind().ok()?;
+        self.snapshot_locked(seq)
+    }
+
+    /// [`GpuModel::snapshot_seq`] where the caller holds the scratch lock.
+    pub(super) fn snapshot_locked(&self, seq: &GpuSequence) -> Option<Box<dyn SeqSnapshot>> {
         let (Some(gdn), Some(kv)) = (&seq.gdn, &seq.kv) else {
             return None; // nothing run yet
         };
-        let _guard = self.scratch.lock().unwrap();
-        self.dev.bind().ok()?;
         let copy = self.dev.alloc(gdn.bytes()).ok()?;
         self.dev.dtod(copy.ptr(), gdn.ptr(), gdn.bytes()).ok()?;
-        // From now on no one may write the slab's rows below `pos`.
-        kv.slab().ownership().seal(seq.pos);
-        Some(Box::new(GpuSnapshot {
-            pos: seq.pos,
+        Some(Box::new(self.device_snapshot(seq.pos, copy, kv.slab())))
+    }
+
+    /// The snapshot at `pos` made of the GDN state allocation `gdn` (its own)
+    /// and the KV slab `kv`, whose rows below `pos` no one writes from now on.
+    pub(super) fn device_snapshot(&self, pos: usize, gdn: DBuf, kv: &Arc<KvSlab>) -> GpuSnapshot {
+        kv.ownership().seal(pos);
+        GpuSnapshot {
+            pos,
             kv_f32: self.kv_f32,
-            layers: self.seq_layers(copy.ptr(), Some(kv.slab())),
-            gdn: copy,
-            kv: kv.slab().clone(),
-        }))
+            layers: self.seq_layers(gdn.ptr(), Some(kv)),
+            gdn,
+            kv: kv.clone(),
+        }
     }
 
     /// From a device snapshot: a copy of its GDN states, and its KV slab
