@@ -243,6 +243,17 @@ mod gpu {
                     r.prompt_split_ms,
                     verdict(r.pass)
                 );
+                for q in &r.points {
+                    println!(
+                        "  at {}: against a pass ending there: conv windows {:.2e}, states {:.2e} (relative), \
+                         next token |dlogprob| {:.2e}; resumed to the prompt's end {:.2e}",
+                        q.at,
+                        q.conv_rel_diff,
+                        q.state_rel_diff,
+                        q.next_dlogprob,
+                        q.resumed_dlogprob
+                    );
+                }
                 all_pass &= r.pass;
                 pass_snapshots = Some(r);
             }

@@ -32,12 +32,55 @@ pub struct PassSnapshotReport {
     /// its greedy continuation was the same.
     pub max_dlogprob: f32,
     pub same_greedy: bool,
+    /// Per point of the pass alone: the snapshot against one taken after a
+    /// pass ending there (what the prefix cache did before).
+    pub points: Vec<PointReport>,
     /// The prompt's pass alone without snapshots, with them, and as passes
     /// ending at each point with a snapshot after each (ms, best of 2).
     pub prompt_ms: f64,
     pub prompt_with_snapshots_ms: f64,
     pub prompt_split_ms: f64,
     pub pass: bool,
+}
+
+/// An in-pass snapshot at `at` against one taken at the end of a pass of
+/// the prompt's first `at` tokens: the largest |difference| of the GDN conv
+/// windows and recurrent states (relative to the largest magnitude), and of
+/// the logprobs of the next token from each.
+#[derive(Debug, Serialize)]
+pub struct PointReport {
+    pub at: usize,
+    pub conv_rel_diff: f32,
+    pub state_rel_diff: f32,
+    pub next_dlogprob: f32,
+    /// Restored, the rest of the prompt, against the uninterrupted sequence.
+    pub resumed_dlogprob: f32,
+}
+
+fn max_rel(a: &[(Vec<f32>, Vec<f32>)], b: &[(Vec<f32>, Vec<f32>)]) -> (f32, f32) {
+    let rel = |x: &[f32], y: &[f32], d: &mut f32, m: &mut f32| {
+        for (p, q) in x.iter().zip(y) {
+            *d = d.max((p - q).abs());
+            *m = m.max(q.abs());
+        }
+    };
+    let (mut dc, mut mc, mut ds, mut ms) = (0f32, 0f32, 0f32, 0f32);
+    for ((c1, s1), (c2, s2)) in a.iter().zip(b) {
+        rel(c1, c2, &mut dc, &mut mc);
+        rel(s1, s2, &mut ds, &mut ms);
+    }
+    (
+        dc / mc.max(f32::MIN_POSITIVE),
+        ds / ms.max(f32::MIN_POSITIVE),
+    )
+}
+
+fn max_dlogprob(a: &[f32], b: &[f32]) -> f32 {
+    let (la, lb) = (log_softmax(a), log_softmax(b));
+    la.iter()
+        .zip(&lb)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
 }
 
 /// One row running `prompt` from a fresh sequence with snapshots at `at`:
@@ -157,21 +200,39 @@ pub fn pass_snapshots_check(
     for o in outs {
         o?;
     }
-    let want_lp = log_softmax(&want);
     let (mut max_d, mut same) = (0f32, true);
+    let mut resumed = Vec::new();
     for (q, snap) in alone.iter().chain(&batched) {
         let mut r = model
             .restore(snap.as_ref())
             .context("restore of an in-pass snapshot failed")?;
         let l = model.forward(&mut r, &prompt[*q..])?;
-        let lp = log_softmax(&l);
-        let d = lp
-            .iter()
-            .zip(&want_lp)
-            .map(|(a, b)| (a - b).abs())
-            .fold(0.0, f32::max);
+        let d = max_dlogprob(&l, &want);
+        resumed.push(d);
         max_d = max_d.max(d);
         same &= greedy_run(model, &mut r, &l, n_gen)? == want_greedy;
+    }
+    let mut points = Vec::new();
+    for ((q, snap), &resumed_dlogprob) in alone.iter().zip(&resumed) {
+        let mut split = model.new_sequence();
+        model.extend(&mut split, &prompt[..*q])?;
+        let reference = model.snapshot(&split).context("a snapshot failed")?;
+        let (a, b) = (
+            model.snapshot_gdn(snap.as_ref()),
+            model.snapshot_gdn(reference.as_ref()),
+        );
+        let (conv_rel_diff, state_rel_diff) =
+            max_rel(&a.context("download")?, &b.context("download")?);
+        let mut r = model.restore(snap.as_ref()).context("restore failed")?;
+        let next = model.forward(&mut r, &prompt[*q..*q + 1])?;
+        let split_next = model.forward(&mut split, &prompt[*q..*q + 1])?;
+        points.push(PointReport {
+            at: *q,
+            conv_rel_diff,
+            state_rel_diff,
+            next_dlogprob: max_dlogprob(&next, &split_next),
+            resumed_dlogprob,
+        });
     }
     let taken_alone: Vec<usize> = alone.iter().map(|s| s.0).collect();
     let taken_batched: Vec<usize> = batched.iter().map(|s| s.0).collect();
@@ -187,6 +248,7 @@ pub fn pass_snapshots_check(
         taken_batched,
         max_dlogprob: max_d,
         same_greedy: same,
+        points,
         prompt_ms: plain_ms,
         prompt_with_snapshots_ms: snap_ms,
         prompt_split_ms: split_ms,

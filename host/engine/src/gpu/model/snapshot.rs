@@ -111,6 +111,26 @@ impl GpuModel {
         Some(seq)
     }
 
+    /// Every GDN layer's (conv window, recurrent state) of a device
+    /// snapshot, downloaded (`qwasi verify` compares them).
+    pub fn snapshot_gdn(&self, snap: &dyn SeqSnapshot) -> Option<Vec<(Vec<f32>, Vec<f32>)>> {
+        let snap = snap.as_any().downcast_ref::<GpuSnapshot>()?;
+        let layout = self.gdn_layout();
+        let _guard = self.scratch.lock().unwrap();
+        self.dev.bind().ok()?;
+        let mut out = Vec::new();
+        for l in &snap.layers {
+            if let SeqLayer::Gdn { conv, s } = l {
+                let mut c = vec![0f32; layout.conv_bytes / 4];
+                let mut st = vec![0f32; layout.state_bytes / 4];
+                self.dev.dtoh(&mut c, conv.ptr()).ok()?;
+                self.dev.dtoh(&mut st, s.ptr()).ok()?;
+                out.push((c, st));
+            }
+        }
+        Some(out)
+    }
+
     /// A host-memory copy of a device snapshot: the GDN states and the KV
     /// rows it covers (not the slab's spare capacity).
     pub(super) fn demote_snapshot(&self, snap: &dyn SeqSnapshot) -> Option<Box<dyn SeqSnapshot>> {
