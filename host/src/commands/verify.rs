@@ -97,9 +97,9 @@ mod gpu {
     use anyhow::Result;
     use qwasi_engine::gpu::verify::{
         ATTN_TOL, BATCH_LOGPROB_TOL, Comparison, ConstrainedReport, MARGIN_TOL, MASK_LOGPROB_TOL,
-        PASS_SNAPSHOT_TOL, SmokeReport, Tolerances, attention_check, batch_check,
-        constrained_check, pass_snapshots_check, smoke, synthetic_model, verify_fixture,
-        verify_fixture_batch, verify_fixture_constrained,
+        SmokeReport, Tolerances, attention_check, batch_check, constrained_check,
+        pass_snapshots_check, smoke, synthetic_model, verify_fixture, verify_fixture_batch,
+        verify_fixture_constrained,
     };
     use std::path::{Path, PathBuf};
 
@@ -230,12 +230,14 @@ mod gpu {
             if let Some(r) = pass_snapshots_check(&model, &prompts[0], a.gen_tokens)? {
                 println!(
                     "synthetic {p} snapshots inside a {}-token pass at {:?}: taken alone {:?}, as a batched \
-                     chunk {:?}; resumed: max |dlogprob| {:.2e} (tolerance {PASS_SNAPSHOT_TOL}), same greedy \
-                     tokens {}; the pass {:.1} ms, with the snapshots {:.1} ms, split at them {:.1} ms  {}",
+                     chunk {:?}; each equal to a same-length pass's with other tokens after it: {}; \
+                     resumed: max |dlogprob| {:.2e}, same greedy tokens {} (other row counts: cuBLAS \
+                     rounding, reported); the pass {:.1} ms, with the snapshots {:.1} ms, split at them {:.1} ms  {}",
                     r.prompt_len,
                     r.asked,
                     r.taken_alone,
                     r.taken_batched,
+                    r.causal_equal,
                     r.max_dlogprob,
                     r.same_greedy,
                     r.prompt_ms,
@@ -245,9 +247,11 @@ mod gpu {
                 );
                 for q in &r.points {
                     println!(
-                        "  at {}: against a pass ending there: conv windows {:.2e}, states {:.2e} (relative), \
-                         next token |dlogprob| {:.2e}; resumed to the prompt's end {:.2e}",
+                        "  at {}: against the other-tokens pass {:.1e}; against a pass ending there: conv \
+                         windows {:.2e}, states {:.2e} (relative), next token |dlogprob| {:.2e}; resumed to \
+                         the prompt's end {:.2e}",
                         q.at,
+                        q.causal_max_diff,
                         q.conv_rel_diff,
                         q.state_rel_diff,
                         q.next_dlogprob,
