@@ -94,6 +94,36 @@ pub fn step_one<B: Backend + ?Sized>(
     })
 }
 
+/// A row of a batch through the per-sequence methods, its in-pass
+/// snapshots ([`BatchItem::snapshots`]) staged by ending a pass at each:
+/// what a backend's in-pass snapshots must be equal to (tests use it to
+/// give the CPU model a [`Backend::pass_snapshot_stride`]).
+pub fn step_split_snapshots<B: Backend + ?Sized>(
+    b: &B,
+    item: &mut BatchItem<'_, B::Sequence>,
+) -> Result<StepOut> {
+    let start = b.position(item.seq);
+    let mut done = 0;
+    for q in std::mem::take(&mut item.snapshots.at) {
+        if q <= start + done || q >= start + item.tokens.len() {
+            anyhow::bail!("an in-pass snapshot at {q} outside the row's tokens");
+        }
+        b.extend(item.seq, &item.tokens[done..q - start])?;
+        done = q - start;
+        if let Some(s) = b.snapshot(item.seq) {
+            item.snapshots.taken.push((q, s));
+        }
+    }
+    let mut rest = BatchItem {
+        seq: &mut *item.seq,
+        tokens: &item.tokens[done..],
+        want: std::mem::replace(&mut item.want, Want::Nothing),
+        mask: item.mask.take(),
+        snapshots: PassSnapshots::default(),
+    };
+    step_one(b, &mut rest)
+}
+
 /// What `want` reads from the row `logits` under `mask`, on the host.
 pub fn read_masked(logits: &[f32], mask: &TokenMask, want: &mut Want<'_>) -> StepOut {
     let row = mask.masked(logits);

@@ -220,6 +220,13 @@ impl<B: Backend> Backend for Scripted<B> {
         }
     }
 
+    fn pass_snapshot_stride(&self) -> Option<usize> {
+        match self {
+            Scripted::Real(b) => b.pass_snapshot_stride(),
+            Scripted::Script(_) => None,
+        }
+    }
+
     fn restore(&self, snap: &dyn SeqSnapshot) -> Option<Self::Sequence> {
         match self {
             Scripted::Real(b) => b.restore(snap).map(ScriptedSeq::Real),
@@ -299,10 +306,15 @@ impl<B: Backend> Backend for Scripted<B> {
                         tokens: item.tokens,
                         want: std::mem::replace(&mut item.want, Want::Nothing),
                         mask: item.mask.take(),
-                        snapshots: Default::default(),
+                        snapshots: std::mem::take(&mut item.snapshots),
                     });
                 }
-                b.step(&mut inner)
+                let out = b.step(&mut inner);
+                let taken: Vec<_> = inner.into_iter().map(|it| it.snapshots).collect();
+                for (item, snaps) in batch.iter_mut().zip(taken) {
+                    item.snapshots = snaps;
+                }
+                out
             }
             Scripted::Script(_) => batch.iter_mut().map(|it| step_one(self, it)).collect(),
         }
@@ -333,6 +345,73 @@ impl<B: Backend> Backend for Scripted<B> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backend::{PassSnapshots, step_split_snapshots};
+    use crate::cpu::{CpuModel, CpuSequence};
+
+    /// The demo CPU model with in-pass snapshots every 16 tokens.
+    struct Strided(CpuModel);
+
+    impl Backend for Strided {
+        type Sequence = CpuSequence;
+        fn name(&self) -> &'static str {
+            "strided"
+        }
+        fn config(&self) -> &ModelConfig {
+            self.0.config()
+        }
+        fn new_sequence(&self) -> CpuSequence {
+            self.0.new_sequence()
+        }
+        fn position(&self, seq: &CpuSequence) -> usize {
+            seq.position()
+        }
+        fn forward(&self, seq: &mut CpuSequence, tokens: &[u32]) -> Result<Vec<f32>> {
+            self.0.forward(seq, tokens)
+        }
+        fn snapshot(&self, seq: &CpuSequence) -> Option<Box<dyn SeqSnapshot>> {
+            self.0.snapshot(seq)
+        }
+        fn pass_snapshot_stride(&self) -> Option<usize> {
+            Some(16)
+        }
+        fn step(&self, batch: &mut [BatchItem<'_, CpuSequence>]) -> Vec<Result<StepOut>> {
+            let rows = batch.iter_mut();
+            rows.map(|it| step_split_snapshots(self, it)).collect()
+        }
+    }
+
+    /// The server wraps its backend: the wrapper must pass the in-pass
+    /// snapshots through (the stride, and each row's points and snapshots).
+    #[test]
+    fn the_real_backend_keeps_its_in_pass_snapshots() {
+        let cfg = crate::demo::config();
+        let weights = crate::weights::Weights::load(&cfg, &crate::demo::RandomWeights::default());
+        let b = Scripted::wrap(Strided(CpuModel::new(cfg, weights.unwrap())), None, None).unwrap();
+        assert_eq!(b.pass_snapshot_stride(), Some(16));
+        let mut seq = b.new_sequence();
+        let tokens: Vec<u32> = (1..=40).collect();
+        let mut items = [BatchItem {
+            seq: &mut seq,
+            tokens: &tokens,
+            want: Want::Greedy,
+            mask: None,
+            snapshots: PassSnapshots {
+                at: vec![16, 32],
+                taken: Vec::new(),
+            },
+        }];
+        let out = b.step(&mut items);
+        assert!(matches!(out[..], [Ok(StepOut::Greedy(_))]));
+        let at: Vec<usize> = items[0].snapshots.taken.iter().map(|t| t.0).collect();
+        assert_eq!(at, vec![16, 32]);
+        assert!(
+            items[0]
+                .snapshots
+                .taken
+                .iter()
+                .all(|t| t.1.position() == t.0)
+        );
+    }
 
     #[test]
     fn forces_each_turn_then_eos() {

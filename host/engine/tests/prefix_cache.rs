@@ -4,7 +4,7 @@
 //! isolation, concurrency, metrics, and page accounting (no leaks).
 
 use anyhow::{Result, bail};
-use qwasi_engine::backend::{Backend, BatchItem, SeqSnapshot, StepOut, Want, step_one};
+use qwasi_engine::backend::{Backend, BatchItem, SeqSnapshot, StepOut, step_split_snapshots};
 use qwasi_engine::config::ModelConfig;
 use qwasi_engine::cpu::attention::PAGE_TOKENS;
 use qwasi_engine::cpu::gdn::CHUNK;
@@ -69,7 +69,7 @@ struct Faulty {
     /// What `resumed_in_place` says of every restored sequence.
     in_place: Arc<AtomicBool>,
     /// [`Backend::pass_snapshot_stride`]: with one, `step` stages the rows'
-    /// in-pass snapshots (by splitting the row here, exact on the CPU) and
+    /// in-pass snapshots (by splitting the row, exact on the CPU) and
     /// records every row's token count in `rows`.
     stride: Option<usize>,
     rows: Arc<Mutex<Vec<usize>>>,
@@ -90,35 +90,6 @@ impl Faulty {
             bail!("injected failure");
         }
         Ok(())
-    }
-}
-
-impl Faulty {
-    /// One row of a step, staging its in-pass snapshots: what a backend
-    /// with a pass stride does inside its pass, done here by splitting.
-    fn step_staging(&self, it: &mut BatchItem<'_, CpuSequence>) -> Result<StepOut> {
-        let start = it.seq.position();
-        let mut done = 0;
-        for q in std::mem::take(&mut it.snapshots.at) {
-            let g = self.stride.expect("in-pass snapshots only with a stride");
-            assert!(
-                q > start + done && (q - start).is_multiple_of(g),
-                "{q} off the stride"
-            );
-            self.extend(it.seq, &it.tokens[done..q - start])?;
-            done = q - start;
-            if let Some(s) = self.snapshot(it.seq) {
-                it.snapshots.taken.push((q, s));
-            }
-        }
-        let mut rest = BatchItem {
-            seq: &mut *it.seq,
-            tokens: &it.tokens[done..],
-            want: std::mem::replace(&mut it.want, Want::Nothing),
-            mask: it.mask.take(),
-            snapshots: Default::default(),
-        };
-        step_one(self, &mut rest)
     }
 }
 
@@ -166,7 +137,21 @@ impl Backend for Faulty {
     fn step(&self, batch: &mut [BatchItem<'_, CpuSequence>]) -> Vec<Result<StepOut>> {
         let lens = batch.iter().map(|it| it.tokens.len());
         self.rows.lock().unwrap().extend(lens);
-        batch.iter_mut().map(|it| self.step_staging(it)).collect()
+        // Strided rows are checked on the stride, then split there.
+        for it in batch.iter() {
+            let start = it.seq.position();
+            let g = self.stride.unwrap_or(usize::MAX);
+            assert!(
+                it.snapshots
+                    .at
+                    .iter()
+                    .all(|&q| (q - start).is_multiple_of(g))
+            );
+        }
+        batch
+            .iter_mut()
+            .map(|it| step_split_snapshots(self, it))
+            .collect()
     }
     /// A "host copy": a fresh snapshot of the same state that owns all its bytes.
     fn demote(&self, snap: &dyn SeqSnapshot) -> Option<Box<dyn SeqSnapshot>> {
