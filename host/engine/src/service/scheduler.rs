@@ -10,7 +10,9 @@
 //! 2. **Budget** (`max_num_batched_tokens`): every running request that
 //!    decodes gets its one token first; the rest of the budget goes to prompt
 //!    chunks, oldest request first (a chunk also ends at a prefix-cache
-//!    snapshot point). A request running alone gets its whole prompt at
+//!    snapshot point its pass cannot stage inside, and one the budget cuts
+//!    stays on [`Backend::pass_snapshot_stride`] while points lie beyond
+//!    it). A request running alone gets its whole prompt at
 //!    once (nothing else waits on its chunks: its TTFT is as before batching).
 //! 3. **Memory** (where the backend reports a [`Backend::kv_capacity`]):
 //!    each running request reserves [`Backend::sequence_bytes`] of its whole
@@ -215,7 +217,8 @@ impl<B: Backend> Scheduler<B> {
             grants.push(g);
             self.running.push(r);
         }
-        // Alone: the whole prompt in one pass (up to a snapshot point).
+        // Alone: the whole prompt in one pass (up to a snapshot point it
+        // cannot stage inside).
         if let [r] = &self.running[..] {
             grants[0] = r.wants();
         }
