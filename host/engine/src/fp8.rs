@@ -54,25 +54,17 @@ impl Fp8Format {
                 "unsupported quantization method {other:?} in `quantization_config` (supported: \"fp8\", block-wise E4M3 as in Qwen's -FP8 checkpoints)"
             ),
         }
-        if let Some(fmt) = field("fmt") {
-            if fmt.as_str() != Some("e4m3") {
-                bail!(
-                    "unsupported FP8 format {fmt} in `quantization_config.fmt` (supported: \"e4m3\")"
-                );
+        let require = |key: &str, want: &str| -> Result<()> {
+            match field(key) {
+                Some(v) if v.as_str() != Some(want) => {
+                    bail!("unsupported `quantization_config.{key}` {v} (supported: \"{want}\")")
+                }
+                _ => Ok(()),
             }
-        }
-        if let Some(s) = field("activation_scheme") {
-            if s.as_str() != Some("dynamic") {
-                bail!(
-                    "unsupported `quantization_config.activation_scheme` {s} (supported: \"dynamic\")"
-                );
-            }
-        }
-        if let Some(s) = field("scale_fmt") {
-            if s.as_str() != Some("float") {
-                bail!("unsupported `quantization_config.scale_fmt` {s} (supported: \"float\")");
-            }
-        }
+        };
+        require("fmt", "e4m3")?;
+        require("activation_scheme", "dynamic")?;
+        require("scale_fmt", "float")?;
         // transformers' default block is 128x128; an explicit null means per-tensor scales.
         match q.get("weight_block_size") {
             None => {}

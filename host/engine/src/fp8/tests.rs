@@ -144,7 +144,11 @@ fn quantization_config_is_parsed_and_checked() {
             json!("gptq"),
             "unsupported quantization method",
         ),
-        ("fmt", json!("e5m2"), "unsupported FP8 format"),
+        (
+            "fmt",
+            json!("e5m2"),
+            "unsupported `quantization_config.fmt`",
+        ),
         ("weight_block_size", json!([64, 64]), "weight_block_size"),
         ("weight_block_size", json!(null), "weight_block_size"),
         ("scale_fmt", json!("ue8m0"), "scale_fmt"),
@@ -231,7 +235,7 @@ fn checkpoint_errors_name_the_tensor() {
     let bf16w = (w.as_str(), Dtype::BF16, vec![2, 2], vec![0; 8]);
     let name = "layers.0.self_attn.q_proj.weight";
 
-    let e = err(&checkpoint(&[fp8.clone()], true), name);
+    let e = err(&checkpoint(std::slice::from_ref(&fp8), true), name);
     assert!(
         e.contains(&format!("FP8 tensor {w}")) && e.contains("has no scale tensor"),
         "{e}"
@@ -265,7 +269,7 @@ fn checkpoint_errors_name_the_tensor() {
         "{e}"
     );
 
-    let e = err(&checkpoint(&[bf16w.clone()], true), name);
+    let e = err(&checkpoint(std::slice::from_ref(&bf16w), true), name);
     assert!(e.contains(&w) && e.contains("says it is FP8"), "{e}");
 
     let e = err(&checkpoint(&[bf16w, one], true), name);
