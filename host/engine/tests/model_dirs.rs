@@ -305,3 +305,25 @@ fn missing_misshaped_and_wrong_dtype_tensors() {
         "{msg}"
     );
 }
+
+#[test]
+fn quantization_config_must_be_fp8_and_match_the_weights() {
+    let (dir, _, t) = valid_dir();
+    let mut cfg = config_json();
+    cfg["quantization_config"] = json!({"quant_method": "awq", "bits": 4});
+    write_model(dir.path(), &cfg, t.clone());
+    let msg = load_err(dir.path());
+    assert!(
+        msg.contains("unsupported quantization method") && msg.contains("config.json"),
+        "{msg}"
+    );
+
+    // An FP8 config over BF16 weights: the first Linear weight is named.
+    cfg["quantization_config"] = json!({"quant_method": "fp8", "weight_block_size": [128, 128]});
+    write_model(dir.path(), &cfg, t);
+    let msg = load_err(dir.path());
+    assert!(
+        msg.contains("tensor lm_head.weight") && msg.contains("says it is FP8"),
+        "{msg}"
+    );
+}
