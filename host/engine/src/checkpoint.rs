@@ -213,9 +213,9 @@ impl Checkpoint {
                 if self.tensors.contains_key(&scale) {
                     bail!("tensor {full} in {file} is {dtype:?} but has a scale tensor {scale}");
                 }
-                if let Some(q) = quant
-                    && fp8::transformers_quantizes(full)
-                    && !q.keeps_bf16(full)
+                if quant
+                    .as_ref()
+                    .is_some_and(|q| q.expects_fp8(full, rows, cols))
                 {
                     bail!(
                         "tensor {full} in {file} is {dtype:?}, but `quantization_config` says it is FP8 (no `modules_to_not_convert` entry keeps it)"

@@ -116,12 +116,22 @@ impl Fp8Format {
     }
 }
 
-/// Whether transformers' FP8 loader makes this checkpoint tensor FP8 unless
-/// `modules_to_not_convert` keeps it: every `nn.Linear` and the routed experts,
-/// not the embedding (`nn.Embedding`) nor the MoE router (`mlp.gate`, a
-/// `TopKRouter`, not an `nn.Linear`).
-pub fn transformers_quantizes(tensor: &str) -> bool {
-    !(tensor.ends_with("embed_tokens.weight") || tensor.ends_with(".mlp.gate.weight"))
+impl Fp8Format {
+    /// Whether this config says a `[rows, cols]` checkpoint weight is FP8:
+    /// transformers makes every `nn.Linear` and the routed experts FP8 unless
+    /// `modules_to_not_convert` keeps them, but not the embedding
+    /// (`nn.Embedding`) nor the MoE router (`mlp.gate`, a `TopKRouter`), and its
+    /// quantizer (`Fp8Quantize`) leaves a weight BF16 when its dims are not
+    /// whole blocks (the GDN's `in_proj_a`/`in_proj_b` [32, 2048], the
+    /// shared-expert gate [1, 2048]), whatever the list says.
+    pub fn expects_fp8(&self, tensor: &str, rows: usize, cols: usize) -> bool {
+        let linear =
+            !(tensor.ends_with("embed_tokens.weight") || tensor.ends_with(".mlp.gate.weight"));
+        linear
+            && rows.is_multiple_of(BLOCK)
+            && cols.is_multiple_of(BLOCK)
+            && !self.keeps_bf16(tensor)
+    }
 }
 
 /// Name of the scale tensor of a quantized weight (transformers' convention).

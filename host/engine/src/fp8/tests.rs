@@ -269,8 +269,21 @@ fn checkpoint_errors_name_the_tensor() {
         "{e}"
     );
 
-    let e = err(&checkpoint(std::slice::from_ref(&bf16w), true), name);
+    // BF16 where the config says FP8: a Linear weight of whole 128x128 blocks
+    // that no `modules_to_not_convert` entry keeps.
+    let whole = (
+        w.as_str(),
+        Dtype::BF16,
+        vec![128, 256],
+        vec![0; 128 * 256 * 2],
+    );
+    let c = checkpoint(&[whole], true);
+    let e = format!("{:#}", c.mat(name, 128, 256).err().unwrap());
     assert!(e.contains(&w) && e.contains("says it is FP8"), "{e}");
+    // not whole blocks: transformers' quantizer leaves it BF16 too
+    checkpoint(std::slice::from_ref(&bf16w), true)
+        .mat(name, 2, 2)
+        .unwrap();
 
     let e = err(&checkpoint(&[bf16w, one], true), name);
     assert!(e.contains(&w) && e.contains("has a scale tensor"), "{e}");
