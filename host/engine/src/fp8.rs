@@ -12,6 +12,7 @@
 use anyhow::{Context, Result, bail};
 use half::bf16;
 use memmap2::Mmap;
+use rayon::prelude::*;
 use regex::Regex;
 use serde_json::Value;
 use std::sync::{Arc, OnceLock};
@@ -250,21 +251,21 @@ impl Fp8Tensor {
     }
 
     /// Global rows `[first, first + count)` (slabs stacked) in bf16, not kept.
+    /// Rows are dequantized in parallel (a whole model's worth on first use).
     pub fn dequantize_rows(&self, first: usize, count: usize) -> Vec<bf16> {
         let (rows, cols) = (self.rows, self.cols);
         let (rb, cb) = (rows.div_ceil(BLOCK), cols.div_ceil(BLOCK));
         let bytes = self.bytes();
-        let mut out = Vec::with_capacity(count * cols);
-        for r in first..first + count {
+        let mut out = vec![bf16::ZERO; count * cols];
+        out.par_chunks_mut(cols).enumerate().for_each(|(i, dst)| {
+            let r = first + i;
             let (slab, local) = (r / rows, r % rows);
             let scales = &self.scales[(slab * rb + local / BLOCK) * cb..][..cb];
             let row = &bytes[r * cols..(r + 1) * cols];
-            out.extend(
-                row.iter()
-                    .enumerate()
-                    .map(|(c, &b)| dequant(b, scales[c / BLOCK])),
-            );
-        }
+            for (c, (d, &b)) in dst.iter_mut().zip(row).enumerate() {
+                *d = dequant(b, scales[c / BLOCK]);
+            }
+        });
         out
     }
 }
