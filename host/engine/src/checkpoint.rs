@@ -259,7 +259,7 @@ impl Checkpoint {
     fn bf16_storage(&self, full: &str, e: &Entry) -> Result<Arc<Storage>> {
         if e.dtype != Dtype::BF16 {
             bail!(
-                "tensor {full} in {} has unsupported dtype {:?} (weights must be BF16)",
+                "tensor {full} in {} has unsupported dtype {:?} (weights must be BF16, or F8_E4M3 with block scales)",
                 self.file_of(e).display(),
                 e.dtype
             );

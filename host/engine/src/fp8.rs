@@ -115,9 +115,7 @@ impl Fp8Format {
                 .any(|(p, re)| re.is_match(m) || m.ends_with(p.as_str()))
         })
     }
-}
 
-impl Fp8Format {
     /// Whether this config says a `[rows, cols]` checkpoint weight is FP8:
     /// transformers makes every `nn.Linear` and the routed experts FP8 unless
     /// `modules_to_not_convert` keeps them, but not the embedding
