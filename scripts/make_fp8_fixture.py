@@ -73,9 +73,13 @@ FIXTURE = {
 
 
 def modules_to_not_convert(n_layers):
-    """The published checkpoint's style: the embedding, lm_head, the vision tower, the
-    MTP head, and per layer the router, the shared-expert gate and the GDN's small
-    projections stay BF16 (norms, conv, A_log and dt_bias are not Linear layers)."""
+    """What the published checkpoint keeps in BF16, as its model card and
+    third-party re-quantizations "matching Qwen's modules_to_not_convert" describe
+    it (the list itself could not be downloaded here, so its exact spelling is
+    reconstructed): the embedding, lm_head, the vision tower, the MTP head, and per
+    layer the router, the shared-expert gate and the GDN's small projections
+    (norms, conv, A_log and dt_bias are not Linear layers). The engine does not
+    depend on the spelling: see docs/FP8.md."""
     names = ["lm_head", "model.language_model.embed_tokens", "model.visual", "mtp"]
     for i in range(n_layers):
         p = f"model.language_model.layers.{i}"
