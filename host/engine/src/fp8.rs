@@ -237,10 +237,19 @@ impl Fp8Tensor {
         self.len() == 0
     }
 
-    /// All elements in bf16, dequantized once and kept.
+    /// All elements in bf16, dequantized once and kept. Sequential on purpose:
+    /// it runs inside the CPU backend's parallel loops, and a rayon join here
+    /// could steal a task of the same loop that waits on this very cell.
+    /// [`crate::weights::Weights::dequantize_fp8`] fills the cells ahead, in
+    /// parallel across tensors.
     pub fn dequantized(&self) -> &[bf16] {
-        self.dequantized
-            .get_or_init(|| self.dequantize_rows(0, self.len() / self.cols))
+        self.dequantized.get_or_init(|| {
+            let mut out = vec![bf16::ZERO; self.len()];
+            out.chunks_mut(self.cols)
+                .enumerate()
+                .for_each(|(r, dst)| self.dequantize_row(r, dst));
+            out
+        })
     }
 
     /// The cached bf16 copy, if one was made.
@@ -248,23 +257,26 @@ impl Fp8Tensor {
         self.dequantized.get().map(Vec::as_slice)
     }
 
-    /// Global rows `[first, first + count)` (slabs stacked) in bf16, not kept.
-    /// Rows are dequantized in parallel (a whole model's worth on first use).
+    /// Global rows `[first, first + count)` (slabs stacked) in bf16, not kept,
+    /// dequantized in parallel (device uploads).
     pub fn dequantize_rows(&self, first: usize, count: usize) -> Vec<bf16> {
+        let mut out = vec![bf16::ZERO; count * self.cols];
+        out.par_chunks_mut(self.cols)
+            .enumerate()
+            .for_each(|(i, dst)| self.dequantize_row(first + i, dst));
+        out
+    }
+
+    /// Global row `r` (slabs stacked) into `dst`.
+    fn dequantize_row(&self, r: usize, dst: &mut [bf16]) {
         let (rows, cols) = (self.rows, self.cols);
         let (rb, cb) = (rows.div_ceil(BLOCK), cols.div_ceil(BLOCK));
-        let bytes = self.bytes();
-        let mut out = vec![bf16::ZERO; count * cols];
-        out.par_chunks_mut(cols).enumerate().for_each(|(i, dst)| {
-            let r = first + i;
-            let (slab, local) = (r / rows, r % rows);
-            let scales = &self.scales[(slab * rb + local / BLOCK) * cb..][..cb];
-            let row = &bytes[r * cols..(r + 1) * cols];
-            for (c, (d, &b)) in dst.iter_mut().zip(row).enumerate() {
-                *d = dequant(b, scales[c / BLOCK]);
-            }
-        });
-        out
+        let (slab, local) = (r / rows, r % rows);
+        let scales = &self.scales[(slab * rb + local / BLOCK) * cb..][..cb];
+        let row = &self.bytes()[r * cols..(r + 1) * cols];
+        for (c, (d, &b)) in dst.iter_mut().zip(row).enumerate() {
+            *d = dequant(b, scales[c / BLOCK]);
+        }
     }
 }
 

@@ -224,4 +224,13 @@ fn fp8_fixture_is_loaded_from_fp8_weights() {
             assert!(e.gate.fp8().is_some() && e.up.fp8().is_some() && e.down.fp8().is_some());
         }
     }
+    // The CPU backend dequantizes every FP8 matrix when it is built.
+    let cpu = CpuModel::new(m.config, m.weights);
+    let fp8: Vec<_> = cpu
+        .weights()
+        .mats()
+        .into_iter()
+        .filter_map(|w| w.fp8())
+        .collect();
+    assert!(!fp8.is_empty() && fp8.iter().all(|(t, _)| t.cached().is_some()));
 }
