@@ -224,13 +224,29 @@ fn fp8_fixture_is_loaded_from_fp8_weights() {
             assert!(e.gate.fp8().is_some() && e.up.fp8().is_some() && e.down.fp8().is_some());
         }
     }
-    // The CPU backend dequantizes every FP8 matrix when it is built.
+    // Loading keeps FP8 weights as they are on disk ...
+    let loaded = m.weights.mats();
+    assert!(
+        loaded
+            .iter()
+            .filter_map(|w| w.fp8())
+            .all(|(t, _)| t.cached().is_none())
+    );
+    // ... what a GPU upload reads is dequantized per matrix, not kept ...
+    let uploads: Vec<Vec<_>> = loaded.iter().map(|w| w.host_bf16().into_owned()).collect();
+    assert!(
+        loaded
+            .iter()
+            .filter_map(|w| w.fp8())
+            .all(|(t, _)| t.cached().is_none())
+    );
+    drop(loaded);
+    // ... equals the copies the CPU backend dequantizes when it is built.
     let cpu = CpuModel::new(m.config, m.weights);
-    let fp8: Vec<_> = cpu
-        .weights()
-        .mats()
-        .into_iter()
-        .filter_map(|w| w.fp8())
-        .collect();
+    let mats = cpu.weights().mats();
+    let fp8: Vec<_> = mats.iter().filter_map(|w| w.fp8()).collect();
     assert!(!fp8.is_empty() && fp8.iter().all(|(t, _)| t.cached().is_some()));
+    for (w, up) in mats.iter().zip(&uploads) {
+        assert!(w.data() == up.as_slice());
+    }
 }
