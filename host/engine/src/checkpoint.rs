@@ -1,6 +1,9 @@
 //! Reading a model directory's safetensors files: one shard or many through
-//! `model.safetensors.index.json`, memory-mapped, never copied whole.
+//! `model.safetensors.index.json`, memory-mapped, never copied whole. BF16
+//! weights are borrowed from the map; block-FP8 weights (see [`crate::fp8`])
+//! are checked against their scales and `quantization_config` here.
 
+use crate::fp8::{self, Fp8Bytes, Fp8Format, Fp8Tensor};
 use crate::tensor::{Mat, Storage};
 use anyhow::{Context, Result, bail};
 use half::{bf16, f16};
@@ -27,6 +30,8 @@ pub struct Checkpoint {
     dir: PathBuf,
     files: Vec<(PathBuf, Arc<Mmap>)>,
     tensors: HashMap<String, Entry>,
+    /// `quantization_config` of config.json, for FP8 checkpoints.
+    quant: Option<Fp8Format>,
 }
 
 /// Anything that can hand out a model's weights by (unprefixed) name:
@@ -112,7 +117,15 @@ impl Checkpoint {
             dir: dir.to_owned(),
             files,
             tensors,
+            quant: None,
         })
+    }
+
+    /// Declares the checkpoint's `quantization_config` (from [`crate::config::ModelConfig`]):
+    /// FP8 tensors are refused without one.
+    pub fn with_quantization(mut self, quant: Option<Fp8Format>) -> Self {
+        self.quant = quant;
+        self
     }
 
     /// Full name of a language-model tensor (`lm_head.weight` has no prefix).
@@ -150,11 +163,103 @@ impl Checkpoint {
         Ok(())
     }
 
+    /// Storage of a weight `[slabs, rows, cols]` (`slabs` 1 for a matrix): BF16
+    /// as stored, or FP8 with its scales, as the checkpoint and its
+    /// `quantization_config` say (they must agree).
+    fn weight_storage(
+        &self,
+        full: &str,
+        e: &Entry,
+        slabs: usize,
+        rows: usize,
+        cols: usize,
+    ) -> Result<Arc<Storage>> {
+        let file = self.file_of(e).display();
+        let scale = fp8::scale_name(full);
+        match (e.dtype, &self.quant) {
+            (Dtype::F8_E4M3, None) => {
+                bail!(
+                    "tensor {full} in {file} is F8_E4M3 but config.json has no `quantization_config`"
+                )
+            }
+            (Dtype::F8_E4M3, Some(q)) => {
+                if q.keeps_bf16(full) {
+                    bail!(
+                        "tensor {full} in {file} is F8_E4M3 but `quantization_config.modules_to_not_convert` keeps it in BF16"
+                    );
+                }
+                let (_, s) = self.tensors.get_key_value(&scale).with_context(|| {
+                    format!("FP8 tensor {full} in {file} has no scale tensor {scale}")
+                })?;
+                let grid = [rows.div_ceil(fp8::BLOCK), cols.div_ceil(fp8::BLOCK)];
+                let want: Vec<usize> = if e.shape.len() == 3 {
+                    vec![slabs, grid[0], grid[1]]
+                } else {
+                    grid.to_vec()
+                };
+                self.check_shape(&scale, s, &want)?;
+                let scales = self.read_f32(&scale, s)?;
+                let map = &self.files[e.file].1;
+                let bytes = Fp8Bytes::Mapped {
+                    map: map.clone(),
+                    offset: e.offset,
+                    len: slabs * rows * cols,
+                };
+                let t = Fp8Tensor::new(bytes, scales, rows, cols)
+                    .with_context(|| format!("FP8 tensor {full} with scales {scale} in {file}"))?;
+                Ok(Arc::new(Storage::Fp8(t)))
+            }
+            (dtype, quant) => {
+                if self.tensors.contains_key(&scale) {
+                    bail!("tensor {full} in {file} is {dtype:?} but has a scale tensor {scale}");
+                }
+                if quant
+                    .as_ref()
+                    .is_some_and(|q| q.expects_fp8(full, rows, cols))
+                {
+                    bail!(
+                        "tensor {full} in {file} is {dtype:?}, but `quantization_config` says it is FP8 (no `modules_to_not_convert` entry keeps it)"
+                    );
+                }
+                self.bf16_storage(full, e)
+            }
+        }
+    }
+
+    /// A whole small tensor (F32, BF16 or F16) as f32.
+    fn read_f32(&self, full: &str, e: &Entry) -> Result<Vec<f32>> {
+        let len: usize = e.shape.iter().product();
+        let map = &self.files[e.file].1;
+        let width = match e.dtype {
+            Dtype::F32 => 4,
+            Dtype::BF16 | Dtype::F16 => 2,
+            other => bail!(
+                "tensor {full} in {} has unsupported dtype {other:?} (expected F32, BF16 or F16)",
+                self.file_of(e).display()
+            ),
+        };
+        let bytes = &map[e.offset..e.offset + width * len];
+        Ok(match e.dtype {
+            Dtype::F32 => bytes
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                .collect(),
+            Dtype::BF16 => bytes
+                .chunks_exact(2)
+                .map(|b| bf16::from_le_bytes([b[0], b[1]]).to_f32())
+                .collect(),
+            _ => bytes
+                .chunks_exact(2)
+                .map(|b| f16::from_le_bytes([b[0], b[1]]).to_f32())
+                .collect(),
+        })
+    }
+
     /// bf16 storage for a whole tensor: borrowed from the map when aligned.
     fn bf16_storage(&self, full: &str, e: &Entry) -> Result<Arc<Storage>> {
         if e.dtype != Dtype::BF16 {
             bail!(
-                "tensor {full} in {} has unsupported dtype {:?} (weights must be BF16)",
+                "tensor {full} in {} has unsupported dtype {:?} (weights must be BF16, or F8_E4M3 with block scales)",
                 self.file_of(e).display(),
                 e.dtype
             );
@@ -184,44 +289,30 @@ impl WeightSource for Checkpoint {
     fn mat(&self, name: &str, rows: usize, cols: usize) -> Result<Mat> {
         let (full, e) = self.find(name)?;
         self.check_shape(full, e, &[rows, cols])?;
-        Ok(Mat::new(rows, cols, self.bf16_storage(full, e)?, 0))
+        Ok(Mat::new(
+            rows,
+            cols,
+            self.weight_storage(full, e, 1, rows, cols)?,
+            0,
+        ))
     }
 
     fn mats(&self, name: &str, n: usize, rows: usize, cols: usize) -> Result<Vec<Mat>> {
         let (full, e) = self.find(name)?;
         self.check_shape(full, e, &[n, rows, cols])?;
-        let all = Mat::new(n * rows, cols, self.bf16_storage(full, e)?, 0);
+        let all = Mat::new(
+            n * rows,
+            cols,
+            self.weight_storage(full, e, n, rows, cols)?,
+            0,
+        );
         Ok(all.split_rows(n))
     }
 
     fn vector(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
         let (full, e) = self.find(name)?;
         self.check_shape(full, e, shape)?;
-        let len: usize = shape.iter().product();
-        let map = &self.files[e.file].1;
-        let width = match e.dtype {
-            Dtype::F32 => 4,
-            Dtype::BF16 | Dtype::F16 => 2,
-            other => bail!(
-                "tensor {full} in {} has unsupported dtype {other:?} (expected F32, BF16 or F16)",
-                self.file_of(e).display()
-            ),
-        };
-        let bytes = &map[e.offset..e.offset + width * len];
-        Ok(match e.dtype {
-            Dtype::F32 => bytes
-                .chunks_exact(4)
-                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-                .collect(),
-            Dtype::BF16 => bytes
-                .chunks_exact(2)
-                .map(|b| bf16::from_le_bytes([b[0], b[1]]).to_f32())
-                .collect(),
-            _ => bytes
-                .chunks_exact(2)
-                .map(|b| f16::from_le_bytes([b[0], b[1]]).to_f32())
-                .collect(),
-        })
+        self.read_f32(full, e)
     }
 
     fn has(&self, name: &str) -> bool {

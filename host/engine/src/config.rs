@@ -4,6 +4,7 @@
 //! Accepts the nested multimodal layout (`text_config` under a
 //! `*ForConditionalGeneration` config) and the flat text-only layout.
 
+use crate::fp8::Fp8Format;
 use anyhow::{Context, Result, bail};
 use serde_json::Value;
 use std::path::Path;
@@ -62,6 +63,8 @@ pub struct ModelConfig {
     pub mlp: MlpConfig,
     /// Token ids that end generation (from config.json or generation_config.json).
     pub eos_token_ids: Vec<u32>,
+    /// `quantization_config` of a block-FP8 checkpoint; `None` for BF16 weights.
+    pub quantization: Option<Fp8Format>,
 }
 
 impl ModelConfig {
@@ -244,6 +247,7 @@ impl ModelConfig {
             linear_conv_kernel: f.opt_usize("linear_conv_kernel_dim")?.unwrap_or(4),
             mlp,
             eos_token_ids,
+            quantization: Fp8Format::from_config(root)?,
         };
         cfg.validate()?;
         Ok(cfg)

@@ -49,6 +49,7 @@ pub fn config() -> ModelConfig {
         },
         // <|im_end|>, <|endoftext|>
         eos_token_ids: vec![248_046, 248_044],
+        quantization: None,
     }
 }
 

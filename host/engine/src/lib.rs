@@ -10,6 +10,7 @@ pub mod config;
 pub mod constraint;
 pub mod cpu;
 pub mod demo;
+pub mod fp8;
 pub mod generate;
 // Under `test` without a GPU feature: the device layer over a stand-in driver
 // and the kernel-signature parser over the real sources.

@@ -25,7 +25,7 @@ impl LoadedModel {
     /// Loads a model directory as users download it (see the README).
     pub fn from_dir(dir: &Path) -> Result<Self> {
         let config = ModelConfig::from_dir(dir)?;
-        let checkpoint = Checkpoint::open(dir)?;
+        let checkpoint = Checkpoint::open(dir)?.with_quantization(config.quantization.clone());
         let weights = Weights::load(&config, &checkpoint)?;
         let tok_path = dir.join("tokenizer.json");
         let tokenizer = if tok_path.exists() {

@@ -39,6 +39,7 @@ pub fn qwen36_35b_a3b() -> ModelConfig {
             shared_intermediate: 512,
         },
         eos_token_ids: vec![248_046, 248_044],
+        quantization: None,
     }
 }
 

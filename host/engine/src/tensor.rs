@@ -1,8 +1,11 @@
 //! Weight matrices: bf16, row-major `[rows, cols]`, either borrowed straight
-//! from a memory-mapped safetensors file or owned (generated weights).
+//! from a memory-mapped safetensors file, owned (generated weights), or
+//! dequantized from block-FP8 weights (kept raw beside their bf16 copy).
 
+use crate::fp8::Fp8Tensor;
 use half::bf16;
 use memmap2::Mmap;
+use std::borrow::Cow;
 use std::sync::Arc;
 
 /// Where a tensor's bf16 elements live.
@@ -14,9 +17,24 @@ pub enum Storage {
         len: usize,
     },
     Owned(Vec<bf16>),
+    /// Block-FP8 weights, dequantized to bf16 on first use of [`Storage::as_slice`].
+    Fp8(Fp8Tensor),
 }
 
 impl Storage {
+    /// Elements.
+    pub fn len(&self) -> usize {
+        match self {
+            Storage::Mapped { len, .. } => *len,
+            Storage::Owned(v) => v.len(),
+            Storage::Fp8(t) => t.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
     pub fn as_slice(&self) -> &[bf16] {
         match self {
             Storage::Mapped { map, offset, len } => {
@@ -29,6 +47,7 @@ impl Storage {
                 body
             }
             Storage::Owned(v) => v,
+            Storage::Fp8(t) => t.dequantized(),
         }
     }
 }
@@ -45,7 +64,7 @@ pub struct Mat {
 
 impl Mat {
     pub fn new(rows: usize, cols: usize, storage: Arc<Storage>, start: usize) -> Self {
-        assert!(start + rows * cols <= storage.as_slice().len());
+        assert!(start + rows * cols <= storage.len());
         Mat {
             rows,
             cols,
@@ -85,6 +104,27 @@ impl Mat {
         assert_eq!(self.rows % n, 0);
         let each = self.rows / n;
         (0..n).map(|i| self.rows_slice(i * each, each)).collect()
+    }
+
+    /// The elements for a copy elsewhere (a device upload): FP8 weights not yet
+    /// dequantized on the host are dequantized into a temporary, so uploading
+    /// a model holds one matrix in bf16 at a time rather than all of them.
+    pub fn host_bf16(&self) -> Cow<'_, [bf16]> {
+        match &*self.storage {
+            Storage::Fp8(t) if t.cached().is_none() => {
+                Cow::Owned(t.dequantize_rows(self.start / self.cols, self.rows))
+            }
+            _ => Cow::Borrowed(self.data()),
+        }
+    }
+
+    /// The raw block-FP8 tensor behind this matrix and the global row (slabs
+    /// stacked) of its row 0, when it was loaded from FP8 weights.
+    pub fn fp8(&self) -> Option<(&Fp8Tensor, usize)> {
+        match &*self.storage {
+            Storage::Fp8(t) => Some((t, self.start / self.cols)),
+            _ => None,
+        }
     }
 
     pub fn bytes(&self) -> usize {

@@ -5,6 +5,7 @@ use crate::checkpoint::WeightSource;
 use crate::config::{LayerKind, MlpConfig, ModelConfig};
 use crate::tensor::Mat;
 use anyhow::{Context, Result};
+use rayon::prelude::*;
 
 pub struct GdnWeights {
     /// `[2 * key_dim + value_dim, hidden]`: q, k, v streams.
@@ -95,44 +96,53 @@ impl Weights {
         })
     }
 
-    /// Bytes of all matrices (what a backend must hold).
-    pub fn bytes_total(&self) -> usize {
-        let mut n = self.embed.bytes() + self.lm_head.as_ref().map_or(0, Mat::bytes);
+    /// Every matrix, each once.
+    pub fn mats(&self) -> Vec<&Mat> {
+        let mut v: Vec<&Mat> = vec![&self.embed];
+        v.extend(&self.lm_head);
         for l in &self.layers {
-            n += match &l.mixer {
-                Mixer::Gdn(g) => {
-                    g.in_proj_qkv.bytes()
-                        + g.in_proj_z.bytes()
-                        + g.in_proj_a.bytes()
-                        + g.in_proj_b.bytes()
-                        + g.out_proj.bytes()
-                }
-                Mixer::Attention(a) => {
-                    a.q_proj.bytes() + a.k_proj.bytes() + a.v_proj.bytes() + a.o_proj.bytes()
-                }
-            };
-            n += match &l.mlp {
+            match &l.mixer {
+                Mixer::Gdn(g) => v.extend([
+                    &g.in_proj_qkv,
+                    &g.in_proj_z,
+                    &g.in_proj_a,
+                    &g.in_proj_b,
+                    &g.out_proj,
+                ]),
+                Mixer::Attention(a) => v.extend([&a.q_proj, &a.k_proj, &a.v_proj, &a.o_proj]),
+            }
+            match &l.mlp {
                 Mlp::Moe {
                     router,
                     experts,
                     shared,
                     shared_gate,
                 } => {
-                    router.bytes()
-                        + experts.iter().map(DenseMlp::bytes).sum::<usize>()
-                        + shared.bytes()
-                        + shared_gate.bytes()
+                    v.extend([router, shared_gate]);
+                    for d in experts.iter().chain([shared]) {
+                        v.extend([&d.gate, &d.up, &d.down]);
+                    }
                 }
-                Mlp::Dense(d) => d.bytes(),
-            };
+                Mlp::Dense(d) => v.extend([&d.gate, &d.up, &d.down]),
+            }
         }
-        n
+        v
     }
-}
 
-impl DenseMlp {
-    pub fn bytes(&self) -> usize {
-        self.gate.bytes() + self.up.bytes() + self.down.bytes()
+    /// Bytes of all matrices (what a backend must hold).
+    pub fn bytes_total(&self) -> usize {
+        self.mats().iter().map(|m| m.bytes()).sum()
+    }
+
+    /// Dequantizes every FP8 matrix to its kept bf16 copy, tensors in parallel
+    /// (the CPU backend computes on them; doing it ahead keeps it out of the
+    /// first request and out of the backend's own parallel loops).
+    pub fn dequantize_fp8(&self) {
+        self.mats().par_iter().for_each(|m| {
+            if m.fp8().is_some() {
+                m.data();
+            }
+        });
     }
 }
 

@@ -305,3 +305,37 @@ fn missing_misshaped_and_wrong_dtype_tensors() {
         "{msg}"
     );
 }
+
+#[test]
+fn quantization_config_must_be_fp8_and_match_the_weights() {
+    let (dir, _, t) = valid_dir();
+    let mut cfg = config_json();
+    cfg["quantization_config"] = json!({"quant_method": "awq", "bits": 4});
+    write_model(dir.path(), &cfg, t.clone());
+    let msg = load_err(dir.path());
+    assert!(
+        msg.contains("unsupported quantization method") && msg.contains("config.json"),
+        "{msg}"
+    );
+
+    // An FP8 config over BF16 weights that are not whole 128x128 blocks loads
+    // (transformers' quantizer would have left them all BF16) ...
+    cfg["quantization_config"] = json!({"quant_method": "fp8", "weight_block_size": [128, 128]});
+    write_model(dir.path(), &cfg, t.clone());
+    LoadedModel::from_dir(dir.path()).unwrap();
+
+    // ... and an E4M3 weight without its scale is named.
+    let name = "model.language_model.layers.1.linear_attn.in_proj_qkv.weight";
+    let mut t = t;
+    let e = t.get_mut(name).unwrap();
+    e.0 = Dtype::F8_E4M3;
+    e.2.truncate(e.2.len() / 2);
+    write_model(dir.path(), &cfg, t);
+    let msg = load_err(dir.path());
+    assert!(
+        msg.contains("layer 1")
+            && msg.contains(&format!("FP8 tensor {name}"))
+            && msg.contains("has no scale tensor"),
+        "{msg}"
+    );
+}

@@ -183,3 +183,70 @@ fn incremental_prefill_equals_one_pass() {
         assert_eq!(model.position(&seq), prompt.len());
     }
 }
+
+/// The FP8 fixture (scripts/make_fp8_fixture.py) really is served from its
+/// E4M3 weights: the Linear layers that transformers quantizes are FP8 with
+/// their block scales, the modules it keeps in BF16 are BF16.
+#[test]
+fn fp8_fixture_is_loaded_from_fp8_weights() {
+    use qwasi_engine::weights::{Mixer, Mlp};
+    let dir = fixture_dirs()
+        .into_iter()
+        .find(|d| d.ends_with("moe-fp8"))
+        .expect("the moe-fp8 fixture");
+    let m = LoadedModel::from_dir(&dir).unwrap();
+    assert!(m.config.quantization.is_some());
+    assert!(m.weights.embed.fp8().is_none() && m.weights.lm_head().fp8().is_none());
+    for layer in &m.weights.layers {
+        match &layer.mixer {
+            Mixer::Gdn(g) => {
+                assert!(g.in_proj_qkv.fp8().is_some() && g.in_proj_z.fp8().is_some());
+                assert!(g.out_proj.fp8().is_some());
+                assert!(g.in_proj_a.fp8().is_none() && g.in_proj_b.fp8().is_none());
+            }
+            Mixer::Attention(a) => {
+                for w in [&a.q_proj, &a.k_proj, &a.v_proj, &a.o_proj] {
+                    assert!(w.fp8().is_some());
+                }
+            }
+        }
+        let Mlp::Moe {
+            router,
+            experts,
+            shared,
+            shared_gate,
+        } = &layer.mlp
+        else {
+            panic!("moe-fp8 is a MoE model");
+        };
+        assert!(router.fp8().is_none() && shared_gate.fp8().is_none());
+        for e in experts.iter().chain([shared]) {
+            assert!(e.gate.fp8().is_some() && e.up.fp8().is_some() && e.down.fp8().is_some());
+        }
+    }
+    // Loading keeps FP8 weights as they are on disk ...
+    let loaded = m.weights.mats();
+    assert!(
+        loaded
+            .iter()
+            .filter_map(|w| w.fp8())
+            .all(|(t, _)| t.cached().is_none())
+    );
+    // ... what a GPU upload reads is dequantized per matrix, not kept ...
+    let uploads: Vec<Vec<_>> = loaded.iter().map(|w| w.host_bf16().into_owned()).collect();
+    assert!(
+        loaded
+            .iter()
+            .filter_map(|w| w.fp8())
+            .all(|(t, _)| t.cached().is_none())
+    );
+    drop(loaded);
+    // ... equals the copies the CPU backend dequantizes when it is built.
+    let cpu = CpuModel::new(m.config, m.weights);
+    let mats = cpu.weights().mats();
+    let fp8: Vec<_> = mats.iter().filter_map(|w| w.fp8()).collect();
+    assert!(!fp8.is_empty() && fp8.iter().all(|(t, _)| t.cached().is_some()));
+    for (w, up) in mats.iter().zip(&uploads) {
+        assert!(w.data() == up.as_slice());
+    }
+}

@@ -96,6 +96,7 @@ impl SeqSnapshot for CpuSnapshot {
 
 impl CpuModel {
     pub fn new(cfg: ModelConfig, weights: Weights) -> Self {
+        weights.dequantize_fp8();
         CpuModel {
             rope: Rope::new(&cfg),
             cfg,

@@ -50,9 +50,9 @@ impl MoeLayer {
         let down = dev.alloc(e * h * inter * super::B)?;
         for (k, x) in experts.iter().enumerate() {
             let base = k * 2 * inter * h * super::B;
-            dev.htod(gate_up.at(base), x.gate.data())?;
-            dev.htod(gate_up.at(base + inter * h * super::B), x.up.data())?;
-            dev.htod(down.at(k * h * inter * super::B), x.down.data())?;
+            dev.htod(gate_up.at(base), &x.gate.host_bf16())?;
+            dev.htod(gate_up.at(base + inter * h * super::B), &x.up.host_bf16())?;
+            dev.htod(down.at(k * h * inter * super::B), &x.down.host_bf16())?;
         }
         Ok(MoeLayer {
             input: up.cat(&[router, shared_gate, &shared.gate, &shared.up])?,

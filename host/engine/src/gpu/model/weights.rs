@@ -32,7 +32,7 @@ pub(super) struct Upload<'a> {
 impl Upload<'_> {
     pub fn mat(&self, m: &crate::tensor::Mat) -> Result<DevMat> {
         Ok(DevMat {
-            buf: self.dev.upload(m.data())?,
+            buf: self.dev.upload(&m.host_bf16())?,
             rows: m.rows,
             cols: m.cols,
         })
@@ -46,7 +46,7 @@ impl Upload<'_> {
         let mut off = 0;
         for m in ms {
             assert_eq!(m.cols, cols);
-            self.dev.htod(buf.at(off), m.data())?;
+            self.dev.htod(buf.at(off), &m.host_bf16())?;
             off += m.rows * cols * B;
         }
         Ok(DevMat { buf, rows, cols })
