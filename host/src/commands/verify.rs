@@ -96,9 +96,10 @@ mod gpu {
     use super::Args;
     use anyhow::Result;
     use qwasi_engine::gpu::verify::{
-        ATTN_TOL, BATCH_LOGPROB_TOL, Comparison, ConstrainedReport, MARGIN_TOL, MASK_LOGPROB_TOL,
-        SmokeReport, Tolerances, attention_check, batch_check, constrained_check, smoke,
-        synthetic_model, verify_fixture, verify_fixture_batch, verify_fixture_constrained,
+        ATTN_TOL, BATCH_LOGPROB_TOL, Comparison, ConstrainedReport, DRAW_LOGPROB_TOL, LSE_TOL,
+        MARGIN_TOL, MASK_LOGPROB_TOL, SmokeReport, Tolerances, WeightedReport, attention_check,
+        batch_check, constrained_check, smoke, synthetic_model, verify_fixture,
+        verify_fixture_batch, verify_fixture_constrained, verify_fixture_weighted, weighted_check,
     };
     use std::path::{Path, PathBuf};
 
@@ -114,6 +115,7 @@ mod gpu {
         let mut cases = Vec::new();
         let mut batches = Vec::new();
         let mut constrained = Vec::new();
+        let mut weighted = Vec::new();
         if !fixtures.is_empty() {
             println!(
                 "{:<12} {:<7} {:>5} {:>9} {:>10} {:>10} {:>10} {:>10} {:>8}  verdict",
@@ -174,6 +176,13 @@ mod gpu {
             }
             for dir in fixtures {
                 let name = dir.file_name().map(|n| n.to_string_lossy().into_owned());
+                let r = verify_fixture_weighted(dir)?;
+                print_weighted(&name.unwrap_or_default(), &r);
+                all_pass &= r.pass;
+                weighted.push(r);
+            }
+            for dir in fixtures {
+                let name = dir.file_name().map(|n| n.to_string_lossy().into_owned());
                 let r = verify_fixture_constrained(dir)?;
                 print_constrained(&name.unwrap_or_default(), &r);
                 all_pass &= r.pass;
@@ -188,6 +197,7 @@ mod gpu {
         }
         let mut smoke_report = None;
         let mut synthetic_batch = None;
+        let mut synthetic_weighted = None;
         let mut synthetic_constrained = None;
         let mut attention = None;
         if let Some(p) = &a.synthetic {
@@ -224,6 +234,10 @@ mod gpu {
             );
             all_pass &= b.pass;
             synthetic_batch = Some(b);
+            let w = weighted_check(&model, &prompts, a.gen_tokens)?;
+            print_weighted(&format!("synthetic {p}"), &w);
+            all_pass &= w.pass;
+            synthetic_weighted = Some(w);
             // Constrained decoding on the Qwen3.6 vocabulary.
             let tok = qwasi_engine::tokenizer::Tokenizer::qwen36()?;
             let eos = qwasi_engine::backend::Backend::config(&model)
@@ -256,9 +270,11 @@ mod gpu {
             let v = serde_json::json!({
                 "cases": cases,
                 "batched": batches,
+                "weighted": weighted,
                 "constrained": constrained,
                 "smoke": smoke_report,
                 "synthetic_batched": synthetic_batch,
+                "synthetic_weighted": synthetic_weighted,
                 "synthetic_constrained": synthetic_constrained,
                 "attention_kernels": attention,
                 "pass": all_pass
@@ -282,6 +298,33 @@ mod gpu {
             r.neighbours_equal,
             r.runs,
             r.tokens,
+            r.max_dlogprob,
+            r.first_mismatch
+                .as_ref()
+                .map(|m| format!(", first mismatch: {m}"))
+                .unwrap_or_default(),
+            verdict(r.pass)
+        );
+    }
+
+    fn print_weighted(what: &str, r: &WeightedReport) {
+        println!(
+            "{what:<12} weighted rows: readout of {} rows together / alone equal to the host's {}/{}, {}/{} \
+             (lse diff {:.1e}, tolerance {LSE_TOL:e}); {} rows x {} tokens drawn in batched steps (up to {} \
+             weighted rows read together; plans head/block/whole {:?}): tokens equal the host sampler's {}/{}, \
+             max |dlogprob| {:.2e} (tolerance {DRAW_LOGPROB_TOL:e}){}  {}",
+            r.readout_rows,
+            r.readout_together_equal,
+            r.readout_rows,
+            r.readout_alone_equal,
+            r.readout_rows,
+            r.max_lse_diff,
+            r.rows,
+            r.tokens,
+            r.widest_weighted_step,
+            r.reads,
+            r.rows_equal,
+            r.rows,
             r.max_dlogprob,
             r.first_mismatch
                 .as_ref()

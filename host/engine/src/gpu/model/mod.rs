@@ -52,6 +52,7 @@ pub use sequence::GpuSequence;
 mod snapshot;
 pub use snapshot::{GpuHostSnapshot, GpuSnapshot};
 mod weighted_rows;
+pub use weighted_rows::{ReadoutCase, ReadoutGot};
 mod weights;
 
 use super::HostBuf;

@@ -5,11 +5,11 @@
 //! per block of 64 and then what the host sampler asks for
 //! ([`super::weighted_rows`], which reads many rows at once).
 
+use super::weighted_rows::WeightedReq;
 use super::{F, GpuModel, GpuSequence, Scratch};
 use crate::gpu::kernels::{self, Launch};
 use crate::gpu::{dptr, i};
 use crate::readout::mask::TokenMask;
-use super::weighted_rows::WeightedReq;
 use crate::sampling::{
     RowPlanner, Sampled, TOP_CANDIDATES, TopLogits, WeightedRow, Weighting, key_parts,
 };

@@ -171,7 +171,11 @@ impl GpuModel {
         // batch-1 launches); several read the rows and settings listed in
         // one upload.
         let (x, rows_d, params_d, masks, t, min_p) = if let [r] = &*reqs {
-            let entry = if table == 0 { 0 } else { table + (r.row * 8) as u64 };
+            let entry = if table == 0 {
+                0
+            } else {
+                table + (r.row * 8) as u64
+            };
             let x = logits + (r.row * n * F) as u64;
             (x, 0, 0, entry, r.w.temperature, r.w.min_p)
         } else {
@@ -310,6 +314,93 @@ impl GpuModel {
     }
 }
 
+/// A row of [`GpuModel::weighted_readout`]: the logits row it reads, its
+/// weighting and mask, and what its plan asks for besides the head.
+pub struct ReadoutCase {
+    pub row: usize,
+    pub w: Weighting,
+    pub mask: Option<TokenMask>,
+    pub read: RowRead,
+}
+
+/// What a [`ReadoutCase`]'s plan was handed (block sums, heavy count) and
+/// what came back.
+pub struct ReadoutGot {
+    pub row: WeightedRow,
+    pub blocks: Vec<f64>,
+    pub heavy: usize,
+}
+
+impl GpuModel {
+    /// `logits` (rows of the vocabulary) uploaded and read as `cases` ask:
+    /// all in one [`GpuModel::weighted_rows`] (`together`), as a batched
+    /// step reads its weighted rows, or each alone, as the batch-1 readout
+    /// does. The way in for `qwasi verify`.
+    pub fn weighted_readout(
+        &self,
+        logits: &[f32],
+        cases: &[ReadoutCase],
+        together: bool,
+    ) -> Result<Vec<ReadoutGot>> {
+        let n = self.cfg.vocab_size;
+        if !logits.len().is_multiple_of(n) || logits.is_empty() {
+            bail!("{} logits are no whole rows of {n}", logits.len());
+        }
+        let buffer_rows = logits.len() / n;
+        let mut sc = self.scratch.lock().unwrap();
+        self.dev.bind()?;
+        let buf = sc.get(&self.dev, "wtd_check_logits", logits.len() * F)?;
+        self.dev.htod(buf, logits)?;
+        let mut row_masks: Vec<Option<&TokenMask>> = vec![None; buffer_rows];
+        for c in cases {
+            if c.row >= buffer_rows {
+                bail!("a case reads row {} of {buffer_rows}", c.row);
+            }
+            row_masks[c.row] = c.mask.as_ref();
+        }
+        let table = self.upload_masks(&mut sc, &row_masks)?;
+        let mut seen: Vec<(Vec<f64>, usize)> = vec![(Vec::new(), 0); cases.len()];
+        let mut plans: Vec<Box<RowPlanner>> = seen
+            .iter_mut()
+            .zip(cases)
+            .map(|(s, c)| {
+                let read = c.read;
+                Box::new(move |_: &_, sums: RowSums| {
+                    *s = (sums.blocks.to_vec(), sums.heavy);
+                    read
+                }) as Box<RowPlanner>
+            })
+            .collect();
+        let mut reqs: Vec<WeightedReq> = plans
+            .iter_mut()
+            .zip(cases)
+            .map(|(p, c)| WeightedReq {
+                row: c.row,
+                w: c.w,
+                plan: &mut **p,
+                mask: c.mask.as_ref(),
+            })
+            .collect();
+        let rows = if together {
+            self.weighted_rows(&mut sc, buf, buffer_rows, table, &mut reqs)?
+        } else {
+            let mut rows = Vec::with_capacity(reqs.len());
+            for k in 0..reqs.len() {
+                let one = &mut reqs[k..k + 1];
+                rows.extend(self.weighted_rows(&mut sc, buf, buffer_rows, table, one)?);
+            }
+            rows
+        };
+        drop(reqs);
+        drop(plans);
+        Ok(rows
+            .into_iter()
+            .zip(seen)
+            .map(|(row, (blocks, heavy))| ReadoutGot { row, blocks, heavy })
+            .collect())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -373,18 +464,49 @@ mod tests {
         let total = rows * vocab;
         // Row 1, block 2: in place.
         let c = block_copy(1, 128, 64, vocab, total);
-        assert_eq!(c, BlockCopy { src: 1128, shift: 0, len: 64 });
+        assert_eq!(
+            c,
+            BlockCopy {
+                src: 1128,
+                shift: 0,
+                len: 64
+            }
+        );
         // Row 1's short last block reads into row 2: harmless.
         let c = block_copy(1, 960, 40, vocab, total);
-        assert_eq!(c, BlockCopy { src: 1960, shift: 0, len: 40 });
+        assert_eq!(
+            c,
+            BlockCopy {
+                src: 1960,
+                shift: 0,
+                len: 40
+            }
+        );
         // The last row's short last block would read past the buffer.
         let c = block_copy(2, 960, 40, vocab, total);
-        assert_eq!(c, BlockCopy { src: total - 64, shift: 24, len: 40 });
+        assert_eq!(
+            c,
+            BlockCopy {
+                src: total - 64,
+                shift: 24,
+                len: 40
+            }
+        );
         assert!(c.src + gather_width(total) <= total);
         assert_eq!(c.src + c.shift, 2 * vocab + 960);
         // A buffer smaller than a block: the gather reads it all.
         let c = block_copy(1, 0, 20, 20, 40);
-        assert_eq!((gather_width(40), c), (40, BlockCopy { src: 0, shift: 20, len: 20 }));
+        assert_eq!(
+            (gather_width(40), c),
+            (
+                40,
+                BlockCopy {
+                    src: 0,
+                    shift: 20,
+                    len: 20
+                }
+            )
+        );
         // Every block of every row: inside, and at its logits.
         for row in 0..rows {
             for b in 0..vocab.div_ceil(WEIGHT_BLOCK) {
