@@ -145,13 +145,14 @@ impl GpuModel {
         }
         let (mut ks, mut reqs) = (Vec::new(), Vec::new());
         for (it, &k) in batch.iter_mut().zip(&k_of) {
-            let Want::Weighted(w, plan) = &mut it.want else {
+            // Rows outside the pass (run alone) have no `k`.
+            let (Want::Weighted(w, plan), Some(mask)) = (&mut it.want, masks.get(k)) else {
                 continue;
             };
-            let mask = match masks.get(k) {
-                None | Some(Some(Err(_))) => continue,
-                Some(Some(Ok(m))) => Some(m),
-                Some(None) => None,
+            let mask = match mask {
+                Some(Err(_)) => continue,
+                Some(Ok(m)) => Some(m),
+                None => None,
             };
             if let Err(e) = check_head(w.head) {
                 out[k] = Some(Err(e));
