@@ -176,16 +176,13 @@ mod gpu {
             }
             for dir in fixtures {
                 let name = dir.file_name().map(|n| n.to_string_lossy().into_owned());
-                let r = verify_fixture_weighted(dir)?;
-                print_weighted(&name.unwrap_or_default(), &r);
-                all_pass &= r.pass;
-                weighted.push(r);
-            }
-            for dir in fixtures {
-                let name = dir.file_name().map(|n| n.to_string_lossy().into_owned());
+                let name = name.unwrap_or_default();
+                let w = verify_fixture_weighted(dir)?;
+                print_weighted(&name, &w);
                 let r = verify_fixture_constrained(dir)?;
-                print_constrained(&name.unwrap_or_default(), &r);
-                all_pass &= r.pass;
+                print_constrained(&name, &r);
+                all_pass &= w.pass && r.pass;
+                weighted.push(w);
                 constrained.push(r);
             }
             println!(

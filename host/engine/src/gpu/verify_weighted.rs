@@ -22,6 +22,7 @@
 //! equal and its log-probabilities within [`DRAW_LOGPROB_TOL`].
 
 use super::model::{GpuModel, GpuSequence, ReadoutCase};
+use super::verify_constrained::max_dlogprob;
 use crate::backend::{Backend, BatchItem, StepOut};
 use crate::readout::mask::{MaskSource, TokenMask};
 use crate::readout::{Next, Readout};
@@ -385,14 +386,7 @@ pub fn weighted_check(m: &GpuModel, prompts: &[Vec<u32>], n: usize) -> Result<We
     r.widest_weighted_step = seen.widest;
     r.reads = seen.reads;
     for (k, (d, h)) in dev.iter().zip(&host).enumerate() {
-        for (a, b) in d.iter().zip(h) {
-            r.max_dlogprob = r.max_dlogprob.max((a.logprob - b.logprob).abs());
-            for (x, y) in a.top.iter().zip(&b.top) {
-                if x.0 == y.0 {
-                    r.max_dlogprob = r.max_dlogprob.max((x.1 - y.1).abs());
-                }
-            }
-        }
+        r.max_dlogprob = r.max_dlogprob.max(max_dlogprob(d, h));
         let dt: Vec<u32> = d.iter().map(|s| s.token).collect();
         let ht: Vec<u32> = h.iter().map(|s| s.token).collect();
         if dt == ht {
