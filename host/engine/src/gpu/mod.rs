@@ -35,6 +35,7 @@ pub mod verify;
 mod verify_batch;
 #[cfg(any(feature = "cuda", feature = "hip"))]
 mod verify_constrained;
+#[cfg(any(feature = "cuda", feature = "hip"))]
 mod verify_weighted;
 
 /// The driver the model runs on: CUDA when the feature is on, else HIP.
