@@ -296,12 +296,17 @@ mod gpu {
             r.runs,
             r.tokens,
             r.max_dlogprob,
-            r.first_mismatch
-                .as_ref()
-                .map(|m| format!(", first mismatch: {m}"))
-                .unwrap_or_default(),
+            mismatch(&r.first_mismatch),
             verdict(r.pass)
         );
+    }
+
+    /// A check's first mismatch, as its line's tail.
+    fn mismatch(first: &Option<String>) -> String {
+        first
+            .as_ref()
+            .map(|m| format!(", first mismatch: {m}"))
+            .unwrap_or_default()
     }
 
     fn print_weighted(what: &str, r: &WeightedReport) {
@@ -323,10 +328,7 @@ mod gpu {
             r.rows_equal,
             r.rows,
             r.max_dlogprob,
-            r.first_mismatch
-                .as_ref()
-                .map(|m| format!(", first mismatch: {m}"))
-                .unwrap_or_default(),
+            mismatch(&r.first_mismatch),
             verdict(r.pass)
         );
     }
