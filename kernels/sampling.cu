@@ -8,6 +8,10 @@
 // the row's temperature weights per 64 tokens bit for bit as the host
 // sampler does, so the host draws the block and then the token in it.
 // Constrained rows (`masks`, token_mask.h) read a token left out as -inf.
+// Rows of a batched step: a launch's row y (blockIdx.y) reads the logits row
+// `rows[y]` of x (and its mask-table entry), or row y where `rows` is null,
+// and writes its results at y, so the rows a readout selects come back
+// packed in one buffer (host/engine/src/gpu/model/weighted_rows.rs).
 #include "token_mask.h"
 
 #define TOP_SORT 4096  // keys per bitonic sort
@@ -57,15 +61,20 @@ __device__ void top_rounds(top_key_t* s, int n, Key key) {
 
 // Block b: the slice [b * per_part, (b + 1) * per_part) of x[0, n): its
 // TOP_K keys to keys[b * TOP_K, ...), its max and Σ e^(z - max) to ms[2b, 2b+1].
-// Rows of a batch: row blockIdx.y of x ([rows][n]) into its gridDim.x parts;
+// Rows of a batch: row blockIdx.y (the logits row rows[blockIdx.y] of x
+// ([..][n]), or blockIdx.y where rows is null) into its gridDim.x parts;
 // logits_top_merge's block r merges row r's into out + r (TOP_K + 1) words.
 QW_KERNEL void QW_BOUNDS(TOP_THREADS) logits_top_part(const float* __restrict__ x, int n, int per_part,
+                                                      const int* __restrict__ rows,
                                                       const unsigned long long* __restrict__ masks,
                                                       top_key_t* __restrict__ keys, float* __restrict__ ms) {
     __shared__ top_key_t s[TOP_SORT];
     __shared__ float scratch[32];
-    const unsigned* mask = row_mask(masks, blockIdx.y);
-    x += (size_t)blockIdx.y * n;
+    QW_GRID_WAIT();
+    QW_GRID_LAUNCH();
+    const int r = rows ? rows[blockIdx.y] : (int)blockIdx.y;
+    const unsigned* mask = row_mask(masks, r);
+    x += (size_t)r * n;
     keys += (size_t)blockIdx.y * gridDim.x * TOP_K;
     ms += (size_t)blockIdx.y * gridDim.x * 2;
     const int lo = blockIdx.x * per_part, hi = min(n, lo + per_part);
@@ -93,6 +102,8 @@ QW_KERNEL void QW_BOUNDS(TOP_THREADS) logits_top_merge(const top_key_t* __restri
                                                        const float* __restrict__ ms, int parts,
                                                        top_key_t* __restrict__ out) {
     __shared__ top_key_t s[TOP_SORT];
+    QW_GRID_WAIT();
+    QW_GRID_LAUNCH();
     keys += (size_t)blockIdx.x * parts * TOP_K;
     ms += (size_t)blockIdx.x * parts * 2;
     out += (size_t)blockIdx.x * (TOP_K + 1);
@@ -143,11 +154,28 @@ __device__ __forceinline__ float exp_nonpos_host(float x) {
 // the lanes added in f64, then the rest. `head`: logits_top_merge's output
 // (the row's max after its keys). heavy[warp] counts the warp's tokens with
 // z >= max + t ln 2^-12 and an (unmasked) weight > 0: the tokens the host
-// sampler's top-p tries first. `masks`: the row's mask at masks[0] (or none).
-QW_KERNEL void QW_BOUNDS(256) logits_weights(const float* __restrict__ x, int n, const top_key_t* __restrict__ head,
-                                             const unsigned long long* __restrict__ masks, float t, float min_p,
+// sampler's top-p tries first. Rows of a batch: launch row y (blockIdx.y)
+// weights the logits row rows[y] of x under its mask-table entry, with the
+// head at heads + y (TOP_K + 1) words, at temperature params[2y] and min_p
+// params[2y + 1] (where params is null: t and min_p), into blocks + y
+// ceil(n / WEIGHT_BLOCK) and heavy + y (its warps); where rows is null, row y.
+QW_KERNEL void QW_BOUNDS(256) logits_weights(const float* __restrict__ x, int n, const int* __restrict__ rows,
+                                             const float* __restrict__ params, float t, float min_p,
+                                             const top_key_t* __restrict__ heads,
+                                             const unsigned long long* __restrict__ masks,
                                              double* __restrict__ blocks, unsigned* __restrict__ heavy) {
-    const unsigned* mask = row_mask(masks, 0);
+    QW_GRID_WAIT();
+    QW_GRID_LAUNCH();
+    const int y = blockIdx.y, r = rows ? rows[y] : y;
+    if (params) {
+        t = params[2 * y];
+        min_p = params[2 * y + 1];
+    }
+    const unsigned* mask = row_mask(masks, r);
+    x += (size_t)r * n;
+    const top_key_t* head = heads + (size_t)y * (TOP_K + 1);
+    blocks += (size_t)y * ((n + WEIGHT_BLOCK - 1) / WEIGHT_BLOCK);
+    heavy += (size_t)y * (gridDim.x * blockDim.x / WARP);
     const int b = blockIdx.x * blockDim.x + threadIdx.x;
     const float zmax = ((const float*)(head + TOP_K))[0];
     const float heavy_floor = __fadd_rn(zmax, __fmul_rn(t, PREFILTER_LOG_W));

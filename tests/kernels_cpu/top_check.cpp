@@ -6,14 +6,19 @@
 // precision (temperatures, min-p, partial last blocks) and its count of heavy
 // tokens (those within ln 2^-12 of the max at the temperature) against a
 // count. Each also with a constrained-decoding mask (token_mask.h) against
-// the same references on the row with the tokens left out at -inf. Bit
-// equality with the
-// host sampler's own sums is checked on the GPU (`qwasi verify --synthetic`).
+// the same references on the row with the tokens left out at -inf. Then the
+// rows of a batched step read together (a row list, per-row temperature,
+// min-p and mask, results packed per launch row) against each row read
+// alone, bit for bit, and the blocks their plans ask for gathered
+// (common.cu gather_rows) against the rows. Bit equality with the host
+// sampler's own sums is checked on the GPU (`qwasi verify --synthetic`).
 // Exit 1 on a mismatch.
 #include <cstdio>
+#include <cstring>
 #include <random>
 #include <vector>
 #include "sampling.cu"
+#include "common.cu"
 
 static int failures = 0;
 
@@ -32,7 +37,7 @@ static void check(const char* what, const std::vector<float>& raw, int per_part,
     std::vector<top_key_t> keys((size_t)parts * TOP_K), out(TOP_K + 1);
     std::vector<float> ms(2 * parts);
     qw_cpu::launch({(unsigned)parts, 1, 1}, {threads, 1, 1},
-                   [&] { logits_top_part(raw.data(), n, per_part, masks, keys.data(), ms.data()); });
+                   [&] { logits_top_part(raw.data(), n, per_part, nullptr, masks, keys.data(), ms.data()); });
     qw_cpu::launch({1, 1, 1}, {threads, 1, 1}, [&] { logits_top_merge(keys.data(), ms.data(), parts, out.data()); });
 
     auto val = [&](int i) { return std::isnan(x[i]) ? -INFINITY : x[i]; };
@@ -73,7 +78,7 @@ static void check(const char* what, const std::vector<float>& raw, int per_part,
             std::vector<double> blocks(nb, -1.0);
             std::vector<unsigned> heavy(grid * 64 / WARP, ~0u);
             qw_cpu::launch({(unsigned)grid, 1, 1}, {64, 1, 1},
-                           [&] { logits_weights(raw.data(), n, out.data(), masks, t, min_p, blocks.data(), heavy.data()); });
+                           [&] { logits_weights(raw.data(), n, nullptr, nullptr, t, min_p, out.data(), masks, blocks.data(), heavy.data()); });
             const float heavy_floor = (float)m + t * PREFILTER_LOG_W;
             unsigned want_heavy = 0, got_heavy = 0;
             for (int i = 0; i < n; i++) want_heavy += val(i) >= heavy_floor;
@@ -96,6 +101,92 @@ static void check(const char* what, const std::vector<float>& raw, int per_part,
                 }
             }
         }
+}
+
+// `rows` logits rows of n (a few constrained) read as a batched step reads
+// its weighted rows: the row list `sel` (any order, a subset), each with its
+// own temperature and min-p, in one launch of each kernel; every launch
+// row's head, block sums and heavy counts must equal its row read alone
+// (rows null, the settings as arguments) bit for bit.
+static void check_rows(int n, int rows, std::mt19937& rng) {
+    std::normal_distribution<float> nd(0.f, 2.f);
+    std::vector<float> x((size_t)rows * n);
+    for (auto& v : x) v = std::round(nd(rng) * 16.f) / 16.f;
+    const int words = (n + 31) / 32;
+    std::vector<std::vector<unsigned>> mask_words(rows);
+    std::vector<unsigned long long> table(rows, 0);
+    for (int r = 1; r < rows; r += 2) {
+        mask_words[r].assign(words, 0u);
+        for (int i = r; i < n; i += 5) mask_words[r][i / 32] |= 1u << (i % 32);
+        table[r] = (unsigned long long)(size_t)mask_words[r].data();
+    }
+    std::vector<int> sel;
+    for (int r = rows - 1; r >= 0; r -= 1)
+        if (r != 2) sel.push_back(r);  // reversed, row 2 left out
+    const int w = (int)sel.size();
+    std::vector<float> params;
+    for (int y = 0; y < w; y++) {
+        params.push_back(0.25f + 0.4f * y);
+        params.push_back(y % 3 == 0 ? 0.0f : 0.01f * y);
+    }
+    const int step = TOP_SORT - TOP_K, parts = (n + step - 1) / step;
+    const int nb = (n + WEIGHT_BLOCK - 1) / WEIGHT_BLOCK, grid = (nb + 255) / 256, warps = grid * 256 / WARP;
+    std::vector<top_key_t> keys((size_t)w * parts * TOP_K), heads((size_t)w * (TOP_K + 1));
+    std::vector<float> ms((size_t)w * parts * 2);
+    std::vector<double> blocks((size_t)w * nb, -1.0);
+    std::vector<unsigned> heavy((size_t)w * warps, ~0u);
+    qw_cpu::launch({(unsigned)parts, (unsigned)w, 1}, {256, 1, 1},
+                   [&] { logits_top_part(x.data(), n, step, sel.data(), table.data(), keys.data(), ms.data()); });
+    qw_cpu::launch({(unsigned)w, 1, 1}, {256, 1, 1},
+                   [&] { logits_top_merge(keys.data(), ms.data(), parts, heads.data()); });
+    qw_cpu::launch({(unsigned)grid, (unsigned)w, 1}, {256, 1, 1}, [&] {
+        logits_weights(x.data(), n, sel.data(), params.data(), 0.f, 0.f, heads.data(), table.data(), blocks.data(),
+                       heavy.data());
+    });
+    for (int y = 0; y < w; y++) {
+        const int r = sel[y];
+        const float* row = x.data() + (size_t)r * n;
+        const unsigned long long* masks = table[r] ? &table[r] : nullptr;
+        std::vector<top_key_t> k1((size_t)parts * TOP_K), h1(TOP_K + 1);
+        std::vector<float> m1(2 * parts);
+        std::vector<double> b1(nb, -1.0);
+        std::vector<unsigned> v1(warps, ~0u);
+        qw_cpu::launch({(unsigned)parts, 1, 1}, {256, 1, 1},
+                       [&] { logits_top_part(row, n, step, nullptr, masks, k1.data(), m1.data()); });
+        qw_cpu::launch({1, 1, 1}, {256, 1, 1}, [&] { logits_top_merge(k1.data(), m1.data(), parts, h1.data()); });
+        qw_cpu::launch({(unsigned)grid, 1, 1}, {256, 1, 1}, [&] {
+            logits_weights(row, n, nullptr, nullptr, params[2 * y], params[2 * y + 1], h1.data(), masks, b1.data(),
+                           v1.data());
+        });
+        const bool same = std::equal(h1.begin(), h1.end(), heads.begin() + (size_t)y * (TOP_K + 1)) &&
+                          std::memcmp(b1.data(), blocks.data() + (size_t)y * nb, nb * sizeof(double)) == 0 &&
+                          std::equal(v1.begin(), v1.end(), heavy.begin() + (size_t)y * warps);
+        if (!same) {
+            std::printf("rows: n %d, launch row %d (row %d) differs from the row alone\n", n, y, r);
+            failures++;
+            return;
+        }
+    }
+    // Some rows' blocks gathered as weighted_rows.rs gathers them: sources
+    // (floats into x) moved back at the buffer's end, 64 floats each.
+    const int total = rows * n, width = std::min(WEIGHT_BLOCK, total);
+    std::vector<int> src, want;
+    for (int y = 0; y < w; y++) {
+        const int b = (y * 37) % nb, base = sel[y] * n + b * WEIGHT_BLOCK;
+        src.push_back(std::min(base, total - width));
+        want.push_back(base);
+    }
+    std::vector<float> got((size_t)w * width, NAN);
+    qw_cpu::launch({1, (unsigned)w, 1}, {WEIGHT_BLOCK, 1, 1},
+                   [&] { gather_rows(x.data(), 1, src.data(), w, width, got.data()); });
+    for (int y = 0; y < w; y++) {
+        const int shift = want[y] - src[y], len = std::min(WEIGHT_BLOCK, n - (want[y] % n));
+        if (std::memcmp(got.data() + (size_t)y * width + shift, x.data() + want[y], len * sizeof(float)) != 0) {
+            std::printf("rows: n %d, gathered block %d differs\n", n, y);
+            failures++;
+            return;
+        }
+    }
 }
 
 int main() {
@@ -142,6 +233,10 @@ int main() {
                 runs += 2;
             }
         }
+    }
+    for (int n : {70, 1000, 2 * step + 100}) {
+        check_rows(n, 5, rng);
+        runs++;
     }
     std::printf("top: %d rows, %s\n", runs, failures ? "FAIL" : "ok");
     return failures ? 1 : 0;

@@ -49,8 +49,11 @@ pub struct PassSnapshots {
     pub at: Vec<usize>,
     /// What the backend staged, by position; a position it could not stage
     /// (no memory for the copy) is missing.
-    pub taken: Vec<(usize, Box<dyn SeqSnapshot>)>,
+    pub taken: Taken,
 }
+
+/// Snapshots by position ([`PassSnapshots::taken`]).
+pub type Taken = Vec<(usize, Box<dyn SeqSnapshot>)>;
 
 /// A row's result, as its [`Want`] asked.
 #[derive(Debug)]

@@ -96,10 +96,11 @@ mod gpu {
     use super::Args;
     use anyhow::Result;
     use qwasi_engine::gpu::verify::{
-        ATTN_TOL, BATCH_LOGPROB_TOL, Comparison, ConstrainedReport, MARGIN_TOL, MASK_LOGPROB_TOL,
-        SmokeReport, Tolerances, attention_check, batch_check, constrained_check,
-        pass_snapshots_check, smoke, synthetic_model, verify_fixture, verify_fixture_batch,
-        verify_fixture_constrained,
+        ATTN_TOL, BATCH_LOGPROB_TOL, Comparison, ConstrainedReport, DRAW_LOGPROB_TOL, LSE_TOL,
+        MARGIN_TOL, MASK_LOGPROB_TOL, SmokeReport, Tolerances, WeightedReport, attention_check,
+        batch_check, constrained_check, pass_snapshots_check, smoke, synthetic_model,
+        verify_fixture, verify_fixture_batch, verify_fixture_constrained, verify_fixture_weighted,
+        weighted_check,
     };
     use std::path::{Path, PathBuf};
 
@@ -115,6 +116,7 @@ mod gpu {
         let mut cases = Vec::new();
         let mut batches = Vec::new();
         let mut constrained = Vec::new();
+        let mut weighted = Vec::new();
         if !fixtures.is_empty() {
             println!(
                 "{:<12} {:<7} {:>5} {:>9} {:>10} {:>10} {:>10} {:>10} {:>8}  verdict",
@@ -175,9 +177,13 @@ mod gpu {
             }
             for dir in fixtures {
                 let name = dir.file_name().map(|n| n.to_string_lossy().into_owned());
+                let name = name.unwrap_or_default();
+                let w = verify_fixture_weighted(dir)?;
+                print_weighted(&name, &w);
                 let r = verify_fixture_constrained(dir)?;
-                print_constrained(&name.unwrap_or_default(), &r);
-                all_pass &= r.pass;
+                print_constrained(&name, &r);
+                all_pass &= w.pass && r.pass;
+                weighted.push(w);
                 constrained.push(r);
             }
             println!(
@@ -189,6 +195,7 @@ mod gpu {
         }
         let mut smoke_report = None;
         let mut synthetic_batch = None;
+        let mut synthetic_weighted = None;
         let mut synthetic_constrained = None;
         let mut pass_snapshots = None;
         let mut attention = None;
@@ -261,6 +268,10 @@ mod gpu {
                 all_pass &= r.pass;
                 pass_snapshots = Some(r);
             }
+            let w = weighted_check(&model, &prompts, a.gen_tokens)?;
+            print_weighted(&format!("synthetic {p}"), &w);
+            all_pass &= w.pass;
+            synthetic_weighted = Some(w);
             // Constrained decoding on the Qwen3.6 vocabulary.
             let tok = qwasi_engine::tokenizer::Tokenizer::qwen36()?;
             let eos = qwasi_engine::backend::Backend::config(&model)
@@ -293,9 +304,11 @@ mod gpu {
             let v = serde_json::json!({
                 "cases": cases,
                 "batched": batches,
+                "weighted": weighted,
                 "constrained": constrained,
                 "smoke": smoke_report,
                 "synthetic_batched": synthetic_batch,
+                "synthetic_weighted": synthetic_weighted,
                 "synthetic_constrained": synthetic_constrained,
                 "pass_snapshots": pass_snapshots,
                 "attention_kernels": attention,
@@ -321,10 +334,39 @@ mod gpu {
             r.runs,
             r.tokens,
             r.max_dlogprob,
-            r.first_mismatch
-                .as_ref()
-                .map(|m| format!(", first mismatch: {m}"))
-                .unwrap_or_default(),
+            mismatch(&r.first_mismatch),
+            verdict(r.pass)
+        );
+    }
+
+    /// A check's first mismatch, as its line's tail.
+    fn mismatch(first: &Option<String>) -> String {
+        first
+            .as_ref()
+            .map(|m| format!(", first mismatch: {m}"))
+            .unwrap_or_default()
+    }
+
+    fn print_weighted(what: &str, r: &WeightedReport) {
+        println!(
+            "{what:<12} weighted rows: readout of {} rows together / alone equal to the host's {}/{}, {}/{} \
+             (lse diff {:.1e}, tolerance {LSE_TOL:e}); {} rows x {} tokens drawn in batched steps (up to {} \
+             weighted rows read together; plans head/block/whole {:?}): tokens equal the host sampler's {}/{}, \
+             max |dlogprob| {:.2e} (tolerance {DRAW_LOGPROB_TOL:e}){}  {}",
+            r.readout_rows,
+            r.readout_together_equal,
+            r.readout_rows,
+            r.readout_alone_equal,
+            r.readout_rows,
+            r.max_lse_diff,
+            r.rows,
+            r.tokens,
+            r.widest_weighted_step,
+            r.reads,
+            r.rows_equal,
+            r.rows,
+            r.max_dlogprob,
+            mismatch(&r.first_mismatch),
             verdict(r.pass)
         );
     }

@@ -9,6 +9,7 @@ pub use super::verify_constrained::{
     ConstrainedReport, MASK_LOGPROB_TOL, constrained_check, verify_fixture_constrained,
 };
 pub use super::verify_pass_snapshots::{PassSnapshotReport, pass_snapshots_check};
+pub use super::verify_weighted::{DRAW_LOGPROB_TOL, LSE_TOL, WeightedReport, weighted_check};
 use crate::backend::Backend;
 use crate::cpu::CpuModel;
 use crate::generate::{GenerateRequest, generate};
@@ -206,6 +207,20 @@ pub fn verify_fixture(dir: &Path, tol: &Tolerances) -> Result<Vec<CaseReport>> {
 /// Every case's prompt of one fixture decoded batched against alone
 /// ([`super::verify_batch`]), as many tokens as the fixture's greedy runs.
 pub fn verify_fixture_batch(dir: &Path) -> Result<BatchReport> {
+    let (gpu, prompts, n) = fixture_prompts(dir)?;
+    batch_check(&gpu, &prompts, n)
+}
+
+/// The weighted rows of batched steps over one fixture's prompts
+/// ([`super::verify_weighted`]), as many tokens as its greedy runs.
+pub fn verify_fixture_weighted(dir: &Path) -> Result<WeightedReport> {
+    let (gpu, prompts, n) = fixture_prompts(dir)?;
+    weighted_check(&gpu, &prompts, n)
+}
+
+/// One fixture's GPU model, its cases' prompts, and the tokens its longest
+/// greedy run holds (at least 8).
+fn fixture_prompts(dir: &Path) -> Result<(GpuModel, Vec<Vec<u32>>, usize)> {
     let m = LoadedModel::from_dir(dir)?;
     let expected: Expected =
         serde_json::from_str(&std::fs::read_to_string(dir.join("expected.json"))?)
@@ -223,7 +238,7 @@ pub fn verify_fixture_batch(dir: &Path) -> Result<BatchReport> {
         .max()
         .unwrap_or(0)
         .max(8);
-    batch_check(&gpu, &prompts, n)
+    Ok((gpu, prompts, n))
 }
 
 #[derive(Serialize, Clone, Debug)]

@@ -239,6 +239,21 @@ fn go_on(_: &Sampled, _: bool) -> ControlFlow<()> {
     ControlFlow::Continue(())
 }
 
+/// The largest |log-probability difference| of `dev`'s draws from
+/// `host`'s, the tokens' and the alternatives' both report.
+pub(super) fn max_dlogprob(dev: &[Sampled], host: &[Sampled]) -> f32 {
+    let mut d = 0f32;
+    for (a, b) in dev.iter().zip(host) {
+        d = d.max((a.logprob - b.logprob).abs());
+        for (x, y) in a.top.iter().zip(&b.top) {
+            if x.0 == y.0 {
+                d = d.max((x.1 - y.1).abs());
+            }
+        }
+    }
+    d
+}
+
 /// Whether `dev`'s tokens equal `host`'s; their logprobs (and the top
 /// alternatives') go into the report's largest difference.
 fn compare(
@@ -249,14 +264,7 @@ fn compare(
     host: &[Sampled],
 ) -> bool {
     r.tokens += host.len();
-    for (a, b) in dev.iter().zip(host) {
-        r.max_dlogprob = r.max_dlogprob.max((a.logprob - b.logprob).abs());
-        for (x, y) in a.top.iter().zip(&b.top) {
-            if x.0 == y.0 {
-                r.max_dlogprob = r.max_dlogprob.max((x.1 - y.1).abs());
-            }
-        }
-    }
+    r.max_dlogprob = r.max_dlogprob.max(max_dlogprob(dev, host));
     let dt: Vec<u32> = dev.iter().map(|s| s.token).collect();
     let ht: Vec<u32> = host.iter().map(|s| s.token).collect();
     let same = dt == ht;

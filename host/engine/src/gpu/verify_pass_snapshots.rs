@@ -19,7 +19,7 @@
 //! snapshots, and split at them as before.
 
 use super::model::{GpuModel, GpuSequence};
-use crate::backend::{Backend, BatchItem, PassSnapshots, SeqSnapshot, StepOut, Want};
+use crate::backend::{Backend, BatchItem, PassSnapshots, StepOut, Taken, Want};
 use crate::sampling::log_softmax;
 use anyhow::{Context, Result, bail};
 use serde::Serialize;
@@ -98,7 +98,7 @@ fn run_alone(
     model: &GpuModel,
     prompt: &[u32],
     at: &[usize],
-) -> Result<(Vec<f32>, Vec<(usize, Box<dyn SeqSnapshot>)>, GpuSequence)> {
+) -> Result<(Vec<f32>, Taken, GpuSequence)> {
     let mut seq = model.new_sequence();
     let mut items = [BatchItem {
         seq: &mut seq,

@@ -30,9 +30,9 @@
 //!    context fits beside the reservations.
 
 use super::metrics::Phase;
-use super::sequence::{Running, Taken};
+use super::sequence::Running;
 use super::worker::Worker;
-use crate::backend::{Backend, StepOut};
+use crate::backend::{Backend, StepOut, Taken};
 use crate::generate::FinishReason;
 use std::collections::VecDeque;
 use std::panic::{AssertUnwindSafe, catch_unwind};

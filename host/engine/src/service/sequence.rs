@@ -15,7 +15,7 @@ use super::Event;
 use super::metrics::Phase;
 use super::queue::Job;
 use super::worker::{Finish, Worker};
-use crate::backend::{Backend, BatchItem, PassSnapshots, SeqSnapshot, StepOut, Want};
+use crate::backend::{Backend, BatchItem, PassSnapshots, StepOut, Taken, Want};
 use crate::constraint::{Constraint, Step};
 use crate::generate::FinishReason;
 use crate::prefix_cache::{Lease, PrefixCache, Staged, StagedSnapshot};
@@ -28,9 +28,6 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
-
-/// The snapshots a row's pass staged, by position ([`PassSnapshots::taken`]).
-pub(super) type Taken = Vec<(usize, Box<dyn SeqSnapshot>)>;
 
 pub(super) struct Running<B: Backend> {
     pub job: Arc<Job>,

@@ -2,7 +2,9 @@
 //! engine alone decoding B sequences together (issue 23), no HTTP. Per batch
 //! size B (`--batches`): B different prompts of each `--lens` length are
 //! prefilled one by one, then `--decode-tokens` steps of `Backend::step`
-//! decode one greedy token of every sequence (after two untimed steps).
+//! decode one token of every sequence (after two untimed steps): greedy, or
+//! with `--temperature T` drawn from the whole distribution (each row
+//! seeded; the readout the server picks for such a request).
 //! Reports the aggregate rate and
 //! the step time's median and p99 (every token's inter-token latency), with
 //! the fixture check and the batched-against-alone check of the same build.
@@ -16,12 +18,19 @@ pub struct BatchArgs {
     /// Batch sizes (sequences decoding together).
     #[arg(long, value_delimiter = ',', default_value = "1,8,16,32,64")]
     batches: Vec<usize>,
+    /// Sample every row at this temperature (no top-k or top-p: each row's
+    /// weights read on the device) instead of greedy; 0: greedy.
+    #[arg(long, default_value_t = 0.0)]
+    temperature: f32,
 }
 
 pub fn run(a: &SpeedArgs, b: &BatchArgs, out: &Path) -> Result<()> {
     a.check_gpu_backend("batch")?;
     if b.batches.is_empty() || b.batches.contains(&0) {
         bail!("--batches takes sizes of at least 1");
+    }
+    if !(b.temperature.is_finite() && b.temperature >= 0.0) {
+        bail!("--temperature takes a finite value of at least 0");
     }
     imp(a, b, out)
 }
@@ -40,7 +49,9 @@ fn quantile(v: &mut [f64], p: f64) -> f64 {
 
 #[cfg(any(feature = "cuda", feature = "hip"))]
 fn imp(a: &SpeedArgs, b: &BatchArgs, out: &Path) -> Result<()> {
-    use qwasi_engine::backend::{Backend, BatchItem, StepOut, Want};
+    use qwasi_engine::backend::{Backend, BatchItem};
+    use qwasi_engine::readout::{DrawSlot, Next, Readout};
+    use qwasi_engine::sampling::{Sampler, SamplingParams};
     use serde_json::{Value, json};
     use std::time::Instant;
 
@@ -77,12 +88,19 @@ fn imp(a: &SpeedArgs, b: &BatchArgs, out: &Path) -> Result<()> {
             // Distinct prompts: the rows route to different experts, as users' do.
             let mut seqs = Vec::with_capacity(bs);
             let mut next = Vec::with_capacity(bs);
+            let mut samplers = Vec::with_capacity(bs);
             for k in 0..bs {
                 let p = super::speed::prompt(len + k, vocab);
                 let mut s = model.new_sequence();
                 next.push(model.forward_greedy(&mut s, &p[..len])?.token);
                 seqs.push(s);
+                samplers.push(Sampler::new(SamplingParams {
+                    temperature: b.temperature,
+                    seed: Some(k as u64),
+                    ..Default::default()
+                }));
             }
+            let readout = Readout::choose(samplers[0].params(), &model);
             let mut steps_ms = Vec::with_capacity(a.decode_tokens);
             let mut t = Instant::now();
             // Two untimed steps first: the eager one that sizes the buffers
@@ -94,26 +112,35 @@ fn imp(a: &SpeedArgs, b: &BatchArgs, out: &Path) -> Result<()> {
                     t = Instant::now();
                 }
                 let toks: Vec<[u32; 1]> = next.iter().map(|&t| [t]).collect();
-                let mut items: Vec<_> = seqs
-                    .iter_mut()
-                    .zip(&toks)
-                    .map(|(seq, tok)| BatchItem {
-                        seq,
-                        tokens: tok,
-                        want: Want::Greedy,
-                        mask: None,
-                        snapshots: Default::default(),
-                    })
-                    .collect();
+                let mut slots: Vec<DrawSlot> = (0..bs).map(|_| None).collect();
                 let s0 = Instant::now();
-                let outs = model.step(&mut items);
-                steps_ms.push(s0.elapsed().as_secs_f64() * 1e3);
-                for (n, o) in next.iter_mut().zip(outs) {
-                    match o? {
-                        StepOut::Greedy(s) => *n = s.token,
-                        other => bail!("a greedy row returned {other:?}"),
-                    }
+                let outs = {
+                    let mut items: Vec<_> = seqs
+                        .iter_mut()
+                        .zip(&toks)
+                        .zip(samplers.iter_mut().zip(&mut slots))
+                        .map(|((seq, tok), (sampler, slot))| BatchItem {
+                            seq,
+                            tokens: tok,
+                            want: readout.want(sampler, slot),
+                            mask: None,
+                            snapshots: Default::default(),
+                        })
+                        .collect();
+                    model.step(&mut items)
+                };
+                for ((n, o), (sampler, slot)) in next
+                    .iter_mut()
+                    .zip(outs)
+                    .zip(samplers.iter_mut().zip(&mut slots))
+                {
+                    *n = match Readout::next(o?, sampler, slot)? {
+                        Some(Next::Sampled(s)) => s.token,
+                        Some(Next::Logits(l)) => sampler.sample(&l, &[], 0).token,
+                        None => bail!("a decode row read nothing"),
+                    };
                 }
+                steps_ms.push(s0.elapsed().as_secs_f64() * 1e3);
             }
             let secs = t.elapsed().as_secs_f64();
             // QWASI_GPU_PROFILE=1: GPU time per kernel and step (launches serialise).
@@ -134,6 +161,7 @@ fn imp(a: &SpeedArgs, b: &BatchArgs, out: &Path) -> Result<()> {
             );
             results.push(json!({
                 "prompt_len": len, "batch": bs, "decode_tokens": a.decode_tokens,
+                "temperature": b.temperature, "readout": format!("{readout:?}"),
                 "aggregate_tok_per_s": rate, "step_ms_p50": p50, "step_ms_p99": p99,
                 "profile": profile,
             }));

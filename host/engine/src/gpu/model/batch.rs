@@ -10,12 +10,12 @@
 //! addresses from a table on the device (`bat_*` in kernels/decode.cu and
 //! kernels/attention.cu, the batch-1 decode kernels' arithmetic per row).
 //! Then the final norm and the lm_head over the rows, and each row's readout
-//! (greedy, head, weights or the logits) from its row of the logits.
+//! (greedy, head, weights or the logits) from its row of the logits, each
+//! kind for all its rows at once ([`super::batch_readout`]).
 
 use super::embed::ARGMAX_BLOCKS;
 use super::pass::{Pass, Prefill};
 use super::pass_snapshots::Capture;
-use super::readout::{check_head, greedy_sampled};
 use super::{F, GpuModel, GpuSequence, Graph, Scratch, SeqLayer, mlp_dims};
 use crate::backend::{BatchItem, StepOut, Want};
 use crate::gpu::kernels::{self, Launch};
@@ -271,7 +271,7 @@ impl GpuModel {
             }
         };
         // Constrained rows' masks, computed while the step runs.
-        let mut masks: Vec<Option<Result<TokenMask>>> = rows
+        let masks: Vec<Option<Result<TokenMask>>> = rows
             .iter()
             .chain(chunks)
             .map(|&r| match (&mut batch[r].mask, &batch[r].want) {
@@ -296,89 +296,7 @@ impl GpuModel {
                 batch[r].snapshots.taken = self.captured(part.pos0, kv.slab(), caps);
             }
         }
-        let vocab = c.vocab_size;
-        let heads = head_rows.len();
-        let logits = sc.get(d, "bat_logits", heads * vocab * F)?;
-        // The greedy rows' statistics in one copy.
-        let mut stats = Vec::new();
-        let all = rows.iter().chain(chunks);
-        if all.clone().any(|&r| matches!(batch[r].want, Want::Greedy)) {
-            stats = vec![[0f32; 4]; heads];
-            d.dtoh(&mut stats, sc.get(d, "bat_stats", heads * 4 * F)?)?;
-        }
-        // Head row of each: decode row k is row k; the chunks that want a
-        // readout follow in order.
-        let mut next = b;
-        let js: Vec<usize> = all
-            .clone()
-            .enumerate()
-            .map(|(k, &r)| match (&batch[r].want, k < b) {
-                (Want::Nothing, _) => usize::MAX,
-                (_, true) => k,
-                (_, false) => {
-                    next += 1;
-                    next - 1
-                }
-            })
-            .collect();
-        let mut head_masks = vec![None; heads];
-        for (m, &j) in masks.iter().zip(&js) {
-            if let Some(Ok(m)) = m {
-                head_masks[j] = Some(m);
-            }
-        }
-        let table = self.upload_masks(sc, &head_masks)?;
-        // Constrained greedy rows: every head row's pick under its mask in
-        // one launch pair, in place of the step's own.
-        let greedy = |k: usize, r: usize| matches!(batch[r].want, Want::Greedy) && js[k] < heads;
-        if all
-            .clone()
-            .enumerate()
-            .any(|(k, &r)| greedy(k, r) && matches!(masks[k], Some(Ok(_))))
-        {
-            let picks = self.greedy_rows(sc, logits, heads, table)?;
-            for (k, &j) in js.iter().enumerate() {
-                if matches!(masks[k], Some(Ok(_))) && j < heads {
-                    stats[j] = picks[j];
-                }
-            }
-        }
-        // Every head's top logits in one copy where rows read them.
-        let mut tops = Vec::new();
-        if all.clone().any(|&r| matches!(batch[r].want, Want::Top(_))) {
-            tops = self.heads_at(sc, logits, heads, table)?;
-        }
-        Ok(all
-            .enumerate()
-            .map(|(k, &r)| {
-                let want = &mut batch[r].want;
-                let j = js[k];
-                if matches!(want, Want::Nothing) {
-                    return Ok(StepOut::Extended);
-                }
-                let row = logits + (j * vocab * F) as u64;
-                match masks[k].take() {
-                    Some(Err(e)) => return Err(e),
-                    Some(Ok(m)) if !matches!(want, Want::Top(_) | Want::Greedy) => {
-                        return self.read_masked(sc, row, table + (j * 8) as u64, &m, want);
-                    }
-                    _ => {}
-                }
-                Ok(match want {
-                    Want::Nothing => StepOut::Extended,
-                    Want::Greedy => {
-                        let [t, m, l, _] = stats[j];
-                        StepOut::Greedy(greedy_sampled([t, m, l], vocab)?)
-                    }
-                    Want::Top(k) => StepOut::Top(self.head_in(&tops, j, *k)?),
-                    Want::Logits => StepOut::Logits(self.logits_at(row)?),
-                    Want::Weighted(w, plan) => {
-                        check_head(w.head)?;
-                        StepOut::Weighted(self.weighted_at(sc, row, *w, &mut **plan, None)?)
-                    }
-                })
-            })
-            .collect())
+        self.batch_readout(sc, batch, rows, chunks, head_rows.len(), masks)
     }
 
     /// Records the batched step's launches as a graph for `key` (the eager

@@ -16,11 +16,11 @@
 //! | [`embed`] | embedding, final norm, lm_head |
 //! | [`ops`] | prefill projections, RMSNorm, residual add, work buffers |
 //! | [`decode`] | the decode step's buffers and graph; [`gemv`] its GEMVs |
-//! | [`batch`] | the batched decode step: one token of each of B sequences |
 //! | [`weights`] | upload and seeded generation of the weights |
 //! | [`sequence`], [`seq_state`] | a sequence's GDN states and KV slab |
 //! | [`snapshot`] | prefix-cache snapshots, restore, host tier |
-//! | [`readout`] | what the `Backend` readouts copy back |
+//! | [`batch`] | the batched decode step: one token of each of B sequences ([`batch_readout`]: its rows' readouts) |
+//! | [`readout`] | what the `Backend` readouts copy back ([`weighted_rows`]: many rows' weighted readouts at once) |
 //! | [`probes`] | bandwidth floor, copy bandwidth, memory, profile |
 //!
 //! Kernel-path switches come from [`crate::gpu::options::GpuOptions`], read
@@ -31,6 +31,7 @@ mod attn_decode;
 mod attn_prefill;
 pub use attn_prefill::AttnAgreement;
 mod batch;
+mod batch_readout;
 mod decode;
 mod embed;
 mod gdn;
@@ -51,6 +52,8 @@ mod sequence;
 pub use sequence::GpuSequence;
 mod snapshot;
 pub use snapshot::{GpuHostSnapshot, GpuSnapshot};
+mod weighted_rows;
+pub use weighted_rows::{ReadoutCase, ReadoutGot};
 mod weights;
 
 use super::HostBuf;

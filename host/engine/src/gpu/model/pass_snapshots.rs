@@ -11,7 +11,7 @@
 
 use super::seq_state::KvSlab;
 use super::{DBuf, GpuModel, SeqLayer};
-use crate::backend::SeqSnapshot;
+use crate::backend::{SeqSnapshot, Taken};
 use anyhow::Result;
 use std::sync::Arc;
 
@@ -33,7 +33,7 @@ pub(super) struct Capture {
 pub(super) struct PassCaptures {
     pub seq: u64,
     pub at: Vec<usize>,
-    pub taken: Vec<(usize, Box<dyn SeqSnapshot>)>,
+    pub taken: Taken,
 }
 
 impl Capture {
@@ -79,7 +79,7 @@ impl GpuModel {
         pos0: usize,
         kv: &Arc<KvSlab>,
         caps: Vec<Capture>,
-    ) -> Vec<(usize, Box<dyn SeqSnapshot>)> {
+    ) -> Taken {
         caps.into_iter()
             .map(|c| {
                 let pos = pos0 + c.off;
@@ -97,7 +97,7 @@ impl GpuModel {
         seq: u64,
         at: Vec<usize>,
         f: impl FnOnce() -> Result<T>,
-    ) -> (Result<T>, Vec<(usize, Box<dyn SeqSnapshot>)>) {
+    ) -> (Result<T>, Taken) {
         if at.is_empty() {
             return (f(), Vec::new());
         }

@@ -2,24 +2,25 @@
 //! protocol): the logits row, the greedy token and its log-probability
 //! (argmax + log-sum-exp on the device, 12 bytes), the head of the row (the
 //! 64 largest logits, `kernels/sampling.cu`), or the row's weights summed
-//! per block of 64 and then what the host sampler asks for.
+//! per block of 64 and then what the host sampler asks for
+//! ([`super::weighted_rows`], which reads many rows at once).
 
+use super::weighted_rows::WeightedReq;
 use super::{F, GpuModel, GpuSequence, Scratch};
 use crate::gpu::kernels::{self, Launch};
 use crate::gpu::{dptr, i};
 use crate::readout::mask::TokenMask;
 use crate::sampling::{
-    RowPlanner, RowRead, RowSums, Sampled, TOP_CANDIDATES, TopLogits, WEIGHT_BLOCK, WeightedRow,
-    Weighting, key_parts,
+    RowPlanner, Sampled, TOP_CANDIDATES, TopLogits, WeightedRow, Weighting, key_parts,
 };
 use anyhow::{Result, bail};
 
 /// kernels/sampling.cu: keys per head (TOP_K, the sampler's candidates),
 /// logits per slice of the first pass (one sort round), and the head's size
 /// in 8-byte words (keys, then the max and the log-sum-exp as two f32).
-const TOP_KEYS: usize = TOP_CANDIDATES;
-const TOP_PER_PART: usize = 4096 - TOP_KEYS;
-const HEAD_WORDS: usize = TOP_KEYS + 1;
+pub(super) const TOP_KEYS: usize = TOP_CANDIDATES;
+pub(super) const TOP_PER_PART: usize = 4096 - TOP_KEYS;
+pub(super) const HEAD_WORDS: usize = TOP_KEYS + 1;
 
 /// Fails (before any work) when more than the device's head is asked for.
 pub(super) fn check_head(k: usize) -> Result<()> {
@@ -30,7 +31,7 @@ pub(super) fn check_head(k: usize) -> Result<()> {
 }
 
 /// The first `k` (at most `TOP_KEYS`) entries of a head read back from the device.
-fn head_of(words: &[u64], k: usize) -> TopLogits {
+pub(super) fn head_of(words: &[u64], k: usize) -> TopLogits {
     TopLogits {
         top: words[..k].iter().map(|&w| key_parts(w)).collect(),
         lse: f32::from_bits((words[TOP_KEYS] >> 32) as u32) as f64,
@@ -73,6 +74,7 @@ impl GpuModel {
             dptr(logits),
             i(n),
             i(TOP_PER_PART),
+            dptr(0),
             dptr(masks),
             dptr(keys),
             dptr(ms),
@@ -109,6 +111,7 @@ impl GpuModel {
             dptr(logits),
             i(n),
             i(TOP_PER_PART),
+            dptr(0),
             dptr(masks),
             dptr(keys),
             dptr(ms),
@@ -229,7 +232,8 @@ impl GpuModel {
 
     /// The logits row at `logits` weighted as `w` says (`w.head` checked),
     /// constrained by `mask` (its table entry on the device and its bits,
-    /// with which the logits read back are masked on the host).
+    /// with which the logits read back are masked on the host): the batch-1
+    /// case of [`GpuModel::weighted_rows`].
     pub(super) fn weighted_at(
         &self,
         sc: &mut Scratch,
@@ -238,64 +242,16 @@ impl GpuModel {
         plan: &mut RowPlanner,
         mask: Option<(u64, &TokenMask)>,
     ) -> Result<WeightedRow> {
-        let masks = mask.map_or(0, |m| m.0);
-        let n = self.cfg.vocab_size;
-        let nb = n.div_ceil(WEIGHT_BLOCK);
-        // One thread per block of 64 logits, 256 per launch block; then a
-        // heavy-token count per warp (two to an 8-byte word).
-        let grid = nb.div_ceil(256);
-        let warps = grid * 256 / 32;
-        let out = self.read_head(sc, logits, nb * 8 + warps * 4, masks)?;
-        let blocks = out + (HEAD_WORDS * 8) as u64;
-        let heavy = blocks + (nb * 8) as u64;
-        kernels::logits_weights(
-            &self.dev,
-            Launch::new((grid as u32, 1, 1), (256, 1, 1), 0),
-            dptr(logits),
-            i(n),
-            dptr(out),
-            dptr(masks),
-            w.temperature,
-            w.min_p,
-            dptr(blocks),
-            dptr(heavy),
-        )?;
-        let mut all = vec![0u64; HEAD_WORDS + nb + warps.div_ceil(2)];
-        self.dev.dtoh(&mut all, out)?;
-        let head = head_of(&all[..HEAD_WORDS], w.head.min(n));
-        let sums: Vec<f64> = all[HEAD_WORDS..HEAD_WORDS + nb]
-            .iter()
-            .map(|&b| f64::from_bits(b))
-            .collect();
-        let heavy_words = &all[HEAD_WORDS + nb..];
-        let heavy: usize = (0..warps)
-            .map(|k| (heavy_words[k / 2] >> (32 * (k % 2))) as u32 as usize)
-            .sum();
-        let read = plan(
-            &head,
-            RowSums {
-                blocks: &sums,
-                heavy,
-            },
-        );
-        let (start, len) = match read {
-            RowRead::Head => (0, 0),
-            RowRead::Block(b) => {
-                let start = (b * WEIGHT_BLOCK).min(n);
-                (start, WEIGHT_BLOCK.min(n - start))
-            }
-            RowRead::Whole => (0, n),
-        };
-        let mut row = vec![0f32; len];
-        self.dev.dtoh(&mut row, logits + (start * F) as u64)?;
-        if let Some((_, m)) = mask {
-            m.apply(&mut row, start);
-        }
-        Ok(WeightedRow {
-            head,
-            read,
-            logits: row,
-        })
+        let (entry, mask) = mask.map_or((0, None), |(e, m)| (e, Some(m)));
+        let mut req = [WeightedReq {
+            row: 0,
+            w,
+            plan,
+            mask,
+        }];
+        let mut out = self.weighted_rows(sc, logits, 1, entry, &mut req)?;
+        out.pop()
+            .ok_or_else(|| anyhow::anyhow!("the weighted readout returned no row"))
     }
 
     /// The logits buffer of the last `forward*` when it ran on `seq` and
