@@ -37,6 +37,7 @@ mod verify_batch;
 mod verify_constrained;
 #[cfg(any(feature = "cuda", feature = "hip"))]
 mod verify_pass_snapshots;
+#[cfg(any(feature = "cuda", feature = "hip"))]
 mod verify_weighted;
 
 /// The driver the model runs on: CUDA when the feature is on, else HIP.
