@@ -157,7 +157,7 @@ mod gpu {
                     "{:<12} batched: {} rows x {} tokens, {} steps of 2-{} decode rows together: \
                      {}/{} rows' tokens equal alone (others first differ at alone margin {:?}, \
                      tolerance {MARGIN_TOL}), max |dlogprob| {:.2e} (prompt kernels vs decode {:.2e}; \
-                     tolerance {BATCH_LOGPROB_TOL} or twice that)  {}",
+                     tolerance {BATCH_LOGPROB_TOL} or twice that), last logits match {}  {}",
                     dir.file_name()
                         .map(|n| n.to_string_lossy())
                         .unwrap_or_default(),
@@ -170,6 +170,7 @@ mod gpu {
                     r.diverged_margin,
                     r.max_dlogprob,
                     r.prompt_vs_decode_dlogprob,
+                    r.last_logits_match,
                     verdict(r.pass)
                 );
                 all_pass &= r.pass;
@@ -219,7 +220,7 @@ mod gpu {
             let b = batch_check(&model, &prompts, a.gen_tokens)?;
             println!(
                 "synthetic {p} batched: {} rows x {} tokens, {} steps of 2-{} decode rows: {}/{} rows' tokens \
-                 equal alone (others first differ at alone margin {:?}), max |dlogprob| {:.2e} (prompt kernels vs decode {:.2e})  {}",
+                 equal alone (others first differ at alone margin {:?}), max |dlogprob| {:.2e} (prompt kernels vs decode {:.2e}), last logits match {}  {}",
                 b.rows,
                 b.tokens,
                 b.batched_steps,
@@ -229,6 +230,7 @@ mod gpu {
                 b.diverged_margin,
                 b.max_dlogprob,
                 b.prompt_vs_decode_dlogprob,
+                b.last_logits_match,
                 verdict(b.pass)
             );
             all_pass &= b.pass;

@@ -15,6 +15,7 @@
 
 use super::model::{GpuModel, GpuSequence};
 use crate::backend::{Backend, BatchItem, StepOut, Want};
+use crate::sampling::log_softmax;
 use anyhow::{Result, bail};
 use serde::Serialize;
 
@@ -45,6 +46,11 @@ pub struct BatchReport {
     /// prefix run as one prompt) against the decode step: the difference
     /// the kernels show without batching.
     pub prompt_vs_decode_dlogprob: f32,
+    /// After every step, each row's `last_logits` (what the prefix cache's
+    /// prompt-end snapshot stores) is its step's row: its argmax the row's
+    /// token, and for greedy rows its log-softmax there the token's
+    /// logprob (within 1e-4).
+    pub last_logits_match: bool,
     pub pass: bool,
 }
 
@@ -107,6 +113,7 @@ pub fn batch_check(m: &GpuModel, prompts: &[Vec<u32>], n: usize) -> Result<Batch
         })
         .collect();
     let (mut batched_steps, mut widest) = (0, 0);
+    let mut last_match = true;
     for step in 0.. {
         if rows.iter().all(|r| r.toks.len() == n) {
             break;
@@ -149,6 +156,11 @@ pub fn batch_check(m: &GpuModel, prompts: &[Vec<u32>], n: usize) -> Result<Batch
             };
             rows[r].toks.push(tok);
             rows[r].lps.push(lp);
+            let top = rows[r].top;
+            last_match &= m.last_logits(&rows[r].seq).is_some_and(|l| {
+                let g = crate::sampling::greedy(&l);
+                g.token == tok && (top || (log_softmax(&l)[tok as usize] - lp).abs() <= 1e-4)
+            });
         }
     }
     // Each alone token's log-probability again, from a prompt pass over
@@ -196,7 +208,9 @@ pub fn batch_check(m: &GpuModel, prompts: &[Vec<u32>], n: usize) -> Result<Batch
         diverged_margin,
         max_dlogprob,
         prompt_vs_decode_dlogprob: prompt_vs_decode,
-        pass: rows_equal + near_ties == rows.len()
+        last_logits_match: last_match,
+        pass: last_match
+            && rows_equal + near_ties == rows.len()
             && max_dlogprob <= BATCH_LOGPROB_TOL.max(2.0 * prompt_vs_decode)
             && widest >= 2,
     })

@@ -171,6 +171,7 @@ impl GpuModel {
         let sc = &mut *guard;
         self.dev.bind()?;
         sc.last_logits = None;
+        sc.batch_logits.clear();
         let (d, c) = (&self.dev, &self.cfg);
         let (b, nl) = (rows.len(), self.layers.len());
         // States first: a grown KV slab moves a row's addresses.

@@ -56,6 +56,16 @@ impl GpuModel {
                 }
             })
             .collect();
+        // Each reading row's logits row, for `last_logits`.
+        sc.batch_logits = all
+            .clone()
+            .zip(&js)
+            .filter(|&(_, &j)| j < heads)
+            .map(|(&r, &j)| {
+                let s = &*batch[r].seq;
+                (s.id, s.pos, logits + (j * vocab * F) as u64)
+            })
+            .collect();
         let mut head_masks = vec![None; heads];
         for (m, &j) in masks.iter().zip(&js) {
             if let Some(Ok(m)) = m {

@@ -31,6 +31,9 @@ pub(super) struct Scratch {
     /// Where `logits_device` left the last logits: (sequence id, the
     /// position they follow, device pointer), for `last_logits`.
     pub last_logits: Option<(u64, usize, u64)>,
+    /// The same for every row of the last batched step that read its
+    /// logits (their rows of `bat_logits`, valid until the next batched step).
+    pub batch_logits: Vec<(u64, usize, u64)>,
     /// The stream-K plan of the warpgroup prompt attention on the device:
     /// (tokens, first position, blocks, buffer) it was made for.
     #[cfg_attr(not(feature = "cuda"), allow(dead_code))]

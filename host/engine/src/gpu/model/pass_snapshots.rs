@@ -74,12 +74,7 @@ impl GpuModel {
 
     /// The snapshots of a pass's captures, once the pass has run from `pos0`
     /// over the sequence's KV slab `kv`.
-    pub(super) fn captured(
-        &self,
-        pos0: usize,
-        kv: &Arc<KvSlab>,
-        caps: Vec<Capture>,
-    ) -> Taken {
+    pub(super) fn captured(&self, pos0: usize, kv: &Arc<KvSlab>, caps: Vec<Capture>) -> Taken {
         caps.into_iter()
             .map(|c| {
                 let pos = pos0 + c.off;

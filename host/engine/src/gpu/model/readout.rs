@@ -254,14 +254,15 @@ impl GpuModel {
             .ok_or_else(|| anyhow::anyhow!("the weighted readout returned no row"))
     }
 
-    /// The logits buffer of the last `forward*` when it ran on `seq` and
-    /// nothing ran on `seq` since (its position unchanged).
+    /// The logits buffer of the last `forward*` or batched step when it ran
+    /// on `seq` and nothing ran on `seq` since (its position unchanged).
     pub(super) fn read_last_logits(&self, seq: &GpuSequence) -> Option<Vec<f32>> {
         let sc = self.scratch.lock().unwrap();
-        let (id, pos, ptr) = sc.last_logits?;
-        if id != seq.id || pos != seq.pos {
-            return None;
-        }
+        let here = |&(id, pos, _): &(u64, usize, u64)| id == seq.id && pos == seq.pos;
+        let (_, _, ptr) = sc
+            .last_logits
+            .filter(here)
+            .or_else(|| sc.batch_logits.iter().copied().find(here))?;
         self.dev.bind().ok()?;
         let mut out = vec![0f32; self.cfg.vocab_size];
         self.dev.dtoh(&mut out, ptr).ok()?;
