@@ -122,7 +122,7 @@ impl GpuModel {
             .layers
             .iter()
             .filter_map(|l| match &l.mixer {
-                LayerMixer::Gdn(GdnLayer { out_proj, .. }) => {
+                LayerMixer::Gdn(GdnLayer { out_proj, .. }) if out_proj.fp8().is_none() => {
                     Some((out_proj.buf.ptr(), out_proj.rows, out_proj.cols))
                 }
                 _ => None,

@@ -6,50 +6,108 @@
 
 use super::attention::AttnLayer;
 use super::embed::EmbedHead;
+use super::fp8::Fp8Work;
 use super::gdn::GdnLayer;
 use super::mlp::DenseLayer;
 use super::moe::MoeLayer;
 use super::{B, DBuf, DLayer, Device, F, GpuModel, LayerMixer, LayerMlp, mlp_dims};
 use crate::config::{LayerKind, MlpConfig, ModelConfig};
+use crate::fp8;
 use crate::gpu::dptr;
 use crate::gpu::kernels::{self, Launch};
 use crate::gpu::options::GpuOptions;
 use crate::weights::{Mixer, Mlp, Weights};
 use anyhow::{Result, bail};
 
-/// A bf16 matrix on the device, row-major `[rows, cols]`.
+/// A matrix on the device, row-major `[rows, cols]`: bf16, or block-FP8
+/// (E4M3 bytes and f32 scales `[rows / 128, ceil(cols / 128)]`, kernels/fp8.h)
+/// where an FP8 checkpoint's matrix is kept quantized.
 pub(super) struct DevMat {
+    /// The bf16 elements, or the E4M3 bytes when `scales` is set.
     pub buf: DBuf,
     pub rows: usize,
     pub cols: usize,
+    pub scales: Option<DBuf>,
+}
+
+impl DevMat {
+    /// (bytes, scales) of a block-FP8 matrix.
+    pub fn fp8(&self) -> Option<(u64, u64)> {
+        self.scales.as_ref().map(|s| (self.buf.ptr(), s.ptr()))
+    }
+
+    /// The bf16 elements' address; a block-FP8 matrix has none (kernels read
+    /// it natively or through [`GpuModel::bf16_weights`]).
+    pub fn bf16(&self) -> u64 {
+        assert!(self.scales.is_none(), "a block-FP8 matrix read as bf16");
+        self.buf.ptr()
+    }
+
+    /// Device bytes (weights and scales).
+    pub fn device_bytes(&self) -> usize {
+        self.buf.bytes() + self.scales.as_ref().map_or(0, DBuf::bytes)
+    }
 }
 
 /// Uploads host tensors.
 pub(super) struct Upload<'a> {
     pub dev: &'a Device,
+    /// Keep block-FP8 matrices quantized (`QWASI_FP8=resident`).
+    pub fp8: bool,
 }
 
 impl Upload<'_> {
     pub fn mat(&self, m: &crate::tensor::Mat) -> Result<DevMat> {
-        Ok(DevMat {
-            buf: self.dev.upload(&m.host_bf16())?,
-            rows: m.rows,
-            cols: m.cols,
-        })
+        self.cat(&[m])
     }
 
-    /// Matrices of the same width stacked into one (one GEMV / GEMM for all).
+    /// Whether matrices stacked in this order stay block-FP8 on the device:
+    /// all FP8 in whole 128-row blocks (so their scale rows stack too), with
+    /// 16-byte rows (the native kernels' loads).
+    pub fn keeps_fp8(&self, ms: &[&crate::tensor::Mat]) -> bool {
+        self.fp8
+            && ms
+                .iter()
+                .all(|m| m.cols.is_multiple_of(fp8::BLOCK) && m.fp8_blocks().is_some())
+    }
+
+    /// Matrices of the same width stacked into one (one GEMV / GEMM for all):
+    /// block-FP8 where [`Upload::keeps_fp8`], bf16 otherwise (a stack that
+    /// mixes FP8 and BF16 matrices, such as the GDN's in projection, is bf16).
     pub fn cat(&self, ms: &[&crate::tensor::Mat]) -> Result<DevMat> {
         let cols = ms[0].cols;
         let rows: usize = ms.iter().map(|m| m.rows).sum();
+        assert!(ms.iter().all(|m| m.cols == cols));
+        if self.keeps_fp8(ms) {
+            let cb = cols.div_ceil(fp8::BLOCK);
+            let buf = self.dev.alloc(rows * cols)?;
+            let scales = self.dev.alloc(rows / fp8::BLOCK * cb * F)?;
+            let (mut off, mut soff) = (0, 0);
+            for m in ms {
+                let (q, s) = m.fp8_blocks().expect("checked by keeps_fp8");
+                self.dev.htod(buf.at(off), q)?;
+                self.dev.htod(scales.at(soff), s)?;
+                (off, soff) = (off + q.len(), soff + s.len() * F);
+            }
+            return Ok(DevMat {
+                buf,
+                rows,
+                cols,
+                scales: Some(scales),
+            });
+        }
         let buf = self.dev.alloc(rows * cols * B)?;
         let mut off = 0;
         for m in ms {
-            assert_eq!(m.cols, cols);
             self.dev.htod(buf.at(off), &m.host_bf16())?;
             off += m.rows * cols * B;
         }
-        Ok(DevMat { buf, rows, cols })
+        Ok(DevMat {
+            buf,
+            rows,
+            cols,
+            scales: None,
+        })
     }
 
     pub fn f32s(&self, v: &[f32]) -> Result<DBuf> {
@@ -95,6 +153,7 @@ impl Synth<'_> {
             buf: self.bf16(rows * cols, Self::unif(cols))?,
             rows,
             cols,
+            scales: None,
         })
     }
 
@@ -202,7 +261,10 @@ impl GpuModel {
             total as f64 / 1e9
         );
         let t0 = std::time::Instant::now();
-        let up = Upload { dev: &dev };
+        let up = Upload {
+            dev: &dev,
+            fp8: opts.fp8_resident,
+        };
         let mut layers = Vec::with_capacity(w.layers.len());
         for (li, l) in w.layers.iter().enumerate() {
             let mixer = match &l.mixer {
@@ -217,7 +279,6 @@ impl GpuModel {
                     shared_gate,
                 } => LayerMlp::Moe(MoeLayer::upload(
                     &up,
-                    &cfg,
                     router,
                     experts,
                     shared,
@@ -236,12 +297,24 @@ impl GpuModel {
             }
         }
         let head = EmbedHead::upload(&up, w)?;
+        let fp8_work = Fp8Work::new(&dev, &layers)?;
         dev.sync()?;
+        let m = Self::assemble(dev, cfg, head, layers, fp8_work, opts);
+        let (weights, work) = m.weight_bytes();
         eprintln!(
-            "[cuda] weights on the GPU in {:.1} s",
-            t0.elapsed().as_secs_f64()
+            "[cuda] weights on the GPU in {:.1} s: {:.2} GB{}",
+            t0.elapsed().as_secs_f64(),
+            weights as f64 / 1e9,
+            if work > 0 {
+                format!(
+                    " (block-FP8 kept quantized, + {:.2} GB of bf16 work buffers)",
+                    work as f64 / 1e9
+                )
+            } else {
+                String::new()
+            }
         );
-        Ok(Self::assemble(dev, cfg, head, layers, opts))
+        Ok(m)
     }
 
     /// A model of `cfg`'s geometry with seeded random bf16 weights generated on
@@ -287,7 +360,7 @@ impl GpuModel {
             free as f64 / 1e9,
             total as f64 / 1e9
         );
-        Ok(Self::assemble(dev, cfg, head, layers, opts))
+        Ok(Self::assemble(dev, cfg, head, layers, Fp8Work::default(), opts))
     }
 }
 
