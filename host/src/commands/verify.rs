@@ -96,10 +96,10 @@ mod gpu {
     use super::Args;
     use anyhow::Result;
     use qwasi_engine::gpu::verify::{
-        ATTN_TOL, BATCH_LOGPROB_TOL, Comparison, ConstrainedReport, MARGIN_TOL, MASK_LOGPROB_TOL,
-        SmokeReport, Tolerances, attention_check, batch_check, constrained_check,
-        pass_snapshots_check, smoke, synthetic_model, verify_fixture, verify_fixture_batch,
-        verify_fixture_constrained,
+        ATTN_TOL, BATCH_LOGPROB_TOL, Comparison, ConstrainedReport, FP8_LOGIT_TOL, MARGIN_TOL,
+        MASK_LOGPROB_TOL, SmokeReport, Tolerances, attention_check, batch_check, constrained_check,
+        fp8_resident_check, pass_snapshots_check, smoke, synthetic_model, verify_fixture,
+        verify_fixture_batch, verify_fixture_constrained,
     };
     use std::path::{Path, PathBuf};
 
@@ -115,6 +115,7 @@ mod gpu {
         let mut cases = Vec::new();
         let mut batches = Vec::new();
         let mut constrained = Vec::new();
+        let mut fp8 = Vec::new();
         if !fixtures.is_empty() {
             println!(
                 "{:<12} {:<7} {:>5} {:>9} {:>10} {:>10} {:>10} {:>10} {:>8}  verdict",
@@ -172,6 +173,30 @@ mod gpu {
                 );
                 all_pass &= r.pass;
                 batches.push(r);
+            }
+            for dir in fixtures {
+                let Some(r) = fp8_resident_check(dir)? else {
+                    continue;
+                };
+                let gb = |b: usize| b as f64 / 1e9;
+                println!(
+                    "{:<12} FP8 kept quantized vs dequantized at upload: greedy tokens {} (alone, \
+                     batched, fused and unfused decode), max |dlogit| {:.2e} over {} steps ({} \
+                     bit-identical), batched max |dlogprob| {:.2e} (tolerance {FP8_LOGIT_TOL}); \
+                     device weights {:.4} GB + {:.4} GB work buffers vs {:.4} GB  {}",
+                    r.fixture,
+                    if r.tokens_equal { "equal" } else { "DIFFER" },
+                    r.max_dlogit,
+                    r.steps,
+                    r.identical_steps,
+                    r.batched_max_dlogprob,
+                    gb(r.resident_bytes),
+                    gb(r.work_bytes),
+                    gb(r.dequantized_bytes),
+                    verdict(r.pass)
+                );
+                all_pass &= r.pass;
+                fp8.push(r);
             }
             for dir in fixtures {
                 let name = dir.file_name().map(|n| n.to_string_lossy().into_owned());
@@ -294,6 +319,7 @@ mod gpu {
                 "cases": cases,
                 "batched": batches,
                 "constrained": constrained,
+                "fp8_resident": fp8,
                 "smoke": smoke_report,
                 "synthetic_batched": synthetic_batch,
                 "synthetic_constrained": synthetic_constrained,

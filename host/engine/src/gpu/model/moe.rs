@@ -11,10 +11,10 @@
 //! recomputed per block, then routed + shared down with the residual add in
 //! one kernel.
 
+use super::fp8::Slot;
 use super::moe_grouped::MoeIo;
 use super::pass::{Decode, Prefill};
 use super::weights::{DevMat, Synth, Upload};
-use super::fp8::Slot;
 use super::{DBuf, F, GemmPath, GpuModel, mlp_dims};
 use crate::config::ModelConfig;
 use crate::gpu::kernels::{self, Launch};
@@ -48,7 +48,12 @@ impl MoeLayer {
         // expert's down projection (dec_moe_down_fp8 reads both).
         let gu: Vec<_> = experts.iter().flat_map(|x| [&x.gate, &x.up]).collect();
         let dn: Vec<_> = experts.iter().map(|x| &x.down).collect();
-        let all: Vec<_> = gu.iter().chain(&dn).copied().chain([&shared.down]).collect();
+        let all: Vec<_> = gu
+            .iter()
+            .chain(&dn)
+            .copied()
+            .chain([&shared.down])
+            .collect();
         let up = Upload {
             dev: up.dev,
             fp8: up.keeps_fp8(&all),
@@ -238,7 +243,8 @@ impl MoeLayer {
                 dptr(proj),
                 dptr(ds.act.ptr()),
             );
-            let (nssq, e, k, inter, h, pairs) = (i(nssq), i(e), i(k), i(inter), i(h), i(ds.moe_pairs));
+            let (nssq, e, k, inter, h, pairs) =
+                (i(nssq), i(e), i(k), i(inter), i(h), i(ds.moe_pairs));
             match gate_up.fp8() {
                 Some((q, s)) => kernels::dec_moe_gate_up_fp8(
                     d,
@@ -294,7 +300,10 @@ impl MoeLayer {
             let (act, inp, y, ssq) = (dptr(ds.act.ptr()), dptr(proj), dptr(x), dptr(ssq));
             let (e, k, inter, sh, h) = (i(e), i(k), i(inter), i(sh), i(h));
             if let (Some((qd, sd)), Some((qs, ss))) = (down.fp8(), shared_down.fp8()) {
-                let l = Launch { block: (256, 1, 1), ..l };
+                let l = Launch {
+                    block: (256, 1, 1),
+                    ..l
+                };
                 let (qd, sd, qs, ss) = (dptr(qd), dptr(sd), dptr(qs), dptr(ss));
                 kernels::dec_moe_down_fp8(
                     d, l, qd, sd, qs, ss, act, inp, e, k, inter, sh, y, h, ssq,

@@ -206,8 +206,7 @@ impl GpuModel {
             dptr(lo),
         )?;
         // y (f32, rows in plan order) = a (hi + lo) W_e^T per expert.
-        let experts = |a_hi: u64, a_lo: u64, w: u64, y: u64, rows: usize, cols: usize| match &plan
-        {
+        let experts = |a_hi: u64, a_lo: u64, w: u64, y: u64, rows: usize, cols: usize| match &plan {
             MoePlan::Tiles { buf, most, bm } if *bm == MOE_ROWS_BM => kernels::moe_rows8(
                 d,
                 Launch::pdl(

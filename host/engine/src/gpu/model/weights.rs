@@ -251,8 +251,12 @@ impl GpuModel {
     /// Uploads `weights` to GPU 0 (fused per-layer projections, contiguous
     /// experts), with the options of the environment ([`GpuOptions::from_env`]).
     pub fn new(cfg: ModelConfig, w: &Weights) -> Result<Self> {
+        Self::with_options(cfg, w, GpuOptions::from_env()?)
+    }
+
+    /// [`GpuModel::new`] with these options.
+    pub fn with_options(cfg: ModelConfig, w: &Weights, opts: GpuOptions) -> Result<Self> {
         check_supported(&cfg)?;
-        let opts = GpuOptions::from_env()?;
         let dev = Device::new(&opts.device)?;
         let total = w.bytes_total();
         eprintln!(
@@ -277,13 +281,7 @@ impl GpuModel {
                     experts,
                     shared,
                     shared_gate,
-                } => LayerMlp::Moe(MoeLayer::upload(
-                    &up,
-                    router,
-                    experts,
-                    shared,
-                    shared_gate,
-                )?),
+                } => LayerMlp::Moe(MoeLayer::upload(&up, router, experts, shared, shared_gate)?),
                 Mlp::Dense(d) => LayerMlp::Dense(DenseLayer::upload(&up, d)?),
             };
             layers.push(DLayer {
@@ -360,7 +358,14 @@ impl GpuModel {
             free as f64 / 1e9,
             total as f64 / 1e9
         );
-        Ok(Self::assemble(dev, cfg, head, layers, Fp8Work::default(), opts))
+        Ok(Self::assemble(
+            dev,
+            cfg,
+            head,
+            layers,
+            Fp8Work::default(),
+            opts,
+        ))
     }
 }
 
