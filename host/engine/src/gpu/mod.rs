@@ -35,6 +35,7 @@ pub mod verify;
 mod verify_batch;
 #[cfg(any(feature = "cuda", feature = "hip"))]
 mod verify_constrained;
+#[cfg(any(feature = "cuda", feature = "hip"))]
 mod verify_fp8;
 #[cfg(any(feature = "cuda", feature = "hip"))]
 mod verify_pass_snapshots;
