@@ -31,3 +31,14 @@ __device__ __forceinline__ uint4 fp8x8_bf16(uint2 q, float s) {
     return make_uint4(fp8x2_bf16(q.x, 0, s), fp8x2_bf16(q.x, 16, s), fp8x2_bf16(q.y, 0, s),
                       fp8x2_bf16(q.y, 16, s));
 }
+
+// The E4M3 byte of |v| < 448 with the mantissa truncated (synthetic weights:
+// kernels/common.cu fill_uniform_fp8); never the NaN code.
+__device__ __forceinline__ unsigned char f32_e4m3_trunc(float v) {
+    const unsigned s = v < 0.f ? 0x80u : 0u;
+    const float a = fabsf(v);
+    if (a < 0.015625f) return (unsigned char)(s | (unsigned)(a * 512.f));  // subnormal m * 2^-9
+    int e;
+    const float f = frexpf(a, &e);  // a = f 2^e, f in [0.5, 1): (1 + m/8) 2^(e-1)
+    return (unsigned char)(s | ((unsigned)(e + 6) << 3) | (unsigned)((f * 2.f - 1.f) * 8.f));
+}

@@ -7,7 +7,7 @@
 // The native FP8 decode kernels (kernels/decode.cu: dec_gemv_fp8,
 // dec_norm_gemv_fp8, dec_moe_gate_up_fp8, dec_moe_down_fp8) against the bf16
 // kernels on the dequantized weights: bit-identical outputs (same values, same
-// f32 order). Exit 1 on a mismatch.
+// f32 order); the synthetic weights' encoder. Exit 1 on a mismatch.
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -169,8 +169,24 @@ static void moe(int E, int k, int I, int H, int S, std::mt19937& rng) {
     same("dec_moe_down_fp8 ssq", s2, s1);
 }
 
+// f32_e4m3_trunc (synthetic weights): the code of the largest E4M3 magnitude
+// not above |v|, with v's sign, never NaN.
+static void encode(std::mt19937& rng) {
+    std::uniform_real_distribution<float> u(-447.99f, 447.99f);
+    auto mag = [](unsigned b) { return (double)std::fabs(bf2f(ref_bf16((unsigned char)(b & 0x7f), 1.f))); };
+    for (int i = 0; i < 200000; i++) {
+        const float v = i < 100000 ? u(rng) : u(rng) * 1e-4f;
+        const unsigned b = f32_e4m3_trunc(v);
+        const double a = std::fabs((double)v);
+        const bool sign_ok = (b & 0x80) ? v < 0 : v >= 0 || (b & 0x7f) == 0;
+        if ((b & 0x7f) == 0x7f || !sign_ok || mag(b) > a || ((b & 0x7f) < 0x7e && mag(b + 1) <= a))
+            fail("f32_e4m3_trunc", i, b, v);
+    }
+}
+
 int main() {
     std::mt19937 rng(7);
+    encode(rng);
     dequant_codes();
     dequant_slabs(rng);
     gemvs(256, 384, rng);   // one chunk, lanes idle

@@ -100,6 +100,12 @@ impl Fp8Format {
         Ok(Some(Fp8Format { keep }))
     }
 
+    /// transformers' defaults (128x128 blocks, nothing kept by name): the
+    /// `-fp8` presets' format.
+    pub fn block_128() -> Self {
+        Fp8Format { keep: Vec::new() }
+    }
+
     /// Whether `modules_to_not_convert` keeps the module of this checkpoint
     /// tensor in BF16 (transformers' `should_convert_module`). A routed expert
     /// (`...mlp.experts.3.gate_proj.weight`) is also kept when its parent

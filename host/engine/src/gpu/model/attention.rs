@@ -49,10 +49,10 @@ impl AttnLayer {
             cfg.head_dim,
         );
         Ok(AttnLayer {
-            proj: s.dmat(2 * nh * hd + 2 * nkv * hd, cfg.hidden_size)?,
+            proj: s.qmat(2 * nh * hd + 2 * nkv * hd, cfg.hidden_size, None)?,
             q_norm: s.f32s(hd, 0.1, 1.0)?,
             k_norm: s.f32s(hd, 0.1, 1.0)?,
-            o_proj: s.dmat(cfg.hidden_size, nh * hd)?,
+            o_proj: s.qmat(cfg.hidden_size, nh * hd, None)?,
         })
     }
 

@@ -57,7 +57,7 @@ impl GdnLayer {
             a_log,
             dt_bias: s.f32s(nv, 0.5, 0.0)?,
             norm: s.f32s(cfg.linear_value_head_dim, 0.1, 1.0)?,
-            out_proj: s.dmat(h, cfg.linear_value_dim())?,
+            out_proj: s.qmat(h, cfg.linear_value_dim(), None)?,
         })
     }
 

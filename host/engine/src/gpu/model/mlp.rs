@@ -28,8 +28,8 @@ impl DenseLayer {
     /// Seeded random weights (`GpuModel::synthetic`).
     pub fn synthetic(s: &mut Synth, hidden: usize, intermediate: usize) -> Result<Self> {
         Ok(DenseLayer {
-            gate_up: s.dmat(2 * intermediate, hidden)?,
-            down: s.dmat(hidden, intermediate)?,
+            gate_up: s.qmat(2 * intermediate, hidden, None)?,
+            down: s.qmat(hidden, intermediate, None)?,
         })
     }
 

@@ -70,11 +70,14 @@ impl MoeLayer {
     pub fn synthetic(s: &mut Synth, cfg: &ModelConfig) -> Result<Self> {
         let h = cfg.hidden_size;
         let (e, _, inter, sh) = mlp_dims(cfg);
+        // As `upload`: the experts FP8 only with the shared down projection;
+        // the input stack (router, shared gate: BF16 in a checkpoint) bf16.
+        let q = Some(s.fp8_fits(&[(e * 2 * inter, h), (e * h, inter), (h, sh)]));
         Ok(MoeLayer {
             input: s.dmat(e + 1 + 2 * sh, h)?,
-            gate_up: s.dmat(e * 2 * inter, h)?,
-            down: s.dmat(e * h, inter)?,
-            shared_down: s.dmat(h, sh)?,
+            gate_up: s.qmat(e * 2 * inter, h, q)?,
+            down: s.qmat(e * h, inter, q)?,
+            shared_down: s.qmat(h, sh, q)?,
         })
     }
 

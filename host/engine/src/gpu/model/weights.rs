@@ -121,6 +121,9 @@ pub(super) struct Synth<'a> {
     dev: &'a Device,
     seed: u64,
     counter: u64,
+    /// Generate the matrices a block-FP8 checkpoint quantizes in FP8
+    /// (a preset with `quantization`, `QWASI_FP8=resident`).
+    fp8: bool,
 }
 
 impl Synth<'_> {
@@ -154,6 +157,47 @@ impl Synth<'_> {
             rows,
             cols,
             scales: None,
+        })
+    }
+
+    /// Whether matrices of these `(rows, cols)` are generated block-FP8
+    /// (whole 128x128 blocks, an FP8 model).
+    pub fn fp8_fits(&self, dims: &[(usize, usize)]) -> bool {
+        self.fp8
+            && dims
+                .iter()
+                .all(|&(r, c)| r.is_multiple_of(fp8::BLOCK) && c.is_multiple_of(fp8::BLOCK))
+    }
+
+    /// A matrix a checkpoint would quantize: block-FP8 where [`Synth::fp8_fits`]
+    /// (`fp8_fits` for the whole group when `group` is given), else bf16.
+    /// FP8: codes of uniform values (`fill_uniform_fp8`) times block scales
+    /// within 25% of `unif(cols) / 448`, so the weights spread as `dmat`'s.
+    pub fn qmat(&mut self, rows: usize, cols: usize, group: Option<bool>) -> Result<DevMat> {
+        if !group.unwrap_or_else(|| self.fp8_fits(&[(rows, cols)])) {
+            return self.dmat(rows, cols);
+        }
+        let n = rows * cols;
+        let buf = self.dev.alloc(n)?;
+        let seed = self.next_seed();
+        kernels::fill_uniform_fp8(
+            self.dev,
+            Launch::new(
+                (n.div_ceil(256).min(65_535 * 16) as u32, 1, 1),
+                (256, 1, 1),
+                0,
+            ),
+            dptr(buf.ptr()),
+            n as i64,
+            seed,
+        )?;
+        let scale = Self::unif(cols) / 448.0;
+        let blocks = rows / fp8::BLOCK * cols / fp8::BLOCK;
+        Ok(DevMat {
+            buf,
+            rows,
+            cols,
+            scales: Some(self.f32s(blocks, 0.25 * scale, scale)?),
         })
     }
 
@@ -199,6 +243,17 @@ pub(super) fn fill_uniform(
         seed,
         scale,
         offset,
+    )
+}
+
+/// What the load message adds for a model with FP8 work buffers.
+fn work_note(work: usize) -> String {
+    if work == 0 {
+        return String::new();
+    }
+    format!(
+        " (block-FP8 kept quantized, + {:.2} GB of bf16 work buffers)",
+        work as f64 / 1e9
     )
 }
 
@@ -303,14 +358,7 @@ impl GpuModel {
             "[cuda] weights on the GPU in {:.1} s: {:.2} GB{}",
             t0.elapsed().as_secs_f64(),
             weights as f64 / 1e9,
-            if work > 0 {
-                format!(
-                    " (block-FP8 kept quantized, + {:.2} GB of bf16 work buffers)",
-                    work as f64 / 1e9
-                )
-            } else {
-                String::new()
-            }
+            work_note(work)
         );
         Ok(m)
     }
@@ -327,6 +375,7 @@ impl GpuModel {
             dev: &dev,
             seed,
             counter: 0,
+            fp8: cfg.quantization.is_some() && opts.fp8_resident,
         };
         let mut layers = Vec::new();
         for kind in cfg.layer_kinds.clone() {
@@ -348,6 +397,7 @@ impl GpuModel {
             });
         }
         let head = EmbedHead::synthetic(&mut s, &cfg)?;
+        let fp8_work = Fp8Work::new(&dev, &layers)?;
         dev.sync()?;
         let (free, total) = dev.mem_info();
         eprintln!(
@@ -358,14 +408,14 @@ impl GpuModel {
             free as f64 / 1e9,
             total as f64 / 1e9
         );
-        Ok(Self::assemble(
-            dev,
-            cfg,
-            head,
-            layers,
-            Fp8Work::default(),
-            opts,
-        ))
+        let m = Self::assemble(dev, cfg, head, layers, fp8_work, opts);
+        let (weights, work) = m.weight_bytes();
+        eprintln!(
+            "[cuda] {:.2} GB of weights{}",
+            weights as f64 / 1e9,
+            work_note(work)
+        );
+        Ok(m)
     }
 }
 
