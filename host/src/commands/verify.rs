@@ -20,7 +20,8 @@ pub struct Args {
     /// Skip the fixtures (only run the synthetic smoke test).
     #[arg(long)]
     no_fixtures: bool,
-    /// Also run a smoke test with seeded random weights of this geometry (e.g. qwen3.6-35b-a3b).
+    /// Also run a smoke test with seeded random weights of this geometry (e.g. qwen3.6-35b-a3b;
+    /// qwen3.6-35b-a3b-fp8: block-FP8 weights kept quantized).
     #[arg(long, value_name = "PRESET")]
     synthetic: Option<String>,
     /// Keep only the first N layers of the synthetic model.
