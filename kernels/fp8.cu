@@ -9,11 +9,14 @@
 // other slabs of out are left as they are) or e = blockIdx.y when idx is
 // null. Slab e of out is at the same place as slab e of q, so a kernel that
 // indexes experts in the bf16 tensor reads out unchanged. 8 weights a thread.
+// No QW_GRID_LAUNCH(): the next kernel reads `out` as its weights, which a
+// PDL kernel may load before its QW_GRID_WAIT(), so it must not start before
+// this grid has finished (the implicit trigger at its end). The wait comes
+// first: the kernel before may still read `out`'s last contents.
 QW_KERNEL void QW_BOUNDS(256) fp8_dequant(const unsigned char* __restrict__ q, const float* __restrict__ s,
                                           const int* __restrict__ idx, int rows, int cols,
                                           bf16_t* __restrict__ out) {
     QW_GRID_WAIT();
-    QW_GRID_LAUNCH();
     const long long e = idx ? idx[blockIdx.y] : blockIdx.y;
     const long long c8 = cols / 8, n8 = (long long)rows * c8, base = e * n8;
     const long long cb = (cols + 127) / 128;
