@@ -1,6 +1,7 @@
 // Elementwise ops, norms, the batch-1 GEMV, a portable tiled GEMM, and the
 // seeded weight generator. Activations f32, weights bf16, f32 accumulation.
 #include "compat.h"
+#include "fp8.h"
 
 // out[t, :] = bf16 embedding row tokens[t], as f32.
 QW_KERNEL void embed_gather(const bf16_t* __restrict__ emb, const unsigned int* __restrict__ tokens,
@@ -197,6 +198,14 @@ QW_KERNEL void fill_uniform_bf16(bf16_t* __restrict__ p, long long n, unsigned l
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     long long stride = (long long)gridDim.x * blockDim.x;
     for (; i < n; i += stride) p[i] = f2bf(hash_uniform(seed, (unsigned long long)i) * scale + offset);
+}
+
+// Seeded block-FP8 weights: E4M3 codes of uniform values in [-448, 448)
+// (times a block scale, a uniform in [-1, 1) * scale, as fill_uniform_bf16).
+QW_KERNEL void fill_uniform_fp8(unsigned char* __restrict__ p, long long n, unsigned long long seed) {
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    long long stride = (long long)gridDim.x * blockDim.x;
+    for (; i < n; i += stride) p[i] = f32_e4m3_trunc(hash_uniform(seed, (unsigned long long)i) * 447.99f);
 }
 
 QW_KERNEL void fill_uniform_f32(float* __restrict__ p, long long n, unsigned long long seed, float scale, float offset) {

@@ -7,6 +7,7 @@
 #include "mma.h"
 #include "norm_partials.h"
 #include "token_mask.h"
+#include "fp8.h"
 
 // 16-byte weight load that bypasses L1 (weights are read once per token).
 __device__ __forceinline__ uint4 ld_stream(const uint4* p) {
@@ -1127,4 +1128,230 @@ QW_KERNEL void QW_BOUNDS(256) probe_read(const uint4* __restrict__ p, long long 
     }
     for (; i < n16; i += stride) acc ^= ld_stream(p + i).x;
     out[(size_t)blockIdx.x * blockDim.x + threadIdx.x] = acc;
+}
+
+// ---- Block-FP8 weights (kernels/fp8.h): the decode GEMVs above reading E4M3
+// bytes and block scales instead of bf16 (half the bytes). Each weight is
+// widened to the exact bf16 value the dequantize-at-upload path would hold
+// and then used in the same f32 arithmetic, in the same order, as dec_gemv,
+// dec_norm_gemv, dec_moe_gate_up and dec_moe_down (vectorised path): the
+// results equal those kernels' on the dequantized matrices. Columns are whole
+// 128-column blocks (the host keeps only such matrices in FP8).
+
+// 8 E4M3 weights (8 bytes) that bypass L1.
+__device__ __forceinline__ uint2 ld_stream8(const uint2* p) {
+#if defined(QW_CUDA)
+    uint2 v;
+    asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
+    return v;
+#else
+    return *p;
+#endif
+}
+
+// A chunk of a lane's 8-weight groups: E4M3 bytes and each group's block scale.
+struct Fp8Chunk {
+    uint2 q[CH];
+    float s[CH];
+};
+
+// Group `c` (8 columns) of row r of Q (cols columns, scales S with cb columns)
+// into slot u of v, or zeros where `in` is false.
+__device__ __forceinline__ void fp8_group(const unsigned char* __restrict__ Q, const float* __restrict__ S,
+                                          size_t r, int cols, int cb, int c, bool in, Fp8Chunk& v, int u) {
+    v.q[u] = in ? ld_stream8((const uint2*)(Q + r * cols) + c) : make_uint2(0u, 0u);
+    v.s[u] = in ? S[(r >> 7) * cb + (c >> 4)] : 0.f;
+}
+
+// load_chunk for block-FP8 rows.
+__device__ __forceinline__ void load_chunk_fp8(const unsigned char* __restrict__ Q, const float* __restrict__ S,
+                                               int r, int rows, int cols, int base, int lane, Fp8Chunk& v) {
+    const int n8 = cols >> 3, cb = (cols + 127) >> 7;
+#pragma unroll
+    for (int u = 0; u < CH; u++) {
+        int c = base + lane + u * WARP;
+        fp8_group(Q, S, (size_t)(r < rows ? r : 0), cols, cb, c, r < rows && c < n8, v, u);
+    }
+}
+
+// stream_rows for block-FP8 rows (same order of operations).
+template <typename Emit>
+__device__ __forceinline__ void stream_rows_fp8(const unsigned char* __restrict__ Q, const float* __restrict__ S,
+                                                const float* __restrict__ x, const float* __restrict__ nw, int rows,
+                                                int cols, int first, int stride, int lane, Fp8Chunk& v, Emit emit) {
+    int n8 = cols >> 3;
+    for (int r = first; r < rows; r += stride) {
+        float acc = 0.f;
+        for (int base = 0; base < n8; base += CH * WARP) {
+            Fp8Chunk nv;
+            int nb = base + CH * WARP, nr = r;
+            if (nb >= n8) {
+                nb = 0;
+                nr = r + stride;
+            }
+            load_chunk_fp8(Q, S, nr, rows, cols, nb, lane, nv);
+#pragma unroll
+            for (int u = 0; u < CH; u++) {
+                int c = base + lane + u * WARP;
+                if (c < n8) acc += dot8g(fp8x8_bf16(v.q[u], v.s[u]), x + 8 * c, nw ? nw + 8 * c : nullptr);
+            }
+            v = nv;
+        }
+        acc = warp_sum(acc);
+        if (lane == 0) emit(r, acc);
+    }
+}
+
+// dec_gemv on block-FP8 weights Q, S.
+QW_KERNEL void QW_BOUNDS(256) dec_gemv_fp8(const unsigned char* __restrict__ Q, const float* __restrict__ S,
+                                          const float* __restrict__ x, float* __restrict__ y, int rows, int cols,
+                                          int accumulate, float* __restrict__ ssq_out) {
+    const int lane = threadIdx.x % WARP;
+    const int first = blockIdx.x * DEC_WARPS + threadIdx.x / WARP, stride = gridDim.x * DEC_WARPS;
+    Fp8Chunk v;
+    load_chunk_fp8(Q, S, first, rows, cols, 0, lane, v);
+    QW_GRID_WAIT();
+    QW_GRID_LAUNCH();
+    float mine = 0.f;
+    stream_rows_fp8(Q, S, x, nullptr, rows, cols, first, stride, lane, v, [&](int r, float d) {
+        float o = accumulate ? y[r] + d : d;
+        y[r] = o;
+        mine += o * o;
+    });
+    if (ssq_out) write_ssq(mine, ssq_out);
+}
+
+// dec_norm_gemv on block-FP8 weights Q, S.
+QW_KERNEL void QW_BOUNDS(256) dec_norm_gemv_fp8(const unsigned char* __restrict__ Q, const float* __restrict__ S,
+                                               const float* __restrict__ x, const float* __restrict__ ssq, int nssq,
+                                               const float* __restrict__ nw, float eps, float* __restrict__ y,
+                                               int rows, int cols) {
+    const int lane = threadIdx.x % WARP;
+    const int first = blockIdx.x * DEC_WARPS + threadIdx.x / WARP, stride = gridDim.x * DEC_WARPS;
+    Fp8Chunk v;
+    load_chunk_fp8(Q, S, first, rows, cols, 0, lane, v);
+    QW_GRID_WAIT();
+    QW_GRID_LAUNCH();
+    float inv = inv_rms(ssq, nssq, cols, eps);
+    stream_rows_fp8(Q, S, x, nw, rows, cols, first, stride, lane, v, [&](int r, float d) { y[r] = d * inv; });
+}
+
+// dec_moe_gate_up on block-FP8 experts (Q [E * 2I, H], S [E * 2I / 128, H / 128]).
+QW_KERNEL void QW_BOUNDS(256) dec_moe_gate_up_fp8(const unsigned char* __restrict__ Q, const float* __restrict__ S,
+                                                 const float* __restrict__ x, const float* __restrict__ ssq,
+                                                 int nssq, const float* __restrict__ nw, float eps,
+                                                 const float* __restrict__ inp, int E, int k,
+                                                 float* __restrict__ act, int I, int H, int pairs) {
+    QW_DYN_SMEM(float, xs);  // [H]
+    __shared__ int sidx[MOE_MAXK];
+    __shared__ float sw[MOE_MAXK];
+    QW_GRID_WAIT();
+    QW_GRID_LAUNCH();
+    int lane = threadIdx.x % WARP, w = threadIdx.x / WARP;
+    if (w == 0) {
+        router_topk_warp(inp, E, k, sidx, sw);
+    } else {
+        float inv = inv_rms(ssq, nssq, H, eps);
+        for (int i = threadIdx.x - WARP; i < H; i += blockDim.x - WARP) xs[i] = x[i] * inv * nw[i];
+    }
+    __syncthreads();
+    int j = blockIdx.y;
+    const int rows = E * 2 * I, n8 = H >> 3;
+    for (int p = 0; p < pairs; p++) {
+        const int i = (blockIdx.x * DEC_WARPS + w) * pairs + p;
+        if (i >= I) return;
+        const int gr = sidx[j] * 2 * I + i, ur = gr + I;
+        float gv = 0.f, uv = 0.f;
+        for (int base = 0; base < n8; base += CH * WARP) {
+            Fp8Chunk a, b;
+            load_chunk_fp8(Q, S, gr, rows, H, base, lane, a);
+            load_chunk_fp8(Q, S, ur, rows, H, base, lane, b);
+#pragma unroll
+            for (int u = 0; u < CH; u++) {
+                int c = base + lane + u * WARP;
+                if (c < n8) {
+                    gv += dot8(fp8x8_bf16(a.q[u], a.s[u]), xs + 8 * c);
+                    uv += dot8(fp8x8_bf16(b.q[u], b.s[u]), xs + 8 * c);
+                }
+            }
+        }
+        gv = warp_sum(gv);
+        uv = warp_sum(uv);
+        if (lane == 0) act[(size_t)j * I + i] = silu_f(gv) * uv;
+    }
+}
+
+// down_chunk for block-FP8 routed (Q [E * H, I]) and shared (Qs [H, S]) down weights.
+__device__ __forceinline__ void down_chunk_fp8(const unsigned char* __restrict__ Qd, const float* __restrict__ Sd,
+                                               const unsigned char* __restrict__ Qs,
+                                               const float* __restrict__ Ss, const int* sidx, int k, int I,
+                                               int S, int H, int r, int base, int lane, Fp8Chunk& v) {
+    int n8I = I >> 3, nR = k * n8I, nv = nR + (S >> 3);
+#pragma unroll
+    for (int u = 0; u < CH; u++) {
+        int c = base + lane + u * WARP;
+        bool in = r < H && c < nv;
+        if (in && c < nR) {
+            int j = c / n8I;
+            fp8_group(Qd, Sd, (size_t)sidx[j] * H + r, I, (I + 127) >> 7, c - j * n8I, true, v, u);
+        } else {
+            fp8_group(Qs, Ss, in ? r : 0, S, (S + 127) >> 7, c - nR, in, v, u);
+        }
+    }
+}
+
+// dec_moe_down on block-FP8 weights (the vectorised path; I, S multiples of 128).
+QW_KERNEL void QW_BOUNDS(256) dec_moe_down_fp8(const unsigned char* __restrict__ Qd, const float* __restrict__ Sd,
+                                              const unsigned char* __restrict__ Qs, const float* __restrict__ Ss,
+                                              const float* __restrict__ act, const float* __restrict__ inp,
+                                              int E, int k, int I, int S, float* __restrict__ y, int H,
+                                              float* __restrict__ ssq_out) {
+    QW_DYN_SMEM(float, xs);
+    __shared__ int sidx[MOE_MAXK];
+    __shared__ float sw[MOE_MAXK];
+    float* as = xs + (size_t)k * I;
+    if (threadIdx.x < WARP) router_topk_warp(inp, E, k, sidx, sw);
+    __syncthreads();
+    int lane = threadIdx.x % WARP, w = threadIdx.x / WARP;
+    int first = blockIdx.x * DEC_WARPS + w, stride = gridDim.x * DEC_WARPS;
+    int n8I = I >> 3, nR = k * n8I, nv = nR + (S >> 3);
+    Fp8Chunk v;
+    down_chunk_fp8(Qd, Sd, Qs, Ss, sidx, k, I, S, H, first, 0, lane, v);
+    QW_GRID_WAIT();
+    QW_GRID_LAUNCH();
+    for (int i = threadIdx.x; i < k * I; i += blockDim.x) xs[i] = act[i];
+    for (int i = threadIdx.x; i < S; i += blockDim.x) as[i] = silu_f(inp[E + 1 + i]) * inp[E + 1 + S + i];
+    __syncthreads();
+    float sg = sigmoid_f(inp[E]);
+    float mine = 0.f;
+    for (int r = first; r < H; r += stride) {
+        float acc = 0.f;
+        for (int base = 0; base < nv; base += CH * WARP) {
+            Fp8Chunk nx;
+            int nb = base + CH * WARP, nr = r;
+            if (nb >= nv) {
+                nb = 0;
+                nr = r + stride;
+            }
+            down_chunk_fp8(Qd, Sd, Qs, Ss, sidx, k, I, S, H, nr, nb, lane, nx);
+#pragma unroll
+            for (int u = 0; u < CH; u++) {
+                int c = base + lane + u * WARP;
+                if (c < nR) {
+                    int j = c / n8I;
+                    acc += sw[j] * dot8(fp8x8_bf16(v.q[u], v.s[u]), xs + (size_t)j * I + 8 * (c - j * n8I));
+                } else if (c < nv) {
+                    acc += sg * dot8(fp8x8_bf16(v.q[u], v.s[u]), as + 8 * (c - nR));
+                }
+            }
+            v = nx;
+        }
+        acc = warp_sum(acc);
+        if (lane == 0) {
+            float o = y[r] + acc;
+            y[r] = o;
+            mine += o * o;
+        }
+    }
+    write_ssq(mine, ssq_out);
 }

@@ -100,6 +100,12 @@ impl Fp8Format {
         Ok(Some(Fp8Format { keep }))
     }
 
+    /// transformers' defaults (128x128 blocks, nothing kept by name): the
+    /// `-fp8` presets' format.
+    pub fn block_128() -> Self {
+        Fp8Format { keep: Vec::new() }
+    }
+
     /// Whether `modules_to_not_convert` keeps the module of this checkpoint
     /// tensor in BF16 (transformers' `should_convert_module`). A routed expert
     /// (`...mlp.experts.3.gate_proj.weight`) is also kept when its parent
@@ -265,6 +271,24 @@ impl Fp8Tensor {
             .enumerate()
             .for_each(|(i, dst)| self.dequantize_row(first + i, dst));
         out
+    }
+
+    /// Global rows `[first, first + count)` (slabs stacked) as raw E4M3 bytes
+    /// and their block scales `[count / 128, ceil(cols / 128)]`, for a device
+    /// that keeps the weights in FP8: `Some` when the rows are whole blocks of
+    /// one slab (every quantized matrix of the published checkpoints).
+    pub fn block_rows(&self, first: usize, count: usize) -> Option<(&[u8], &[f32])> {
+        let (rows, cols) = (self.rows, self.cols);
+        let local = first % rows;
+        if !local.is_multiple_of(BLOCK) || !count.is_multiple_of(BLOCK) || local + count > rows {
+            return None;
+        }
+        let cb = cols.div_ceil(BLOCK);
+        let r0 = (first / rows) * rows.div_ceil(BLOCK) + local / BLOCK;
+        Some((
+            &self.bytes()[first * cols..(first + count) * cols],
+            &self.scales[r0 * cb..(r0 + count / BLOCK) * cb],
+        ))
     }
 
     /// Global row `r` (slabs stacked) into `dst`.

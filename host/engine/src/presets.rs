@@ -1,6 +1,7 @@
 //! Built-in model geometries, for synthetic (random-weight) runs without a checkpoint.
 
 use crate::config::{LayerKind, MlpConfig, ModelConfig};
+use crate::fp8::Fp8Format;
 use anyhow::{Result, bail};
 
 /// Qwen3.6-35B-A3B (same text geometry as Qwen3.5-35B-A3B): 40 layers, every
@@ -43,11 +44,18 @@ pub fn qwen36_35b_a3b() -> ModelConfig {
     }
 }
 
-/// A preset by name (`qwen3.6-35b-a3b`, alias `qwen3.5-35b-a3b`).
+/// A preset by name (`qwen3.6-35b-a3b`, alias `qwen3.5-35b-a3b`; with
+/// `-fp8` the same geometry as a block-FP8 checkpoint, for synthetic GPU models).
 pub fn by_name(name: &str) -> Result<ModelConfig> {
     match name.to_ascii_lowercase().as_str() {
         "qwen3.6-35b-a3b" | "qwen3.5-35b-a3b" | "qwen3.6-35b" => Ok(qwen36_35b_a3b()),
-        other => bail!("unknown model preset {other:?} (known: qwen3.6-35b-a3b)"),
+        "qwen3.6-35b-a3b-fp8" | "qwen3.5-35b-a3b-fp8" | "qwen3.6-35b-fp8" => Ok(ModelConfig {
+            quantization: Some(Fp8Format::block_128()),
+            ..qwen36_35b_a3b()
+        }),
+        other => {
+            bail!("unknown model preset {other:?} (known: qwen3.6-35b-a3b, qwen3.6-35b-a3b-fp8)")
+        }
     }
 }
 
@@ -75,5 +83,22 @@ mod tests {
         );
         assert_eq!(c.linear_conv_dim(), 8192);
         assert_eq!(c.linear_value_dim(), 4096);
+    }
+
+    #[test]
+    fn fp8_preset_is_the_same_geometry_with_block_fp8_weights() {
+        let (b, q) = (
+            super::by_name("qwen3.6-35b-a3b").unwrap(),
+            super::by_name("Qwen3.6-35B-A3B-FP8").unwrap(),
+        );
+        assert!(b.quantization.is_none());
+        let f = q.quantization.as_ref().unwrap();
+        assert!(f.expects_fp8("model.layers.0.mlp.experts.3.down_proj.weight", 2048, 512));
+        assert!(!f.expects_fp8("model.layers.0.mlp.gate.weight", 256, 2048));
+        assert_eq!(
+            (q.num_layers(), q.hidden_size, q.layer_kinds),
+            (b.num_layers(), b.hidden_size, b.layer_kinds)
+        );
+        assert!(super::by_name("qwen3.6-35b-a3b-int4").is_err());
     }
 }

@@ -127,6 +127,14 @@ impl Mat {
         }
     }
 
+    /// This matrix's raw E4M3 bytes and block scales (see
+    /// [`Fp8Tensor::block_rows`]) when it was loaded from FP8 weights and its
+    /// rows are whole 128-row blocks.
+    pub fn fp8_blocks(&self) -> Option<(&[u8], &[f32])> {
+        let (t, first) = self.fp8()?;
+        t.block_rows(first, self.rows)
+    }
+
     pub fn bytes(&self) -> usize {
         self.rows * self.cols * 2
     }

@@ -20,7 +20,8 @@ pub struct Args {
     /// Skip the fixtures (only run the synthetic smoke test).
     #[arg(long)]
     no_fixtures: bool,
-    /// Also run a smoke test with seeded random weights of this geometry (e.g. qwen3.6-35b-a3b).
+    /// Also run a smoke test with seeded random weights of this geometry (e.g. qwen3.6-35b-a3b;
+    /// qwen3.6-35b-a3b-fp8: block-FP8 weights kept quantized).
     #[arg(long, value_name = "PRESET")]
     synthetic: Option<String>,
     /// Keep only the first N layers of the synthetic model.
@@ -96,11 +97,11 @@ mod gpu {
     use super::Args;
     use anyhow::Result;
     use qwasi_engine::gpu::verify::{
-        ATTN_TOL, BATCH_LOGPROB_TOL, Comparison, ConstrainedReport, DRAW_LOGPROB_TOL, LSE_TOL,
-        MARGIN_TOL, MASK_LOGPROB_TOL, SmokeReport, Tolerances, WeightedReport, attention_check,
-        batch_check, constrained_check, pass_snapshots_check, smoke, synthetic_model,
-        verify_fixture, verify_fixture_batch, verify_fixture_constrained, verify_fixture_weighted,
-        weighted_check,
+        ATTN_TOL, BATCH_LOGPROB_TOL, Comparison, ConstrainedReport, DRAW_LOGPROB_TOL, FP8_LOGIT_TOL,
+        LSE_TOL, MARGIN_TOL, MASK_LOGPROB_TOL, SmokeReport, Tolerances, WeightedReport,
+        attention_check, batch_check, constrained_check, fp8_resident_check, pass_snapshots_check,
+        smoke, synthetic_model, verify_fixture, verify_fixture_batch, verify_fixture_constrained,
+        verify_fixture_weighted, weighted_check,
     };
     use std::path::{Path, PathBuf};
 
@@ -117,6 +118,7 @@ mod gpu {
         let mut batches = Vec::new();
         let mut constrained = Vec::new();
         let mut weighted = Vec::new();
+        let mut fp8 = Vec::new();
         if !fixtures.is_empty() {
             println!(
                 "{:<12} {:<7} {:>5} {:>9} {:>10} {:>10} {:>10} {:>10} {:>8}  verdict",
@@ -175,6 +177,30 @@ mod gpu {
                 );
                 all_pass &= r.pass;
                 batches.push(r);
+            }
+            for dir in fixtures {
+                let Some(r) = fp8_resident_check(dir)? else {
+                    continue;
+                };
+                let gb = |b: usize| b as f64 / 1e9;
+                println!(
+                    "{:<12} FP8 kept quantized vs dequantized at upload: greedy tokens {} (alone, \
+                     batched, fused and unfused decode), max |dlogit| {:.2e} over {} steps ({} \
+                     bit-identical), batched max |dlogprob| {:.2e} (tolerance {FP8_LOGIT_TOL}); \
+                     device weights {:.4} GB + {:.4} GB work buffers vs {:.4} GB  {}",
+                    r.fixture,
+                    if r.tokens_equal { "equal" } else { "DIFFER" },
+                    r.max_dlogit,
+                    r.steps,
+                    r.identical_steps,
+                    r.batched_max_dlogprob,
+                    gb(r.resident_bytes),
+                    gb(r.work_bytes),
+                    gb(r.dequantized_bytes),
+                    verdict(r.pass)
+                );
+                all_pass &= r.pass;
+                fp8.push(r);
             }
             for dir in fixtures {
                 let name = dir.file_name().map(|n| n.to_string_lossy().into_owned());
@@ -308,6 +334,7 @@ mod gpu {
                 "batched": batches,
                 "weighted": weighted,
                 "constrained": constrained,
+                "fp8_resident": fp8,
                 "smoke": smoke_report,
                 "synthetic_batched": synthetic_batch,
                 "synthetic_weighted": synthetic_weighted,

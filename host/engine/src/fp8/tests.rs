@@ -370,3 +370,23 @@ fn checkpoint_errors_name_the_tensor() {
         c.mat(n, 2, 2).unwrap();
     }
 }
+
+#[test]
+fn block_rows_give_whole_blocks_of_one_slab_with_their_scales() {
+    // Two slabs of [256, 200]: 2 x 2 row blocks, 2 column blocks (the second partial).
+    let (rows, cols) = (256, 200);
+    let bytes: Vec<u8> = (0..2 * rows * cols).map(|i| (i % 251) as u8).collect();
+    let scales: Vec<f32> = (0..8).map(|i| i as f32 + 0.5).collect();
+    let t = Fp8Tensor::new(Fp8Bytes::Owned(bytes.clone()), scales, rows, cols).unwrap();
+    // Slab 1's second row block: global rows 384..512, scale rows 3.
+    let (b, s) = t.block_rows(384, 128).unwrap();
+    assert_eq!(b, &bytes[384 * cols..512 * cols]);
+    assert_eq!(s, &[6.5, 7.5]);
+    // A whole slab.
+    let (b, s) = t.block_rows(256, 256).unwrap();
+    assert_eq!((b.len(), s), (256 * cols, &[4.5, 5.5, 6.5, 7.5][..]));
+    // Not block-aligned, partial, or across slabs.
+    assert!(t.block_rows(64, 128).is_none());
+    assert!(t.block_rows(0, 100).is_none());
+    assert!(t.block_rows(128, 256).is_none());
+}

@@ -36,6 +36,8 @@ mod verify_batch;
 #[cfg(any(feature = "cuda", feature = "hip"))]
 mod verify_constrained;
 #[cfg(any(feature = "cuda", feature = "hip"))]
+mod verify_fp8;
+#[cfg(any(feature = "cuda", feature = "hip"))]
 mod verify_pass_snapshots;
 #[cfg(any(feature = "cuda", feature = "hip"))]
 mod verify_weighted;

@@ -115,6 +115,11 @@ pub struct GpuOptions {
     /// length) or bf16 (`QWASI_KV=bf16`: half the memory and bandwidth; measured
     /// KL 1.2e-2 vs transformers f32 on a one-token prompt at full width).
     pub kv_f32: bool,
+    /// Block-FP8 checkpoints keep their quantized matrices on the device as
+    /// E4M3 bytes + block scales (the default, half the weight memory) or
+    /// upload them dequantized to bf16 (`QWASI_FP8=dequantize`, phase 1's
+    /// path, for comparison; docs/FP8.md).
+    pub fp8_resident: bool,
     /// `QWASI_DEC_ATTN`: force decode attention's kernel (default: tensor
     /// cores where they apply, see `dec_attn_plan`).
     pub dec_attn: DecAttnPath,
@@ -279,6 +284,7 @@ impl GpuOptions {
             wg_attention: attn != "mma",
             wg_split: flag("QWASI_ATTN_SPLIT", true)?,
             kv_f32: pick("QWASI_KV", &["f32", "bf16"])? == "f32",
+            fp8_resident: pick("QWASI_FP8", &["resident", "dequantize"])? == "resident",
             dec_attn,
             gemv,
             bulk_stages: count("QWASI_BULK_STAGES", 4, 1..=BULK_MAX_STAGES)?,
@@ -347,6 +353,7 @@ mod tests {
         let o = parse(&[]).unwrap();
         assert_eq!(o.gemm, GemmPath::CublasSplit);
         assert!(o.fused_decode && o.fast_prefill && o.chunked_gdn && o.kv_f32);
+        assert!(o.fp8_resident);
         assert!(o.moe_k64 && o.wg_attention && o.wg_split && o.conv_gdn);
         assert!(o.pinned_host_tier && o.graphs);
         assert_eq!(o.grouped_moe, cfg!(feature = "cuda"));
@@ -375,6 +382,7 @@ mod tests {
             ("QWASI_ATTN", "cuda-cores"),
             ("QWASI_ATTN_SPLIT", "0"),
             ("QWASI_KV", "bf16"),
+            ("QWASI_FP8", "dequantize"),
             ("QWASI_DEC_ATTN", "tc-ring3"),
             ("QWASI_GEMV", "stream"),
             ("QWASI_BULK_STAGES", "2"),
@@ -391,7 +399,7 @@ mod tests {
         assert_eq!(o.gemm, GemmPath::Tiled);
         assert!(!o.fused_decode && !o.fast_prefill && !o.chunked_gdn && !o.grouped_moe);
         assert_eq!((o.moe_wg_cols, o.moe_k64), (0, false));
-        assert!(!o.tc_attention && !o.wg_split && !o.kv_f32);
+        assert!(!o.tc_attention && !o.wg_split && !o.kv_f32 && !o.fp8_resident);
         assert_eq!(o.dec_attn, DecAttnPath::Tensor { ring: 3 });
         assert_eq!(o.gemv, GemvPath::Stream);
         assert_eq!((o.bulk_stages, o.bulk_blocks, o.moe_pairs), (2, 2, 4));

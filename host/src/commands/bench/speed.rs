@@ -22,7 +22,8 @@ pub struct SpeedArgs {
     /// `--features hip` build); prefix-cache to cpu (also cuda or hip).
     #[arg(long)]
     pub backend: Option<String>,
-    /// Seeded random weights of this geometry, generated on the GPU.
+    /// Seeded random weights of this geometry, generated on the GPU
+    /// (`qwen3.6-35b-a3b`, or `qwen3.6-35b-a3b-fp8`: block-FP8 like the -FP8 checkpoint).
     #[arg(long, value_name = "PRESET", default_value = "qwen3.6-35b-a3b")]
     pub synthetic: String,
     /// Keep only the first N layers.

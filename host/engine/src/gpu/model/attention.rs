@@ -49,10 +49,10 @@ impl AttnLayer {
             cfg.head_dim,
         );
         Ok(AttnLayer {
-            proj: s.dmat(2 * nh * hd + 2 * nkv * hd, cfg.hidden_size)?,
+            proj: s.qmat(2 * nh * hd + 2 * nkv * hd, cfg.hidden_size, None)?,
             q_norm: s.f32s(hd, 0.1, 1.0)?,
             k_norm: s.f32s(hd, 0.1, 1.0)?,
-            o_proj: s.dmat(cfg.hidden_size, nh * hd)?,
+            o_proj: s.qmat(cfg.hidden_size, nh * hd, None)?,
         })
     }
 
@@ -280,13 +280,13 @@ impl AttnLayer {
         } = self;
         let (k, v) = dc.kv(li)?;
         let (c, d, ds, seq) = (&m.cfg, &m.dev, dc.ds, dc.seq);
-        let (h, eps) = (c.hidden_size, c.rms_norm_eps);
+        let eps = c.rms_norm_eps;
         let (x, ssq, nssq, proj) = (ds.x.ptr(), ds.ssq.ptr(), ds.nssq, ds.proj.ptr());
         let pos = ds.step.ptr() + 4;
         let (nh, nkv, hd) = (c.num_attention_heads, c.num_key_value_heads, c.head_dim);
         let p = pw.rows;
         if m.opts.dec_stage("attn_proj") {
-            m.dec_norm_gemv(dc, pw.buf.ptr(), p, input_norm.ptr(), proj)?;
+            m.dec_norm_gemv_mat(dc, pw, input_norm.ptr(), proj)?;
         }
         if m.opts.dec_stage("attn_prep") {
             (if m.kv_f32 {
@@ -359,7 +359,7 @@ impl AttnLayer {
             )?;
         }
         if m.opts.dec_stage("o_proj") {
-            m.dec_gemv(o_proj.buf.ptr(), ds.att_o.ptr(), x, h, nh * hd, ssq, nssq)?;
+            m.dec_gemv_mat(o_proj, ds.att_o.ptr(), x, ssq, nssq)?;
         }
         Ok(())
     }

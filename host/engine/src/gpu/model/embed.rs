@@ -26,6 +26,12 @@ pub(super) struct EmbedHead {
 
 impl EmbedHead {
     pub fn upload(up: &Upload, w: &Weights) -> Result<Self> {
+        // Read as bf16 by the gather and the head's kernels (an FP8 lm_head
+        // is dequantized at upload).
+        let up = &Upload {
+            dev: up.dev,
+            fp8: false,
+        };
         let embed = up.mat(&w.embed)?;
         let lm_head = match &w.lm_head {
             Some(m) => Some(up.mat(m)?),
@@ -46,6 +52,7 @@ impl EmbedHead {
             buf: s.bf16(cfg.vocab_size * h, 0.5 * 3f32.sqrt())?,
             rows: cfg.vocab_size,
             cols: h,
+            scales: None,
         };
         let lm_head = if cfg.tie_word_embeddings {
             None

@@ -57,7 +57,7 @@ impl GdnLayer {
             a_log,
             dt_bias: s.f32s(nv, 0.5, 0.0)?,
             norm: s.f32s(cfg.linear_value_head_dim, 0.1, 1.0)?,
-            out_proj: s.dmat(h, cfg.linear_value_dim())?,
+            out_proj: s.qmat(h, cfg.linear_value_dim(), None)?,
         })
     }
 
@@ -339,6 +339,7 @@ impl GdnLayer {
         if m.opts.dec_stage("in_proj") {
             let norm = input_norm.ptr();
             folded = m.opts.conv_gdn
+                && in_proj.fp8().is_none()
                 && m.bulk_gemv(
                     in_proj.buf.ptr(),
                     x,
@@ -351,7 +352,7 @@ impl GdnLayer {
                     Some((conv.ptr(), cst.ptr(), k, conv_dim)),
                 )?;
             if !folded {
-                m.dec_norm_gemv(dc, in_proj.buf.ptr(), p, norm, proj)?;
+                m.dec_norm_gemv_mat(dc, in_proj, norm, proj)?;
             }
         }
         if !folded && m.opts.dec_stage("gdn_prep") {
@@ -386,7 +387,7 @@ impl GdnLayer {
             )?;
         }
         if m.opts.dec_stage("out_proj") {
-            m.dec_gemv(out_proj.buf.ptr(), ds.gdn_o.ptr(), x, h, vdim, ssq, nssq)?;
+            m.dec_gemv_mat(out_proj, ds.gdn_o.ptr(), x, ssq, nssq)?;
         }
         Ok(())
     }

@@ -5,6 +5,7 @@
 //! as an epilogue.
 
 use super::pass::Decode;
+use super::weights::DevMat;
 use super::{B, Device, F, GpuModel};
 use crate::gpu::kernels::{self, Kernel, Launch};
 use crate::gpu::options::{GemvPath, GpuOptions};
@@ -197,6 +198,67 @@ impl GpuModel {
             dptr(y),
             i(rows),
             i(cols),
+            i(1),
+            dptr(ssq),
+        )
+    }
+
+    /// [`GpuModel::dec_norm_gemv`] of a device matrix: block-FP8 matrices
+    /// take `dec_norm_gemv_fp8` (E4M3 bytes read, kernels/decode.cu).
+    pub(super) fn dec_norm_gemv_mat(
+        &self,
+        dc: &Decode,
+        w: &DevMat,
+        norm: u64,
+        y: u64,
+    ) -> Result<()> {
+        let Some((q, s)) = w.fp8() else {
+            return self.dec_norm_gemv(dc, w.buf.ptr(), w.rows, norm, y);
+        };
+        let (ds, h, eps) = (dc.ds, self.cfg.hidden_size, self.cfg.rms_norm_eps);
+        assert_eq!(w.cols, h);
+        kernels::dec_norm_gemv_fp8(
+            &self.dev,
+            Launch::pdl(
+                (self.gemv_grid(Kernel::dec_norm_gemv_fp8, w.rows, 0), 1, 1),
+                (256, 1, 1),
+                0,
+            ),
+            dptr(q),
+            dptr(s),
+            dptr(ds.x.ptr()),
+            dptr(ds.ssq.ptr()),
+            i(ds.nssq),
+            dptr(norm),
+            eps,
+            dptr(y),
+            i(w.rows),
+            i(h),
+        )
+    }
+
+    /// [`GpuModel::dec_gemv`] of a device matrix (`y += W x`): block-FP8
+    /// matrices take `dec_gemv_fp8`.
+    pub(super) fn dec_gemv_mat(
+        &self,
+        w: &DevMat,
+        x: u64,
+        y: u64,
+        ssq: u64,
+        nssq: usize,
+    ) -> Result<()> {
+        let Some((q, s)) = w.fp8() else {
+            return self.dec_gemv(w.buf.ptr(), x, y, w.rows, w.cols, ssq, nssq);
+        };
+        kernels::dec_gemv_fp8(
+            &self.dev,
+            Launch::pdl((w.rows.div_ceil(8) as u32, 1, 1), (256, 1, 1), 0),
+            dptr(q),
+            dptr(s),
+            dptr(x),
+            dptr(y),
+            i(w.rows),
+            i(w.cols),
             i(1),
             dptr(ssq),
         )

@@ -28,8 +28,8 @@ impl DenseLayer {
     /// Seeded random weights (`GpuModel::synthetic`).
     pub fn synthetic(s: &mut Synth, hidden: usize, intermediate: usize) -> Result<Self> {
         Ok(DenseLayer {
-            gate_up: s.dmat(2 * intermediate, hidden)?,
-            down: s.dmat(hidden, intermediate)?,
+            gate_up: s.qmat(2 * intermediate, hidden, None)?,
+            down: s.qmat(hidden, intermediate, None)?,
         })
     }
 
@@ -62,11 +62,10 @@ impl DenseLayer {
     /// Adds the MLP's output for the step's residual row to it.
     pub fn decode(&self, m: &GpuModel, dc: &Decode, post_norm: &DBuf) -> Result<()> {
         let DenseLayer { gate_up, down } = self;
-        let (c, d, ds) = (&m.cfg, &m.dev, dc.ds);
-        let h = c.hidden_size;
+        let (d, ds) = (&m.dev, dc.ds);
         let (x, ssq, nssq, proj) = (ds.x.ptr(), ds.ssq.ptr(), ds.nssq, ds.proj.ptr());
         let inter = down.cols;
-        m.dec_norm_gemv(dc, gate_up.buf.ptr(), gate_up.rows, post_norm.ptr(), proj)?;
+        m.dec_norm_gemv_mat(dc, gate_up, post_norm.ptr(), proj)?;
         kernels::silu_mul(
             d,
             Launch::pdl(((inter as u32).div_ceil(256), 1, 1), (256, 1, 1), 0),
@@ -78,7 +77,7 @@ impl DenseLayer {
             i(inter),
             i(1),
         )?;
-        m.dec_gemv(down.buf.ptr(), ds.act.ptr(), x, h, inter, ssq, nssq)?;
+        m.dec_gemv_mat(down, ds.act.ptr(), x, ssq, nssq)?;
         Ok(())
     }
 }

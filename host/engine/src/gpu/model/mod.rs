@@ -34,6 +34,7 @@ mod batch;
 mod batch_readout;
 mod decode;
 mod embed;
+mod fp8;
 mod gdn;
 mod gdn_prefill;
 mod gemv;
@@ -97,6 +98,9 @@ pub struct GpuModel {
     cfg: ModelConfig,
     head: embed::EmbedHead,
     layers: Vec<DLayer>,
+    /// bf16 work buffers for block-FP8 matrices read by kernels without an
+    /// FP8 path (`fp8.rs`); empty for a bf16 model.
+    fp8_work: fp8::Fp8Work,
     scratch: Mutex<Scratch>,
     /// Buffers and graph of the fused decode step (`decode.rs`); `None` until the first step.
     decode: Mutex<Option<decode::DecodeState>>,
@@ -141,6 +145,7 @@ impl GpuModel {
         cfg: ModelConfig,
         head: embed::EmbedHead,
         layers: Vec<DLayer>,
+        fp8_work: fp8::Fp8Work,
         opts: GpuOptions,
     ) -> Self {
         let gemm = opts.gemm;
@@ -160,6 +165,7 @@ impl GpuModel {
             cfg,
             head,
             layers,
+            fp8_work,
             scratch: Mutex::new(Scratch::default()),
             decode: Mutex::new(None),
             bulk_gemv,

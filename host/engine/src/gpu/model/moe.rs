@@ -11,6 +11,7 @@
 //! recomputed per block, then routed + shared down with the residual add in
 //! one kernel.
 
+use super::fp8::Slot;
 use super::moe_grouped::MoeIo;
 use super::pass::{Decode, Prefill};
 use super::weights::{DevMat, Synth, Upload};
@@ -28,36 +29,39 @@ const DOWN_SPAN: usize = 9;
 pub(super) struct MoeLayer {
     /// `[E + 1 + 2 * Is, hidden]`: router | shared gate | shared gate_proj | shared up_proj.
     pub input: DevMat,
-    /// `[E, 2I, hidden]` (gate rows then up rows per expert).
-    pub gate_up: DBuf,
-    /// `[E, hidden, I]`.
-    pub down: DBuf,
+    /// `[E * 2I, hidden]` (gate rows then up rows per expert).
+    pub gate_up: DevMat,
+    /// `[E * hidden, I]`.
+    pub down: DevMat,
     pub shared_down: DevMat,
 }
 
 impl MoeLayer {
     pub fn upload(
         up: &Upload,
-        cfg: &ModelConfig,
         router: &crate::tensor::Mat,
         experts: &[DenseMlp],
         shared: &DenseMlp,
         shared_gate: &crate::tensor::Mat,
     ) -> Result<Self> {
-        let (dev, h) = (up.dev, cfg.hidden_size);
-        let (e, _, inter, _) = mlp_dims(cfg);
-        let gate_up = dev.alloc(e * 2 * inter * h * super::B)?;
-        let down = dev.alloc(e * h * inter * super::B)?;
-        for (k, x) in experts.iter().enumerate() {
-            let base = k * 2 * inter * h * super::B;
-            dev.htod(gate_up.at(base), &x.gate.host_bf16())?;
-            dev.htod(gate_up.at(base + inter * h * super::B), &x.up.host_bf16())?;
-            dev.htod(down.at(k * h * inter * super::B), &x.down.host_bf16())?;
-        }
+        // The routed experts stay block-FP8 only together with the shared
+        // expert's down projection (dec_moe_down_fp8 reads both).
+        let gu: Vec<_> = experts.iter().flat_map(|x| [&x.gate, &x.up]).collect();
+        let dn: Vec<_> = experts.iter().map(|x| &x.down).collect();
+        let all: Vec<_> = gu
+            .iter()
+            .chain(&dn)
+            .copied()
+            .chain([&shared.down])
+            .collect();
+        let up = Upload {
+            dev: up.dev,
+            fp8: up.keeps_fp8(&all),
+        };
         Ok(MoeLayer {
             input: up.cat(&[router, shared_gate, &shared.gate, &shared.up])?,
-            gate_up,
-            down,
+            gate_up: up.cat(&gu)?,
+            down: up.cat(&dn)?,
             shared_down: up.mat(&shared.down)?,
         })
     }
@@ -66,11 +70,14 @@ impl MoeLayer {
     pub fn synthetic(s: &mut Synth, cfg: &ModelConfig) -> Result<Self> {
         let h = cfg.hidden_size;
         let (e, _, inter, sh) = mlp_dims(cfg);
+        // As `upload`: the experts FP8 only with the shared down projection;
+        // the input stack (router, shared gate: BF16 in a checkpoint) bf16.
+        let q = Some(s.fp8_fits(&[(e * 2 * inter, h), (e * h, inter), (h, sh)]));
         Ok(MoeLayer {
             input: s.dmat(e + 1 + 2 * sh, h)?,
-            gate_up: s.bf16(e * 2 * inter * h, Synth::unif(h))?,
-            down: s.bf16(e * h * inter, Synth::unif(inter))?,
-            shared_down: s.dmat(h, sh)?,
+            gate_up: s.qmat(e * 2 * inter, h, q)?,
+            down: s.qmat(e * h, inter, q)?,
+            shared_down: s.qmat(h, sh, q)?,
         })
     }
 
@@ -143,6 +150,11 @@ impl MoeLayer {
             )?;
         }
         if t == 1 {
+            // FP8: only the k chosen experts are dequantized.
+            let (wgu, wd) = (
+                m.bf16_weights(gate_up, Slot::GateUp, Some((idx, k, 2 * inter)))?,
+                m.bf16_weights(down, Slot::Down, Some((idx, k, h)))?,
+            );
             let gu = sc.get(d, "gu", k * 2 * inter * F)?;
             kernels::moe_gemv_gate_up(
                 d,
@@ -151,7 +163,7 @@ impl MoeLayer {
                     (256, 1, 1),
                     0,
                 ),
-                dptr(gate_up.ptr()),
+                dptr(wgu),
                 dptr(n),
                 dptr(idx),
                 dptr(gu),
@@ -173,7 +185,7 @@ impl MoeLayer {
             kernels::moe_gemv_down(
                 d,
                 Launch::new(((h as u32).div_ceil(8), 1, 1), (256, 1, 1), 0),
-                dptr(down.ptr()),
+                dptr(wd),
                 dptr(act),
                 dptr(idx),
                 dptr(wts),
@@ -183,6 +195,10 @@ impl MoeLayer {
                 i(inter),
             )?;
         } else if fast && m.gemm == GemmPath::CublasSplit {
+            // FP8: the whole layer's experts are dequantized (a prompt routes
+            // to nearly all of them).
+            let gate_up = m.bf16_weights(gate_up, Slot::GateUp, None)?;
+            let down = m.bf16_weights(down, Slot::Down, None)?;
             let io = MoeIo {
                 n,
                 x,
@@ -194,6 +210,8 @@ impl MoeLayer {
                 (pf.planned, pf.experts) = (pf.planned + 1, e);
             }
         } else {
+            let gate_up = m.bf16_weights(gate_up, Slot::GateUp, None)?;
+            let down = m.bf16_weights(down, Slot::Down, None)?;
             m.moe_grouped(sc, t, e, k, inter, n, x, idx, wts, gate_up, down)?;
         }
         Ok(())
@@ -213,30 +231,60 @@ impl MoeLayer {
         let (x, ssq, nssq, proj) = (ds.x.ptr(), ds.ssq.ptr(), ds.nssq, ds.proj.ptr());
         let (e, k, inter, sh) = mlp_dims(c);
         if m.opts.dec_stage("moe_input") {
-            m.dec_norm_gemv(dc, input.buf.ptr(), input.rows, post_norm.ptr(), proj)?;
+            m.dec_norm_gemv_mat(dc, input, post_norm.ptr(), proj)?;
         }
         if m.opts.dec_stage("moe_gate_up") {
-            kernels::dec_moe_gate_up(
-                d,
-                Launch::pdl(
-                    (inter.div_ceil(8 * ds.moe_pairs) as u32, k as u32, 1),
-                    (256, 1, 1),
-                    (h * F) as u32,
-                ),
-                dptr(gate_up.ptr()),
+            let l = Launch::pdl(
+                (inter.div_ceil(8 * ds.moe_pairs) as u32, k as u32, 1),
+                (256, 1, 1),
+                (h * F) as u32,
+            );
+            let (x, ssq, nw, proj, act) = (
                 dptr(x),
                 dptr(ssq),
-                i(nssq),
                 dptr(post_norm.ptr()),
-                eps,
                 dptr(proj),
-                i(e),
-                i(k),
                 dptr(ds.act.ptr()),
-                i(inter),
-                i(h),
-                i(ds.moe_pairs),
-            )?;
+            );
+            let (nssq, e, k, inter, h, pairs) =
+                (i(nssq), i(e), i(k), i(inter), i(h), i(ds.moe_pairs));
+            match gate_up.fp8() {
+                Some((q, s)) => kernels::dec_moe_gate_up_fp8(
+                    d,
+                    l,
+                    dptr(q),
+                    dptr(s),
+                    x,
+                    ssq,
+                    nssq,
+                    nw,
+                    eps,
+                    proj,
+                    e,
+                    k,
+                    act,
+                    inter,
+                    h,
+                    pairs,
+                )?,
+                None => kernels::dec_moe_gate_up(
+                    d,
+                    l,
+                    dptr(gate_up.bf16()),
+                    x,
+                    ssq,
+                    nssq,
+                    nw,
+                    eps,
+                    proj,
+                    e,
+                    k,
+                    act,
+                    inter,
+                    h,
+                    pairs,
+                )?,
+            }
         }
         // The virtual row (k routed rows + the shared one) in
         // 16-byte columns, split between `warps` warps of `span`
@@ -252,9 +300,20 @@ impl MoeLayer {
                 (if split { 256 * warps as u32 } else { 256 }, 1, 1),
                 ((k * inter + sh) * F) as u32,
             );
-            let (wd, wsd) = (dptr(down.ptr()), dptr(shared_down.buf.ptr()));
             let (act, inp, y, ssq) = (dptr(ds.act.ptr()), dptr(proj), dptr(x), dptr(ssq));
             let (e, k, inter, sh, h) = (i(e), i(k), i(inter), i(sh), i(h));
+            if let (Some((qd, sd)), Some((qs, ss))) = (down.fp8(), shared_down.fp8()) {
+                let l = Launch {
+                    block: (256, 1, 1),
+                    ..l
+                };
+                let (qd, sd, qs, ss) = (dptr(qd), dptr(sd), dptr(qs), dptr(ss));
+                kernels::dec_moe_down_fp8(
+                    d, l, qd, sd, qs, ss, act, inp, e, k, inter, sh, y, h, ssq,
+                )?;
+                return Ok(());
+            }
+            let (wd, wsd) = (dptr(down.bf16()), dptr(shared_down.bf16()));
             if split {
                 kernels::dec_moe_down_rows(
                     d,

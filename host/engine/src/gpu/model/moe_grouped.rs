@@ -5,7 +5,7 @@
 //! `kernels/gemm_rows.cu`'s `moe_rows8` for up to 64 tokens); otherwise
 //! per-expert GEMMs over rows gathered on a plan copied back to the host.
 
-use super::{B, DBuf, F, GpuModel, Scratch};
+use super::{B, F, GpuModel, Scratch};
 use crate::gpu::kernels::{self, Launch, Typed, sig, typed};
 use crate::gpu::{dptr, i};
 use anyhow::{Result, bail};
@@ -113,8 +113,8 @@ impl GpuModel {
         k: usize,
         inter: usize,
         io: MoeIo,
-        gate_up: &DBuf,
-        down: &DBuf,
+        gate_up: u64,
+        down: u64,
     ) -> Result<bool> {
         let d = &self.dev;
         let h = self.cfg.hidden_size;
@@ -206,8 +206,7 @@ impl GpuModel {
             dptr(lo),
         )?;
         // y (f32, rows in plan order) = a (hi + lo) W_e^T per expert.
-        let experts = |a_hi: u64, a_lo: u64, w: &DBuf, y: u64, rows: usize, cols: usize| match &plan
-        {
+        let experts = |a_hi: u64, a_lo: u64, w: u64, y: u64, rows: usize, cols: usize| match &plan {
             MoePlan::Tiles { buf, most, bm } if *bm == MOE_ROWS_BM => kernels::moe_rows8(
                 d,
                 Launch::pdl(
@@ -217,7 +216,7 @@ impl GpuModel {
                 ),
                 dptr(a_hi),
                 dptr(a_lo),
-                dptr(w.ptr()),
+                dptr(w),
                 (rows * cols) as i64,
                 dptr(*buf),
                 dptr(y),
@@ -241,7 +240,7 @@ impl GpuModel {
                     ),
                     dptr(a_hi),
                     dptr(a_lo),
-                    dptr(w.ptr()),
+                    dptr(w),
                     (rows * cols) as i64,
                     dptr(*buf),
                     dptr(y),
@@ -256,7 +255,7 @@ impl GpuModel {
                     if cnt == 0 {
                         continue;
                     }
-                    let w = w.at(ex * rows * cols * B);
+                    let w = w + (ex * rows * cols * B) as u64;
                     let y = y + (start * rows * F) as u64;
                     d.gemm_bf16(
                         a_hi + (start * cols * B) as u64,
@@ -326,8 +325,8 @@ impl GpuModel {
         x: u64,
         idx: u64,
         wts: u64,
-        gate_up: &DBuf,
-        down: &DBuf,
+        gate_up: u64,
+        down: u64,
     ) -> Result<()> {
         let d = &self.dev;
         let h = self.cfg.hidden_size;
@@ -379,7 +378,7 @@ impl GpuModel {
                 sc,
                 xe,
                 cnt,
-                gate_up.at(ex * 2 * inter * h * B),
+                gate_up + (ex * 2 * inter * h * B) as u64,
                 2 * inter,
                 h,
                 gu,
@@ -404,7 +403,7 @@ impl GpuModel {
                 sc,
                 act,
                 cnt,
-                down.at(ex * h * inter * B),
+                down + (ex * h * inter * B) as u64,
                 h,
                 inter,
                 ye,

@@ -66,7 +66,8 @@ impl Scratch {
 }
 
 impl GpuModel {
-    /// `y[t, :] = W x[t, :]` for T rows of x (f32) into y (f32).
+    /// `y[t, :] = W x[t, :]` for T rows of x (f32) into y (f32); a
+    /// block-FP8 W is dequantized into its work buffer first (`fp8.rs`).
     pub(super) fn linear(
         &self,
         sc: &mut Scratch,
@@ -76,7 +77,8 @@ impl GpuModel {
         y: u64,
         accumulate: bool,
     ) -> Result<()> {
-        self.linear_raw(sc, x, t, w.buf.ptr(), w.rows, w.cols, y, accumulate)
+        let wb = self.bf16_weights(w, super::fp8::Slot::Mat, None)?;
+        self.linear_raw(sc, x, t, wb, w.rows, w.cols, y, accumulate)
     }
 
     #[allow(clippy::too_many_arguments)]

@@ -16,7 +16,8 @@ use anyhow::{Result, bail};
 #[derive(Clone, Copy, Debug, serde::Serialize)]
 pub struct StepBytes {
     /// Weights read: every dense matrix and norm, the k routed experts of each
-    /// MoE layer, the lm_head and one embedding row.
+    /// MoE layer, the lm_head and one embedding row (block-FP8 matrices as
+    /// their E4M3 bytes and scales).
     pub weights: usize,
     /// KV cache read by the attention layers.
     pub kv: usize,
@@ -35,7 +36,7 @@ impl GpuModel {
     pub fn step_bytes(&self, ctx: usize) -> StepBytes {
         let c = &self.cfg;
         let h = c.hidden_size;
-        let (_, k, inter, _) = mlp_dims(c);
+        let (e, k, _, _) = mlp_dims(c);
         let mut weights = h * B + self.lm_head().rows * h * B + h * F;
         let mut kv = 0;
         let mut state = 0;
@@ -51,24 +52,28 @@ impl GpuModel {
                         * c.linear_key_head_dim
                         * c.linear_value_head_dim
                         * F;
-                    (in_proj.rows * in_proj.cols + out_proj.rows * out_proj.cols) * B
+                    in_proj.device_bytes() + out_proj.device_bytes()
                 }
                 LayerMixer::Attn(AttnLayer { proj, o_proj, .. }) => {
                     kv += 2 * ctx * kv_row;
-                    (proj.rows * proj.cols + o_proj.rows * o_proj.cols) * B
+                    proj.device_bytes() + o_proj.device_bytes()
                 }
             };
             weights += match &l.mlp {
+                // The k routed experts' share of the expert tensors
+                // (bf16, or E4M3 bytes + block scales).
                 LayerMlp::Moe(MoeLayer {
-                    input, shared_down, ..
+                    input,
+                    gate_up,
+                    down,
+                    shared_down,
                 }) => {
-                    (input.rows * input.cols
-                        + shared_down.rows * shared_down.cols
-                        + k * 3 * inter * h)
-                        * B
+                    input.device_bytes()
+                        + shared_down.device_bytes()
+                        + (gate_up.device_bytes() + down.device_bytes()) / e * k
                 }
                 LayerMlp::Dense(DenseLayer { gate_up, down }) => {
-                    (gate_up.rows * gate_up.cols + down.rows * down.cols) * B
+                    gate_up.device_bytes() + down.device_bytes()
                 }
             };
         }
@@ -122,14 +127,14 @@ impl GpuModel {
             .layers
             .iter()
             .filter_map(|l| match &l.mixer {
-                LayerMixer::Gdn(GdnLayer { out_proj, .. }) => {
+                LayerMixer::Gdn(GdnLayer { out_proj, .. }) if out_proj.fp8().is_none() => {
                     Some((out_proj.buf.ptr(), out_proj.rows, out_proj.cols))
                 }
                 _ => None,
             })
             .collect();
         if mats.is_empty() {
-            bail!("the probe needs GDN layers");
+            bail!("the probe needs GDN layers with bf16 out projections (QWASI_FP8=dequantize)");
         }
         let (rows, cols) = (mats[0].1, mats[0].2);
         let bytes = rows * cols * B;

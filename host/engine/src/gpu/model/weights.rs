@@ -6,50 +6,108 @@
 
 use super::attention::AttnLayer;
 use super::embed::EmbedHead;
+use super::fp8::Fp8Work;
 use super::gdn::GdnLayer;
 use super::mlp::DenseLayer;
 use super::moe::MoeLayer;
 use super::{B, DBuf, DLayer, Device, F, GpuModel, LayerMixer, LayerMlp, mlp_dims};
 use crate::config::{LayerKind, MlpConfig, ModelConfig};
+use crate::fp8;
 use crate::gpu::dptr;
 use crate::gpu::kernels::{self, Launch};
 use crate::gpu::options::GpuOptions;
 use crate::weights::{Mixer, Mlp, Weights};
 use anyhow::{Result, bail};
 
-/// A bf16 matrix on the device, row-major `[rows, cols]`.
+/// A matrix on the device, row-major `[rows, cols]`: bf16, or block-FP8
+/// (E4M3 bytes and f32 scales `[rows / 128, ceil(cols / 128)]`, kernels/fp8.h)
+/// where an FP8 checkpoint's matrix is kept quantized.
 pub(super) struct DevMat {
+    /// The bf16 elements, or the E4M3 bytes when `scales` is set.
     pub buf: DBuf,
     pub rows: usize,
     pub cols: usize,
+    pub scales: Option<DBuf>,
+}
+
+impl DevMat {
+    /// (bytes, scales) of a block-FP8 matrix.
+    pub fn fp8(&self) -> Option<(u64, u64)> {
+        self.scales.as_ref().map(|s| (self.buf.ptr(), s.ptr()))
+    }
+
+    /// The bf16 elements' address; a block-FP8 matrix has none (kernels read
+    /// it natively or through [`GpuModel::bf16_weights`]).
+    pub fn bf16(&self) -> u64 {
+        assert!(self.scales.is_none(), "a block-FP8 matrix read as bf16");
+        self.buf.ptr()
+    }
+
+    /// Device bytes (weights and scales).
+    pub fn device_bytes(&self) -> usize {
+        self.buf.bytes() + self.scales.as_ref().map_or(0, DBuf::bytes)
+    }
 }
 
 /// Uploads host tensors.
 pub(super) struct Upload<'a> {
     pub dev: &'a Device,
+    /// Keep block-FP8 matrices quantized (`QWASI_FP8=resident`).
+    pub fp8: bool,
 }
 
 impl Upload<'_> {
     pub fn mat(&self, m: &crate::tensor::Mat) -> Result<DevMat> {
-        Ok(DevMat {
-            buf: self.dev.upload(&m.host_bf16())?,
-            rows: m.rows,
-            cols: m.cols,
-        })
+        self.cat(&[m])
     }
 
-    /// Matrices of the same width stacked into one (one GEMV / GEMM for all).
+    /// Whether matrices stacked in this order stay block-FP8 on the device:
+    /// all FP8 in whole 128-row blocks (so their scale rows stack too), with
+    /// 16-byte rows (the native kernels' loads).
+    pub fn keeps_fp8(&self, ms: &[&crate::tensor::Mat]) -> bool {
+        self.fp8
+            && ms
+                .iter()
+                .all(|m| m.cols.is_multiple_of(fp8::BLOCK) && m.fp8_blocks().is_some())
+    }
+
+    /// Matrices of the same width stacked into one (one GEMV / GEMM for all):
+    /// block-FP8 where [`Upload::keeps_fp8`], bf16 otherwise (a stack that
+    /// mixes FP8 and BF16 matrices, such as the GDN's in projection, is bf16).
     pub fn cat(&self, ms: &[&crate::tensor::Mat]) -> Result<DevMat> {
         let cols = ms[0].cols;
         let rows: usize = ms.iter().map(|m| m.rows).sum();
+        assert!(ms.iter().all(|m| m.cols == cols));
+        if self.keeps_fp8(ms) {
+            let cb = cols.div_ceil(fp8::BLOCK);
+            let buf = self.dev.alloc(rows * cols)?;
+            let scales = self.dev.alloc(rows / fp8::BLOCK * cb * F)?;
+            let (mut off, mut soff) = (0, 0);
+            for m in ms {
+                let (q, s) = m.fp8_blocks().expect("checked by keeps_fp8");
+                self.dev.htod(buf.at(off), q)?;
+                self.dev.htod(scales.at(soff), s)?;
+                (off, soff) = (off + q.len(), soff + s.len() * F);
+            }
+            return Ok(DevMat {
+                buf,
+                rows,
+                cols,
+                scales: Some(scales),
+            });
+        }
         let buf = self.dev.alloc(rows * cols * B)?;
         let mut off = 0;
         for m in ms {
-            assert_eq!(m.cols, cols);
             self.dev.htod(buf.at(off), &m.host_bf16())?;
             off += m.rows * cols * B;
         }
-        Ok(DevMat { buf, rows, cols })
+        Ok(DevMat {
+            buf,
+            rows,
+            cols,
+            scales: None,
+        })
     }
 
     pub fn f32s(&self, v: &[f32]) -> Result<DBuf> {
@@ -63,6 +121,9 @@ pub(super) struct Synth<'a> {
     dev: &'a Device,
     seed: u64,
     counter: u64,
+    /// Generate the matrices a block-FP8 checkpoint quantizes in FP8
+    /// (a preset with `quantization`, `QWASI_FP8=resident`).
+    fp8: bool,
 }
 
 impl Synth<'_> {
@@ -95,6 +156,48 @@ impl Synth<'_> {
             buf: self.bf16(rows * cols, Self::unif(cols))?,
             rows,
             cols,
+            scales: None,
+        })
+    }
+
+    /// Whether matrices of these `(rows, cols)` are generated block-FP8
+    /// (whole 128x128 blocks, an FP8 model).
+    pub fn fp8_fits(&self, dims: &[(usize, usize)]) -> bool {
+        self.fp8
+            && dims
+                .iter()
+                .all(|&(r, c)| r.is_multiple_of(fp8::BLOCK) && c.is_multiple_of(fp8::BLOCK))
+    }
+
+    /// A matrix a checkpoint would quantize: block-FP8 where [`Synth::fp8_fits`]
+    /// (`fp8_fits` for the whole group when `group` is given), else bf16.
+    /// FP8: codes of uniform values (`fill_uniform_fp8`) times block scales
+    /// within 25% of `unif(cols) / 448`, so the weights spread as `dmat`'s.
+    pub fn qmat(&mut self, rows: usize, cols: usize, group: Option<bool>) -> Result<DevMat> {
+        if !group.unwrap_or_else(|| self.fp8_fits(&[(rows, cols)])) {
+            return self.dmat(rows, cols);
+        }
+        let n = rows * cols;
+        let buf = self.dev.alloc(n)?;
+        let seed = self.next_seed();
+        kernels::fill_uniform_fp8(
+            self.dev,
+            Launch::new(
+                (n.div_ceil(256).min(65_535 * 16) as u32, 1, 1),
+                (256, 1, 1),
+                0,
+            ),
+            dptr(buf.ptr()),
+            n as i64,
+            seed,
+        )?;
+        let scale = Self::unif(cols) / 448.0;
+        let blocks = rows / fp8::BLOCK * cols / fp8::BLOCK;
+        Ok(DevMat {
+            buf,
+            rows,
+            cols,
+            scales: Some(self.f32s(blocks, 0.25 * scale, scale)?),
         })
     }
 
@@ -140,6 +243,17 @@ pub(super) fn fill_uniform(
         seed,
         scale,
         offset,
+    )
+}
+
+/// What the load message adds for a model with FP8 work buffers.
+fn work_note(work: usize) -> String {
+    if work == 0 {
+        return String::new();
+    }
+    format!(
+        " (block-FP8 kept quantized, + {:.2} GB of bf16 work buffers)",
+        work as f64 / 1e9
     )
 }
 
@@ -192,8 +306,12 @@ impl GpuModel {
     /// Uploads `weights` to GPU 0 (fused per-layer projections, contiguous
     /// experts), with the options of the environment ([`GpuOptions::from_env`]).
     pub fn new(cfg: ModelConfig, w: &Weights) -> Result<Self> {
+        Self::with_options(cfg, w, GpuOptions::from_env()?)
+    }
+
+    /// [`GpuModel::new`] with these options.
+    pub fn with_options(cfg: ModelConfig, w: &Weights, opts: GpuOptions) -> Result<Self> {
         check_supported(&cfg)?;
-        let opts = GpuOptions::from_env()?;
         let dev = Device::new(&opts.device)?;
         let total = w.bytes_total();
         eprintln!(
@@ -202,7 +320,10 @@ impl GpuModel {
             total as f64 / 1e9
         );
         let t0 = std::time::Instant::now();
-        let up = Upload { dev: &dev };
+        let up = Upload {
+            dev: &dev,
+            fp8: opts.fp8_resident,
+        };
         let mut layers = Vec::with_capacity(w.layers.len());
         for (li, l) in w.layers.iter().enumerate() {
             let mixer = match &l.mixer {
@@ -215,14 +336,7 @@ impl GpuModel {
                     experts,
                     shared,
                     shared_gate,
-                } => LayerMlp::Moe(MoeLayer::upload(
-                    &up,
-                    &cfg,
-                    router,
-                    experts,
-                    shared,
-                    shared_gate,
-                )?),
+                } => LayerMlp::Moe(MoeLayer::upload(&up, router, experts, shared, shared_gate)?),
                 Mlp::Dense(d) => LayerMlp::Dense(DenseLayer::upload(&up, d)?),
             };
             layers.push(DLayer {
@@ -236,12 +350,17 @@ impl GpuModel {
             }
         }
         let head = EmbedHead::upload(&up, w)?;
+        let fp8_work = Fp8Work::new(&dev, &layers)?;
         dev.sync()?;
+        let m = Self::assemble(dev, cfg, head, layers, fp8_work, opts);
+        let (weights, work) = m.weight_bytes();
         eprintln!(
-            "[cuda] weights on the GPU in {:.1} s",
-            t0.elapsed().as_secs_f64()
+            "[cuda] weights on the GPU in {:.1} s: {:.2} GB{}",
+            t0.elapsed().as_secs_f64(),
+            weights as f64 / 1e9,
+            work_note(work)
         );
-        Ok(Self::assemble(dev, cfg, head, layers, opts))
+        Ok(m)
     }
 
     /// A model of `cfg`'s geometry with seeded random bf16 weights generated on
@@ -256,6 +375,7 @@ impl GpuModel {
             dev: &dev,
             seed,
             counter: 0,
+            fp8: cfg.quantization.is_some() && opts.fp8_resident,
         };
         let mut layers = Vec::new();
         for kind in cfg.layer_kinds.clone() {
@@ -277,6 +397,7 @@ impl GpuModel {
             });
         }
         let head = EmbedHead::synthetic(&mut s, &cfg)?;
+        let fp8_work = Fp8Work::new(&dev, &layers)?;
         dev.sync()?;
         let (free, total) = dev.mem_info();
         eprintln!(
@@ -287,7 +408,14 @@ impl GpuModel {
             free as f64 / 1e9,
             total as f64 / 1e9
         );
-        Ok(Self::assemble(dev, cfg, head, layers, opts))
+        let m = Self::assemble(dev, cfg, head, layers, fp8_work, opts);
+        let (weights, work) = m.weight_bytes();
+        eprintln!(
+            "[cuda] {:.2} GB of weights{}",
+            weights as f64 / 1e9,
+            work_note(work)
+        );
+        Ok(m)
     }
 }
 

@@ -1,0 +1,28 @@
+// Block-FP8 weights to bf16 (kernels/fp8.h) for the paths without a native
+// FP8 kernel: prompt GEMMs, grouped expert GEMMs, the batched step's
+// few-row kernels. They read the bf16 copy this writes into a work buffer.
+#include "fp8.h"
+
+// out = the bf16 values of slabs of `rows` x `cols` E4M3 weights q with
+// scales s ([rows / 128 per slab, ceil(cols / 128)], rows a multiple of 128,
+// cols of 8): slab e = idx[blockIdx.y] (the experts a pass routes to; the
+// other slabs of out are left as they are) or e = blockIdx.y when idx is
+// null. Slab e of out is at the same place as slab e of q, so a kernel that
+// indexes experts in the bf16 tensor reads out unchanged. 8 weights a thread.
+// No QW_GRID_LAUNCH(): the next kernel reads `out` as its weights, which a
+// PDL kernel may load before its QW_GRID_WAIT(), so it must not start before
+// this grid has finished (the implicit trigger at its end). The wait comes
+// first: the kernel before may still read `out`'s last contents.
+QW_KERNEL void QW_BOUNDS(256) fp8_dequant(const unsigned char* __restrict__ q, const float* __restrict__ s,
+                                          const int* __restrict__ idx, int rows, int cols,
+                                          bf16_t* __restrict__ out) {
+    QW_GRID_WAIT();
+    const long long e = idx ? idx[blockIdx.y] : blockIdx.y;
+    const long long c8 = cols / 8, n8 = (long long)rows * c8, base = e * n8;
+    const long long cb = (cols + 127) / 128;
+    for (long long u = (long long)blockIdx.x * blockDim.x + threadIdx.x; u < n8;
+         u += (long long)gridDim.x * blockDim.x) {
+        const long long g = base + u, r = g / c8, c = (g % c8) * 8;
+        ((uint4*)out)[g] = fp8x8_bf16(((const uint2*)q)[g], s[(r >> 7) * cb + (c >> 7)]);
+    }
+}

@@ -1,0 +1,44 @@
+// Block-FP8 weights (Qwen's -FP8 checkpoints, docs/FP8.md): E4M3 bytes with
+// one f32 scale per 128x128 block. A weight's bf16 value is exactly the CPU
+// reference's (host/engine/src/fp8.rs, transformers' dequantization): the
+// E4M3 value and the scale widened to f32, multiplied once, rounded to bf16
+// (nearest even), so every kernel that reads FP8 sees the bf16 weights the
+// dequantize-at-upload path would hold.
+#pragma once
+#include "compat.h"
+
+// The value of an E4M3 (float8_e4m3fn: bias 7, no infinities, S.1111.111 NaN)
+// byte, exactly.
+__device__ __forceinline__ float e4m3_f32(unsigned b) {
+    const unsigned e = (b >> 3) & 15u, m = b & 7u;
+    if (e == 15u && m == 7u) return __uint_as_float(0x7fc00000u);
+    // Subnormal m/8 * 2^-6; normal (1 + m/8) * 2^(e-7) as f32 bits.
+    const float v = e == 0u ? (float)m * 0.001953125f : __uint_as_float(((e + 120u) << 23) | (m << 20));
+    return (b & 0x80u) ? -v : v;
+}
+
+// One weight: bf16(f32(e4m3) * scale).
+__device__ __forceinline__ bf16_t fp8_bf16(unsigned b, float s) { return f2bf(e4m3_f32(b) * s); }
+
+// Two bf16 weights (low half first) from the E4M3 bytes at bit `sh` and `sh + 8` of w.
+__device__ __forceinline__ unsigned fp8x2_bf16(unsigned w, int sh, float s) {
+    return (unsigned)fp8_bf16((w >> sh) & 255u, s) | ((unsigned)fp8_bf16((w >> (sh + 8)) & 255u, s) << 16);
+}
+
+// Eight E4M3 weights of one block (8 bytes, element 0 the lowest) as the
+// 16 bytes of their bf16 values, laid out as a bf16 load of them would be.
+__device__ __forceinline__ uint4 fp8x8_bf16(uint2 q, float s) {
+    return make_uint4(fp8x2_bf16(q.x, 0, s), fp8x2_bf16(q.x, 16, s), fp8x2_bf16(q.y, 0, s),
+                      fp8x2_bf16(q.y, 16, s));
+}
+
+// The E4M3 byte of |v| < 448 with the mantissa truncated (synthetic weights:
+// kernels/common.cu fill_uniform_fp8); never the NaN code.
+__device__ __forceinline__ unsigned char f32_e4m3_trunc(float v) {
+    const unsigned s = v < 0.f ? 0x80u : 0u;
+    const float a = fabsf(v);
+    if (a < 0.015625f) return (unsigned char)(s | (unsigned)(a * 512.f));  // subnormal m * 2^-9
+    int e;
+    const float f = frexpf(a, &e);  // a = f 2^e, f in [0.5, 1): (1 + m/8) 2^(e-1)
+    return (unsigned char)(s | ((unsigned)(e + 6) << 3) | (unsigned)((f * 2.f - 1.f) * 8.f));
+}

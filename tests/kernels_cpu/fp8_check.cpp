@@ -1,0 +1,203 @@
+// Block-FP8 weights on the CPU (QW_CPU). fp8_dequant (kernels/fp8.cu) against
+// an independent restatement of host/engine/src/fp8.rs (the E4M3 value from
+// its fields in double, one f32 product with the scale, bf16 round to nearest
+// even, NaN as 0x7fc0), bit for bit: all 256 codes times scales that make
+// normals, subnormals, ties and overflow; the block-scale indexing of a
+// two-slab matrix with partial column blocks; only the routed slabs written.
+// The native FP8 decode kernels (kernels/decode.cu: dec_gemv_fp8,
+// dec_norm_gemv_fp8, dec_moe_gate_up_fp8, dec_moe_down_fp8) against the bf16
+// kernels on the dequantized weights: bit-identical outputs (same values, same
+// f32 order); the synthetic weights' encoder. Exit 1 on a mismatch.
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <vector>
+#include "decode.cu"
+#include "fp8.cu"
+
+static int failures = 0;
+
+static void fail(const char* what, size_t i, double got, double want) {
+    if (failures++ < 20) std::printf("FAIL %s [%zu]: %.9g vs %.9g\n", what, i, got, want);
+}
+
+// fp8.rs restated: value of the byte, times the scale in f32, to bf16 (RNE).
+static unsigned short ref_bf16(unsigned char b, float s) {
+    const int e = (b >> 3) & 15, m = b & 7;
+    if (e == 15 && m == 7) return 0x7fc0;
+    double v = e == 0 ? std::ldexp((double)m / 8.0, -6) : std::ldexp(1.0 + m / 8.0, e - 7);
+    if (b & 0x80) v = -v;
+    const float p = (float)v * s;
+    if (std::isnan(p)) return 0x7fc0;
+    unsigned u;
+    std::memcpy(&u, &p, 4);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (unsigned short)(u >> 16);
+}
+
+// Quantized [slabs * rows, cols] weights with scales [slabs * rows / 128, ceil(cols / 128)].
+struct Q8 {
+    int rows, cols;
+    std::vector<unsigned char> q;
+    std::vector<float> s;
+    int cb() const { return (cols + 127) / 128; }
+    std::vector<bf16_t> bf16() const {
+        std::vector<bf16_t> out(q.size());
+        for (size_t g = 0; g < q.size(); g++)
+            out[g] = ref_bf16(q[g], s[(g / cols / 128) * cb() + (g % cols) / 128]);
+        return out;
+    }
+};
+
+static Q8 random_q8(int rows, int cols, std::mt19937& rng) {
+    Q8 m{rows, cols, std::vector<unsigned char>((size_t)rows * cols), {}};
+    std::uniform_int_distribution<int> byte(0, 255);
+    for (auto& b : m.q) {
+        do b = (unsigned char)byte(rng);
+        while ((b & 0x7f) == 0x7f);  // no NaN weights in the GEMV checks
+    }
+    std::uniform_real_distribution<float> sc(1e-3f, 4e-3f);
+    m.s.resize((size_t)(rows / 128) * m.cb());
+    for (auto& v : m.s) v = sc(rng);
+    return m;
+}
+
+static void dequant_codes() {
+    const float scales[] = {1.f, 0.5f, 3.7e-3f, 1234.5f, std::ldexp(1.f, -20), 1e-38f, 3e38f, -2.25f, 0.1f};
+    // One 128 x 256 slab per scale; every code in every row (two column blocks).
+    for (float sc : scales) {
+        Q8 m{128, 256, std::vector<unsigned char>(128 * 256), std::vector<float>(2)};
+        for (int r = 0; r < 128; r++)
+            for (int c = 0; c < 256; c++) m.q[r * 256 + c] = (unsigned char)((c + r) & 255);
+        m.s = {sc, sc * 0.75f};
+        std::vector<bf16_t> out(m.q.size(), 0x1234);
+        qw_cpu::launch({3, 1, 1}, {256, 1, 1},
+                       [&] { fp8_dequant(m.q.data(), m.s.data(), nullptr, 128, 256, out.data()); });
+        const auto want = m.bf16();
+        for (size_t g = 0; g < out.size(); g++)
+            if (out[g] != want[g]) fail("fp8_dequant code", g, out[g], want[g]);
+    }
+}
+
+static void dequant_slabs(std::mt19937& rng) {
+    // 3 slabs of [256, 200] (column blocks 128 + 72), slabs 2 and 0 routed.
+    Q8 m = random_q8(3 * 256, 200, rng);
+    const int idx[2] = {2, 0};
+    std::vector<bf16_t> out(m.q.size(), 0x1234), all(m.q.size());
+    qw_cpu::launch({4, 2, 1}, {256, 1, 1}, [&] { fp8_dequant(m.q.data(), m.s.data(), idx, 256, 200, out.data()); });
+    qw_cpu::launch({5, 3, 1}, {256, 1, 1}, [&] { fp8_dequant(m.q.data(), m.s.data(), nullptr, 256, 200, all.data()); });
+    const auto want = m.bf16();
+    const size_t slab = 256 * 200;
+    for (size_t g = 0; g < out.size(); g++) {
+        const bool routed = g / slab != 1;
+        if (out[g] != (routed ? want[g] : 0x1234)) fail("fp8_dequant slabs", g, out[g], want[g]);
+        if (all[g] != want[g]) fail("fp8_dequant all", g, all[g], want[g]);
+    }
+}
+
+static std::vector<float> randn(size_t n, std::mt19937& rng, float mean = 0.f, float sd = 1.f) {
+    std::normal_distribution<float> nd(mean, sd);
+    std::vector<float> v(n);
+    for (auto& x : v) x = nd(rng);
+    return v;
+}
+
+static void same(const char* what, const std::vector<float>& got, const std::vector<float>& want) {
+    for (size_t i = 0; i < got.size(); i++)
+        if (std::memcmp(&got[i], &want[i], 4) != 0) fail(what, i, got[i], want[i]);
+}
+
+static void gemvs(int rows, int cols, std::mt19937& rng) {
+    Q8 m = random_q8(rows, cols, rng);
+    const auto w = m.bf16();
+    const auto x = randn(cols, rng), nw = randn(cols, rng, 1.f, 0.1f), y0 = randn(rows, rng);
+    const int blocks = (rows + 7) / 8, nssq = 3;
+    std::vector<float> ssq(nssq, 0.f);
+    for (int c = 0; c < cols; c++) ssq[c % nssq] += x[c] * x[c];
+    // Residual mode, one row per warp.
+    std::vector<float> y1 = y0, y2 = y0, s1(blocks), s2(blocks);
+    qw_cpu::launch({(unsigned)blocks, 1, 1}, {256, 1, 1},
+                   [&] { dec_gemv(w.data(), x.data(), y1.data(), rows, cols, 1, s1.data()); });
+    qw_cpu::launch({(unsigned)blocks, 1, 1}, {256, 1, 1},
+                   [&] { dec_gemv_fp8(m.q.data(), m.s.data(), x.data(), y2.data(), rows, cols, 1, s2.data()); });
+    same("dec_gemv_fp8 y", y2, y1);
+    same("dec_gemv_fp8 ssq", s2, s1);
+    // Norm mode, warps streaming several rows (a capped grid).
+    std::vector<float> n1(rows), n2(rows);
+    const unsigned g = (unsigned)std::max(1, blocks / 3);
+    qw_cpu::launch({g, 1, 1}, {256, 1, 1}, [&] {
+        dec_norm_gemv(w.data(), x.data(), ssq.data(), nssq, nw.data(), 1e-6f, n1.data(), rows, cols);
+    });
+    qw_cpu::launch({g, 1, 1}, {256, 1, 1}, [&] {
+        dec_norm_gemv_fp8(m.q.data(), m.s.data(), x.data(), ssq.data(), nssq, nw.data(), 1e-6f, n2.data(), rows,
+                          cols);
+    });
+    same("dec_norm_gemv_fp8", n2, n1);
+}
+
+static void moe(int E, int k, int I, int H, int S, std::mt19937& rng) {
+    Q8 gu = random_q8(E * 2 * I, H, rng), dn = random_q8(E * H, I, rng), sd = random_q8(H, S, rng);
+    const auto wgu = gu.bf16(), wd = dn.bf16(), wsd = sd.bf16();
+    const auto x = randn(H, rng), nw = randn(H, rng, 1.f, 0.1f), inp = randn(E + 1 + 2 * S, rng);
+    const int nssq = 2;
+    std::vector<float> ssq(nssq, 0.f);
+    for (int c = 0; c < H; c++) ssq[c % nssq] += x[c] * x[c];
+    const int pairs = 2;
+    const dim3 grid((unsigned)((I + 8 * pairs - 1) / (8 * pairs)), (unsigned)k, 1);
+    std::vector<float> a1(k * I), a2(k * I);
+    qw_cpu::launch(grid, {256, 1, 1}, [&] {
+        dec_moe_gate_up(wgu.data(), x.data(), ssq.data(), nssq, nw.data(), 1e-6f, inp.data(), E, k, a1.data(), I, H,
+                        pairs);
+    });
+    qw_cpu::launch(grid, {256, 1, 1}, [&] {
+        dec_moe_gate_up_fp8(gu.q.data(), gu.s.data(), x.data(), ssq.data(), nssq, nw.data(), 1e-6f, inp.data(), E,
+                            k, a2.data(), I, H, pairs);
+    });
+    same("dec_moe_gate_up_fp8", a2, a1);
+    const auto y0 = randn(H, rng);
+    const unsigned blocks = (unsigned)((H + 7) / 8);
+    std::vector<float> y1 = y0, y2 = y0, s1(blocks), s2(blocks);
+    qw_cpu::launch({blocks, 1, 1}, {256, 1, 1}, [&] {
+        dec_moe_down(wd.data(), wsd.data(), a1.data(), inp.data(), E, k, I, S, y1.data(), H, s1.data());
+    });
+    qw_cpu::launch({blocks, 1, 1}, {256, 1, 1}, [&] {
+        dec_moe_down_fp8(dn.q.data(), dn.s.data(), sd.q.data(), sd.s.data(), a1.data(), inp.data(), E, k, I, S,
+                         y2.data(), H, s2.data());
+    });
+    same("dec_moe_down_fp8 y", y2, y1);
+    same("dec_moe_down_fp8 ssq", s2, s1);
+}
+
+// f32_e4m3_trunc (synthetic weights): the code of the largest E4M3 magnitude
+// not above |v|, with v's sign, never NaN.
+static void encode(std::mt19937& rng) {
+    std::uniform_real_distribution<float> u(-447.99f, 447.99f);
+    auto mag = [](unsigned b) { return (double)std::fabs(bf2f(ref_bf16((unsigned char)(b & 0x7f), 1.f))); };
+    for (int i = 0; i < 200000; i++) {
+        const float v = i < 100000 ? u(rng) : u(rng) * 1e-4f;
+        const unsigned b = f32_e4m3_trunc(v);
+        const double a = std::fabs((double)v);
+        const bool sign_ok = (b & 0x80) ? v < 0 : v >= 0 || (b & 0x7f) == 0;
+        if ((b & 0x7f) == 0x7f || !sign_ok || mag(b) > a || ((b & 0x7f) < 0x7e && mag(b + 1) <= a))
+            fail("f32_e4m3_trunc", i, b, v);
+    }
+}
+
+int main() {
+    std::mt19937 rng(7);
+    encode(rng);
+    dequant_codes();
+    dequant_slabs(rng);
+    gemvs(256, 384, rng);   // one chunk, lanes idle
+    gemvs(128, 2560, rng);  // two chunks (the second partial)
+    gemvs(384, 128, rng);
+    moe(8, 3, 128, 256, 128, rng);
+    moe(6, 2, 256, 128, 256, rng);  // the virtual row over two chunks
+    if (failures) {
+        std::printf("%d mismatches\n", failures);
+        return 1;
+    }
+    std::printf("fp8: dequantization and FP8 decode kernels match\n");
+    return 0;
+}
