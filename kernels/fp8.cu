@@ -18,11 +18,14 @@ QW_KERNEL void QW_BOUNDS(256) fp8_dequant(const unsigned char* __restrict__ q, c
                                           bf16_t* __restrict__ out) {
     QW_GRID_WAIT();
     const long long e = idx ? idx[blockIdx.y] : blockIdx.y;
-    const long long c8 = cols / 8, n8 = (long long)rows * c8, base = e * n8;
-    const long long cb = (cols + 127) / 128;
-    for (long long u = (long long)blockIdx.x * blockDim.x + threadIdx.x; u < n8;
-         u += (long long)gridDim.x * blockDim.x) {
-        const long long g = base + u, r = g / c8, c = (g % c8) * 8;
-        ((uint4*)out)[g] = fp8x8_bf16(((const uint2*)q)[g], s[(r >> 7) * cb + (c >> 7)]);
+    // Within a slab in 32 bits (a slab's groups number far below 2^32; the
+    // host checks): 64-bit division per 8 weights would cost more than the
+    // conversion.
+    const unsigned c8 = cols / 8, n8 = (unsigned)rows * c8, cb = (cols + 127) / 128;
+    const long long base = e * n8;
+    const float* se = s + e * (rows >> 7) * cb;
+    for (unsigned u = blockIdx.x * blockDim.x + threadIdx.x; u < n8; u += gridDim.x * blockDim.x) {
+        const unsigned r = u / c8, c = (u - r * c8) * 8;
+        ((uint4*)out)[base + u] = fp8x8_bf16(((const uint2*)q)[base + u], se[(r >> 7) * cb + (c >> 7)]);
     }
 }

@@ -97,11 +97,11 @@ mod gpu {
     use super::Args;
     use anyhow::Result;
     use qwasi_engine::gpu::verify::{
-        ATTN_TOL, BATCH_LOGPROB_TOL, Comparison, ConstrainedReport, DRAW_LOGPROB_TOL, FP8_LOGIT_TOL,
-        LSE_TOL, MARGIN_TOL, MASK_LOGPROB_TOL, SmokeReport, Tolerances, WeightedReport,
-        attention_check, batch_check, constrained_check, fp8_resident_check, pass_snapshots_check,
-        smoke, synthetic_model, verify_fixture, verify_fixture_batch, verify_fixture_constrained,
-        verify_fixture_weighted, weighted_check,
+        ATTN_TOL, BATCH_LOGPROB_TOL, Comparison, ConstrainedReport, DRAW_LOGPROB_TOL,
+        FP8_LOGIT_TOL, LSE_TOL, MARGIN_TOL, MASK_LOGPROB_TOL, SmokeReport, Tolerances,
+        WeightedReport, attention_check, batch_check, constrained_check, fp8_resident_check,
+        pass_snapshots_check, smoke, synthetic_model, verify_fixture, verify_fixture_batch,
+        verify_fixture_constrained, verify_fixture_weighted, weighted_check,
     };
     use std::path::{Path, PathBuf};
 

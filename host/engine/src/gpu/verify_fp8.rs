@@ -21,8 +21,10 @@ use std::path::Path;
 /// the kernels use are bit-identical (kernels/fp8.h); what differs is which
 /// decode GEMV sums them (the FP8 GEMV streams a row per warp where the bf16
 /// path may take the bulk-copy or split-row kernels), so only f32 summation
-/// order separates them.
-pub const FP8_LOGIT_TOL: f32 = 1e-5;
+/// order separates them. That order moves f32 logits by ~1e-5 (1.47e-5 on
+/// the H200 at 4bd4da1, 104 of 192 steps bit-identical); a wrong weight
+/// moves them by far more than the 1e-4 allowed.
+pub const FP8_LOGIT_TOL: f32 = 1e-4;
 
 #[derive(Serialize, Clone, Debug)]
 pub struct Fp8Report {

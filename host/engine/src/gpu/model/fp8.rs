@@ -108,6 +108,12 @@ impl GpuModel {
         .ptr();
         let (idx, slabs, rows) = experts.unwrap_or((0, 1, w.rows));
         let units = rows * w.cols / 8;
+        // fp8_dequant indexes within a slab in 32 bits.
+        anyhow::ensure!(
+            units < u32::MAX as usize,
+            "an FP8 matrix slab of {rows} x {} is too large to dequantize",
+            w.cols
+        );
         let blocks = units.div_ceil(256).min(4 * 65_535) as u32;
         kernels::fp8_dequant(
             &self.dev,
