@@ -176,69 +176,71 @@ struct Harness {
     rows: Arc<Mutex<Vec<usize>>>,
 }
 
+/// What a harness is built with; `Setup::default()` is a plain backend
+/// with no prefix cache.
+#[derive(Default)]
+struct Setup {
+    cache_bytes: usize,
+    host_bytes: usize,
+    interval: usize,
+    delay_ms: u64,
+    /// Count the device snapshots' full copies (as the GPU backend's).
+    copies: Option<Arc<CopyStats>>,
+    /// Count the host tier's copies.
+    host: Option<Arc<CopyStats>>,
+    /// Stage snapshots inside passes every this many tokens.
+    stride: Option<usize>,
+    config: ServiceConfig,
+}
+
 impl Harness {
     fn new(cache_bytes: usize, interval: usize, delay_ms: u64) -> Self {
-        Self::build(cache_bytes, interval, delay_ms, None)
+        Self::build(Setup {
+            cache_bytes,
+            interval,
+            delay_ms,
+            ..Setup::default()
+        })
     }
 
     /// Snapshots own all their bytes, as the GPU backend's full copies would.
     fn with_full_copies(cache_bytes: usize, interval: usize) -> (Self, Arc<CopyStats>) {
         let stats = Arc::new(CopyStats::default());
-        (
-            Self::build(cache_bytes, interval, 0, Some(stats.clone())),
-            stats,
-        )
+        let h = Self::build(Setup {
+            cache_bytes,
+            interval,
+            copies: Some(stats.clone()),
+            ..Setup::default()
+        });
+        (h, stats)
     }
 
     /// A host tier of `host_bytes` behind `cache_bytes`; the returned stats
     /// count the host copies alive.
     fn with_host_tier(cache_bytes: usize, host_bytes: usize) -> (Self, Arc<CopyStats>) {
         let stats = Arc::new(CopyStats::default());
-        let h = Self::build_with(cache_bytes, host_bytes, 0, 0, None, Some(stats.clone()));
+        let h = Self::build(Setup {
+            cache_bytes,
+            host_bytes,
+            host: Some(stats.clone()),
+            ..Setup::default()
+        });
         (h, stats)
     }
 
-    fn build(
-        cache_bytes: usize,
-        interval: usize,
-        delay_ms: u64,
-        copies: Option<Arc<CopyStats>>,
-    ) -> Self {
-        Self::build_with(cache_bytes, 0, interval, delay_ms, copies, None)
-    }
-
-    fn build_with(
-        cache_bytes: usize,
-        host_bytes: usize,
-        interval: usize,
-        delay_ms: u64,
-        copies: Option<Arc<CopyStats>>,
-        host: Option<Arc<CopyStats>>,
-    ) -> Self {
-        let config = ServiceConfig::default();
-        Self::build_full(
-            cache_bytes,
-            host_bytes,
+    /// A backend that stages snapshots inside its passes every `stride`
+    /// tokens; `config` for the scheduler's limits.
+    fn with_stride(interval: usize, stride: usize, config: ServiceConfig) -> Self {
+        Self::build(Setup {
+            cache_bytes: 64 * MIB,
             interval,
-            delay_ms,
-            copies,
-            host,
-            None,
+            stride: Some(stride),
             config,
-        )
+            ..Setup::default()
+        })
     }
 
-    #[allow(clippy::too_many_arguments)]
-    fn build_full(
-        cache_bytes: usize,
-        host_bytes: usize,
-        interval: usize,
-        delay_ms: u64,
-        copies: Option<Arc<CopyStats>>,
-        host: Option<Arc<CopyStats>>,
-        stride: Option<usize>,
-        config: ServiceConfig,
-    ) -> Self {
+    fn build(s: Setup) -> Self {
         let model = model();
         let fail_pos = Arc::new(AtomicUsize::new(usize::MAX));
         let panic = Arc::new(AtomicBool::new(false));
@@ -250,20 +252,20 @@ impl Harness {
             model: model.clone(),
             fail_pos: fail_pos.clone(),
             panic: panic.clone(),
-            delay: Duration::from_millis(delay_ms),
+            delay: Duration::from_millis(s.delay_ms),
             forwards: forwards.clone(),
             forward_tokens: forward_tokens.clone(),
-            copies,
-            host,
+            copies: s.copies,
+            host: s.host,
             in_place: in_place.clone(),
-            stride,
+            stride: s.stride,
             rows: rows.clone(),
         };
         let cfg = ServiceConfig {
-            prefix_cache_bytes: cache_bytes,
-            prefix_cache_host_bytes: host_bytes,
-            snapshot_interval: interval,
-            ..config
+            prefix_cache_bytes: s.cache_bytes,
+            prefix_cache_host_bytes: s.host_bytes,
+            snapshot_interval: s.interval,
+            ..s.config
         };
         Harness {
             svc: EngineService::start(backend, None, "tiny".into(), cfg),
@@ -275,12 +277,6 @@ impl Harness {
             in_place,
             rows,
         }
-    }
-
-    /// A backend that stages snapshots inside its passes every `stride`
-    /// tokens; `config` for the scheduler's limits.
-    fn with_stride(interval: usize, stride: usize, config: ServiceConfig) -> Self {
-        Self::build_full(64 * MIB, 0, interval, 0, None, None, Some(stride), config)
     }
 
     /// Token counts of the rows run since the last call.
