@@ -1,5 +1,5 @@
 // Decode attention with one pass per key for all the query heads of a KV head
-// (GQA), split over the key length like dec_attn_* (kernels/decode.cu) and
+// (GQA), split over the key length like dec_attn_* (kernels/decode_attn.cu) and
 // writing the same partials for dec_attn_combine.
 //
 // dec_attn_*_ring has one warp per query head, each reading every K/V row of

@@ -1,7 +1,7 @@
 // Decode attention on tensor cores: the G <= 8 query heads of a KV head are the
 // n8 side of mma.sync m16n8k16 and 16 keys its m16 side, so one pass over each
 // key serves every head of the group and no (head, key) dot is reduced across
-// lanes. Split over the key length like dec_attn_* (kernels/decode.cu), with
+// lanes. Split over the key length like dec_attn_* (kernels/decode_attn.cu), with
 // the same partials (unnormalised o, running max, sum; natural-log units, q
 // scaled) for dec_attn_combine.
 //

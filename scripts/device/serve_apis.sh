@@ -14,30 +14,13 @@
 # Env: QWASI_BIN (.dev/qwasi), MODEL (/dev/shm/m40), GEN, TOKENIZER, CONC,
 #      RUNS (3), TOKENS (256). Output: $OUT/{verify,structured,apis,serving}.json.
 set -uo pipefail
-OUT=${OUT:-/tmp/qwasi-out}
-mkdir -p "$OUT"
-BIN=${QWASI_BIN:-.dev/qwasi}
-MODEL=${MODEL:-/dev/shm/m40}
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 RUNS=${RUNS:-3}
 TOKENS=${TOKENS:-256}
-rc=0
-"$BIN" verify --backend cuda --json "$OUT/verify.json" > "$OUT/verify.log" 2>&1 || rc=1
-echo "verify: $(tail -1 "$OUT/verify.log")"
-if [ ! -e "$MODEL/config.json" ]; then
-  python3 "${GEN:-.dev/gen_hf_checkpoint.py}" --layers 40 --out "$MODEL" \
-    ${TOKENIZER:+--tokenizer "$TOKENIZER"} > "$OUT/gen.log" 2>&1 || { echo "checkpoint: failed"; tail "$OUT/gen.log"; exit 1; }
-fi
-PORT=8321
-URL=http://127.0.0.1:$PORT
-"$BIN" serve --backend cuda --model "$MODEL" --port $PORT \
-  --chat-template tests/fixtures/chat/qwen3_6_format.jinja > "$OUT/serve.log" 2>&1 &
-SRV=$!
+qw_verify verify
+qw_checkpoint
+qw_serve "$OUT/serve.log" --chat-template tests/fixtures/chat/qwen3_6_format.jinja
 trap 'kill $SRV 2>/dev/null; wait $SRV 2>/dev/null' EXIT
-for _ in $(seq 1 600); do
-  curl -sf $URL/ready > /dev/null && break
-  kill -0 $SRV 2>/dev/null || { echo "serve exited"; tail -20 "$OUT/serve.log"; exit 1; }
-  sleep 0.5
-done
 echo "== constrained decoding at batch 1"
 python3 scripts/bench_structured.py --url $URL --runs "$RUNS" --tokens "$TOKENS" | tee "$OUT/structured.json" || rc=1
 echo "== the chat APIs"

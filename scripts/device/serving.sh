@@ -15,29 +15,13 @@
 # Env: QWASI_BIN (.dev/qwasi), MODEL (/dev/shm/m40), GEN, TOKENIZER, CONC
 #      (1,8,16,32,64), TOKENS (256). Output: $OUT/{verify,serving,serving-long,long}.json.
 set -uo pipefail
-OUT=${OUT:-/tmp/qwasi-out}
-mkdir -p "$OUT"
-BIN=${QWASI_BIN:-.dev/qwasi}
-MODEL=${MODEL:-/dev/shm/m40}
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 CONC=${CONC:-1,8,16,32,64}
 TOKENS=${TOKENS:-256}
-rc=0
-"$BIN" verify --backend cuda --json "$OUT/verify.json" > "$OUT/verify.log" 2>&1 || rc=1
-echo "verify: $(tail -1 "$OUT/verify.log")"
-if [ ! -e "$MODEL/config.json" ]; then
-  python3 "${GEN:-.dev/gen_hf_checkpoint.py}" --layers 40 --out "$MODEL" \
-    ${TOKENIZER:+--tokenizer "$TOKENIZER"} > "$OUT/gen.log" 2>&1 || { echo "checkpoint: failed"; tail "$OUT/gen.log"; exit 1; }
-fi
-PORT=8321
-URL=http://127.0.0.1:$PORT
-"$BIN" serve --backend cuda --model "$MODEL" --port $PORT > "$OUT/serve.log" 2>&1 &
-SRV=$!
+qw_verify verify
+qw_checkpoint
+qw_serve "$OUT/serve.log"
 trap 'kill $SRV 2>/dev/null; wait $SRV 2>/dev/null' EXIT
-for _ in $(seq 1 600); do
-  curl -sf $URL/ready > /dev/null && break
-  kill -0 $SRV 2>/dev/null || { echo "serve exited"; tail -20 "$OUT/serve.log"; exit 1; }
-  sleep 0.5
-done
 echo "== serving at $CONC"
 "$BIN" bench --workload serving --url $URL --concurrency "$CONC" --prompt-tokens 1024 \
   --output-tokens "$TOKENS" --out "$OUT/serving.json" 2>&1 | grep -v "^\[bench\] request" | tail -12 || rc=1

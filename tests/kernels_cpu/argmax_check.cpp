@@ -1,4 +1,4 @@
-// The greedy readout of kernels/decode.cu on the CPU (QW_CPU): argmax_partial
+// The greedy readout of kernels/argmax.cu on the CPU (QW_CPU): argmax_partial
 // then argmax_final over rows of a batch, each row with or without a
 // constrained-decoding mask (token_mask.h), against a plain reference on the
 // row with the tokens the mask leaves out at -inf: the token (ties: lower
@@ -8,7 +8,7 @@
 #include <cstdio>
 #include <random>
 #include <vector>
-#include "decode.cu"
+#include "argmax.cu"
 
 static int failures = 0;
 

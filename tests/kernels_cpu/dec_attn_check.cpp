@@ -1,5 +1,5 @@
 // Decode attention on the CPU (QW_CPU): every kernel family of
-// kernels/decode.cu (dec_attn_*: direct and ring) and
+// kernels/decode_attn.cu (dec_attn_*: direct and ring) and
 // kernels/decode_attn_keys.cu (dec_attn_*_keys) and kernels/decode_attn_tc.cu
 // (dec_attn_*_tc, tensor cores: the mma emulated), each followed by the real
 // dec_attn_combine, against gated softmax attention in double precision.
@@ -10,7 +10,7 @@
 #include <random>
 #include <string>
 #include <vector>
-#include "decode.cu"
+#include "decode_attn.cu"
 #include "decode_attn_keys.cu"
 #include "decode_attn_tc.cu"
 

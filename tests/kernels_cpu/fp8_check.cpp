@@ -5,15 +5,17 @@
 // normals, subnormals, ties and overflow; the block-scale indexing of a
 // two-slab matrix with partial column blocks; only the routed slabs written.
 // The native FP8 decode kernels (kernels/decode.cu: dec_gemv_fp8,
-// dec_norm_gemv_fp8, dec_moe_gate_up_fp8, dec_moe_down_fp8) against the bf16
-// kernels on the dequantized weights: bit-identical outputs (same values, same
-// f32 order); the synthetic weights' encoder. Exit 1 on a mismatch.
+// dec_norm_gemv_fp8; kernels/decode_moe.cu: dec_moe_gate_up_fp8,
+// dec_moe_down_fp8) against the bf16 kernels on the dequantized weights:
+// bit-identical outputs (same values, same f32 order); the synthetic weights'
+// encoder. Exit 1 on a mismatch.
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <random>
 #include <vector>
 #include "decode.cu"
+#include "decode_moe.cu"
 #include "fp8.cu"
 
 static int failures = 0;

@@ -1,4 +1,4 @@
-// The GDN decode step of kernels/decode.cu on the CPU (QW_CPU): dec_gdn_conv
+// The GDN decode step of kernels/decode_gdn.cu on the CPU (QW_CPU): dec_gdn_conv
 // (causal conv + SiLU) then dec_gdn_step (q/k L2 norms, gates, delta rule,
 // gated RMSNorm; 2-D blocks) against a double-precision reference: the out
 // projection's input (RMS-normalised, ~1) within 1e-5 and the recurrent
@@ -10,7 +10,7 @@
 #include <cstdio>
 #include <random>
 #include <vector>
-#include "decode.cu"
+#include "decode_gdn.cu"
 
 static int failures = 0;
 

@@ -1,4 +1,4 @@
-// The decode MoE routing (kernels/decode.cu: router_topk_warp, which both
+// The decode MoE routing (kernels/decode_moe.cu: router_topk_warp, which both
 // expert kernels run) on the CPU (QW_CPU; its warp reductions as shuffles,
 // redux.sync on the GPU): the k largest router logits with ties to the lower
 // index (-0 and +0 are equal) and their renormalised softmax weights against a
@@ -10,7 +10,7 @@
 #include <cstdio>
 #include <random>
 #include <vector>
-#include "decode.cu"
+#include "decode_moe.cu"
 
 static int failures = 0;
 

@@ -181,7 +181,7 @@ impl AttnLayer {
     /// prompt pass would, adds the layer's output.
     pub fn batch(&self, m: &GpuModel, bt: &mut Batch, input_norm: &DBuf, li: usize) -> Result<()> {
         let (tab, pos, nsplit, b, chunks) = (bt.layer_tab(li), bt.pos, bt.nsplit, bt.b, bt.chunks);
-        let longest = bt.longest;
+        let attn = bt.attn;
         let pf = &mut bt.pf;
         let (c, d) = (&m.cfg, &m.dev);
         let (t, h, x, n, mixed, fast) = (pf.t, c.hidden_size, pf.x, pf.n, pf.mixed, pf.fast);
@@ -219,14 +219,12 @@ impl AttnLayer {
             )?;
             let po = sc.get(d, "bat_att_po", b * nh * nsplit * hd * F)?;
             let pml = sc.get(d, "bat_att_pml", b * nh * nsplit * 2 * F)?;
-            // The longest row's keys per split decide the kernel.
-            let (kernel, stages, smem) = m.batch_attn_kernel(longest.div_ceil(nsplit));
-            (kernel.launch)(
+            (attn.kernel.launch)(
                 d,
                 Launch::pdl(
                     (nkv as u32, nsplit as u32, b as u32),
                     ((32 * (nh / nkv)) as u32, 1, 1),
-                    smem as u32,
+                    attn.smem as u32,
                 ),
                 dptr(q),
                 dptr(tab),
@@ -238,7 +236,7 @@ impl AttnLayer {
                 i(hd),
                 i(nsplit),
                 1.0 / (hd as f32).sqrt(),
-                i(stages),
+                i(attn.stages),
             )?;
             kernels::bat_attn_combine(
                 d,

@@ -8,7 +8,7 @@ use crate::gpu::kernels::{Typed, sig, typed};
 use crate::gpu::options::{DecAttnPath, TC_RING};
 
 /// Keys per shared-memory tile and most tiles in the ring of `dec_attn_*`
-/// (`DA_TILE`, `DA_STAGES` in kernels/decode.cu).
+/// (`DA_TILE`, `DA_STAGES` in kernels/decode_attn.cu).
 const DA_TILE: usize = 16;
 const DA_STAGES: usize = 3;
 /// Keys per split from which decode attention copies K/V through shared

@@ -7,8 +7,9 @@
 //! and grouped expert GEMMs over the batch's tokens) except where a row needs
 //! its own sequence's state: the GDN conv and delta-rule step and the
 //! attention prep (RoPE, KV append) and split-K attention take per-row
-//! addresses from a table on the device (`bat_*` in kernels/decode.cu and
-//! kernels/attention.cu, the batch-1 decode kernels' arithmetic per row).
+//! addresses from a table on the device (`bat_*` in kernels/decode_gdn.cu,
+//! kernels/decode_attn.cu and kernels/attention.cu, the batch-1 decode
+//! kernels' arithmetic per row).
 //! Then the final norm and the lm_head over the rows, and each row's readout
 //! (greedy, head, weights or the logits) from its row of the logits, each
 //! kind for all its rows at once ([`super::batch_readout`]).
@@ -26,7 +27,7 @@ use anyhow::{Result, bail};
 /// Keys per split of batched decode attention from which the block copies
 /// K/V through a shared-memory ring (as `attn_decode::RING_MIN_KEYS`).
 const RING_MIN_KEYS: usize = 256;
-/// Keys per tile and most ring stages of `dec_attn_impl` (kernels/decode.cu).
+/// Keys per tile and most ring stages of `dec_attn_impl` (kernels/decode_attn.cu).
 const DA_TILE: usize = 16;
 const DA_STAGES: usize = 3;
 /// Blocks batched decode attention aims for (two waves of the H200's 132
@@ -58,10 +59,20 @@ struct Shape<'c> {
     tab: u64,
     pos: u64,
     nsplit: usize,
-    longest: usize,
+    attn: BatchAttn,
     chunks: &'c [Chunk],
     heads: usize,
     head_rows: u64,
+}
+
+/// Batched decode attention's kernel for a step (chosen once per step, from
+/// the longest decode row's keys per split): direct reads, or a shared-memory
+/// ring of `stages` tiles in `smem` bytes of dynamic shared memory.
+#[derive(Clone, Copy)]
+pub(super) struct BatchAttn {
+    pub kernel: kernels::Typed<kernels::sig::bat_attn_f32>,
+    pub stages: usize,
+    pub smem: usize,
 }
 
 /// What a batched step hands the layers: the rows as a prompt pass (`pf`, with
@@ -75,10 +86,10 @@ pub(super) struct Batch<'a> {
     pub tab: u64,
     /// `[b]` i32: each decode row's position (where its token's K/V land).
     pub pos: u64,
-    /// Key splits of attention (the same for every decode row), and the
-    /// most keys a decode row attends to.
+    /// Key splits of attention (the same for every decode row) and the
+    /// attention kernel for them.
     pub nsplit: usize,
-    pub longest: usize,
+    pub attn: BatchAttn,
     /// The prompt chunks after the decode rows.
     pub chunks: &'a [Chunk],
 }
@@ -237,7 +248,8 @@ impl GpuModel {
             .div_ceil(nkv * b.max(1))
             .min(longest.div_ceil(MIN_SPLIT_KEYS))
             .clamp(1, super::decode::MAX_SPLIT);
-        let stages = self.batch_attn_kernel(longest.div_ceil(nsplit)).1;
+        // The longest row's keys per split decide the attention kernel.
+        let attn = self.batch_attn_kernel(longest.div_ceil(nsplit));
         let shape = Shape {
             b,
             rows: toks.len(),
@@ -245,12 +257,12 @@ impl GpuModel {
             tab: tab_d,
             pos: pos_d,
             nsplit,
-            longest,
+            attn,
             chunks: &parts,
             heads: head_rows.len(),
             head_rows: heads_d,
         };
-        let key = (b, nsplit, stages);
+        let key = (b, nsplit, attn.stages);
         let at = sc.batch_graphs.graphs.iter().position(|g| g.0 == key);
         let planned = match at {
             // Steps with prompt chunks vary in shape: eager.
@@ -378,7 +390,7 @@ impl GpuModel {
             tab: shape.tab,
             pos: shape.pos,
             nsplit: shape.nsplit,
-            longest: shape.longest,
+            attn: shape.attn,
             chunks: shape.chunks,
         };
         self.walk(&mut Pass::Batch(&mut bt))?;
@@ -427,12 +439,8 @@ impl GpuModel {
     }
 
     /// Batched decode attention's kernel for splits of `split_keys` keys:
-    /// direct reads, or a shared-memory ring of as many tiles as fit (its
-    /// stages and dynamic shared memory).
-    pub(super) fn batch_attn_kernel(
-        &self,
-        split_keys: usize,
-    ) -> (kernels::Typed<kernels::sig::bat_attn_f32>, usize, usize) {
+    /// direct reads, or a shared-memory ring of as many tiles as fit.
+    fn batch_attn_kernel(&self, split_keys: usize) -> BatchAttn {
         let hd = self.cfg.head_dim;
         let kv_bytes = if self.kv_f32 { F } else { super::B };
         let tile = 2 * DA_TILE * hd * kv_bytes;
@@ -448,6 +456,10 @@ impl GpuModel {
             (false, false) => typed::bat_attn_bf16,
             (false, true) => typed::bat_attn_bf16_ring,
         };
-        (k, stages, stages * tile)
+        BatchAttn {
+            kernel: k,
+            stages,
+            smem: stages * tile,
+        }
     }
 }

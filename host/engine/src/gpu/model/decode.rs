@@ -1,4 +1,4 @@
-//! The decode step: fused kernels (`kernels/decode.cu`) over buffers of
+//! The decode step: fused kernels (`kernels/decode*.cu`) over buffers of
 //! fixed addresses, with the token id and position read from device memory,
 //! so after one eager step the whole step is captured once as a CUDA graph and
 //! replayed: one launch per token instead of ~300.

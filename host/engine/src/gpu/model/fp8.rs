@@ -1,9 +1,9 @@
 //! Block-FP8 matrices on the device (docs/FP8.md). The batch-1 decode GEMVs
-//! read them natively (`*_fp8` in kernels/decode.cu); every other path (prompt
-//! GEMMs, grouped expert GEMMs, the batched step's few-row kernels, the T = 1
-//! expert GEMVs) dequantizes the matrix into a bf16 work buffer right before
-//! its usual kernel (`fp8_dequant`, kernels/fp8.cu), so its numbers are those
-//! of the same matrix uploaded in bf16.
+//! read them natively (`*_fp8` in kernels/decode.cu and kernels/decode_moe.cu);
+//! every other path (prompt GEMMs, grouped expert GEMMs, the batched step's
+//! few-row kernels, the T = 1 expert GEMVs) dequantizes the matrix into a bf16
+//! work buffer right before its usual kernel (`fp8_dequant`, kernels/fp8.cu),
+//! so its numbers are those of the same matrix uploaded in bf16.
 //!
 //! The work buffers are allocated once, when the model loads, for the largest
 //! FP8 matrix of each kind (nothing is allocated inside a pass, so captured

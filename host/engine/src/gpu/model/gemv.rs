@@ -12,7 +12,7 @@ use crate::gpu::options::{GemvPath, GpuOptions};
 use crate::gpu::{dptr, i};
 use anyhow::Result;
 
-/// Columns one decode GEMV warp loads at once (`CH * WARP * 8` in kernels/decode.cu).
+/// Columns one decode GEMV warp loads at once (`CH * WARP * 8` in kernels/decode_stream.h).
 const GEMV_CHUNK: usize = 2048;
 
 /// The bulk-copy decode GEMVs' launch shape: ring slots of 32 KB per block

@@ -275,7 +275,7 @@ fn check_supported(cfg: &ModelConfig) -> Result<()> {
             cfg.linear_conv_kernel
         );
     }
-    // The decode step's delta rule (kernels/decode.cu: dec_gdn_step) keeps a
+    // The decode step's delta rule (kernels/decode_gdn.cu: dec_gdn_step) keeps a
     // key head's state rows in 4 x 32 threads and a value head's columns in
     // one block.
     let (dk, dv) = (cfg.linear_key_head_dim, cfg.linear_value_head_dim);

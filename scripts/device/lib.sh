@@ -1,0 +1,46 @@
+# Shared by the device scripts that serve the 40-layer checkpoint
+# (serve_apis.sh, serving.sh, ttft.sh); sourced, from the repository root:
+#   source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+# Sets OUT (/tmp/qwasi-out, created), BIN ($QWASI_BIN, .dev/qwasi), MODEL
+# (/dev/shm/m40), PORT, URL and rc=0 (the script's exit status: helpers set
+# it to 1 on a failure they do not stop at).
+OUT=${OUT:-/tmp/qwasi-out}
+mkdir -p "$OUT"
+BIN=${QWASI_BIN:-.dev/qwasi}
+MODEL=${MODEL:-/dev/shm/m40}
+PORT=8321
+URL=http://127.0.0.1:$PORT
+rc=0
+
+# `qwasi verify --backend cuda` on the fixtures into $OUT/verify.{json,log}
+# (rc=1 when it fails), then "$1: " and the log's last line.
+qw_verify() {
+  "$BIN" verify --backend cuda --json "$OUT/verify.json" > "$OUT/verify.log" 2>&1 || rc=1
+  echo "$1: $(tail -1 "$OUT/verify.log")"
+}
+
+# The 40-layer checkpoint written by transformers into $MODEL (GEN: the path
+# of gen_hf_checkpoint.py; TOKENIZER), skipped when $MODEL/config.json
+# exists. Ends the script when it fails.
+qw_checkpoint() {
+  if [ ! -e "$MODEL/config.json" ]; then
+    python3 "${GEN:-.dev/gen_hf_checkpoint.py}" --layers 40 --out "$MODEL" \
+      ${TOKENIZER:+--tokenizer "$TOKENIZER"} > "$OUT/gen.log" 2>&1 || { echo "checkpoint: failed"; tail "$OUT/gen.log"; exit 1; }
+  fi
+}
+
+# `qwasi serve --backend cuda --model $MODEL --port $PORT` with the further
+# arguments, its output in the log file $1, in the background (SRV: its pid);
+# returns once it answers /ready (or after 5 minutes), ends the script when
+# it exits first.
+qw_serve() {
+  local log=$1
+  shift
+  "$BIN" serve --backend cuda --model "$MODEL" --port $PORT "$@" > "$log" 2>&1 &
+  SRV=$!
+  for _ in $(seq 1 600); do
+    curl -sf $URL/ready > /dev/null && break
+    kill -0 $SRV 2>/dev/null || { echo "serve exited"; tail -20 "$log"; exit 1; }
+    sleep 0.5
+  done
+}
