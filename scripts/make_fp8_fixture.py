@@ -10,7 +10,8 @@ Linear weight as `F8_E4M3` with a `weight_scale_inv` per 128x128 block, and
 
 Quantization is transformers' own: `Fp8Quantize._quantize_one` of
 transformers/integrations/finegrained_fp8.py (the op `save_pretrained` runs for
-an FP8-quantized model; pure torch, runs on the CPU). It only quantizes tensors
+an FP8-quantized model; pure torch, runs on the CPU), through scripts/fp8_quant.py
+(shared with scripts/device/fp8_checkpoint.py). It only quantizes tensors
 whose dims are multiples of the block, so every quantized dim here is a multiple
 of 128 (hidden 128, expert and shared intermediate 128, ...).
 
@@ -36,13 +37,10 @@ import torch
 import transformers
 from safetensors.torch import save_file
 from transformers import FineGrainedFP8Config, Qwen3_5MoeForConditionalGeneration
-from transformers.integrations.finegrained_fp8 import Fp8Quantize
-from transformers.quantizers.quantizer_finegrained_fp8 import FineGrainedFP8HfQuantizer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import fp8_quant as fq  # noqa: E402
 import make_fixtures as mf  # noqa: E402
-
-BLOCK = [128, 128]
 
 FIXTURE = {
     "name": "moe-fp8",
@@ -72,83 +70,17 @@ FIXTURE = {
 }
 
 
-def modules_to_not_convert(n_layers):
-    """What the published checkpoint keeps in BF16, as its model card and
-    third-party re-quantizations "matching Qwen's modules_to_not_convert" describe
-    it (the list itself could not be downloaded here, so its exact spelling is
-    reconstructed): the embedding, lm_head, the vision tower, the MTP head, and per
-    layer the router, the shared-expert gate and the GDN's small projections
-    (norms, conv, A_log and dt_bias are not Linear layers). The engine does not
-    depend on the spelling: see docs/FP8.md."""
-    names = ["lm_head", "model.language_model.embed_tokens", "model.visual", "mtp"]
-    for i in range(n_layers):
-        p = f"model.language_model.layers.{i}"
-        names += [f"{p}.mlp.gate", f"{p}.mlp.shared_expert_gate"]
-        if mf.layer_types(n_layers)[i] == "linear_attention":
-            names += [f"{p}.linear_attn.in_proj_a", f"{p}.linear_attn.in_proj_b"]
-    return names
-
-
 def quantization_config(n_layers):
-    return {
-        "activation_scheme": "dynamic",
-        "fmt": "e4m3",
-        "modules_to_not_convert": modules_to_not_convert(n_layers),
-        "quant_method": "fp8",
-        "weight_block_size": BLOCK,
-    }
-
-
-def is_quantized(name, skip):
-    """transformers' `should_convert_module` on the module of a Linear weight."""
-    import re
-
-    if not name.endswith(".weight") or name.startswith("model.visual."):
-        return False
-    module = name[: -len(".weight")]
-    if any(re.match(f"{k}\\.", module) or re.match(k, module) or module.endswith(k) for k in skip):
-        return False
-    return True
+    return fq.quantization_config(mf.layer_types(n_layers), "model.language_model.")
 
 
 def checkpoint_tensors(model, fx):
     """The bf16 state dict in the published FP8 layout: experts unfused, per expert."""
-    t = fx["text"]
-    sd = model.state_dict()
+    inter = fx["text"]["moe_intermediate_size"]
     out = {}
-    for k, v in sd.items():
-        v = v.detach().to(torch.bfloat16).contiguous()
-        if k.endswith("mlp.experts.gate_up_proj"):
-            base = k[: -len("gate_up_proj")]
-            inter = t["moe_intermediate_size"]
-            for e in range(v.shape[0]):
-                out[f"{base}{e}.gate_proj.weight"] = v[e, :inter].contiguous()
-                out[f"{base}{e}.up_proj.weight"] = v[e, inter:].contiguous()
-        elif k.endswith("mlp.experts.down_proj"):
-            base = k[: -len("down_proj")]
-            for e in range(v.shape[0]):
-                out[f"{base}{e}.down_proj.weight"] = v[e].contiguous()
-        else:
-            out[k] = v
+    for k, v in model.state_dict().items():
+        out.update(fq.unfuse_experts(k, v.detach().to(torch.bfloat16).contiguous(), inter))
     return out
-
-
-def quantize(tensors, qcfg):
-    quantizer = FineGrainedFP8HfQuantizer(FineGrainedFP8Config(**{k: v for k, v in qcfg.items() if k != "fmt"}))
-    op = Fp8Quantize(quantizer)
-    skip = qcfg["modules_to_not_convert"]
-    out, n_fp8 = {}, 0
-    for k, v in tensors.items():
-        if v.ndim == 2 and is_quantized(k, skip):
-            q = op._quantize_one(k, v)
-            assert q[k].dtype == torch.float8_e4m3fn, f"{k} {tuple(v.shape)} was not quantized"
-            scale = q[k[: -len(".weight")] + ".weight_scale_inv"]
-            assert scale.dtype == torch.float32 and tuple(scale.shape) == (v.shape[0] // 128, v.shape[1] // 128)
-            out.update(q)
-            n_fp8 += 1
-        else:
-            out[k] = v
-    return out, n_fp8
 
 
 def save(tensors, fx, qcfg, out):
@@ -190,7 +122,7 @@ def main():
     model = mf.build_model(fx)
     mf.randomize(model, fx)
     qcfg = quantization_config(fx["text"]["num_hidden_layers"])
-    tensors, n_fp8 = quantize(checkpoint_tensors(model, fx), qcfg)
+    tensors, n_fp8 = fq.quantize(checkpoint_tensors(model, fx), qcfg)
     save(tensors, fx, qcfg, out)
 
     # The reference: transformers' own FP8 loader, dequantizing to bf16, computing in f32.
