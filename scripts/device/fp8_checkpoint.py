@@ -182,8 +182,9 @@ def main():
         except OSError:
             print(f"note: {src} still holds files it did not convert", file=sys.stderr)
 
-    print(f"done in {time.time() - t0:.1f} s: {n_fp8} FP8 tensors ({n_checked} also quantized on the CPU, "
-          f"bit-identical), {bytes_in / 1e9:.2f} GB -> {total / 1e9:.2f} GB of tensors; copied {copied}")
+    checked = f" ({n_checked} also quantized on the CPU: bit-identical)" if dev != "cpu" else ""
+    print(f"done in {time.time() - t0:.1f} s on {dev}: {n_fp8} FP8 tensors{checked}, "
+          f"{bytes_in / 1e9:.2f} GB -> {total / 1e9:.2f} GB of tensors; copied {copied}")
 
 
 if __name__ == "__main__":
