@@ -21,7 +21,7 @@ block-FP8 layout of the published `Qwen/Qwen3.6-35B-A3B-FP8`:
 Streaming: one input shard at a time (read tensor by tensor from the
 memory-mapped file, quantized on the GPU when torch.cuda is available, else on
 the CPU), written as one output shard of the same number, so RAM holds about
-one output shard (~2.6 GB for 5 GB BF16 shards) plus one input tensor. With
+one output shard (up to ~3.5 GB for 5 GB BF16 shards) plus one input tensor. With
 --delete-input each input shard is removed once its FP8 shard is written (and
 the input's config.json at the start, so a half-converted input never passes
 for a checkpoint), so BF16 input and FP8 output fit together in a tmpfs little
