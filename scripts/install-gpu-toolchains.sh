@@ -3,7 +3,8 @@
 #  - CUDA 13.0 nvcc from PyPI (no GPU or driver needed to compile); nvvm pinned,
 #    since an unpinned nvvm 13.5 emits PTX the 13.0 ptxas rejects.
 #  - HIP: clang-19 + lld-19 (they know RDNA 3 / 3.5, gfx1100 and gfx1151) with clang-tools-19's
-#    offload bundler, the HIP headers (libamdhip64-dev) and ROCm 5.2's device libraries (rocm-device-libs), all from Debian 12;
+#    offload bundler, the HIP headers (libamdhip64-dev) and ROCm 5.2's device libraries
+#    (rocm-device-libs), all from Debian 12;
 #    host/engine/build.rs adds the oclc_isa_version_*.bc those libraries lack (see docs/AMD.md).
 # Usage: scripts/install-gpu-toolchains.sh [cuda] [hip]   (default: both)
 set -euo pipefail
