@@ -14,7 +14,7 @@
 // slices of K (KS = K / S, a multiple of 32). With S = 1 the warp writes Y;
 // otherwise part[s][b][n] and gemm_rows_reduce adds the slices in order
 // (deterministic, no atomics).
-#include "mma.h"
+#include "bulk_copy.h"
 
 #define GR_MT 2  // m-tiles (16 weight rows each) per warp
 #define GR_WARPS 4
@@ -159,6 +159,123 @@ GEMM_ROWS(gemm_rows8, GR_MT, 1, 4)
 GEMM_ROWS(gemm_rows16, GR_MT, 2, 4)
 GEMM_ROWS(gemm_rows32, GR_MT, 4, 2)
 GEMM_ROWS(gemm_rows64, GR_MT, 8, 2)
+
+// Projections of 2-8 rows with the weights through a bulk-copy ring (sm_90,
+// gemv_bulk.cu's scheme): one block per multiprocessor takes a contiguous run
+// of the matrix's slots of RB_ROWS whole rows; one thread keeps `stages`
+// slots in flight, the first ones requested before the grid dependency wait
+// (weights do not depend on the previous kernel), so a matrix streams in
+// long contiguous runs across kernel boundaries instead of the 256-byte runs
+// per row and warp of gemm_rows8. Warp w owns columns [256 w, 256 w + 256)
+// (blockDim = K / 8), its activations split (hi, lo) in registers in the
+// mma fragments' permuted k order; every warp multiplies its columns of
+// every slot row on mma m16n8k16 (the 8 slot rows as A's rows g, rows g + 8
+// zero) and the warps' partials meet in shared memory, summed in warp order
+// (deterministic, no K-slice pass). A slot row sits RB_PAD 16-byte units
+// past the previous one so lanes of rows g and g + 1 hit other banks.
+// Elsewhere (the CPU harness, sm_80) the block copies each slot itself.
+#define RB_ROWS 8
+#define RB_KB 8  // k32 blocks per warp
+#define RB_PAD 4
+#define RB_MAX_WARPS 16  // K <= 4096
+
+#if defined(QW_CUDA) || defined(QW_CPU)
+__device__ __forceinline__ void rows_bulk_impl(const float* __restrict__ X, const bf16_t* __restrict__ W,
+                                               float* __restrict__ Y, int B, int N, int K, int accumulate,
+                                               int stages) {
+    QW_DYN_SMEM(uint4, ring);
+    const int n8 = K >> 3, pitch = n8 + RB_PAD, slot16 = RB_ROWS * pitch;
+    const int nslots = (N + RB_ROWS - 1) / RB_ROWS;
+    const int g0 = (int)((long long)nslots * blockIdx.x / gridDim.x);
+    const int n = (int)((long long)nslots * (blockIdx.x + 1) / gridDim.x) - g0;
+    const uint4* W4 = (const uint4*)W;
+    auto slot_rows = [&](int it) { return min(RB_ROWS, N - (g0 + it) * RB_ROWS); };
+#if defined(QW_BULK)
+    __shared__ unsigned long long full[BULK_MAX_STAGES];
+#endif
+    auto fill = [&](int it) {
+        const int nr = slot_rows(it);
+        const uint4* from = W4 + (size_t)(g0 + it) * RB_ROWS * n8;
+        uint4* dst = ring + (size_t)(it % stages) * slot16;
+#if defined(QW_BULK)
+        mbar_expect(&full[it % stages], 16u * (unsigned)(nr * n8));
+        for (int j = 0; j < nr; j++) bulk_copy(dst + j * pitch, from + (size_t)j * n8, 16u * n8, &full[it % stages]);
+#else
+        for (int i = threadIdx.x; i < nr * n8; i += blockDim.x) dst[(i / n8) * pitch + i % n8] = from[i];
+#endif
+    };
+#if defined(QW_BULK)
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < stages; s++) mbar_init(&full[s], 1);
+        mbar_fence_init();
+        for (int it = 0; it < min(stages, n); it++) fill(it);
+    }
+    __syncthreads();
+#endif
+    QW_GRID_WAIT();
+    QW_GRID_LAUNCH();
+    const int lane = threadIdx.x % WARP, w = threadIdx.x / WARP, g = lane >> 2, c = lane & 3;
+    const int nw = (int)blockDim.x / WARP;
+    unsigned hi[RB_KB][4], lo[RB_KB][4];
+#pragma unroll
+    for (int i = 0; i < RB_KB; i++)
+        gr_split8(X + (size_t)(g < B ? g : 0) * K + (w * RB_KB + i) * 32 + c * 8, g < B, hi[i], lo[i]);
+    __shared__ float part[2][RB_MAX_WARPS * 64];
+    for (int it = 0; it < n; it++) {
+        const int s = it % stages, nr = slot_rows(it);
+#if defined(QW_BULK)
+        mbar_wait(&full[s], (unsigned)(it / stages) & 1u);
+#else
+        fill(it);
+        __syncthreads();
+#endif
+        const uint4* sw = ring + (size_t)s * slot16 + g * pitch + w * RB_KB * 4 + c;
+        float acc[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+        for (int i = 0; i < RB_KB; i++) {
+            const uint4 wv = g < nr ? sw[i * 4] : make_uint4(0u, 0u, 0u, 0u);
+            const unsigned* w0 = (const unsigned*)&wv;
+#pragma unroll
+            for (int st = 0; st < 2; st++) {
+                const unsigned a[4] = {w0[2 * st], 0u, w0[2 * st + 1], 0u};
+                mma_16816(acc, a, hi[i][2 * st], hi[i][2 * st + 1]);
+                mma_16816(acc, a, lo[i][2 * st], lo[i][2 * st + 1]);
+            }
+        }
+        // c0, c1: slot row g, activation rows 2c, 2c + 1 (c2, c3: the zero rows).
+        float* pt = part[it & 1] + w * 64 + g * 8 + 2 * c;
+        pt[0] = acc[0];
+        pt[1] = acc[1];
+        __syncthreads();  // the slot is read and the partials are in
+#if defined(QW_BULK)
+        if (threadIdx.x == 0 && it + stages < n) fill(it + stages);
+#endif
+        for (int o = threadIdx.x; o < 64; o += blockDim.x) {
+            const int row = o >> 3, b = o & 7;
+            if (row < nr && b < B) {
+                float d = 0.f;
+                for (int q = 0; q < nw; q++) d += part[it & 1][q * 64 + o];
+                const size_t at = (size_t)b * N + (size_t)(g0 + it) * RB_ROWS + row;
+                Y[at] = accumulate ? Y[at] + d : d;
+            }
+        }
+    }
+}
+#define RB_BODY rows_bulk_impl(X, W, Y, B, N, K, accumulate, stages)
+#else
+// Not launched without tensor cores (ops.rs takes it on CUDA only).
+#define RB_BODY
+#endif
+
+// Y [B][N] (+)= X [B][K] . W [N][K]^T for B <= 8, K a multiple of 256 up to
+// 4,096. Grid: at most one block per slot (ops.rs: one per multiprocessor);
+// block K / 8 threads; dynamic shared memory stages * RB_ROWS * (K / 8 +
+// RB_PAD) * 16 bytes.
+QW_KERNEL void QW_BOUNDS(512) gemm_rows_bulk(const float* __restrict__ X, const bf16_t* __restrict__ W,
+                                             float* __restrict__ Y, int B, int N, int K, int accumulate,
+                                             int stages) {
+    RB_BODY;
+}
 
 // The routed experts of a batched decode step (or a short prompt): rows
 // gathered by expert in plan order, already split (ahi, alo [rows][K] bf16),

@@ -6,7 +6,9 @@
 // 64; N 48 (past the last 32-row group), 64 and 200; K 32 (one step), 96 and
 // 256 split into 1, 2 and 4 slices; with and without accumulate. Y past the
 // B N outputs is a canary that must stay untouched. Then moe_rows8, the
-// routed experts' variant over moe_plan_tiles' table. Exit 1 on a mismatch.
+// routed experts' variant over moe_plan_tiles' table, and gemm_rows_bulk (the
+// weights through a shared-memory ring, copied by the block here). Exit 1 on
+// a mismatch.
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -123,6 +125,47 @@ int main() {
                 std::printf("moe_rows8 N %d K %d: FAIL (%d wrong)\n", N, K, wrong);
             }
         }
+    // gemm_rows_bulk: 2-8 rows, N past the last 8-row slot (13, 200) and one
+    // slot (8), K 256 (one warp) and 512 (two); rings of 1-3 slots, one block
+    // or several (down to one slot each), with and without accumulate, in
+    // turn over the cases.
+    int turn = 0;
+    for (int B : {2, 7, 8})
+        for (int N : {8, 13, 200})
+            for (int K : {256, 512}) {
+                const int grids[] = {1, 3, 64};
+                const int stages = 1 + turn % 3, accumulate = turn % 2;
+                const int slots = (N + RB_ROWS - 1) / RB_ROWS, blocks = std::min(grids[turn / 3 % 3], slots);
+                turn++;
+                std::vector<float> X((size_t)B * K), Y((size_t)B * N + CANARY);
+                std::vector<bf16_t> W((size_t)N * K);
+                for (auto& v : X) v = nd(rng);
+                for (auto& v : W) v = f2bf(nd(rng));
+                for (auto& v : Y) v = nd(rng);
+                const std::vector<float> Y0 = Y;
+                qw_cpu::launch({(unsigned)blocks, 1, 1}, {(unsigned)K / 8, 1, 1}, [&] {
+                    gemm_rows_bulk(X.data(), W.data(), Y.data(), B, N, K, accumulate, stages);
+                });
+                int wrong = 0;
+                for (int b = 0; b < B; b++)
+                    for (int n = 0; n < N; n++) {
+                        double want = accumulate ? Y0[(size_t)b * N + n] : 0.0, mag = std::fabs(want);
+                        for (int kk = 0; kk < K; kk++) {
+                            const double p = (double)split_sum(X[(size_t)b * K + kk]) * bf2f(W[(size_t)n * K + kk]);
+                            want += p;
+                            mag += std::fabs(p);
+                        }
+                        wrong += !(std::fabs(Y[(size_t)b * N + n] - want) <= TOL * (mag + 1e-30));
+                    }
+                for (int i = 0; i < CANARY; i++)
+                    wrong += std::memcmp(&Y[(size_t)B * N + i], &Y0[(size_t)B * N + i], 4) != 0;
+                n_cases++;
+                if (wrong) {
+                    bad++;
+                    std::printf("gemm_rows_bulk B %d N %3d K %3d stages %d blocks %d acc %d: FAIL (%d wrong)\n", B, N,
+                                K, stages, blocks, accumulate, wrong);
+                }
+            }
     std::printf("gemm_rows_check: %d of %d cases within %.0e\n", n_cases - bad, n_cases, TOL);
     return bad ? 1 : 0;
 }

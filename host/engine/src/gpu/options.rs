@@ -145,9 +145,13 @@ pub struct GpuOptions {
     /// through the batch-1 decode step instead.
     pub batch_decode: bool,
     /// Projections of 2..=64 rows (batched decode steps, short prompts) on
-    /// the few-row tensor-core kernel (kernels/gemm_rows.cu); `false` with
+    /// the few-row tensor-core kernels (kernels/gemm_rows.cu); `false` with
     /// `QWASI_GEMM_ROWS=cublas` (the `QWASI_GEMM` path).
     pub gemm_rows: bool,
+    /// Projections of 2..=8 rows with the weights through a bulk-copy ring
+    /// (`gemm_rows_bulk`, where the GPU has bulk copies); `false` with
+    /// `QWASI_GEMM_ROWS=rows` (`gemm_rows8`, register loads).
+    pub rows_bulk: bool,
     /// Split projections of 17-64 rows as one cuBLAS GEMM over the stacked
     /// hi and lo rows (`QWASI_GEMM_STACK=on`; default `off`: two GEMMs).
     /// On the H200 it reads the weights once instead of twice (batch 32 /
@@ -252,6 +256,7 @@ impl GpuOptions {
                  tc-ring, tc-ring2, tc-ring3, tc-ring4, ring, direct, keys, keys1"
             ),
         };
+        let rows = pick("QWASI_GEMM_ROWS", &["bulk", "rows", "cublas"])?;
         let gemv = match pick("QWASI_GEMV", &["bulk", "rows", "stream"])? {
             "rows" => GemvPath::Rows,
             "stream" => GemvPath::Stream,
@@ -268,7 +273,8 @@ impl GpuOptions {
             gemm,
             fused_decode: pick("QWASI_DECODE", &["fused", "unfused"])? == "fused",
             batch_decode: pick("QWASI_BATCH", &["batched", "serial"])? == "batched",
-            gemm_rows: pick("QWASI_GEMM_ROWS", &["rows", "cublas"])? == "rows",
+            gemm_rows: rows != "cublas",
+            rows_bulk: rows == "bulk",
             gemm_stack: pick("QWASI_GEMM_STACK", &["off", "on"])? == "on",
             fast_prefill: pick("QWASI_PREFILL", &["fast", "reference"])? == "fast",
             chunked_gdn: pick("QWASI_GDN", &["chunked", "serial"])? == "chunked",

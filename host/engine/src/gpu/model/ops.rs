@@ -184,7 +184,8 @@ impl GpuModel {
     }
 
     /// `y = W x` over `t` (2..=16) rows with each weight read once
-    /// (kernels/gemm_rows.cu): the K dimension split into as many slices
+    /// (kernels/gemm_rows.cu): up to 8 rows through the bulk-copy ring where
+    /// it applies (`rows_bulk_plan`), else the K dimension split into as many slices
     /// (each of at least `GEMM_ROWS_MIN_SLICE` columns) as fill the GPU with
     /// warps, summed in order by `gemm_rows_reduce`.
     #[allow(clippy::too_many_arguments)]
@@ -200,6 +201,20 @@ impl GpuModel {
         accumulate: bool,
     ) -> Result<()> {
         let d = &self.dev;
+        if let Some((grid, stages, smem)) = self.rows_bulk_plan(t, w, rows, cols) {
+            return kernels::gemm_rows_bulk(
+                d,
+                Launch::pdl((grid, 1, 1), ((cols / 8) as u32, 1, 1), smem),
+                dptr(x),
+                dptr(w),
+                dptr(y),
+                i(t),
+                i(rows),
+                i(cols),
+                i(accumulate as usize),
+                i(stages),
+            );
+        }
         let kernel = if t <= 8 {
             kernels::gemm_rows8
         } else if t <= 16 {
@@ -249,6 +264,42 @@ impl GpuModel {
             )?;
         }
         Ok(())
+    }
+
+    /// The launch of `gemm_rows_bulk` (grid, ring slots, dynamic shared
+    /// memory) for `t` rows of a `rows` x `cols` matrix at `w`, or `None`
+    /// where it does not apply: more than 8 rows, no bulk copies, columns
+    /// not a multiple of 256 up to 4,096 (a warp per 256), unaligned weights.
+    /// Ring slots of 8 rows, `QWASI_BULK_STAGES` of them as they fit beside
+    /// the kernel's 8.3 KB of static shared memory; a block per SM.
+    fn rows_bulk_plan(
+        &self,
+        t: usize,
+        w: u64,
+        rows: usize,
+        cols: usize,
+    ) -> Option<(u32, usize, u32)> {
+        const STATIC_SMEM: usize = 9 << 10;
+        let d = &self.dev;
+        if !self.opts.rows_bulk
+            || !d.bulk_copies()
+            || t > 8
+            || !cols.is_multiple_of(256)
+            || cols > 4096
+            || !w.is_multiple_of(16)
+        {
+            return None;
+        }
+        let slot = 8 * (2 * cols + 64);
+        let stages = self
+            .opts
+            .bulk_stages
+            .min(d.max_shared_per_block().saturating_sub(STATIC_SMEM) / slot);
+        if stages == 0 {
+            return None;
+        }
+        let grid = rows.div_ceil(8).min(d.sm_count as usize) as u32;
+        Some((grid, stages, (stages * slot) as u32))
     }
 
     #[allow(clippy::too_many_arguments)]
