@@ -24,6 +24,15 @@ const STACKED_MAX: usize = 64;
 const GEMM_ROWS_WARPS_PER_SM: usize = 16;
 const GEMM_ROWS_MIN_SLICE: usize = 256;
 
+/// A launch shape of the bulk-ring few-row kernels (`rows_bulk_plan`).
+pub(super) struct RowsBulk {
+    pub threads: u32,
+    pub smem: u32,
+    pub stages: usize,
+    /// Blocks resident at once over the GPU.
+    pub resident: u32,
+}
+
 /// Work buffers, grown on demand and reused across passes.
 #[derive(Default)]
 pub(super) struct Scratch {
@@ -201,10 +210,11 @@ impl GpuModel {
         accumulate: bool,
     ) -> Result<()> {
         let d = &self.dev;
-        if let Some((grid, stages, smem)) = self.rows_bulk_plan(t, w, rows, cols) {
+        if let Some(p) = self.rows_bulk_plan(kernels::Kernel::gemm_rows_bulk, t, w, cols) {
+            let grid = (rows.div_ceil(8) as u32).min(p.resident);
             return kernels::gemm_rows_bulk(
                 d,
-                Launch::pdl((grid, 1, 1), ((cols / 8) as u32, 1, 1), smem),
+                Launch::pdl((grid, 1, 1), (p.threads, 1, 1), p.smem),
                 dptr(x),
                 dptr(w),
                 dptr(y),
@@ -212,7 +222,7 @@ impl GpuModel {
                 i(rows),
                 i(cols),
                 i(accumulate as usize),
-                i(stages),
+                i(p.stages),
             );
         }
         let kernel = if t <= 8 {
@@ -266,19 +276,20 @@ impl GpuModel {
         Ok(())
     }
 
-    /// The launch of `gemm_rows_bulk` (grid, ring slots, dynamic shared
-    /// memory) for `t` rows of a `rows` x `cols` matrix at `w`, or `None`
-    /// where it does not apply: more than 8 rows, no bulk copies, columns
-    /// not a multiple of 256 up to 4,096 (a warp per 256), unaligned weights.
-    /// Ring slots of 8 rows, `QWASI_BULK_STAGES` of them as they fit beside
-    /// the kernel's 8.3 KB of static shared memory; a block per SM.
-    fn rows_bulk_plan(
+    /// The ring of `kernel` (`gemm_rows_bulk` for `t` rows, or
+    /// `moe_rows_bulk`) over matrices of `cols` columns at `w`: slots,
+    /// dynamic shared memory and how many blocks fit on one multiprocessor;
+    /// `None` where it does not apply: more than 8 rows, no bulk copies,
+    /// columns not a multiple of 256 up to 4,096 (a warp per 256),
+    /// unaligned weights. Slots of 8 rows, `QWASI_BULK_STAGES` of them as
+    /// they fit beside the kernel's 8.3 KB of static shared memory.
+    pub(super) fn rows_bulk_plan(
         &self,
+        kernel: kernels::Kernel,
         t: usize,
         w: u64,
-        rows: usize,
         cols: usize,
-    ) -> Option<(u32, usize, u32)> {
+    ) -> Option<RowsBulk> {
         const STATIC_SMEM: usize = 9 << 10;
         let d = &self.dev;
         if !self.opts.rows_bulk
@@ -298,8 +309,13 @@ impl GpuModel {
         if stages == 0 {
             return None;
         }
-        let grid = rows.div_ceil(8).min(d.sm_count as usize) as u32;
-        Some((grid, stages, (stages * slot) as u32))
+        let (threads, smem) = ((cols / 8) as u32, (stages * slot) as u32);
+        Some(RowsBulk {
+            threads,
+            smem,
+            stages,
+            resident: d.occupancy(kernel, threads, smem) * d.sm_count,
+        })
     }
 
     #[allow(clippy::too_many_arguments)]
