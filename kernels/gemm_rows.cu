@@ -161,56 +161,44 @@ GEMM_ROWS(gemm_rows32, GR_MT, 4, 2)
 GEMM_ROWS(gemm_rows64, GR_MT, 8, 2)
 
 // Projections of 2-8 rows with the weights through a bulk-copy ring (sm_90,
-// gemv_bulk.cu's scheme), and the routed experts' form of the same. The
-// work is a run of slots of RB_ROWS whole weight rows: one matrix's slots,
-// or each row tile's (moe_plan_tiles' table: expert, first row, rows <= 8)
-// slots of its expert's matrix one after another. Block b of the grid takes
-// a contiguous share of them, and one thread keeps `stages` slots in flight
-// (a dense projection's first ones requested before the grid dependency
-// wait: weights do not depend on the previous kernel), so matrices stream in
-// long contiguous runs instead of the 256-byte runs per row and warp of
-// gemm_rows8. Warp w owns columns [256 w, 256 w + 256) (blockDim = K / 8),
-// its tile's activations split (hi, lo) in registers in the mma fragments'
-// permuted k order (reloaded when the run enters another tile); every warp
+// gemv_bulk.cu's scheme): one block per multiprocessor takes a contiguous run
+// of the matrix's slots of RB_ROWS whole rows; one thread keeps `stages`
+// slots in flight, the first ones requested before the grid dependency wait
+// (weights do not depend on the previous kernel), so a matrix streams in
+// long contiguous runs across kernel boundaries instead of the 256-byte runs
+// per row and warp of gemm_rows8, with no K-slice pass after it. Warp w owns
+// columns [256 w, 256 w + 256) (blockDim = K / 8), its activations split
+// (hi, lo) in registers in the mma fragments' permuted k order; every warp
 // multiplies its columns of every slot row on mma m16n8k16 (the 8 slot rows
 // as A's rows g, rows g + 8 zero) and the warps' partials meet in shared
-// memory, summed in warp order (deterministic, no K-slice pass). A slot row
-// sits RB_PAD 16-byte units past the previous one so lanes of rows g and
-// g + 1 hit other banks. Elsewhere (the CPU harness, sm_80) the block copies
-// each slot itself.
+// memory, summed in warp order (deterministic). A slot row sits RB_PAD
+// 16-byte units past the previous one so lanes of rows g and g + 1 hit other
+// banks. Elsewhere (the CPU harness, sm_80) the block copies each slot
+// itself. The routed experts in the same ring (blocks sharing the tiles'
+// slots, no request before the wait: the tiles are the predecessor's) were
+// slower than moe_rows8 on the H200 (batch 8: 764 against 866 tok/s).
 #define RB_ROWS 8
 #define RB_KB 8  // k32 blocks per warp
 #define RB_PAD 4
 #define RB_MAX_WARPS 16  // K <= 4096
 
 #if defined(QW_CUDA) || defined(QW_CPU)
-// MOE: activations ahi/alo [rows][K] (bf16, split), tiles as above, expert e
-// at W + e w_stride, Y [rows][N]; else X [B][K] (f32, split here), one tile
-// of B rows, Y [B][N] (+)= X W^T.
-template <bool MOE>
-__device__ __forceinline__ void rows_bulk_impl(const float* __restrict__ X, const bf16_t* __restrict__ ahi,
-                                               const bf16_t* __restrict__ alo, const int* __restrict__ tiles,
-                                               const bf16_t* __restrict__ W, long long w_stride,
+__device__ __forceinline__ void rows_bulk_impl(const float* __restrict__ X, const bf16_t* __restrict__ W,
                                                float* __restrict__ Y, int B, int N, int K, int accumulate,
                                                int stages) {
     QW_DYN_SMEM(uint4, ring);
     const int n8 = K >> 3, pitch = n8 + RB_PAD, slot16 = RB_ROWS * pitch;
-    const int per = (N + RB_ROWS - 1) / RB_ROWS;  // slots per tile
+    const int nslots = (N + RB_ROWS - 1) / RB_ROWS;
+    const int g0 = (int)((long long)nslots * blockIdx.x / gridDim.x);
+    const int n = (int)((long long)nslots * (blockIdx.x + 1) / gridDim.x) - g0;
+    const uint4* W4 = (const uint4*)W;
+    auto slot_rows = [&](int it) { return min(RB_ROWS, N - (g0 + it) * RB_ROWS); };
 #if defined(QW_BULK)
     __shared__ unsigned long long full[BULK_MAX_STAGES];
 #endif
-    if (MOE) QW_GRID_WAIT();  // the tile table is the predecessor's
-    const long long total = (long long)(MOE ? tiles[0] : 1) * per;
-    const long long j0 = total * blockIdx.x / gridDim.x;
-    const int n = (int)(total * (blockIdx.x + 1) / gridDim.x - j0);
-    // Run step it: its tile, its slot in the tile, the slot's rows.
-    auto tile_of = [&](int it) { return (int)((j0 + it) / per); };
-    auto slot_of = [&](int it) { return (int)((j0 + it) % per); };
-    auto slot_rows = [&](int it) { return min(RB_ROWS, N - slot_of(it) * RB_ROWS); };
     auto fill = [&](int it) {
         const int nr = slot_rows(it);
-        const bf16_t* m = MOE ? W + (size_t)tiles[1 + 3 * tile_of(it)] * w_stride : W;
-        const uint4* from = (const uint4*)m + (size_t)slot_of(it) * RB_ROWS * n8;
+        const uint4* from = W4 + (size_t)(g0 + it) * RB_ROWS * n8;
         uint4* dst = ring + (size_t)(it % stages) * slot16;
 #if defined(QW_BULK)
         mbar_expect(&full[it % stages], 16u * (unsigned)(nr * n8));
@@ -227,33 +215,17 @@ __device__ __forceinline__ void rows_bulk_impl(const float* __restrict__ X, cons
     }
     __syncthreads();
 #endif
-    if (!MOE) QW_GRID_WAIT();
+    QW_GRID_WAIT();
     QW_GRID_LAUNCH();
     const int lane = threadIdx.x % WARP, w = threadIdx.x / WARP, g = lane >> 2, c = lane & 3;
     const int nw = (int)blockDim.x / WARP;
     unsigned hi[RB_KB][4], lo[RB_KB][4];
-    int cur = -1, r0 = 0, rows = B;  // the tile whose activations are in registers
+#pragma unroll
+    for (int i = 0; i < RB_KB; i++)
+        gr_split8(X + (size_t)(g < B ? g : 0) * K + (w * RB_KB + i) * 32 + c * 8, g < B, hi[i], lo[i]);
     __shared__ float part[2][RB_MAX_WARPS * 64];
     for (int it = 0; it < n; it++) {
         const int s = it % stages, nr = slot_rows(it);
-        if (tile_of(it) != cur) {
-            cur = tile_of(it);
-            if (MOE) r0 = tiles[2 + 3 * cur], rows = tiles[3 + 3 * cur];
-#pragma unroll
-            for (int i = 0; i < RB_KB; i++) {
-                const int k = (w * RB_KB + i) * 32 + c * 8;
-                if (MOE) {
-                    const bool v = g < rows;
-                    const size_t at = (size_t)(r0 + (v ? g : 0)) * K + k;
-                    const uint4 h = v ? *(const uint4*)(ahi + at) : make_uint4(0u, 0u, 0u, 0u);
-                    const uint4 l = v ? *(const uint4*)(alo + at) : make_uint4(0u, 0u, 0u, 0u);
-                    hi[i][0] = h.x, hi[i][1] = h.y, hi[i][2] = h.z, hi[i][3] = h.w;
-                    lo[i][0] = l.x, lo[i][1] = l.y, lo[i][2] = l.z, lo[i][3] = l.w;
-                } else {
-                    gr_split8(X + (size_t)(g < B ? g : 0) * K + k, g < B, hi[i], lo[i]);
-                }
-            }
-        }
 #if defined(QW_BULK)
         mbar_wait(&full[s], (unsigned)(it / stages) & 1u);
 #else
@@ -285,42 +257,29 @@ __device__ __forceinline__ void rows_bulk_impl(const float* __restrict__ X, cons
 #endif
         for (int o = threadIdx.x; o < 64; o += blockDim.x) {
             const int row = o >> 3, b = o & 7;
-            if (row < nr && b < rows) {
+            if (row < nr && b < B) {
                 float d = 0.f;
                 for (int q = 0; q < nw; q++) d += part[it & 1][q * 64 + o];
-                const size_t at = (size_t)(r0 + b) * N + (size_t)slot_of(it) * RB_ROWS + row;
+                const size_t at = (size_t)b * N + (size_t)(g0 + it) * RB_ROWS + row;
                 Y[at] = accumulate ? Y[at] + d : d;
             }
         }
     }
 }
-#define RB_BODY rows_bulk_impl<false>(X, nullptr, nullptr, nullptr, W, 0, Y, B, N, K, accumulate, stages)
-#define MRB_BODY rows_bulk_impl<true>(nullptr, ahi, alo, tiles, W, w_stride, Y, RB_ROWS, N, K, 0, stages)
+#define RB_BODY rows_bulk_impl(X, W, Y, B, N, K, accumulate, stages)
 #else
-// Not launched without tensor cores (ops.rs and moe_grouped.rs take them on CUDA only).
+// Not launched without tensor cores (ops.rs takes it on CUDA only).
 #define RB_BODY
-#define MRB_BODY
 #endif
 
 // Y [B][N] (+)= X [B][K] . W [N][K]^T for B <= 8, K a multiple of 256 up to
-// 4,096. Grid: at most one block per slot (ops.rs: one per multiprocessor);
+// 4,096. Grid: at most one block per slot (ops.rs: as many as are resident);
 // block K / 8 threads; dynamic shared memory stages * RB_ROWS * (K / 8 +
 // RB_PAD) * 16 bytes.
 QW_KERNEL void QW_BOUNDS(512) gemm_rows_bulk(const float* __restrict__ X, const bf16_t* __restrict__ W,
                                              float* __restrict__ Y, int B, int N, int K, int accumulate,
                                              int stages) {
     RB_BODY;
-}
-
-// The routed experts over moe_plan_tiles' table (tiles of at most 8 rows):
-// Y [rows][N] = (ahi + alo) [rows][K] . W_e [N][K]^T, expert e's matrix at W
-// + e w_stride. Launch as gemm_rows_bulk (any grid: the blocks share the
-// tiles' slots).
-QW_KERNEL void QW_BOUNDS(512) moe_rows_bulk(const bf16_t* __restrict__ ahi, const bf16_t* __restrict__ alo,
-                                            const bf16_t* __restrict__ W, long long w_stride,
-                                            const int* __restrict__ tiles, float* __restrict__ Y, int N, int K,
-                                            int stages) {
-    MRB_BODY;
 }
 
 // The routed experts of a batched decode step (or a short prompt): rows

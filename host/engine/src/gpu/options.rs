@@ -148,10 +148,9 @@ pub struct GpuOptions {
     /// the few-row tensor-core kernels (kernels/gemm_rows.cu); `false` with
     /// `QWASI_GEMM_ROWS=cublas` (the `QWASI_GEMM` path).
     pub gemm_rows: bool,
-    /// Projections of 2..=8 rows and the routed experts in tiles of 8 rows
-    /// with the weights through a bulk-copy ring (`gemm_rows_bulk`,
-    /// `moe_rows_bulk`, where the GPU has bulk copies); `false` with
-    /// `QWASI_GEMM_ROWS=rows` (`gemm_rows8`, `moe_rows8`: register loads).
+    /// Projections of 2..=8 rows with the weights through a bulk-copy ring
+    /// (`gemm_rows_bulk`, where the GPU has bulk copies); `false` with
+    /// `QWASI_GEMM_ROWS=rows` (`gemm_rows8`, register loads).
     pub rows_bulk: bool,
     /// Split projections of 17-64 rows as one cuBLAS GEMM over the stacked
     /// hi and lo rows (`QWASI_GEMM_STACK=on`; default `off`: two GEMMs).

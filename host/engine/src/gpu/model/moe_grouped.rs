@@ -53,8 +53,8 @@ fn moe_gemm_kernel(
     }
 }
 
-/// Row tile of `moe_rows_bulk` / `moe_rows8` (kernels/gemm_rows.cu), the
-/// few-row expert kernels (each expert's weights read once per 8 of its rows).
+/// Row tile of `moe_rows8` (kernels/gemm_rows.cu), the few-row expert kernel
+/// (each expert's weights read once per 8 of its rows).
 const MOE_ROWS_BM: usize = 8;
 /// Most tokens whose experts take `moe_rows8` (its activations are each
 /// expert's few rows, so it stays ahead of the 64-row tiles up to here: H200,
@@ -207,25 +207,6 @@ impl GpuModel {
         )?;
         // y (f32, rows in plan order) = a (hi + lo) W_e^T per expert.
         let experts = |a_hi: u64, a_lo: u64, w: u64, y: u64, rows: usize, cols: usize| match &plan {
-            MoePlan::Tiles { buf, bm, .. }
-                if *bm == MOE_ROWS_BM
-                    && let Some(p) =
-                        self.rows_bulk_plan(kernels::Kernel::moe_rows_bulk, *bm, w, cols) =>
-            {
-                kernels::moe_rows_bulk(
-                    d,
-                    Launch::pdl((p.resident, 1, 1), (p.threads, 1, 1), p.smem),
-                    dptr(a_hi),
-                    dptr(a_lo),
-                    dptr(w),
-                    (rows * cols) as i64,
-                    dptr(*buf),
-                    dptr(y),
-                    i(rows),
-                    i(cols),
-                    i(p.stages),
-                )
-            }
             MoePlan::Tiles { buf, most, bm } if *bm == MOE_ROWS_BM => kernels::moe_rows8(
                 d,
                 Launch::pdl(

@@ -24,13 +24,13 @@ const STACKED_MAX: usize = 64;
 const GEMM_ROWS_WARPS_PER_SM: usize = 16;
 const GEMM_ROWS_MIN_SLICE: usize = 256;
 
-/// A launch shape of the bulk-ring few-row kernels (`rows_bulk_plan`).
-pub(super) struct RowsBulk {
-    pub threads: u32,
-    pub smem: u32,
-    pub stages: usize,
+/// A launch shape of `gemm_rows_bulk` (`rows_bulk_plan`).
+struct RowsBulk {
+    threads: u32,
+    smem: u32,
+    stages: usize,
     /// Blocks resident at once over the GPU.
-    pub resident: u32,
+    resident: u32,
 }
 
 /// Work buffers, grown on demand and reused across passes.
@@ -210,7 +210,7 @@ impl GpuModel {
         accumulate: bool,
     ) -> Result<()> {
         let d = &self.dev;
-        if let Some(p) = self.rows_bulk_plan(kernels::Kernel::gemm_rows_bulk, t, w, cols) {
+        if let Some(p) = self.rows_bulk_plan(t, w, cols) {
             let grid = (rows.div_ceil(8) as u32).min(p.resident);
             return kernels::gemm_rows_bulk(
                 d,
@@ -276,20 +276,14 @@ impl GpuModel {
         Ok(())
     }
 
-    /// The ring of `kernel` (`gemm_rows_bulk` for `t` rows, or
-    /// `moe_rows_bulk`) over matrices of `cols` columns at `w`: slots,
-    /// dynamic shared memory and how many blocks fit on one multiprocessor;
+    /// The ring of `gemm_rows_bulk` for `t` rows of a matrix of `cols`
+    /// columns at `w`: slots, dynamic shared memory and how many blocks are
+    /// resident at once;
     /// `None` where it does not apply: more than 8 rows, no bulk copies,
     /// columns not a multiple of 256 up to 4,096 (a warp per 256),
     /// unaligned weights. Slots of 8 rows, `QWASI_BULK_STAGES` of them as
     /// they fit beside the kernel's 8.3 KB of static shared memory.
-    pub(super) fn rows_bulk_plan(
-        &self,
-        kernel: kernels::Kernel,
-        t: usize,
-        w: u64,
-        cols: usize,
-    ) -> Option<RowsBulk> {
+    fn rows_bulk_plan(&self, t: usize, w: u64, cols: usize) -> Option<RowsBulk> {
         const STATIC_SMEM: usize = 9 << 10;
         let d = &self.dev;
         if !self.opts.rows_bulk
@@ -314,7 +308,7 @@ impl GpuModel {
             threads,
             smem,
             stages,
-            resident: d.occupancy(kernel, threads, smem) * d.sm_count,
+            resident: d.occupancy(kernels::Kernel::gemm_rows_bulk, threads, smem) * d.sm_count,
         })
     }
 
