@@ -15,6 +15,7 @@
 // otherwise part[s][b][n] and gemm_rows_reduce adds the slices in order
 // (deterministic, no atomics).
 #include "bulk_copy.h"
+#include "fp8.h"
 
 #define GR_MT 2  // m-tiles (16 weight rows each) per warp
 #define GR_WARPS 4
@@ -38,6 +39,33 @@ __device__ __forceinline__ void gr_split8(const float* p, bool valid, unsigned (
     }
 }
 
+// The weight formats gr_core reads: 8 consecutive weights of a row at (row,
+// k) as `Raw` (loaded, kept in registers until used) and as the 16 bytes of
+// their bf16 values. Block-FP8 (kernels/fp8.h): 8 E4M3 bytes and their
+// 128x128 block's scale, half the bytes in flight per weight, converted to
+// the same bf16 values the dequantize-at-upload path would hold.
+struct GrBf16 {
+    const bf16_t* __restrict__ W;
+    using Raw = uint4;
+    __device__ __forceinline__ Raw load(size_t row, int K, int k, bool valid) const {
+        return valid ? *(const uint4*)(W + row * K + k) : make_uint4(0u, 0u, 0u, 0u);
+    }
+    __device__ __forceinline__ uint4 bf16(const Raw& r) const { return r; }
+};
+struct GrFp8 {
+    const unsigned char* __restrict__ Q;
+    const float* __restrict__ S;  // [rows / 128][K / 128]
+    struct Raw {
+        uint2 q;
+        float s;
+    };
+    __device__ __forceinline__ Raw load(size_t row, int K, int k, bool valid) const {
+        if (!valid) return {make_uint2(0u, 0u), 0.f};
+        return {*(const uint2*)(Q + row * K + k), S[(row >> 7) * (size_t)(K >> 7) + (k >> 7)]};
+    }
+    __device__ __forceinline__ uint4 bf16(const Raw& r) const { return fp8x8_bf16(r.q, r.s); }
+};
+
 // The products of warp-owned weight rows n0 .. n0 + 16 MT over k in [k0,
 // kend) into acc, with xload(t, k, hi, lo) giving activation row t * 8 + g's
 // hi and lo pairs at k .. k + 8. PF k32 blocks of weights are loaded before
@@ -46,9 +74,9 @@ __device__ __forceinline__ void gr_split8(const float* p, bool valid, unsigned (
 // for the next blocks ahead of use (prefetch.global.L2) was slower on the
 // H200: 17% at batch 8 two steps ahead, nothing gained for the first steps
 // before the PDL wait.
-template <int MT, int NT, int PF, typename XL>
-__device__ __forceinline__ void gr_core(const bf16_t* __restrict__ W, int N, int K, int n0, int k0, int kend,
-                                        XL xload, float (&acc)[MT][NT][4]) {
+template <int MT, int NT, int PF, typename WF, typename XL>
+__device__ __forceinline__ void gr_core(const WF& wf, int N, int K, int n0, int k0, int kend, XL xload,
+                                        float (&acc)[MT][NT][4]) {
     const int lane = threadIdx.x % WARP, g = lane >> 2, c = lane & 3;
 #pragma unroll
     for (int m = 0; m < MT; m++)
@@ -57,7 +85,7 @@ __device__ __forceinline__ void gr_core(const bf16_t* __restrict__ W, int N, int
 #pragma unroll
             for (int j = 0; j < 4; j++) acc[m][t][j] = 0.f;
     for (int kb = k0; kb < kend; kb += 32 * PF) {
-        uint4 w[PF][MT][2];
+        typename WF::Raw w[PF][MT][2];
 #pragma unroll
         for (int p = 0; p < PF; p++)
 #pragma unroll
@@ -65,13 +93,15 @@ __device__ __forceinline__ void gr_core(const bf16_t* __restrict__ W, int N, int
 #pragma unroll
                 for (int h = 0; h < 2; h++) {
                     const int row = n0 + m * 16 + g + 8 * h, k = kb + 32 * p + c * 8;
-                    w[p][m][h] = row < N && kb + 32 * p < kend ? *(const uint4*)(W + (size_t)row * K + k)
-                                                                : make_uint4(0u, 0u, 0u, 0u);
+                    w[p][m][h] = wf.load((size_t)row, K, k, row < N && kb + 32 * p < kend);
                 }
 #pragma unroll
         for (int p = 0; p < PF; p++) {
             if (kb + 32 * p >= kend) break;
             const int k = kb + 32 * p + c * 8;
+            uint4 wb[MT][2];
+#pragma unroll
+            for (int m = 0; m < MT; m++) wb[m][0] = wf.bf16(w[p][m][0]), wb[m][1] = wf.bf16(w[p][m][1]);
 #pragma unroll
             for (int t = 0; t < NT; t++) {
                 unsigned hi[4], lo[4];
@@ -80,8 +110,8 @@ __device__ __forceinline__ void gr_core(const bf16_t* __restrict__ W, int N, int
                 for (int st = 0; st < 2; st++) {
 #pragma unroll
                     for (int m = 0; m < MT; m++) {
-                        const unsigned* w0 = (const unsigned*)&w[p][m][0];
-                        const unsigned* w1 = (const unsigned*)&w[p][m][1];
+                        const unsigned* w0 = (const unsigned*)&wb[m][0];
+                        const unsigned* w1 = (const unsigned*)&wb[m][1];
                         const unsigned a[4] = {w0[2 * st], w1[2 * st], w0[2 * st + 1], w1[2 * st + 1]};
                         mma_16816(acc[m][t], a, hi[2 * st], hi[2 * st + 1]);
                         mma_16816(acc[m][t], a, lo[2 * st], lo[2 * st + 1]);
@@ -92,10 +122,10 @@ __device__ __forceinline__ void gr_core(const bf16_t* __restrict__ W, int N, int
     }
 }
 
-template <int MT, int NT, int PF>
-__device__ __forceinline__ void gemm_rows_impl(const float* __restrict__ X, const bf16_t* __restrict__ W,
-                                               float* __restrict__ Y, float* __restrict__ part, int B, int N,
-                                               int K, int S, int accumulate) {
+template <int MT, int NT, int PF, typename WF>
+__device__ __forceinline__ void gemm_rows_impl(const float* __restrict__ X, const WF& wf, float* __restrict__ Y,
+                                               float* __restrict__ part, int B, int N, int K, int S,
+                                               int accumulate) {
     QW_GRID_WAIT();
     QW_GRID_LAUNCH();
     const int lane = threadIdx.x % WARP, g = lane >> 2, c = lane & 3;
@@ -105,7 +135,7 @@ __device__ __forceinline__ void gemm_rows_impl(const float* __restrict__ X, cons
     const int mg = warp % groups, s = warp / groups, KS = K / S;
     const int n0 = mg * 16 * MT, k0 = s * KS;
     float acc[MT][NT][4];
-    gr_core<MT, NT, PF>(W, N, K, n0, k0, k0 + KS,
+    gr_core<MT, NT, PF>(wf, N, K, n0, k0, k0 + KS,
                     [&](int t, int k, unsigned (&hi)[4], unsigned (&lo)[4]) {
                         const int b = t * 8 + g;
                         gr_split8(X + (size_t)b * K + k, b < B, hi, lo);
@@ -125,7 +155,8 @@ __device__ __forceinline__ void gemm_rows_impl(const float* __restrict__ X, cons
                 else part[(size_t)s * B * N + at] = acc[m][t][j];
             }
 }
-#define GR_BODY(MT, NT, PF) gemm_rows_impl<MT, NT, PF>(X, W, Y, part, B, N, K, S, accumulate)
+#define GR_BODY(MT, NT, PF) gemm_rows_impl<MT, NT, PF>(X, GrBf16{W}, Y, part, B, N, K, S, accumulate)
+#define GRF_BODY(MT, NT, PF) gemm_rows_impl<MT, NT, PF>(X, GrFp8{Q, Sc}, Y, part, B, N, K, S, accumulate)
 #else
 // Without tensor cores (HIP): the same sums on CUDA cores, one output per thread.
 __device__ __forceinline__ void gemm_rows_fma(const float* __restrict__ X, const bf16_t* __restrict__ W,
@@ -141,6 +172,8 @@ __device__ __forceinline__ void gemm_rows_fma(const float* __restrict__ X, const
     Y[o] = accumulate ? Y[o] + acc : acc;
 }
 #define GR_BODY(MT, NT, PF) gemm_rows_fma(X, W, Y, part, B, N, K, S, accumulate)
+// Not launched without tensor cores (ops.rs takes the few-row kernels on CUDA only).
+#define GRF_BODY(MT, NT, PF)
 #endif
 
 // NT = 1, 2, 4, 8: up to 8, 16, 32, 64 activation rows; MT m-tiles (16
@@ -159,6 +192,17 @@ GEMM_ROWS(gemm_rows8, GR_MT, 1, 4)
 GEMM_ROWS(gemm_rows16, GR_MT, 2, 4)
 GEMM_ROWS(gemm_rows32, GR_MT, 4, 2)
 GEMM_ROWS(gemm_rows64, GR_MT, 8, 2)
+
+// The same for block-FP8 weights: Q [N][K] E4M3, Sc [N / 128][K / 128]
+// (N and K multiples of 128), read as they are stored.
+#define GEMM_ROWS_FP8(NAME, MT, NT, PF)                                                                     \
+    QW_KERNEL void QW_BOUNDS(128)                                                                           \
+        NAME(const float* __restrict__ X, const unsigned char* __restrict__ Q, const float* __restrict__ Sc, \
+             float* __restrict__ Y, float* __restrict__ part, int B, int N, int K, int S, int accumulate) {  \
+        GRF_BODY(MT, NT, PF);                                                                                \
+    }
+GEMM_ROWS_FP8(gemm_rows8_fp8, GR_MT, 1, 4)
+GEMM_ROWS_FP8(gemm_rows16_fp8, GR_MT, 2, 4)
 
 // Projections of 2-8 rows with the weights through a bulk-copy ring (sm_90,
 // gemv_bulk.cu's scheme): one block per multiprocessor takes a contiguous run
@@ -288,10 +332,11 @@ QW_KERNEL void QW_BOUNDS(512) gemm_rows_bulk(const float* __restrict__ X, const 
 // weights at W + e w_stride ([N][K]). Y [rows][N]. Grid (ceil(ceil(N / (16
 // MT)) / GR_WARPS), the most tiles); blocks past the table's count return.
 #if defined(QW_CUDA) || defined(QW_CPU)
-template <int MT, int PF>
+// expert(e): expert e's weights in a gr_core format.
+template <int MT, int PF, typename Expert>
 __device__ __forceinline__ void moe_rows_impl(const bf16_t* __restrict__ ahi, const bf16_t* __restrict__ alo,
-                                              const bf16_t* __restrict__ W, long long w_stride,
-                                              const int* __restrict__ tiles, float* __restrict__ Y, int N, int K) {
+                                              Expert expert, const int* __restrict__ tiles, float* __restrict__ Y,
+                                              int N, int K) {
     QW_GRID_WAIT();  // the tile table is the predecessor's
     QW_GRID_LAUNCH();
     if ((int)blockIdx.y >= tiles[0]) return;
@@ -301,7 +346,7 @@ __device__ __forceinline__ void moe_rows_impl(const bf16_t* __restrict__ ahi, co
     if (warp * 16 * MT >= N) return;
     const int n0 = warp * 16 * MT;
     float acc[MT][1][4];
-    gr_core<MT, 1, PF>(W + (size_t)e * w_stride, N, K, n0, 0, K,
+    gr_core<MT, 1, PF>(expert(e), N, K, n0, 0, K,
                        [&](int, int k, unsigned (&hi)[4], unsigned (&lo)[4]) {
                            const bool v = g < rows;
                            const size_t at = (size_t)(r0 + (v ? g : 0)) * K + k;
@@ -319,10 +364,16 @@ __device__ __forceinline__ void moe_rows_impl(const bf16_t* __restrict__ ahi, co
             if (n < N && b < rows) Y[(size_t)(r0 + b) * N + n] = acc[m][0][j];
         }
 }
-#define MR_BODY(MT, PF) moe_rows_impl<MT, PF>(ahi, alo, W, w_stride, tiles, Y, N, K)
+#define MR_BODY(MT, PF) \
+    moe_rows_impl<MT, PF>(ahi, alo, [&](int e) { return GrBf16{W + (size_t)e * w_stride}; }, tiles, Y, N, K)
+#define MRF_BODY(MT, PF)                                                                                           \
+    moe_rows_impl<MT, PF>(                                                                                         \
+        ahi, alo, [&](int e) { return GrFp8{Q + (size_t)e * N * K, Sc + (size_t)e * (N >> 7) * (K >> 7)}; }, tiles, \
+        Y, N, K)
 #else
 // Not launched without tensor cores (ops.rs takes it on CUDA only).
 #define MR_BODY(MT, PF)
+#define MRF_BODY(MT, PF)
 #endif
 #define MOE_ROWS(NAME, MT, PF)                                                                                \
     QW_KERNEL void QW_BOUNDS(128) NAME(const bf16_t* __restrict__ ahi, const bf16_t* __restrict__ alo,        \
@@ -331,6 +382,14 @@ __device__ __forceinline__ void moe_rows_impl(const bf16_t* __restrict__ ahi, co
         MR_BODY(MT, PF);                                                                                      \
     }
 MOE_ROWS(moe_rows8, GR_MT, 4)
+
+// moe_rows8 for block-FP8 experts: expert e's E4M3 weights at Q + e N K,
+// its scales at Sc + e (N / 128) (K / 128).
+QW_KERNEL void QW_BOUNDS(128) moe_rows8_fp8(const bf16_t* __restrict__ ahi, const bf16_t* __restrict__ alo,
+                                            const unsigned char* __restrict__ Q, const float* __restrict__ Sc,
+                                            const int* __restrict__ tiles, float* __restrict__ Y, int N, int K) {
+    MRF_BODY(GR_MT, 4);
+}
 
 // Y[i] = (accumulate ? Y[i] : 0) + sum over s of part[s][i], s ascending; i < n = B N.
 QW_KERNEL void QW_BOUNDS(256) gemm_rows_reduce(const float* __restrict__ part, float* __restrict__ Y, long long n,

@@ -7,8 +7,8 @@
 // 256 split into 1, 2 and 4 slices; with and without accumulate. Y past the
 // B N outputs is a canary that must stay untouched. Then moe_rows8, the
 // routed experts' variant over moe_plan_tiles' table, and gemm_rows_bulk (the
-// weights through a shared-memory ring, copied by the block here). Exit 1 on
-// a mismatch.
+// weights through a shared-memory ring, copied by the block here), then the
+// block-FP8 forms. Exit 1 on a mismatch.
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -166,6 +166,116 @@ int main() {
                                 K, stages, blocks, accumulate, wrong);
                 }
             }
+    // Block-FP8 weights (gemm_rows8_fp8, gemm_rows16_fp8, moe_rows8_fp8):
+    // random E4M3 codes (never the NaN code) with a scale per 128x128 block,
+    // against the same sums over their bf16 values (fp8_bf16, the
+    // dequantize-at-upload path's). N 128 and 256, K 128 and 384 (one and
+    // three scale blocks), 2-16 rows, K split in 1 or 2 slices.
+    std::uniform_int_distribution<int> code(0, 253);
+    std::uniform_real_distribution<float> scale(0.5f, 2.f);
+    auto fp8_weights = [&](int E, int N, int K, std::vector<unsigned char>& Q, std::vector<float>& Sc,
+                           std::vector<bf16_t>& Wb) {
+        Q.resize((size_t)E * N * K), Sc.resize((size_t)E * (N / 128) * (K / 128)), Wb.resize(Q.size());
+        for (auto& q : Q) {
+            const int v = code(rng);  // 0..126 and 128..254: 127 and 255 are NaN
+            q = (unsigned char)(v < 127 ? v : v + 1);
+        }
+        for (auto& v : Sc) v = scale(rng) / 448.f;
+        for (int e = 0; e < E; e++)
+            for (int n = 0; n < N; n++)
+                for (int k = 0; k < K; k++) {
+                    const size_t at = ((size_t)e * N + n) * K + k;
+                    Wb[at] = fp8_bf16(Q[at], Sc[((size_t)e * (N / 128) + n / 128) * (K / 128) + k / 128]);
+                }
+    };
+    for (int B : {2, 8, 13, 16})
+        for (int N : {128, 256})
+            for (int K : {128, 384})
+                for (int S : {1, 2}) {
+                    if ((K / 32) % S != 0) continue;
+                    const int accumulate = (B + N + K + S) % 2;
+                    std::vector<unsigned char> Q;
+                    std::vector<float> Sc, X((size_t)B * K), Y((size_t)B * N + CANARY), part((size_t)S * B * N);
+                    std::vector<bf16_t> Wb;
+                    fp8_weights(1, N, K, Q, Sc, Wb);
+                    for (auto& v : X) v = nd(rng);
+                    for (auto& v : Y) v = nd(rng);
+                    const std::vector<float> Y0 = Y;
+                    const int groups = (N + 31) / 32;
+                    qw_cpu::launch({(unsigned)((groups * S + 3) / 4), 1, 1}, {128, 1, 1}, [&] {
+                        (B <= 8 ? gemm_rows8_fp8 : gemm_rows16_fp8)(X.data(), Q.data(), Sc.data(), Y.data(),
+                                                                    part.data(), B, N, K, S, accumulate);
+                    });
+                    if (S > 1) {
+                        const long long n = (long long)B * N;
+                        qw_cpu::launch({(unsigned)((n + 255) / 256), 1, 1}, {256, 1, 1},
+                                       [&] { gemm_rows_reduce(part.data(), Y.data(), n, S, accumulate); });
+                    }
+                    int wrong = 0;
+                    for (int b = 0; b < B; b++)
+                        for (int n = 0; n < N; n++) {
+                            double want = accumulate ? Y0[(size_t)b * N + n] : 0.0, mag = std::fabs(want);
+                            for (int kk = 0; kk < K; kk++) {
+                                const double p = (double)split_sum(X[(size_t)b * K + kk]) * bf2f(Wb[(size_t)n * K + kk]);
+                                want += p;
+                                mag += std::fabs(p);
+                            }
+                            wrong += !(std::fabs(Y[(size_t)b * N + n] - want) <= TOL * (mag + 1e-30));
+                        }
+                    for (int i = 0; i < CANARY; i++)
+                        wrong += std::memcmp(&Y[(size_t)B * N + i], &Y0[(size_t)B * N + i], 4) != 0;
+                    n_cases++;
+                    if (wrong) {
+                        bad++;
+                        std::printf("gemm_rows_fp8 B %d N %d K %d S %d: FAIL (%d wrong)\n", B, N, K, S, wrong);
+                    }
+                }
+    for (int N : {128, 256})
+        for (int K : {128, 384}) {
+            const std::vector<int> counts = {3, 0, 8, 1};
+            std::vector<int> tiles = {0};
+            int rows = 0;
+            for (int e = 0; e < (int)counts.size(); e++)
+                if (counts[e] > 0) {
+                    tiles.insert(tiles.end(), {e, rows, counts[e]});
+                    tiles[0]++;
+                    rows += counts[e];
+                }
+            std::vector<unsigned char> Q;
+            std::vector<float> Sc;
+            std::vector<bf16_t> Wb, hi((size_t)rows * K), lo((size_t)rows * K);
+            fp8_weights((int)counts.size(), N, K, Q, Sc, Wb);
+            for (size_t i = 0; i < hi.size(); i++) {
+                const float x = nd(rng);
+                hi[i] = f2bf(x);
+                lo[i] = f2bf(x - bf2f(hi[i]));
+            }
+            std::vector<float> Y((size_t)rows * N + CANARY, NAN);
+            qw_cpu::launch({(unsigned)(((N + 31) / 32 + 3) / 4), (unsigned)tiles[0] + 1, 1}, {128, 1, 1}, [&] {
+                moe_rows8_fp8(hi.data(), lo.data(), Q.data(), Sc.data(), tiles.data(), Y.data(), N, K);
+            });
+            int wrong = 0;
+            for (int t = 0; t < tiles[0]; t++) {
+                const int e = tiles[1 + 3 * t], r0 = tiles[2 + 3 * t], cnt = tiles[3 + 3 * t];
+                for (int r = r0; r < r0 + cnt; r++)
+                    for (int n = 0; n < N; n++) {
+                        double want = 0, mag = 0;
+                        for (int kk = 0; kk < K; kk++) {
+                            const double p = ((double)bf2f(hi[(size_t)r * K + kk]) + bf2f(lo[(size_t)r * K + kk])) *
+                                             bf2f(Wb[((size_t)e * N + n) * K + kk]);
+                            want += p;
+                            mag += std::fabs(p);
+                        }
+                        wrong += !(std::fabs(Y[(size_t)r * N + n] - want) <= TOL * (mag + 1e-30));
+                    }
+            }
+            for (int i = 0; i < CANARY; i++) wrong += !std::isnan(Y[(size_t)rows * N + i]);
+            n_cases++;
+            if (wrong) {
+                bad++;
+                std::printf("moe_rows8_fp8 N %d K %d: FAIL (%d wrong)\n", N, K, wrong);
+            }
+        }
     std::printf("gemm_rows_check: %d of %d cases within %.0e\n", n_cases - bad, n_cases, TOL);
     return bad ? 1 : 0;
 }

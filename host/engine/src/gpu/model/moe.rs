@@ -195,10 +195,9 @@ impl MoeLayer {
                 i(inter),
             )?;
         } else if fast && m.gemm == GemmPath::CublasSplit {
-            // FP8: the whole layer's experts are dequantized (a prompt routes
-            // to nearly all of them).
-            let gate_up = m.bf16_weights(gate_up, Slot::GateUp, None)?;
-            let down = m.bf16_weights(down, Slot::Down, None)?;
+            // FP8: read as stored by the few-row kernel (batched steps, short
+            // prompts), else the whole layer's experts dequantized (a prompt
+            // routes to nearly all of them).
             let io = MoeIo {
                 n,
                 x,

@@ -5,6 +5,8 @@
 //! `kernels/gemm_rows.cu`'s `moe_rows8` for up to 64 tokens); otherwise
 //! per-expert GEMMs over rows gathered on a plan copied back to the host.
 
+use super::fp8::Slot;
+use super::weights::DevMat;
 use super::{B, F, GpuModel, Scratch};
 use crate::gpu::kernels::{self, Launch, Typed, sig, typed};
 use crate::gpu::{dptr, i};
@@ -113,8 +115,8 @@ impl GpuModel {
         k: usize,
         inter: usize,
         io: MoeIo,
-        gate_up: u64,
-        down: u64,
+        gate_up: &DevMat,
+        down: &DevMat,
     ) -> Result<bool> {
         let d = &self.dev;
         let h = self.cfg.hidden_size;
@@ -205,83 +207,94 @@ impl GpuModel {
             dptr(hi),
             dptr(lo),
         )?;
-        // y (f32, rows in plan order) = a (hi + lo) W_e^T per expert.
-        let experts = |a_hi: u64, a_lo: u64, w: u64, y: u64, rows: usize, cols: usize| match &plan {
-            MoePlan::Tiles { buf, most, bm } if *bm == MOE_ROWS_BM => kernels::moe_rows8(
-                d,
-                Launch::pdl(
+        // y (f32, rows in plan order) = a (hi + lo) W_e^T per expert. Block-FP8
+        // experts: read as stored by the few-row kernel, else the whole
+        // tensor dequantized into `slot`'s work buffer first.
+        let experts = |a_hi: u64, a_lo: u64, wm: &DevMat, slot: Slot, y: u64| {
+            let (rows, cols) = (wm.rows / e, wm.cols);
+            if let MoePlan::Tiles { buf, most, bm } = &plan
+                && *bm == MOE_ROWS_BM
+            {
+                let l = Launch::pdl(
                     (rows.div_ceil(32).div_ceil(4) as u32, *most, 1),
                     (128, 1, 1),
                     0,
-                ),
-                dptr(a_hi),
-                dptr(a_lo),
-                dptr(w),
-                (rows * cols) as i64,
-                dptr(*buf),
-                dptr(y),
-                i(rows),
-                i(cols),
-            ),
-            MoePlan::Tiles { buf, most, bm } => {
-                let (name, smem, bn) = moe_gemm_kernel(
-                    *bm,
-                    d.wgmma(),
-                    self.opts.moe_wg_cols,
-                    self.opts.moe_k64,
-                    cols,
                 );
-                (name.launch)(
-                    d,
-                    Launch::new(
-                        (rows.div_ceil(bn) as u32, *most, 1),
-                        (2 * *bm as u32, 1, 1),
-                        smem as u32,
-                    ),
-                    dptr(a_hi),
-                    dptr(a_lo),
-                    dptr(w),
-                    (rows * cols) as i64,
-                    dptr(*buf),
-                    dptr(y),
-                    i(rows),
-                    i(cols),
-                )
-            }
-            MoePlan::Counts(hc) => {
-                let mut start = 0;
-                for (ex, &cnt) in hc.iter().enumerate() {
-                    let cnt = cnt as usize;
-                    if cnt == 0 {
-                        continue;
+                let (a_hi, a_lo, buf, y) = (dptr(a_hi), dptr(a_lo), dptr(*buf), dptr(y));
+                return match wm.fp8() {
+                    Some((q, s)) if rows.is_multiple_of(128) && cols.is_multiple_of(128) => {
+                        let (q, s) = (dptr(q), dptr(s));
+                        kernels::moe_rows8_fp8(d, l, a_hi, a_lo, q, s, buf, y, i(rows), i(cols))
                     }
-                    let w = w + (ex * rows * cols * B) as u64;
-                    let y = y + (start * rows * F) as u64;
-                    d.gemm_bf16(
-                        a_hi + (start * cols * B) as u64,
-                        w,
-                        y,
-                        cnt,
-                        rows,
+                    _ => {
+                        let w = dptr(self.bf16_weights(wm, slot, None)?);
+                        let stride = (rows * cols) as i64;
+                        kernels::moe_rows8(d, l, a_hi, a_lo, w, stride, buf, y, i(rows), i(cols))
+                    }
+                };
+            }
+            let w = self.bf16_weights(wm, slot, None)?;
+            match &plan {
+                MoePlan::Tiles { buf, most, bm } => {
+                    let (name, smem, bn) = moe_gemm_kernel(
+                        *bm,
+                        d.wgmma(),
+                        self.opts.moe_wg_cols,
+                        self.opts.moe_k64,
                         cols,
-                        false,
-                    )?;
-                    d.gemm_bf16(
-                        a_lo + (start * cols * B) as u64,
-                        w,
-                        y,
-                        cnt,
-                        rows,
-                        cols,
-                        true,
-                    )?;
-                    start += cnt;
+                    );
+                    (name.launch)(
+                        d,
+                        Launch::new(
+                            (rows.div_ceil(bn) as u32, *most, 1),
+                            (2 * *bm as u32, 1, 1),
+                            smem as u32,
+                        ),
+                        dptr(a_hi),
+                        dptr(a_lo),
+                        dptr(w),
+                        (rows * cols) as i64,
+                        dptr(*buf),
+                        dptr(y),
+                        i(rows),
+                        i(cols),
+                    )
                 }
-                Ok(())
+                MoePlan::Counts(hc) => {
+                    let mut start = 0;
+                    for (ex, &cnt) in hc.iter().enumerate() {
+                        let cnt = cnt as usize;
+                        if cnt == 0 {
+                            continue;
+                        }
+                        let w = w + (ex * rows * cols * B) as u64;
+                        let y = y + (start * rows * F) as u64;
+                        d.gemm_bf16(
+                            a_hi + (start * cols * B) as u64,
+                            w,
+                            y,
+                            cnt,
+                            rows,
+                            cols,
+                            false,
+                        )?;
+                        d.gemm_bf16(
+                            a_lo + (start * cols * B) as u64,
+                            w,
+                            y,
+                            cnt,
+                            rows,
+                            cols,
+                            true,
+                        )?;
+                        start += cnt;
+                    }
+                    Ok(())
+                }
             }
         };
         let gu = sc.get(d, "gu", nn * 2 * inter * F)?;
-        experts(hi, lo, gate_up, gu, 2 * inter, h)?;
+        experts(hi, lo, gate_up, Slot::GateUp, gu)?;
         let ah = sc.get(d, "moe_act", nn * inter * 2 * B)?;
         let al = ah + (nn * inter * B) as u64;
         kernels::silu_mul_split(
@@ -294,7 +307,7 @@ impl GpuModel {
             dptr(al),
         )?;
         let ye = xs;
-        experts(ah, al, down, ye, h, inter)?;
+        experts(ah, al, down, Slot::Down, ye)?;
         kernels::moe_combine(
             d,
             Launch::pdl((t as u32, 1, 1), (256, 1, 1), 0),

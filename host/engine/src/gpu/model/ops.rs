@@ -24,6 +24,14 @@ const STACKED_MAX: usize = 64;
 const GEMM_ROWS_WARPS_PER_SM: usize = 16;
 const GEMM_ROWS_MIN_SLICE: usize = 256;
 
+/// The weights of a few-row projection: bf16, or block-FP8 E4M3 bytes and
+/// their scales (`gemm_rows*_fp8`, read as stored).
+#[derive(Clone, Copy)]
+enum RowsWeights {
+    Bf16(u64),
+    Fp8 { q: u64, s: u64 },
+}
+
 /// A launch shape of `gemm_rows_bulk` (`rows_bulk_plan`).
 struct RowsBulk {
     threads: u32,
@@ -75,8 +83,9 @@ impl Scratch {
 }
 
 impl GpuModel {
-    /// `y[t, :] = W x[t, :]` for T rows of x (f32) into y (f32); a
-    /// block-FP8 W is dequantized into its work buffer first (`fp8.rs`).
+    /// `y[t, :] = W x[t, :]` for T rows of x (f32) into y (f32). A
+    /// block-FP8 W is read as stored by the few-row kernels (2-16 rows),
+    /// else dequantized into its work buffer first (`fp8.rs`).
     pub(super) fn linear(
         &self,
         sc: &mut Scratch,
@@ -86,6 +95,13 @@ impl GpuModel {
         y: u64,
         accumulate: bool,
     ) -> Result<()> {
+        if let Some((q, s)) = w.fp8()
+            && self.rows_kernel_fits(x, t, w.cols, GEMM_ROWS_MAX)
+            && w.cols.is_multiple_of(128)
+        {
+            let wt = RowsWeights::Fp8 { q, s };
+            return self.gemm_rows(sc, x, t, wt, w.rows, w.cols, y, accumulate);
+        }
         let wb = self.bf16_weights(w, super::fp8::Slot::Mat, None)?;
         self.linear_raw(sc, x, t, wb, w.rows, w.cols, y, accumulate)
     }
@@ -104,7 +120,8 @@ impl GpuModel {
     ) -> Result<()> {
         let d = &self.dev;
         if self.rows_kernel_fits(x, t, cols, GEMM_ROWS_MAX) {
-            return self.gemm_rows(sc, x, t, w, rows, cols, y, accumulate);
+            let wt = RowsWeights::Bf16(w);
+            return self.gemm_rows(sc, x, t, wt, rows, cols, y, accumulate);
         }
         if t == 1 {
             return kernels::gemv_bf16(
@@ -203,14 +220,16 @@ impl GpuModel {
         sc: &mut Scratch,
         x: u64,
         t: usize,
-        w: u64,
+        wt: RowsWeights,
         rows: usize,
         cols: usize,
         y: u64,
         accumulate: bool,
     ) -> Result<()> {
         let d = &self.dev;
-        if let Some(p) = self.rows_bulk_plan(t, w, cols) {
+        if let RowsWeights::Bf16(w) = wt
+            && let Some(p) = self.rows_bulk_plan(t, w, cols)
+        {
             let grid = (rows.div_ceil(8) as u32).min(p.resident);
             return kernels::gemm_rows_bulk(
                 d,
@@ -225,15 +244,6 @@ impl GpuModel {
                 i(p.stages),
             );
         }
-        let kernel = if t <= 8 {
-            kernels::gemm_rows8
-        } else if t <= 16 {
-            kernels::gemm_rows16
-        } else if t <= 32 {
-            kernels::gemm_rows32
-        } else {
-            kernels::gemm_rows64
-        };
         let groups = rows.div_ceil(32);
         let target = d.sm_count as usize * GEMM_ROWS_WARPS_PER_SM;
         let mut slices = 1;
@@ -248,19 +258,54 @@ impl GpuModel {
         } else {
             0
         };
-        kernel(
-            d,
-            Launch::pdl(((groups * slices).div_ceil(4) as u32, 1, 1), (128, 1, 1), 0),
-            dptr(x),
-            dptr(w),
-            dptr(y),
-            dptr(part),
-            i(t),
-            i(rows),
-            i(cols),
-            i(slices),
-            i(accumulate as usize),
-        )?;
+        let l = Launch::pdl(((groups * slices).div_ceil(4) as u32, 1, 1), (128, 1, 1), 0);
+        let (t_, rows_, cols_, s_, acc_) =
+            (i(t), i(rows), i(cols), i(slices), i(accumulate as usize));
+        match wt {
+            RowsWeights::Bf16(w) => {
+                let kernel = match t {
+                    ..=8 => kernels::gemm_rows8,
+                    9..=16 => kernels::gemm_rows16,
+                    17..=32 => kernels::gemm_rows32,
+                    _ => kernels::gemm_rows64,
+                };
+                kernel(
+                    d,
+                    l,
+                    dptr(x),
+                    dptr(w),
+                    dptr(y),
+                    dptr(part),
+                    t_,
+                    rows_,
+                    cols_,
+                    s_,
+                    acc_,
+                )?
+            }
+            RowsWeights::Fp8 { q, s } => {
+                let kernel = match t {
+                    ..=8 => kernels::gemm_rows8_fp8,
+                    9..=16 => kernels::gemm_rows16_fp8,
+                    _ => anyhow::bail!("{t} rows: the FP8 few-row kernels take at most 16"),
+                };
+                let (q, s) = (dptr(q), dptr(s));
+                kernel(
+                    d,
+                    l,
+                    dptr(x),
+                    q,
+                    s,
+                    dptr(y),
+                    dptr(part),
+                    t_,
+                    rows_,
+                    cols_,
+                    s_,
+                    acc_,
+                )?
+            }
+        }
         if slices > 1 {
             let n = t * rows;
             kernels::gemm_rows_reduce(
