@@ -39,45 +39,57 @@ __device__ __forceinline__ void gr_split8(const float* p, bool valid, unsigned (
     }
 }
 
-// The weight formats gr_core reads: 8 consecutive weights of a row at (row,
-// k) as `Raw` (loaded, kept in registers until used) and as the 16 bytes of
-// their bf16 values. Block-FP8 (kernels/fp8.h): 8 E4M3 bytes and their
-// 128x128 block's scale, half the bytes in flight per weight, converted to
-// the same bf16 values the dequantize-at-upload path would hold.
+// The weight formats gr_core reads. A lane loads PACK runs of 8 consecutive
+// weights of a row at once (`Raw`, kept in registers until used) and feeds
+// run j as the 16 bytes of their bf16 values (`bf16(raw, j)`). Block-FP8
+// (kernels/fp8.h): 16 E4M3 bytes (two runs) and their 128x128 block's
+// scale, converted to the same bf16 values the dequantize-at-upload path
+// would hold; 16 bytes a load, as for bf16, so a warp reads a row in runs as
+// long (8-byte loads, 128-byte runs per row: 2.3 TB/s on the H200).
 struct GrBf16 {
+    static constexpr int PACK = 1;
     const bf16_t* __restrict__ W;
     using Raw = uint4;
     __device__ __forceinline__ Raw load(size_t row, int K, int k, bool valid) const {
         return valid ? *(const uint4*)(W + row * K + k) : make_uint4(0u, 0u, 0u, 0u);
     }
-    __device__ __forceinline__ uint4 bf16(const Raw& r) const { return r; }
+    __device__ __forceinline__ uint4 bf16(const Raw& r, int) const { return r; }
 };
 struct GrFp8 {
+    static constexpr int PACK = 2;
     const unsigned char* __restrict__ Q;
     const float* __restrict__ S;  // [rows / 128][K / 128]
     struct Raw {
-        uint2 q;
+        uint4 q;
         float s;
     };
     __device__ __forceinline__ Raw load(size_t row, int K, int k, bool valid) const {
-        if (!valid) return {make_uint2(0u, 0u), 0.f};
-        return {*(const uint2*)(Q + row * K + k), S[(row >> 7) * (size_t)(K >> 7) + (k >> 7)]};
+        if (!valid) return {make_uint4(0u, 0u, 0u, 0u), 0.f};
+        return {*(const uint4*)(Q + row * K + k), S[(row >> 7) * (size_t)(K >> 7) + (k >> 7)]};
     }
-    __device__ __forceinline__ uint4 bf16(const Raw& r) const { return fp8x8_bf16(r.q, r.s); }
+    __device__ __forceinline__ uint4 bf16(const Raw& r, int j) const {
+        return fp8x8_bf16(j ? make_uint2(r.q.z, r.q.w) : make_uint2(r.q.x, r.q.y), r.s);
+    }
 };
 
 // The products of warp-owned weight rows n0 .. n0 + 16 MT over k in [k0,
 // kend) into acc, with xload(t, k, hi, lo) giving activation row t * 8 + g's
 // hi and lo pairs at k .. k + 8. PF k32 blocks of weights are loaded before
-// any is used (PF x MT x 32 bytes per lane in flight: the weights stream at
-// bandwidth only with enough bytes in flight per multiprocessor). Asking L2
-// for the next blocks ahead of use (prefetch.global.L2) was slower on the
-// H200: 17% at batch 8 two steps ahead, nothing gained for the first steps
-// before the PDL wait.
+// any is used (PF x MT x 32 bytes of bf16 per lane in flight: the weights
+// stream at bandwidth only with enough bytes in flight per multiprocessor).
+// Lane c's 8 k of block p within a step: 8c (PACK 1), or of pack p / 2's 64
+// k, 16c + 8 (p % 2) (PACK 2); the fragments' k order is permuted the same
+// way in A and B, so the products are the sums over k. kend - k0 must be a
+// multiple of 32 PACK. Asking L2 for the next blocks ahead of use
+// (prefetch.global.L2) was slower on the H200: 17% at batch 8 two steps
+// ahead, nothing gained for the first steps before the PDL wait.
 template <int MT, int NT, int PF, typename WF, typename XL>
 __device__ __forceinline__ void gr_core(const WF& wf, int N, int K, int n0, int k0, int kend, XL xload,
                                         float (&acc)[MT][NT][4]) {
+    constexpr int P = WF::PACK;
+    static_assert(PF % P == 0, "whole packs per step");
     const int lane = threadIdx.x % WARP, g = lane >> 2, c = lane & 3;
+    auto koff = [&](int p) { return 32 * p + (P == 1 ? 8 * c : 16 * c - 24 * (p & 1)); };
 #pragma unroll
     for (int m = 0; m < MT; m++)
 #pragma unroll
@@ -85,23 +97,24 @@ __device__ __forceinline__ void gr_core(const WF& wf, int N, int K, int n0, int 
 #pragma unroll
             for (int j = 0; j < 4; j++) acc[m][t][j] = 0.f;
     for (int kb = k0; kb < kend; kb += 32 * PF) {
-        typename WF::Raw w[PF][MT][2];
+        typename WF::Raw w[PF / P][MT][2];
 #pragma unroll
-        for (int p = 0; p < PF; p++)
+        for (int p = 0; p < PF; p += P)
 #pragma unroll
             for (int m = 0; m < MT; m++)
 #pragma unroll
                 for (int h = 0; h < 2; h++) {
-                    const int row = n0 + m * 16 + g + 8 * h, k = kb + 32 * p + c * 8;
-                    w[p][m][h] = wf.load((size_t)row, K, k, row < N && kb + 32 * p < kend);
+                    const int row = n0 + m * 16 + g + 8 * h;
+                    w[p / P][m][h] = wf.load((size_t)row, K, kb + koff(p), row < N && kb + 32 * p < kend);
                 }
 #pragma unroll
         for (int p = 0; p < PF; p++) {
             if (kb + 32 * p >= kend) break;
-            const int k = kb + 32 * p + c * 8;
+            const int k = kb + koff(p);
             uint4 wb[MT][2];
 #pragma unroll
-            for (int m = 0; m < MT; m++) wb[m][0] = wf.bf16(w[p][m][0]), wb[m][1] = wf.bf16(w[p][m][1]);
+            for (int m = 0; m < MT; m++)
+                wb[m][0] = wf.bf16(w[p / P][m][0], p % P), wb[m][1] = wf.bf16(w[p / P][m][1], p % P);
 #pragma unroll
             for (int t = 0; t < NT; t++) {
                 unsigned hi[4], lo[4];
@@ -194,7 +207,7 @@ GEMM_ROWS(gemm_rows32, GR_MT, 4, 2)
 GEMM_ROWS(gemm_rows64, GR_MT, 8, 2)
 
 // The same for block-FP8 weights: Q [N][K] E4M3, Sc [N / 128][K / 128]
-// (N and K multiples of 128), read as they are stored.
+// (N and K multiples of 128, K / S of 64), read as they are stored.
 #define GEMM_ROWS_FP8(NAME, MT, NT, PF)                                                                     \
     QW_KERNEL void QW_BOUNDS(128)                                                                           \
         NAME(const float* __restrict__ X, const unsigned char* __restrict__ Q, const float* __restrict__ Sc, \

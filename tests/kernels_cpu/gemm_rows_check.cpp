@@ -192,7 +192,7 @@ int main() {
         for (int N : {128, 256})
             for (int K : {128, 384})
                 for (int S : {1, 2}) {
-                    if ((K / 32) % S != 0) continue;
+                    if ((K / 64) % S != 0) continue;  // slices of whole 64-column steps
                     const int accumulate = (B + N + K + S) % 2;
                     std::vector<unsigned char> Q;
                     std::vector<float> Sc, X((size_t)B * K), Y((size_t)B * N + CANARY), part((size_t)S * B * N);

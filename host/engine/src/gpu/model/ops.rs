@@ -246,9 +246,14 @@ impl GpuModel {
         }
         let groups = rows.div_ceil(32);
         let target = d.sm_count as usize * GEMM_ROWS_WARPS_PER_SM;
+        // Slices of whole steps: 32 columns, 64 for FP8 (16-byte loads of two).
+        let step = match wt {
+            RowsWeights::Bf16(_) => 32,
+            RowsWeights::Fp8 { .. } => 64,
+        };
         let mut slices = 1;
         while groups * slices * 2 <= target
-            && (cols / 32).is_multiple_of(slices * 2)
+            && (cols / step).is_multiple_of(slices * 2)
             && cols / (slices * 2) >= GEMM_ROWS_MIN_SLICE
         {
             slices *= 2;
