@@ -201,6 +201,15 @@ fn other_pipelines_are_encoded_whole() {
     let tok = Tokenizer::from_json_bytes(other.as_bytes()).unwrap();
     assert!(!tok.splits());
     assert!(qwen().splits());
+    // Truncation or padding would cut or pad each piece.
+    let mut hf = qwen().hf().clone();
+    hf.with_truncation(Some(tokenizers::TruncationParams::default()))
+        .unwrap();
+    assert!(Splitter::for_tokenizer(&hf).is_none());
+    hf.with_truncation(None).unwrap();
+    assert!(Splitter::for_tokenizer(&hf).is_some());
+    hf.with_padding(Some(tokenizers::PaddingParams::default()));
+    assert!(Splitter::for_tokenizer(&hf).is_none());
     // Short texts are one piece at the default sizes.
     let s = Splitter::for_tokenizer(qwen().hf()).unwrap();
     assert_eq!(s.pieces("short text here").len(), 1);
