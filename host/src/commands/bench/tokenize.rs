@@ -1,6 +1,10 @@
 //! `qwasi bench --workload tokenize`: the time to encode a long prompt,
 //! `tokenizers` on the whole text against the engine's encoder (long texts
-//! in parallel pieces, issue 27), and a check that both give the same ids.
+//! in parallel pieces, issue 27), and a check that both give the same ids;
+//! then the ways of encoding the pieces against each other (the shared
+//! tokenizer, each worker's own pre-tokenizer, its own word cache too) at
+//! several piece sizes, the first encode (workers making their state) and
+//! an empty parallel loop (the pool's own cost).
 //! The text is `--text FILE`, or a built-in mix of prose, code, JSON and
 //! chat markup grown to `--tokenize-tokens` tokens; the tokenizer is the
 //! `--model` directory's, or the embedded Qwen3.6 one.
