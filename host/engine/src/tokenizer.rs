@@ -18,6 +18,9 @@
 
 mod split;
 
+#[doc(hidden)]
+pub use split::Mode as PieceMode;
+
 use std::collections::HashSet;
 use std::io::Read;
 use std::path::Path;
@@ -146,6 +149,24 @@ impl Tokenizer {
             .encode_fast(&*nfc(text), false)
             .map_err(|e| anyhow!("tokenizer encode failed: {e}"))?;
         Ok(enc.get_ids().to_vec())
+    }
+
+    /// `encode` cut into pieces of about `piece` bytes, each encoded as `mode` says, in parallel or one after the
+    /// other on one worker; `None` when the pipeline is not split. For the
+    /// bench, which measures these against each other.
+    #[doc(hidden)]
+    pub fn encode_pieces(
+        &self,
+        text: &str,
+        piece: usize,
+        mode: split::Mode,
+        parallel: bool,
+    ) -> Option<Result<Vec<u32>>> {
+        let s = self.inner.splitter.as_ref()?;
+        Some(
+            s.encode_with(&self.inner.tok, &nfc(text), piece, mode, parallel)
+                .map_err(|e| anyhow!("tokenizer encode failed: {e}")),
+        )
     }
 
     /// Whether long texts are encoded in parallel pieces.

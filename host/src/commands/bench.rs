@@ -39,7 +39,8 @@ pub enum Workload {
     Serving,
     /// Encoding a long prompt (`--tokenize-tokens`, default 8192, or
     /// `--text FILE`): `tokenizers` on the whole text against the engine's
-    /// encoder (parallel pieces), same ids checked.
+    /// encoder (parallel pieces), same ids checked; each way of encoding the
+    /// pieces timed at several piece sizes.
     Tokenize,
 }
 

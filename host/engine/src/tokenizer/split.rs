@@ -23,13 +23,19 @@
 //! text spans it.
 //!
 //! [`Splitter::for_tokenizer`] accepts only a pipeline that this argument
-//! covers (that regex, NFC or no normalizer, byte-level BPE, special tokens
-//! without `lstrip`/`rstrip`/`single_word`/`normalized`); for any other
-//! tokenizer the text is encoded whole. The equivalence is tested against
-//! whole-text encoding over many texts (tests below).
+//! covers (that regex, NFC or no normalizer, byte-level BPE without dropout,
+//! special tokens without `lstrip`/`rstrip`/`single_word`/`normalized`, no
+//! truncation or padding); for any other tokenizer the text is encoded
+//! whole. The equivalence is tested against whole-text encoding over many
+//! texts (tests below). Each rayon worker encodes its pieces with its own
+//! pre-tokenizer and word cache ([`worker`]).
+
+mod worker;
 
 use rayon::prelude::*;
 use serde_json::{Value, json};
+use std::sync::{Mutex, OnceLock};
+pub use worker::Mode;
 
 /// Texts shorter than this are encoded whole (a piece's fixed cost would
 /// eat the gain).
@@ -56,6 +62,19 @@ pub(super) struct Splitter {
     /// Bytes per piece (tests cut finer).
     piece: usize,
     min_parallel: usize,
+    /// One per rayon worker (by `current_thread_index`), made on first use.
+    workers: OnceLock<Box<[Slot]>>,
+}
+
+/// A worker's state, alone on its cache lines.
+#[repr(align(128))]
+#[derive(Default)]
+struct Slot(Mutex<Option<worker::Worker>>);
+
+impl std::fmt::Debug for Slot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Slot")
+    }
 }
 
 impl Splitter {
@@ -71,7 +90,11 @@ impl Splitter {
             Some(n) if serde_json::to_value(n).ok()? == json!({"type": "NFC"}) => {}
             Some(_) => return None,
         }
-        if !matches!(tok.get_model(), tokenizers::ModelWrapper::BPE(_)) {
+        match tok.get_model() {
+            tokenizers::ModelWrapper::BPE(b) if b.dropout.is_none_or(|d| d == 0.0) => {}
+            _ => return None,
+        }
+        if tok.get_truncation().is_some() || tok.get_padding().is_some() {
             return None;
         }
         let mut specials = Vec::new();
@@ -92,6 +115,7 @@ impl Splitter {
             specials,
             piece: PIECE,
             min_parallel: MIN_PARALLEL,
+            workers: OnceLock::new(),
         })
     }
 
@@ -149,14 +173,19 @@ impl Splitter {
 
     /// `text` cut at split points into pieces of about the target size
     /// (the whole text when it is short or has no split point).
+    #[cfg(test)]
     pub(super) fn pieces<'a>(&self, text: &'a str) -> Vec<&'a str> {
+        self.pieces_of(text, self.piece)
+    }
+
+    fn pieces_of<'a>(&self, text: &'a str, piece: usize) -> Vec<&'a str> {
         if text.len() < self.min_parallel {
             return vec![text];
         }
-        let mut pieces = Vec::with_capacity(text.len() / self.piece + 1);
+        let mut pieces = Vec::with_capacity(text.len() / piece + 1);
         let mut start = 0;
-        while text.len() - start > self.piece {
-            match self.split_point(text, start + self.piece, text.len()) {
+        while text.len() - start > piece {
+            match self.split_point(text, start + piece, text.len()) {
                 Some(p) => {
                     pieces.push(&text[start..p]);
                     start = p;
@@ -175,19 +204,68 @@ impl Splitter {
         text: &str,
     ) -> tokenizers::Result<Vec<u32>> {
         // One thread: pieces only add their fixed cost.
-        let pieces = if rayon::current_num_threads() > 1 {
-            self.pieces(text)
-        } else {
-            vec![text]
-        };
+        if rayon::current_num_threads() == 1 {
+            return Ok(tok.encode_fast(text, false)?.get_ids().to_vec());
+        }
+        self.encode_with(tok, text, self.piece, Mode::OwnWords, true)
+    }
+
+    /// `text` cut into pieces of about `piece` bytes, each encoded as
+    /// `mode` says, on the rayon pool (`parallel`) or one after the other
+    /// on one of its workers.
+    #[doc(hidden)]
+    pub fn encode_with(
+        &self,
+        tok: &tokenizers::Tokenizer,
+        text: &str,
+        piece: usize,
+        mode: Mode,
+        parallel: bool,
+    ) -> tokenizers::Result<Vec<u32>> {
+        let pieces = self.pieces_of(text, piece.max(1));
         if pieces.len() == 1 {
             return Ok(tok.encode_fast(text, false)?.get_ids().to_vec());
         }
-        let parts: Vec<Vec<u32>> = pieces
-            .par_iter()
-            .map(|p| Ok(tok.encode_fast(*p, false)?.get_ids().to_vec()))
-            .collect::<tokenizers::Result<_>>()?;
+        let one = |p: &&str| self.encode_piece(tok, p, mode);
+        let parts: Vec<Vec<u32>> = if parallel {
+            pieces
+                .par_iter()
+                .map(one)
+                .collect::<tokenizers::Result<_>>()?
+        } else {
+            rayon::join(
+                || pieces.iter().map(one).collect::<tokenizers::Result<_>>(),
+                || (),
+            )
+            .0?
+        };
         Ok(parts.concat())
+    }
+
+    /// The ids of one piece, with the calling worker's own state (the
+    /// shared tokenizer's when the caller is no worker of a pool this size
+    /// or another thread holds that state).
+    fn encode_piece(
+        &self,
+        tok: &tokenizers::Tokenizer,
+        piece: &str,
+        mode: Mode,
+    ) -> tokenizers::Result<Vec<u32>> {
+        let slots = self.workers.get_or_init(|| {
+            let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+            (0..rayon::current_num_threads().max(cores))
+                .map(|_| Slot::default())
+                .collect()
+        });
+        let mut ids = Vec::with_capacity(piece.len() / 2);
+        let slot = rayon::current_thread_index().and_then(|i| slots.get(i));
+        match slot.and_then(|s| s.0.try_lock().ok()) {
+            Some(mut w) => w
+                .get_or_insert_with(|| worker::Worker::new(tok))
+                .encode(tok, piece, mode, &mut ids)?,
+            None => ids.extend_from_slice(tok.encode_fast(piece, false)?.get_ids()),
+        }
+        Ok(ids)
     }
 }
 

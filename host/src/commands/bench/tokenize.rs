@@ -1,13 +1,17 @@
 //! `qwasi bench --workload tokenize`: the time to encode a long prompt,
 //! `tokenizers` on the whole text against the engine's encoder (long texts
-//! in parallel pieces, issue 27), and a check that both give the same ids.
+//! in parallel pieces, issue 27), and a check that both give the same ids;
+//! then the ways of encoding the pieces against each other (the shared
+//! tokenizer, each worker's own pre-tokenizer, its own word cache too) at
+//! several piece sizes, the first encode (workers making their state) and
+//! an empty parallel loop (the pool's own cost).
 //! The text is `--text FILE`, or a built-in mix of prose, code, JSON and
 //! chat markup grown to `--tokenize-tokens` tokens; the tokenizer is the
 //! `--model` directory's, or the embedded Qwen3.6 one.
 
 use super::{command, commit, machine, median, ms};
 use anyhow::{Context, Result, bail};
-use qwasi_engine::tokenizer::Tokenizer;
+use qwasi_engine::tokenizer::{PieceMode, Tokenizer};
 use serde_json::json;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -56,9 +60,17 @@ pub fn run(a: &TokenizeArgs, model: Option<&Path>, runs: usize, out: &Path) -> R
         }
         None => grow(&tok, a.tokenize_tokens)?,
     };
-    // Warm both paths (the BPE word cache, the thread pool).
+    let threads = rayon::current_num_threads();
+    // The first encode on a fresh tokenizer: every worker makes its own
+    // pre-tokenizer (compiles the regex) and starts its word cache.
+    let fresh = Tokenizer::from_hf(tok.hf().clone());
+    let t0 = Instant::now();
+    let first = fresh.encode(&text)?;
+    let first_ms = ms(t0.elapsed());
+    drop(fresh);
+    // Warm every path (the word caches, the thread pool).
     let reference = tok.encode_whole(&text)?;
-    if tok.encode(&text)? != reference {
+    if first != reference || tok.encode(&text)? != reference {
         bail!("the parallel encoder's ids differ from tokenizers' on this text");
     }
     let time = |f: &dyn Fn() -> Result<Vec<u32>>| -> Result<f64> {
@@ -72,16 +84,55 @@ pub fn run(a: &TokenizeArgs, model: Option<&Path>, runs: usize, out: &Path) -> R
     };
     let whole = time(&|| tok.encode_whole(&text))?;
     // One thread encodes whole (pieces would only add their cost).
-    let parallel = tok.splits() && rayon::current_num_threads() > 1;
+    let parallel = tok.splits() && threads > 1;
     let pieces = time(&|| tok.encode(&text))?;
     eprintln!(
-        "[bench] {} tokens, {} bytes: tokenizers whole {whole:.2} ms, engine encoder {pieces:.2} ms ({:.1}x, {} threads, parallel pieces {}), ids equal",
+        "[bench] {} tokens, {} bytes: tokenizers whole {whole:.2} ms, engine encoder {pieces:.2} ms ({:.1}x, {threads} threads, parallel pieces {}), first encode {first_ms:.2} ms, ids equal",
         reference.len(),
         text.len(),
         whole / pieces,
-        rayon::current_num_threads(),
         if parallel { "on" } else { "off" },
     );
+    // The ways of encoding the pieces against each other: the shared
+    // tokenizer, each worker's own pre-tokenizer, and its own word cache
+    // too; at several piece sizes, in parallel and one after the other.
+    let mut variants = Vec::new();
+    if tok.splits() {
+        let modes = [
+            ("shared", PieceMode::Shared),
+            ("own-pre-tokenizer", PieceMode::OwnPreTokenizer),
+            ("own-words", PieceMode::OwnWords),
+        ];
+        let cases = [(2048, true), (1024, true), (512, true), (2048, false)];
+        for (piece, par) in cases {
+            for (name, mode) in modes {
+                let run = || -> Result<Vec<u32>> {
+                    tok.encode_pieces(&text, piece, mode, par)
+                        .context("no splitter")?
+                };
+                if run()? != reference {
+                    bail!("{name} at {piece} bytes: ids differ from tokenizers' on this text");
+                }
+                let t = time(&run)?;
+                eprintln!(
+                    "[bench]   {name:>18} {piece:>5} B {}: {t:.2} ms",
+                    if par { "parallel" } else { "serial  " }
+                );
+                variants.push(
+                    json!({"mode": name, "piece_bytes": piece, "parallel": par, "ms_median": t}),
+                );
+            }
+        }
+    }
+    // The pool's own cost: one empty task per core.
+    let pool = time(&|| {
+        use rayon::prelude::*;
+        (0..threads).into_par_iter().for_each(|i| {
+            std::hint::black_box(i);
+        });
+        Ok(Vec::new())
+    })?;
+    eprintln!("[bench] empty parallel loop over {threads} items: {pool:.3} ms");
     let report = json!({
         "workload": "tokenize",
         "command": command(),
@@ -94,8 +145,11 @@ pub fn run(a: &TokenizeArgs, model: Option<&Path>, runs: usize, out: &Path) -> R
         "whole_ms_median": whole,
         "encode_ms_median": pieces,
         "speedup": whole / pieces,
-        "rayon_threads": rayon::current_num_threads(),
+        "first_encode_ms": first_ms,
+        "rayon_threads": threads,
         "parallel_pieces": parallel,
+        "variants": variants,
+        "empty_parallel_loop_ms_median": pool,
         "ids_equal": true,
     });
     if let Some(dir) = out.parent().filter(|d| !d.as_os_str().is_empty()) {

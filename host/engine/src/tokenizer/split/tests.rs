@@ -4,6 +4,7 @@
 //! several piece sizes. Every id must match.
 
 use super::Splitter;
+use super::worker::{Mode, Worker};
 use crate::tokenizer::Tokenizer;
 use unicode_normalization::UnicodeNormalization;
 
@@ -11,35 +12,42 @@ fn qwen() -> Tokenizer {
     Tokenizer::qwen36().unwrap()
 }
 
-fn splitter(tok: &Tokenizer, piece: usize) -> Splitter {
+fn splitter(tok: &Tokenizer) -> Splitter {
     Splitter::for_tokenizer(tok.hf())
         .expect("the Qwen3.6 pipeline is covered")
-        .with_sizes(piece, 0)
+        .with_sizes(2048, 0)
 }
 
-/// Checks `text` at several piece sizes; returns the most pieces it was cut in.
-fn check(tok: &Tokenizer, text: &str) -> usize {
+/// Checks `text` at several piece sizes, each piece encoded by every
+/// [`Mode`] (by `worker`, on this thread) and by the parallel encoder;
+/// returns the most pieces it was cut in.
+fn check(tok: &Tokenizer, s: &Splitter, worker: &mut Worker, text: &str) -> usize {
     let text: String = text.nfc().collect();
     let whole = tok.hf().encode_fast(text.as_str(), false).unwrap();
     let whole = whole.get_ids();
     let mut most = 0;
     for piece in [1, 2, 5, 16, 100, 2048] {
-        let s = splitter(tok, piece);
-        let pieces = s.pieces(&text);
+        let pieces = s.pieces_of(&text, piece);
         assert_eq!(pieces.concat(), text, "pieces lose text");
         most = most.max(pieces.len());
-        // The pieces encoded one by one (whatever the thread count), and
-        // the parallel encoder itself.
-        let ids: Vec<u32> = pieces
-            .iter()
-            .flat_map(|p| tok.hf().encode_fast(*p, false).unwrap().get_ids().to_vec())
-            .collect();
-        assert_eq!(s.encode(tok.hf(), &text).unwrap(), whole);
-        if ids != whole {
-            let at = ids.iter().zip(whole).position(|(a, b)| a != b);
-            panic!("piece {piece}: ids differ at {at:?} for {text:?} cut as {pieces:?}");
+        for mode in [Mode::Shared, Mode::OwnPreTokenizer, Mode::OwnWords] {
+            let mut ids = Vec::new();
+            for p in &pieces {
+                worker.encode(tok.hf(), p, mode, &mut ids).unwrap();
+            }
+            if ids != whole {
+                let at = ids.iter().zip(whole).position(|(a, b)| a != b);
+                panic!(
+                    "piece {piece}, {mode:?}: ids differ at {at:?} for {text:?} cut as {pieces:?}"
+                );
+            }
         }
+        let parallel = s
+            .encode_with(tok.hf(), &text, piece, Mode::OwnWords, true)
+            .unwrap();
+        assert_eq!(parallel, whole, "piece {piece}: parallel encoder");
     }
+    assert_eq!(s.encode(tok.hf(), &text).unwrap(), whole);
     most
 }
 
@@ -62,13 +70,14 @@ const SAMPLES: &[&str] = &[
 #[test]
 fn real_looking_texts_match_whole_encoding() {
     let tok = qwen();
-    for s in SAMPLES {
-        let most = check(&tok, s);
-        assert!(most > 1 || s.len() < 8, "{s:?} was never cut");
+    let (s, mut w) = (splitter(&tok), Worker::new(tok.hf()));
+    for text in SAMPLES {
+        let most = check(&tok, &s, &mut w, text);
+        assert!(most > 1 || text.len() < 8, "{text:?} was never cut");
     }
     // All of them together, repeated: a long prompt.
     let long: String = SAMPLES.concat().repeat(20);
-    assert!(check(&tok, &long) > 100);
+    assert!(check(&tok, &s, &mut w, &long) > 100);
 }
 
 /// A deterministic xorshift generator.
@@ -170,12 +179,13 @@ fn random_texts_match_whole_encoding() {
         "\n\n",
         "   \n",
     ];
+    let (s, mut w) = (splitter(&tok), Worker::new(tok.hf()));
     let mut rng = Rng(0x5eed_1234_abcd_0001);
     let mut cut = 0;
     for _ in 0..2000 {
         let len = 1 + rng.next() % 120;
         let text: String = (0..len).map(|_| *rng.pick(atoms)).collect();
-        if check(&tok, &text) > 1 {
+        if check(&tok, &s, &mut w, &text) > 1 {
             cut += 1;
         }
     }
@@ -191,6 +201,15 @@ fn other_pipelines_are_encoded_whole() {
     let tok = Tokenizer::from_json_bytes(other.as_bytes()).unwrap();
     assert!(!tok.splits());
     assert!(qwen().splits());
+    // Truncation or padding would cut or pad each piece.
+    let mut hf = qwen().hf().clone();
+    hf.with_truncation(Some(tokenizers::TruncationParams::default()))
+        .unwrap();
+    assert!(Splitter::for_tokenizer(&hf).is_none());
+    hf.with_truncation(None).unwrap();
+    assert!(Splitter::for_tokenizer(&hf).is_some());
+    hf.with_padding(Some(tokenizers::PaddingParams::default()));
+    assert!(Splitter::for_tokenizer(&hf).is_none());
     // Short texts are one piece at the default sizes.
     let s = Splitter::for_tokenizer(qwen().hf()).unwrap();
     assert_eq!(s.pieces("short text here").len(), 1);
@@ -213,9 +232,10 @@ fn reference_corpus_matches_whole_encoding() {
     );
     let corpus: Vec<Entry> = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
     let tok = qwen();
+    let (s, mut w) = (splitter(&tok), Worker::new(tok.hf()));
     for e in &corpus {
-        check(&tok, &e.text);
+        check(&tok, &s, &mut w, &e.text);
     }
     let all: Vec<&str> = corpus.iter().map(|e| e.text.as_str()).collect();
-    assert!(check(&tok, &all.join("")) > 100);
+    assert!(check(&tok, &s, &mut w, &all.join("")) > 100);
 }
