@@ -27,6 +27,79 @@ static float split_sum(float x) {
     return bf2f(h) + bf2f(f2bf(x - bf2f(h)));
 }
 
+// Outputs of Y [B][N] off Y0 (accumulate) + sum_k (hi + lo)(X[b][k]) W[n][k]
+// by more than TOL of the sum of magnitudes, plus canaries past B N that
+// moved; the worst relative error into *worst.
+static int rows_wrong(const std::vector<float>& X, const std::vector<bf16_t>& W, const std::vector<float>& Y,
+                      const std::vector<float>& Y0, int B, int N, int K, int accumulate, double* worst) {
+    int wrong = 0;
+    for (int b = 0; b < B; b++)
+        for (int n = 0; n < N; n++) {
+            double want = accumulate ? Y0[(size_t)b * N + n] : 0.0, mag = std::fabs(want);
+            for (int kk = 0; kk < K; kk++) {
+                const double p = (double)split_sum(X[(size_t)b * K + kk]) * bf2f(W[(size_t)n * K + kk]);
+                want += p;
+                mag += std::fabs(p);
+            }
+            const double err = std::fabs(Y[(size_t)b * N + n] - want) / (mag + 1e-30);
+            *worst = std::max(*worst, err);
+            wrong += !(err <= TOL);
+        }
+    for (int i = 0; i < CANARY; i++) wrong += std::memcmp(&Y[(size_t)B * N + i], &Y0[(size_t)B * N + i], 4) != 0;
+    return wrong;
+}
+
+// moe_plan_tiles' table for experts with these row counts (tiles of at most
+// 8 rows, in plan order); *rows gets the total.
+static std::vector<int> plan_tiles(const std::vector<int>& counts, int* rows) {
+    std::vector<int> tiles = {0};
+    *rows = 0;
+    for (int e = 0; e < (int)counts.size(); e++)
+        if (counts[e] > 0) {
+            tiles.insert(tiles.end(), {e, *rows, counts[e]});
+            tiles[0]++;
+            *rows += counts[e];
+        }
+    return tiles;
+}
+
+// Expert outputs Y [rows][N] off (hi + lo) W_e^T over the tile table, and
+// canaries past rows N (NaN before the launch) that were written.
+static int moe_wrong(const std::vector<bf16_t>& hi, const std::vector<bf16_t>& lo, const std::vector<bf16_t>& W,
+                     const std::vector<int>& tiles, const std::vector<float>& Y, int rows, int N, int K) {
+    int wrong = 0;
+    for (int t = 0; t < tiles[0]; t++) {
+        const int e = tiles[1 + 3 * t], r0 = tiles[2 + 3 * t], cnt = tiles[3 + 3 * t];
+        for (int r = r0; r < r0 + cnt; r++)
+            for (int n = 0; n < N; n++) {
+                double want = 0, mag = 0;
+                for (int kk = 0; kk < K; kk++) {
+                    const double p = ((double)bf2f(hi[(size_t)r * K + kk]) + bf2f(lo[(size_t)r * K + kk])) *
+                                     bf2f(W[((size_t)e * N + n) * K + kk]);
+                    want += p;
+                    mag += std::fabs(p);
+                }
+                wrong += !(std::fabs(Y[(size_t)r * N + n] - want) <= TOL * (mag + 1e-30));
+            }
+    }
+    for (int i = 0; i < CANARY; i++) wrong += !std::isnan(Y[(size_t)rows * N + i]);
+    return wrong;
+}
+
+// launch() as ops.rs launches gemm_rows* (ceil(ceil(N / 32) S / 4) blocks of
+// 128), then gemm_rows_reduce when S > 1.
+template <typename Launch>
+static void run_rows(int B, int N, int S, int accumulate, std::vector<float>& part, std::vector<float>& Y,
+                     Launch launch) {
+    const int groups = (N + 31) / 32;
+    qw_cpu::launch({(unsigned)((groups * S + 3) / 4), 1, 1}, {128, 1, 1}, launch);
+    if (S > 1) {
+        const long long n = (long long)B * N;
+        qw_cpu::launch({(unsigned)((n + 255) / 256), 1, 1}, {256, 1, 1},
+                       [&] { gemm_rows_reduce(part.data(), Y.data(), n, S, accumulate); });
+    }
+}
+
 int main() {
     std::mt19937 rng(11);
     std::normal_distribution<float> nd;
@@ -44,30 +117,11 @@ int main() {
                         for (auto& v : W) v = f2bf(nd(rng));
                         for (auto& v : Y) v = nd(rng);
                         const std::vector<float> Y0 = Y;
-                        const int groups = (N + 31) / 32;
-                        qw_cpu::launch({(unsigned)((groups * S + 3) / 4), 1, 1}, {128, 1, 1},
-                                       [&] { k(X.data(), W.data(), Y.data(), part.data(), B, N, K, S, accumulate); });
-                        if (S > 1) {
-                            const long long n = (long long)B * N;
-                            qw_cpu::launch({(unsigned)((n + 255) / 256), 1, 1}, {256, 1, 1},
-                                           [&] { gemm_rows_reduce(part.data(), Y.data(), n, S, accumulate); });
-                        }
+                        run_rows(B, N, S, accumulate, part, Y, [&] {
+                            k(X.data(), W.data(), Y.data(), part.data(), B, N, K, S, accumulate);
+                        });
                         double worst = 0;
-                        int wrong = 0;
-                        for (int b = 0; b < B; b++)
-                            for (int n = 0; n < N; n++) {
-                                double want = accumulate ? Y0[(size_t)b * N + n] : 0.0, mag = std::fabs(want);
-                                for (int kk = 0; kk < K; kk++) {
-                                    const double p = (double)split_sum(X[(size_t)b * K + kk]) * bf2f(W[(size_t)n * K + kk]);
-                                    want += p;
-                                    mag += std::fabs(p);
-                                }
-                                const double err = std::fabs(Y[(size_t)b * N + n] - want) / (mag + 1e-30);
-                                worst = std::max(worst, err);
-                                wrong += !(err <= TOL);
-                            }
-                        for (int i = 0; i < CANARY; i++)
-                            wrong += std::memcmp(&Y[(size_t)B * N + i], &Y0[(size_t)B * N + i], 4) != 0;
+                        const int wrong = rows_wrong(X, W, Y, Y0, B, N, K, accumulate, &worst);
                         n_cases++;
                         if (wrong) {
                             bad++;
@@ -81,14 +135,8 @@ int main() {
     for (int N : {48, 64})
         for (int K : {32, 256}) {
             const std::vector<int> counts = {1, 8, 0, 3, 8};
-            std::vector<int> tiles = {0};
-            int rows = 0;
-            for (int e = 0; e < (int)counts.size(); e++)
-                if (counts[e] > 0) {
-                    tiles.insert(tiles.end(), {e, rows, counts[e]});
-                    tiles[0]++;
-                    rows += counts[e];
-                }
+            int rows;
+            const std::vector<int> tiles = plan_tiles(counts, &rows);
             const int E = (int)counts.size();
             std::vector<bf16_t> hi((size_t)rows * K), lo((size_t)rows * K), W((size_t)E * N * K);
             for (size_t i = 0; i < hi.size(); i++) {
@@ -98,27 +146,11 @@ int main() {
             }
             for (auto& v : W) v = f2bf(nd(rng));
             std::vector<float> Y((size_t)rows * N + CANARY, NAN);
-            const std::vector<float> Y0 = Y;
             const int blocks = ((N + 31) / 32 + 3) / 4;
             qw_cpu::launch({(unsigned)blocks, (unsigned)tiles[0] + 1, 1}, {128, 1, 1}, [&] {
                 moe_rows8(hi.data(), lo.data(), W.data(), (long long)N * K, tiles.data(), Y.data(), N, K);
             });
-            int wrong = 0;
-            for (int t = 0; t < tiles[0]; t++) {
-                const int e = tiles[1 + 3 * t], r0 = tiles[2 + 3 * t], cnt = tiles[3 + 3 * t];
-                for (int r = r0; r < r0 + cnt; r++)
-                    for (int n = 0; n < N; n++) {
-                        double want = 0, mag = 0;
-                        for (int kk = 0; kk < K; kk++) {
-                            const double p = ((double)bf2f(hi[(size_t)r * K + kk]) + bf2f(lo[(size_t)r * K + kk])) *
-                                             bf2f(W[((size_t)e * N + n) * K + kk]);
-                            want += p;
-                            mag += std::fabs(p);
-                        }
-                        wrong += !(std::fabs(Y[(size_t)r * N + n] - want) <= TOL * (mag + 1e-30));
-                    }
-            }
-            for (int i = 0; i < CANARY; i++) wrong += !std::isnan(Y[(size_t)rows * N + i]);
+            const int wrong = moe_wrong(hi, lo, W, tiles, Y, rows, N, K);
             n_cases++;
             if (wrong) {
                 bad++;
@@ -146,19 +178,8 @@ int main() {
                 qw_cpu::launch({(unsigned)blocks, 1, 1}, {(unsigned)K / 8, 1, 1}, [&] {
                     gemm_rows_bulk(X.data(), W.data(), Y.data(), B, N, K, accumulate, stages);
                 });
-                int wrong = 0;
-                for (int b = 0; b < B; b++)
-                    for (int n = 0; n < N; n++) {
-                        double want = accumulate ? Y0[(size_t)b * N + n] : 0.0, mag = std::fabs(want);
-                        for (int kk = 0; kk < K; kk++) {
-                            const double p = (double)split_sum(X[(size_t)b * K + kk]) * bf2f(W[(size_t)n * K + kk]);
-                            want += p;
-                            mag += std::fabs(p);
-                        }
-                        wrong += !(std::fabs(Y[(size_t)b * N + n] - want) <= TOL * (mag + 1e-30));
-                    }
-                for (int i = 0; i < CANARY; i++)
-                    wrong += std::memcmp(&Y[(size_t)B * N + i], &Y0[(size_t)B * N + i], 4) != 0;
+                double worst = 0;
+                const int wrong = rows_wrong(X, W, Y, Y0, B, N, K, accumulate, &worst);
                 n_cases++;
                 if (wrong) {
                     bad++;
@@ -201,29 +222,12 @@ int main() {
                     for (auto& v : X) v = nd(rng);
                     for (auto& v : Y) v = nd(rng);
                     const std::vector<float> Y0 = Y;
-                    const int groups = (N + 31) / 32;
-                    qw_cpu::launch({(unsigned)((groups * S + 3) / 4), 1, 1}, {128, 1, 1}, [&] {
+                    run_rows(B, N, S, accumulate, part, Y, [&] {
                         (B <= 8 ? gemm_rows8_fp8 : gemm_rows16_fp8)(X.data(), Q.data(), Sc.data(), Y.data(),
                                                                     part.data(), B, N, K, S, accumulate);
                     });
-                    if (S > 1) {
-                        const long long n = (long long)B * N;
-                        qw_cpu::launch({(unsigned)((n + 255) / 256), 1, 1}, {256, 1, 1},
-                                       [&] { gemm_rows_reduce(part.data(), Y.data(), n, S, accumulate); });
-                    }
-                    int wrong = 0;
-                    for (int b = 0; b < B; b++)
-                        for (int n = 0; n < N; n++) {
-                            double want = accumulate ? Y0[(size_t)b * N + n] : 0.0, mag = std::fabs(want);
-                            for (int kk = 0; kk < K; kk++) {
-                                const double p = (double)split_sum(X[(size_t)b * K + kk]) * bf2f(Wb[(size_t)n * K + kk]);
-                                want += p;
-                                mag += std::fabs(p);
-                            }
-                            wrong += !(std::fabs(Y[(size_t)b * N + n] - want) <= TOL * (mag + 1e-30));
-                        }
-                    for (int i = 0; i < CANARY; i++)
-                        wrong += std::memcmp(&Y[(size_t)B * N + i], &Y0[(size_t)B * N + i], 4) != 0;
+                    double worst = 0;
+                    const int wrong = rows_wrong(X, Wb, Y, Y0, B, N, K, accumulate, &worst);
                     n_cases++;
                     if (wrong) {
                         bad++;
@@ -233,14 +237,8 @@ int main() {
     for (int N : {128, 256})
         for (int K : {128, 384}) {
             const std::vector<int> counts = {3, 0, 8, 1};
-            std::vector<int> tiles = {0};
-            int rows = 0;
-            for (int e = 0; e < (int)counts.size(); e++)
-                if (counts[e] > 0) {
-                    tiles.insert(tiles.end(), {e, rows, counts[e]});
-                    tiles[0]++;
-                    rows += counts[e];
-                }
+            int rows;
+            const std::vector<int> tiles = plan_tiles(counts, &rows);
             std::vector<unsigned char> Q;
             std::vector<float> Sc;
             std::vector<bf16_t> Wb, hi((size_t)rows * K), lo((size_t)rows * K);
@@ -254,22 +252,7 @@ int main() {
             qw_cpu::launch({(unsigned)(((N + 31) / 32 + 3) / 4), (unsigned)tiles[0] + 1, 1}, {128, 1, 1}, [&] {
                 moe_rows8_fp8(hi.data(), lo.data(), Q.data(), Sc.data(), tiles.data(), Y.data(), N, K);
             });
-            int wrong = 0;
-            for (int t = 0; t < tiles[0]; t++) {
-                const int e = tiles[1 + 3 * t], r0 = tiles[2 + 3 * t], cnt = tiles[3 + 3 * t];
-                for (int r = r0; r < r0 + cnt; r++)
-                    for (int n = 0; n < N; n++) {
-                        double want = 0, mag = 0;
-                        for (int kk = 0; kk < K; kk++) {
-                            const double p = ((double)bf2f(hi[(size_t)r * K + kk]) + bf2f(lo[(size_t)r * K + kk])) *
-                                             bf2f(Wb[((size_t)e * N + n) * K + kk]);
-                            want += p;
-                            mag += std::fabs(p);
-                        }
-                        wrong += !(std::fabs(Y[(size_t)r * N + n] - want) <= TOL * (mag + 1e-30));
-                    }
-            }
-            for (int i = 0; i < CANARY; i++) wrong += !std::isnan(Y[(size_t)rows * N + i]);
+            const int wrong = moe_wrong(hi, lo, Wb, tiles, Y, rows, N, K);
             n_cases++;
             if (wrong) {
                 bad++;

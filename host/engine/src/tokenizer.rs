@@ -151,9 +151,10 @@ impl Tokenizer {
         Ok(enc.get_ids().to_vec())
     }
 
-    /// `encode` cut into pieces of about `piece` bytes, each encoded as `mode` says, in parallel or one after the
-    /// other on one worker; `None` when the pipeline is not split. For the
-    /// bench, which measures these against each other.
+    /// `encode` cut into pieces of about `piece` bytes, each encoded as
+    /// `mode` says, in parallel or one after the other on one worker; `None`
+    /// when the pipeline is not split. For the bench, which measures these
+    /// against each other.
     #[doc(hidden)]
     pub fn encode_pieces(
         &self,
