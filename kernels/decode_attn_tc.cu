@@ -333,3 +333,22 @@ DEC_ATTN_TC(dec_attn_f32_tc, float, false)
 DEC_ATTN_TC(dec_attn_bf16_tc, bf16_t, false)
 DEC_ATTN_TC(dec_attn_f32_tc_ring, float, true)
 DEC_ATTN_TC(dec_attn_bf16_tc_ring, bf16_t, true)
+
+// Batched decode (issue 23): sequence b = blockIdx.z, its queries at q + b nh
+// hd, K and V at tab[2 b], tab[2 b + 1] (read before the grid dependency wait
+// like the position: the host's upload), its position at pos[b]; partials at
+// part_o / part_ml + b nh nsplit (hd, 2), as bat_attn_* (decode_attn.cu).
+#define BAT_ATTN_TC(NAME, KV, RING)                                                                          \
+    QW_KERNEL void QW_BOUNDS(DT_WARPS * WARP)                                                                 \
+        NAME(const float* __restrict__ q, const unsigned long long* __restrict__ tab,                         \
+             const int* __restrict__ pos, float* __restrict__ part_o, float* __restrict__ part_ml, int nh,     \
+             int nkv, int hd, int nsplit, float scale, int stages) {                                          \
+        const size_t b = blockIdx.z, parts = (size_t)nh * nsplit;                                             \
+        dt_attn_impl<KV, RING>(q + b * nh * hd, (const KV*)tab[2 * b], (const KV*)tab[2 * b + 1],             \
+                               part_o + b * parts * hd, part_ml + b * parts * 2, nh, nkv, hd, pos + b, nsplit, \
+                               scale, stages);                                                                \
+    }
+BAT_ATTN_TC(bat_attn_f32_tc, float, false)
+BAT_ATTN_TC(bat_attn_bf16_tc, bf16_t, false)
+BAT_ATTN_TC(bat_attn_f32_tc_ring, float, true)
+BAT_ATTN_TC(bat_attn_bf16_tc_ring, bf16_t, true)

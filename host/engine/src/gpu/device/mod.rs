@@ -486,6 +486,12 @@ impl<R: RawDevice> Device<R> {
         Ok(())
     }
 
+    /// Starts (`true`) or stops the range an attached profiler such as
+    /// `ncu --profile-from-start off` collects.
+    pub fn profiler_range(&self, on: bool) {
+        self.raw.profiler_range(on)
+    }
+
     /// Per-kernel GPU time since the last call, `(name, launches, ms)` by total
     /// time, when profiling (empty otherwise). Synchronises.
     pub fn take_profile(&self) -> Vec<(&'static str, usize, f64)> {

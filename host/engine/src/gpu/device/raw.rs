@@ -124,6 +124,10 @@ pub unsafe trait RawDevice: Send + Sync + Sized + 'static {
     fn end_capture(&self) -> RawResult<Self::Graph>;
     fn graph_launch(&self, g: &Self::Graph) -> RawResult<()>;
     fn graph_destroy(&self, g: &mut Self::Graph);
+    /// Starts or stops the range an attached profiler collects (`ncu
+    /// --profile-from-start off`); nothing without one, or where the
+    /// vendor layer has no such call.
+    fn profiler_range(&self, _on: bool) {}
 
     /// `Y[T, R] (+)= X[T, C] . W[R, C]^T`, bf16 X and W row-major, f32 Y and
     /// compute, on the stream (shapes checked by the caller).

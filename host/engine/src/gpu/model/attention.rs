@@ -223,7 +223,7 @@ impl AttnLayer {
                 d,
                 Launch::pdl(
                     (nkv as u32, nsplit as u32, b as u32),
-                    ((32 * (nh / nkv)) as u32, 1, 1),
+                    (attn.threads as u32, 1, 1),
                     attn.smem as u32,
                 ),
                 dptr(q),

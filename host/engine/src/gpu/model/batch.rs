@@ -66,11 +66,14 @@ struct Shape<'c> {
 }
 
 /// Batched decode attention's kernel for a step (chosen once per step, from
-/// the longest decode row's keys per split): direct reads, or a shared-memory
-/// ring of `stages` tiles in `smem` bytes of dynamic shared memory.
+/// the longest decode row's keys per split): the batch-1 step's choice
+/// (`attn_decode::dec_attn_plan`) where it has a batched form (tensor cores,
+/// direct reads, or a shared-memory ring of `stages` tiles in `smem` bytes
+/// of dynamic shared memory), `threads` per block.
 #[derive(Clone, Copy)]
 pub(super) struct BatchAttn {
     pub kernel: kernels::Typed<kernels::sig::bat_attn_f32>,
+    pub threads: usize,
     pub stages: usize,
     pub smem: usize,
 }
@@ -95,8 +98,8 @@ pub(super) struct Batch<'a> {
 }
 
 /// What a captured batched step depends on besides the scratch buffers:
-/// rows, attention splits and the attention kernel's ring stages.
-type GraphKey = (usize, usize, usize);
+/// rows, attention splits, the attention kernel and its ring stages.
+type GraphKey = (usize, usize, &'static str, usize);
 
 /// Captured batched steps, least recently used first, each with the
 /// [`Scratch::generation`] it was captured at and its count of MoE layers
@@ -262,7 +265,7 @@ impl GpuModel {
             heads: head_rows.len(),
             head_rows: heads_d,
         };
-        let key = (b, nsplit, attn.stages);
+        let key = (b, nsplit, attn.kernel.name(), attn.stages);
         let at = sc.batch_graphs.graphs.iter().position(|g| g.0 == key);
         let planned = match at {
             // Steps with prompt chunks vary in shape: eager.
@@ -439,17 +442,46 @@ impl GpuModel {
     }
 
     /// Batched decode attention's kernel for splits of `split_keys` keys:
-    /// direct reads, or a shared-memory ring of as many tiles as fit.
+    /// the batch-1 step's tensor-core kernels where its plan takes them
+    /// (`bat_attn_*_tc*`, the same arithmetic per row), else direct reads or
+    /// a shared-memory ring of as many tiles as fit (`bat_attn_*`; the
+    /// key-parallel kernels have no batched form).
     fn batch_attn_kernel(&self, split_keys: usize) -> BatchAttn {
-        let hd = self.cfg.head_dim;
+        use kernels::typed;
+        let c = &self.cfg;
+        let (hd, group) = (c.head_dim, c.num_attention_heads / c.num_key_value_heads.max(1));
         let kv_bytes = if self.kv_f32 { F } else { super::B };
+        let max_smem = self.dev.max_shared_per_block();
+        let plan = super::attn_decode::dec_attn_plan(
+            self.opts.dec_attn,
+            group,
+            hd,
+            split_keys,
+            kv_bytes,
+            max_smem,
+            self.opts.tc_attention,
+        );
+        let tc = match plan.kernel.name() {
+            "dec_attn_f32_tc" => Some(typed::bat_attn_f32_tc),
+            "dec_attn_bf16_tc" => Some(typed::bat_attn_bf16_tc),
+            "dec_attn_f32_tc_ring" => Some(typed::bat_attn_f32_tc_ring),
+            "dec_attn_bf16_tc_ring" => Some(typed::bat_attn_bf16_tc_ring),
+            _ => None,
+        };
+        if let Some(kernel) = tc {
+            return BatchAttn {
+                kernel,
+                threads: plan.threads,
+                stages: plan.stages,
+                smem: plan.smem,
+            };
+        }
         let tile = 2 * DA_TILE * hd * kv_bytes;
         let stages = if split_keys >= RING_MIN_KEYS {
-            (self.dev.max_shared_per_block() / tile).min(DA_STAGES)
+            (max_smem / tile).min(DA_STAGES)
         } else {
             0
         };
-        use kernels::typed;
         let k = match (self.kv_f32, stages > 0) {
             (true, false) => typed::bat_attn_f32,
             (true, true) => typed::bat_attn_f32_ring,
@@ -458,6 +490,7 @@ impl GpuModel {
         };
         BatchAttn {
             kernel: k,
+            threads: 32 * group,
             stages,
             smem: stages * tile,
         }

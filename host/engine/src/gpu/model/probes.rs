@@ -106,6 +106,13 @@ impl GpuModel {
         (total - free, total)
     }
 
+    /// Starts (`true`) or stops the range an attached profiler collects
+    /// (`ncu --profile-from-start off`: only the launches inside it).
+    pub fn profiler_range(&self, on: bool) {
+        let _ = self.dev.bind();
+        self.dev.profiler_range(on)
+    }
+
     /// Per-kernel GPU time since the last call when `QWASI_GPU_PROFILE=1`.
     pub fn take_profile(&self) -> Vec<(&'static str, usize, f64)> {
         let _ = self.dev.bind();
