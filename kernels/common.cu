@@ -31,6 +31,32 @@ QW_KERNEL void QW_BOUNDS(256) rmsnorm(const float* x, int x_stride, const float*
     for (int i = threadIdx.x; i < dim; i += blockDim.x) o[i] = xr[i] * inv * w[i];
 }
 
+// x[r] += y[r], then out[r] = rmsnorm(x[r]) * w: a block's residual add and
+// the next block's input norm in one launch (prompt and batched passes),
+// each thread adding the elements it then sums and scales exactly as
+// add_inplace then rmsnorm. Rows of dim, contiguous; one block per row.
+QW_KERNEL void QW_BOUNDS(256) add_rmsnorm(float* __restrict__ x, const float* __restrict__ y,
+                                          const float* __restrict__ w, float* __restrict__ out, int rows, int dim,
+                                          float eps) {
+    QW_GRID_WAIT();
+    QW_GRID_LAUNCH();
+    __shared__ float scratch[32];
+    const int r = blockIdx.x;
+    if (r >= rows) return;
+    float* xr = x + (size_t)r * dim;
+    const float* yr = y + (size_t)r * dim;
+    float ss = 0.f;
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) {
+        const float v = xr[i] + yr[i];
+        xr[i] = v;
+        ss += v * v;
+    }
+    ss = block_sum(ss, scratch);
+    const float inv = rsqrtf(ss / dim + eps);
+    float* o = out + (size_t)r * dim;
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) o[i] = xr[i] * inv * w[i];
+}
+
 // x += y, n elements.
 QW_KERNEL void add_inplace(float* __restrict__ x, const float* __restrict__ y, long long n) {
     QW_GRID_WAIT();

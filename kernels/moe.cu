@@ -384,14 +384,21 @@ QW_KERNEL void QW_BOUNDS(256) silu_mul_split(const float* __restrict__ in, long 
 
 // x[t, d] += sum over token t's k experts in ascending expert order of
 // wts[t, j] * ye[slot[t, j], d]; entries outside [0, E) have no slot and are
-// skipped (moe_plan_tiles reports them). grid T (one token per block), block 256.
+// skipped (moe_plan_tiles reports them). With sy, the shared expert first:
+// x[t, d] += sigmoid(sg[t sg_stride]) sy[t, d] (as add_sigmoid_scaled). With
+// nw, then nout[t] = rmsnorm(x[t]) * nw (the next layer's input norm, as
+// rmsnorm: each thread sums the elements i, i + 256, ... of the stored row).
+// grid T (one token per block), block 256.
 QW_KERNEL void QW_BOUNDS(256) moe_combine(const float* __restrict__ ye, const int* __restrict__ idx,
                                           const float* __restrict__ wts, const int* __restrict__ slot, int T,
-                                          int k, int E, int H, float* __restrict__ x) {
+                                          int k, int E, int H, float* __restrict__ x, const float* __restrict__ sy,
+                                          const float* __restrict__ sg, int sg_stride,
+                                          const float* __restrict__ nw, float* __restrict__ nout, float eps) {
     QW_GRID_WAIT();
     QW_GRID_LAUNCH();
     __shared__ const float* src[MOE_MAXK];
     __shared__ float sw[MOE_MAXK];
+    __shared__ float scratch[32];
     const int t = blockIdx.x;
     if (t >= T) return;
     if (threadIdx.x == 0) {
@@ -414,9 +421,18 @@ QW_KERNEL void QW_BOUNDS(256) moe_combine(const float* __restrict__ ye, const in
     }
     __syncthreads();
     float* xr = x + (size_t)t * H;
+    const float* syr = sy ? sy + (size_t)t * H : nullptr;
+    const float gs = sy ? sigmoid_f(sg[(size_t)t * sg_stride]) : 0.f;
     if ((H & 3) == 0) {
         for (int c = threadIdx.x; c < H / 4; c += blockDim.x) {
             float4 acc = ((float4*)xr)[c];
+            if (syr) {
+                const float4 y = ((const float4*)syr)[c];
+                acc.x += gs * y.x;
+                acc.y += gs * y.y;
+                acc.z += gs * y.z;
+                acc.w += gs * y.w;
+            }
             for (int j = 0; j < k && src[j]; j++) {
                 const float4 y = ((const float4*)src[j])[c];
                 acc.x += sw[j] * y.x;
@@ -429,8 +445,17 @@ QW_KERNEL void QW_BOUNDS(256) moe_combine(const float* __restrict__ ye, const in
     } else {
         for (int d = threadIdx.x; d < H; d += blockDim.x) {
             float acc = xr[d];
+            if (syr) acc += gs * syr[d];
             for (int j = 0; j < k && src[j]; j++) acc += sw[j] * src[j][d];
             xr[d] = acc;
         }
     }
+    if (!nw) return;
+    __syncthreads();  // the row's other elements are other threads'
+    float ss = 0.f;
+    for (int i = threadIdx.x; i < H; i += blockDim.x) ss += xr[i] * xr[i];
+    ss = block_sum(ss, scratch);
+    const float inv = rsqrtf(ss / H + eps);
+    float* o = nout + (size_t)t * H;
+    for (int i = threadIdx.x; i < H; i += blockDim.x) o[i] = xr[i] * inv * nw[i];
 }

@@ -13,7 +13,7 @@
 
 use super::attn_decode::dec_attn_plan;
 use super::batch::Batch;
-use super::pass::{Decode, Prefill};
+use super::pass::{Decode, Norms, Prefill};
 use super::seq_state::Span;
 use super::weights::{DevMat, Synth, Upload};
 use super::{B, DBuf, F, GpuModel, SeqLayer};
@@ -62,7 +62,7 @@ impl AttnLayer {
         &self,
         m: &GpuModel,
         pf: &mut Prefill,
-        input_norm: &DBuf,
+        norms: Norms,
         li: usize,
     ) -> Result<()> {
         let AttnLayer {
@@ -70,17 +70,17 @@ impl AttnLayer {
         } = self;
         let (k, v) = pf.kv(li)?;
         let (c, d) = (&m.cfg, &m.dev);
-        let (t, h, x, n, mixed, fast) = (pf.t, c.hidden_size, pf.x, pf.n, pf.mixed, pf.fast);
+        let (t, x, n, mixed, fast) = (pf.t, pf.x, pf.n, pf.mixed, pf.fast);
         let pos0 = pf.pos0;
         let sc = &mut *pf.sc;
-        m.rmsnorm(x, h, input_norm, n, h, t, h)?;
+        m.block_input(x, n, t, norms)?;
         let p = pw.rows;
         let proj = sc.get(d, "proj", t * p * F)?;
         m.linear(sc, n, t, pw, proj, false)?;
         let ao = sc.get(d, "att_o", t * c.num_attention_heads * c.head_dim * F)?;
         self.mix_prompt(m, sc, (proj, p, t, pos0), (k, v), ao, fast)?;
         m.linear(sc, ao, t, o_proj, mixed, false)?;
-        m.residual_add(x, mixed, t)
+        m.block_output(x, mixed, n, t, norms)
     }
 
     /// The token mixing of a prompt's `t` tokens from position `pos0`, their
@@ -179,15 +179,15 @@ impl AttnLayer {
     /// key and value to its own cache at its position and attends over that
     /// cache, runs each prompt chunk's rows over its sequence's cache as a
     /// prompt pass would, adds the layer's output.
-    pub fn batch(&self, m: &GpuModel, bt: &mut Batch, input_norm: &DBuf, li: usize) -> Result<()> {
+    pub fn batch(&self, m: &GpuModel, bt: &mut Batch, norms: Norms, li: usize) -> Result<()> {
         let (tab, pos, nsplit, b, chunks) = (bt.layer_tab(li), bt.pos, bt.nsplit, bt.b, bt.chunks);
         let attn = bt.attn;
         let pf = &mut bt.pf;
         let (c, d) = (&m.cfg, &m.dev);
-        let (t, h, x, n, mixed, fast) = (pf.t, c.hidden_size, pf.x, pf.n, pf.mixed, pf.fast);
+        let (t, x, n, mixed, fast) = (pf.t, pf.x, pf.n, pf.mixed, pf.fast);
         let sc = &mut *pf.sc;
         let (nh, nkv, hd) = (c.num_attention_heads, c.num_key_value_heads, c.head_dim);
-        m.rmsnorm(x, h, input_norm, n, h, t, h)?;
+        m.block_input(x, n, t, norms)?;
         let p = self.proj.rows;
         let proj = sc.get(d, "proj", t * p * F)?;
         m.linear(sc, n, t, &self.proj, proj, false)?;
@@ -264,7 +264,7 @@ impl AttnLayer {
             self.mix_prompt(m, sc, rows, (k, v), out, fast)?;
         }
         m.linear(sc, ao, t, &self.o_proj, mixed, false)?;
-        m.residual_add(x, mixed, t)
+        m.block_output(x, mixed, n, t, norms)
     }
 
     /// Reads the step's residual row, appends its key and value at the

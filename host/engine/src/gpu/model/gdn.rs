@@ -11,7 +11,7 @@
 //! gated norm), the out projection with the residual add in its epilogue.
 
 use super::batch::Batch;
-use super::pass::{Decode, Prefill};
+use super::pass::{Decode, Norms, Prefill};
 use super::pass_snapshots::Capture;
 use super::seq_state::Span;
 use super::weights::{DevMat, Synth, Upload};
@@ -66,7 +66,7 @@ impl GdnLayer {
         &self,
         m: &GpuModel,
         pf: &mut Prefill,
-        input_norm: &DBuf,
+        norms: Norms,
         li: usize,
     ) -> Result<()> {
         let GdnLayer {
@@ -74,9 +74,9 @@ impl GdnLayer {
         } = self;
         let (cst, s) = pf.gdn(li)?;
         let (c, d) = (&m.cfg, &m.dev);
-        let (t, h, x, n, mixed, fast) = (pf.t, c.hidden_size, pf.x, pf.n, pf.mixed, pf.fast);
+        let (t, x, n, mixed, fast) = (pf.t, pf.x, pf.n, pf.mixed, pf.fast);
         let sc = &mut *pf.sc;
-        m.rmsnorm(x, h, input_norm, n, h, t, h)?;
+        m.block_input(x, n, t, norms)?;
         let p = in_proj.rows;
         let proj = sc.get(d, "proj", t * p * F)?;
         m.linear(sc, n, t, in_proj, proj, false)?;
@@ -84,7 +84,7 @@ impl GdnLayer {
         let caps = (pf.captures, li);
         self.mix_prompt(m, sc, (proj, p, t), (cst, s), o2, fast, caps)?;
         m.linear(sc, o2, t, out_proj, mixed, false)?;
-        m.residual_add(x, mixed, t)
+        m.block_output(x, mixed, n, t, norms)
     }
 
     /// The token mixing of a prompt's `t` tokens whose in projections are the
@@ -245,16 +245,16 @@ impl GdnLayer {
     /// Reads the batch's residual rows `bt.pf.x`: steps each decode row's
     /// own conv window and state, runs each prompt chunk's rows over its
     /// sequence's state as a prompt pass would, adds the layer's output.
-    pub fn batch(&self, m: &GpuModel, bt: &mut Batch, input_norm: &DBuf, li: usize) -> Result<()> {
+    pub fn batch(&self, m: &GpuModel, bt: &mut Batch, norms: Norms, li: usize) -> Result<()> {
         let (tab, b, chunks) = (bt.layer_tab(li), bt.b, bt.chunks);
         let pf = &mut bt.pf;
         let (c, d) = (&m.cfg, &m.dev);
-        let (t, h, x, n, mixed, fast) = (pf.t, c.hidden_size, pf.x, pf.n, pf.mixed, pf.fast);
+        let (t, x, n, mixed, fast) = (pf.t, pf.x, pf.n, pf.mixed, pf.fast);
         let sc = &mut *pf.sc;
         let (nk, nv, dk, dv) = c.linear_heads();
         let conv_dim = c.linear_conv_dim();
         let vdim = c.linear_value_dim();
-        m.rmsnorm(x, h, input_norm, n, h, t, h)?;
+        m.block_input(x, n, t, norms)?;
         let p = self.in_proj.rows;
         let proj = sc.get(d, "proj", t * p * F)?;
         m.linear(sc, n, t, &self.in_proj, proj, false)?;
@@ -310,7 +310,7 @@ impl GdnLayer {
             self.mix_prompt(m, sc, rows, (conv, s), out, fast, caps)?;
         }
         m.linear(sc, o, t, &self.out_proj, mixed, false)?;
-        m.residual_add(x, mixed, t)
+        m.block_output(x, mixed, n, t, norms)
     }
 
     /// Reads the step's residual row, adds the layer's output to it (and

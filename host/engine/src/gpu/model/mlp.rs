@@ -4,7 +4,7 @@
 //! Decode: the norm inside the gate/up GEMV, SiLU * up, the down GEMV with
 //! the residual add in its epilogue.
 
-use super::pass::{Decode, Prefill};
+use super::pass::{Decode, Norms, Prefill};
 use super::weights::{DevMat, Synth, Upload};
 use super::{DBuf, F, GpuModel};
 use crate::gpu::kernels::{self, Launch};
@@ -33,13 +33,15 @@ impl DenseLayer {
         })
     }
 
-    /// Normalises the residual `pf.x` into `pf.n`, adds the MLP's output to `pf.x`.
-    pub fn prefill(&self, m: &GpuModel, pf: &mut Prefill, post_norm: &DBuf) -> Result<()> {
+    /// Normalises the residual `pf.x` into `pf.n`, adds the MLP's output to
+    /// `pf.x` (the down projection accumulates into it), then the next
+    /// block's norm into `pf.n` where there is one.
+    pub fn prefill(&self, m: &GpuModel, pf: &mut Prefill, norms: Norms) -> Result<()> {
         let DenseLayer { gate_up, down } = self;
         let (c, d) = (&m.cfg, &m.dev);
         let (t, h, x, n) = (pf.t, c.hidden_size, pf.x, pf.n);
         let sc = &mut *pf.sc;
-        m.rmsnorm(x, h, post_norm, n, h, t, h)?;
+        m.block_input(x, n, t, norms)?;
         let inter = down.cols;
         let gu = sc.get(d, "gu", t * 2 * inter * F)?;
         m.linear(sc, n, t, gate_up, gu, false)?;
@@ -56,7 +58,10 @@ impl DenseLayer {
             i(t),
         )?;
         m.linear(sc, act, t, down, x, true)?;
-        Ok(())
+        match norms.next {
+            Some(w) => m.rmsnorm(x, h, w, n, h, t, h),
+            None => Ok(()),
+        }
     }
 
     /// Adds the MLP's output for the step's residual row to it.

@@ -68,7 +68,7 @@ use anyhow::{Result, bail};
 use half::bf16;
 use moe_grouped::router_out_of_range;
 use ops::Scratch;
-use pass::{Pass, Prefill};
+use pass::{Norms, Pass, Prefill};
 use sequence::SeqLayer;
 use std::sync::Mutex;
 use weights::CONV_TPT;
@@ -187,25 +187,41 @@ impl GpuModel {
     /// The one walk over the layers: each layer's mixer then its MLP, as a
     /// prompt pass or a decode step (see [`pass`]).
     fn walk(&self, pass: &mut Pass) -> Result<()> {
+        // Prompt and batched passes fuse each block's input norm into the
+        // residual add before it (`Norms`); the decode step folds norms into
+        // its GEMVs instead.
+        let fuse = !matches!(pass, Pass::Decode(_));
+        let mut ready = false;
         for (li, l) in self.layers.iter().enumerate() {
-            let norm = &l.input_norm;
+            let (norm, post) = (&l.input_norm, &l.post_norm);
+            let nm = Norms {
+                input: norm,
+                ready,
+                next: fuse.then_some(post),
+            };
             match (&l.mixer, &mut *pass) {
-                (LayerMixer::Gdn(g), Pass::Prefill(pf)) => g.prefill(self, pf, norm, li)?,
+                (LayerMixer::Gdn(g), Pass::Prefill(pf)) => g.prefill(self, pf, nm, li)?,
                 (LayerMixer::Gdn(g), Pass::Decode(dc)) => g.decode(self, dc, norm, li)?,
-                (LayerMixer::Attn(a), Pass::Prefill(pf)) => a.prefill(self, pf, norm, li)?,
+                (LayerMixer::Attn(a), Pass::Prefill(pf)) => a.prefill(self, pf, nm, li)?,
                 (LayerMixer::Attn(a), Pass::Decode(dc)) => a.decode(self, dc, norm, li)?,
-                (LayerMixer::Gdn(g), Pass::Batch(bt)) => g.batch(self, bt, norm, li)?,
-                (LayerMixer::Attn(a), Pass::Batch(bt)) => a.batch(self, bt, norm, li)?,
+                (LayerMixer::Gdn(g), Pass::Batch(bt)) => g.batch(self, bt, nm, li)?,
+                (LayerMixer::Attn(a), Pass::Batch(bt)) => a.batch(self, bt, nm, li)?,
             }
-            let norm = &l.post_norm;
+            let next = self.layers.get(li + 1).filter(|_| fuse);
+            let nm = Norms {
+                input: post,
+                ready: fuse,
+                next: next.map(|n| &n.input_norm),
+            };
             match (&l.mlp, &mut *pass) {
-                (LayerMlp::Moe(e), Pass::Prefill(pf)) => e.prefill(self, pf, norm)?,
-                (LayerMlp::Moe(e), Pass::Decode(dc)) => e.decode(self, dc, norm)?,
-                (LayerMlp::Dense(m), Pass::Prefill(pf)) => m.prefill(self, pf, norm)?,
-                (LayerMlp::Dense(m), Pass::Decode(dc)) => m.decode(self, dc, norm)?,
-                (LayerMlp::Moe(e), Pass::Batch(bt)) => e.prefill(self, &mut bt.pf, norm)?,
-                (LayerMlp::Dense(m), Pass::Batch(bt)) => m.prefill(self, &mut bt.pf, norm)?,
+                (LayerMlp::Moe(e), Pass::Prefill(pf)) => e.prefill(self, pf, nm)?,
+                (LayerMlp::Moe(e), Pass::Decode(dc)) => e.decode(self, dc, post)?,
+                (LayerMlp::Dense(m), Pass::Prefill(pf)) => m.prefill(self, pf, nm)?,
+                (LayerMlp::Dense(m), Pass::Decode(dc)) => m.decode(self, dc, post)?,
+                (LayerMlp::Moe(e), Pass::Batch(bt)) => e.prefill(self, &mut bt.pf, nm)?,
+                (LayerMlp::Dense(m), Pass::Batch(bt)) => m.prefill(self, &mut bt.pf, nm)?,
             }
+            ready = next.is_some();
         }
         Ok(())
     }

@@ -13,7 +13,7 @@
 
 use super::fp8::Slot;
 use super::moe_grouped::MoeIo;
-use super::pass::{Decode, Prefill};
+use super::pass::{Decode, Norms, Prefill};
 use super::weights::{DevMat, Synth, Upload};
 use super::{DBuf, F, GemmPath, GpuModel, mlp_dims};
 use crate::config::ModelConfig;
@@ -81,9 +81,10 @@ impl MoeLayer {
         })
     }
 
-    /// Normalises the residual `pf.x` (`[t, hidden]`) into `pf.n`, adds the
-    /// shared and routed experts' outputs to `pf.x`.
-    pub fn prefill(&self, m: &GpuModel, pf: &mut Prefill, post_norm: &DBuf) -> Result<()> {
+    /// Normalises the residual `pf.x` (`[t, hidden]`) into `pf.n` (unless the
+    /// block before did), adds the shared and routed experts' outputs to
+    /// `pf.x`, then the next block's norm into `pf.n` where there is one.
+    pub fn prefill(&self, m: &GpuModel, pf: &mut Prefill, norms: Norms) -> Result<()> {
         let MoeLayer {
             input,
             gate_up,
@@ -93,8 +94,11 @@ impl MoeLayer {
         let (c, d) = (&m.cfg, &m.dev);
         let (t, h, x, n, mixed, fast) = (pf.t, c.hidden_size, pf.x, pf.n, pf.mixed, pf.fast);
         let sc = &mut *pf.sc;
-        m.rmsnorm(x, h, post_norm, n, h, t, h)?;
+        m.block_input(x, n, t, norms)?;
         let (e, k, inter, sh) = mlp_dims(c);
+        // The grouped path's combine also adds the shared expert and writes
+        // the next block's norm (one launch instead of three).
+        let grouped = t > 1 && fast && m.gemm == GemmPath::CublasSplit;
         let p = input.rows;
         let inp = sc.get(d, "moe_in", t * p * F)?;
         m.linear(sc, n, t, input, inp, false)?;
@@ -112,16 +116,19 @@ impl MoeLayer {
             i(t),
         )?;
         m.linear(sc, act_s, t, shared_down, mixed, false)?;
-        kernels::add_sigmoid_scaled(
-            d,
-            Launch::pdl(((h as u32).div_ceil(256), t as u32, 1), (256, 1, 1), 0),
-            dptr(x),
-            dptr(mixed),
-            dptr(inp + (e * F) as u64),
-            i(p),
-            i(t),
-            i(h),
-        )?;
+        let gate = inp + (e * F) as u64;
+        if !grouped {
+            kernels::add_sigmoid_scaled(
+                d,
+                Launch::pdl(((h as u32).div_ceil(256), t as u32, 1), (256, 1, 1), 0),
+                dptr(x),
+                dptr(mixed),
+                dptr(gate),
+                i(p),
+                i(t),
+                i(h),
+            )?;
+        }
         // Router.
         let idx = sc.get(d, "moe_idx", t * k * 4)?;
         let wts = sc.get(d, "moe_w", t * k * F)?;
@@ -194,7 +201,7 @@ impl MoeLayer {
                 i(h),
                 i(inter),
             )?;
-        } else if fast && m.gemm == GemmPath::CublasSplit {
+        } else if grouped {
             // FP8: read as stored by the few-row kernel (batched steps, short
             // prompts), else the whole layer's experts dequantized (a prompt
             // routes to nearly all of them).
@@ -204,16 +211,22 @@ impl MoeLayer {
                 idx,
                 wts,
                 bad: pf.bad_words + 4 * pf.planned as u64,
+                shared: (mixed, gate, p),
+                next: norms.next.map(|w| w.ptr()),
             };
             if m.moe_grouped_device(sc, t, e, k, inter, io, gate_up, down)? {
                 (pf.planned, pf.experts) = (pf.planned + 1, e);
             }
+            return Ok(());
         } else {
             let gate_up = m.bf16_weights(gate_up, Slot::GateUp, None)?;
             let down = m.bf16_weights(down, Slot::Down, None)?;
             m.moe_grouped(sc, t, e, k, inter, n, x, idx, wts, gate_up, down)?;
         }
-        Ok(())
+        match norms.next {
+            Some(w) => m.rmsnorm(x, h, w, n, h, t, h),
+            None => Ok(()),
+        }
     }
 
     /// Adds the experts' outputs for the step's residual row to it (the

@@ -85,6 +85,11 @@ pub(super) struct MoeIo {
     pub idx: u64,
     pub wts: u64,
     pub bad: u64,
+    /// The shared expert's output rows, its gate logits and their row
+    /// stride, added to `x` with the routed experts.
+    pub shared: (u64, u64, usize),
+    /// The next block's input norm, written to `n` after the adds.
+    pub next: Option<u64>,
 }
 
 /// The prefill experts' row tiles: on the device (`moe_plan_tiles`' table,
@@ -126,6 +131,8 @@ impl GpuModel {
             idx,
             wts,
             bad,
+            shared,
+            next,
         } = io;
         let nn = t * k;
         let counts = sc.get(d, "plan_counts", (e + 1) * 4)?;
@@ -320,6 +327,12 @@ impl GpuModel {
             i(e),
             i(h),
             dptr(x),
+            dptr(shared.0),
+            dptr(shared.1),
+            i(shared.2),
+            dptr(next.unwrap_or(0)),
+            dptr(n),
+            self.cfg.rms_norm_eps,
         )?;
         Ok(matches!(plan, MoePlan::Tiles { .. }))
     }

@@ -4,6 +4,7 @@
 //! RMSNorm, the residual add, and the pass's work buffers.
 
 use super::weights::DevMat;
+use super::pass::Norms;
 use super::{B, DBuf, Device, F, GemmPath, GpuModel};
 use crate::gpu::kernels::{self, Launch};
 use crate::gpu::{dptr, i};
@@ -383,6 +384,36 @@ impl GpuModel {
             i(out_stride),
             i(rows),
             i(dim),
+            self.cfg.rms_norm_eps,
+        )
+    }
+
+    /// A block's input: `n = norm(x)` over `t` rows unless the block before
+    /// wrote it ([`Norms::ready`]).
+    pub(super) fn block_input(&self, x: u64, n: u64, t: usize, nm: Norms) -> Result<()> {
+        let h = self.cfg.hidden_size;
+        if nm.ready {
+            return Ok(());
+        }
+        self.rmsnorm(x, h, nm.input, n, h, t, h)
+    }
+
+    /// A block's residual add `x += mixed` over `t` rows, then the next
+    /// block's input `n = next(x)` in the same launch where there is one.
+    pub(super) fn block_output(&self, x: u64, mixed: u64, n: u64, t: usize, nm: Norms) -> Result<()> {
+        let (d, h) = (&self.dev, self.cfg.hidden_size);
+        let Some(w) = nm.next else {
+            return self.residual_add(x, mixed, t);
+        };
+        kernels::add_rmsnorm(
+            d,
+            Launch::pdl((t as u32, 1, 1), (256, 1, 1), 0),
+            dptr(x),
+            dptr(mixed),
+            dptr(w.ptr()),
+            dptr(n),
+            i(t),
+            i(h),
             self.cfg.rms_norm_eps,
         )
     }

@@ -7,15 +7,16 @@
 //! `moe::MoeLayer`, `mlp::DenseLayer`) owns its device weights and offers
 //!
 //! ```text
-//! fn prefill(&self, m: &GpuModel, pf: &mut Prefill, norm: &DBuf [, li: usize]) -> Result<()>
+//! fn prefill(&self, m: &GpuModel, pf: &mut Prefill, norms: Norms [, li: usize]) -> Result<()>
 //! fn decode(&self, m: &GpuModel, dc: &Decode, norm: &DBuf [, li: usize]) -> Result<()>
 //! ```
 //!
 //! with one contract for both: read the residual stream (rows of `[R,
-//! hidden]` f32), normalise it with `norm` (the layer's input norm for a
-//! mixer, its post-attention norm for an MLP), and add the layer's output
-//! back into the same rows. A prompt pass has `R = t` rows, the tokens of
-//! one sequence, and runs the norm as a kernel; a decode step folds the norm
+//! hidden]` f32), normalise it with the block's norm (the layer's input norm
+//! for a mixer, its post-attention norm for an MLP), and add the layer's
+//! output back into the same rows. A prompt pass has `R = t` rows, the
+//! tokens of one sequence, and runs the norm as part of the residual add of
+//! the block before ([`Norms`]: that add also writes `n`); a decode step folds the norm
 //! into its first GEMV (from the per-block sums of squares the previous
 //! residual kernel wrote) and the residual add into its last.
 //!
@@ -31,7 +32,7 @@ use super::batch::Batch;
 use super::decode::DecodeState;
 use super::pass_snapshots::Capture;
 use super::seq_state::Span;
-use super::{GpuSequence, Scratch, SeqLayer};
+use super::{DBuf, GpuSequence, Scratch, SeqLayer};
 use anyhow::{Result, bail};
 
 /// A prompt pass: `t` tokens of one sequence from position `pos0`, as the
@@ -58,6 +59,21 @@ pub(super) struct Prefill<'a> {
     pub bad_words: u64,
     pub planned: usize,
     pub experts: usize,
+}
+
+/// The norms around one block (mixer or MLP) of a layer in a prompt or
+/// batched pass, where each block's input norm is fused into the residual
+/// add of the block before it (`add_rmsnorm`, `moe_combine`): one launch
+/// instead of two or three per block.
+#[derive(Clone, Copy)]
+pub(super) struct Norms<'a> {
+    /// The block's input norm: `n = norm(x)` first, unless `ready`.
+    pub input: &'a DBuf,
+    /// `n` already holds the normed input (the block before wrote it).
+    pub ready: bool,
+    /// The next block's input norm: `n = next(x)` right after this block's
+    /// residual add (`None`: the last block, or a decode step).
+    pub next: Option<&'a DBuf>,
 }
 
 /// A decode step: the step's buffers (token, position, `[B, hidden]`
