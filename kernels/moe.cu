@@ -401,23 +401,29 @@ QW_KERNEL void QW_BOUNDS(256) moe_combine(const float* __restrict__ ye, const in
     __shared__ float scratch[32];
     const int t = blockIdx.x;
     if (t >= T) return;
-    if (threadIdx.x == 0) {
-        // The k entries in ascending expert order (selection; k <= MOE_MAXK).
+    if (threadIdx.x < k) {
+        // The k entries in ascending expert order: entry j's place is the
+        // count of valid entries before it (k <= MOE_MAXK; one thread each,
+        // no serial selection before the row's loads can start).
         const int* ti = idx + (size_t)t * k;
-        int prev = -1, m = 0;
-        for (int r = 0; r < k; r++) {
-            int best = 0x7fffffff, bj = -1;
-            for (int j = 0; j < k; j++) {
-                int ex = ti[j];
-                if (ex > prev && ex < best && ex < E) { best = ex; bj = j; }
-            }
-            if (bj < 0) break;
-            prev = best;
-            const size_t n = (size_t)t * k + bj;
-            src[m] = ye + (size_t)slot[n] * H;
-            sw[m++] = wts[n];
+        const int j = threadIdx.x, ex = ti[j];
+        const bool ok = ex >= 0 && ex < E;
+        int place = 0, valid = 0;
+        for (int i = 0; i < k; i++) {
+            const int o = ti[i];
+            const bool oi = o >= 0 && o < E;
+            valid += oi;
+            place += oi && (o < ex || (o == ex && i < j));
         }
-        for (; m < k; m++) { src[m] = nullptr; sw[m] = 0.f; }
+        if (ok) {
+            const size_t n = (size_t)t * k + j;
+            src[place] = ye + (size_t)slot[n] * H;
+            sw[place] = wts[n];
+        }
+        if (j >= valid) {
+            src[j] = nullptr;
+            sw[j] = 0.f;
+        }
     }
     __syncthreads();
     float* xr = x + (size_t)t * H;
