@@ -1,7 +1,7 @@
 // The decode step's Gated DeltaNet (batch 1 and batched, issue 23): the
 // causal conv + SiLU of the projection row and the delta-rule step with the
 // head's gated RMSNorm (kernels/decode.cu describes the fused decode step).
-#include "bulk_copy.h"
+#include "compat.h"
 
 // The delta-rule step (T = 1) of value head hv with the state in registers
 // (thread (c, ty) holds S[ty + RG j][c]), then the head's gated RMSNorm:
@@ -87,19 +87,24 @@ __device__ __forceinline__ void gdn_head_step(float (&sr)[GS_ROWS], const float*
     }
 }
 
-// Value head hv's step once its state rows are in sr and the grid
-// dependency wait has passed: q and k of its key head from the projection
-// row after the conv (q, k, v after conv and SiLU: dec_gdn_conv, or
-// dec_gemv_bulk_conv's epilogue) into the shared qs and ks, the head's q/k
-// L2 norms (each warp sums the squares itself, so no block barrier is
-// added) and gates (beta = sigmoid(b), g = -exp(al) softplus(a + db); a at
-// proj[a_off + hv], b at proj[a_off + nv + hv]), then gdn_head_step. Its
-// first block barrier is after every thread's last read of sr's source.
-__device__ __forceinline__ void gdn_step_head(float (&sr)[GS_ROWS], float* qs, float* ks,
-                                              const float* __restrict__ proj, int nk, int nv, int dk, int dv,
-                                              float al, float db, int a_off, float q_scale, int hv,
-                                              float* __restrict__ S, const float* __restrict__ z,
-                                              const float* __restrict__ nw, float eps, float* __restrict__ out) {
+// One value head per block: gdn_head_step on the projection row after the
+// conv (q, k, v after conv and SiLU: dec_gdn_conv, or dec_gemv_bulk_conv's
+// epilogue), with the head's q/k L2 norms (each warp sums the squares
+// itself, so no block barrier is added) and gates (beta = sigmoid(b),
+// g = -exp(A_log) softplus(a + dt_bias); a at proj[a_off + hv], b at
+// proj[a_off + nv + hv]) taken here.
+__device__ __forceinline__ void dec_gdn_step_impl(const float* __restrict__ proj, int nk, int nv, int dk, int dv,
+                                                  const float* __restrict__ a_log, const float* __restrict__ dt_bias,
+                                                  int a_off, float q_scale, float* __restrict__ S,
+                                                  const float* __restrict__ z, const float* __restrict__ nw, float eps,
+                                                  float* __restrict__ out) {
+    __shared__ float qs[GS_RG * GS_ROWS], ks[GS_RG * GS_ROWS];
+    int hv = blockIdx.x;
+    float sr[GS_ROWS];
+    gdn_load_state(S, hv, dk, dv, sr);
+    const float al = a_log[hv], db = dt_bias[hv];
+    QW_GRID_WAIT();
+    QW_GRID_LAUNCH();
     int tid = threadIdx.y * blockDim.x + threadIdx.x, nt = blockDim.x * blockDim.y;
     int hk = hv / (nv / nk), key_dim = nk * dk;
     for (int i = tid; i < dk; i += nt) {
@@ -118,23 +123,6 @@ __device__ __forceinline__ void gdn_step_head(float (&sr)[GS_ROWS], float* qs, f
     }
     const float qinv = rsqrtf(warp_sum(sq) + 1e-6f) * q_scale, kinv = rsqrtf(warp_sum(sk) + 1e-6f);
     gdn_head_step(sr, qs, ks, qinv, kinv, v, decay, b, hv, dk, dv, S, z, nw, eps, out);
-}
-
-// One value head per block: gdn_step_head with the state read before the
-// grid dependency wait.
-__device__ __forceinline__ void dec_gdn_step_impl(const float* __restrict__ proj, int nk, int nv, int dk, int dv,
-                                                  const float* __restrict__ a_log, const float* __restrict__ dt_bias,
-                                                  int a_off, float q_scale, float* __restrict__ S,
-                                                  const float* __restrict__ z, const float* __restrict__ nw, float eps,
-                                                  float* __restrict__ out) {
-    __shared__ float qs[GS_RG * GS_ROWS], ks[GS_RG * GS_ROWS];
-    int hv = blockIdx.x;
-    float sr[GS_ROWS];
-    gdn_load_state(S, hv, dk, dv, sr);
-    const float al = a_log[hv], db = dt_bias[hv];
-    QW_GRID_WAIT();
-    QW_GRID_LAUNCH();
-    gdn_step_head(sr, qs, ks, proj, nk, nv, dk, dv, al, db, a_off, q_scale, hv, S, z, nw, eps, out);
 }
 QW_KERNEL void QW_BOUNDS(512) dec_gdn_step(const float* __restrict__ proj, int nk, int nv, int dk, int dv,
                                           const float* __restrict__ a_log, const float* __restrict__ dt_bias,
@@ -163,70 +151,6 @@ QW_KERNEL void QW_BOUNDS_MIN(512, 2) bat_gdn_step(const float* __restrict__ proj
     const float* row = proj + (size_t)b * stride;
     dec_gdn_step_impl(row, nk, nv, dk, dv, a_log, dt_bias, a_off, q_scale, (float*)tab[2 * b + 1], row + z_off,
                       nw, eps, out + (size_t)b * out_stride);
-}
-
-// bat_gdn_step with the states streamed through a shared-memory ring (sm_90
-// bulk copies; issue 23): a persistent block per multiprocessor steps the
-// items (row b, value head hv) = blockIdx.x + j gridDim.x, j = 0, 1, ...
-// (item = b nv + hv, B rows), one thread keeping `stages` heads' states
-// (dk dv f32 each, contiguous) in flight, the first ones requested before
-// the grid dependency wait, while the block runs the step of the head
-// before: the same arithmetic per head as dec_gdn_step, the new state
-// written back to global memory from registers. Where bulk copies do not
-// exist (the CPU harness, sm_80) the state is read straight from global
-// memory. Block (32 ceil(dv / 32), GS_RG); dynamic shared memory stages dk
-// dv floats (16-byte aligned states, dk dv a multiple of 4).
-QW_KERNEL void QW_BOUNDS(512) bat_gdn_step_ring(const float* __restrict__ proj, int stride, int nk, int nv, int dk,
-                                               int dv, const float* __restrict__ a_log,
-                                               const float* __restrict__ dt_bias, int a_off, float q_scale,
-                                               const unsigned long long* __restrict__ tab, int z_off,
-                                               const float* __restrict__ nw, float eps, float* __restrict__ out,
-                                               int out_stride, int B, int stages) {
-    QW_DYN_SMEM(float, ring);
-    __shared__ float qs[GS_RG * GS_ROWS], ks[GS_RG * GS_ROWS];
-    const int items = B * nv, slot = dk * dv, first = blockIdx.x;
-    const int n = items > first ? (items - first + (int)gridDim.x - 1) / (int)gridDim.x : 0;
-    auto state = [&](int j) {
-        const int item = first + j * (int)gridDim.x;
-        return (float*)tab[2 * (item / nv) + 1];
-    };
-#if defined(QW_BULK)
-    __shared__ unsigned long long full[BULK_MAX_STAGES];
-    const bool producer = threadIdx.x == 0 && threadIdx.y == 0;
-    auto fill = [&](int j) {
-        const int s = j % stages, hv = (first + j * (int)gridDim.x) % nv;
-        mbar_expect(&full[s], 4u * (unsigned)slot);
-        bulk_copy(ring + (size_t)s * slot, state(j) + (size_t)hv * slot, 4u * (unsigned)slot, &full[s]);
-    };
-    if (producer) {
-        for (int s = 0; s < stages; s++) mbar_init(&full[s], 1);
-        mbar_fence_init();
-        for (int j = 0; j < min(stages, n); j++) fill(j);
-    }
-    __syncthreads();
-#else
-    (void)ring;
-#endif
-    QW_GRID_WAIT();
-    QW_GRID_LAUNCH();
-    for (int j = 0; j < n; j++) {
-        const int item = first + j * (int)gridDim.x, b = item / nv, hv = item % nv;
-        float* S = state(j);
-        float sr[GS_ROWS];
-#if defined(QW_BULK)
-        mbar_wait(&full[j % stages], (unsigned)(j / stages) & 1u);
-        gdn_load_state(ring + (size_t)(j % stages) * slot, 0, dk, dv, sr);
-#else
-        gdn_load_state(S, hv, dk, dv, sr);
-#endif
-        const float* row = proj + (size_t)b * stride;
-        gdn_step_head(sr, qs, ks, row, nk, nv, dk, dv, a_log[hv], dt_bias[hv], a_off, q_scale, hv, S, row + z_off,
-                      nw, eps, out + (size_t)b * out_stride);
-#if defined(QW_BULK)
-        // Every thread has read the slot (gdn_step_head's barriers since).
-        if (producer && j + stages < n) fill(j + stages);
-#endif
-    }
 }
 
 // The step's causal conv (state [C][K-1], same arithmetic as `conv_silu` at

@@ -152,11 +152,6 @@ pub struct GpuOptions {
     /// (`gemm_rows_bulk`, where the GPU has bulk copies); `false` with
     /// `QWASI_GEMM_ROWS=rows` (`gemm_rows8`, register loads).
     pub rows_bulk: bool,
-    /// The batched step's GDN delta rule with the states streamed through a
-    /// bulk-copy ring (`bat_gdn_step_ring`, where the GPU has bulk copies);
-    /// `false` with `QWASI_BATCH_GDN=blocks` (`bat_gdn_step`: one block per
-    /// row and head, each loading its state into registers).
-    pub gdn_ring: bool,
     /// Split projections of 17-64 rows as one cuBLAS GEMM over the stacked
     /// hi and lo rows (`QWASI_GEMM_STACK=on`; default `off`: two GEMMs).
     /// On the H200 it reads the weights once instead of twice (batch 32 /
@@ -281,7 +276,6 @@ impl GpuOptions {
             gemm_rows: rows != "cublas",
             rows_bulk: rows == "bulk",
             gemm_stack: pick("QWASI_GEMM_STACK", &["off", "on"])? == "on",
-            gdn_ring: pick("QWASI_BATCH_GDN", &["ring", "blocks"])? == "ring",
             fast_prefill: pick("QWASI_PREFILL", &["fast", "reference"])? == "fast",
             chunked_gdn: pick("QWASI_GDN", &["chunked", "serial"])? == "chunked",
             grouped_moe: cfg!(feature = "cuda")
@@ -367,7 +361,7 @@ mod tests {
         assert!(o.fused_decode && o.fast_prefill && o.chunked_gdn && o.kv_f32);
         assert!(o.fp8_resident);
         assert!(o.moe_k64 && o.wg_attention && o.wg_split && o.conv_gdn);
-        assert!(o.pinned_host_tier && o.graphs && o.gdn_ring);
+        assert!(o.pinned_host_tier && o.graphs);
         assert_eq!(o.grouped_moe, cfg!(feature = "cuda"));
         assert_eq!(o.tc_attention, cfg!(feature = "cuda"));
         assert_eq!((o.moe_wg_cols, o.moe_pairs), (256, 2));
@@ -403,7 +397,6 @@ mod tests {
             ("QWASI_HOST_TIER", "pageable"),
             ("QWASI_GRAPHS", "0"),
             ("QWASI_MOE_PAIRS", "4"),
-            ("QWASI_BATCH_GDN", "blocks"),
             ("QWASI_PDL", "0"),
             ("QWASI_GPU_DEBUG", "1"),
             ("QWASI_GPU_PROFILE", "1"),
@@ -416,7 +409,7 @@ mod tests {
         assert_eq!(o.dec_attn, DecAttnPath::Tensor { ring: 3 });
         assert_eq!(o.gemv, GemvPath::Stream);
         assert_eq!((o.bulk_stages, o.bulk_blocks, o.moe_pairs), (2, 2, 4));
-        assert!(!o.conv_gdn && !o.pinned_host_tier && !o.graphs && !o.gdn_ring);
+        assert!(!o.conv_gdn && !o.pinned_host_tier && !o.graphs);
         assert!(!o.device.pdl && o.device.debug && o.device.profile);
         let mma = parse(&[("QWASI_ATTN", "mma")]).unwrap();
         assert_eq!(

@@ -32,12 +32,6 @@ pub(super) struct GdnLayer {
     pub out_proj: DevMat,
 }
 
-/// Most heads' states in flight in `bat_gdn_step_ring` (3 of 64 KB at the
-/// 35B model's 128 x 128 heads) and the kernel's static shared memory,
-/// rounded up.
-const GDN_RING_STAGES: usize = 3;
-const GDN_RING_STATIC: usize = 4096;
-
 impl GdnLayer {
     pub fn upload(up: &Upload, g: &crate::weights::GdnWeights) -> Result<Self> {
         Ok(GdnLayer {
@@ -281,68 +275,30 @@ impl GdnLayer {
                 i(c.linear_conv_kernel),
                 i(conv_dim),
             )?;
-            let threads = ((32 * dv.div_ceil(32)) as u32, 4, 1);
-            // Heads' states in flight in the ring: as many 16-byte-aligned
-            // states as fit beside the kernel's static shared memory.
-            let slot = dk * dv * F;
-            let stages = GDN_RING_STAGES.min(
-                d.max_shared_per_block()
-                    .saturating_sub(GDN_RING_STATIC)
-                    / slot,
-            );
-            if m.opts.gdn_ring && d.bulk_copies() && (dk * dv).is_multiple_of(4) && stages >= 2 {
-                kernels::bat_gdn_step_ring(
-                    d,
-                    Launch::pdl(
-                        ((b * nv).min(d.sm_count as usize) as u32, 1, 1),
-                        threads,
-                        (stages * slot) as u32,
-                    ),
-                    dptr(proj),
-                    i(p),
-                    i(nk),
-                    i(nv),
-                    i(dk),
-                    i(dv),
-                    dptr(self.a_log.ptr()),
-                    dptr(self.dt_bias.ptr()),
-                    i(conv_dim + vdim),
-                    1.0 / (dk as f32).sqrt(),
-                    dptr(tab),
-                    i(conv_dim),
-                    dptr(self.norm.ptr()),
-                    c.rms_norm_eps,
-                    dptr(o),
-                    i(vdim),
-                    i(b),
-                    i(stages),
-                )?;
-            } else {
-                kernels::bat_gdn_step(
-                    d,
-                    Launch::pdl(
-                        (nv as u32, b as u32, 1),
-                        threads,
-                        0,
-                    ),
-                    dptr(proj),
-                    i(p),
-                    i(nk),
-                    i(nv),
-                    i(dk),
-                    i(dv),
-                    dptr(self.a_log.ptr()),
-                    dptr(self.dt_bias.ptr()),
-                    i(conv_dim + vdim),
-                    1.0 / (dk as f32).sqrt(),
-                    dptr(tab),
-                    i(conv_dim),
-                    dptr(self.norm.ptr()),
-                    c.rms_norm_eps,
-                    dptr(o),
-                    i(vdim),
-                )?;
-            }
+            kernels::bat_gdn_step(
+                d,
+                Launch::pdl(
+                    (nv as u32, b as u32, 1),
+                    ((32 * dv.div_ceil(32)) as u32, 4, 1),
+                    0,
+                ),
+                dptr(proj),
+                i(p),
+                i(nk),
+                i(nv),
+                i(dk),
+                i(dv),
+                dptr(self.a_log.ptr()),
+                dptr(self.dt_bias.ptr()),
+                i(conv_dim + vdim),
+                1.0 / (dk as f32).sqrt(),
+                dptr(tab),
+                i(conv_dim),
+                dptr(self.norm.ptr()),
+                c.rms_norm_eps,
+                dptr(o),
+                i(vdim),
+            )?;
         }
         for ch in chunks {
             let SeqLayer::Gdn { conv, s } = ch.layers[li] else {
