@@ -5,9 +5,11 @@
 // state (~0.1) within 1e-6, absolute; the conv history exactly (it only
 // moves values). Shapes: the 35B model's (16 key heads, 32
 // value heads of 128, conv of 4) and the fixtures' small ones (head dims 16
-// and 24, one and three value heads per key head, conv of 2). Exit 1 on a
-// mismatch.
+// and 24, one and three value heads per key head, conv of 2). Then the
+// batched step, each row equal to dec_gdn_step's alone (check_batched).
+// Exit 1 on a mismatch.
 #include <cstdio>
+#include <cstring>
 #include <random>
 #include <vector>
 #include "decode_gdn.cu"
@@ -97,12 +99,66 @@ static void check(int nk, int nv, int dk, int dv, int K, std::mt19937& rng) {
     }
 }
 
+// The batched step (bat_gdn_step: one block per row and head) over B rows
+// with their own projections, z, states and outputs, each row exactly as
+// dec_gdn_step steps it alone (the same arithmetic per head). Rows sit
+// `stride` floats apart, outputs `out_stride`.
+static void check_batched(int nk, int nv, int dk, int dv, int B, std::mt19937& rng) {
+    std::normal_distribution<float> nd;
+    const int key_dim = nk * dk, vdim = nv * dv, conv_dim = 2 * key_dim + vdim;
+    const int a_off = conv_dim + vdim, rows = a_off + 2 * nv, stride = rows + 5, out_stride = vdim + 3;
+    const size_t head = (size_t)dk * dv;
+    std::vector<float> proj((size_t)B * stride), a_log(nv), dt_bias(nv), nw(dv);
+    std::vector<std::vector<float>> S0(B);
+    for (auto& v : proj) v = nd(rng);
+    for (auto& v : a_log) v = 0.3f * nd(rng);
+    for (auto& v : dt_bias) v = 0.3f * nd(rng);
+    for (auto& v : nw) v = 1.f + 0.1f * nd(rng);
+    for (auto& s : S0) {
+        s.resize(nv * head);
+        for (auto& v : s) v = 0.1f * nd(rng);
+    }
+    const float eps = 1e-6f, q_scale = 1.f / std::sqrt((float)dk);
+    const unsigned bx = 32 * ((dv + 31) / 32);
+    // Alone: each row through dec_gdn_step.
+    std::vector<std::vector<float>> want_s = S0, want_o(B, std::vector<float>(vdim, NAN));
+    for (int b = 0; b < B; b++) {
+        float* row = proj.data() + (size_t)b * stride;
+        qw_cpu::launch({(unsigned)nv, 1, 1}, {bx, 4, 1}, [&] {
+            dec_gdn_step(row, nk, nv, dk, dv, a_log.data(), dt_bias.data(), a_off, q_scale, want_s[b].data(),
+                         row + conv_dim, nw.data(), eps, want_o[b].data());
+        });
+    }
+    auto run = [&](const char* what, auto launch) {
+        std::vector<std::vector<float>> S = S0;
+        std::vector<unsigned long long> tab(2 * B);
+        for (int b = 0; b < B; b++) tab[2 * b + 1] = (unsigned long long)S[b].data();
+        std::vector<float> out((size_t)B * out_stride, NAN);
+        launch(tab.data(), out.data());
+        int bad = 0;
+        for (int b = 0; b < B; b++) {
+            bad += std::memcmp(S[b].data(), want_s[b].data(), S[b].size() * 4) != 0;
+            bad += std::memcmp(out.data() + (size_t)b * out_stride, want_o[b].data(), vdim * 4) != 0;
+        }
+        std::printf("  %-30s B %d nv %d dk %d dv %d: %s\n", what, B, nv, dk, dv, bad ? "FAIL" : "equal to alone");
+        failures += bad != 0;
+    };
+    run("bat_gdn_step", [&](const unsigned long long* tab, float* out) {
+        qw_cpu::launch({(unsigned)nv, (unsigned)B, 1}, {bx, 4, 1}, [&] {
+            bat_gdn_step(proj.data(), stride, nk, nv, dk, dv, a_log.data(), dt_bias.data(), a_off, q_scale, tab,
+                         conv_dim, nw.data(), eps, out, out_stride);
+        });
+    });
+}
+
 int main() {
     std::mt19937 rng(11);
     check(16, 32, 128, 128, 4, rng);
     check(2, 6, 16, 24, 4, rng);
     check(4, 4, 16, 16, 4, rng);
     check(1, 3, 32, 64, 2, rng);
+    check_batched(2, 6, 16, 24, 3, rng);
+    check_batched(16, 32, 128, 128, 2, rng);
     std::printf("gdn_decode_check: %s\n", failures ? "FAIL" : "PASS");
     return failures ? 1 : 0;
 }
