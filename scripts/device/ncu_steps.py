@@ -48,12 +48,13 @@ def main():
         a[2] += num(x, "dram__bytes_read.sum")  # bytes
     tot_t = sum(a[1] for a in agg.values()) / steps
     tot_b = sum(a[2] for a in agg.values()) / steps
+    # bytes / ns = GB/s; / 1e3: TB/s.
     print(f"{steps} steps, {len(r) / steps:.0f} launches a step: kernels {tot_t / 1e6:.3f} ms, "
-          f"{tot_b / 1e9:.2f} GB read ({tot_b / tot_t:.2f} TB/s over the kernels' time)")
+          f"{tot_b / 1e9:.2f} GB read ({tot_b / tot_t / 1e3:.2f} TB/s over the kernels' time)")
     print(f"{'kernel':32s} {'n/step':>7s} {'ms/step':>8s} {'us/launch':>9s} {'GB/step':>8s} {'TB/s':>6s}")
     for name, (n, t, b) in sorted(agg.items(), key=lambda kv: -kv[1][1])[:top]:
         print(f"{name:32s} {n / steps:7.1f} {t / steps / 1e6:8.3f} {t / n / 1e3:9.2f} "
-              f"{b / steps / 1e9:8.3f} {b / t if t else 0:6.2f}")
+              f"{b / steps / 1e9:8.3f} {b / t / 1e3 if t else 0:6.2f}")
 
 
 if __name__ == "__main__":
