@@ -58,13 +58,7 @@ impl AttnLayer {
 
     /// Reads the residual `pf.x` (`[t, hidden]`), appends the pass's keys and
     /// values to the sequence's cache, adds the layer's output to `pf.x`.
-    pub fn prefill(
-        &self,
-        m: &GpuModel,
-        pf: &mut Prefill,
-        norms: Norms,
-        li: usize,
-    ) -> Result<()> {
+    pub fn prefill(&self, m: &GpuModel, pf: &mut Prefill, norms: Norms, li: usize) -> Result<()> {
         let AttnLayer {
             proj: pw, o_proj, ..
         } = self;

@@ -449,7 +449,10 @@ impl GpuModel {
     fn batch_attn_kernel(&self, split_keys: usize) -> BatchAttn {
         use kernels::typed;
         let c = &self.cfg;
-        let (hd, group) = (c.head_dim, c.num_attention_heads / c.num_key_value_heads.max(1));
+        let (hd, group) = (
+            c.head_dim,
+            c.num_attention_heads / c.num_key_value_heads.max(1),
+        );
         let kv_bytes = if self.kv_f32 { F } else { super::B };
         let max_smem = self.dev.max_shared_per_block();
         let plan = super::attn_decode::dec_attn_plan(

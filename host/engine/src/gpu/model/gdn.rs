@@ -62,13 +62,7 @@ impl GdnLayer {
     }
 
     /// Reads the residual `pf.x` (`[t, hidden]`), adds the layer's output to it.
-    pub fn prefill(
-        &self,
-        m: &GpuModel,
-        pf: &mut Prefill,
-        norms: Norms,
-        li: usize,
-    ) -> Result<()> {
+    pub fn prefill(&self, m: &GpuModel, pf: &mut Prefill, norms: Norms, li: usize) -> Result<()> {
         let GdnLayer {
             in_proj, out_proj, ..
         } = self;

@@ -3,8 +3,8 @@
 //! kernel otherwise, per `GemmPath`), the (1+w)
 //! RMSNorm, the residual add, and the pass's work buffers.
 
-use super::weights::DevMat;
 use super::pass::Norms;
+use super::weights::DevMat;
 use super::{B, DBuf, Device, F, GemmPath, GpuModel};
 use crate::gpu::kernels::{self, Launch};
 use crate::gpu::{dptr, i};
@@ -400,7 +400,14 @@ impl GpuModel {
 
     /// A block's residual add `x += mixed` over `t` rows, then the next
     /// block's input `n = next(x)` in the same launch where there is one.
-    pub(super) fn block_output(&self, x: u64, mixed: u64, n: u64, t: usize, nm: Norms) -> Result<()> {
+    pub(super) fn block_output(
+        &self,
+        x: u64,
+        mixed: u64,
+        n: u64,
+        t: usize,
+        nm: Norms,
+    ) -> Result<()> {
         let (d, h) = (&self.dev, self.cfg.hidden_size);
         let Some(w) = nm.next else {
             return self.residual_add(x, mixed, t);
