@@ -97,7 +97,7 @@ mod gpu {
     use super::Args;
     use anyhow::Result;
     use qwasi_engine::gpu::verify::{
-        ATTN_TOL, BATCH_LOGPROB_TOL, Comparison, ConstrainedReport, DRAW_LOGPROB_TOL,
+        ATTN_TOL, BATCH_LOGPROB_TOL, BatchReport, Comparison, ConstrainedReport, DRAW_LOGPROB_TOL,
         FP8_LOGIT_TOL, LSE_TOL, MARGIN_TOL, MASK_LOGPROB_TOL, SmokeReport, Tolerances,
         WeightedReport, attention_check, batch_check, constrained_check, fp8_resident_check,
         pass_snapshots_check, smoke, synthetic_model, verify_fixture, verify_fixture_batch,
@@ -155,26 +155,11 @@ mod gpu {
             }
             for dir in fixtures {
                 let r = verify_fixture_batch(dir)?;
-                println!(
-                    "{:<12} batched: {} rows x {} tokens, {} steps of 2-{} decode rows together: \
-                     {}/{} rows' tokens equal alone (others first differ at alone margin {:?}, \
-                     tolerance {MARGIN_TOL}), max |dlogprob| {:.2e} (prompt kernels vs decode {:.2e}; \
-                     tolerance {BATCH_LOGPROB_TOL} or twice that), last logits match {}  {}",
-                    dir.file_name()
-                        .map(|n| n.to_string_lossy())
-                        .unwrap_or_default(),
-                    r.rows,
-                    r.tokens,
-                    r.batched_steps,
-                    r.widest_step,
-                    r.rows_equal,
-                    r.rows,
-                    r.diverged_margin,
-                    r.max_dlogprob,
-                    r.prompt_vs_decode_dlogprob,
-                    r.last_logits_match,
-                    verdict(r.pass)
-                );
+                let name = dir
+                    .file_name()
+                    .map(|n| n.to_string_lossy())
+                    .unwrap_or_default();
+                print_batched(&format!("{name:<12} batched"), &r);
                 all_pass &= r.pass;
                 batches.push(r);
             }
@@ -222,6 +207,7 @@ mod gpu {
         }
         let mut smoke_report = None;
         let mut synthetic_batch = None;
+        let mut synthetic_batch_wide = None;
         let mut synthetic_weighted = None;
         let mut synthetic_constrained = None;
         let mut pass_snapshots = None;
@@ -244,23 +230,25 @@ mod gpu {
                 })
                 .collect();
             let b = batch_check(&model, &prompts, a.gen_tokens)?;
-            println!(
-                "synthetic {p} batched: {} rows x {} tokens, {} steps of 2-{} decode rows: {}/{} rows' tokens \
-                 equal alone (others first differ at alone margin {:?}), max |dlogprob| {:.2e} (prompt kernels vs decode {:.2e}), last logits match {}  {}",
-                b.rows,
-                b.tokens,
-                b.batched_steps,
-                b.widest_step,
-                b.rows_equal,
-                b.rows,
-                b.diverged_margin,
-                b.max_dlogprob,
-                b.prompt_vs_decode_dlogprob,
-                b.last_logits_match,
-                verdict(b.pass)
-            );
+            print_batched(&format!("synthetic {p} batched"), &b);
             all_pass &= b.pass;
             synthetic_batch = Some(b);
+            // Wider steps: ten prompts, twenty rows arriving two steps apart
+            // and decoding 40 tokens each, so up to ~20 decode rows run
+            // together (past 16 the projections take the stacked cuBLAS GEMMs).
+            let wide: Vec<Vec<u32>> = [a.prompt_len, 37, 5, 1, 64, 17, 200, 3, 90, 11]
+                .iter()
+                .enumerate()
+                .map(|(k, &len)| {
+                    (0..len as u32)
+                        .map(|t| (t * 7919 + (k as u32 + 4) * 104_729) % vocab)
+                        .collect()
+                })
+                .collect();
+            let w = batch_check(&model, &wide, 40)?;
+            print_batched(&format!("synthetic {p} batched, wide"), &w);
+            all_pass &= w.pass;
+            synthetic_batch_wide = Some(w);
             // Prefix-cache snapshots taken inside the prompt's pass.
             if let Some(r) = pass_snapshots_check(&model, &prompts[0], a.gen_tokens)? {
                 println!(
@@ -337,6 +325,7 @@ mod gpu {
                 "fp8_resident": fp8,
                 "smoke": smoke_report,
                 "synthetic_batched": synthetic_batch,
+                "synthetic_batched_wide": synthetic_batch_wide,
                 "synthetic_weighted": synthetic_weighted,
                 "synthetic_constrained": synthetic_constrained,
                 "pass_snapshots": pass_snapshots,
@@ -397,6 +386,27 @@ mod gpu {
             r.max_dlogprob,
             mismatch(&r.first_mismatch),
             verdict(r.pass)
+        );
+    }
+
+    /// One batched-against-alone report as a line, `what` naming the run.
+    fn print_batched(what: &str, b: &BatchReport) {
+        println!(
+            "{what}: {} rows x {} tokens, {} steps of 2-{} decode rows together: {}/{} rows' \
+             tokens equal alone (others first differ at alone margin {:?}, tolerance {MARGIN_TOL}), \
+             max |dlogprob| {:.2e} (prompt kernels vs decode {:.2e}; tolerance {BATCH_LOGPROB_TOL} \
+             or twice that), last logits match {}  {}",
+            b.rows,
+            b.tokens,
+            b.batched_steps,
+            b.widest_step,
+            b.rows_equal,
+            b.rows,
+            b.diverged_margin,
+            b.max_dlogprob,
+            b.prompt_vs_decode_dlogprob,
+            b.last_logits_match,
+            verdict(b.pass)
         );
     }
 

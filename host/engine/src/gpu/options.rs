@@ -71,6 +71,21 @@ pub enum GemvPath {
     Stream,
 }
 
+/// Where a split projection of 17-64 rows runs as one cuBLAS GEMM over the
+/// stacked hi and lo rows instead of two GEMMs (`QWASI_GEMM_STACK`). On the
+/// H200 the stacked GEMM reads the weights once (batched steps of 32 / 64
+/// rows: +7.5% / +5%, 12ea486), but cuBLAS then takes split-K kernels that
+/// sum in another order; prompt passes of 17-64 tokens keep two GEMMs, so a
+/// prompt's pass rounds alike whatever its length in that range.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GemmStack {
+    /// Batched decode steps without prompt chunks (the default).
+    Decode,
+    Off,
+    /// Prompt passes too.
+    On,
+}
+
 /// Most ring slots of `dec_gemv_bulk*` (`BULK_MAX_STAGES` in kernels/gemv_bulk.cu).
 pub const BULK_MAX_STAGES: usize = 8;
 
@@ -152,14 +167,10 @@ pub struct GpuOptions {
     /// (`gemm_rows_bulk`, where the GPU has bulk copies); `false` with
     /// `QWASI_GEMM_ROWS=rows` (`gemm_rows8`, register loads).
     pub rows_bulk: bool,
-    /// Split projections of 17-64 rows as one cuBLAS GEMM over the stacked
-    /// hi and lo rows (`QWASI_GEMM_STACK=on`; default `off`: two GEMMs).
-    /// On the H200 it reads the weights once instead of twice (batch 32 /
-    /// 64: 1,606 / 2,370 against 1,398 / 2,215 tok/s), but prompt passes of
-    /// 17-64 tokens then differ from the decode step by 0.072 in logprob on
-    /// the synthetic 40-layer model, against 3.6e-4 with two GEMMs: not
-    /// understood yet, so it stays off.
-    pub gemm_stack: bool,
+    /// Where split projections of 17-64 rows run as one cuBLAS GEMM over
+    /// the stacked hi and lo rows, reading the weights once
+    /// (`QWASI_GEMM_STACK=decode|off|on`; [`GemmStack`]).
+    pub gemm_stack: GemmStack,
     /// Gate/up row pairs per warp of `dec_moe_gate_up` (`QWASI_MOE_PAIRS`,
     /// default 2: on the H200 512/8K decode 333.0/302.5 tok/s against
     /// 320.5/289.4 with 1 and 320.0/289.9 with 4).
@@ -275,7 +286,11 @@ impl GpuOptions {
             batch_decode: pick("QWASI_BATCH", &["batched", "serial"])? == "batched",
             gemm_rows: rows != "cublas",
             rows_bulk: rows == "bulk",
-            gemm_stack: pick("QWASI_GEMM_STACK", &["off", "on"])? == "on",
+            gemm_stack: match pick("QWASI_GEMM_STACK", &["decode", "off", "on"])? {
+                "off" => GemmStack::Off,
+                "on" => GemmStack::On,
+                _ => GemmStack::Decode,
+            },
             fast_prefill: pick("QWASI_PREFILL", &["fast", "reference"])? == "fast",
             chunked_gdn: pick("QWASI_GDN", &["chunked", "serial"])? == "chunked",
             grouped_moe: cfg!(feature = "cuda")
@@ -362,6 +377,7 @@ mod tests {
         assert!(o.fp8_resident);
         assert!(o.moe_k64 && o.wg_attention && o.wg_split && o.conv_gdn);
         assert!(o.pinned_host_tier && o.graphs);
+        assert_eq!(o.gemm_stack, GemmStack::Decode);
         assert_eq!(o.grouped_moe, cfg!(feature = "cuda"));
         assert_eq!(o.tc_attention, cfg!(feature = "cuda"));
         assert_eq!((o.moe_wg_cols, o.moe_pairs), (256, 2));
@@ -397,6 +413,7 @@ mod tests {
             ("QWASI_HOST_TIER", "pageable"),
             ("QWASI_GRAPHS", "0"),
             ("QWASI_MOE_PAIRS", "4"),
+            ("QWASI_GEMM_STACK", "off"),
             ("QWASI_PDL", "0"),
             ("QWASI_GPU_DEBUG", "1"),
             ("QWASI_GPU_PROFILE", "1"),
@@ -410,6 +427,11 @@ mod tests {
         assert_eq!(o.gemv, GemvPath::Stream);
         assert_eq!((o.bulk_stages, o.bulk_blocks, o.moe_pairs), (2, 2, 4));
         assert!(!o.conv_gdn && !o.pinned_host_tier && !o.graphs);
+        assert_eq!(o.gemm_stack, GemmStack::Off);
+        assert_eq!(
+            parse(&[("QWASI_GEMM_STACK", "on")]).unwrap().gemm_stack,
+            GemmStack::On
+        );
         assert!(!o.device.pdl && o.device.debug && o.device.profile);
         let mma = parse(&[("QWASI_ATTN", "mma")]).unwrap();
         assert_eq!(

@@ -396,7 +396,11 @@ impl GpuModel {
             attn: shape.attn,
             chunks: shape.chunks,
         };
-        self.walk(&mut Pass::Batch(&mut bt))?;
+        // Decode rows alone take the stacked split GEMMs (`GemmStack::Decode`).
+        bt.pf.sc.decode_rows = shape.chunks.is_empty();
+        let walked = self.walk(&mut Pass::Batch(&mut bt));
+        bt.pf.sc.decode_rows = false;
+        walked?;
         let planned = bt.pf.planned;
         // The head's rows: the first `heads`, or those listed.
         let hx = if shape.head_rows == 0 {

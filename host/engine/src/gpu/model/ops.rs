@@ -7,6 +7,7 @@ use super::pass::Norms;
 use super::weights::DevMat;
 use super::{B, DBuf, Device, F, GemmPath, GpuModel};
 use crate::gpu::kernels::{self, Launch};
+use crate::gpu::options::GemmStack;
 use crate::gpu::{dptr, i};
 use anyhow::Result;
 use std::collections::HashMap;
@@ -64,6 +65,9 @@ pub(super) struct Scratch {
     /// Snapshots a row running alone asks of its prompt passes, and those
     /// taken (`pass_snapshots.rs`).
     pub captures: Option<super::pass_snapshots::PassCaptures>,
+    /// The launches being recorded are a batched decode step without prompt
+    /// chunks (set by `batch.rs` around them): `GemmStack::Decode` applies.
+    pub decode_rows: bool,
 }
 
 impl Scratch {
@@ -177,7 +181,12 @@ impl GpuModel {
                     dptr(lo),
                     n as i64,
                 )?;
-                if t <= STACKED_MAX && self.opts.gemm_stack {
+                let stack = match self.opts.gemm_stack {
+                    GemmStack::On => true,
+                    GemmStack::Decode => sc.decode_rows,
+                    GemmStack::Off => false,
+                };
+                if t <= STACKED_MAX && stack {
                     // Few rows: the weights dominate, so one GEMM over the
                     // stacked [hi; lo] rows reads them once instead of twice.
                     let p = sc.get(d, "stacked", 2 * t * rows * F)?;
