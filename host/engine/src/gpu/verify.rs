@@ -4,7 +4,9 @@
 //! check returns its results; `qwasi verify` prints them.
 
 use super::model::{AttnAgreement, GemmPath, GpuModel, GpuSequence};
-pub use super::verify_batch::{BATCH_LOGPROB_TOL, BatchReport, MARGIN_TOL, batch_check};
+pub use super::verify_batch::{
+    BATCH_LOGPROB_TOL, BatchReport, MARGIN_TOL, batch_check, batch_check_every,
+};
 pub use super::verify_constrained::{
     ConstrainedReport, MASK_LOGPROB_TOL, constrained_check, verify_fixture_constrained,
 };

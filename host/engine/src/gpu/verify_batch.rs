@@ -97,15 +97,26 @@ struct Row {
 
 /// Runs `prompts` alone and batched (`n` tokens each) and compares them.
 pub fn batch_check(m: &GpuModel, prompts: &[Vec<u32>], n: usize) -> Result<BatchReport> {
+    batch_check_every(m, prompts, n, 2)
+}
+
+/// [`batch_check`] with row `r` arriving at step `every * r` (1: up to
+/// twice the prompts' count decoding together).
+pub fn batch_check_every(
+    m: &GpuModel,
+    prompts: &[Vec<u32>],
+    n: usize,
+    every: usize,
+) -> Result<BatchReport> {
     let refs = prompts
         .iter()
         .map(|p| alone(m, p, n))
         .collect::<Result<Vec<_>>>()?;
-    // Each prompt twice; row r arrives at step 2 r.
+    // Each prompt twice; row r arrives at step every * r.
     let mut rows: Vec<Row> = (0..2 * prompts.len())
         .map(|r| Row {
             prompt: prompts[r % prompts.len()].clone(),
-            start: 2 * r,
+            start: every * r,
             top: r % 2 == 1,
             seq: m.new_sequence(),
             toks: Vec::new(),
