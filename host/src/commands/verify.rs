@@ -396,7 +396,8 @@ mod gpu {
     fn print_batched(what: &str, b: &BatchReport) {
         println!(
             "{what}: {} rows x {} tokens, {} steps of 2-{} decode rows together: {}/{} rows' \
-             tokens equal alone (others first differ at alone margin {:?}, tolerance {MARGIN_TOL}), \
+             tokens equal alone (others first differ at alone margin {:?}, tolerance {MARGIN_TOL} or twice the row's \
+             prompt-vs-decode), \
              max |dlogprob| {:.2e} (prompt kernels vs decode {:.2e}; tolerance {BATCH_LOGPROB_TOL} \
              or twice that), last logits match {}  {}",
             b.rows,
