@@ -97,23 +97,19 @@ QW_KERNEL void QW_BOUNDS(256) moe_gemv_down(const bf16_t* __restrict__ Wd, const
     if (lane == 0) y[r] += total;
 }
 
-// router_topk for many tokens: one warp per token (8 per 256-thread block), the
-// same selection as router_topk. Lane l holds experts l + 32 r in shared memory;
-// each of the k rounds is a warp argmax over the untaken experts (larger p wins,
-// equal p goes to the lower index, like router_topk's ascending strict '>' scan),
-// and the winner's owner lane marks it taken. p_e = expf(l_e - max) exactly as in
-// router_topk (the max is exact); the sum is a warp sum (order differs in the last
-// bits). E <= 1024, k <= 32. grid ceil(T / 8).
-QW_KERNEL void QW_BOUNDS(256) router_topk_warp(const float* __restrict__ logits, int stride, int E, int k,
-                                               int T, int* __restrict__ idx, float* __restrict__ wout) {
-    QW_GRID_WAIT();
-    QW_GRID_LAUNCH();
-    __shared__ float ps[8][1024];
-    int w = threadIdx.x / WARP, lane = threadIdx.x % WARP;
-    int t = blockIdx.x * 8 + w;
-    if (t >= T) return;  // whole warps leave together
-    float* p = ps[w];
-    const float* lg = logits + (size_t)t * stride;
+// router_topk for one token by one warp, the same selection as router_topk.
+// Lane l holds experts l + 32 r of p (E floats of shared memory, this warp's
+// own); each of the k rounds is a warp argmax over the untaken experts (larger
+// p wins, equal p goes to the lower index, like router_topk's ascending strict
+// '>' scan), and the winner's owner lane marks it taken. p_e = expf(l_e - max)
+// exactly as in router_topk (the max is exact); the sum is a warp sum (order
+// differs in the last bits). Lane j < k gets entry j: *ex the expert (-1 when
+// nothing is selectable: non-finite logits, and in lanes >= k), *w its weight.
+// E <= 1024, k <= 32.
+// Shared by router_topk_warp and moe_route_plan, so both route bit-identically.
+__device__ __forceinline__ void router_topk_token(const float* __restrict__ lg, int E, int k, float* p, int* ex,
+                                                  float* w) {
+    const int lane = threadIdx.x % WARP;
     float mx = -INFINITY;
     for (int e = lane; e < E; e += WARP) mx = fmaxf(mx, lg[e]);
     mx = warp_max(mx);
@@ -144,9 +140,26 @@ QW_KERNEL void QW_BOUNDS(256) router_topk_warp(const float* __restrict__ logits,
         if (lane == j) { my_i = bi; my_p = bv; }
         total += bv / s;
     }
+    *ex = my_i;
+    *w = my_p / s / total;
+}
+
+// router_topk for many tokens: one warp per token (8 per 256-thread block),
+// router_topk_token each. grid ceil(T / 8).
+QW_KERNEL void QW_BOUNDS(256) router_topk_warp(const float* __restrict__ logits, int stride, int E, int k,
+                                               int T, int* __restrict__ idx, float* __restrict__ wout) {
+    QW_GRID_WAIT();
+    QW_GRID_LAUNCH();
+    __shared__ float ps[8][1024];
+    int w = threadIdx.x / WARP, lane = threadIdx.x % WARP;
+    int t = blockIdx.x * 8 + w;
+    if (t >= T) return;  // whole warps leave together
+    int ex;
+    float wt;
+    router_topk_token(logits + (size_t)t * stride, E, k, ps[w], &ex, &wt);
     if (lane < k) {
-        idx[(size_t)t * k + lane] = my_i;
-        wout[(size_t)t * k + lane] = my_p / s / total;
+        idx[(size_t)t * k + lane] = ex;
+        wout[(size_t)t * k + lane] = wt;
     }
 }
 
