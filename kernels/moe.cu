@@ -97,23 +97,19 @@ QW_KERNEL void QW_BOUNDS(256) moe_gemv_down(const bf16_t* __restrict__ Wd, const
     if (lane == 0) y[r] += total;
 }
 
-// router_topk for many tokens: one warp per token (8 per 256-thread block), the
-// same selection as router_topk. Lane l holds experts l + 32 r in shared memory;
-// each of the k rounds is a warp argmax over the untaken experts (larger p wins,
-// equal p goes to the lower index, like router_topk's ascending strict '>' scan),
-// and the winner's owner lane marks it taken. p_e = expf(l_e - max) exactly as in
-// router_topk (the max is exact); the sum is a warp sum (order differs in the last
-// bits). E <= 1024, k <= 32. grid ceil(T / 8).
-QW_KERNEL void QW_BOUNDS(256) router_topk_warp(const float* __restrict__ logits, int stride, int E, int k,
-                                               int T, int* __restrict__ idx, float* __restrict__ wout) {
-    QW_GRID_WAIT();
-    QW_GRID_LAUNCH();
-    __shared__ float ps[8][1024];
-    int w = threadIdx.x / WARP, lane = threadIdx.x % WARP;
-    int t = blockIdx.x * 8 + w;
-    if (t >= T) return;  // whole warps leave together
-    float* p = ps[w];
-    const float* lg = logits + (size_t)t * stride;
+// router_topk for one token by one warp, the same selection as router_topk.
+// Lane l holds experts l + 32 r of p (E floats of shared memory, this warp's
+// own); each of the k rounds is a warp argmax over the untaken experts (larger
+// p wins, equal p goes to the lower index, like router_topk's ascending strict
+// '>' scan), and the winner's owner lane marks it taken. p_e = expf(l_e - max)
+// exactly as in router_topk (the max is exact); the sum is a warp sum (order
+// differs in the last bits). Lane j < k gets entry j: *ex the expert (-1 when
+// nothing is selectable: non-finite logits, and in lanes >= k), *w its weight.
+// E <= 1024, k <= 32.
+// Shared by router_topk_warp and moe_route_plan, so both route bit-identically.
+__device__ __forceinline__ void router_topk_token(const float* __restrict__ lg, int E, int k, float* p, int* ex,
+                                                  float* w) {
+    const int lane = threadIdx.x % WARP;
     float mx = -INFINITY;
     for (int e = lane; e < E; e += WARP) mx = fmaxf(mx, lg[e]);
     mx = warp_max(mx);
@@ -144,9 +140,26 @@ QW_KERNEL void QW_BOUNDS(256) router_topk_warp(const float* __restrict__ logits,
         if (lane == j) { my_i = bi; my_p = bv; }
         total += bv / s;
     }
+    *ex = my_i;
+    *w = my_p / s / total;
+}
+
+// router_topk for many tokens: one warp per token (8 per 256-thread block),
+// router_topk_token each. grid ceil(T / 8).
+QW_KERNEL void QW_BOUNDS(256) router_topk_warp(const float* __restrict__ logits, int stride, int E, int k,
+                                               int T, int* __restrict__ idx, float* __restrict__ wout) {
+    QW_GRID_WAIT();
+    QW_GRID_LAUNCH();
+    __shared__ float ps[8][1024];
+    int w = threadIdx.x / WARP, lane = threadIdx.x % WARP;
+    int t = blockIdx.x * 8 + w;
+    if (t >= T) return;  // whole warps leave together
+    int ex;
+    float wt;
+    router_topk_token(logits + (size_t)t * stride, E, k, ps[w], &ex, &wt);
     if (lane < k) {
-        idx[(size_t)t * k + lane] = my_i;
-        wout[(size_t)t * k + lane] = my_p / s / total;
+        idx[(size_t)t * k + lane] = ex;
+        wout[(size_t)t * k + lane] = wt;
     }
 }
 
@@ -206,9 +219,10 @@ __device__ __forceinline__ unsigned long long warp_excl_scan_u64(unsigned long l
     return pre;
 }
 
-// Exclusive prefix sum of v over a 256-thread block, in thread order: warp
-// scans, the 8 warp totals through ws, one __syncthreads (ws must not be
-// rewritten until every thread has read it); *total = the block's sum.
+// Exclusive prefix sum of v over a block of NT threads, in thread order: warp
+// scans, the NT / WARP warp totals through ws, one __syncthreads (ws must not
+// be rewritten until every thread has read it); *total = the block's sum.
+template <int NT = 256>
 __device__ __forceinline__ unsigned long long block_excl_scan_u64(unsigned long long v, unsigned long long* ws,
                                                                   unsigned long long* total) {
     const int lane = threadIdx.x % WARP, w = threadIdx.x / WARP;
@@ -216,7 +230,7 @@ __device__ __forceinline__ unsigned long long block_excl_scan_u64(unsigned long 
     if (lane == 0) ws[w] = wt;
     __syncthreads();
     unsigned long long tot = 0;
-    for (int i = 0; i < 256 / WARP; i++) {
+    for (int i = 0; i < NT / WARP; i++) {
         const unsigned long long x = ws[i];
         if (i < w) pre += x;
         tot += x;
@@ -343,6 +357,89 @@ QW_KERNEL void QW_BOUNDS(256) moe_plan_tiles(const int* __restrict__ counts, int
         *bad = counts[E];
     }
     for (int p = (int)(tot & 0xffffffffu) + tid; p < N; p += 256) rows[p] = 0;
+}
+
+// Limits of moe_route_plan (mirrored in host/engine/src/gpu/model/moe_grouped.rs):
+// its block size, and the most tokens (one bit each in a 64-bit mask per
+// expert) and experts (one per thread; the warps' p rows, 32 KB, static).
+#define MOE_ROUTE_THREADS 512
+#define MOE_ROUTE_MAXT 64
+#define MOE_ROUTE_MAXE 512
+
+// A batched decode step's router and plan in one launch instead of four
+// dependent small ones (router_topk_warp, moe_plan_count, moe_plan_place,
+// moe_plan_tiles), with the same outputs bit for bit: idx, wts, counts (with
+// counts[E] the entries outside [0, E)), rows, slot, the tile table for bm,
+// the zeroed rows tail and *bad. Warp w routes tokens w, w + 16, ..
+// (router_topk_token) and sets bit t of mask[e] for each expert e token t
+// chose; a token's chosen experts are distinct (each is marked taken), so
+// counts[e] = popcount(mask[e]) and entry (t, j) of expert e goes to place
+// off_e + the tokens below t in mask[e] (increasing n within an expert, as
+// moe_plan_place). Thread e owns expert e for the scan of counts and tiles.
+// T <= MOE_ROUTE_MAXT, E <= MOE_ROUTE_MAXE, k <= MOE_MAXK; grid 1, block MOE_ROUTE_THREADS.
+QW_KERNEL void QW_BOUNDS(MOE_ROUTE_THREADS)
+    moe_route_plan(const float* __restrict__ logits, int stride, int E, int k, int T, int bm, int* __restrict__ idx,
+                   float* __restrict__ wout, int* __restrict__ counts, int* __restrict__ rows,
+                   int* __restrict__ slot, int* __restrict__ tiles, int* __restrict__ bad) {
+    QW_GRID_WAIT();
+    QW_GRID_LAUNCH();
+    constexpr int NW = MOE_ROUTE_THREADS / WARP, TPW = (MOE_ROUTE_MAXT + NW - 1) / NW;
+    __shared__ float ps[NW][MOE_ROUTE_MAXE];
+    __shared__ unsigned long long mask[MOE_ROUTE_MAXE];
+    __shared__ int off[MOE_ROUTE_MAXE];
+    __shared__ unsigned long long wsum[NW];
+    const int tid = threadIdx.x, w = tid / WARP, lane = tid % WARP;
+    if (tid < E) mask[tid] = 0;
+    __syncthreads();
+    int ex[TPW];  // this lane's entry of each of its warp's tokens (-1: none, and for lanes >= k)
+#pragma unroll
+    for (int i = 0; i < TPW; i++) ex[i] = -1;
+#pragma unroll
+    for (int i = 0; i < TPW; i++) {
+        const int t = w + NW * i;
+        if (t >= T) break;  // the same for the whole warp
+        int e;
+        float wt;
+        router_topk_token(logits + (size_t)t * stride, E, k, ps[w], &e, &wt);
+        ex[i] = e;
+        if (lane < k) {
+            idx[(size_t)t * k + lane] = e;
+            wout[(size_t)t * k + lane] = wt;
+            if (e >= 0) atomicOr(&mask[e], 1ull << t);
+        }
+    }
+    __syncthreads();
+    // Counts, offsets and tiles as moe_plan_tiles (this thread's expert in place of its four).
+    const int c = tid < E ? __popcll(mask[tid]) : 0;
+    unsigned long long tot, pre = block_excl_scan_u64<MOE_ROUTE_THREADS>(
+        ((unsigned long long)((c + bm - 1) / bm) << 32) + (unsigned)c, wsum, &tot);
+    const int r = (int)(pre & 0xffffffffu), placed = (int)(tot & 0xffffffffu);
+    if (tid < E) {
+        counts[tid] = c;
+        off[tid] = r;
+        int ti = (int)(pre >> 32);
+        for (int r0 = 0; r0 < c; r0 += bm) {
+            int* o = tiles + 1 + 3 * ti++;
+            o[0] = tid;
+            o[1] = r + r0;
+            o[2] = min(bm, c - r0);
+        }
+    }
+    if (tid == 0) {
+        tiles[0] = (int)(tot >> 32);
+        counts[E] = T * k - placed;  // every entry not placed is outside [0, E)
+        *bad = T * k - placed;
+    }
+    for (int p = placed + tid; p < T * k; p += MOE_ROUTE_THREADS) rows[p] = 0;
+    __syncthreads();
+#pragma unroll
+    for (int i = 0; i < TPW; i++) {
+        const int t = w + NW * i;
+        if (ex[i] < 0) continue;
+        const int p = off[ex[i]] + __popcll(mask[ex[i]] & ((1ull << t) - 1));
+        rows[p] = t;
+        slot[(size_t)t * k + lane] = p;
+    }
 }
 
 // hi/lo[i, :] = bf16 split of src[rows[i] * src_stride + (0..dim)], i < n (as

@@ -5,7 +5,9 @@
 // and dynamic shared memory one static buffer, so blocks run one at a time.
 #pragma once
 #include <algorithm>
+#include <atomic>
 #include <barrier>
+#include <bit>
 #include <cmath>
 #include <cstddef>
 #include <cstring>
@@ -127,3 +129,8 @@ inline unsigned min(unsigned a, unsigned b) { return a < b ? a : b; }
 inline unsigned max(unsigned a, unsigned b) { return a > b ? a : b; }
 inline long long min(long long a, long long b) { return a < b ? a : b; }
 inline long long max(long long a, long long b) { return a > b ? a : b; }
+// Shared-memory atomics and bit counts as the kernels use them.
+inline unsigned long long atomicOr(unsigned long long* a, unsigned long long v) {
+    return std::atomic_ref<unsigned long long>(*a).fetch_or(v);
+}
+inline int __popcll(unsigned long long v) { return std::popcount(v); }

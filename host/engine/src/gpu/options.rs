@@ -115,6 +115,11 @@ pub struct GpuOptions {
     /// rows per expert: short prompts, new tokens after a cached prefix);
     /// `false` with `QWASI_MOE_BK64=32` (`moe_gemm_split`, k steps of 32).
     pub moe_k64: bool,
+    /// A batched decode step's router and expert plan in one kernel
+    /// (`moe_route_plan`) where it applies (`model::moe_grouped::
+    /// MoeRoute`); `false` with `QWASI_MOE_PLAN=kernels` (the router and
+    /// `moe_plan_count`, `_place`, `_tiles`: four launches).
+    pub moe_plan_fused: bool,
     /// `false` with `QWASI_ATTN=cuda-cores` (and in HIP builds): prompt
     /// attention without tensor cores (`attn_flash_*`).
     pub tc_attention: bool,
@@ -301,6 +306,7 @@ impl GpuOptions {
                 _ => 256,
             },
             moe_k64: pick("QWASI_MOE_BK64", &["64", "32"])? == "64",
+            moe_plan_fused: pick("QWASI_MOE_PLAN", &["fused", "kernels"])? == "fused",
             tc_attention: cfg!(feature = "cuda") && attn != "cuda-cores",
             wg_attention: attn != "mma",
             wg_split: flag("QWASI_ATTN_SPLIT", true)?,
@@ -375,7 +381,7 @@ mod tests {
         assert_eq!(o.gemm, GemmPath::CublasSplit);
         assert!(o.fused_decode && o.fast_prefill && o.chunked_gdn && o.kv_f32);
         assert!(o.fp8_resident);
-        assert!(o.moe_k64 && o.wg_attention && o.wg_split && o.conv_gdn);
+        assert!(o.moe_k64 && o.moe_plan_fused && o.wg_attention && o.wg_split && o.conv_gdn);
         assert!(o.pinned_host_tier && o.graphs);
         assert_eq!(o.gemm_stack, GemmStack::Decode);
         assert_eq!(o.grouped_moe, cfg!(feature = "cuda"));
@@ -401,6 +407,7 @@ mod tests {
             ("QWASI_MOE", "cublas"),
             ("QWASI_MOE_GEMM", "mma"),
             ("QWASI_MOE_BK64", "32"),
+            ("QWASI_MOE_PLAN", "kernels"),
             ("QWASI_ATTN", "cuda-cores"),
             ("QWASI_ATTN_SPLIT", "0"),
             ("QWASI_KV", "bf16"),
@@ -421,7 +428,10 @@ mod tests {
         .unwrap();
         assert_eq!(o.gemm, GemmPath::Tiled);
         assert!(!o.fused_decode && !o.fast_prefill && !o.chunked_gdn && !o.grouped_moe);
-        assert_eq!((o.moe_wg_cols, o.moe_k64), (0, false));
+        assert_eq!(
+            (o.moe_wg_cols, o.moe_k64, o.moe_plan_fused),
+            (0, false, false)
+        );
         assert!(!o.tc_attention && !o.wg_split && !o.kv_f32 && !o.fp8_resident);
         assert_eq!(o.dec_attn, DecAttnPath::Tensor { ring: 3 });
         assert_eq!(o.gemv, GemvPath::Stream);

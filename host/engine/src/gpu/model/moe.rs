@@ -4,8 +4,9 @@
 //!
 //! Prefill: (1+w) RMSNorm -> one GEMM for the router logits, the shared
 //! expert's gate and its gate/up projections -> SiLU * up -> shared down ->
-//! sigmoid-gated residual add -> router softmax/top-k on the device -> the
-//! routed experts (GEMVs over the k chosen at T = 1, grouped GEMMs over
+//! sigmoid-gated residual add -> router softmax/top-k on the device (for
+//! few tokens on the grouped path, in one kernel with the expert plan) ->
+//! the routed experts (GEMVs over the k chosen at T = 1, grouped GEMMs over
 //! tokens sorted by expert otherwise) adding into the residual. Decode: the
 //! norm inside the input GEMV, routed gate/up with the router's top-k
 //! recomputed per block, then routed + shared down with the residual add in
@@ -129,10 +130,22 @@ impl MoeLayer {
                 i(h),
             )?;
         }
-        // Router.
+        // Router (in the expert plan's kernel where that routes too).
         let idx = sc.get(d, "moe_idx", t * k * 4)?;
         let wts = sc.get(d, "moe_w", t * k * F)?;
-        if fast {
+        let fused = grouped && m.moe_route_fused(n, t, e, k, inter);
+        if !fast {
+            kernels::router_topk(
+                d,
+                Launch::new((t as u32, 1, 1), (256, 1, 1), 0),
+                dptr(inp),
+                i(p),
+                i(e),
+                i(k),
+                dptr(idx),
+                dptr(wts),
+            )?;
+        } else if !fused {
             kernels::router_topk_warp(
                 d,
                 Launch::pdl(((t as u32).div_ceil(8), 1, 1), (256, 1, 1), 0),
@@ -141,17 +154,6 @@ impl MoeLayer {
                 i(e),
                 i(k),
                 i(t),
-                dptr(idx),
-                dptr(wts),
-            )?;
-        } else {
-            kernels::router_topk(
-                d,
-                Launch::new((t as u32, 1, 1), (256, 1, 1), 0),
-                dptr(inp),
-                i(p),
-                i(e),
-                i(k),
                 dptr(idx),
                 dptr(wts),
             )?;
@@ -210,6 +212,7 @@ impl MoeLayer {
                 x,
                 idx,
                 wts,
+                router: fused.then_some((inp, p)),
                 bad: pf.bad_words + 4 * pf.planned as u64,
                 shared: (mixed, gate, p),
                 next: norms.next.map(|w| w.ptr()),

@@ -1,6 +1,7 @@
 //! A prompt's routed experts: every expert's rows grouped and run as GEMMs.
 //! With the split GEMM path, the routing plan is built on the device
-//! (`moe_plan_*`) and each matrix (gate/up, down) is one grouped tensor-core
+//! (`moe_plan_*`; for the few-row tiles one `moe_route_plan` with the
+//! router) and each matrix (gate/up, down) is one grouped tensor-core
 //! launch over the plan's row tiles (`kernels/moe_gemm.cu`, or
 //! `kernels/gemm_rows.cu`'s `moe_rows8` for up to 64 tokens); otherwise
 //! per-expert GEMMs over rows gathered on a plan copied back to the host.
@@ -63,6 +64,12 @@ const MOE_ROWS_BM: usize = 8;
 /// 64 tokens, 16.1 against 18.2 ms per step).
 const MOE_ROWS_MAX: usize = 64;
 
+/// Block size, most tokens and most experts of `moe_route_plan`
+/// (`MOE_ROUTE_*` in kernels/moe.cu).
+const MOE_ROUTE_THREADS: u32 = 512;
+const MOE_ROUTE_MAXT: usize = 64;
+const MOE_ROUTE_MAXE: usize = 512;
+
 /// The most block rows the grouped expert GEMM can need for `nn` rows over
 /// `e` experts in tiles of `bm`: every full tile, plus a partial one per
 /// expert that has rows (at most `min(e, nn)` of them). Its grid is this tall;
@@ -84,6 +91,10 @@ pub(super) struct MoeIo {
     pub x: u64,
     pub idx: u64,
     pub wts: u64,
+    /// The router logits and their row stride where the plan kernel routes
+    /// too (`moe_route_fused`: it writes `idx` and `wts`); `None` when they
+    /// are written already.
+    pub router: Option<(u64, usize)>,
     pub bad: u64,
     /// The shared expert's output rows, its gate logits and their row
     /// stride, added to `x` with the routed experts.
@@ -101,6 +112,42 @@ enum MoePlan {
 }
 
 impl GpuModel {
+    /// The row tile of the grouped expert kernels for `t` tokens' `t * k`
+    /// rows, `None` where they do not fit the shapes (per-expert cuBLAS
+    /// calls): 8 rows for the few-row kernel (batched decode, short
+    /// prompts); else 128-row tiles once experts average that many rows,
+    /// were every expert busy (the counts stay on the device), else 64.
+    fn moe_tile_rows(&self, n: u64, t: usize, e: usize, k: usize, inter: usize) -> Option<usize> {
+        let (h, nn) = (self.cfg.hidden_size, t * k);
+        if !(self.opts.grouped_moe && h.is_multiple_of(MG_BK) && inter.is_multiple_of(MG_BK)) {
+            return None;
+        }
+        Some(if self.rows_kernel_fits(n, t, h, MOE_ROWS_MAX) {
+            MOE_ROWS_BM
+        } else if nn / e.min(nn) >= 128 {
+            128
+        } else {
+            64
+        })
+    }
+
+    /// Whether `moe_grouped_device` routes too, in one kernel with the plan
+    /// (`moe_route_plan`, for the few-row tiles within its limits); the
+    /// caller then leaves the router out and passes `MoeIo::router`.
+    pub(super) fn moe_route_fused(
+        &self,
+        n: u64,
+        t: usize,
+        e: usize,
+        k: usize,
+        inter: usize,
+    ) -> bool {
+        self.opts.moe_plan_fused
+            && t <= MOE_ROUTE_MAXT
+            && e <= MOE_ROUTE_MAXE
+            && self.moe_tile_rows(n, t, e, k, inter) == Some(MOE_ROWS_BM)
+    }
+
     /// Prefill experts with the plan built on the device (`moe_plan_*`: entries
     /// sorted by expert, tokens ascending within one): one gather + hi/lo split of
     /// all `t * k` rows, the grouped split GEMMs over `moe_plan_tiles`' tile
@@ -109,8 +156,10 @@ impl GpuModel {
     /// SiLU*up + split, and `moe_combine` adding each token's `k` outputs in
     /// ascending expert order (as `moe_grouped`'s per-expert scatter-adds do).
     /// Where the grouped kernels do not fit the shapes, per-expert cuBLAS
-    /// calls on the counts copied back. Needs `GemmPath::CublasSplit`.
-    /// `Ok(true)` when the plan stayed on the device (`io.bad` written).
+    /// calls on the counts copied back. With `io.router` (`moe_route_fused`),
+    /// one `moe_route_plan` routes and plans instead of the four launches.
+    /// Needs `GemmPath::CublasSplit`. `Ok(true)` when the plan stayed on the
+    /// device (`io.bad` written).
     #[allow(clippy::too_many_arguments)]
     pub(super) fn moe_grouped_device(
         &self,
@@ -130,68 +179,87 @@ impl GpuModel {
             x,
             idx,
             wts,
+            router,
             bad,
             shared,
             next,
         } = io;
         let nn = t * k;
         let counts = sc.get(d, "plan_counts", (e + 1) * 4)?;
-        kernels::moe_plan_count(
-            d,
-            Launch::pdl(((e + 1) as u32, 1, 1), (256, 1, 1), 0),
-            dptr(idx),
-            i(nn),
-            i(e),
-            dptr(counts),
-        )?;
         let pr = sc.get(d, "plan_rows", nn * 4)?;
         let slot = sc.get(d, "plan_slot", nn * 4)?;
-        kernels::moe_plan_place(
-            d,
-            Launch::pdl((e as u32, 1, 1), (256, 1, 1), 0),
-            dptr(idx),
-            i(nn),
-            i(k),
-            i(e),
-            dptr(counts),
-            dptr(pr),
-            dptr(slot),
-        )?;
-        let plan =
-            if self.opts.grouped_moe && h.is_multiple_of(MG_BK) && inter.is_multiple_of(MG_BK) {
-                // Tiles of 8 rows for the few-row kernel (batched decode,
-                // short prompts); else 128-row tiles once experts average
-                // that many rows, were every expert busy (the counts stay on
-                // the device).
-                let bm = if self.rows_kernel_fits(n, t, h, MOE_ROWS_MAX) {
-                    MOE_ROWS_BM
-                } else if nn / e.min(nn) >= 128 {
-                    128
-                } else {
-                    64
-                };
+        let tiles = match self.moe_tile_rows(n, t, e, k, inter) {
+            Some(bm) => {
                 let most = moe_max_tiles(nn, e, bm);
                 if most > 65_535 {
                     bail!("{most} expert row tiles exceed the grid's 65,535");
                 }
-                let tiles = sc.get(d, "moe_tiles", (1 + 3 * most) * 4)?;
-                kernels::moe_plan_tiles(
+                let buf = sc.get(d, "moe_tiles", (1 + 3 * most) * 4)?;
+                Some((buf, most, bm))
+            }
+            None => None,
+        };
+        match (router, tiles) {
+            (Some((logits, stride)), Some((buf, _, bm))) => kernels::moe_route_plan(
+                d,
+                Launch::pdl((1, 1, 1), (MOE_ROUTE_THREADS, 1, 1), 0),
+                dptr(logits),
+                i(stride),
+                i(e),
+                i(k),
+                i(t),
+                i(bm),
+                dptr(idx),
+                dptr(wts),
+                dptr(counts),
+                dptr(pr),
+                dptr(slot),
+                dptr(buf),
+                dptr(bad),
+            )?,
+            (Some(_), None) => bail!("the fused router and plan need the grouped expert kernels"),
+            (None, _) => {
+                kernels::moe_plan_count(
                     d,
-                    Launch::pdl((1, 1, 1), (256, 1, 1), 0),
-                    dptr(counts),
-                    i(e),
-                    i(bm),
+                    Launch::pdl(((e + 1) as u32, 1, 1), (256, 1, 1), 0),
+                    dptr(idx),
                     i(nn),
-                    dptr(tiles),
-                    dptr(pr),
-                    dptr(bad),
+                    i(e),
+                    dptr(counts),
                 )?;
-                MoePlan::Tiles {
-                    buf: tiles,
-                    most: most as u32,
-                    bm,
+                kernels::moe_plan_place(
+                    d,
+                    Launch::pdl((e as u32, 1, 1), (256, 1, 1), 0),
+                    dptr(idx),
+                    i(nn),
+                    i(k),
+                    i(e),
+                    dptr(counts),
+                    dptr(pr),
+                    dptr(slot),
+                )?;
+                if let Some((buf, _, bm)) = tiles {
+                    kernels::moe_plan_tiles(
+                        d,
+                        Launch::pdl((1, 1, 1), (256, 1, 1), 0),
+                        dptr(counts),
+                        i(e),
+                        i(bm),
+                        i(nn),
+                        dptr(buf),
+                        dptr(pr),
+                        dptr(bad),
+                    )?;
                 }
-            } else {
+            }
+        }
+        let plan = match tiles {
+            Some((buf, most, bm)) => MoePlan::Tiles {
+                buf,
+                most: most as u32,
+                bm,
+            },
+            None => {
                 let mut hc = vec![0i32; e + 1];
                 d.dtoh(&mut hc, counts)?;
                 if hc[e] != 0 {
@@ -199,7 +267,8 @@ impl GpuModel {
                 }
                 hc.truncate(e);
                 MoePlan::Counts(hc)
-            };
+            }
+        };
         // hi | lo bf16 halves of the gathered rows; reused for the f32 expert outputs.
         let xs = sc.get(d, "moe_xs", nn * h * F)?;
         let (hi, lo) = (xs, xs + (nn * h * B) as u64);
@@ -484,6 +553,24 @@ mod tests {
         let (_, wg, _) = moe_gemm_kernel(128, true, 128, true, 2048);
         let (_, mma, _) = moe_gemm_kernel(128, false, 128, true, 2048);
         assert!(wg >= mma, "{wg} < {mma}");
+    }
+
+    #[test]
+    fn route_plan_limits_match_the_kernel() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../kernels/moe.cu");
+        let src = std::fs::read_to_string(path).unwrap();
+        let define = |name: &str| -> usize {
+            let line = src
+                .lines()
+                .find_map(|l| l.strip_prefix(&format!("#define {name} ")))
+                .unwrap_or_else(|| panic!("{name} not in kernels/moe.cu"));
+            line.trim().parse().unwrap()
+        };
+        assert_eq!(define("MOE_ROUTE_THREADS"), MOE_ROUTE_THREADS as usize);
+        assert_eq!(define("MOE_ROUTE_MAXT"), MOE_ROUTE_MAXT);
+        assert_eq!(define("MOE_ROUTE_MAXE"), MOE_ROUTE_MAXE);
+        // The fused plan serves every token count of the few-row kernel.
+        const { assert!(MOE_ROWS_MAX <= MOE_ROUTE_MAXT) };
     }
 
     #[test]
