@@ -117,8 +117,9 @@ pub struct GpuOptions {
     pub moe_k64: bool,
     /// A batched decode step's router and expert plan in one kernel
     /// (`moe_route_plan`) where it applies (`model::moe_grouped::
-    /// MoeRoute`); `false` with `QWASI_MOE_PLAN=kernels` (the router and
-    /// `moe_plan_count`, `_place`, `_tiles`: four launches).
+    /// MoeRoute`) with `QWASI_MOE_PLAN=fused`; by default the router and
+    /// `moe_plan_count`, `_place`, `_tiles` (four launches) until the fused
+    /// kernel is measured on a GPU (checked bit-identical on the CPU).
     pub moe_plan_fused: bool,
     /// `false` with `QWASI_ATTN=cuda-cores` (and in HIP builds): prompt
     /// attention without tensor cores (`attn_flash_*`).
@@ -306,7 +307,7 @@ impl GpuOptions {
                 _ => 256,
             },
             moe_k64: pick("QWASI_MOE_BK64", &["64", "32"])? == "64",
-            moe_plan_fused: pick("QWASI_MOE_PLAN", &["fused", "kernels"])? == "fused",
+            moe_plan_fused: pick("QWASI_MOE_PLAN", &["kernels", "fused"])? == "fused",
             tc_attention: cfg!(feature = "cuda") && attn != "cuda-cores",
             wg_attention: attn != "mma",
             wg_split: flag("QWASI_ATTN_SPLIT", true)?,
@@ -381,7 +382,7 @@ mod tests {
         assert_eq!(o.gemm, GemmPath::CublasSplit);
         assert!(o.fused_decode && o.fast_prefill && o.chunked_gdn && o.kv_f32);
         assert!(o.fp8_resident);
-        assert!(o.moe_k64 && o.moe_plan_fused && o.wg_attention && o.wg_split && o.conv_gdn);
+        assert!(o.moe_k64 && !o.moe_plan_fused && o.wg_attention && o.wg_split && o.conv_gdn);
         assert!(o.pinned_host_tier && o.graphs);
         assert_eq!(o.gemm_stack, GemmStack::Decode);
         assert_eq!(o.grouped_moe, cfg!(feature = "cuda"));
@@ -407,7 +408,7 @@ mod tests {
             ("QWASI_MOE", "cublas"),
             ("QWASI_MOE_GEMM", "mma"),
             ("QWASI_MOE_BK64", "32"),
-            ("QWASI_MOE_PLAN", "kernels"),
+            ("QWASI_MOE_PLAN", "fused"),
             ("QWASI_ATTN", "cuda-cores"),
             ("QWASI_ATTN_SPLIT", "0"),
             ("QWASI_KV", "bf16"),
@@ -430,7 +431,7 @@ mod tests {
         assert!(!o.fused_decode && !o.fast_prefill && !o.chunked_gdn && !o.grouped_moe);
         assert_eq!(
             (o.moe_wg_cols, o.moe_k64, o.moe_plan_fused),
-            (0, false, false)
+            (0, false, true)
         );
         assert!(!o.tc_attention && !o.wg_split && !o.kv_f32 && !o.fp8_resident);
         assert_eq!(o.dec_attn, DecAttnPath::Tensor { ring: 3 });
