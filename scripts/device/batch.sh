@@ -13,8 +13,8 @@
 #      model's short sequences, 8.5 MiB each on the GPU with their 4,096 rows
 #      of KV headroom, fit until they grow; --max-tokens 300,
 #      --expect-preemptions), $OUT/soak.json.
-# Env: QWASI_BIN (.dev/qwasi), BATCHES (1,8,16,32,64), AB_BATCHES (8,16),
-#      AB ("QWASI_PDL=0 QWASI_MOE_PLAN=three"), SOAK_S (90), SOAK_EXTRA.
+# Env: QWASI_BIN (.dev/qwasi), BATCHES (1,8,16,32,64), AB_BATCHES (8,64),
+#      AB ("QWASI_MOE_PLAN=fused QWASI_GEMM_STACK=off"), SOAK_S (90), SOAK_EXTRA.
 set -uo pipefail
 OUT=${OUT:-/tmp/qwasi-out}
 mkdir -p "$OUT"
@@ -30,9 +30,9 @@ echo "== batch at ${BATCHES:-1,8,16,32,64}"
 "$BIN" bench --workload batch $SYN --batches "${BATCHES:-1,8,16,32,64}" --out "$OUT/batch.json" 2>&1 \
   | grep -E "^\[bench\] [0-9]+ prompt" || rc=1
 mkdir -p /tmp/ab
-for sw in default ${AB:-QWASI_PDL=0 QWASI_MOE_PLAN=three}; do
+for sw in default ${AB:-QWASI_MOE_PLAN=fused QWASI_GEMM_STACK=off}; do
   if [ "$sw" = default ]; then envs=(); else envs=("$sw"); fi
-  env "${envs[@]}" "$BIN" bench --workload batch $SYN --batches "${AB_BATCHES:-8,16}" \
+  env "${envs[@]}" "$BIN" bench --workload batch $SYN --batches "${AB_BATCHES:-8,64}" \
     --out "/tmp/ab/$sw.json" > "/tmp/ab/$sw.log" 2>&1 || rc=1
 done
 python3 - "$OUT/batch-ab.json" /tmp/ab/*.json <<'EOF'
