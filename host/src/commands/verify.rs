@@ -220,34 +220,19 @@ mod gpu {
             smoke_report = Some(r);
             // Four prompts of different lengths, batched against alone.
             let vocab = qwasi_engine::backend::Backend::config(&model).vocab_size as u32;
-            let prompts: Vec<Vec<u32>> = [a.prompt_len, 37, 5, 1]
-                .iter()
-                .enumerate()
-                .map(|(k, &len)| {
-                    (0..len as u32)
-                        .map(|t| (t * 7919 + k as u32 * 104_729) % vocab)
-                        .collect()
-                })
-                .collect();
+            let prompts = synthetic_prompts(&[a.prompt_len, 37, 5, 1], 0, vocab);
             let b = batch_check(&model, &prompts, a.gen_tokens)?;
             print_batched(&format!("synthetic {p} batched"), &b);
             all_pass &= b.pass;
             synthetic_batch = Some(b);
             // Wider steps: ten prompts, twenty rows arriving a step apart and
             // decoding 20 tokens each, so up to 20 decode rows run together
-            // (past 16 the projections take the stacked cuBLAS GEMMs). As
-            // few tokens as that allows: on the random 40-layer model the
-            // prompt kernels and the decode step drift apart with length
-            // (0.44 in logprob after 40 tokens).
-            let wide: Vec<Vec<u32>> = [a.prompt_len, 37, 5, 1, 64, 17, 200, 3, 90, 11]
-                .iter()
-                .enumerate()
-                .map(|(k, &len)| {
-                    (0..len as u32)
-                        .map(|t| (t * 7919 + (k as u32 + 4) * 104_729) % vocab)
-                        .collect()
-                })
-                .collect();
+            // (past 16 the projections take the stacked cuBLAS GEMMs). On
+            // some of these prompts of the random 40-layer model the prompt
+            // kernels and the decode step alone differ by 0.44 in logprob,
+            // which the rows' near-tie margins scale with.
+            let lens = [a.prompt_len, 37, 5, 1, 64, 17, 200, 3, 90, 11];
+            let wide = synthetic_prompts(&lens, 4, vocab);
             let w = batch_check_every(&model, &wide, 20, 1)?;
             print_batched(&format!("synthetic {p} batched, wide"), &w);
             all_pass &= w.pass;
@@ -390,6 +375,19 @@ mod gpu {
             mismatch(&r.first_mismatch),
             verdict(r.pass)
         );
+    }
+
+    /// Prompts of the given lengths for the synthetic model, prompt `k`
+    /// seeded by `first + k` (token t: (t 7919 + seed 104,729) mod vocab).
+    fn synthetic_prompts(lens: &[usize], first: u32, vocab: u32) -> Vec<Vec<u32>> {
+        lens.iter()
+            .zip(first..)
+            .map(|(&len, seed)| {
+                (0..len as u32)
+                    .map(|t| (t * 7919 + seed * 104_729) % vocab)
+                    .collect()
+            })
+            .collect()
     }
 
     /// One batched-against-alone report as a line, `what` naming the run.
