@@ -35,6 +35,10 @@ QW_KERNEL void QW_BOUNDS(256) rmsnorm(const float* x, int x_stride, const float*
 // the next block's input norm in one launch (prompt and batched passes),
 // each thread adding the elements it then sums and scales exactly as
 // add_inplace then rmsnorm. Rows of dim, contiguous; one block per row.
+// Rows of up to ROW_REG * blockDim elements stay in registers: the loads of
+// a thread's elements are all in flight at once and the norm does not read
+// the row back (few rows are latency-bound: one block per row).
+#define ROW_REG 8
 QW_KERNEL void QW_BOUNDS(256) add_rmsnorm(float* __restrict__ x, const float* __restrict__ y,
                                           const float* __restrict__ w, float* __restrict__ out, int rows, int dim,
                                           float eps) {
@@ -45,16 +49,43 @@ QW_KERNEL void QW_BOUNDS(256) add_rmsnorm(float* __restrict__ x, const float* __
     if (r >= rows) return;
     float* xr = x + (size_t)r * dim;
     const float* yr = y + (size_t)r * dim;
+    float* o = out + (size_t)r * dim;
+    const int nt = blockDim.x;
+    if (dim <= ROW_REG * nt) {
+        float v[ROW_REG], wv[ROW_REG];
+#pragma unroll
+        for (int m = 0; m < ROW_REG; m++) {
+            const int i = threadIdx.x + m * nt;
+            v[m] = i < dim ? xr[i] + yr[i] : 0.f;
+            wv[m] = i < dim ? w[i] : 0.f;
+        }
+        float ss = 0.f;
+#pragma unroll
+        for (int m = 0; m < ROW_REG; m++) {
+            const int i = threadIdx.x + m * nt;
+            if (i < dim) {
+                xr[i] = v[m];
+                ss += v[m] * v[m];
+            }
+        }
+        ss = block_sum(ss, scratch);
+        const float inv = rsqrtf(ss / dim + eps);
+#pragma unroll
+        for (int m = 0; m < ROW_REG; m++) {
+            const int i = threadIdx.x + m * nt;
+            if (i < dim) o[i] = v[m] * inv * wv[m];
+        }
+        return;
+    }
     float ss = 0.f;
-    for (int i = threadIdx.x; i < dim; i += blockDim.x) {
+    for (int i = threadIdx.x; i < dim; i += nt) {
         const float v = xr[i] + yr[i];
         xr[i] = v;
         ss += v * v;
     }
     ss = block_sum(ss, scratch);
     const float inv = rsqrtf(ss / dim + eps);
-    float* o = out + (size_t)r * dim;
-    for (int i = threadIdx.x; i < dim; i += blockDim.x) o[i] = xr[i] * inv * w[i];
+    for (int i = threadIdx.x; i < dim; i += nt) o[i] = xr[i] * inv * w[i];
 }
 
 // x += y, n elements.

@@ -484,8 +484,14 @@ QW_KERNEL void QW_BOUNDS(256) silu_mul_split(const float* __restrict__ in, long 
 // skipped (moe_plan_tiles reports them). With sy, the shared expert first:
 // x[t, d] += sigmoid(sg[t sg_stride]) sy[t, d] (as add_sigmoid_scaled). With
 // nw, then nout[t] = rmsnorm(x[t]) * nw (the next layer's input norm, as
-// rmsnorm: each thread sums the elements i, i + 256, ... of the stored row).
-// grid T (one token per block), block 256.
+// rmsnorm: each thread sums the elements i, i + blockDim, ... of the row).
+// grid T (one token per block), block 256. Rows of up to COMBINE_REG *
+// blockDim elements stay in registers, a thread holding exactly the
+// elements its norm sums, and the loads of up to COMBINE_BATCH experts are
+// in flight together: with few tokens (one block each) the kernel is
+// latency-bound, and a load after load per expert cost ~15 us at 8 tokens.
+#define COMBINE_REG 8
+#define COMBINE_BATCH 8
 QW_KERNEL void QW_BOUNDS(256) moe_combine(const float* __restrict__ ye, const int* __restrict__ idx,
                                           const float* __restrict__ wts, const int* __restrict__ slot, int T,
                                           int k, int E, int H, float* __restrict__ x, const float* __restrict__ sy,
@@ -495,9 +501,11 @@ QW_KERNEL void QW_BOUNDS(256) moe_combine(const float* __restrict__ ye, const in
     QW_GRID_LAUNCH();
     __shared__ const float* src[MOE_MAXK];
     __shared__ float sw[MOE_MAXK];
+    __shared__ int s_valid;
     __shared__ float scratch[32];
     const int t = blockIdx.x;
     if (t >= T) return;
+    if (threadIdx.x == 0 && k <= 0) s_valid = 0;
     if (threadIdx.x < k) {
         // The k entries in ascending expert order: entry j's place is the
         // count of valid entries before it (k <= MOE_MAXK; one thread each,
@@ -517,48 +525,78 @@ QW_KERNEL void QW_BOUNDS(256) moe_combine(const float* __restrict__ ye, const in
             src[place] = ye + (size_t)slot[n] * H;
             sw[place] = wts[n];
         }
-        if (j >= valid) {
-            src[j] = nullptr;
-            sw[j] = 0.f;
-        }
+        if (j == 0) s_valid = valid;
     }
     __syncthreads();
+    const int nv = s_valid, nt = blockDim.x;
     float* xr = x + (size_t)t * H;
     const float* syr = sy ? sy + (size_t)t * H : nullptr;
     const float gs = sy ? sigmoid_f(sg[(size_t)t * sg_stride]) : 0.f;
-    if ((H & 3) == 0) {
-        for (int c = threadIdx.x; c < H / 4; c += blockDim.x) {
-            float4 acc = ((float4*)xr)[c];
-            if (syr) {
-                const float4 y = ((const float4*)syr)[c];
-                acc.x += gs * y.x;
-                acc.y += gs * y.y;
-                acc.z += gs * y.z;
-                acc.w += gs * y.w;
-            }
-            for (int j = 0; j < k && src[j]; j++) {
-                const float4 y = ((const float4*)src[j])[c];
-                acc.x += sw[j] * y.x;
-                acc.y += sw[j] * y.y;
-                acc.z += sw[j] * y.z;
-                acc.w += sw[j] * y.w;
-            }
-            ((float4*)xr)[c] = acc;
-        }
-    } else {
-        for (int d = threadIdx.x; d < H; d += blockDim.x) {
+    if (H > COMBINE_REG * nt) {
+        for (int d = threadIdx.x; d < H; d += nt) {
             float acc = xr[d];
             if (syr) acc += gs * syr[d];
-            for (int j = 0; j < k && src[j]; j++) acc += sw[j] * src[j][d];
+            for (int j = 0; j < nv; j++) acc += sw[j] * src[j][d];
             xr[d] = acc;
+        }
+        if (!nw) return;
+        __syncthreads();  // the row's other elements are other threads'
+        float ss = 0.f;
+        for (int i = threadIdx.x; i < H; i += nt) ss += xr[i] * xr[i];
+        ss = block_sum(ss, scratch);
+        const float inv = rsqrtf(ss / H + eps);
+        float* o = nout + (size_t)t * H;
+        for (int i = threadIdx.x; i < H; i += nt) o[i] = xr[i] * inv * nw[i];
+        return;
+    }
+    float acc[COMBINE_REG];
+#pragma unroll
+    for (int m = 0; m < COMBINE_REG; m++) {
+        const int d = threadIdx.x + m * nt;
+        acc[m] = d < H ? xr[d] : 0.f;
+    }
+    if (syr) {
+#pragma unroll
+        for (int m = 0; m < COMBINE_REG; m++) {
+            const int d = threadIdx.x + m * nt;
+            if (d < H) acc[m] += gs * syr[d];
+        }
+    }
+    for (int j0 = 0; j0 < nv; j0 += COMBINE_BATCH) {
+        float y[COMBINE_BATCH][COMBINE_REG];
+#pragma unroll
+        for (int b = 0; b < COMBINE_BATCH; b++) {
+            const float* s = j0 + b < nv ? src[j0 + b] : nullptr;
+#pragma unroll
+            for (int m = 0; m < COMBINE_REG; m++) {
+                const int d = threadIdx.x + m * nt;
+                y[b][m] = s && d < H ? s[d] : 0.f;
+            }
+        }
+#pragma unroll
+        for (int b = 0; b < COMBINE_BATCH; b++) {
+            if (j0 + b >= nv) break;
+            const float wj = sw[j0 + b];
+#pragma unroll
+            for (int m = 0; m < COMBINE_REG; m++) acc[m] += wj * y[b][m];
+        }
+    }
+    float ss = 0.f;
+#pragma unroll
+    for (int m = 0; m < COMBINE_REG; m++) {
+        const int d = threadIdx.x + m * nt;
+        if (d < H) {
+            xr[d] = acc[m];
+            ss += acc[m] * acc[m];
         }
     }
     if (!nw) return;
-    __syncthreads();  // the row's other elements are other threads'
-    float ss = 0.f;
-    for (int i = threadIdx.x; i < H; i += blockDim.x) ss += xr[i] * xr[i];
     ss = block_sum(ss, scratch);
     const float inv = rsqrtf(ss / H + eps);
     float* o = nout + (size_t)t * H;
-    for (int i = threadIdx.x; i < H; i += blockDim.x) o[i] = xr[i] * inv * nw[i];
+#pragma unroll
+    for (int m = 0; m < COMBINE_REG; m++) {
+        const int d = threadIdx.x + m * nt;
+        if (d < H) o[d] = acc[m] * inv * nw[d];
+    }
 }

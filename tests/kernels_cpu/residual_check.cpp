@@ -4,8 +4,10 @@
 // moe_combine (kernels/moe.cu: x += sigmoid(g) * shared, then each token's
 // routed outputs in ascending expert order, then out = rmsnorm(x) * w), with
 // and without the shared expert and the norm, entries out of range (-1, E)
-// skipped, k = 1, 8 and 32, H a multiple of 4 (vector path) and not. Exit 1
-// on a mismatch.
+// skipped, k = 1, 8 and 32, rows held in registers (H up to 8 x 256) and
+// longer ones. Each fused norm must also equal the separate kernels bit for
+// bit (add_inplace / the combine without its norm, then rmsnorm), and the
+// combine each element's f32 sum in the kernel's order. Exit 1 on a mismatch.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -49,9 +51,16 @@ static void check_add_rmsnorm(int T, int H, std::mt19937& rng) {
         rms_ref(r, w.data(), H, eps, rn.data());
         for (int d = 0; d < H; d++) en = std::max(en, std::fabs(out[t * H + d] - rn[d]) / (1 + std::fabs(rn[d])));
     }
+    // The same rows through add_inplace then rmsnorm: bit for bit.
+    std::vector<float> xs = x0, outs(T * H, NAN);
+    qw_cpu::launch({(unsigned)(T * H + 255) / 256, 1, 1}, {256, 1, 1},
+                   [&] { add_inplace(xs.data(), y.data(), (long long)T * H); });
+    qw_cpu::launch({(unsigned)T, 1, 1}, {256, 1, 1},
+                   [&] { rmsnorm(xs.data(), H, w.data(), outs.data(), H, T, H, eps); });
+    const bool same = std::equal(x.begin(), x.end(), xs.begin()) && std::equal(out.begin(), out.end(), outs.begin());
     char what[96];
-    std::snprintf(what, sizeof what, "add_rmsnorm T %d H %d", T, H);
-    report(what, ex, en, ex == 0 && en < 1e-5);
+    std::snprintf(what, sizeof what, "add_rmsnorm T %d H %d (= add_inplace, rmsnorm: %s)", T, H, same ? "yes" : "NO");
+    report(what, ex, en, ex == 0 && en < 1e-5 && same);
 }
 
 static void check_combine(int T, int k, int E, int H, bool shared, bool norm, std::mt19937& rng) {
@@ -83,6 +92,30 @@ static void check_combine(int T, int k, int E, int H, bool shared, bool norm, st
         moe_combine(ye.data(), idx.data(), wts.data(), slot.data(), T, k, E, H, x.data(), shared ? sy.data() : nullptr,
                     sg.data(), 3, norm ? w.data() : nullptr, out.data(), eps);
     });
+    // Each element in the kernel's order in f32, and the norm through rmsnorm:
+    // bit for bit.
+    bool same = true;
+    std::vector<float> xf = x0;
+    for (int t = 0; t < T; t++) {
+        std::vector<std::pair<int, int>> live;  // (expert, entry) in ascending order
+        for (int j = 0; j < k; j++)
+            if (idx[t * k + j] >= 0 && idx[t * k + j] < E) live.push_back({idx[t * k + j], j});
+        std::sort(live.begin(), live.end());
+        const float gs = 1.f / (1.f + expf(-sg[t * 3]));
+        for (int d = 0; d < H; d++) {
+            float a = xf[t * H + d];
+            if (shared) a += gs * sy[t * H + d];
+            for (auto [e, j] : live) a += wts[t * k + j] * ye[(size_t)slot[t * k + j] * H + d];
+            xf[t * H + d] = a;
+        }
+    }
+    same = std::equal(x.begin(), x.end(), xf.begin());
+    if (norm) {
+        std::vector<float> outs(T * H, NAN);
+        qw_cpu::launch({(unsigned)T, 1, 1}, {256, 1, 1},
+                       [&] { rmsnorm(xf.data(), H, w.data(), outs.data(), H, T, H, eps); });
+        same = same && std::equal(out.begin(), out.end(), outs.begin());
+    }
     double ex = 0, en = 0;
     std::vector<double> r(H), rn(H);
     for (int t = 0; t < T; t++) {
@@ -104,21 +137,24 @@ static void check_combine(int T, int k, int E, int H, bool shared, bool norm, st
         }
     }
     char what[96];
-    std::snprintf(what, sizeof what, "moe_combine T %d k %d E %d H %d%s%s", T, k, E, H, shared ? " +shared" : "",
-                  norm ? " +norm" : "");
-    report(what, ex, en, ex < 1e-5 && en < 1e-5);
+    std::snprintf(what, sizeof what, "moe_combine T %d k %d E %d H %d%s%s (bit for bit: %s)", T, k, E, H,
+                  shared ? " +shared" : "", norm ? " +norm" : "", same ? "yes" : "NO");
+    report(what, ex, en, ex < 1e-5 && en < 1e-5 && same);
 }
 
 int main() {
     std::mt19937 rng(23);
     check_add_rmsnorm(3, 2048, rng);
-    check_add_rmsnorm(2, 300, rng);  // rows shorter than two passes of the block
+    check_add_rmsnorm(2, 300, rng);   // rows shorter than two passes of the block
+    check_add_rmsnorm(2, 2100, rng);  // longer than the registers hold
     check_combine(4, 8, 256, 2048, true, true, rng);
     check_combine(3, 8, 256, 2048, false, false, rng);
     check_combine(2, 8, 64, 2048, true, false, rng);
     check_combine(2, 8, 64, 2048, false, true, rng);
     check_combine(3, 1, 4, 130, true, true, rng);    // k = 1, H not a multiple of 4
     check_combine(2, 32, 40, 516, true, true, rng);  // k = MOE_MAXK
+    check_combine(2, 11, 64, 2052, true, true, rng); // longer than the registers hold
+    check_combine(2, 13, 64, 1000, true, true, rng); // a partial batch of expert loads
     std::printf("residual_check: %d of %d cases match: %s\n", cases - failures, cases, failures ? "FAIL" : "PASS");
     return failures ? 1 : 0;
 }
