@@ -194,7 +194,10 @@ __device__ __forceinline__ void gemm_rows_fma(const float* __restrict__ X, const
 // (16 MT)) S / GR_WARPS) blocks of GR_WARPS warps (HIP: ceil(B N / 256) of
 // 256). Other shapes were slower on the H200 (batch 8 / 16 / 64, tok/s): 16
 // rows x 8 blocks 747 / 912 / 1,973 and 32 x 8 763 / 928 / 1,971, against
-// 864 / 1,094 / 2,231 for 32 x 4 (with moe_rows8 in the same shape).
+// 864 / 1,094 / 2,231 for 32 x 4 (with moe_rows8 in the same shape). For
+// 9-16 rows, 64 weight rows a warp (MT 4, PF 2: half the activation reads
+// per weight byte) was 3.5% slower at batch 12 and 16 (f274210+): the
+// kernel waits on latency, not on L2.
 #define GEMM_ROWS(NAME, MT, NT, PF)                                                                          \
     QW_KERNEL void QW_BOUNDS(128) NAME(const float* __restrict__ X, const bf16_t* __restrict__ W,           \
                                        float* __restrict__ Y, float* __restrict__ part, int B, int N, int K, \

@@ -71,6 +71,24 @@ pub enum GemvPath {
     Stream,
 }
 
+/// Which batched steps route and plan their experts in one kernel
+/// (`QWASI_MOE_PLAN`). H200, 40-layer synthetic model, against the four
+/// kernels: +1.2% at 8 rows, +0.1% at 16, -0.8% at 32, -2.3% at 64
+/// (`benchmarks/batch-combine-h200-9382271.json`): one block routes every
+/// token, so it pays only while the launches it saves dominate.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MoePlanPath {
+    /// One kernel for up to `MOE_ROUTE_AUTO_MAXT` tokens, four past that.
+    Auto,
+    /// Always the router and three plan kernels.
+    Kernels,
+    /// One kernel wherever it applies (up to 64 tokens).
+    Fused,
+}
+
+/// The most tokens `MoePlanPath::Auto` routes and plans in one kernel.
+pub const MOE_ROUTE_AUTO_MAXT: usize = 8;
+
 /// Where a split projection of 17-64 rows runs as one cuBLAS GEMM over the
 /// stacked hi and lo rows instead of two GEMMs (`QWASI_GEMM_STACK`). On the
 /// H200 the stacked GEMM reads the weights once (batched steps of 32 / 64
@@ -115,12 +133,10 @@ pub struct GpuOptions {
     /// rows per expert: short prompts, new tokens after a cached prefix);
     /// `false` with `QWASI_MOE_BK64=32` (`moe_gemm_split`, k steps of 32).
     pub moe_k64: bool,
-    /// A batched decode step's router and expert plan in one kernel
-    /// (`moe_route_plan`) where it applies (`model::moe_grouped::
-    /// MoeRoute`) with `QWASI_MOE_PLAN=fused`; by default the router and
-    /// `moe_plan_count`, `_place`, `_tiles` (four launches) until the fused
-    /// kernel is measured on a GPU (checked bit-identical on the CPU).
-    pub moe_plan_fused: bool,
+    /// Where a batched step's router and expert plan run in one kernel
+    /// (`moe_route_plan`, `model::moe_grouped::moe_route_fused`) instead of
+    /// the router and `moe_plan_count`, `_place`, `_tiles` (`QWASI_MOE_PLAN`).
+    pub moe_plan: MoePlanPath,
     /// `false` with `QWASI_ATTN=cuda-cores` (and in HIP builds): prompt
     /// attention without tensor cores (`attn_flash_*`).
     pub tc_attention: bool,
@@ -307,7 +323,11 @@ impl GpuOptions {
                 _ => 256,
             },
             moe_k64: pick("QWASI_MOE_BK64", &["64", "32"])? == "64",
-            moe_plan_fused: pick("QWASI_MOE_PLAN", &["kernels", "fused"])? == "fused",
+            moe_plan: match pick("QWASI_MOE_PLAN", &["auto", "kernels", "fused"])? {
+                "kernels" => MoePlanPath::Kernels,
+                "fused" => MoePlanPath::Fused,
+                _ => MoePlanPath::Auto,
+            },
             tc_attention: cfg!(feature = "cuda") && attn != "cuda-cores",
             wg_attention: attn != "mma",
             wg_split: flag("QWASI_ATTN_SPLIT", true)?,
@@ -382,7 +402,8 @@ mod tests {
         assert_eq!(o.gemm, GemmPath::CublasSplit);
         assert!(o.fused_decode && o.fast_prefill && o.chunked_gdn && o.kv_f32);
         assert!(o.fp8_resident);
-        assert!(o.moe_k64 && !o.moe_plan_fused && o.wg_attention && o.wg_split && o.conv_gdn);
+        assert!(o.moe_k64 && o.wg_attention && o.wg_split && o.conv_gdn);
+        assert_eq!(o.moe_plan, MoePlanPath::Auto);
         assert!(o.pinned_host_tier && o.graphs);
         assert_eq!(o.gemm_stack, GemmStack::Decode);
         assert_eq!(o.grouped_moe, cfg!(feature = "cuda"));
@@ -430,8 +451,8 @@ mod tests {
         assert_eq!(o.gemm, GemmPath::Tiled);
         assert!(!o.fused_decode && !o.fast_prefill && !o.chunked_gdn && !o.grouped_moe);
         assert_eq!(
-            (o.moe_wg_cols, o.moe_k64, o.moe_plan_fused),
-            (0, false, true)
+            (o.moe_wg_cols, o.moe_k64, o.moe_plan),
+            (0, false, MoePlanPath::Fused)
         );
         assert!(!o.tc_attention && !o.wg_split && !o.kv_f32 && !o.fp8_resident);
         assert_eq!(o.dec_attn, DecAttnPath::Tensor { ring: 3 });

@@ -11,6 +11,7 @@ use super::weights::DevMat;
 use super::{B, F, GpuModel, Scratch};
 use crate::gpu::kernels::{self, Launch, Typed, sig, typed};
 use crate::gpu::{dptr, i};
+use crate::gpu::options::{MOE_ROUTE_AUTO_MAXT, MoePlanPath};
 use anyhow::{Result, bail};
 
 /// Column tile, k step and pipeline stages of `moe_gemm_split*`
@@ -142,7 +143,12 @@ impl GpuModel {
         k: usize,
         inter: usize,
     ) -> bool {
-        self.opts.moe_plan_fused
+        let wanted = match self.opts.moe_plan {
+            MoePlanPath::Kernels => false,
+            MoePlanPath::Fused => true,
+            MoePlanPath::Auto => t <= MOE_ROUTE_AUTO_MAXT,
+        };
+        wanted
             && t <= MOE_ROUTE_MAXT
             && e <= MOE_ROUTE_MAXE
             && self.moe_tile_rows(n, t, e, k, inter) == Some(MOE_ROWS_BM)
