@@ -238,11 +238,16 @@ GEMM_ROWS_FP8(gemm_rows16_fp8, GR_MT, 2, 4)
 // slots, no request before the wait: the tiles are the predecessor's) were
 // slower than moe_rows8 on the H200 (batch 8: 764 against 866 tok/s).
 #define RB_ROWS 8
-#define RB_KB 8  // k32 blocks per warp
+#define RB_KB 8  // k32 blocks per warp (8 rows; 16 rows: RB_KB / 2)
 #define RB_PAD 4
-#define RB_MAX_WARPS 16  // K <= 4096
+#define RB_MAX_WARPS 16  // K <= 4096 (16 rows: 2048)
 
 #if defined(QW_CUDA) || defined(QW_CPU)
+// NT tiles of 8 activation rows (B <= 8 NT), KB k32 blocks per warp: warp w
+// owns columns [32 KB w, 32 KB (w + 1)), blockDim = K / KB. The activations
+// stay in registers (2 NT KB x 4 words a lane), hence fewer columns a warp
+// for 16 rows.
+template <int NT, int KB>
 __device__ __forceinline__ void rows_bulk_impl(const float* __restrict__ X, const bf16_t* __restrict__ W,
                                                float* __restrict__ Y, int B, int N, int K, int accumulate,
                                                int stages) {
@@ -279,11 +284,15 @@ __device__ __forceinline__ void rows_bulk_impl(const float* __restrict__ X, cons
     QW_GRID_LAUNCH();
     const int lane = threadIdx.x % WARP, w = threadIdx.x / WARP, g = lane >> 2, c = lane & 3;
     const int nw = (int)blockDim.x / WARP;
-    unsigned hi[RB_KB][4], lo[RB_KB][4];
+    unsigned hi[KB][NT][4], lo[KB][NT][4];
 #pragma unroll
-    for (int i = 0; i < RB_KB; i++)
-        gr_split8(X + (size_t)(g < B ? g : 0) * K + (w * RB_KB + i) * 32 + c * 8, g < B, hi[i], lo[i]);
-    __shared__ float part[2][RB_MAX_WARPS * 64];
+    for (int i = 0; i < KB; i++)
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            const int b = t * 8 + g;
+            gr_split8(X + (size_t)(b < B ? b : 0) * K + (w * KB + i) * 32 + c * 8, b < B, hi[i][t], lo[i][t]);
+        }
+    __shared__ float part[2][RB_MAX_WARPS * 64 * NT];
     for (int it = 0; it < n; it++) {
         const int s = it % stages, nr = slot_rows(it);
 #if defined(QW_BULK)
@@ -292,44 +301,50 @@ __device__ __forceinline__ void rows_bulk_impl(const float* __restrict__ X, cons
         fill(it);
         __syncthreads();
 #endif
-        const uint4* sw = ring + (size_t)s * slot16 + g * pitch + w * RB_KB * 4 + c;
-        // Four accumulators (k16 step x hi/lo): one chain of 32 dependent
+        const uint4* sw = ring + (size_t)s * slot16 + g * pitch + w * KB * 4 + c;
+        // Four accumulators a tile (k16 step x hi/lo): one chain of 32 dependent
         // mma per slot made the kernel latency-bound (1.2-1.7 TB/s on the H200).
-        float acc[4][4] = {};
+        float acc[4][NT][4] = {};
 #pragma unroll
-        for (int i = 0; i < RB_KB; i++) {
+        for (int i = 0; i < KB; i++) {
             const uint4 wv = g < nr ? sw[i * 4] : make_uint4(0u, 0u, 0u, 0u);
             const unsigned* w0 = (const unsigned*)&wv;
 #pragma unroll
             for (int st = 0; st < 2; st++) {
                 const unsigned a[4] = {w0[2 * st], 0u, w0[2 * st + 1], 0u};
-                mma_16816(acc[2 * st], a, hi[i][2 * st], hi[i][2 * st + 1]);
-                mma_16816(acc[2 * st + 1], a, lo[i][2 * st], lo[i][2 * st + 1]);
+#pragma unroll
+                for (int t = 0; t < NT; t++) {
+                    mma_16816(acc[2 * st][t], a, hi[i][t][2 * st], hi[i][t][2 * st + 1]);
+                    mma_16816(acc[2 * st + 1][t], a, lo[i][t][2 * st], lo[i][t][2 * st + 1]);
+                }
             }
         }
-        // c0, c1: slot row g, activation rows 2c, 2c + 1 (c2, c3: the zero rows).
-        float* pt = part[it & 1] + w * 64 + g * 8 + 2 * c;
-        pt[0] = (acc[0][0] + acc[1][0]) + (acc[2][0] + acc[3][0]);
-        pt[1] = (acc[0][1] + acc[1][1]) + (acc[2][1] + acc[3][1]);
+        // c0, c1: slot row g, activation rows t 8 + 2c, + 1 (c2, c3: the zero rows).
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            float* pt = part[it & 1] + (w * NT + t) * 64 + g * 8 + 2 * c;
+            pt[0] = (acc[0][t][0] + acc[1][t][0]) + (acc[2][t][0] + acc[3][t][0]);
+            pt[1] = (acc[0][t][1] + acc[1][t][1]) + (acc[2][t][1] + acc[3][t][1]);
+        }
         __syncthreads();  // the slot is read and the partials are in
 #if defined(QW_BULK)
         if (threadIdx.x == 0 && it + stages < n) fill(it + stages);
 #endif
-        for (int o = threadIdx.x; o < 64; o += blockDim.x) {
-            const int row = o >> 3, b = o & 7;
+        for (int o = threadIdx.x; o < 64 * NT; o += blockDim.x) {
+            const int t = o >> 6, row = (o >> 3) & 7, b = t * 8 + (o & 7);
             if (row < nr && b < B) {
                 float d = 0.f;
-                for (int q = 0; q < nw; q++) d += part[it & 1][q * 64 + o];
+                for (int q = 0; q < nw; q++) d += part[it & 1][(q * NT + t) * 64 + (o & 63)];
                 const size_t at = (size_t)b * N + (size_t)(g0 + it) * RB_ROWS + row;
                 Y[at] = accumulate ? Y[at] + d : d;
             }
         }
     }
 }
-#define RB_BODY rows_bulk_impl(X, W, Y, B, N, K, accumulate, stages)
+#define RB_BODY(NT, KB) rows_bulk_impl<NT, KB>(X, W, Y, B, N, K, accumulate, stages)
 #else
 // Not launched without tensor cores (ops.rs takes it on CUDA only).
-#define RB_BODY
+#define RB_BODY(NT, KB)
 #endif
 
 // Y [B][N] (+)= X [B][K] . W [N][K]^T for B <= 8, K a multiple of 256 up to
@@ -339,7 +354,15 @@ __device__ __forceinline__ void rows_bulk_impl(const float* __restrict__ X, cons
 QW_KERNEL void QW_BOUNDS(512) gemm_rows_bulk(const float* __restrict__ X, const bf16_t* __restrict__ W,
                                              float* __restrict__ Y, int B, int N, int K, int accumulate,
                                              int stages) {
-    RB_BODY;
+    RB_BODY(1, RB_KB);
+}
+
+// The same for 9-16 rows: K a multiple of 128 up to 2,048, block K / 4
+// threads (each warp 128 columns of both row tiles' activations).
+QW_KERNEL void QW_BOUNDS(512) gemm_rows_bulk16(const float* __restrict__ X, const bf16_t* __restrict__ W,
+                                               float* __restrict__ Y, int B, int N, int K, int accumulate,
+                                               int stages) {
+    RB_BODY(2, RB_KB / 2);
 }
 
 // The routed experts of a batched decode step (or a short prompt): rows

@@ -6,7 +6,7 @@
 // 64; N 48 (past the last 32-row group), 64 and 200; K 32 (one step), 96 and
 // 256 split into 1, 2 and 4 slices; with and without accumulate. Y past the
 // B N outputs is a canary that must stay untouched. Then moe_rows8, the
-// routed experts' variant over moe_plan_tiles' table, and gemm_rows_bulk (the
+// routed experts' variant over moe_plan_tiles' table, and gemm_rows_bulk(16) (the
 // weights through a shared-memory ring, copied by the block here), then the
 // block-FP8 forms. Exit 1 on a mismatch.
 #include <cmath>
@@ -185,6 +185,33 @@ int main() {
                     bad++;
                     std::printf("gemm_rows_bulk B %d N %3d K %3d stages %d blocks %d acc %d: FAIL (%d wrong)\n", B, N,
                                 K, stages, blocks, accumulate, wrong);
+                }
+            }
+    // gemm_rows_bulk16: 9-16 rows (two row tiles), K 128 (one warp of 128
+    // columns) and 256 (two), the same N, rings and grids.
+    for (int B : {9, 12, 16})
+        for (int N : {8, 13, 200})
+            for (int K : {128, 256}) {
+                const int grids[] = {1, 3, 64};
+                const int stages = 1 + turn % 3, accumulate = turn % 2;
+                const int slots = (N + RB_ROWS - 1) / RB_ROWS, blocks = std::min(grids[turn / 3 % 3], slots);
+                turn++;
+                std::vector<float> X((size_t)B * K), Y((size_t)B * N + CANARY);
+                std::vector<bf16_t> W((size_t)N * K);
+                for (auto& v : X) v = nd(rng);
+                for (auto& v : W) v = f2bf(nd(rng));
+                for (auto& v : Y) v = nd(rng);
+                const std::vector<float> Y0 = Y;
+                qw_cpu::launch({(unsigned)blocks, 1, 1}, {(unsigned)K / 4, 1, 1}, [&] {
+                    gemm_rows_bulk16(X.data(), W.data(), Y.data(), B, N, K, accumulate, stages);
+                });
+                double worst = 0;
+                const int wrong = rows_wrong(X, W, Y, Y0, B, N, K, accumulate, &worst);
+                n_cases++;
+                if (wrong) {
+                    bad++;
+                    std::printf("gemm_rows_bulk16 B %d N %3d K %3d stages %d blocks %d acc %d: FAIL (%d wrong)\n", B,
+                                N, K, stages, blocks, accumulate, wrong);
                 }
             }
     // Block-FP8 weights (gemm_rows8_fp8, gemm_rows16_fp8, moe_rows8_fp8):

@@ -189,6 +189,9 @@ pub struct GpuOptions {
     /// (`gemm_rows_bulk`, where the GPU has bulk copies); `false` with
     /// `QWASI_GEMM_ROWS=rows` (`gemm_rows8`, register loads).
     pub rows_bulk: bool,
+    /// 9..=16 rows through the ring too (`gemm_rows_bulk16`); `false` with
+    /// `QWASI_GEMM_ROWS=bulk8` (`gemm_rows16`) or `rows`.
+    pub rows_bulk16: bool,
     /// Where split projections of 17-64 rows run as one cuBLAS GEMM over
     /// the stacked hi and lo rows, reading the weights once
     /// (`QWASI_GEMM_STACK=decode|off|on`; [`GemmStack`]).
@@ -289,7 +292,7 @@ impl GpuOptions {
                  tc-ring, tc-ring2, tc-ring3, tc-ring4, ring, direct, keys, keys1"
             ),
         };
-        let rows = pick("QWASI_GEMM_ROWS", &["bulk", "rows", "cublas"])?;
+        let rows = pick("QWASI_GEMM_ROWS", &["bulk", "bulk8", "rows", "cublas"])?;
         let gemv = match pick("QWASI_GEMV", &["bulk", "rows", "stream"])? {
             "rows" => GemvPath::Rows,
             "stream" => GemvPath::Stream,
@@ -307,7 +310,8 @@ impl GpuOptions {
             fused_decode: pick("QWASI_DECODE", &["fused", "unfused"])? == "fused",
             batch_decode: pick("QWASI_BATCH", &["batched", "serial"])? == "batched",
             gemm_rows: rows != "cublas",
-            rows_bulk: rows == "bulk",
+            rows_bulk: rows == "bulk" || rows == "bulk8",
+            rows_bulk16: rows == "bulk",
             gemm_stack: match pick("QWASI_GEMM_STACK", &["decode", "off", "on"])? {
                 "off" => GemmStack::Off,
                 "on" => GemmStack::On,
@@ -405,6 +409,9 @@ mod tests {
         assert!(o.moe_k64 && o.wg_attention && o.wg_split && o.conv_gdn);
         assert_eq!(o.moe_plan, MoePlanPath::Auto);
         assert!(o.pinned_host_tier && o.graphs);
+        assert!(o.gemm_rows && o.rows_bulk && o.rows_bulk16);
+        let o8 = parse(&[("QWASI_GEMM_ROWS", "bulk8")]).unwrap();
+        assert!(o8.gemm_rows && o8.rows_bulk && !o8.rows_bulk16);
         assert_eq!(o.gemm_stack, GemmStack::Decode);
         assert_eq!(o.grouped_moe, cfg!(feature = "cuda"));
         assert_eq!(o.tc_attention, cfg!(feature = "cuda"));

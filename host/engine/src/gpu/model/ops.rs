@@ -34,8 +34,9 @@ enum RowsWeights {
     Fp8 { q: u64, s: u64 },
 }
 
-/// A launch shape of `gemm_rows_bulk` (`rows_bulk_plan`).
+/// A launch shape of `gemm_rows_bulk` or `gemm_rows_bulk16` (`rows_bulk_plan`).
 struct RowsBulk {
+    kernel: kernels::Kernel,
     threads: u32,
     smem: u32,
     stages: usize,
@@ -241,7 +242,12 @@ impl GpuModel {
             && let Some(p) = self.rows_bulk_plan(t, w, cols)
         {
             let grid = (rows.div_ceil(8) as u32).min(p.resident);
-            return kernels::gemm_rows_bulk(
+            let kernel = if p.kernel == kernels::Kernel::gemm_rows_bulk {
+                kernels::gemm_rows_bulk
+            } else {
+                kernels::gemm_rows_bulk16
+            };
+            return kernel(
                 d,
                 Launch::pdl((grid, 1, 1), (p.threads, 1, 1), p.smem),
                 dptr(x),
@@ -336,21 +342,26 @@ impl GpuModel {
         Ok(())
     }
 
-    /// The ring of `gemm_rows_bulk` for `t` rows of a matrix of `cols`
-    /// columns at `w`: slots, dynamic shared memory and how many blocks are
-    /// resident at once;
-    /// `None` where it does not apply: more than 8 rows, no bulk copies,
-    /// columns not a multiple of 256 up to 4,096 (a warp per 256),
-    /// unaligned weights. Slots of 8 rows, `QWASI_BULK_STAGES` of them as
-    /// they fit beside the kernel's 8.3 KB of static shared memory.
+    /// The ring of `gemm_rows_bulk` (2-8 rows) or `gemm_rows_bulk16` (9-16)
+    /// for `t` rows of a matrix of `cols` columns at `w`: slots, dynamic
+    /// shared memory and how many blocks are resident at once; `None` where
+    /// it does not apply: no bulk copies, more rows than `QWASI_GEMM_ROWS`
+    /// takes through the ring, columns not whole warps' (256 a warp up to
+    /// 4,096 columns; 128 up to 2,048 for 9-16 rows, whose activations take
+    /// twice the registers), unaligned weights. Slots of 8 rows,
+    /// `QWASI_BULK_STAGES` of them as they fit beside the kernel's static
+    /// shared memory (8.3 KB; 16.3 KB for 9-16 rows).
     fn rows_bulk_plan(&self, t: usize, w: u64, cols: usize) -> Option<RowsBulk> {
-        const STATIC_SMEM: usize = 9 << 10;
         let d = &self.dev;
+        let (kernel, warp_cols, max_cols, static_smem) = match t {
+            ..=8 => (kernels::Kernel::gemm_rows_bulk, 256, 4096, 9 << 10),
+            9..=16 if self.opts.rows_bulk16 => (kernels::Kernel::gemm_rows_bulk16, 128, 2048, 17 << 10),
+            _ => return None,
+        };
         if !self.opts.rows_bulk
             || !d.bulk_copies()
-            || t > 8
-            || !cols.is_multiple_of(256)
-            || cols > 4096
+            || !cols.is_multiple_of(warp_cols)
+            || cols > max_cols
             || !w.is_multiple_of(16)
         {
             return None;
@@ -359,16 +370,17 @@ impl GpuModel {
         let stages = self
             .opts
             .bulk_stages
-            .min(d.max_shared_per_block().saturating_sub(STATIC_SMEM) / slot);
+            .min(d.max_shared_per_block().saturating_sub(static_smem) / slot);
         if stages == 0 {
             return None;
         }
-        let (threads, smem) = ((cols / 8) as u32, (stages * slot) as u32);
+        let (threads, smem) = ((cols * 32 / warp_cols) as u32, (stages * slot) as u32);
         Some(RowsBulk {
+            kernel,
             threads,
             smem,
             stages,
-            resident: d.occupancy(kernels::Kernel::gemm_rows_bulk, threads, smem) * d.sm_count,
+            resident: d.occupancy(kernel, threads, smem) * d.sm_count,
         })
     }
 
