@@ -10,8 +10,8 @@ use super::fp8::Slot;
 use super::weights::DevMat;
 use super::{B, F, GpuModel, Scratch};
 use crate::gpu::kernels::{self, Launch, Typed, sig, typed};
-use crate::gpu::{dptr, i};
 use crate::gpu::options::{MOE_ROUTE_AUTO_MAXT, MoePlanPath};
+use crate::gpu::{dptr, i};
 use anyhow::{Result, bail};
 
 /// Column tile, k step and pipeline stages of `moe_gemm_split*`

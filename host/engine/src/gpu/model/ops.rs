@@ -355,7 +355,9 @@ impl GpuModel {
         let d = &self.dev;
         let (kernel, warp_cols, max_cols, static_smem) = match t {
             ..=8 => (kernels::Kernel::gemm_rows_bulk, 256, 4096, 9 << 10),
-            9..=16 if self.opts.rows_bulk16 => (kernels::Kernel::gemm_rows_bulk16, 128, 2048, 17 << 10),
+            9..=16 if self.opts.rows_bulk16 => {
+                (kernels::Kernel::gemm_rows_bulk16, 128, 2048, 17 << 10)
+            }
             _ => return None,
         };
         if !self.opts.rows_bulk
