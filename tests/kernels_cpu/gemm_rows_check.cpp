@@ -158,13 +158,16 @@ int main() {
             }
         }
     // gemm_rows_bulk: 2-8 rows, N past the last 8-row slot (13, 200) and one
-    // slot (8), K 256 (one warp) and 512 (two); rings of 1-3 slots, one block
-    // or several (down to one slot each), with and without accumulate, in
-    // turn over the cases.
+    // slot (8), K 256 (one warp) and 512 (two); gemm_rows_bulk16: 9-16 rows
+    // (two row tiles), K 128 (one warp of 128 columns) and 256 (two). Rings
+    // of 1-3 slots, one block or several (down to one slot each), with and
+    // without accumulate, in turn over the cases.
     int turn = 0;
-    for (int B : {2, 7, 8})
+    for (int B : {2, 7, 8, 9, 12, 16})
         for (int N : {8, 13, 200})
-            for (int K : {256, 512}) {
+            for (int kw : {1, 2}) {
+                const bool two = B > 8;  // gemm_rows_bulk16: 128 columns a warp
+                const int K = kw * (two ? 128 : 256);
                 const int grids[] = {1, 3, 64};
                 const int stages = 1 + turn % 3, accumulate = turn % 2;
                 const int slots = (N + RB_ROWS - 1) / RB_ROWS, blocks = std::min(grids[turn / 3 % 3], slots);
@@ -175,43 +178,17 @@ int main() {
                 for (auto& v : W) v = f2bf(nd(rng));
                 for (auto& v : Y) v = nd(rng);
                 const std::vector<float> Y0 = Y;
-                qw_cpu::launch({(unsigned)blocks, 1, 1}, {(unsigned)K / 8, 1, 1}, [&] {
-                    gemm_rows_bulk(X.data(), W.data(), Y.data(), B, N, K, accumulate, stages);
+                qw_cpu::launch({(unsigned)blocks, 1, 1}, {(unsigned)K / (two ? 4 : 8), 1, 1}, [&] {
+                    (two ? gemm_rows_bulk16 : gemm_rows_bulk)(X.data(), W.data(), Y.data(), B, N, K, accumulate,
+                                                              stages);
                 });
                 double worst = 0;
                 const int wrong = rows_wrong(X, W, Y, Y0, B, N, K, accumulate, &worst);
                 n_cases++;
                 if (wrong) {
                     bad++;
-                    std::printf("gemm_rows_bulk B %d N %3d K %3d stages %d blocks %d acc %d: FAIL (%d wrong)\n", B, N,
-                                K, stages, blocks, accumulate, wrong);
-                }
-            }
-    // gemm_rows_bulk16: 9-16 rows (two row tiles), K 128 (one warp of 128
-    // columns) and 256 (two), the same N, rings and grids.
-    for (int B : {9, 12, 16})
-        for (int N : {8, 13, 200})
-            for (int K : {128, 256}) {
-                const int grids[] = {1, 3, 64};
-                const int stages = 1 + turn % 3, accumulate = turn % 2;
-                const int slots = (N + RB_ROWS - 1) / RB_ROWS, blocks = std::min(grids[turn / 3 % 3], slots);
-                turn++;
-                std::vector<float> X((size_t)B * K), Y((size_t)B * N + CANARY);
-                std::vector<bf16_t> W((size_t)N * K);
-                for (auto& v : X) v = nd(rng);
-                for (auto& v : W) v = f2bf(nd(rng));
-                for (auto& v : Y) v = nd(rng);
-                const std::vector<float> Y0 = Y;
-                qw_cpu::launch({(unsigned)blocks, 1, 1}, {(unsigned)K / 4, 1, 1}, [&] {
-                    gemm_rows_bulk16(X.data(), W.data(), Y.data(), B, N, K, accumulate, stages);
-                });
-                double worst = 0;
-                const int wrong = rows_wrong(X, W, Y, Y0, B, N, K, accumulate, &worst);
-                n_cases++;
-                if (wrong) {
-                    bad++;
-                    std::printf("gemm_rows_bulk16 B %d N %3d K %3d stages %d blocks %d acc %d: FAIL (%d wrong)\n", B,
-                                N, K, stages, blocks, accumulate, wrong);
+                    std::printf("gemm_rows_bulk%s B %d N %3d K %3d stages %d blocks %d acc %d: FAIL (%d wrong)\n",
+                                two ? "16" : "", B, N, K, stages, blocks, accumulate, wrong);
                 }
             }
     // Block-FP8 weights (gemm_rows8_fp8, gemm_rows16_fp8, moe_rows8_fp8):
