@@ -456,6 +456,7 @@ fn imp(a: &SpeedArgs, runs: usize, out: &Path) -> Result<()> {
         "preset": a.synthetic,
         "layers": model.config().num_layers(),
         "kv_cache": if model.kv_f32 { "f32" } else { "bf16" },
+        "prefill_precision": model.prefill_precision().name(),
         "device_memory": "the whole device as cudaMemGetInfo sees it: used after each length's runs, peak sampled every 20 ms while they ran",
         "seed": "0x515741534931",
         "load_s": load_s,
