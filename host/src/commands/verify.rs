@@ -474,7 +474,8 @@ mod gpu {
                 sci(r.kl_bf16ref_gpu),
                 sci(r.kl_ref_bf16ref),
                 r.top1_agree,
-                r.bf16ref_top1_agree.map_or("-".to_string(), |a| a.to_string()),
+                r.bf16ref_top1_agree
+                    .map_or("-".to_string(), |a| a.to_string()),
                 r.max_dlogprob_top8,
                 r.decisive_agree,
                 r.decisive_steps,
@@ -489,13 +490,11 @@ mod gpu {
         if let Some(p) = json {
             std::fs::write(
                 p,
-                serde_json::to_string_pretty(
-                    &serde_json::json!({
-                        "prefill_precision": cmp.prefill.name(),
-                        "compare": reports,
-                        "pass": all,
-                    }),
-                )?,
+                serde_json::to_string_pretty(&serde_json::json!({
+                    "prefill_precision": cmp.prefill.name(),
+                    "compare": reports,
+                    "pass": all,
+                }))?,
             )?;
         }
         println!("compare: {}", verdict(all));

@@ -554,6 +554,22 @@ mod tests {
         }
     }
 
+    /// The command line's flag stands in for the variable, once per process.
+    /// (The only test that sets it: the lib tests load no GPU model.)
+    #[test]
+    fn the_flag_wins_and_is_set_once() {
+        set_prefill_precision(PrefillPrecision::Bf16).unwrap();
+        set_prefill_precision(PrefillPrecision::Bf16).unwrap();
+        let err = set_prefill_precision(PrefillPrecision::Split).unwrap_err();
+        assert!(err.to_string().contains("is bf16 already"), "{err}");
+        assert_eq!(
+            GpuOptions::from_env().unwrap().prefill,
+            PrefillPrecision::Bf16
+        );
+        let err = PrefillPrecision::parse("--prefill-precision", "fp16").unwrap_err();
+        assert!(err.to_string().contains("takes split, bf16"), "{err}");
+    }
+
     #[cfg(not(feature = "experiments"))]
     #[test]
     fn stage_skipping_needs_the_experiments_build() {

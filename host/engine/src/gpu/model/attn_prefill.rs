@@ -13,7 +13,10 @@
 //! (kernels/attention_wg.cu) computes the same on warpgroup MMA: the values
 //! are transposed first (`attn_kv_split_t`, which also writes the keys' hi /
 //! lo planes of an f32 cache; `attn_v_transpose_bf16`), so both products read
-//! their operands K-major. `QWASI_ATTN=mma` keeps the mma.sync kernel there
+//! their operands K-major. With `--prefill-precision bf16` (`single_bf16`)
+//! it is `attn_flash_wg_single_*` instead: one bf16 term per operand
+//! (S = Qh·Kh, O += Ph·Vh) over either cache's hi planes.
+//! `QWASI_ATTN=mma` keeps the mma.sync kernel there
 //! (`scripts/device/attn_wg.sh` compares the two); the CPU harness runs both,
 //! the warpgroup one on emulated wgmma.
 //!
@@ -108,7 +111,10 @@ mod tc {
         };
         let kv_planes = if kv_f32 && !single { 2 } else { 1 };
         let q_planes = if single { 1 } else { 2 };
-        Some((name, (q_planes * WG_ROWS * hd + kv_planes * 3 * BK * hd) * 2))
+        Some((
+            name,
+            (q_planes * WG_ROWS * hd + kv_planes * 3 * BK * hd) * 2,
+        ))
     }
 }
 

@@ -283,8 +283,8 @@ impl GpuModel {
         };
         // `--prefill-precision bf16`: the hi terms alone (one product per tile
         // or expert), except on the few-row kernel, which stays split.
-        let single = self.single_bf16(sc)
-            && !matches!(plan, MoePlan::Tiles { bm, .. } if bm == MOE_ROWS_BM);
+        let single =
+            self.single_bf16(sc) && !matches!(plan, MoePlan::Tiles { bm, .. } if bm == MOE_ROWS_BM);
         // hi | lo bf16 halves of the gathered rows; reused for the f32 expert
         // outputs. (Single, the lo halves are written and not read: the split
         // kernels are shared with the batched steps.)
