@@ -7,6 +7,9 @@
 // by side (its two 32-column halves are summed after), so each k16 step reads
 // Qh from shared memory once for both terms. A bf16 cache is exact in its hi
 // plane (Kl = Vl = 0): `_bf16` skips those terms (LO = false).
+// `attn_flash_wg_single_*` (`--prefill-precision bf16`; QL = false, LO = false)
+// takes one bf16 term of each operand: S = Qh Kh, O += Ph Vh, over the hi
+// planes of either cache (no Q lo plane in shared memory).
 //
 // Rows as in attn_flash_tc: a block takes 128 consecutive (query, q head) pairs
 // p = t * G + hg of one kv head; warpgroup h (threads 128h..) owns rows
@@ -16,10 +19,10 @@
 // adjacent n8 tiles of P are the register A fragment of one k16 step of P V.
 //
 // Shared memory (bytes; every tile K-major in the 64-byte swizzle, `wg_desc_sw64`):
-//   Q  [hi, lo][HD / 32 slabs][128 rows][64 B]   HD * 512
+//   Q  [hi, lo][HD / 32 slabs][128 rows][64 B]   HD * 512 (single: hi, HD * 256)
 //   K  [HD / 32 slabs][Kh keys 0..31, (LO) Kl keys 0..31][64 B]   HD * 128 (LO) or 64
 //   Vt 2 x [hi, (LO) lo][HD rows (d)][64 B: 32 keys]   HD * 256 (LO) or 128
-// (HD 256: 229,376 bytes, bf16 cache 180,224). P V needs V with the keys along
+// (HD 256: 229,376 bytes, bf16 cache 180,224, single 114,688). P V needs V with the keys along
 // k: `attn_kv_split_t` writes the f32 cache's values transposed, [nkv][HD][ldp]
 // hi and lo planes (zeros from the last key to ldp), with the keys' hi / lo
 // planes [pos][nkv][HD]; for a bf16 cache `attn_v_transpose_bf16` writes the
@@ -83,11 +86,13 @@ __device__ __forceinline__ void wg_load_v(unsigned char* Vs, const bf16_t* __res
 }
 
 // S of one tile for this warpgroup's 64 rows, issued (one commit group, not
-// waited for): sa = Qh [Kh | Kl] (64 columns; without LO Qh Kh, 32), sb = Ql Kh.
-template <int HD, bool LO>
+// waited for): sa = Qh [Kh | Kl] (64 columns; without LO Qh Kh, 32), sb = Ql Kh
+// (QL; zero without).
+template <int HD, bool LO, bool QL>
 __device__ __forceinline__ void wg_issue_scores(float (&sa)[32], float (&sb)[16], const unsigned char* Qs,
                                                 const unsigned char* Ks, int h) {
     constexpr int SLABS = HD / 32, QSLAB = WG_ROWS * 64, QPLANE = SLABS * QSLAB, KSLAB = (LO ? 2 : 1) * WG_BK * 64;
+    (void)QPLANE;
 #pragma unroll
     for (int i = 0; i < 32; i++) sa[i] = 0.f;
 #pragma unroll
@@ -103,14 +108,15 @@ __device__ __forceinline__ void wg_issue_scores(float (&sa)[32], float (&sb)[16]
             const unsigned long long dk = wg_desc_sw64(Ks + sl8 * KSLAB + 32 * kc, 512);
             if constexpr (LO) wgmma_m64n64k16(sa, wg_desc_sw64(Qs + qo, 512), dk);
             else wgmma_m64n32k16(sa, wg_desc_sw64(Qs + qo, 512), dk);
-            wgmma_m64n32k16(sb, wg_desc_sw64(Qs + QPLANE + qo, 512), dk);
+            if constexpr (QL) wgmma_m64n32k16(sb, wg_desc_sw64(Qs + QPLANE + qo, 512), dk);
         }
     wgmma_commit();
 }
 
 // O += P V of one tile, issued (one commit group, not waited for): k16 step kk
-// takes the S tiles 2kk, 2kk + 1 as its A fragment (ph, pl: P's hi / lo).
-template <int HD, bool LO>
+// takes the S tiles 2kk, 2kk + 1 as its A fragment (ph, pl: P's hi / lo; pl
+// unused without QL).
+template <int HD, bool LO, bool QL>
 __device__ __forceinline__ void wg_issue_pv(float* o, unsigned (&ph)[2][4], unsigned (&pl)[2][4],
                                             const unsigned char* Vs) {
     wgmma_fence();
@@ -121,11 +127,11 @@ __device__ __forceinline__ void wg_issue_pv(float* o, unsigned (&ph)[2][4], unsi
         const unsigned long long dvl = wg_desc_sw64(Vs + HD * 64 + 32 * kk, 512);
         if constexpr (HD == 256) {
             wgmma_m64n256k16_rs(o, ph[kk], dvh);
-            wgmma_m64n256k16_rs(o, pl[kk], dvh);
+            if constexpr (QL) wgmma_m64n256k16_rs(o, pl[kk], dvh);
             if constexpr (LO) wgmma_m64n256k16_rs(o, ph[kk], dvl);
         } else {
             wgmma_m64n32k16_rs(o, ph[kk], dvh);
-            wgmma_m64n32k16_rs(o, pl[kk], dvh);
+            if constexpr (QL) wgmma_m64n32k16_rs(o, pl[kk], dvh);
             if constexpr (LO) wgmma_m64n32k16_rs(o, ph[kk], dvl);
         }
     }
@@ -137,7 +143,7 @@ __device__ __forceinline__ void wg_issue_pv(float* o, unsigned (&ph)[2][4], unsi
 // below the block's first query). part == nullptr: [ja, jb) is all of the
 // rows' keys and the gated output is stored; else the unnormalised O and this
 // thread's m, l go to `part` (attn_wg_merge combines the pieces).
-template <int HD, bool LO>
+template <int HD, bool LO, bool QL>
 __device__ __forceinline__ void attn_wg_segment(const float* __restrict__ q, const bf16_t* __restrict__ kh,
                                                 const bf16_t* __restrict__ kl, const bf16_t* __restrict__ vth,
                                                 const bf16_t* __restrict__ vtl, int ldp,
@@ -150,7 +156,7 @@ __device__ __forceinline__ void attn_wg_segment(const float* __restrict__ q, con
     constexpr int DT = HD / 8;  // n8 tiles of O
     __align__(1024) QW_DYN_SMEM(unsigned char, wg_attn_smem);
     unsigned char* Qs = wg_attn_smem;          // [hi, lo][slab][row][64 B]
-    unsigned char* Ks = Qs + 2 * QPLANE;       // [slab][Kh, Kl rows][64 B]
+    unsigned char* Ks = Qs + (QL ? 2 : 1) * QPLANE;  // [slab][Kh, Kl rows][64 B]
     unsigned char* Vs = Ks + SLABS * KSLAB;    // 2 x [hi, lo][d][64 B]: tile jt in Vs + (jt & 1) * VTILE
 
     const int G = nh / nkv, npairs = T * G;
@@ -160,7 +166,8 @@ __device__ __forceinline__ void attn_wg_segment(const float* __restrict__ q, con
 
     wg_load_k<HD, LO>(Ks, kh, kl, ja * WG_BK, kend, nkv, kvh);
 
-    // Q rows of the block, split into hi / lo (rows past the last pair are zero).
+    // Q rows of the block, split into hi / lo (rows past the last pair are
+    // zero; without QL the lo plane is not stored).
     for (int e = threadIdx.x; e < WG_ROWS * (HD / 8); e += 256) {
         const int r = e / (HD / 8), ch = e - r * (HD / 8);
         const int p = p0 + r;
@@ -178,7 +185,7 @@ __device__ __forceinline__ void attn_wg_segment(const float* __restrict__ q, con
         split_bf16x2(b.z, b.w, hi.w, lo.w);
         const unsigned off = (ch >> 2) * QSLAB + sw64_off(r, ch & 3);
         *(uint4*)(Qs + off) = hi;
-        *(uint4*)(Qs + QPLANE + off) = lo;
+        if constexpr (QL) *(uint4*)(Qs + QPLANE + off) = lo;
     }
     wg_load_v<HD, LO>(Vs + (ja & 1) * VTILE, vth, vtl, ja * WG_BK, ldp, kvh);
 
@@ -212,14 +219,25 @@ __device__ __forceinline__ void attn_wg_segment(const float* __restrict__ q, con
         for (int j = 0; j < 4; j++)
 #pragma unroll
             for (int e = 0; e < 4; e++) {
-                float v = (sa[4 * j + e] + (sb[4 * j + e] + (LO ? sa[16 + 4 * j + e] : 0.f))) * sl;
+                float v = (sa[4 * j + e] + ((QL ? sb[4 * j + e] : 0.f) + (LO ? sa[16 + 4 * j + e] : 0.f))) * sl;
                 if (diag && k0 + 8 * j + 2 * c + (e & 1) > (e < 2 ? last_a : last_b)) v = -INFINITY;
                 s[j][e] = v;
             }
         attn_softmax_weights(s, m, l, corr);
     };
-    // P (the weights s) as the A fragments of P V: k16 step kk is the S tiles 2kk, 2kk + 1.
+    // P (the weights s) as the A fragments of P V: k16 step kk is the S tiles
+    // 2kk, 2kk + 1 (without QL rounded to bf16, no lo terms).
     auto split_p = [&](const float (&s)[4][4]) {
+        if constexpr (!QL) {
+#pragma unroll
+            for (int kk = 0; kk < 2; kk++) {
+                ph[kk][0] = pack_bf16x2(s[2 * kk][0], s[2 * kk][1]);
+                ph[kk][1] = pack_bf16x2(s[2 * kk][2], s[2 * kk][3]);
+                ph[kk][2] = pack_bf16x2(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+                ph[kk][3] = pack_bf16x2(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+            }
+            return;
+        }
 #pragma unroll
         for (int kk = 0; kk < 2; kk++) {
             split_bf16x2(s[2 * kk][0], s[2 * kk][1], ph[kk][0], pl[kk][0]);          // row g,     keys 16kk + 2c
@@ -235,7 +253,7 @@ __device__ __forceinline__ void attn_wg_segment(const float* __restrict__ q, con
     fence_proxy_async();  // this thread's K copies and Q stores visible to the tensor cores ...
     __syncthreads();      // ... everyone's
     {
-        wg_issue_scores<HD, LO>(sa, sb, Qs, Ks, h);
+        wg_issue_scores<HD, LO, QL>(sa, sb, Qs, Ks, h);
         wgmma_wait0();
         wgmma_fence_operands(sa, 32);
         wgmma_fence_operands(sb, 16);
@@ -262,8 +280,8 @@ __device__ __forceinline__ void attn_wg_segment(const float* __restrict__ q, con
         // (the K buffer still holds tile jt, but the scores are masked by
         // tile jt + 1's positions, all past kend), every score is masked:
         // the weights are 0 and corr 1, so m, l and O stay exactly as they are.
-        wg_issue_scores<HD, LO>(sa, sb, Qs, Ks, h);
-        wg_issue_pv<HD, LO>(&o[0][0], ph, pl, Vs + (jt & 1) * VTILE);
+        wg_issue_scores<HD, LO, QL>(sa, sb, Qs, Ks, h);
+        wg_issue_pv<HD, LO, QL>(&o[0][0], ph, pl, Vs + (jt & 1) * VTILE);
         // V tile jt + 1 into the other buffer (P V of tile jt - 1 is done with it).
         if (jt + 1 < ntiles) wg_load_v<HD, LO>(Vs + ((jt + 1) & 1) * VTILE, vth, vtl, k1, ldp, kvh);
         wgmma_wait1();  // S (the older group) done, P V may still run
@@ -277,7 +295,7 @@ __device__ __forceinline__ void attn_wg_segment(const float* __restrict__ q, con
         wgmma_fence_operands(&o[0][0], HD / 2);
         // The A fragments had to stay in their registers until the products were done.
         wgmma_fence_operands(&ph[0][0], 8);
-        wgmma_fence_operands(&pl[0][0], 8);
+        if constexpr (QL) wgmma_fence_operands(&pl[0][0], 8);
         attn_rescale<DT>(o, corr, HD);
         split_p(s);
     }
@@ -300,7 +318,7 @@ __device__ __forceinline__ void attn_wg_segment(const float* __restrict__ q, con
 // with the most keys first, all their keys. With a plan (attn_wg_plan): block
 // x runs its segments (its slice of all units' key tiles, stream-K: every
 // multiprocessor busy however many row blocks there are).
-template <int HD, bool LO>
+template <int HD, bool LO, bool QL>
 __device__ __forceinline__ void attn_flash_wg_impl(const float* __restrict__ q, const bf16_t* __restrict__ kh,
                                                    const bf16_t* __restrict__ kl, const bf16_t* __restrict__ vth,
                                                    const bf16_t* __restrict__ vtl, int ldp,
@@ -312,8 +330,8 @@ __device__ __forceinline__ void attn_flash_wg_impl(const float* __restrict__ q, 
     if (!plan) {
         const int p0 = ((int)gridDim.x - 1 - (int)blockIdx.x) * WG_ROWS;  // most keys first
         const int kend = pos0 + (min(T * G, p0 + WG_ROWS) - 1) / G + 1;
-        attn_wg_segment<HD, LO>(q, kh, kl, vth, vtl, ldp, proj, stride, out, T, nh, nkv, pos0, scale,
-                                (int)blockIdx.y, p0, 0, (kend + WG_BK - 1) / WG_BK, nullptr);
+        attn_wg_segment<HD, LO, QL>(q, kh, kl, vth, vtl, ldp, proj, stride, out, T, nh, nkv, pos0, scale,
+                                    (int)blockIdx.y, p0, 0, (kend + WG_BK - 1) / WG_BK, nullptr);
         return;
     }
     const int nb = (T * G + WG_ROWS - 1) / WG_ROWS, ctas = plan[0];
@@ -326,9 +344,9 @@ __device__ __forceinline__ void attn_flash_wg_impl(const float* __restrict__ q, 
     for (int i = plan[WG_PLAN_HEAD + blockIdx.x + 1] - 1; i >= plan[WG_PLAN_HEAD + blockIdx.x]; i--) {
         const int u = seg[4 * i], slot = seg[4 * i + 3];
         __syncthreads();  // the previous segment is done with the shared memory
-        attn_wg_segment<HD, LO>(q, kh, kl, vth, vtl, ldp, proj, stride, out, T, nh, nkv, pos0, scale, u / nb,
-                                (u % nb) * WG_ROWS, seg[4 * i + 1], seg[4 * i + 2],
-                                slot < 0 ? nullptr : part + (size_t)slot * WG_PART_FLOATS(HD));
+        attn_wg_segment<HD, LO, QL>(q, kh, kl, vth, vtl, ldp, proj, stride, out, T, nh, nkv, pos0, scale, u / nb,
+                                    (u % nb) * WG_ROWS, seg[4 * i + 1], seg[4 * i + 2],
+                                    slot < 0 ? nullptr : part + (size_t)slot * WG_PART_FLOATS(HD));
     }
 }
 #endif
@@ -338,26 +356,29 @@ __device__ __forceinline__ void attn_flash_wg_impl(const float* __restrict__ q, 
 // (attn_wg_plan's, or null: grid (row blocks, nkv)), part (the split blocks'
 // pieces, with a plan). Only sm_90a runs them (the sm_80 and HIP images hold
 // stubs so every module lists the same kernels).
-#define ATTN_FLASH_WG(NAME, HD, LO)                                                                              \
+#define ATTN_FLASH_WG(NAME, HD, LO, QL)                                                                            \
     QW_KERNEL void QW_BOUNDS_MIN(256, 1)                                                                       \
         NAME(const float* __restrict__ q, const bf16_t* __restrict__ kh, const bf16_t* __restrict__ kl,         \
              const bf16_t* __restrict__ vth, const bf16_t* __restrict__ vtl, int ldp,                           \
              const float* __restrict__ proj, int stride, float* __restrict__ out, int T, int nh, int nkv,       \
              int pos0, float scale, const int* __restrict__ plan, float* __restrict__ part) {                   \
-        ATTN_FLASH_WG_BODY(HD, LO)                                                                              \
+        ATTN_FLASH_WG_BODY(HD, LO, QL)                                                                          \
     }
 #if defined(QW_WGMMA) || defined(QW_CPU)
-#define ATTN_FLASH_WG_BODY(HD, LO) \
-    attn_flash_wg_impl<HD, LO>(q, kh, kl, vth, vtl, ldp, proj, stride, out, T, nh, nkv, pos0, scale, plan, part);
+#define ATTN_FLASH_WG_BODY(HD, LO, QL) \
+    attn_flash_wg_impl<HD, LO, QL>(q, kh, kl, vth, vtl, ldp, proj, stride, out, T, nh, nkv, pos0, scale, plan, part);
 #elif defined(QW_CUDA)
-#define ATTN_FLASH_WG_BODY(HD, LO) __trap();
+#define ATTN_FLASH_WG_BODY(HD, LO, QL) __trap();
 #else
-#define ATTN_FLASH_WG_BODY(HD, LO)
+#define ATTN_FLASH_WG_BODY(HD, LO, QL)
 #endif
-ATTN_FLASH_WG(attn_flash_wg_f32_d256, 256, true)
-ATTN_FLASH_WG(attn_flash_wg_f32_d32, 32, true)
-ATTN_FLASH_WG(attn_flash_wg_bf16_d256, 256, false)
-ATTN_FLASH_WG(attn_flash_wg_bf16_d32, 32, false)
+ATTN_FLASH_WG(attn_flash_wg_f32_d256, 256, true, true)
+ATTN_FLASH_WG(attn_flash_wg_f32_d32, 32, true, true)
+ATTN_FLASH_WG(attn_flash_wg_bf16_d256, 256, false, true)
+ATTN_FLASH_WG(attn_flash_wg_bf16_d32, 32, false, true)
+// One bf16 term per operand (either cache's hi planes; Kl, Vtl unused).
+ATTN_FLASH_WG(attn_flash_wg_single_d256, 256, false, false)
+ATTN_FLASH_WG(attn_flash_wg_single_d32, 32, false, false)
 
 // Stream-K plan of the warpgroup prompt attention for `ctas` blocks (one per
 // multiprocessor: the kernel's shared memory allows one): the key tiles of

@@ -312,7 +312,9 @@ QW_KERNEL void QW_BOUNDS(1024) logits_stats(const float* __restrict__ x, int n, 
 
 // Split f32 activations into two bf16 terms, x ~= hi + lo (hi = bf16(x),
 // lo = bf16(x - hi)): two bf16 tensor-core GEMMs with f32 accumulation then give
-// ~16 mantissa bits of activation precision instead of 8.
+// ~16 mantissa bits of activation precision instead of 8. lo == nullptr: hi
+// alone (`--prefill-precision bf16`'s single GEMM; f32_to_bf16 with four
+// elements per thread).
 QW_KERNEL void f32_to_bf16_split(const float* __restrict__ x, bf16_t* __restrict__ hi,
                                  bf16_t* __restrict__ lo, long long n) {
     QW_GRID_WAIT();
@@ -320,8 +322,15 @@ QW_KERNEL void f32_to_bf16_split(const float* __restrict__ x, bf16_t* __restrict
     // Four elements per thread where x allows 16-byte loads and hi, lo 8-byte stores.
     const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if ((n & 3) == 0 && ((((size_t)x & 15) | (((size_t)hi | (size_t)lo) & 7))) == 0) {
-        if (4 * i < n) split4(((const float4*)x)[i], hi + 4 * i, lo + 4 * i);
+        if (4 * i >= n) return;
+        const float4 v = ((const float4*)x)[i];
+        if (lo) split4(v, hi + 4 * i, lo + 4 * i);
+        else *(uint2*)(hi + 4 * i) = make_uint2(f2bf(v.x) | ((unsigned)f2bf(v.y) << 16),
+                                                f2bf(v.z) | ((unsigned)f2bf(v.w) << 16));
     } else {
-        for (long long e = 4 * i; e < min(n, 4 * i + 4); e++) split1(x[e], hi + e, lo + e);
+        for (long long e = 4 * i; e < min(n, 4 * i + 4); e++) {
+            if (lo) split1(x[e], hi + e, lo + e);
+            else hi[e] = f2bf(x[e]);
+        }
     }
 }

@@ -9,7 +9,9 @@
 // over the tiles re-read every activation row from DRAM).
 // Y[r][n] = sum_k (ahi[r][k] + alo[r][k]) * W_e[n][k] with W_e = W + e * w_stride
 // a [N][K] bf16 matrix and the activation split into two bf16 terms (~16
-// mantissa bits, as the cuBLAS split path), f32 accumulation.
+// mantissa bits, as the cuBLAS split path), f32 accumulation. alo == nullptr
+// (`--prefill-precision bf16`): Y = ahi W_e^T, one product per k16 step and
+// no lo copies (the entry points dispatch to a single-term instantiation).
 // Needs K % MG_BK == 0 and 16-byte aligned rows (K % 8 == 0); the host checks.
 #include "mma.h"
 
@@ -23,7 +25,7 @@
 // tile; k steps of BK; NS-stage cp.async ring in dynamic shared memory: A hi,
 // A lo [BM][LD] per stage, then B [MG_BN][LD] per stage (NS (2 BM + MG_BN) LD
 // bf16 in all, LD = BK + 8).
-template <int WM, int NS, int BK = MG_BK>
+template <int WM, int NS, int BK = MG_BK, bool LO = true>
 __device__ __forceinline__ void moe_gemm_impl(const bf16_t* __restrict__ ahi, const bf16_t* __restrict__ alo,
                                               const bf16_t* __restrict__ W, long long w_stride,
                                               const int* __restrict__ tiles, float* __restrict__ Y, int N, int K) {
@@ -49,7 +51,7 @@ __device__ __forceinline__ void moe_gemm_impl(const bf16_t* __restrict__ ahi, co
             const bool v = r < rows;
             const size_t off = (size_t)(r0 + (v ? r : 0)) * K + k0 + ch * 8;
             cp_async16(&As[stage][0][r * LD + ch * 8], ahi + off, v);
-            cp_async16(&As[stage][1][r * LD + ch * 8], alo + off, v);
+            if constexpr (LO) cp_async16(&As[stage][1][r * LD + ch * 8], alo + off, v);
         }
         for (int i = tid; i < MG_BN * (BK / 8); i += NT) {
             const int r = i / (BK / 8), ch = i % (BK / 8);
@@ -87,7 +89,7 @@ __device__ __forceinline__ void moe_gemm_impl(const bf16_t* __restrict__ ahi, co
             for (int mi = 0; mi < 2; mi++) {
                 const int row = wm * 32 + mi * 16 + (lane & 15), col = kk + (lane >> 4) * 8;
                 ldmatrix_x4(ah[mi], &As[s][0][row * LD + col]);
-                ldmatrix_x4(al[mi], &As[s][1][row * LD + col]);
+                if constexpr (LO) ldmatrix_x4(al[mi], &As[s][1][row * LD + col]);
             }
 #pragma unroll
             for (int np = 0; np < 4; np++) {  // n-tile pairs (2 np, 2 np + 1)
@@ -97,9 +99,9 @@ __device__ __forceinline__ void moe_gemm_impl(const bf16_t* __restrict__ ahi, co
 #pragma unroll
                 for (int mi = 0; mi < 2; mi++) {
                     mma_16816(acc[mi][2 * np], ah[mi], b[0], b[1]);
-                    mma_16816(acc[mi][2 * np], al[mi], b[0], b[1]);
+                    if constexpr (LO) mma_16816(acc[mi][2 * np], al[mi], b[0], b[1]);
                     mma_16816(acc[mi][2 * np + 1], ah[mi], b[2], b[3]);
-                    mma_16816(acc[mi][2 * np + 1], al[mi], b[2], b[3]);
+                    if constexpr (LO) mma_16816(acc[mi][2 * np + 1], al[mi], b[2], b[3]);
                 }
             }
         }
@@ -122,10 +124,19 @@ __device__ __forceinline__ void moe_gemm_impl(const bf16_t* __restrict__ ahi, co
         }
 }
 
+// The kernel for both precisions: split (alo) or hi alone (alo == nullptr).
+template <int WM, int NS, int BK = MG_BK>
+__device__ __forceinline__ void moe_gemm_mma(const bf16_t* __restrict__ ahi, const bf16_t* __restrict__ alo,
+                                             const bf16_t* __restrict__ W, long long w_stride,
+                                             const int* __restrict__ tiles, float* __restrict__ Y, int N, int K) {
+    if (alo) moe_gemm_impl<WM, NS, BK, true>(ahi, alo, W, w_stride, tiles, Y, N, K);
+    else moe_gemm_impl<WM, NS, BK, false>(ahi, alo, W, w_stride, tiles, Y, N, K);
+}
+
 QW_KERNEL void QW_BOUNDS(128) moe_gemm_split(const bf16_t* __restrict__ ahi, const bf16_t* __restrict__ alo,
                                              const bf16_t* __restrict__ W, long long w_stride,
                                              const int* __restrict__ tiles, float* __restrict__ Y, int N, int K) {
-    moe_gemm_impl<2, 2>(ahi, alo, W, w_stride, tiles, Y, N, K);
+    moe_gemm_mma<2, 2>(ahi, alo, W, w_stride, tiles, Y, N, K);
 }
 // The 64-row tiles with k steps of 64 (K % 64 == 0; the default): with few
 // rows per expert the GEMM streams the weights, and reading 128 bytes of each
@@ -134,14 +145,14 @@ QW_KERNEL void QW_BOUNDS(128) moe_gemm_split(const bf16_t* __restrict__ ahi, con
 QW_KERNEL void QW_BOUNDS(128) moe_gemm_split_k64(const bf16_t* __restrict__ ahi, const bf16_t* __restrict__ alo,
                                                  const bf16_t* __restrict__ W, long long w_stride,
                                                  const int* __restrict__ tiles, float* __restrict__ Y, int N, int K) {
-    moe_gemm_impl<2, 2, 64>(ahi, alo, W, w_stride, tiles, Y, N, K);
+    moe_gemm_mma<2, 2, 64>(ahi, alo, W, w_stride, tiles, Y, N, K);
 }
 // 128-row tiles for experts with many rows (long prompts): each weight tile
 // staged once serves twice the rows.
 QW_KERNEL void QW_BOUNDS(256) moe_gemm_split128(const bf16_t* __restrict__ ahi, const bf16_t* __restrict__ alo,
                                                 const bf16_t* __restrict__ W, long long w_stride,
                                                 const int* __restrict__ tiles, float* __restrict__ Y, int N, int K) {
-    moe_gemm_impl<4, 2>(ahi, alo, W, w_stride, tiles, Y, N, K);
+    moe_gemm_mma<4, 2>(ahi, alo, W, w_stride, tiles, Y, N, K);
 }
 // The 128-row tiles on sm_90a's warpgroup MMA (moe_gemm_split128's contract):
 // warpgroup h of the 256 threads multiplies rows 64h..64h+63 by the block's
@@ -152,15 +163,22 @@ QW_KERNEL void QW_BOUNDS(256) moe_gemm_split128(const bf16_t* __restrict__ ahi, 
 // tensor cores read them without conflicts. Elsewhere (the sm_80 PTX a newer
 // GPU would compile) the mma.sync kernel runs instead; the host picks this
 // kernel on compute capability 9.x only.
+//
+// Without LO (alo == nullptr, `--prefill-precision bf16`) a stage holds A hi
+// and B only, each k16 step is one wgmma, and MG_WG_STAGES1 stages copy
+// further ahead in about the same shared memory (a step's products take half
+// as long, so the copies need more steps to land).
 #define MG_WG_STAGES 4
+#define MG_WG_STAGES1 8
 #if defined(QW_WGMMA) || defined(QW_CPU)
 // BNW columns per block (128 or 256: the accumulators are BNW / 2 per thread).
-template <int BNW>
+template <int BNW, bool LO>
 __device__ __forceinline__ void moe_gemm_wg_impl(const bf16_t* __restrict__ ahi, const bf16_t* __restrict__ alo,
                                                  const bf16_t* __restrict__ W, long long w_stride,
                                                  const int* __restrict__ tiles, float* __restrict__ Y, int N, int K) {
-    constexpr int NS = MG_WG_STAGES, STAGE = (256 + BNW) * MG_BK;  // bf16: A hi, A lo, B rows of MG_BK
-    __align__(1024) QW_DYN_SMEM(bf16_t, wg_smem);               // [stage][hi 128, lo 128, B BNW][MG_BK]
+    constexpr int AR = LO ? 256 : 128;                               // A rows of a stage: hi (and lo)
+    constexpr int NS = LO ? MG_WG_STAGES : MG_WG_STAGES1, STAGE = (AR + BNW) * MG_BK;  // bf16
+    __align__(1024) QW_DYN_SMEM(bf16_t, wg_smem);  // [stage][hi 128, (LO) lo 128, B BNW][MG_BK]
     if ((int)blockIdx.y >= tiles[0]) return;  // past the plan's tiles (the grid is their upper bound)
     const int e = tiles[1 + 3 * blockIdx.y], r0 = tiles[2 + 3 * blockIdx.y], rows = tiles[3 + 3 * blockIdx.y];
     const int n0 = blockIdx.x * BNW;
@@ -170,15 +188,15 @@ __device__ __forceinline__ void moe_gemm_wg_impl(const bf16_t* __restrict__ ahi,
 
     // Four lanes copy a row's four 16-byte chunks, to their swizzled places.
     auto load = [&](int stage, int k0) {
-        for (int i = tid; i < (256 + BNW) * 4; i += 256) {
-            const int r = i / 4, c = i % 4;  // row of the stage: A hi, A lo, then B
+        for (int i = tid; i < (AR + BNW) * 4; i += 256) {
+            const int r = i / 4, c = i % 4;  // row of the stage: A hi, (LO) A lo, then B
             bf16_t* dst = wg_smem + stage * STAGE + r * MG_BK + ((c ^ ((r >> 1) & 3)) * 8);
-            if (r < 256) {
+            if (r < AR) {
                 const int ra = r % 128;
                 const bool v = ra < rows;
                 cp_async16(dst, (r < 128 ? ahi : alo) + (size_t)(r0 + (v ? ra : 0)) * K + k0 + 8 * c, v);
             } else {
-                const int n = n0 + r - 256;
+                const int n = n0 + r - AR;
                 const bool v = n < N;
                 cp_async16(dst, Wb + (size_t)(v ? n : 0) * K + k0 + 8 * c, v);
             }
@@ -211,15 +229,15 @@ __device__ __forceinline__ void moe_gemm_wg_impl(const bf16_t* __restrict__ ahi,
         wgmma_fence_operands(acc, BNW / 2);
 #pragma unroll
         for (int kc = 0; kc < MG_BK / 16; kc++) {  // 8-row groups 512 bytes apart
-            const unsigned long long db = wg_desc_sw64(st + 256 * MG_BK + 16 * kc, 512);
+            const unsigned long long db = wg_desc_sw64(st + AR * MG_BK + 16 * kc, 512);
             const unsigned long long dh = wg_desc_sw64(st + 64 * h * MG_BK + 16 * kc, 512);
-            const unsigned long long dl = wg_desc_sw64(st + (128 + 64 * h) * MG_BK + 16 * kc, 512);
+            [[maybe_unused]] const unsigned long long dl = wg_desc_sw64(st + (128 + 64 * h) * MG_BK + 16 * kc, 512);
             if constexpr (BNW == 128) {
                 wgmma_m64n128k16(acc, dh, db);
-                wgmma_m64n128k16(acc, dl, db);
+                if constexpr (LO) wgmma_m64n128k16(acc, dl, db);
             } else {
                 wgmma_m64n256k16(acc, dh, db);
-                wgmma_m64n256k16(acc, dl, db);
+                if constexpr (LO) wgmma_m64n256k16(acc, dl, db);
             }
         }
         wgmma_commit();
@@ -248,9 +266,10 @@ QW_KERNEL void QW_BOUNDS(256) moe_gemm_split128_wg(const bf16_t* __restrict__ ah
                                                    const int* __restrict__ tiles, float* __restrict__ Y, int N,
                                                    int K) {
 #if defined(QW_WGMMA) || defined(QW_CPU)
-    moe_gemm_wg_impl<128>(ahi, alo, W, w_stride, tiles, Y, N, K);
+    if (alo) moe_gemm_wg_impl<128, true>(ahi, alo, W, w_stride, tiles, Y, N, K);
+    else moe_gemm_wg_impl<128, false>(ahi, alo, W, w_stride, tiles, Y, N, K);
 #else
-    moe_gemm_impl<4, 2>(ahi, alo, W, w_stride, tiles, Y, N, K);
+    moe_gemm_mma<4, 2>(ahi, alo, W, w_stride, tiles, Y, N, K);
 #endif
 }
 // 256 columns per block (grid ceil(N / 256)): each activation tile staged once
@@ -261,7 +280,8 @@ QW_KERNEL void QW_BOUNDS(256) moe_gemm_split128_wg256(const bf16_t* __restrict__
                                                       const int* __restrict__ tiles, float* __restrict__ Y, int N,
                                                       int K) {
 #if defined(QW_WGMMA) || defined(QW_CPU)
-    moe_gemm_wg_impl<256>(ahi, alo, W, w_stride, tiles, Y, N, K);
+    if (alo) moe_gemm_wg_impl<256, true>(ahi, alo, W, w_stride, tiles, Y, N, K);
+    else moe_gemm_wg_impl<256, false>(ahi, alo, W, w_stride, tiles, Y, N, K);
 #else
     __trap();
 #endif
@@ -280,7 +300,8 @@ __device__ __forceinline__ void moe_gemm_fma(const bf16_t* __restrict__ ahi, con
         if (n >= N) continue;
         const size_t a = (size_t)(r0 + r) * K;
         float acc = 0.f;
-        for (int k = 0; k < K; k++) acc = fmaf(bf2f(ahi[a + k]) + bf2f(alo[a + k]), bf2f(Wb[(size_t)n * K + k]), acc);
+        for (int k = 0; k < K; k++)
+            acc = fmaf(bf2f(ahi[a + k]) + (alo ? bf2f(alo[a + k]) : 0.f), bf2f(Wb[(size_t)n * K + k]), acc);
         Y[(size_t)(r0 + r) * N + n] = acc;
     }
 }

@@ -230,3 +230,52 @@ fn tokenize_bench_reports_and_checks_ids() {
     assert!(report["whole_ms_median"].as_f64().unwrap() > 0.0);
     assert!(report["encode_ms_median"].as_f64().unwrap() > 0.0);
 }
+
+/// `--prefill-precision` is a GPU mode: the cpu backend (the f32 reference)
+/// refuses `bf16` before loading anything, accepts the default `split`, and
+/// an unknown value says what the flag takes.
+#[test]
+fn the_cpu_backend_refuses_bf16_prompt_precision() {
+    for cmd in ["generate", "serve"] {
+        let mut args = vec![cmd, "--prefill-precision", "bf16"];
+        if cmd == "generate" {
+            args.extend(["--prompt", "hi"]);
+        }
+        let out = qwasi(&args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{cmd}: {err}");
+        assert!(
+            err.contains("the cpu backend computes prompts in f32"),
+            "{cmd}: {err}"
+        );
+    }
+    let out = qwasi(&[
+        "generate",
+        "--prefill-precision",
+        "split",
+        "--prompt",
+        "hi",
+        "--max-tokens",
+        "2",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = qwasi(&["generate", "--prefill-precision", "fp16", "--prompt", "hi"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("split, bf16"),
+        "{err}"
+    );
+    let out = qwasi(&[
+        "bench",
+        "--workload",
+        "tokenize",
+        "--prefill-precision",
+        "bf16",
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--serve-args"), "{err}");
+}

@@ -8,12 +8,17 @@ directory (config.json + model.safetensors, fused experts), and runs
 transformers' Qwen3_5MoeForCausalLM in float32 (eager attention, TF32 off) on
 exactly those weights: last-token logits of seeded random prompts (1, 1K, 8K
 tokens by default) and 64 greedy tokens each (with each step's top-1 margin).
+With --dtype both, then the same model in bfloat16 (every parameter bf16, as
+from_pretrained(dtype=torch.bfloat16) builds it; the RoPE inverse frequencies
+stay float32 as they are computed) on the same prompts: last-token logits
+only, the yardstick of what bf16 inference loses against float32.
 
-    python3 scripts/device/compare_transformers.py OUTDIR [--layers 8] [--lens 1,1024,8192] [--gen 64]
+    python3 scripts/device/compare_transformers.py OUTDIR [--layers 8] [--lens 1,1024,8192] [--gen 64] [--dtype f32|both]
 
-Then: qwasi verify --backend cuda --compare OUTDIR.
+Then: qwasi verify --backend cuda --compare OUTDIR [--prefill-precision bf16].
 Writes OUTDIR/model/{config.json,model.safetensors} and OUTDIR/ref.json,
-OUTDIR/logits_<len>.f32 (raw little-endian float32, vocab entries).
+OUTDIR/logits_<len>.f32 (raw little-endian float32, vocab entries) and, with
+--dtype both, OUTDIR/logits_bf16_<len>.f32 (the bf16 run's logits as float32).
 """
 
 import argparse
@@ -132,6 +137,12 @@ def main():
         default="eager",
         help="eager; sdpa; or chunked: exact causal attention in f32, 1024 queries at a time (32K+ prompts)",
     )
+    ap.add_argument(
+        "--dtype",
+        default="f32",
+        choices=["f32", "both"],
+        help="f32: the float32 reference; both: then the bfloat16 model's last-token logits too",
+    )
     a = ap.parse_args()
     if a.attn == "chunked":
         AttentionInterface.register("chunked", chunked_attention)
@@ -168,8 +179,10 @@ def main():
 
     g = torch.Generator().manual_seed(a.seed + 1)
     cases = []
+    prompts = []
     for L in [int(x) for x in a.lens.split(",") if x]:
         ids = torch.randint(0, 248320, (1, L), generator=g)
+        prompts.append((L, ids))
         t0 = time.time()
         with torch.no_grad():
             logits = model(input_ids=ids.cuda(), logits_to_keep=1, use_cache=False).logits[0, -1].float().cpu()
@@ -191,6 +204,34 @@ def main():
         cases.append({"len": L, "prompt": ids[0].tolist(), "generated": toks, "margins": margins})
         torch.cuda.empty_cache()
     (out / "ref.json").write_text(json.dumps({"layers": a.layers, "cases": cases}))
+    if a.dtype == "both":
+        bf16_reference(model, cfg, a.attn, prompts, out)
+
+
+def bf16_reference(model32, cfg, attn, prompts, out):
+    """The same weights in bfloat16: last-token logits of each prompt."""
+    t0 = time.time()
+    with torch.device("cuda"):
+        model = Qwen3_5MoeForCausalLM._from_config(
+            cfg, dtype=torch.bfloat16, attn_implementation=attn, experts_implementation="eager"
+        ).eval()
+    params = dict(model32.named_parameters())
+    buffers = dict(model32.named_buffers())
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.copy_(params[name])  # bf16 already, but A_log / dt_bias (rounded, as from_pretrained does)
+        for name, b in model.named_buffers():
+            if name in buffers and b.is_floating_point():
+                b.data = buffers[name].clone()  # RoPE inverse frequencies: float32 as computed
+    kinds = sorted({str(b.dtype) for _, b in model.named_buffers()})
+    print(f"[ref bf16] model built in {time.time() - t0:.1f} s (buffers {kinds})", flush=True)
+    for L, ids in prompts:
+        t0 = time.time()
+        with torch.no_grad():
+            logits = model(input_ids=ids.cuda(), logits_to_keep=1, use_cache=False).logits[0, -1].float().cpu()
+        logits.numpy().astype("<f4").tofile(out / f"logits_bf16_{L}.f32")
+        print(f"[ref bf16] len {L}: forward {time.time() - t0:.1f} s, top-1 {int(logits.argmax())}", flush=True)
+        torch.cuda.empty_cache()
 
 
 if __name__ == "__main__":

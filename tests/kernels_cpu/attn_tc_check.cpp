@@ -12,7 +12,10 @@
 // 256). Then the warpgroup-MMA kernels of kernels/attention_wg.cu
 // (attn_flash_wg_{f32,bf16}_d{32,256}, wgmma emulated, their planes written by
 // the real attn_kv_split_t / attn_v_transpose_bf16) on shapes whose two
-// warpgroups see different key counts or have no rows. Exit 1 on a mismatch.
+// warpgroups see different key counts or have no rows, and their single-term
+// form (attn_flash_wg_single_d{32,256}, `--prefill-precision bf16`: Qh Kh,
+// Ph Vh over either cache's hi planes) against the reference on bf16-rounded
+// Q, K, V within the bound of P's rounding (below). Exit 1 on a mismatch.
 #include <cstdio>
 #include <cstring>
 #include <random>
@@ -73,9 +76,23 @@ struct Case {
         }
     }
 
+    // Q rounded to bf16 as the single-term kernels take it, and K / V as
+    // their hi planes hold them (the reference for `error(out, rel)`).
+    void round_all_to_bf16() {
+        for (auto& x : q) x = bf2f(f2bf(x));
+        for (size_t i = 0; i < used(); i++) {
+            kf[i] = bf2f(f2bf(kf[i]));
+            vf[i] = bf2f(f2bf(vf[i]));
+        }
+    }
+
     // Max |error| of `out` against causal GQA attention with the sigmoid gate
     // in double precision over kf / vf; INFINITY if any output is not finite.
-    double error(const std::vector<float>& out) const {
+    // With rel > 0: the largest |error| as a fraction of rel sum_j p_j |v_j|
+    // (times the gate) + 1e-5, the bound of P rounded to bf16 before P V
+    // (each weight off by at most 2^-9 of itself; rel 2^-8 leaves room for the
+    // f32 sums), which a wrong mask, fragment or dropped term exceeds.
+    double error(const std::vector<float>& out, double rel = 0) const {
         const int nkv = s.nkv, G = s.G, hd = s.hd;
         const double scale = 1.0 / std::sqrt((double)hd);
         double worst = 0;
@@ -93,13 +110,18 @@ struct Case {
                 }
                 for (int j = 0; j < n; j++) den += (p[j] = std::exp(p[j] - mx));
                 for (int i = 0; i < hd; i++) {
-                    double o = 0;
-                    for (int j = 0; j < n; j++) o += p[j] * vf[((size_t)j * nkv + g) * hd + i];
-                    const double gate = proj[(size_t)t * stride + (size_t)h * 2 * hd + hd + i];
-                    const double want = o / den / (1.0 + std::exp(-gate));
+                    double o = 0, mass = 0;
+                    for (int j = 0; j < n; j++) {
+                        const double v = vf[((size_t)j * nkv + g) * hd + i];
+                        o += p[j] * v;
+                        mass += p[j] * std::fabs(v);
+                    }
+                    const double gate = 1.0 / (1.0 + std::exp(-proj[(size_t)t * stride + (size_t)h * 2 * hd + hd + i]));
+                    const double want = o / den * gate;
                     const double got = out[((size_t)t * nh + h) * hd + i];
                     if (!std::isfinite(got)) return INFINITY;
-                    worst = std::max(worst, std::fabs(got - want));
+                    const double err = std::fabs(got - want);
+                    worst = std::max(worst, rel > 0 ? err / (rel * mass / den * gate + 1e-5) : err);
                 }
             }
         return worst;
@@ -141,7 +163,8 @@ static double check(Kernel kernel, int NW, const Shape& s, unsigned seed) {
 // tiles, NaN wherever the split writes nothing. With `ctas` > 0, stream-K as the
 // host runs it for few row blocks: attn_wg_plan for that many blocks, the kernel
 // over them (pieces of split units in a NaN-filled `part`), then attn_wg_merge.
-template <bool BF16>
+// SINGLE: a single-term kernel (hi planes only; the result as error(out, 2^-8)).
+template <bool BF16, bool SINGLE = false>
 static double check_wg(KernelWg kernel, MergeWg merge, const Shape& s, unsigned seed, int ctas = 0) {
     Case k(s, seed);
     const int nkv = s.nkv, G = s.G, hd = s.hd;
@@ -163,26 +186,34 @@ static double check_wg(KernelWg kernel, MergeWg merge, const Shape& s, unsigned 
     std::memset(qw_cpu::dyn_smem, 0xff, sizeof qw_cpu::dyn_smem);
     const float scale = 1.f / std::sqrt((float)hd);
     const unsigned blocks = (unsigned)((s.T * G + 127) / 128);
+    // Lo planes where the kernel reads them (f32 cache, split).
+    const bf16_t* klo = BF16 || SINGLE ? nullptr : kl.data();
+    const bf16_t* vlo = BF16 || SINGLE ? nullptr : vtl.data();
+    auto result = [&] {
+        if (!SINGLE) return k.error(out);
+        k.round_all_to_bf16();
+        return k.error(out, 1.0 / 256);
+    };
     if (ctas == 0) {
         qw_cpu::launch({blocks, (unsigned)nkv, 1}, {256, 1, 1}, [&] {
-            kernel(k.q.data(), kh.data(), BF16 ? nullptr : kl.data(), vth.data(), BF16 ? nullptr : vtl.data(), ldp,
-                   k.proj.data(), k.stride, out.data(), s.T, k.nh, nkv, s.pos0, scale, nullptr, nullptr);
+            kernel(k.q.data(), kh.data(), klo, vth.data(), vlo, ldp, k.proj.data(), k.stride, out.data(), s.T, k.nh,
+                   nkv, s.pos0, scale, nullptr, nullptr);
         });
-        return k.error(out);
+        return result();
     }
     const int units = (int)blocks * nkv;
     std::vector<int> plan(WG_PLAN_HEAD + ctas + 1 + 4 * (units + ctas) + 3 * units, -7);
     qw_cpu::launch({1, 1, 1}, {32, 1, 1}, [&] { attn_wg_plan(s.T, G, nkv, s.pos0, ctas, plan.data()); });
     std::vector<float> part((size_t)(units + ctas) * WG_PART_FLOATS(256), NAN);
     qw_cpu::launch({(unsigned)ctas, 1, 1}, {256, 1, 1}, [&] {
-        kernel(k.q.data(), kh.data(), BF16 ? nullptr : kl.data(), vth.data(), BF16 ? nullptr : vtl.data(), ldp,
-               k.proj.data(), k.stride, out.data(), s.T, k.nh, nkv, s.pos0, scale, plan.data(), part.data());
+        kernel(k.q.data(), kh.data(), klo, vth.data(), vlo, ldp, k.proj.data(), k.stride, out.data(), s.T, k.nh, nkv,
+               s.pos0, scale, plan.data(), part.data());
     });
     qw_cpu::launch({(unsigned)units, 1, 1}, {256, 1, 1},
                    [&] { merge(plan.data(), part.data(), k.proj.data(), k.stride, out.data(), s.T, k.nh, nkv); });
     std::printf("  stream-K over %d blocks: %d units, %d segments, %d split into %d pieces\n", ctas, units, plan[2],
                 plan[1], plan[3]);
-    return k.error(out);
+    return result();
 }
 
 int main() {
@@ -214,6 +245,22 @@ int main() {
         std::printf("%-23s nh %d nkv %d hd %3d T %2d pos0 %2d  max |err| %.2e  %s\n", name, s.nkv * s.G, s.nkv, s.hd,
                     s.T, s.pos0, err, ok ? "ok" : "FAIL");
     };
+    // Single-term kernels: the largest error as a fraction of P's rounding bound.
+    auto report_single = [&](const char* name, const Shape& s, double ratio) {
+        const bool ok = ratio < 1;
+        bad += !ok;
+        n++;
+        std::printf("%-27s nh %d nkv %d hd %3d T %2d pos0 %3d  max |err| %.2f of the bound  %s\n", name, s.nkv * s.G,
+                    s.nkv, s.hd, s.T, s.pos0, ratio, ok ? "ok" : "FAIL");
+    };
+    auto single_wg = [&](const Shape& s, unsigned sd, int ctas) {
+        const bool d256 = s.hd == 256;
+        const KernelWg kern = d256 ? attn_flash_wg_single_d256 : attn_flash_wg_single_d32;
+        const MergeWg merge = d256 ? attn_wg_merge_d256 : attn_wg_merge_d32;
+        const char* name = d256 ? "attn_flash_wg_single_d256" : "attn_flash_wg_single_d32";
+        report_single(name, s, check_wg<false, true>(kern, merge, s, sd, ctas));  // f32 cache's hi planes
+        report_single(name, s, check_wg<true, true>(kern, merge, s, sd + 1000, ctas));  // a bf16 cache
+    };
     unsigned seed = 21;
     for (const Shape& s : shapes) {
         report("attn_flash_tc_f32_w4", s, check<false>(attn_flash_tc_f32_w4, 4, s, seed++));
@@ -234,6 +281,7 @@ int main() {
                check_wg<false>(d256 ? attn_flash_wg_f32_d256 : attn_flash_wg_f32_d32, merge, s, seed++));
         report(d256 ? "attn_flash_wg_bf16_d256" : "attn_flash_wg_bf16_d32", s,
                check_wg<true>(d256 ? attn_flash_wg_bf16_d256 : attn_flash_wg_bf16_d32, merge, s, seed++));
+        single_wg(s, seed++, 0);
     }
     // Stream-K: more blocks than row-block units (units split into pieces, some
     // blocks holding the end of one unit and the start of the next), fewer,
@@ -258,6 +306,7 @@ int main() {
                check_wg<false>(d256 ? attn_flash_wg_f32_d256 : attn_flash_wg_f32_d32, merge, s, seed++, k.ctas));
         report(d256 ? "attn_flash_wg_bf16_d256 sk" : "attn_flash_wg_bf16_d32 sk", s,
                check_wg<true>(d256 ? attn_flash_wg_bf16_d256 : attn_flash_wg_bf16_d32, merge, s, seed++, k.ctas));
+        single_wg(s, seed++, k.ctas);
     }
     std::printf("%d of %d kernel runs match (tolerance %.0e)\n", n - bad, n, TOL);
     return bad ? 1 : 0;

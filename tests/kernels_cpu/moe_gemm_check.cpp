@@ -15,8 +15,10 @@
 // MG_BK steps over the 2-stage ring) and 32 (one step). Y rows past the last
 // tile, activation rows past the last row, a weight block past the last expert
 // and the unused shared memory are NaN; Y outside the tiles and the shared
-// memory past the host's dynamic size must stay untouched. Exit 1 on a
-// mismatch.
+// memory past the host's dynamic size must stay untouched. Every case runs
+// twice: split, and with alo == nullptr (`--prefill-precision bf16`: the
+// single-term path, Y = hi W_e^T; the lo array is NaN then, so a read of it
+// shows). Exit 1 on a mismatch.
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -58,7 +60,7 @@ static std::vector<int> moe_tiles(const std::vector<int>& counts, int bm) {
     return t;
 }
 
-static bool run(const Case& c, unsigned seed) {
+static bool run(const Case& c, unsigned seed, bool single) {
     const int bm = c.bm, N = c.N, K = c.K, E = (int)c.counts.size();
     const char* name = c.k64       ? "moe_gemm_split_k64"
                        : c.wg == 256 ? "moe_gemm_split128_wg256"
@@ -93,12 +95,14 @@ static bool run(const Case& c, unsigned seed) {
         for (int k = 0; k < K; k++) {
             const size_t i = (size_t)r * K + k;
             split1(scale * nd(rng), &hi[i], &lo[i]);
-            x[i] = (double)bf2f(hi[i]) + (double)bf2f(lo[i]);
+            x[i] = (double)bf2f(hi[i]) + (single ? 0.0 : (double)bf2f(lo[i]));
+            if (single) lo[i] = bnan;
         }
     }
 
     std::vector<float> Y((size_t)(nn + PAD_ROWS) * N, NAN);
-    const size_t smem = c.wg    ? (size_t)MG_WG_STAGES * (256 + c.wg) * MG_BK * sizeof(bf16_t)
+    const size_t smem = c.wg    ? (single ? (size_t)MG_WG_STAGES1 * (128 + c.wg) : (size_t)MG_WG_STAGES * (256 + c.wg)) *
+                                      MG_BK * sizeof(bf16_t)
                         : c.k64 ? (size_t)MG_STAGES * (2 * bm + MG_BN) * (64 + 8) * sizeof(bf16_t)
                                 : (size_t)MG_STAGES * (2 * bm + MG_BN) * MG_LD * sizeof(bf16_t);
     if (smem > sizeof qw_cpu::dyn_smem) {
@@ -110,7 +114,7 @@ static bool run(const Case& c, unsigned seed) {
     const unsigned gy = (unsigned)((N + bn - 1) / bn);
     const auto t0 = std::chrono::steady_clock::now();
     qw_cpu::launch({gy, nt, 1}, {(unsigned)(2 * bm), 1, 1},
-                   [&] { kernel(hi.data(), lo.data(), W.data(), w_stride, tiles.data(), Y.data(), N, K); });
+                   [&] { kernel(hi.data(), single ? nullptr : lo.data(), W.data(), w_stride, tiles.data(), Y.data(), N, K); });
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
     bool smem_ok = true;
@@ -146,7 +150,7 @@ static bool run(const Case& c, unsigned seed) {
     std::string rows;
     for (size_t i = 3; i < tiles.size(); i += 3) rows += std::to_string(tiles[i]) + (i + 3 < tiles.size() ? "," : "");
     const bool ok = bad == 0 && canary == 0 && smem_ok;
-    std::printf("%-23s N %3d K %2d counts", name, N, K);
+    std::printf("%-23s %-6s N %3d K %3d counts", name, single ? "single" : "split", N, K);
     for (int n : c.counts) std::printf(" %d", n);
     std::printf(" | tiles %s | %ld bad, %ld canaries hit%s, max err %.2e abs, %.2e of sum|terms| (%.1f s)  %s\n",
                 rows.c_str(), bad, canary, smem_ok ? "" : ", smem past the dynamic size written", worst_abs, worst_rel,
@@ -169,16 +173,19 @@ int main() {
         {128, {0, 1, 128, 129, 289}, 512, 64, 256},  // 256 columns per block
         {128, {32, 64, 65, 97, 144}, 392, 96, 256},  // a partial second column block
         {128, {31, 33, 63}, 200, 32, 256},          // fewer columns than one block
+        {128, {97, 128, 5}, 256, 352, 256},         // 11 k steps: both rings wrap (4 stages split, 8 single)
+        {128, {97, 128, 5}, 128, 352, 128},
         {64, {0, 1, 64, 65, 161}, 200, 192, 0, true},  // k steps of 64: three
         {64, {31, 32, 63, 80}, 256, 128, 0, true},     // an even number of steps over the 2-stage ring
         {64, {16, 97, 33}, 192, 64, 0, true},          // one k step
     };
     int bad = 0, n = 0;
     unsigned seed = 7;
-    for (const Case& c : cases) {
-        bad += !run(c, seed++);
-        n++;
-    }
+    for (const Case& c : cases)
+        for (bool single : {false, true}) {
+            bad += !run(c, seed++, single);
+            n++;
+        }
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     std::printf("moe_gemm_check: %d of %d launches match (tolerance %.0e of sum|terms|), %.1f s: %s\n", n - bad, n, TOL,
                 secs, bad ? "FAIL" : "PASS");

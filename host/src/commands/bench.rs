@@ -70,6 +70,8 @@ pub struct Args {
     /// CPU threads (default: all cores).
     #[arg(long)]
     threads: Option<usize>,
+    #[command(flatten)]
+    precision: super::PrecisionArgs,
 }
 
 pub fn run(a: Args) -> Result<()> {
@@ -78,6 +80,21 @@ pub fn run(a: Args) -> Result<()> {
             .num_threads(n)
             .build_global()
             .context("cannot size the CPU thread pool")?;
+    }
+    // The model the workload loads in this process (serving's server takes
+    // its flags through --serve-args).
+    match a.workload {
+        Workload::PrefixCache => a
+            .precision
+            .apply(a.speed.backend.as_deref().unwrap_or("cpu"))?,
+        Workload::Speed | Workload::Batch => a.precision.apply(a.speed.gpu_backend())?,
+        Workload::Serving | Workload::Tokenize if a.precision.prefill_precision.is_some() => {
+            anyhow::bail!(
+                "--prefill-precision applies to the speed, batch and prefix-cache workloads \
+                 (serving: pass it to the server in --serve-args)"
+            )
+        }
+        Workload::Serving | Workload::Tokenize => {}
     }
     match a.workload {
         Workload::PrefixCache => prefix_cache::run(&a),

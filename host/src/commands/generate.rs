@@ -66,6 +66,8 @@ pub struct Args {
     /// (builds with `--features hip`).
     #[arg(long, default_value = "cpu")]
     backend: String,
+    #[command(flatten)]
+    precision: super::PrecisionArgs,
     /// Seeded random weights of a built-in geometry generated on the GPU (e.g.
     /// qwen3.6-35b-a3b), instead of --model; needs --backend cuda (or hip).
     #[arg(long, value_name = "PRESET", conflicts_with = "model")]
@@ -76,6 +78,7 @@ pub struct Args {
 }
 
 pub fn run(a: Args) -> Result<()> {
+    a.precision.apply(&a.backend)?;
     let t_load = Instant::now();
     if let Some(preset) = a.synthetic.clone() {
         return run_synthetic(&a, &preset, t_load);

@@ -30,3 +30,41 @@ pub struct ModelArgs {
     #[arg(long, value_name = "DIR")]
     pub model: Option<PathBuf>,
 }
+
+/// The GPU backends' prompt precision, shared by the commands that load a
+/// model (docs/GPU.md "Numerics").
+#[derive(ClapArgs, Clone, Debug, Default)]
+pub struct PrecisionArgs {
+    /// Prompt passes on cuda/hip: `split` (activations as two bf16 terms,
+    /// ~f32 accuracy, the default) or `bf16` (one bf16 term per product: a
+    /// faster prefill at the accuracy of bf16 inference; decode keeps f32
+    /// activations). Overrides QWASI_PREFILL_PRECISION. The cpu backend
+    /// (the f32 reference) refuses `bf16`.
+    #[arg(long, value_name = "MODE", value_parser = ["split", "bf16"])]
+    pub prefill_precision: Option<String>,
+}
+
+impl PrecisionArgs {
+    /// Sets the flag for the models this process loads on `backend`, before
+    /// they load.
+    pub fn apply(&self, backend: &str) -> anyhow::Result<()> {
+        let Some(v) = self.prefill_precision.as_deref() else {
+            return Ok(());
+        };
+        if backend == "cpu" {
+            if v != "split" {
+                anyhow::bail!(
+                    "--prefill-precision {v}: the cpu backend computes prompts in f32 (it is the \
+                     reference); the option applies to cuda and hip"
+                );
+            }
+            return Ok(());
+        }
+        #[cfg(any(feature = "cuda", feature = "hip"))]
+        {
+            use qwasi_engine::gpu::options::{PrefillPrecision, set_prefill_precision};
+            set_prefill_precision(PrefillPrecision::parse("--prefill-precision", v)?)?;
+        }
+        Ok(())
+    }
+}

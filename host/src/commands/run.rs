@@ -20,6 +20,8 @@ pub struct Args {
     /// (builds with `--features hip`).
     #[arg(long, default_value = "cpu")]
     pub backend: String,
+    #[command(flatten)]
+    pub precision: super::PrecisionArgs,
     /// CPU threads for the cpu backend (default: all cores).
     #[arg(long)]
     pub threads: Option<usize>,
@@ -83,6 +85,7 @@ fn parse_dir(s: &str) -> Result<(PathBuf, String, bool)> {
 
 pub fn run(a: Args) -> Result<i32> {
     check_backend(&a.backend)?;
+    a.precision.apply(&a.backend)?;
     if a.threads == Some(0) {
         bail!("--threads must be at least 1");
     }

@@ -101,6 +101,8 @@ pub struct Args {
     /// Compute backend.
     #[arg(long, default_value = "cpu")]
     pub backend: String,
+    #[command(flatten)]
+    pub precision: super::PrecisionArgs,
     /// CPU threads for the cpu backend (default: all cores).
     #[arg(long)]
     pub threads: Option<usize>,
@@ -227,6 +229,7 @@ pub fn preflight(a: &Args) -> Result<()> {
         );
     }
     check_backend(&a.backend)?;
+    a.precision.apply(&a.backend)?;
     a.limits.check()?;
     if a.threads == Some(0) {
         bail!("--threads must be at least 1");

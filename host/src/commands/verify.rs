@@ -33,13 +33,16 @@ pub struct Args {
     /// Tokens decoded by the smoke test.
     #[arg(long, default_value_t = 16)]
     gen_tokens: usize,
-    /// Compare against a transformers float32 reference written by
-    /// scripts/device/compare_transformers.py into DIR (model/, ref.json, logits_*.f32).
+    /// Compare against the transformers references written by
+    /// scripts/device/compare_transformers.py into DIR (model/, ref.json,
+    /// logits_<len>.f32 from float32, logits_bf16_<len>.f32 from bfloat16).
     #[arg(long, value_name = "DIR")]
     compare: Option<PathBuf>,
     /// Write all results as JSON to this file.
     #[arg(long, value_name = "FILE")]
     json: Option<PathBuf>,
+    #[command(flatten)]
+    precision: super::PrecisionArgs,
 }
 
 pub fn run(a: Args) -> Result<()> {
@@ -50,7 +53,10 @@ pub fn run(a: Args) -> Result<()> {
         "hip" if !cfg!(all(feature = "hip", not(feature = "cuda"))) => bail!(
             "this qwasi was built without the hip backend; rebuild with `--features hip` (without cuda)"
         ),
-        "cuda" | "hip" => imp(a),
+        "cuda" | "hip" => {
+            a.precision.apply(&a.backend)?;
+            imp(a)
+        }
         other => bail!("verify supports --backend cuda or hip (got {other:?})"),
     }
 }
@@ -440,27 +446,36 @@ mod gpu {
         );
     }
 
-    /// `--compare DIR`: the GPU backend against a transformers float32
-    /// reference; writes `--json`. Returns whether every case passed.
+    /// `--compare DIR`: the GPU backend against the transformers references
+    /// (float32, and bfloat16 where written); writes `--json`. Returns whether
+    /// every case passed its mode's tolerance.
     pub fn compare(dir: &Path, json: Option<&Path>) -> Result<bool> {
         let cmp = Comparison::load(dir)?;
         println!(
-            "[compare] {}-layer model loaded in {:.1} s (prefill GEMMs {:?}, KV cache {})",
+            "[compare] {}-layer model loaded in {:.1} s (prefill GEMMs {:?}, prompt precision {}, KV cache {})",
             cmp.layers,
             cmp.load_s,
             cmp.gemm,
+            cmp.prefill.name(),
             if cmp.kv_f32 { "f32" } else { "bf16" }
         );
+        let sci = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.2e}"));
         let mut reports = Vec::new();
         let mut all = true;
         for r in cmp.reports() {
             let r = r?;
             println!(
-                "[compare] len {:>6}: KL(hf||gpu) {:.2e}, top1 {}, max|dlogprob| top8 {:.2e}, teacher-forced top1 {}/{} \
-                 (margin > 0.1), greedy identical {}/{} (hf margin at first difference {:?})  {}",
+                "[compare] len {:>6}: KL(hf32||gpu) {:.2e} (limit {}), KL(hf16||gpu) {}, yardstick KL(hf32||hf16) {}, \
+                 top1 {} (hf16 {}), max|dlogprob| top8 {:.2e}, teacher-forced top1 {}/{} (margin > 0.1), greedy identical {}/{} \
+                 (hf margin at first difference {:?})  {}",
                 r.prompt_len,
                 r.kl_ref_gpu,
+                sci(r.kl_limit),
+                sci(r.kl_bf16ref_gpu),
+                sci(r.kl_ref_bf16ref),
                 r.top1_agree,
+                r.bf16ref_top1_agree
+                    .map_or("-".to_string(), |a| a.to_string()),
                 r.max_dlogprob_top8,
                 r.decisive_agree,
                 r.decisive_steps,
@@ -475,9 +490,11 @@ mod gpu {
         if let Some(p) = json {
             std::fs::write(
                 p,
-                serde_json::to_string_pretty(
-                    &serde_json::json!({"compare": reports, "pass": all}),
-                )?,
+                serde_json::to_string_pretty(&serde_json::json!({
+                    "prefill_precision": cmp.prefill.name(),
+                    "compare": reports,
+                    "pass": all,
+                }))?,
             )?;
         }
         println!("compare: {}", verdict(all));

@@ -34,6 +34,8 @@ pub mod verify;
 #[cfg(any(feature = "cuda", feature = "hip"))]
 mod verify_batch;
 #[cfg(any(feature = "cuda", feature = "hip"))]
+mod verify_compare;
+#[cfg(any(feature = "cuda", feature = "hip"))]
 mod verify_constrained;
 #[cfg(any(feature = "cuda", feature = "hip"))]
 mod verify_fp8;

@@ -9,6 +9,7 @@
 //! names the variable and what it takes, not a silent default.
 
 use anyhow::{Result, bail};
+use std::sync::OnceLock;
 
 /// How multi-token projections run (`QWASI_GEMM`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -20,6 +21,62 @@ pub enum GemmPath {
     CublasSplit,
     /// The portable tiled kernel, f32 activations (exactly the CPU's precision).
     Tiled,
+}
+
+/// The precision of prompt passes (`QWASI_PREFILL_PRECISION`, or the
+/// commands' `--prefill-precision`; docs/GPU.md "Numerics"). Decode keeps
+/// f32 activations either way.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PrefillPrecision {
+    /// Activations split into bf16 hi + lo terms, two products per GEMM and
+    /// per attention product (~f32 accuracy: passes the fixtures; the default).
+    Split,
+    /// Activations rounded to one bf16 term, one product: multi-token cuBLAS
+    /// projections, the grouped expert GEMM tiles and the warpgroup prompt
+    /// attention (the inference precision of peers that run bf16).
+    Bf16,
+}
+
+impl PrefillPrecision {
+    /// The values `--prefill-precision` and `QWASI_PREFILL_PRECISION` take
+    /// (the default first).
+    pub const VALUES: [&'static str; 2] = ["split", "bf16"];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            PrefillPrecision::Split => "split",
+            PrefillPrecision::Bf16 => "bf16",
+        }
+    }
+
+    /// `what` (the flag or variable) = `v`, or an error naming what it takes.
+    pub fn parse(what: &str, v: &str) -> Result<Self> {
+        match v {
+            "split" => Ok(PrefillPrecision::Split),
+            "bf16" => Ok(PrefillPrecision::Bf16),
+            _ => bail!(
+                "{what}={v} is not a known value; {what} takes {}",
+                Self::VALUES.join(", ")
+            ),
+        }
+    }
+}
+
+/// The command line's `--prefill-precision`, set once before a model loads;
+/// it wins over `QWASI_PREFILL_PRECISION` ([`GpuOptions::from_env`]).
+static PREFILL_PRECISION_FLAG: OnceLock<PrefillPrecision> = OnceLock::new();
+
+/// Records the command line's `--prefill-precision` for every model this
+/// process loads. A second, different value is an error.
+pub fn set_prefill_precision(p: PrefillPrecision) -> Result<()> {
+    let set = *PREFILL_PRECISION_FLAG.get_or_init(|| p);
+    if set != p {
+        bail!(
+            "--prefill-precision is {} already; one process runs one prompt precision",
+            set.name()
+        );
+    }
+    Ok(())
 }
 
 /// Decode attention's kernel family (`QWASI_DEC_ATTN`; the plan is
@@ -116,6 +173,10 @@ pub use super::device::DeviceOptions;
 pub struct GpuOptions {
     /// `QWASI_GEMM=split|bf16|tiled`.
     pub gemm: GemmPath,
+    /// `QWASI_PREFILL_PRECISION=split|bf16` (or `--prefill-precision`):
+    /// prompt passes on split or single bf16 activations where `gemm` is
+    /// `split` (`GemmPath::Cublas` and `Tiled` are their own precisions).
+    pub prefill: PrefillPrecision,
     /// `false` with `QWASI_DECODE=unfused`: single tokens take the prefill kernels.
     pub fused_decode: bool,
     /// `false` with `QWASI_PREFILL=reference`: prompts take the first (per-op) kernels.
@@ -232,8 +293,14 @@ const DEC_STAGES: &[&str] = &[
 
 impl GpuOptions {
     /// The options from the process environment.
+    /// The command line's `--prefill-precision` ([`set_prefill_precision`])
+    /// stands in for `QWASI_PREFILL_PRECISION`.
     pub fn from_env() -> Result<Self> {
-        Self::parse(|k| std::env::var(k).ok())
+        let flag = PREFILL_PRECISION_FLAG.get().map(|p| p.name().to_string());
+        Self::parse(|k| match k {
+            "QWASI_PREFILL_PRECISION" if flag.is_some() => flag.clone(),
+            _ => std::env::var(k).ok(),
+        })
     }
 
     /// The options from `get` (a variable's value, `None` when unset; an
@@ -275,6 +342,10 @@ impl GpuOptions {
             "tiled" => GemmPath::Tiled,
             _ => GemmPath::CublasSplit,
         };
+        let prefill = match var("QWASI_PREFILL_PRECISION") {
+            None => PrefillPrecision::Split,
+            Some(v) => PrefillPrecision::parse("QWASI_PREFILL_PRECISION", &v)?,
+        };
         let attn = pick("QWASI_ATTN", &["wg", "mma", "cuda-cores"])?;
         let dec_attn = match var("QWASI_DEC_ATTN").as_deref() {
             None | Some("auto") => DecAttnPath::Auto,
@@ -307,6 +378,7 @@ impl GpuOptions {
         }
         Ok(GpuOptions {
             gemm,
+            prefill,
             fused_decode: pick("QWASI_DECODE", &["fused", "unfused"])? == "fused",
             batch_decode: pick("QWASI_BATCH", &["batched", "serial"])? == "batched",
             gemm_rows: rows != "cublas",
@@ -404,6 +476,7 @@ mod tests {
     fn defaults_are_the_fast_paths() {
         let o = parse(&[]).unwrap();
         assert_eq!(o.gemm, GemmPath::CublasSplit);
+        assert_eq!(o.prefill, PrefillPrecision::Split);
         assert!(o.fused_decode && o.fast_prefill && o.chunked_gdn && o.kv_f32);
         assert!(o.fp8_resident);
         assert!(o.moe_k64 && o.wg_attention && o.wg_split && o.conv_gdn);
@@ -430,6 +503,7 @@ mod tests {
     fn each_variable_sets_its_option() {
         let o = parse(&[
             ("QWASI_GEMM", "tiled"),
+            ("QWASI_PREFILL_PRECISION", "bf16"),
             ("QWASI_DECODE", "unfused"),
             ("QWASI_PREFILL", "reference"),
             ("QWASI_GDN", "serial"),
@@ -456,6 +530,7 @@ mod tests {
         ])
         .unwrap();
         assert_eq!(o.gemm, GemmPath::Tiled);
+        assert_eq!(o.prefill, PrefillPrecision::Bf16);
         assert!(!o.fused_decode && !o.fast_prefill && !o.chunked_gdn && !o.grouped_moe);
         assert_eq!(
             (o.moe_wg_cols, o.moe_k64, o.moe_plan),
@@ -491,6 +566,11 @@ mod tests {
     fn unknown_values_are_errors_that_say_what_is_accepted() {
         for (k, v, want) in [
             ("QWASI_GEMM", "fast", "QWASI_GEMM takes split, bf16, tiled"),
+            (
+                "QWASI_PREFILL_PRECISION",
+                "fp8",
+                "QWASI_PREFILL_PRECISION takes split, bf16",
+            ),
             ("QWASI_KV", "fp8", "QWASI_KV takes f32, bf16"),
             ("QWASI_DEC_ATTN", "tc-ring9", "QWASI_DEC_ATTN takes auto"),
             ("QWASI_GRAPHS", "off", "QWASI_GRAPHS takes 1, 0"),
@@ -500,6 +580,22 @@ mod tests {
             let err = parse(&[(k, v)]).unwrap_err().to_string();
             assert!(err.contains(want), "{k}={v}: {err}");
         }
+    }
+
+    /// The command line's flag stands in for the variable, once per process.
+    /// (The only test that sets it: the lib tests load no GPU model.)
+    #[test]
+    fn the_flag_wins_and_is_set_once() {
+        set_prefill_precision(PrefillPrecision::Bf16).unwrap();
+        set_prefill_precision(PrefillPrecision::Bf16).unwrap();
+        let err = set_prefill_precision(PrefillPrecision::Split).unwrap_err();
+        assert!(err.to_string().contains("is bf16 already"), "{err}");
+        assert_eq!(
+            GpuOptions::from_env().unwrap().prefill,
+            PrefillPrecision::Bf16
+        );
+        let err = PrefillPrecision::parse("--prefill-precision", "fp16").unwrap_err();
+        assert!(err.to_string().contains("takes split, bf16"), "{err}");
     }
 
     #[cfg(not(feature = "experiments"))]

@@ -3,9 +3,12 @@
 //! self-consistency smoke test at any geometry with synthetic weights. Each
 //! check returns its results; `qwasi verify` prints them.
 
-use super::model::{AttnAgreement, GemmPath, GpuModel, GpuSequence};
+use super::model::{AttnAgreement, GpuModel, GpuSequence};
 pub use super::verify_batch::{
     BATCH_LOGPROB_TOL, BatchReport, MARGIN_TOL, batch_check, batch_check_every,
+};
+pub use super::verify_compare::{
+    BF16_KL_FACTOR, CompareReport, Comparison, SPLIT_KL_TOL, load_logits,
 };
 pub use super::verify_constrained::{
     ConstrainedReport, MASK_LOGPROB_TOL, constrained_check, verify_fixture_constrained,
@@ -91,7 +94,7 @@ pub struct CaseReport {
     pub pass: bool,
 }
 
-fn kl(p_log: &[f32], q_log: &[f32]) -> f64 {
+pub(super) fn kl(p_log: &[f32], q_log: &[f32]) -> f64 {
     p_log
         .iter()
         .zip(q_log)
@@ -535,132 +538,4 @@ pub fn attention_check(model: &GpuModel) -> Result<Vec<AttnCheck>> {
             agreement: r,
         })
         .collect())
-}
-
-#[derive(Deserialize)]
-struct RefFile {
-    layers: usize,
-    cases: Vec<RefCase>,
-}
-
-#[derive(Deserialize)]
-struct RefCase {
-    len: usize,
-    prompt: Vec<u32>,
-    generated: Vec<u32>,
-    margins: Vec<f32>,
-}
-
-#[derive(Serialize, Clone, Debug)]
-pub struct CompareReport {
-    pub layers: usize,
-    pub prompt_len: usize,
-    pub kl_ref_gpu: f64,
-    pub top1_agree: bool,
-    /// Max |logprob difference| over transformers' top-8 of the last prompt token.
-    pub max_dlogprob_top8: f32,
-    /// Teacher-forced greedy steps with transformers margin > 0.1, and how many agree.
-    pub decisive_steps: usize,
-    pub decisive_agree: usize,
-    /// Free-running greedy tokens identical to transformers.
-    pub greedy_same_prefix: usize,
-    pub greedy_len: usize,
-    /// transformers' top-1 margin at the first free-running difference.
-    pub greedy_diverged_margin: Option<f32>,
-    pub prefill_s: f64,
-    pub pass: bool,
-}
-
-/// A transformers float32 reference written by
-/// `scripts/device/compare_transformers.py` into a directory (model/ +
-/// ref.json + logits_<len>.f32), with the GPU model of its weights.
-pub struct Comparison {
-    /// Decoder layers of the reference model.
-    pub layers: usize,
-    /// Seconds to load the weights onto the GPU.
-    pub load_s: f64,
-    /// The model's prefill GEMMs and KV cache precision.
-    pub gemm: GemmPath,
-    pub kv_f32: bool,
-    gpu: GpuModel,
-    dir: PathBuf,
-    cases: Vec<RefCase>,
-}
-
-impl Comparison {
-    pub fn load(dir: &Path) -> Result<Self> {
-        let r: RefFile = serde_json::from_str(&std::fs::read_to_string(dir.join("ref.json"))?)?;
-        let t0 = Instant::now();
-        let m = LoadedModel::from_dir(&dir.join("model"))?;
-        let gpu = GpuModel::new(m.config, &m.weights)?;
-        drop(m.weights);
-        Ok(Comparison {
-            layers: r.layers,
-            load_s: t0.elapsed().as_secs_f64(),
-            gemm: gpu.gemm,
-            kv_f32: gpu.kv_f32,
-            gpu,
-            dir: dir.to_path_buf(),
-            cases: r.cases,
-        })
-    }
-
-    /// Each reference case compared with the GPU backend, in turn.
-    pub fn reports(&self) -> impl Iterator<Item = Result<CompareReport>> + '_ {
-        self.cases.iter().map(|c| self.compare(c))
-    }
-
-    fn compare(&self, c: &RefCase) -> Result<CompareReport> {
-        let gpu = &self.gpu;
-        let bytes = std::fs::read(self.dir.join(format!("logits_{}.f32", c.len)))?;
-        let reference: Vec<f32> = bytes
-            .chunks_exact(4)
-            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-            .collect();
-        let mut seq = gpu.new_sequence();
-        let t1 = Instant::now();
-        let mut g = gpu.forward(&mut seq, &c.prompt)?;
-        let prefill_s = t1.elapsed().as_secs_f64();
-        let (lr, lg) = (log_softmax(&reference), log_softmax(&g));
-        let k = kl(&lr, &lg);
-        let mut idx: Vec<usize> = (0..lr.len()).collect();
-        idx.sort_by(|&a, &b| lr[b].total_cmp(&lr[a]));
-        let max_d = idx[..8]
-            .iter()
-            .map(|&i| (lr[i] - lg[i]).abs())
-            .fold(0.0, f32::max);
-        let top1 = argmax(&reference) == argmax(&g);
-        let (mut steps, mut agree, mut prefix, mut diverged) = (0, 0, 0, false);
-        let mut div_margin = None;
-        for (i, &tok) in c.generated.iter().enumerate() {
-            let same = argmax(&g) == tok;
-            if c.margins[i] > 0.1 {
-                steps += 1;
-                agree += same as usize;
-            }
-            if !diverged && same {
-                prefix += 1;
-            } else if !diverged {
-                diverged = true;
-                div_margin = Some(c.margins[i]);
-            }
-            if i + 1 < c.generated.len() {
-                g = gpu.forward(&mut seq, &[tok])?;
-            }
-        }
-        Ok(CompareReport {
-            layers: self.layers,
-            prompt_len: c.len,
-            kl_ref_gpu: k,
-            top1_agree: top1,
-            max_dlogprob_top8: max_d,
-            decisive_steps: steps,
-            decisive_agree: agree,
-            greedy_same_prefix: prefix,
-            greedy_len: c.generated.len(),
-            greedy_diverged_margin: div_margin,
-            prefill_s,
-            pass: k <= 1e-2 && top1 && agree == steps,
-        })
-    }
 }

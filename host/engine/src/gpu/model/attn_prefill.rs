@@ -13,7 +13,10 @@
 //! (kernels/attention_wg.cu) computes the same on warpgroup MMA: the values
 //! are transposed first (`attn_kv_split_t`, which also writes the keys' hi /
 //! lo planes of an f32 cache; `attn_v_transpose_bf16`), so both products read
-//! their operands K-major. `QWASI_ATTN=mma` keeps the mma.sync kernel there
+//! their operands K-major. With `--prefill-precision bf16` (`single_bf16`)
+//! it is `attn_flash_wg_single_*` instead: one bf16 term per operand
+//! (S = Qh·Kh, O += Ph·Vh) over either cache's hi planes.
+//! `QWASI_ATTN=mma` keeps the mma.sync kernel there
 //! (`scripts/device/attn_wg.sh` compares the two); the CPU harness runs both,
 //! the warpgroup one on emulated wgmma.
 //!
@@ -92,19 +95,26 @@ mod tc {
     }
 
     /// The warpgroup-MMA kernel at head dim `hd` (compiled in) for an f32 or
-    /// bf16 cache, and its dynamic shared memory: Q hi / lo `[128][hd]`, the
-    /// 32 keys' rows `[32][hd]` and two tiles of values transposed `[hd][32]`,
-    /// both hi and lo for an f32 cache, all bf16.
-    pub fn wg_kernel(hd: usize, kv_f32: bool) -> Option<(WgKernel, usize)> {
-        let name = match (hd, kv_f32) {
-            (256, true) => typed::attn_flash_wg_f32_d256,
-            (32, true) => typed::attn_flash_wg_f32_d32,
-            (256, false) => typed::attn_flash_wg_bf16_d256,
-            (32, false) => typed::attn_flash_wg_bf16_d32,
+    /// bf16 cache, split or (`single`) one bf16 term per operand, and its
+    /// dynamic shared memory: Q hi / lo `[128][hd]` (hi alone for `single`),
+    /// the 32 keys' rows `[32][hd]` and two tiles of values transposed
+    /// `[hd][32]`, both hi and lo for a split f32 cache, all bf16.
+    pub fn wg_kernel(hd: usize, kv_f32: bool, single: bool) -> Option<(WgKernel, usize)> {
+        let name = match (hd, kv_f32, single) {
+            (256, _, true) => typed::attn_flash_wg_single_d256,
+            (32, _, true) => typed::attn_flash_wg_single_d32,
+            (256, true, false) => typed::attn_flash_wg_f32_d256,
+            (32, true, false) => typed::attn_flash_wg_f32_d32,
+            (256, false, false) => typed::attn_flash_wg_bf16_d256,
+            (32, false, false) => typed::attn_flash_wg_bf16_d32,
             _ => return None,
         };
-        let planes = if kv_f32 { 2 } else { 1 };
-        Some((name, (2 * WG_ROWS * hd + planes * 3 * BK * hd) * 2))
+        let kv_planes = if kv_f32 && !single { 2 } else { 1 };
+        let q_planes = if single { 1 } else { 2 };
+        Some((
+            name,
+            (q_planes * WG_ROWS * hd + kv_planes * 3 * BK * hd) * 2,
+        ))
     }
 }
 
@@ -165,7 +175,7 @@ impl GpuModel {
             return Ok(false);
         }
         let limit = self.dev.max_shared_per_block();
-        if wg && let Some((name, smem)) = self.wg_fit() {
+        if wg && let Some((name, smem)) = self.wg_fit(self.single_bf16(sc)) {
             self.attn_prefill_wg(sc, name, smem, q, k, v, proj, stride, out, t, pos0)?;
             return Ok(true);
         }
@@ -287,12 +297,13 @@ impl GpuModel {
     }
 
     /// The warpgroup kernel and its shared memory, where this device and the
-    /// model's head dim and cache have one.
+    /// model's head dim and cache have one: split, or one bf16 term per
+    /// operand where `single` ([`GpuModel::single_bf16`]).
     #[cfg(feature = "cuda")]
-    fn wg_fit(&self) -> Option<(tc::WgKernel, usize)> {
+    fn wg_fit(&self, single: bool) -> Option<(tc::WgKernel, usize)> {
         let limit = self.dev.max_shared_per_block();
         (self.dev.wgmma() && self.opts.tc_attention)
-            .then(|| tc::wg_kernel(self.cfg.head_dim, self.kv_f32))
+            .then(|| tc::wg_kernel(self.cfg.head_dim, self.kv_f32, single))
             .flatten()
             .filter(|&(_, s)| s <= limit)
     }
@@ -330,7 +341,7 @@ impl GpuModel {
             let outs = [d.alloc(rows * F)?, d.alloc(rows * F)?, d.alloc(rows * F)?];
             let (qp, kp, vp, pp) = (q.ptr(), k.ptr(), v.ptr(), proj.ptr());
             self.attn_prefill_cuda_cores(qp, kp, vp, pp, stride, outs[0].ptr(), t, pos0)?;
-            let wg = match self.wg_fit() {
+            let wg = match self.wg_fit(false) {
                 Some((name, smem)) => {
                     let o = outs[1].ptr();
                     self.attn_prefill_wg(&mut sc, name, smem, qp, kp, vp, pp, stride, o, t, pos0)?;
@@ -548,18 +559,25 @@ mod tests {
 
     /// The warpgroup kernels exist for the model's head dim and the fixtures',
     /// their shared memory is the kernel's layout (HD * 896 bytes with an f32
-    /// cache, HD * 704 with bf16), and the model's fits the 227 KB a block may
-    /// have on compute capability 9.x.
+    /// cache, HD * 704 with bf16, HD * 448 with one term per operand for
+    /// either cache), and the model's fits the 227 KB a block may have on
+    /// compute capability 9.x.
     #[test]
     fn wg_kernels_fit() {
-        let (name, smem) = tc::wg_kernel(256, true).unwrap();
+        let (name, smem) = tc::wg_kernel(256, true, false).unwrap();
         assert_eq!((name.name(), smem), ("attn_flash_wg_f32_d256", 229_376));
         assert!(smem <= 227 * 1024);
-        let (name, smem) = tc::wg_kernel(256, false).unwrap();
+        let (name, smem) = tc::wg_kernel(256, false, false).unwrap();
         assert_eq!((name.name(), smem), ("attn_flash_wg_bf16_d256", 180_224));
-        assert_eq!(tc::wg_kernel(32, true).unwrap().1, 28_672);
-        assert_eq!(tc::wg_kernel(32, false).unwrap().1, 22_528);
-        assert!(tc::wg_kernel(128, true).is_none());
+        for kv_f32 in [true, false] {
+            let (name, smem) = tc::wg_kernel(256, kv_f32, true).unwrap();
+            assert_eq!((name.name(), smem), ("attn_flash_wg_single_d256", 114_688));
+            assert_eq!(tc::wg_kernel(32, kv_f32, true).unwrap().1, 14_336);
+        }
+        assert_eq!(tc::wg_kernel(32, true, false).unwrap().1, 28_672);
+        assert_eq!(tc::wg_kernel(32, false, false).unwrap().1, 22_528);
+        assert!(tc::wg_kernel(128, true, false).is_none());
+        assert!(tc::wg_kernel(128, true, true).is_none());
     }
 
     /// Stream-K where blocks would sit idle on long keys: the cached 131K

@@ -180,6 +180,11 @@ impl GpuModel {
         &self.dev.name
     }
 
+    /// The precision of this model's prompt passes (`--prefill-precision`).
+    pub fn prefill_precision(&self) -> super::options::PrefillPrecision {
+        self.opts.prefill
+    }
+
     fn lm_head(&self) -> &weights::DevMat {
         self.head.lm_head()
     }

@@ -23,13 +23,16 @@ const MG_BN: usize = 128;
 const MG_BK: usize = 32;
 const MG_STAGES: usize = 2;
 /// Stages of `moe_gemm_split128_wg*` (A hi and A lo of 128 rows, B of 128 or
-/// 256 rows, MG_BK bf16 each).
+/// 256 rows, MG_BK bf16 each), and without the A lo rows (`--prefill-precision
+/// bf16`: `MG_WG_STAGES1`, in kernels/moe_gemm.cu).
 const MG_WG_STAGES: usize = 4;
+const MG_WG_STAGES1: usize = 8;
 
 /// The grouped expert GEMM kernel for `bm`-row tiles over `k` columns: its
 /// name, dynamic shared memory (bytes) and columns per block. The
 /// warpgroup-MMA kernels (`wg_cols` 128 or 256, where the device has `wgmma`)
-/// take 128-row tiles only; 64-row tiles take k steps of 64
+/// take 128-row tiles only, their stages laid out for split or (`single`)
+/// hi-only activations; 64-row tiles take k steps of 64
 /// (`moe_gemm_split_k64`) where `k64` and `k` allows, else 32.
 fn moe_gemm_kernel(
     bm: usize,
@@ -37,19 +40,26 @@ fn moe_gemm_kernel(
     wg_cols: usize,
     k64: bool,
     k: usize,
+    single: bool,
 ) -> (Typed<sig::moe_gemm_split>, usize, usize) {
+    // Warpgroup kernels: stages of A rows (hi, lo unless single) and B rows.
+    let (stages, a_rows) = if single {
+        (MG_WG_STAGES1, 128)
+    } else {
+        (MG_WG_STAGES, 256)
+    };
     // mma.sync kernels: k steps of `bk`, shared rows padded by 8 bf16.
     let mma_smem = |bk: usize| MG_STAGES * (2 * bm + MG_BN) * (bk + 8) * B;
     match (bm, if wgmma { wg_cols } else { 0 }) {
         (64, _) if k64 && k.is_multiple_of(64) => (typed::moe_gemm_split_k64, mma_smem(64), MG_BN),
         (128, 128) => (
             typed::moe_gemm_split128_wg,
-            MG_WG_STAGES * (256 + 128) * MG_BK * B,
+            stages * (a_rows + 128) * MG_BK * B,
             128,
         ),
         (128, 256) => (
             typed::moe_gemm_split128_wg256,
-            MG_WG_STAGES * (256 + 256) * MG_BK * B,
+            stages * (a_rows + 256) * MG_BK * B,
             256,
         ),
         (128, _) => (typed::moe_gemm_split128, mma_smem(MG_BK), MG_BN),
@@ -156,7 +166,9 @@ impl GpuModel {
 
     /// Prefill experts with the plan built on the device (`moe_plan_*`: entries
     /// sorted by expert, tokens ascending within one): one gather + hi/lo split of
-    /// all `t * k` rows, the grouped split GEMMs over `moe_plan_tiles`' tile
+    /// all `t * k` rows (only hi is read where [`GpuModel::single_bf16`] and
+    /// the tiles are not the few-row kernel's: one product per tile or expert),
+    /// the grouped split GEMMs over `moe_plan_tiles`' tile
     /// table (nothing comes back to the host: the grid is the most tiles the
     /// plan can need, and the out-of-range count lands in `io.bad`), one
     /// SiLU*up + split, and `moe_combine` adding each token's `k` outputs in
@@ -275,7 +287,13 @@ impl GpuModel {
                 MoePlan::Counts(hc)
             }
         };
-        // hi | lo bf16 halves of the gathered rows; reused for the f32 expert outputs.
+        // `--prefill-precision bf16`: the hi terms alone (one product per tile
+        // or expert), except on the few-row kernel, which stays split.
+        let single =
+            self.single_bf16(sc) && !matches!(plan, MoePlan::Tiles { bm, .. } if bm == MOE_ROWS_BM);
+        // hi | lo bf16 halves of the gathered rows; reused for the f32 expert
+        // outputs. (Single, the lo halves are written and not read: the split
+        // kernels are shared with the batched steps.)
         let xs = sc.get(d, "moe_xs", nn * h * F)?;
         let (hi, lo) = (xs, xs + (nn * h * B) as u64);
         kernels::gather_split_bf16(
@@ -289,7 +307,7 @@ impl GpuModel {
             dptr(hi),
             dptr(lo),
         )?;
-        // y (f32, rows in plan order) = a (hi + lo) W_e^T per expert. Block-FP8
+        // y (f32, rows in plan order) = a (hi [+ lo]) W_e^T per expert. Block-FP8
         // experts: read as stored by the few-row kernel, else the whole
         // tensor dequantized into `slot`'s work buffer first.
         let experts = |a_hi: u64, a_lo: u64, wm: &DevMat, slot: Slot, y: u64| {
@@ -324,6 +342,7 @@ impl GpuModel {
                         self.opts.moe_wg_cols,
                         self.opts.moe_k64,
                         cols,
+                        a_lo == 0,
                     );
                     (name.launch)(
                         d,
@@ -360,15 +379,17 @@ impl GpuModel {
                             cols,
                             false,
                         )?;
-                        d.gemm_bf16(
-                            a_lo + (start * cols * B) as u64,
-                            w,
-                            y,
-                            cnt,
-                            rows,
-                            cols,
-                            true,
-                        )?;
+                        if a_lo != 0 {
+                            d.gemm_bf16(
+                                a_lo + (start * cols * B) as u64,
+                                w,
+                                y,
+                                cnt,
+                                rows,
+                                cols,
+                                true,
+                            )?;
+                        }
                         start += cnt;
                     }
                     Ok(())
@@ -376,7 +397,9 @@ impl GpuModel {
             }
         };
         let gu = sc.get(d, "gu", nn * 2 * inter * F)?;
-        experts(hi, lo, gate_up, Slot::GateUp, gu)?;
+        // A null lo operand: one product per tile or expert.
+        let lo_term = |lo: u64| if single { 0 } else { lo };
+        experts(hi, lo_term(lo), gate_up, Slot::GateUp, gu)?;
         let ah = sc.get(d, "moe_act", nn * inter * 2 * B)?;
         let al = ah + (nn * inter * B) as u64;
         kernels::silu_mul_split(
@@ -389,7 +412,7 @@ impl GpuModel {
             dptr(al),
         )?;
         let ye = xs;
-        experts(ah, al, down, Slot::Down, ye)?;
+        experts(ah, lo_term(al), down, Slot::Down, ye)?;
         kernels::moe_combine(
             d,
             Launch::pdl((t as u32, 1, 1), (256, 1, 1), 0),
@@ -537,8 +560,13 @@ mod tests {
         for bm in [64, 128] {
             for wgmma in [false, true] {
                 for cols in [0, 128, 256] {
-                    for (k64, k) in [(false, 2048), (true, 2048), (true, 96)] {
-                        let (kernel, smem, bn) = moe_gemm_kernel(bm, wgmma, cols, k64, k);
+                    for (k64, k, single) in [
+                        (false, 2048, false),
+                        (true, 2048, false),
+                        (true, 96, false),
+                        (true, 2048, true),
+                    ] {
+                        let (kernel, smem, bn) = moe_gemm_kernel(bm, wgmma, cols, k64, k, single);
                         let name = kernel.name();
                         assert!(smem <= 227 * 1024, "{name}: {smem} bytes");
                         let wg = bm == 128 && wgmma && cols != 0;
@@ -556,9 +584,12 @@ mod tests {
         }
         // moe_gemm_split128_wg's sm_80 stand-in is the mma.sync kernel, so
         // its shared memory must hold that kernel's too.
-        let (_, wg, _) = moe_gemm_kernel(128, true, 128, true, 2048);
-        let (_, mma, _) = moe_gemm_kernel(128, false, 128, true, 2048);
+        let (_, wg, _) = moe_gemm_kernel(128, true, 128, true, 2048, false);
+        let (_, mma, _) = moe_gemm_kernel(128, false, 128, true, 2048, false);
         assert!(wg >= mma, "{wg} < {mma}");
+        // Without the lo rows: 8 stages of 128 + 256 rows, 192 KB.
+        let (_, single, _) = moe_gemm_kernel(128, true, 256, true, 2048, true);
+        assert_eq!(single, 8 * (128 + 256) * MG_BK * B);
     }
 
     #[test]

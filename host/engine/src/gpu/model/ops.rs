@@ -1,13 +1,13 @@
 //! The prefill building blocks every layer kind uses: projections (GEMV at
 //! T = 1, the few-row tensor-core kernel up to 16 rows, cuBLAS or the tiled
-//! kernel otherwise, per `GemmPath`), the (1+w)
+//! kernel otherwise, per `GemmPath` and `PrefillPrecision`), the (1+w)
 //! RMSNorm, the residual add, and the pass's work buffers.
 
 use super::pass::Norms;
 use super::weights::DevMat;
 use super::{B, DBuf, Device, F, GemmPath, GpuModel};
 use crate::gpu::kernels::{self, Launch};
-use crate::gpu::options::GemmStack;
+use crate::gpu::options::{GemmStack, PrefillPrecision};
 use crate::gpu::{dptr, i};
 use anyhow::Result;
 use std::collections::HashMap;
@@ -170,6 +170,21 @@ impl GpuModel {
                 )?;
                 d.gemm_bf16(xb, w, y, t, rows, cols, accumulate)
             }
+            GemmPath::CublasSplit if self.single_bf16(sc) => {
+                // `--prefill-precision bf16`: one GEMM on the rounded
+                // activations (the split kernel without lo: 4 per thread).
+                let n = t * cols;
+                let xb = sc.get(d, "x_bf16", n * B)?;
+                kernels::f32_to_bf16_split(
+                    d,
+                    Launch::pdl(((n as u32).div_ceil(4 * 256), 1, 1), (256, 1, 1), 0),
+                    dptr(x),
+                    dptr(xb),
+                    dptr(0),
+                    n as i64,
+                )?;
+                d.gemm_bf16(xb, w, y, t, rows, cols, accumulate)
+            }
             GemmPath::CublasSplit => {
                 let n = t * cols;
                 let hi = sc.get(d, "x_bf16", 2 * n * B)?;
@@ -206,6 +221,15 @@ impl GpuModel {
                 d.gemm_bf16(lo, w, y, t, rows, cols, true)
             }
         }
+    }
+
+    /// Whether this pass's multi-token products run on activations rounded
+    /// to one bf16 term (`--prefill-precision bf16`): prompt passes and
+    /// batched steps that carry a prompt chunk (their decode rows too);
+    /// decode-only batched steps keep split activations, as do the few-row
+    /// kernels and the decode step's GEMVs, which never ask.
+    pub(super) fn single_bf16(&self, sc: &Scratch) -> bool {
+        self.opts.prefill == PrefillPrecision::Bf16 && !sc.decode_rows
     }
 
     /// Whether the few-row kernels take `t` rows (at most `max`) of `cols`
