@@ -124,27 +124,31 @@ __device__ __forceinline__ float sigmoid_f(float x) { return 1.f / (1.f + expf(-
 __device__ __forceinline__ float softplus_f(float x) { return x > 20.f ? x : log1pf(expf(x)); }
 
 // x ~= hi + lo with hi = bf16(x), lo = bf16(x - hi): ~16 mantissa bits in two
-// bf16 terms for split-precision tensor-core products.
+// bf16 terms for split-precision tensor-core products. lo == nullptr: hi
+// alone (`--prefill-precision bf16` reads no lo terms).
 __device__ __forceinline__ void split1(float v, bf16_t* hi, bf16_t* lo) {
     const bf16_t h = f2bf(v);
     *hi = h;
-    *lo = f2bf(v - bf2f(h));
+    if (lo) *lo = f2bf(v - bf2f(h));
 }
 
 // Four at once (hi and lo 8-byte aligned).
 __device__ __forceinline__ void split4(float4 v, bf16_t* hi, bf16_t* lo) {
     const bf16_t h0 = f2bf(v.x), h1 = f2bf(v.y), h2 = f2bf(v.z), h3 = f2bf(v.w);
     *(uint2*)hi = make_uint2(h0 | ((unsigned)h1 << 16), h2 | ((unsigned)h3 << 16));
-    *(uint2*)lo = make_uint2(f2bf(v.x - bf2f(h0)) | ((unsigned)f2bf(v.y - bf2f(h1)) << 16),
-                             f2bf(v.z - bf2f(h2)) | ((unsigned)f2bf(v.w - bf2f(h3)) << 16));
+    if (lo)
+        *(uint2*)lo = make_uint2(f2bf(v.x - bf2f(h0)) | ((unsigned)f2bf(v.y - bf2f(h1)) << 16),
+                                 f2bf(v.z - bf2f(h2)) | ((unsigned)f2bf(v.w - bf2f(h3)) << 16));
 }
 
-// Split a row of n floats into hi/lo, vectorised where the pointers allow; one block.
+// Split a row of n floats into hi/lo (lo may be nullptr), vectorised where
+// the pointers allow; one block.
 __device__ __forceinline__ void split_row(const float* __restrict__ x, bf16_t* __restrict__ hi,
                                           bf16_t* __restrict__ lo, int n) {
     if ((n & 3) == 0 && (((size_t)x & 15) | ((size_t)hi & 7) | ((size_t)lo & 7)) == 0) {
-        for (int c = threadIdx.x; c < n / 4; c += blockDim.x) split4(((const float4*)x)[c], hi + 4 * c, lo + 4 * c);
+        for (int c = threadIdx.x; c < n / 4; c += blockDim.x)
+            split4(((const float4*)x)[c], hi + 4 * c, lo ? lo + 4 * c : nullptr);
     } else {
-        for (int c = threadIdx.x; c < n; c += blockDim.x) split1(x[c], hi + c, lo + c);
+        for (int c = threadIdx.x; c < n; c += blockDim.x) split1(x[c], hi + c, lo ? lo + c : nullptr);
     }
 }

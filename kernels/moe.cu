@@ -443,7 +443,8 @@ QW_KERNEL void QW_BOUNDS(MOE_ROUTE_THREADS)
 }
 
 // hi/lo[i, :] = bf16 split of src[rows[i] * src_stride + (0..dim)], i < n (as
-// gather_rows then f32_to_bf16_split). grid n (one row per block), block 256.
+// gather_rows then f32_to_bf16_split; lo == nullptr: hi alone). grid n (one
+// row per block), block 256.
 QW_KERNEL void QW_BOUNDS(256) gather_split_bf16(const float* __restrict__ src, int src_stride,
                                                 const int* __restrict__ rows, long long n, int dim,
                                                 bf16_t* __restrict__ hi, bf16_t* __restrict__ lo) {
@@ -451,11 +452,12 @@ QW_KERNEL void QW_BOUNDS(256) gather_split_bf16(const float* __restrict__ src, i
     QW_GRID_LAUNCH();
     const long long i = blockIdx.x;
     if (i >= n) return;
-    split_row(src + (size_t)rows[i] * src_stride, hi + i * dim, lo + i * dim, dim);
+    split_row(src + (size_t)rows[i] * src_stride, hi + i * dim, lo ? lo + i * dim : nullptr, dim);
 }
 
 // a = silu(in[r, i]) * in[r, I + i] (rows of 2I: gate then up), split into bf16
-// hi/lo [r, i] (as silu_mul then f32_to_bf16_split). grid rows (one per block), block 256.
+// hi/lo [r, i] (as silu_mul then f32_to_bf16_split; lo == nullptr: hi alone).
+// grid rows (one per block), block 256.
 QW_KERNEL void QW_BOUNDS(256) silu_mul_split(const float* __restrict__ in, long long rows, int I,
                                              bf16_t* __restrict__ hi, bf16_t* __restrict__ lo) {
     QW_GRID_WAIT();
@@ -465,17 +467,18 @@ QW_KERNEL void QW_BOUNDS(256) silu_mul_split(const float* __restrict__ in, long 
     const float* g = in + r * 2 * I;
     const float* u = g + I;
     bf16_t* h = hi + r * I;
-    bf16_t* l = lo + r * I;
+    bf16_t* l = lo ? lo + r * I : nullptr;
     // rounded products, as stored by silu_mul
     if ((I & 3) == 0) {
         for (int c = threadIdx.x; c < I / 4; c += blockDim.x) {
             const float4 a = ((const float4*)g)[c], b = ((const float4*)u)[c];
             split4(make_float4(__fmul_rn(silu_f(a.x), b.x), __fmul_rn(silu_f(a.y), b.y),
                                __fmul_rn(silu_f(a.z), b.z), __fmul_rn(silu_f(a.w), b.w)),
-                   h + 4 * c, l + 4 * c);
+                   h + 4 * c, l ? l + 4 * c : nullptr);
         }
     } else {
-        for (int c = threadIdx.x; c < I; c += blockDim.x) split1(__fmul_rn(silu_f(g[c]), u[c]), h + c, l + c);
+        for (int c = threadIdx.x; c < I; c += blockDim.x)
+            split1(__fmul_rn(silu_f(g[c]), u[c]), h + c, l ? l + c : nullptr);
     }
 }
 

@@ -291,9 +291,9 @@ impl GpuModel {
         // or expert), except on the few-row kernel, which stays split.
         let single =
             self.single_bf16(sc) && !matches!(plan, MoePlan::Tiles { bm, .. } if bm == MOE_ROWS_BM);
-        // hi | lo bf16 halves of the gathered rows; reused for the f32 expert
-        // outputs. (Single, the lo halves are written and not read: the split
-        // kernels are shared with the batched steps.)
+        let lo_term = |lo: u64| if single { 0 } else { lo };
+        // hi | lo bf16 halves of the gathered rows (single: hi alone); reused
+        // for the f32 expert outputs.
         let xs = sc.get(d, "moe_xs", nn * h * F)?;
         let (hi, lo) = (xs, xs + (nn * h * B) as u64);
         kernels::gather_split_bf16(
@@ -305,7 +305,7 @@ impl GpuModel {
             nn as i64,
             i(h),
             dptr(hi),
-            dptr(lo),
+            dptr(lo_term(lo)),
         )?;
         // y (f32, rows in plan order) = a (hi [+ lo]) W_e^T per expert. Block-FP8
         // experts: read as stored by the few-row kernel, else the whole
@@ -398,7 +398,6 @@ impl GpuModel {
         };
         let gu = sc.get(d, "gu", nn * 2 * inter * F)?;
         // A null lo operand: one product per tile or expert.
-        let lo_term = |lo: u64| if single { 0 } else { lo };
         experts(hi, lo_term(lo), gate_up, Slot::GateUp, gu)?;
         let ah = sc.get(d, "moe_act", nn * inter * 2 * B)?;
         let al = ah + (nn * inter * B) as u64;
@@ -409,7 +408,7 @@ impl GpuModel {
             nn as i64,
             i(inter),
             dptr(ah),
-            dptr(al),
+            dptr(lo_term(al)),
         )?;
         let ye = xs;
         experts(ah, lo_term(al), down, Slot::Down, ye)?;
