@@ -11,7 +11,9 @@
 #   4. a 32K prompt arriving while 16 streams decode: the streams' inter-token
 #      latency with it (serving-long.json) and the long request itself;
 #   5. with BUDGET2 set, a second server with --max-num-batched-tokens
-#      $BUDGET2 at concurrency 8 and 16 (serving-budget$BUDGET2.json).
+#      $BUDGET2 at concurrency 8 and 16 (serving-budget$BUDGET2.json);
+#   6. with BF16_CONC set (e.g. 8,64), a server with --prefill-precision
+#      bf16 at those concurrencies (serving-bf16.json).
 # Env: QWASI_BIN (.dev/qwasi), MODEL (/dev/shm/m40), GEN, TOKENIZER, CONC
 #      (1,8,16,32,64), TOKENS (256). Output: $OUT/{verify,serving,serving-long,long}.json.
 set -uo pipefail
@@ -44,5 +46,12 @@ if [ -n "${BUDGET2:-}" ]; then
   for _ in $(seq 1 600); do curl -sf $URL/ready > /dev/null && break; sleep 0.5; done
   "$BIN" bench --workload serving --url $URL --concurrency 8,16 --prompt-tokens 1024 \
     --output-tokens "$TOKENS" --out "$OUT/serving-budget$BUDGET2.json" 2>&1 | grep "^\[bench\] c=" || rc=1
+fi
+if [ -n "${BF16_CONC:-}" ]; then
+  echo "== --prefill-precision bf16 at $BF16_CONC"
+  kill $SRV; wait $SRV 2>/dev/null
+  qw_serve "$OUT/serve-bf16.log" --prefill-precision bf16
+  "$BIN" bench --workload serving --url $URL --concurrency "$BF16_CONC" --prompt-tokens 1024 \
+    --output-tokens "$TOKENS" --out "$OUT/serving-bf16.json" 2>&1 | grep "^\[bench\] c=" || rc=1
 fi
 exit $rc
