@@ -2,6 +2,7 @@
 
 pub mod bench;
 pub mod daemon;
+pub mod engine;
 pub mod generate;
 pub mod limits;
 pub mod platform;

@@ -4,7 +4,8 @@
 //! code becomes qwasi's.
 
 use super::ModelArgs;
-use super::serve::{self, StartedEngine, check_backend, parse_duration, parse_size};
+use super::engine::{self, StartedEngine};
+use super::serve::{check_backend, parse_duration, parse_size};
 use crate::runtime::command::{self, CommandOptions};
 use crate::runtime::{self, RuntimeConfig};
 use anyhow::{Context, Result, bail};
@@ -134,13 +135,13 @@ pub fn run(a: Args) -> Result<i32> {
         // A command's requests wait as long as they need to.
         queue_timeout: Duration::ZERO,
         max_model_len: a.max_model_len,
-        prefix_cache_bytes: a.prefix_cache_mib.unwrap_or(serve::CPU_PREFIX_CACHE_MIB) << 20,
+        prefix_cache_bytes: a.prefix_cache_mib.unwrap_or(engine::CPU_PREFIX_CACHE_MIB) << 20,
         prefix_cache_host_bytes: a.prefix_cache_host_mib << 20,
         ..ServiceConfig::default()
     };
     let StartedEngine {
         shared, is_demo, ..
-    } = serve::start_engine(
+    } = engine::start_engine(
         a.model.model.as_deref(),
         &a.backend,
         service_config,

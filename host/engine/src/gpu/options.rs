@@ -128,6 +128,36 @@ pub enum GemvPath {
     Stream,
 }
 
+/// Few-row projections (`QWASI_GEMM_ROWS`): how many rows go through the
+/// bulk-copy ring, and whether the few-row kernels run at all.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RowsPath {
+    /// 2-8 rows through `gemm_rows_bulk`, 9-16 through `gemm_rows_bulk16`.
+    Bulk,
+    /// 2-8 rows through the ring, 9-16 on `gemm_rows16` (register loads).
+    Bulk8,
+    /// No ring: `gemm_rows8` / `gemm_rows16`.
+    Rows,
+    /// No few-row kernels: the `QWASI_GEMM` path.
+    Cublas,
+}
+
+impl RowsPath {
+    /// Whether projections of 2..=64 rows take the few-row kernels.
+    pub fn few_row_kernels(self) -> bool {
+        self != RowsPath::Cublas
+    }
+
+    /// The most rows that go through the bulk-copy ring (0: none).
+    pub fn bulk_max(self) -> usize {
+        match self {
+            RowsPath::Bulk => 16,
+            RowsPath::Bulk8 => 8,
+            RowsPath::Rows | RowsPath::Cublas => 0,
+        }
+    }
+}
+
 /// Which batched steps route and plan their experts in one kernel
 /// (`QWASI_MOE_PLAN`). H200, 40-layer synthetic model, against the four
 /// kernels: +1.2% at 8 rows, +0.1% at 16, -0.8% at 32, -2.3% at 64
@@ -243,16 +273,10 @@ pub struct GpuOptions {
     /// through the batch-1 decode step instead.
     pub batch_decode: bool,
     /// Projections of 2..=64 rows (batched decode steps, short prompts) on
-    /// the few-row tensor-core kernels (kernels/gemm_rows.cu); `false` with
-    /// `QWASI_GEMM_ROWS=cublas` (the `QWASI_GEMM` path).
-    pub gemm_rows: bool,
-    /// Projections of 2..=8 rows with the weights through a bulk-copy ring
-    /// (`gemm_rows_bulk`, where the GPU has bulk copies); `false` with
-    /// `QWASI_GEMM_ROWS=rows` (`gemm_rows8`, register loads).
-    pub rows_bulk: bool,
-    /// 9..=16 rows through the ring too (`gemm_rows_bulk16`); `false` with
-    /// `QWASI_GEMM_ROWS=bulk8` (`gemm_rows16`) or `rows`.
-    pub rows_bulk16: bool,
+    /// the few-row tensor-core kernels (kernels/gemm_rows.cu), up to 16 of
+    /// them through a bulk-copy ring where the GPU has bulk copies
+    /// (`QWASI_GEMM_ROWS`; [`RowsPath`]).
+    pub rows: RowsPath,
     /// Where split projections of 17-64 rows run as one cuBLAS GEMM over
     /// the stacked hi and lo rows, reading the weights once
     /// (`QWASI_GEMM_STACK=decode|off|on`; [`GemmStack`]).
@@ -363,7 +387,12 @@ impl GpuOptions {
                  tc-ring, tc-ring2, tc-ring3, tc-ring4, ring, direct, keys, keys1"
             ),
         };
-        let rows = pick("QWASI_GEMM_ROWS", &["bulk", "bulk8", "rows", "cublas"])?;
+        let rows = match pick("QWASI_GEMM_ROWS", &["bulk", "bulk8", "rows", "cublas"])? {
+            "bulk8" => RowsPath::Bulk8,
+            "rows" => RowsPath::Rows,
+            "cublas" => RowsPath::Cublas,
+            _ => RowsPath::Bulk,
+        };
         let gemv = match pick("QWASI_GEMV", &["bulk", "rows", "stream"])? {
             "rows" => GemvPath::Rows,
             "stream" => GemvPath::Stream,
@@ -381,9 +410,7 @@ impl GpuOptions {
             prefill,
             fused_decode: pick("QWASI_DECODE", &["fused", "unfused"])? == "fused",
             batch_decode: pick("QWASI_BATCH", &["batched", "serial"])? == "batched",
-            gemm_rows: rows != "cublas",
-            rows_bulk: rows == "bulk" || rows == "bulk8",
-            rows_bulk16: rows == "bulk",
+            rows,
             gemm_stack: match pick("QWASI_GEMM_STACK", &["decode", "off", "on"])? {
                 "off" => GemmStack::Off,
                 "on" => GemmStack::On,
@@ -482,9 +509,15 @@ mod tests {
         assert!(o.moe_k64 && o.wg_attention && o.wg_split && o.conv_gdn);
         assert_eq!(o.moe_plan, MoePlanPath::Auto);
         assert!(o.pinned_host_tier && o.graphs);
-        assert!(o.gemm_rows && o.rows_bulk && o.rows_bulk16);
+        assert_eq!(o.rows, RowsPath::Bulk);
+        assert_eq!(o.rows.bulk_max(), 16);
         let o8 = parse(&[("QWASI_GEMM_ROWS", "bulk8")]).unwrap();
-        assert!(o8.gemm_rows && o8.rows_bulk && !o8.rows_bulk16);
+        assert_eq!((o8.rows.few_row_kernels(), o8.rows.bulk_max()), (true, 8));
+        let cublas = parse(&[("QWASI_GEMM_ROWS", "cublas")]).unwrap();
+        assert_eq!(
+            (cublas.rows.few_row_kernels(), cublas.rows.bulk_max()),
+            (false, 0)
+        );
         assert_eq!(o.gemm_stack, GemmStack::Decode);
         assert_eq!(o.grouped_moe, cfg!(feature = "cuda"));
         assert_eq!(o.tc_attention, cfg!(feature = "cuda"));

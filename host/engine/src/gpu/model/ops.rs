@@ -6,7 +6,7 @@
 use super::pass::Norms;
 use super::weights::DevMat;
 use super::{B, DBuf, Device, F, GemmPath, GpuModel};
-use crate::gpu::kernels::{self, Launch};
+use crate::gpu::kernels::{self, Launch, Typed, sig, typed};
 use crate::gpu::options::{GemmStack, PrefillPrecision};
 use crate::gpu::{dptr, i};
 use anyhow::Result;
@@ -36,7 +36,7 @@ enum RowsWeights {
 
 /// A launch shape of `gemm_rows_bulk` or `gemm_rows_bulk16` (`rows_bulk_plan`).
 struct RowsBulk {
-    kernel: kernels::Kernel,
+    kernel: Typed<sig::gemm_rows_bulk>,
     threads: u32,
     smem: u32,
     stages: usize,
@@ -237,7 +237,7 @@ impl GpuModel {
     /// 32-column steps, 16-byte aligned rows.
     pub(super) fn rows_kernel_fits(&self, x: u64, t: usize, cols: usize, max: usize) -> bool {
         cfg!(feature = "cuda")
-            && self.opts.gemm_rows
+            && self.opts.rows.few_row_kernels()
             && self.gemm == GemmPath::CublasSplit
             && (2..=max).contains(&t)
             && cols.is_multiple_of(32)
@@ -266,12 +266,7 @@ impl GpuModel {
             && let Some(p) = self.rows_bulk_plan(t, w, cols)
         {
             let grid = (rows.div_ceil(8) as u32).min(p.resident);
-            let kernel = if p.kernel == kernels::Kernel::gemm_rows_bulk {
-                kernels::gemm_rows_bulk
-            } else {
-                kernels::gemm_rows_bulk16
-            };
-            return kernel(
+            return (p.kernel.launch)(
                 d,
                 Launch::pdl((grid, 1, 1), (p.threads, 1, 1), p.smem),
                 dptr(x),
@@ -378,14 +373,11 @@ impl GpuModel {
     fn rows_bulk_plan(&self, t: usize, w: u64, cols: usize) -> Option<RowsBulk> {
         let d = &self.dev;
         let (kernel, warp_cols, max_cols, static_smem) = match t {
-            ..=8 => (kernels::Kernel::gemm_rows_bulk, 256, 4096, 9 << 10),
-            9..=16 if self.opts.rows_bulk16 => {
-                (kernels::Kernel::gemm_rows_bulk16, 128, 2048, 17 << 10)
-            }
-            _ => return None,
+            _ if t > self.opts.rows.bulk_max() => return None,
+            ..=8 => (typed::gemm_rows_bulk, 256, 4096, 9 << 10),
+            _ => (typed::gemm_rows_bulk16, 128, 2048, 17 << 10),
         };
-        if !self.opts.rows_bulk
-            || !d.bulk_copies()
+        if !d.bulk_copies()
             || !cols.is_multiple_of(warp_cols)
             || cols > max_cols
             || !w.is_multiple_of(16)
@@ -406,7 +398,7 @@ impl GpuModel {
             threads,
             smem,
             stages,
-            resident: d.occupancy(kernel, threads, smem) * d.sm_count,
+            resident: d.occupancy(kernel.kernel, threads, smem) * d.sm_count,
         })
     }
 
