@@ -243,16 +243,43 @@ GEMM_ROWS_FP8(gemm_rows16_fp8, GR_MT, 2, 4)
 #define RB_MAX_WARPS 16  // K <= 4096 (16 rows: 2048)
 
 #if defined(QW_CUDA) || defined(QW_CPU)
+// The ring's weight formats: a slot row of K weights (`BYTES` each) sits
+// PAD16 16-byte units past the previous one (so lanes of rows g and g + 1
+// hit other banks); lane c's 8 weights of k32 block kb of a row become the
+// 16 bytes of their bf16 values. `Lane` is what the lane needs for block kb
+// in the slot of first row row0 (8 rows: one 128-row block): nothing for
+// bf16; the block scale for block-FP8 (E4M3 bytes, kernels/fp8.h), whose
+// bf16 values are the dequantize-at-upload path's, so the FP8 kernels'
+// outputs equal the bf16 kernels' on the dequantized matrix, bit for bit.
+struct RbBf16 {
+    static constexpr int BYTES = 2, PAD16 = RB_PAD;
+    struct Lane {};
+    __device__ __forceinline__ Lane lane(int, int) const { return {}; }
+    __device__ __forceinline__ uint4 w8(const uint4* row, int kb, int c, const Lane&) const { return row[kb * 4 + c]; }
+};
+struct RbFp8 {
+    static constexpr int BYTES = 1, PAD16 = 2;
+    const float* __restrict__ S;  // [N / 128][K / 128]
+    int cb;                       // K / 128
+    struct Lane {
+        float s;
+    };
+    __device__ __forceinline__ Lane lane(int row0, int kb) const { return {S[(size_t)(row0 >> 7) * cb + (kb >> 2)]}; }
+    __device__ __forceinline__ uint4 w8(const uint4* row, int kb, int c, const Lane& l) const {
+        return fp8x8_bf16(((const uint2*)row)[kb * 4 + c], l.s);
+    }
+};
+
 // NT tiles of 8 activation rows (B <= 8 NT), KB k32 blocks per warp: warp w
 // owns columns [32 KB w, 32 KB (w + 1)), blockDim = K / KB. The activations
 // stay in registers (2 NT KB x 4 words a lane), hence fewer columns a warp
 // for 16 rows.
-template <int NT, int KB>
-__device__ __forceinline__ void rows_bulk_impl(const float* __restrict__ X, const bf16_t* __restrict__ W,
+template <int NT, int KB, typename WF>
+__device__ __forceinline__ void rows_bulk_impl(const float* __restrict__ X, const WF& wf, const void* __restrict__ W,
                                                float* __restrict__ Y, int B, int N, int K, int accumulate,
                                                int stages) {
     QW_DYN_SMEM(uint4, ring);
-    const int n8 = K >> 3, pitch = n8 + RB_PAD, slot16 = RB_ROWS * pitch;
+    const int row16 = (K * WF::BYTES) >> 4, pitch = row16 + WF::PAD16, slot16 = RB_ROWS * pitch;
     const int nslots = (N + RB_ROWS - 1) / RB_ROWS;
     const int g0 = (int)((long long)nslots * blockIdx.x / gridDim.x);
     const int n = (int)((long long)nslots * (blockIdx.x + 1) / gridDim.x) - g0;
@@ -263,13 +290,14 @@ __device__ __forceinline__ void rows_bulk_impl(const float* __restrict__ X, cons
 #endif
     auto fill = [&](int it) {
         const int nr = slot_rows(it);
-        const uint4* from = W4 + (size_t)(g0 + it) * RB_ROWS * n8;
+        const uint4* from = W4 + (size_t)(g0 + it) * RB_ROWS * row16;
         uint4* dst = ring + (size_t)(it % stages) * slot16;
 #if defined(QW_BULK)
-        mbar_expect(&full[it % stages], 16u * (unsigned)(nr * n8));
-        for (int j = 0; j < nr; j++) bulk_copy(dst + j * pitch, from + (size_t)j * n8, 16u * n8, &full[it % stages]);
+        mbar_expect(&full[it % stages], 16u * (unsigned)(nr * row16));
+        for (int j = 0; j < nr; j++)
+            bulk_copy(dst + j * pitch, from + (size_t)j * row16, 16u * row16, &full[it % stages]);
 #else
-        for (int i = threadIdx.x; i < nr * n8; i += blockDim.x) dst[(i / n8) * pitch + i % n8] = from[i];
+        for (int i = threadIdx.x; i < nr * row16; i += blockDim.x) dst[(i / row16) * pitch + i % row16] = from[i];
 #endif
     };
 #if defined(QW_BULK)
@@ -295,19 +323,22 @@ __device__ __forceinline__ void rows_bulk_impl(const float* __restrict__ X, cons
     __shared__ float part[2][RB_MAX_WARPS * 64 * NT];
     for (int it = 0; it < n; it++) {
         const int s = it % stages, nr = slot_rows(it);
+        typename WF::Lane lw[KB];  // fetched before the wait (the scales are constants)
+#pragma unroll
+        for (int i = 0; i < KB; i++) lw[i] = wf.lane((g0 + it) * RB_ROWS, w * KB + i);
 #if defined(QW_BULK)
         mbar_wait(&full[s], (unsigned)(it / stages) & 1u);
 #else
         fill(it);
         __syncthreads();
 #endif
-        const uint4* sw = ring + (size_t)s * slot16 + g * pitch + w * KB * 4 + c;
+        const uint4* sw = ring + (size_t)s * slot16 + g * pitch;
         // Four accumulators a tile (k16 step x hi/lo): one chain of 32 dependent
         // mma per slot made the kernel latency-bound (1.2-1.7 TB/s on the H200).
         float acc[4][NT][4] = {};
 #pragma unroll
         for (int i = 0; i < KB; i++) {
-            const uint4 wv = g < nr ? sw[i * 4] : make_uint4(0u, 0u, 0u, 0u);
+            const uint4 wv = g < nr ? wf.w8(sw, w * KB + i, c, lw[i]) : make_uint4(0u, 0u, 0u, 0u);
             const unsigned* w0 = (const unsigned*)&wv;
 #pragma unroll
             for (int st = 0; st < 2; st++) {
@@ -341,10 +372,12 @@ __device__ __forceinline__ void rows_bulk_impl(const float* __restrict__ X, cons
         }
     }
 }
-#define RB_BODY(NT, KB) rows_bulk_impl<NT, KB>(X, W, Y, B, N, K, accumulate, stages)
+#define RB_BODY(NT, KB) rows_bulk_impl<NT, KB>(X, RbBf16{}, W, Y, B, N, K, accumulate, stages)
+#define RBF_BODY(NT, KB) rows_bulk_impl<NT, KB>(X, RbFp8{Sc, K >> 7}, Q, Y, B, N, K, accumulate, stages)
 #else
 // Not launched without tensor cores (ops.rs takes it on CUDA only).
 #define RB_BODY(NT, KB)
+#define RBF_BODY(NT, KB)
 #endif
 
 // Y [B][N] (+)= X [B][K] . W [N][K]^T for B <= 8, K a multiple of 256 up to
@@ -363,6 +396,22 @@ QW_KERNEL void QW_BOUNDS(512) gemm_rows_bulk16(const float* __restrict__ X, cons
                                                float* __restrict__ Y, int B, int N, int K, int accumulate,
                                                int stages) {
     RB_BODY(2, RB_KB / 2);
+}
+
+// gemm_rows_bulk and gemm_rows_bulk16 on block-FP8 weights: Q [N][K] E4M3
+// bytes (the slots hold them as stored, rows 32 bytes apart), Sc [N / 128]
+// [K / 128]; N and K multiples of 128 besides the bf16 kernels' rules.
+// Dynamic shared memory stages * RB_ROWS * (K / 16 + 2) * 16 bytes.
+QW_KERNEL void QW_BOUNDS(512) gemm_rows_bulk_fp8(const float* __restrict__ X, const unsigned char* __restrict__ Q,
+                                                 const float* __restrict__ Sc, float* __restrict__ Y, int B, int N,
+                                                 int K, int accumulate, int stages) {
+    RBF_BODY(1, RB_KB);
+}
+
+QW_KERNEL void QW_BOUNDS(512) gemm_rows_bulk16_fp8(const float* __restrict__ X, const unsigned char* __restrict__ Q,
+                                                   const float* __restrict__ Sc, float* __restrict__ Y, int B, int N,
+                                                   int K, int accumulate, int stages) {
+    RBF_BODY(2, RB_KB / 2);
 }
 
 // The routed experts of a batched decode step (or a short prompt): rows

@@ -11,6 +11,7 @@
 // before using it: the same arithmetic, without the overlap. The host picks
 // these kernels only where the bulk copy exists.
 #include "bulk_copy.h"
+#include "fp8.h"
 #include "norm_partials.h"
 
 #define BULK_WARPS 8  // warps per block (256 threads)
@@ -42,10 +43,38 @@ __device__ __forceinline__ float warp_sum_rows(float (&v)[R], int lane) {
     return t;
 }
 
+// The weight formats of the ring. A slot row is `cols * BYTES` bytes; chunk c
+// of a row (8 consecutive weights) becomes the 16 bytes of their bf16 values.
+// `Lane` is what a lane needs for its chunk c in the slot whose first row is
+// row0, fetched once per slot: nothing for bf16; for block-FP8 (E4M3 bytes,
+// kernels/fp8.h) the scale of the (row0 / 128, c / 16) block, since a slot's
+// R rows lie in one 128-row block. The bf16 values are exactly the
+// dequantize-at-upload path's, so an FP8 kernel's outputs equal the bf16
+// kernel's on the dequantized matrix, bit for bit.
+struct BulkBf16 {
+    static constexpr int BYTES = 2;
+    struct Lane {};
+    __device__ __forceinline__ Lane lane(int, int) const { return {}; }
+    __device__ __forceinline__ uint4 w8(const uint4* row, int c, const Lane&) const { return row[c]; }
+};
+struct BulkFp8 {
+    static constexpr int BYTES = 1;
+    const float* __restrict__ S;  // [rows / 128][cols / 128]
+    int cb;                       // cols / 128
+    struct Lane {
+        float s;
+    };
+    __device__ __forceinline__ Lane lane(int row0, int c) const { return {S[(size_t)(row0 >> 7) * cb + (c >> 4)]}; }
+    __device__ __forceinline__ uint4 w8(const uint4* row, int c, const Lane& l) const {
+        return fp8x8_bf16(((const uint2*)row)[c], l.s);
+    }
+};
+
 // The ring of one block: `stages` slots of `slot16` 16-byte units (dynamic
-// shared memory), each holding R weight rows of n8 units for one step `it`
-// of the block's run of n steps: `rows(it)` rows (at most R) from `src(it)`.
-// Every warp dots its column slice of every row with the activations in
+// shared memory), each holding R weight rows of row16 units (n8 chunks of 8
+// weights in the format WF) for one step `it` of the block's run of n steps:
+// `rows(it)` rows (at most R, the first `row0(it)`) from `src(it)`. Every
+// warp dots its column slice of every row with the activations in
 // registers (xr, chunk c = u * 256 + w * 32 + lane), the 8 warps' partials
 // meet in shared memory, and `emit(it, lane, part)` runs on lanes 0 ..
 // rows(it) - 1 of warp 0 with part[q * R + row] the partial of warp q (sum
@@ -54,10 +83,11 @@ __device__ __forceinline__ float warp_sum_rows(float (&v)[R], int lane) {
 // With bulk copies, `start` (before the grid dependency wait: weights do not
 // depend on the previous kernel) issues the first slots and every slot freed
 // is refilled at once; without, each slot is copied by the block when used.
-template <int R>
+template <int R, typename WF>
 struct BulkRing {
+    WF wf;
     uint4* ring;
-    int slot16, n8, stages, n;
+    int slot16, row16, n8, stages, n;
 #if defined(QW_BULK)
     unsigned long long* full;
 #endif
@@ -65,7 +95,7 @@ struct BulkRing {
     template <typename Src, typename Rows>
     __device__ __forceinline__ void fill(int it, Src src, Rows rows) {
         const uint4* from = src(it);
-        const int n16 = rows(it) * n8;
+        const int n16 = rows(it) * row16;
         uint4* dst = ring + (size_t)(it % stages) * slot16;
 #if defined(QW_BULK)
         mbar_expect(&full[it % stages], 16u * (unsigned)n16);
@@ -89,14 +119,20 @@ struct BulkRing {
 #endif
     }
 
-    template <int UM, typename Src, typename Rows, typename Emit>
-    __device__ __forceinline__ void run(const float (&xr)[UM][8], Src src, Rows rows, Emit emit) {
+    template <int UM, typename Src, typename Rows, typename Row0, typename Emit>
+    __device__ __forceinline__ void run(const float (&xr)[UM][8], Src src, Rows rows, Row0 row0, Emit emit) {
         constexpr int G = WARP / R;  // lanes that end up with one row's total
         __shared__ float part[2][BULK_WARPS * R];
         const int lane = threadIdx.x % WARP, w = threadIdx.x / WARP;
         for (int it = 0; it < n; it++) {
             const int s = it % stages, nr = rows(it);
             const uint4* sw = ring + (size_t)s * slot16;
+            typename WF::Lane lw[UM] = {};  // fetched before the wait (the scales are constants)
+#pragma unroll
+            for (int u = 0; u < UM; u++) {
+                const int c = u * BULK_WARPS * WARP + w * WARP + lane;
+                if (c < n8) lw[u] = wf.lane(row0(it), c);
+            }
 #if defined(QW_BULK)
             mbar_wait(&full[s], (unsigned)(it / stages) & 1u);
 #else
@@ -111,7 +147,7 @@ struct BulkRing {
 #pragma unroll
                     for (int u = 0; u < UM; u++) {
                         const int c = u * BULK_WARPS * WARP + w * WARP + lane;
-                        if (c < n8) acc[j] += dot8r(sw[j * n8 + c], xr[u]);
+                        if (c < n8) acc[j] += dot8r(wf.w8(sw + j * row16, c, lw[u]), xr[u]);
                     }
                 }
             }
@@ -149,8 +185,9 @@ __device__ __forceinline__ float row_total(const float* part, int row) {
     return d;
 }
 
-// y = W . x for W [rows][cols] bf16 (cols % 8 == 0, cols <= UM * 2048), in
-// one of two modes:
+// y = W . x for W [rows][cols] in the format WF (bf16: cols % 8 == 0;
+// block-FP8: rows and cols multiples of 128; cols <= UM * 2048), in one of
+// two modes:
 //   norm (ssq set): y[r] = (W[r] . (x * nw)) / rms(x), the rms from the
 //     residual kernels' nssq partial sums of squares (dec_norm_gemv's job);
 //   residual (ssq null): y[r] (+)= W[r] . x, and with ssq_out each block
@@ -172,30 +209,31 @@ __device__ __forceinline__ float row_total(const float* part, int row) {
 // rows are projected, a thread per row: inside the ring's loop it would hold
 // up warp 0, which every slot's barrier waits for (2-3% slower decode on the
 // H200).
-template <int UM, bool CONV>
-__device__ __forceinline__ void gemv_bulk(const bf16_t* __restrict__ W, const float* __restrict__ x,
+template <int UM, bool CONV, typename WF>
+__device__ __forceinline__ void gemv_bulk(const WF& wf, const void* __restrict__ W, const float* __restrict__ x,
                                           const float* __restrict__ ssq, int nssq, const float* __restrict__ nw,
                                           float eps, float* __restrict__ y, int rows, int cols, int accumulate,
                                           float* __restrict__ ssq_out, int stages, const float* __restrict__ conv_w,
                                           float* __restrict__ hist, int K, int conv_dim) {
     constexpr int R = 8 / UM;
     QW_DYN_SMEM(uint4, ring_mem);
-    const int n8 = cols >> 3;
+    const int n8 = cols >> 3, row16 = n8 * WF::BYTES / 2;
     const int nslots = (rows + R - 1) / R;
     const int g0 = (int)((long long)nslots * blockIdx.x / gridDim.x);
     const int n = (int)((long long)nslots * (blockIdx.x + 1) / gridDim.x) - g0;
-    BulkRing<R> ring{ring_mem, R * n8, n8, stages, n};
+    BulkRing<R, WF> ring{wf, ring_mem, R * row16, row16, n8, stages, n};
 #if defined(QW_BULK)
     __shared__ unsigned long long full[BULK_MAX_STAGES];
     ring.full = full;
 #endif
     const uint4* W4 = (const uint4*)W;
     auto slot_rows = [&](int it) { return min(R, rows - (g0 + it) * R); };
-    auto src = [&](int it) { return W4 + (size_t)(g0 + it) * R * n8; };
+    auto src = [&](int it) { return W4 + (size_t)(g0 + it) * R * row16; };
+    auto row0 = [&](int it) { return (g0 + it) * R; };
     ring.start(src, slot_rows);
     const int H = K - 1, r0 = g0 * R;
     const int nc = CONV ? max(0, min(n * R, conv_dim - r0)) : 0;  // this block's conv channels
-    float* cw = CONV ? (float*)(ring_mem + (size_t)stages * R * n8) : nullptr;  // [n R][K]
+    float* cw = CONV ? (float*)(ring_mem + (size_t)stages * R * row16) : nullptr;  // [n R][K]
     float* ch = CONV ? cw + (size_t)n * R * K : nullptr;                         // [n R][H]
     float* cur = CONV ? ch + (size_t)n * R * H : nullptr;                        // [n R]
     if (CONV) {
@@ -208,7 +246,7 @@ __device__ __forceinline__ void gemv_bulk(const bf16_t* __restrict__ W, const fl
     lane_columns<UM>(x, nw, n8, xr);
     const float inv = ssq ? inv_rms(ssq, nssq, cols, eps) : 1.f;
     float mine = 0.f;
-    ring.template run<UM>(xr, src, slot_rows, [&](int it, int lane, const float* part) {
+    ring.template run<UM>(xr, src, slot_rows, row0, [&](int it, int lane, const float* part) {
         const int r = (g0 + it) * R + lane;
         const float d = row_total<R>(part, lane);
         if (ssq) {
@@ -248,14 +286,14 @@ QW_KERNEL void QW_BOUNDS(256) dec_gemv_bulk1(const bf16_t* __restrict__ W, const
                                             const float* __restrict__ ssq, int nssq, const float* __restrict__ nw,
                                             float eps, float* __restrict__ y, int rows, int cols, int accumulate,
                                             float* __restrict__ ssq_out, int stages) {
-    gemv_bulk<1, false>(W, x, ssq, nssq, nw, eps, y, rows, cols, accumulate, ssq_out, stages, nullptr, nullptr, 0, 0);
+    gemv_bulk<1, false>(BulkBf16{}, W, x, ssq, nssq, nw, eps, y, rows, cols, accumulate, ssq_out, stages, nullptr, nullptr, 0, 0);
 }
 
 QW_KERNEL void QW_BOUNDS(256) dec_gemv_bulk2(const bf16_t* __restrict__ W, const float* __restrict__ x,
                                             const float* __restrict__ ssq, int nssq, const float* __restrict__ nw,
                                             float eps, float* __restrict__ y, int rows, int cols, int accumulate,
                                             float* __restrict__ ssq_out, int stages) {
-    gemv_bulk<2, false>(W, x, ssq, nssq, nw, eps, y, rows, cols, accumulate, ssq_out, stages, nullptr, nullptr, 0, 0);
+    gemv_bulk<2, false>(BulkBf16{}, W, x, ssq, nssq, nw, eps, y, rows, cols, accumulate, ssq_out, stages, nullptr, nullptr, 0, 0);
 }
 
 // The GDN in projection with the step's causal conv folded in: gemv_bulk's
@@ -268,6 +306,28 @@ QW_KERNEL void QW_BOUNDS(256) dec_gemv_bulk_conv(const bf16_t* __restrict__ W, c
                                                 float* __restrict__ ssq_out, int stages,
                                                 const float* __restrict__ conv_w, float* __restrict__ hist, int K,
                                                 int conv_dim) {
-    gemv_bulk<1, true>(W, x, ssq, nssq, nw, eps, y, rows, cols, accumulate, ssq_out, stages, conv_w, hist, K,
+    gemv_bulk<1, true>(BulkBf16{}, W, x, ssq, nssq, nw, eps, y, rows, cols, accumulate, ssq_out, stages, conv_w, hist, K,
                        conv_dim);
+}
+
+// dec_gemv_bulk1 / dec_gemv_bulk2 on block-FP8 weights: Q [rows][cols] E4M3
+// bytes (the ring's slots hold them as stored: half the bytes of bf16),
+// Sc [rows / 128][cols / 128]; rows and cols multiples of 128. Outputs
+// bit-identical to the bf16 kernels on the dequantized matrix.
+QW_KERNEL void QW_BOUNDS(256) dec_gemv_bulk1_fp8(const unsigned char* __restrict__ Q, const float* __restrict__ Sc,
+                                                const float* __restrict__ x, const float* __restrict__ ssq, int nssq,
+                                                const float* __restrict__ nw, float eps, float* __restrict__ y,
+                                                int rows, int cols, int accumulate, float* __restrict__ ssq_out,
+                                                int stages) {
+    gemv_bulk<1, false>(BulkFp8{Sc, cols >> 7}, Q, x, ssq, nssq, nw, eps, y, rows, cols, accumulate, ssq_out,
+                        stages, nullptr, nullptr, 0, 0);
+}
+
+QW_KERNEL void QW_BOUNDS(256) dec_gemv_bulk2_fp8(const unsigned char* __restrict__ Q, const float* __restrict__ Sc,
+                                                const float* __restrict__ x, const float* __restrict__ ssq, int nssq,
+                                                const float* __restrict__ nw, float eps, float* __restrict__ y,
+                                                int rows, int cols, int accumulate, float* __restrict__ ssq_out,
+                                                int stages) {
+    gemv_bulk<2, false>(BulkFp8{Sc, cols >> 7}, Q, x, ssq, nssq, nw, eps, y, rows, cols, accumulate, ssq_out,
+                        stages, nullptr, nullptr, 0, 0);
 }

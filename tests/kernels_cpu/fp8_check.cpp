@@ -6,9 +6,12 @@
 // two-slab matrix with partial column blocks; only the routed slabs written.
 // The native FP8 decode kernels (kernels/decode.cu: dec_gemv_fp8,
 // dec_norm_gemv_fp8; kernels/decode_moe.cu: dec_moe_gate_up_fp8,
-// dec_moe_down_fp8) against the bf16 kernels on the dequantized weights:
-// bit-identical outputs (same values, same f32 order); the synthetic weights'
-// encoder. Exit 1 on a mismatch.
+// dec_moe_down_fp8), the bulk-copy ring GEMVs (kernels/gemv_bulk.cu:
+// dec_gemv_bulk1_fp8, dec_gemv_bulk2_fp8) and the few-row ring projections
+// (kernels/gemm_rows.cu: gemm_rows_bulk_fp8, gemm_rows_bulk16_fp8) against
+// the bf16 kernels on the dequantized weights: bit-identical outputs (same
+// values, same f32 order); the synthetic weights' encoder. Exit 1 on a
+// mismatch.
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -17,6 +20,8 @@
 #include "decode.cu"
 #include "decode_moe.cu"
 #include "fp8.cu"
+#include "gemm_rows.cu"
+#include "gemv_bulk.cu"
 
 static int failures = 0;
 
@@ -138,6 +143,56 @@ static void gemvs(int rows, int cols, std::mt19937& rng) {
     same("dec_norm_gemv_fp8", n2, n1);
 }
 
+// The ring GEMVs in both modes, on `grid` blocks of `stages` slots (the FP8
+// slots hold half the bytes: the host gives them twice as many).
+static void bulk_gemvs(int rows, int cols, unsigned grid, int stages, std::mt19937& rng) {
+    Q8 m = random_q8(rows, cols, rng);
+    const auto w = m.bf16();
+    const auto x = randn(cols, rng), nw = randn(cols, rng, 1.f, 0.1f), y0 = randn(rows, rng);
+    const int nssq = 3, nout = (int)grid + 2;
+    std::vector<float> ssq(nssq, 0.f);
+    for (int c = 0; c < cols; c++) ssq[c % nssq] += x[c] * x[c];
+    const bool wide = cols > 2048;
+    for (bool norm : {true, false}) {
+        std::vector<float> y1 = y0, y2 = y0, s1(nout, -1.f), s2(nout, -1.f);
+        const float* in_ssq = norm ? ssq.data() : nullptr;
+        const float* nwp = norm ? nw.data() : nullptr;
+        const int n_ssq = norm ? nssq : nout;
+        qw_cpu::launch({grid, 1, 1}, {256, 1, 1}, [&] {
+            (wide ? dec_gemv_bulk2 : dec_gemv_bulk1)(w.data(), x.data(), in_ssq, n_ssq, nwp, 1e-6f, y1.data(), rows,
+                                                     cols, 1, norm ? nullptr : s1.data(), stages);
+        });
+        qw_cpu::launch({grid, 1, 1}, {256, 1, 1}, [&] {
+            (wide ? dec_gemv_bulk2_fp8 : dec_gemv_bulk1_fp8)(m.q.data(), m.s.data(), x.data(), in_ssq, n_ssq, nwp,
+                                                             1e-6f, y2.data(), rows, cols, 1,
+                                                             norm ? nullptr : s2.data(), 2 * stages);
+        });
+        same(norm ? "dec_gemv_bulk_fp8 norm" : "dec_gemv_bulk_fp8 residual", y2, y1);
+        same("dec_gemv_bulk_fp8 ssq", s2, s1);
+    }
+}
+
+// The few-row ring projections of B rows (2-8: gemm_rows_bulk, 9-16:
+// gemm_rows_bulk16), both with and without accumulation.
+static void rows_bulk(int B, int N, int K, unsigned grid, int stages, std::mt19937& rng) {
+    Q8 m = random_q8(N, K, rng);
+    const auto w = m.bf16();
+    const auto x = randn((size_t)B * K, rng), y0 = randn((size_t)B * N, rng);
+    const bool wide = B > 8;
+    const unsigned threads = (unsigned)(wide ? K / 4 : K / 8);
+    for (int acc : {0, 1}) {
+        std::vector<float> y1 = y0, y2 = y0;
+        qw_cpu::launch({grid, 1, 1}, {threads, 1, 1}, [&] {
+            (wide ? gemm_rows_bulk16 : gemm_rows_bulk)(x.data(), w.data(), y1.data(), B, N, K, acc, stages);
+        });
+        qw_cpu::launch({grid, 1, 1}, {threads, 1, 1}, [&] {
+            (wide ? gemm_rows_bulk16_fp8 : gemm_rows_bulk_fp8)(x.data(), m.q.data(), m.s.data(), y2.data(), B, N, K,
+                                                               acc, 2 * stages);
+        });
+        same(wide ? "gemm_rows_bulk16_fp8" : "gemm_rows_bulk_fp8", y2, y1);
+    }
+}
+
 static void moe(int E, int k, int I, int H, int S, std::mt19937& rng) {
     Q8 gu = random_q8(E * 2 * I, H, rng), dn = random_q8(E * H, I, rng), sd = random_q8(H, S, rng);
     const auto wgu = gu.bf16(), wd = dn.bf16(), wsd = sd.bf16();
@@ -194,6 +249,14 @@ int main() {
     gemvs(256, 384, rng);   // one chunk, lanes idle
     gemvs(128, 2560, rng);  // two chunks (the second partial)
     gemvs(384, 128, rng);
+    bulk_gemvs(256, 384, 3, 2, rng);   // lanes idle, several slots a block
+    bulk_gemvs(384, 2048, 7, 3, rng);  // a block's slots across a row block
+    bulk_gemvs(128, 4096, 2, 1, rng);  // 4 rows a slot
+    bulk_gemvs(256, 2560, 64, 2, rng); // a slot a block, the second chunk partial
+    rows_bulk(3, 384, 512, 5, 2, rng);
+    rows_bulk(8, 256, 4096, 3, 1, rng);
+    rows_bulk(12, 256, 1024, 4, 2, rng);
+    rows_bulk(16, 384, 2048, 7, 3, rng);
     moe(8, 3, 128, 256, 128, rng);
     moe(6, 2, 256, 128, 256, rng);  // the virtual row over two chunks
     if (failures) {

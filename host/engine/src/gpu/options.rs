@@ -191,7 +191,7 @@ pub enum GemmStack {
     On,
 }
 
-/// Most ring slots of `dec_gemv_bulk*` (`BULK_MAX_STAGES` in kernels/gemv_bulk.cu).
+/// Most ring slots of the bulk-copy kernels (`BULK_MAX_STAGES` in kernels/bulk_copy.h).
 pub const BULK_MAX_STAGES: usize = 8;
 
 /// Switches of the device layer itself (`QWASI_PDL`, `QWASI_GPU_DEBUG`,

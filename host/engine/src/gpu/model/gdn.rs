@@ -335,7 +335,7 @@ impl GdnLayer {
             folded = m.opts.conv_gdn
                 && in_proj.fp8().is_none()
                 && m.bulk_gemv(
-                    in_proj.buf.ptr(),
+                    in_proj.weights(),
                     x,
                     proj,
                     p,

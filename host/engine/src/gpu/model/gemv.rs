@@ -5,10 +5,10 @@
 //! as an epilogue.
 
 use super::pass::Decode;
-use super::weights::DevMat;
+use super::weights::{DevMat, MatWeights};
 use super::{B, Device, F, GpuModel};
 use crate::gpu::kernels::{self, Kernel, Launch};
-use crate::gpu::options::{GemvPath, GpuOptions};
+use crate::gpu::options::{BULK_MAX_STAGES, GemvPath, GpuOptions};
 use crate::gpu::{dptr, i};
 use anyhow::Result;
 
@@ -45,30 +45,43 @@ impl BulkGemv {
         })
     }
 
-    /// The launch for a `rows` x `cols` matrix at address `w`, or `None`
-    /// where the kernels do not apply (columns not a multiple of 8 or over
-    /// 4,096, weights not 16-byte aligned, not one slot of shared memory).
-    /// A residual GEMV writes a partial sum of squares per block into
-    /// `out_blocks` entries, so it has at most that many blocks.
+    /// The launch for a `rows` x `cols` matrix `w`, or `None` where the
+    /// kernels do not apply (columns not a multiple of 8 or over 4,096,
+    /// weights not 16-byte aligned, FP8 rows or columns not whole 128
+    /// blocks, not one slot of shared memory). A residual GEMV writes a
+    /// partial sum of squares per block into `out_blocks` entries, so it has
+    /// at most that many blocks. FP8 slots hold half the bytes of bf16
+    /// ones, so they get twice as many (at most 8): the same bytes in flight.
     pub(super) fn plan(
         &self,
-        w: u64,
+        w: MatWeights,
         rows: usize,
         cols: usize,
         max_smem: usize,
         sms: u32,
         out_blocks: Option<usize>,
     ) -> Option<BulkPlan> {
-        if !cols.is_multiple_of(8) || cols > 2 * GEMV_CHUNK || !w.is_multiple_of(16) || rows == 0 {
+        let fp8 = matches!(w, MatWeights::Fp8 { .. });
+        if !cols.is_multiple_of(8)
+            || cols > 2 * GEMV_CHUNK
+            || !w.ptr().is_multiple_of(16)
+            || rows == 0
+            || (fp8 && !(rows.is_multiple_of(128) && cols.is_multiple_of(128)))
+        {
             return None;
         }
-        let (kernel, slot_rows) = if cols <= GEMV_CHUNK {
-            (Kernel::dec_gemv_bulk1, 8)
-        } else {
-            (Kernel::dec_gemv_bulk2, 4)
+        let (kernel, slot_rows) = match (cols <= GEMV_CHUNK, fp8) {
+            (true, false) => (Kernel::dec_gemv_bulk1, 8),
+            (false, false) => (Kernel::dec_gemv_bulk2, 4),
+            (true, true) => (Kernel::dec_gemv_bulk1_fp8, 8),
+            (false, true) => (Kernel::dec_gemv_bulk2_fp8, 4),
         };
-        let slot = slot_rows * cols * B;
-        let stages = self.stages.min(max_smem / slot);
+        let (slot, max_stages) = if fp8 {
+            (slot_rows * cols, (2 * self.stages).min(BULK_MAX_STAGES))
+        } else {
+            (slot_rows * cols * B, self.stages)
+        };
+        let stages = max_stages.min(max_smem / slot);
         if stages == 0 {
             return None;
         }
@@ -91,7 +104,7 @@ impl BulkGemv {
     /// value; `None` where that does not fit.
     pub(super) fn plan_conv(
         &self,
-        w: u64,
+        w: MatWeights,
         rows: usize,
         cols: usize,
         max_smem: usize,
@@ -139,7 +152,17 @@ impl GpuModel {
             self.cfg.rms_norm_eps,
         );
         let (x, ssq, nssq) = (ds.x.ptr(), ds.ssq.ptr(), ds.nssq);
-        if self.bulk_gemv(w, x, y, rows, h, Some(norm), ssq, nssq, None)? {
+        if self.bulk_gemv(
+            MatWeights::Bf16(w),
+            x,
+            y,
+            rows,
+            h,
+            Some(norm),
+            ssq,
+            nssq,
+            None,
+        )? {
             return Ok(());
         }
         kernels::dec_norm_gemv(
@@ -177,7 +200,7 @@ impl GpuModel {
         ssq: u64,
         nssq: usize,
     ) -> Result<()> {
-        if self.bulk_gemv(w, x, y, rows, cols, None, ssq, nssq, None)? {
+        if self.bulk_gemv(MatWeights::Bf16(w), x, y, rows, cols, None, ssq, nssq, None)? {
             return Ok(());
         }
         let chunks = cols.div_ceil(GEMV_CHUNK);
@@ -204,7 +227,8 @@ impl GpuModel {
     }
 
     /// [`GpuModel::dec_norm_gemv`] of a device matrix: block-FP8 matrices
-    /// take `dec_norm_gemv_fp8` (E4M3 bytes read, kernels/decode.cu).
+    /// take `dec_gemv_bulk*_fp8` where the bulk GEMVs apply, else
+    /// `dec_norm_gemv_fp8` (E4M3 bytes read, kernels/decode.cu).
     pub(super) fn dec_norm_gemv_mat(
         &self,
         dc: &Decode,
@@ -217,6 +241,10 @@ impl GpuModel {
         };
         let (ds, h, eps) = (dc.ds, self.cfg.hidden_size, self.cfg.rms_norm_eps);
         assert_eq!(w.cols, h);
+        let (x, ssq, nssq) = (ds.x.ptr(), ds.ssq.ptr(), ds.nssq);
+        if self.bulk_gemv(w.weights(), x, y, w.rows, h, Some(norm), ssq, nssq, None)? {
+            return Ok(());
+        }
         kernels::dec_norm_gemv_fp8(
             &self.dev,
             Launch::pdl(
@@ -238,7 +266,8 @@ impl GpuModel {
     }
 
     /// [`GpuModel::dec_gemv`] of a device matrix (`y += W x`): block-FP8
-    /// matrices take `dec_gemv_fp8`.
+    /// matrices take `dec_gemv_bulk*_fp8` where the bulk GEMVs apply, else
+    /// `dec_gemv_fp8`.
     pub(super) fn dec_gemv_mat(
         &self,
         w: &DevMat,
@@ -250,6 +279,9 @@ impl GpuModel {
         let Some((q, s)) = w.fp8() else {
             return self.dec_gemv(w.buf.ptr(), x, y, w.rows, w.cols, ssq, nssq);
         };
+        if self.bulk_gemv(w.weights(), x, y, w.rows, w.cols, None, ssq, nssq, None)? {
+            return Ok(());
+        }
         kernels::dec_gemv_fp8(
             &self.dev,
             Launch::pdl((w.rows.div_ceil(8) as u32, 1, 1), (256, 1, 1), 0),
@@ -277,7 +309,7 @@ impl GpuModel {
     #[allow(clippy::too_many_arguments)]
     pub(super) fn bulk_gemv(
         &self,
-        w: u64,
+        w: MatWeights,
         x: u64,
         y: u64,
         rows: usize,
@@ -310,23 +342,18 @@ impl GpuModel {
             None => (0, 0, 1, ssq),
         };
         let l = Launch::pdl((plan.grid as u32, 1, 1), (256, 1, 1), plan.smem as u32);
-        let (w, x, in_ssq, nw, y, ssq_out) = (
-            dptr(w),
-            dptr(x),
-            dptr(in_ssq),
-            dptr(nw),
-            dptr(y),
-            dptr(ssq_out),
-        );
+        let (x, in_ssq, nw, y, ssq_out) = (dptr(x), dptr(in_ssq), dptr(nw), dptr(y), dptr(ssq_out));
         let eps = self.cfg.rms_norm_eps;
         let (nssq, rows, cols, acc, st) =
             (i(nssq), i(rows), i(cols), i(accumulate), i(plan.stages));
-        match conv {
-            Some((conv_w, hist, k, conv_dim)) if plan.kernel == Kernel::dec_gemv_bulk_conv => {
+        match (conv, w) {
+            (Some((conv_w, hist, k, conv_dim)), MatWeights::Bf16(w))
+                if plan.kernel == Kernel::dec_gemv_bulk_conv =>
+            {
                 kernels::dec_gemv_bulk_conv(
                     d,
                     l,
-                    w,
+                    dptr(w),
                     x,
                     in_ssq,
                     nssq,
@@ -344,14 +371,26 @@ impl GpuModel {
                     i(conv_dim),
                 )?;
             }
-            None if plan.kernel == Kernel::dec_gemv_bulk2 => {
-                kernels::dec_gemv_bulk2(
+            (None, MatWeights::Bf16(w)) => {
+                let kernel = if plan.kernel == Kernel::dec_gemv_bulk2 {
+                    kernels::dec_gemv_bulk2
+                } else {
+                    kernels::dec_gemv_bulk1
+                };
+                let w = dptr(w);
+                kernel(
                     d, l, w, x, in_ssq, nssq, nw, eps, y, rows, cols, acc, ssq_out, st,
                 )?;
             }
-            None if plan.kernel == Kernel::dec_gemv_bulk1 => {
-                kernels::dec_gemv_bulk1(
-                    d, l, w, x, in_ssq, nssq, nw, eps, y, rows, cols, acc, ssq_out, st,
+            (None, MatWeights::Fp8 { q, s }) => {
+                let kernel = if plan.kernel == Kernel::dec_gemv_bulk2_fp8 {
+                    kernels::dec_gemv_bulk2_fp8
+                } else {
+                    kernels::dec_gemv_bulk1_fp8
+                };
+                let (q, s) = (dptr(q), dptr(s));
+                kernel(
+                    d, l, q, s, x, in_ssq, nssq, nw, eps, y, rows, cols, acc, ssq_out, st,
                 )?;
             }
             _ => unreachable!("plan_conv plans the conv kernel exactly when there is a conv"),
@@ -366,6 +405,9 @@ const _: () = assert!(B == 2);
 mod tests {
     use super::*;
 
+    const BF16: MatWeights = MatWeights::Bf16(0);
+    const FP8: MatWeights = MatWeights::Fp8 { q: 0, s: 0 };
+
     /// The H200's opt-in shared memory per block.
     const H200_SMEM: usize = 232_448;
 
@@ -377,7 +419,7 @@ mod tests {
         };
         // GDN in_proj of the 35B model: 12,352 rows of 2,048 columns, 132 SMs.
         assert_eq!(
-            b.plan(0, 12_352, 2048, H200_SMEM, 132, None),
+            b.plan(BF16, 12_352, 2048, H200_SMEM, 132, None),
             Some(BulkPlan {
                 kernel: Kernel::dec_gemv_bulk1,
                 grid: 132,
@@ -387,25 +429,54 @@ mod tests {
         );
         // The out projection (4,096 columns): 4-row slots, one block per
         // partial sum of squares at most.
-        let out = b.plan(0, 2048, 4096, H200_SMEM, 132, Some(256)).unwrap();
+        let out = b.plan(BF16, 2048, 4096, H200_SMEM, 132, Some(256)).unwrap();
         assert_eq!(
             (out.kernel.name(), out.grid, out.smem),
             ("dec_gemv_bulk2", 132, 4 * 32768)
         );
         assert_eq!(
-            b.plan(0, 2048, 4096, H200_SMEM, 132, Some(8)).unwrap().grid,
+            b.plan(BF16, 2048, 4096, H200_SMEM, 132, Some(8))
+                .unwrap()
+                .grid,
             8
         );
         // A small model: fewer slots than SMs; slots shrink with the row.
-        let small = b.plan(0, 100, 64, H200_SMEM, 132, None).unwrap();
+        let small = b.plan(BF16, 100, 64, H200_SMEM, 132, None).unwrap();
         assert_eq!((small.grid, small.smem), (13, 4 * 8 * 64 * 2));
         // Less shared memory: fewer slots; none fits: the other kernels.
-        assert_eq!(b.plan(0, 64, 2048, 70_000, 132, None).unwrap().stages, 2);
-        assert_eq!(b.plan(0, 64, 2048, 30_000, 132, None), None);
+        assert_eq!(b.plan(BF16, 64, 2048, 70_000, 132, None).unwrap().stages, 2);
+        assert_eq!(b.plan(BF16, 64, 2048, 30_000, 132, None), None);
         // Unaligned rows or weights, or rows too long.
-        assert_eq!(b.plan(0, 64, 100, H200_SMEM, 132, None), None);
-        assert_eq!(b.plan(8, 64, 2048, H200_SMEM, 132, None), None);
-        assert_eq!(b.plan(0, 64, 4104, H200_SMEM, 132, None), None);
+        assert_eq!(b.plan(BF16, 64, 100, H200_SMEM, 132, None), None);
+        assert_eq!(
+            b.plan(MatWeights::Bf16(8), 64, 2048, H200_SMEM, 132, None),
+            None
+        );
+        assert_eq!(b.plan(BF16, 64, 4104, H200_SMEM, 132, None), None);
+    }
+
+    #[test]
+    fn fp8_bulk_gemv_launches() {
+        let b = BulkGemv {
+            stages: 4,
+            blocks_per_sm: 1,
+        };
+        // The 35B GDN out projection as FP8: 4-row slots of 4,096 bytes,
+        // twice the bf16 slots: the same 128 KB in flight.
+        let out = b.plan(FP8, 2048, 4096, H200_SMEM, 132, Some(256)).unwrap();
+        assert_eq!(
+            (out.kernel.name(), out.grid, out.smem, out.stages),
+            ("dec_gemv_bulk2_fp8", 132, 8 * 16384, 8)
+        );
+        let qkv = b.plan(FP8, 9216, 2048, H200_SMEM, 132, None).unwrap();
+        assert_eq!((qkv.kernel.name(), qkv.stages), ("dec_gemv_bulk1_fp8", 8));
+        // Less shared memory: fewer slots.
+        assert_eq!(b.plan(FP8, 128, 2048, 70_000, 132, None).unwrap().stages, 4);
+        // Not whole 128 x 128 blocks: the streaming FP8 GEMVs.
+        assert_eq!(b.plan(FP8, 100, 2048, H200_SMEM, 132, None), None);
+        assert_eq!(b.plan(FP8, 128, 2000, H200_SMEM, 132, None), None);
+        // The conv fold reads bf16 only.
+        assert_eq!(b.plan_conv(FP8, 12_288, 2048, H200_SMEM, 132, 4), None);
     }
 
     #[test]
@@ -416,14 +487,14 @@ mod tests {
         };
         // The 35B GDN in projection with a conv of 4: 1,544 slots on 132
         // blocks, at most 12 slots (96 rows) a block, 8 floats a row.
-        let p = b.plan_conv(0, 12_352, 2048, H200_SMEM, 132, 4).unwrap();
+        let p = b.plan_conv(BF16, 12_352, 2048, H200_SMEM, 132, 4).unwrap();
         assert_eq!(
             (p.kernel.name(), p.grid, p.smem, p.stages),
             ("dec_gemv_bulk_conv", 132, 4 * 32768 + 96 * 8 * 4, 4)
         );
         // Every block's rows fit the staging the kernel lays out after the ring.
         for (rows, grid_max, k) in [(12_352, 132, 4), (100, 7, 2), (1000, 3, 4), (9, 132, 3)] {
-            let p = b.plan_conv(0, rows, 64, H200_SMEM, grid_max, k).unwrap();
+            let p = b.plan_conv(BF16, rows, 64, H200_SMEM, grid_max, k).unwrap();
             let slots = rows.div_ceil(8);
             for blk in 0..p.grid {
                 let n = slots * (blk + 1) / p.grid - slots * blk / p.grid;
@@ -434,8 +505,11 @@ mod tests {
             }
         }
         // Wide rows (4-row slots), no conv, or no room: the plain GEMV and dec_gdn_conv.
-        assert_eq!(b.plan_conv(0, 64, 4096, H200_SMEM, 132, 4), None);
-        assert_eq!(b.plan_conv(0, 64, 2048, H200_SMEM, 132, 0), None);
-        assert_eq!(b.plan_conv(0, 12_352, 2048, 4 * 32768 + 100, 132, 4), None);
+        assert_eq!(b.plan_conv(BF16, 64, 4096, H200_SMEM, 132, 4), None);
+        assert_eq!(b.plan_conv(BF16, 64, 2048, H200_SMEM, 132, 0), None);
+        assert_eq!(
+            b.plan_conv(BF16, 12_352, 2048, 4 * 32768 + 100, 132, 4),
+            None
+        );
     }
 }

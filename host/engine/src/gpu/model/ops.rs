@@ -4,10 +4,10 @@
 //! RMSNorm, the residual add, and the pass's work buffers.
 
 use super::pass::Norms;
-use super::weights::DevMat;
+use super::weights::{DevMat, MatWeights};
 use super::{B, DBuf, Device, F, GemmPath, GpuModel};
 use crate::gpu::kernels::{self, Launch, Typed, sig, typed};
-use crate::gpu::options::{GemmStack, PrefillPrecision};
+use crate::gpu::options::{BULK_MAX_STAGES, GemmStack, PrefillPrecision};
 use crate::gpu::{dptr, i};
 use anyhow::Result;
 use std::collections::HashMap;
@@ -26,17 +26,16 @@ const STACKED_MAX: usize = 64;
 const GEMM_ROWS_WARPS_PER_SM: usize = 16;
 const GEMM_ROWS_MIN_SLICE: usize = 256;
 
-/// The weights of a few-row projection: bf16, or block-FP8 E4M3 bytes and
-/// their scales (`gemm_rows*_fp8`, read as stored).
-#[derive(Clone, Copy)]
-enum RowsWeights {
-    Bf16(u64),
-    Fp8 { q: u64, s: u64 },
+/// The ring kernel of a few-row projection (`rows_bulk_plan`): 2-8 or 9-16
+/// rows, bf16 or block-FP8 weights (the same signature but for the scales).
+enum RingKernel {
+    Bf16(Typed<sig::gemm_rows_bulk>),
+    Fp8(Typed<sig::gemm_rows_bulk_fp8>),
 }
 
-/// A launch shape of `gemm_rows_bulk` or `gemm_rows_bulk16` (`rows_bulk_plan`).
+/// A launch shape of the ring kernels (`rows_bulk_plan`).
 struct RowsBulk {
-    kernel: Typed<sig::gemm_rows_bulk>,
+    kernel: RingKernel,
     threads: u32,
     smem: u32,
     stages: usize,
@@ -101,11 +100,10 @@ impl GpuModel {
         y: u64,
         accumulate: bool,
     ) -> Result<()> {
-        if let Some((q, s)) = w.fp8()
+        if let wt @ MatWeights::Fp8 { .. } = w.weights()
             && self.rows_kernel_fits(x, t, w.cols, GEMM_ROWS_MAX)
             && w.cols.is_multiple_of(128)
         {
-            let wt = RowsWeights::Fp8 { q, s };
             return self.gemm_rows(sc, x, t, wt, w.rows, w.cols, y, accumulate);
         }
         let wb = self.bf16_weights(w, super::fp8::Slot::Mat, None)?;
@@ -126,7 +124,7 @@ impl GpuModel {
     ) -> Result<()> {
         let d = &self.dev;
         if self.rows_kernel_fits(x, t, cols, GEMM_ROWS_MAX) {
-            let wt = RowsWeights::Bf16(w);
+            let wt = MatWeights::Bf16(w);
             return self.gemm_rows(sc, x, t, wt, rows, cols, y, accumulate);
         }
         if t == 1 {
@@ -255,36 +253,34 @@ impl GpuModel {
         sc: &mut Scratch,
         x: u64,
         t: usize,
-        wt: RowsWeights,
+        wt: MatWeights,
         rows: usize,
         cols: usize,
         y: u64,
         accumulate: bool,
     ) -> Result<()> {
         let d = &self.dev;
-        if let RowsWeights::Bf16(w) = wt
-            && let Some(p) = self.rows_bulk_plan(t, w, cols)
-        {
+        if let Some(p) = self.rows_bulk_plan(t, wt, rows, cols) {
             let grid = (rows.div_ceil(8) as u32).min(p.resident);
-            return (p.kernel.launch)(
-                d,
-                Launch::pdl((grid, 1, 1), (p.threads, 1, 1), p.smem),
-                dptr(x),
-                dptr(w),
-                dptr(y),
-                i(t),
-                i(rows),
-                i(cols),
-                i(accumulate as usize),
-                i(p.stages),
-            );
+            let l = Launch::pdl((grid, 1, 1), (p.threads, 1, 1), p.smem);
+            let (x, y, t, n, k) = (dptr(x), dptr(y), i(t), i(rows), i(cols));
+            let (acc, st) = (i(accumulate as usize), i(p.stages));
+            return match (p.kernel, wt) {
+                (RingKernel::Bf16(kr), MatWeights::Bf16(w)) => {
+                    (kr.launch)(d, l, x, dptr(w), y, t, n, k, acc, st)
+                }
+                (RingKernel::Fp8(kr), MatWeights::Fp8 { q, s }) => {
+                    (kr.launch)(d, l, x, dptr(q), dptr(s), y, t, n, k, acc, st)
+                }
+                _ => unreachable!("rows_bulk_plan picks the kernel of the weights' format"),
+            };
         }
         let groups = rows.div_ceil(32);
         let target = d.sm_count as usize * GEMM_ROWS_WARPS_PER_SM;
         // Slices of whole steps: 32 columns, 64 for FP8 (16-byte loads of two).
         let step = match wt {
-            RowsWeights::Bf16(_) => 32,
-            RowsWeights::Fp8 { .. } => 64,
+            MatWeights::Bf16(_) => 32,
+            MatWeights::Fp8 { .. } => 64,
         };
         let mut slices = 1;
         while groups * slices * 2 <= target
@@ -302,7 +298,7 @@ impl GpuModel {
         let (t_, rows_, cols_, s_, acc_) =
             (i(t), i(rows), i(cols), i(slices), i(accumulate as usize));
         match wt {
-            RowsWeights::Bf16(w) => {
+            MatWeights::Bf16(w) => {
                 let kernel = match t {
                     ..=8 => kernels::gemm_rows8,
                     9..=16 => kernels::gemm_rows16,
@@ -323,7 +319,7 @@ impl GpuModel {
                     acc_,
                 )?
             }
-            RowsWeights::Fp8 { q, s } => {
+            MatWeights::Fp8 { q, s } => {
                 let kernel = match t {
                     ..=8 => kernels::gemm_rows8_fp8,
                     9..=16 => kernels::gemm_rows16_fp8,
@@ -361,44 +357,80 @@ impl GpuModel {
         Ok(())
     }
 
-    /// The ring of `gemm_rows_bulk` (2-8 rows) or `gemm_rows_bulk16` (9-16)
-    /// for `t` rows of a matrix of `cols` columns at `w`: slots, dynamic
-    /// shared memory and how many blocks are resident at once; `None` where
-    /// it does not apply: no bulk copies, more rows than `QWASI_GEMM_ROWS`
-    /// takes through the ring, columns not whole warps' (256 a warp up to
-    /// 4,096 columns; 128 up to 2,048 for 9-16 rows, whose activations take
-    /// twice the registers), unaligned weights. Slots of 8 rows,
-    /// `QWASI_BULK_STAGES` of them as they fit beside the kernel's static
-    /// shared memory (8.3 KB; 16.3 KB for 9-16 rows).
-    fn rows_bulk_plan(&self, t: usize, w: u64, cols: usize) -> Option<RowsBulk> {
+    /// The ring of `gemm_rows_bulk` (2-8 rows) or `gemm_rows_bulk16` (9-16),
+    /// or their `_fp8` forms, for `t` rows of a `rows` x `cols` matrix:
+    /// slots, dynamic shared memory and how many blocks are resident at
+    /// once; `None` where it does not apply: no bulk copies, more rows than
+    /// `QWASI_GEMM_ROWS` takes through the ring, columns not whole warps'
+    /// (256 a warp up to 4,096 columns; 128 up to 2,048 for 9-16 rows, whose
+    /// activations take twice the registers), unaligned weights, FP8 rows
+    /// not in whole 128-row blocks. Slots of 8 rows, `QWASI_BULK_STAGES` of
+    /// them as they fit beside the kernel's static shared memory (8.3 KB;
+    /// 16.3 KB for 9-16 rows); FP8 slots hold half the bytes, so twice as
+    /// many (at most 8): the same bytes in flight.
+    fn rows_bulk_plan(
+        &self,
+        t: usize,
+        wt: MatWeights,
+        rows: usize,
+        cols: usize,
+    ) -> Option<RowsBulk> {
         let d = &self.dev;
-        let (kernel, warp_cols, max_cols, static_smem) = match t {
+        let fp8 = matches!(wt, MatWeights::Fp8 { .. });
+        let (kernel, warp_cols, max_cols, static_smem) = match (t, fp8) {
             _ if t > self.opts.rows.bulk_max() => return None,
-            ..=8 => (typed::gemm_rows_bulk, 256, 4096, 9 << 10),
-            _ => (typed::gemm_rows_bulk16, 128, 2048, 17 << 10),
+            (..=8, false) => (RingKernel::Bf16(typed::gemm_rows_bulk), 256, 4096, 9 << 10),
+            (_, false) => (
+                RingKernel::Bf16(typed::gemm_rows_bulk16),
+                128,
+                2048,
+                17 << 10,
+            ),
+            (..=8, true) => (
+                RingKernel::Fp8(typed::gemm_rows_bulk_fp8),
+                256,
+                4096,
+                9 << 10,
+            ),
+            (_, true) => (
+                RingKernel::Fp8(typed::gemm_rows_bulk16_fp8),
+                128,
+                2048,
+                17 << 10,
+            ),
         };
         if !d.bulk_copies()
             || !cols.is_multiple_of(warp_cols)
             || cols > max_cols
-            || !w.is_multiple_of(16)
+            || !wt.ptr().is_multiple_of(16)
+            || (fp8 && !(rows.is_multiple_of(128) && cols.is_multiple_of(128)))
         {
             return None;
         }
-        let slot = 8 * (2 * cols + 64);
-        let stages = self
-            .opts
-            .bulk_stages
-            .min(d.max_shared_per_block().saturating_sub(static_smem) / slot);
+        // A slot row's bytes and padding (kernels/gemm_rows.cu: RbBf16, RbFp8).
+        let (slot, max_stages) = if fp8 {
+            (
+                8 * (cols + 32),
+                (2 * self.opts.bulk_stages).min(BULK_MAX_STAGES),
+            )
+        } else {
+            (8 * (2 * cols + 64), self.opts.bulk_stages)
+        };
+        let stages = max_stages.min(d.max_shared_per_block().saturating_sub(static_smem) / slot);
         if stages == 0 {
             return None;
         }
         let (threads, smem) = ((cols * 32 / warp_cols) as u32, (stages * slot) as u32);
+        let k = match &kernel {
+            RingKernel::Bf16(k) => k.kernel,
+            RingKernel::Fp8(k) => k.kernel,
+        };
         Some(RowsBulk {
             kernel,
             threads,
             smem,
             stages,
-            resident: d.occupancy(kernel.kernel, threads, smem) * d.sm_count,
+            resident: d.occupancy(k, threads, smem) * d.sm_count,
         })
     }
 

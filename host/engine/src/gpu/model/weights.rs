@@ -30,7 +30,32 @@ pub(super) struct DevMat {
     pub scales: Option<DBuf>,
 }
 
+/// A matrix's weights as kernels read them: bf16 elements, or block-FP8
+/// E4M3 bytes and their scales.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum MatWeights {
+    Bf16(u64),
+    Fp8 { q: u64, s: u64 },
+}
+
+impl MatWeights {
+    /// The address of the elements (bf16 values or E4M3 bytes).
+    pub fn ptr(self) -> u64 {
+        match self {
+            MatWeights::Bf16(w) => w,
+            MatWeights::Fp8 { q, .. } => q,
+        }
+    }
+}
+
 impl DevMat {
+    pub fn weights(&self) -> MatWeights {
+        match self.fp8() {
+            Some((q, s)) => MatWeights::Fp8 { q, s },
+            None => MatWeights::Bf16(self.buf.ptr()),
+        }
+    }
+
     /// (bytes, scales) of a block-FP8 matrix.
     pub fn fp8(&self) -> Option<(u64, u64)> {
         self.scales.as_ref().map(|s| (self.buf.ptr(), s.ptr()))
