@@ -209,12 +209,20 @@ __device__ __forceinline__ float row_total(const float* part, int row) {
 // rows are projected, a thread per row: inside the ring's loop it would hold
 // up warp 0, which every slot's barrier waits for (2-3% slower decode on the
 // H200).
+//
+// TAIL (norm mode; tail set): `tail_rows` more rows of bf16 weights after
+// the matrix's (a block-FP8 stack's BF16 rows, such as the GDN's in_proj_a/b
+// beside its FP8 qkv/z), y[rows + r] = (tail[r] . (x * nw)) / rms(x). Block b
+// takes rows b, b + grid, ...: its first row's weights are loaded before the
+// grid wait (constants), the 8 warps' column slices summed in warp order
+// once the ring is done.
 template <int UM, bool CONV, typename WF>
 __device__ __forceinline__ void gemv_bulk(const WF& wf, const void* __restrict__ W, const float* __restrict__ x,
                                           const float* __restrict__ ssq, int nssq, const float* __restrict__ nw,
                                           float eps, float* __restrict__ y, int rows, int cols, int accumulate,
                                           float* __restrict__ ssq_out, int stages, const float* __restrict__ conv_w,
-                                          float* __restrict__ hist, int K, int conv_dim) {
+                                          float* __restrict__ hist, int K, int conv_dim,
+                                          const bf16_t* __restrict__ tail = nullptr, int tail_rows = 0) {
     constexpr int R = 8 / UM;
     QW_DYN_SMEM(uint4, ring_mem);
     const int n8 = cols >> 3, row16 = n8 * WF::BYTES / 2;
@@ -239,6 +247,14 @@ __device__ __forceinline__ void gemv_bulk(const WF& wf, const void* __restrict__
     if (CONV) {
         for (int i = threadIdx.x; i < nc * K; i += blockDim.x) cw[i] = conv_w[(size_t)r0 * K + i];
         for (int i = threadIdx.x; i < nc * H; i += blockDim.x) ch[i] = hist[(size_t)r0 * H + i];
+    }
+    const uint4* T4 = (const uint4*)tail;
+    uint4 tw[UM];  // this block's first tail row, this lane's chunks
+#pragma unroll
+    for (int u = 0; u < UM; u++) {
+        const int c = u * BULK_WARPS * WARP + (int)threadIdx.x;
+        tw[u] = tail && (int)blockIdx.x < tail_rows && c < n8 ? T4[(size_t)blockIdx.x * n8 + c]
+                                                              : make_uint4(0u, 0u, 0u, 0u);
     }
     QW_GRID_WAIT();
     QW_GRID_LAUNCH();
@@ -272,6 +288,22 @@ __device__ __forceinline__ void gemv_bulk(const WF& wf, const void* __restrict__
             for (int q = 0; q + 1 < H; q++) hg[q] = hs[q + 1];
             if (H > 0) hg[H - 1] = c;
             y[r0 + j] = silu_f(acc);
+        }
+    }
+    if (tail && ssq) {
+        __shared__ float tpart[BULK_WARPS];
+        for (int r = blockIdx.x; r < tail_rows; r += gridDim.x) {
+            float d = 0.f;
+#pragma unroll
+            for (int u = 0; u < UM; u++) {
+                const int c = u * BULK_WARPS * WARP + (int)threadIdx.x;
+                if (c < n8) d += dot8r(r == (int)blockIdx.x ? tw[u] : T4[(size_t)r * n8 + c], xr[u]);
+            }
+            d = warp_sum(d);
+            if (threadIdx.x % WARP == 0) tpart[threadIdx.x / WARP] = d;
+            __syncthreads();
+            if (threadIdx.x == 0) y[rows + r] = row_total<1>(tpart, 0) * inv;
+            __syncthreads();  // tpart is read before the next row's partials
         }
     }
     if (ssq_out) {
@@ -314,13 +346,14 @@ QW_KERNEL void QW_BOUNDS(256) dec_gemv_bulk_conv(const bf16_t* __restrict__ W, c
 // bytes (the ring's slots hold them as stored: half the bytes of bf16),
 // Sc [rows / 128][cols / 128]; rows and cols multiples of 128. Outputs
 // bit-identical to the bf16 kernels on the dequantized matrix.
+// dec_gemv_bulk1_fp8 also takes a BF16 tail (gemv_bulk's TAIL; null: none).
 QW_KERNEL void QW_BOUNDS(256) dec_gemv_bulk1_fp8(const unsigned char* __restrict__ Q, const float* __restrict__ Sc,
                                                 const float* __restrict__ x, const float* __restrict__ ssq, int nssq,
                                                 const float* __restrict__ nw, float eps, float* __restrict__ y,
                                                 int rows, int cols, int accumulate, float* __restrict__ ssq_out,
-                                                int stages) {
+                                                int stages, const bf16_t* __restrict__ tail, int tail_rows) {
     gemv_bulk<1, false>(BulkFp8{Sc, cols >> 7}, Q, x, ssq, nssq, nw, eps, y, rows, cols, accumulate, ssq_out,
-                        stages, nullptr, nullptr, 0, 0);
+                        stages, nullptr, nullptr, 0, 0, tail, tail_rows);
 }
 
 QW_KERNEL void QW_BOUNDS(256) dec_gemv_bulk2_fp8(const unsigned char* __restrict__ Q, const float* __restrict__ Sc,
@@ -330,4 +363,20 @@ QW_KERNEL void QW_BOUNDS(256) dec_gemv_bulk2_fp8(const unsigned char* __restrict
                                                 int stages) {
     gemv_bulk<2, false>(BulkFp8{Sc, cols >> 7}, Q, x, ssq, nssq, nw, eps, y, rows, cols, accumulate, ssq_out,
                         stages, nullptr, nullptr, 0, 0);
+}
+
+// dec_gemv_bulk_conv on block-FP8 weights (the GDN's in_proj_qkv / in_proj_z
+// as stored) with the BF16 rows after them (in_proj_a / in_proj_b) as the
+// tail: the in projection of an FP8 checkpoint in one launch. Shared memory
+// as dec_gemv_bulk_conv's, with the FP8 ring.
+QW_KERNEL void QW_BOUNDS(256) dec_gemv_bulk_conv_fp8(const unsigned char* __restrict__ Q,
+                                                    const float* __restrict__ Sc, const float* __restrict__ x,
+                                                    const float* __restrict__ ssq, int nssq,
+                                                    const float* __restrict__ nw, float eps, float* __restrict__ y,
+                                                    int rows, int cols, int accumulate, float* __restrict__ ssq_out,
+                                                    int stages, const float* __restrict__ conv_w,
+                                                    float* __restrict__ hist, int K, int conv_dim,
+                                                    const bf16_t* __restrict__ tail, int tail_rows) {
+    gemv_bulk<1, true>(BulkFp8{Sc, cols >> 7}, Q, x, ssq, nssq, nw, eps, y, rows, cols, accumulate, ssq_out, stages,
+                       conv_w, hist, K, conv_dim, tail, tail_rows);
 }

@@ -163,12 +163,75 @@ static void bulk_gemvs(int rows, int cols, unsigned grid, int stages, std::mt199
                                                      cols, 1, norm ? nullptr : s1.data(), stages);
         });
         qw_cpu::launch({grid, 1, 1}, {256, 1, 1}, [&] {
-            (wide ? dec_gemv_bulk2_fp8 : dec_gemv_bulk1_fp8)(m.q.data(), m.s.data(), x.data(), in_ssq, n_ssq, nwp,
-                                                             1e-6f, y2.data(), rows, cols, 1,
-                                                             norm ? nullptr : s2.data(), 2 * stages);
+            if (wide)
+                dec_gemv_bulk2_fp8(m.q.data(), m.s.data(), x.data(), in_ssq, n_ssq, nwp, 1e-6f, y2.data(), rows, cols,
+                                   1, norm ? nullptr : s2.data(), 2 * stages);
+            else
+                dec_gemv_bulk1_fp8(m.q.data(), m.s.data(), x.data(), in_ssq, n_ssq, nwp, 1e-6f, y2.data(), rows, cols,
+                                   1, norm ? nullptr : s2.data(), 2 * stages, nullptr, 0);
         });
         same(norm ? "dec_gemv_bulk_fp8 norm" : "dec_gemv_bulk_fp8 residual", y2, y1);
         same("dec_gemv_bulk_fp8 ssq", s2, s1);
+    }
+}
+
+// The GDN in projection of an FP8 checkpoint: FP8 rows [0, r8) (qkv | z)
+// and `tail` BF16 rows after them (a | b), in one launch, with the conv of
+// the first conv_dim rows folded in (dec_gemv_bulk_conv_fp8) or not
+// (dec_gemv_bulk1_fp8), against the bf16 kernels on the dequantized stack:
+// the FP8 rows, their conv and the conv history bit-identical, the tail
+// rows within 1e-5 of their terms' sizes (the same sums, reduced in
+// another order).
+static void in_proj_tail(int r8, int tail, int cols, unsigned grid, int stages, int conv_dim, int K,
+                         std::mt19937& rng) {
+    Q8 m = random_q8(r8, cols, rng);
+    auto stack = m.bf16();
+    std::normal_distribution<float> nd;
+    for (int i = 0; i < tail * cols; i++) {
+        const float v = nd(rng) * 0.05f;
+        unsigned u;
+        std::memcpy(&u, &v, 4);
+        stack.push_back((bf16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16));
+    }
+    const bf16_t* tw = stack.data() + (size_t)r8 * cols;
+    const int rows = r8 + tail, H = K - 1;
+    const auto x = randn(cols, rng), nw = randn(cols, rng, 1.f, 0.1f);
+    const auto conv_w = randn((size_t)conv_dim * K, rng, 0.f, 0.5f), hist = randn((size_t)conv_dim * H, rng);
+    std::vector<float> ssq(3, 0.f);
+    double ss = 0;
+    for (int c = 0; c < cols; c++) ssq[c % 3] += x[c] * x[c], ss += (double)x[c] * x[c];
+    const double inv = 1.0 / std::sqrt(ss / cols + 1e-6);
+    for (bool conv : {true, false}) {
+        std::vector<float> y1(rows, NAN), y2(rows, NAN), h1 = hist, h2 = hist;
+        qw_cpu::launch({grid, 1, 1}, {256, 1, 1}, [&] {
+            if (conv)
+                dec_gemv_bulk_conv(stack.data(), x.data(), ssq.data(), 3, nw.data(), 1e-6f, y1.data(), rows, cols, 0,
+                                   nullptr, stages, conv_w.data(), h1.data(), K, conv_dim);
+            else
+                dec_gemv_bulk1(stack.data(), x.data(), ssq.data(), 3, nw.data(), 1e-6f, y1.data(), rows, cols, 0,
+                               nullptr, stages);
+        });
+        qw_cpu::launch({grid, 1, 1}, {256, 1, 1}, [&] {
+            if (conv)
+                dec_gemv_bulk_conv_fp8(m.q.data(), m.s.data(), x.data(), ssq.data(), 3, nw.data(), 1e-6f, y2.data(),
+                                       r8, cols, 0, nullptr, 2 * stages, conv_w.data(), h2.data(), K, conv_dim, tw,
+                                       tail);
+            else
+                dec_gemv_bulk1_fp8(m.q.data(), m.s.data(), x.data(), ssq.data(), 3, nw.data(), 1e-6f, y2.data(), r8,
+                                   cols, 0, nullptr, 2 * stages, tw, tail);
+        });
+        const char* what = conv ? "dec_gemv_bulk_conv_fp8" : "dec_gemv_bulk1_fp8 tail";
+        same(what, std::vector<float>(y2.begin(), y2.begin() + r8), std::vector<float>(y1.begin(), y1.begin() + r8));
+        same("in_proj conv history", h2, h1);
+        for (int r = 0; r < tail; r++) {
+            double d = 0, mag = 0;
+            for (int c = 0; c < cols; c++) {
+                const double p = (double)bf2f(tw[(size_t)r * cols + c]) * x[c] * nw[c];
+                d += p, mag += std::fabs(p);
+            }
+            const double got = y2[r8 + r];
+            if (!(std::fabs(got - d * inv) <= 1e-5 * mag * inv)) fail(what, (size_t)(r8 + r), got, d * inv);
+        }
     }
 }
 
@@ -253,6 +316,9 @@ int main() {
     bulk_gemvs(384, 2048, 7, 3, rng);  // a block's slots across a row block
     bulk_gemvs(128, 4096, 2, 1, rng);  // 4 rows a slot
     bulk_gemvs(256, 2560, 64, 2, rng); // a slot a block, the second chunk partial
+    in_proj_tail(512, 20, 256, 7, 2, 300, 4, rng);    // tail rows over blocks, conv inside a slot
+    in_proj_tail(256, 64, 2048, 132, 1, 256, 4, rng);  // more blocks than slots: tail-only blocks
+    in_proj_tail(384, 5, 128, 2, 3, 384, 3, rng);      // blocks with several tail rows
     rows_bulk(3, 384, 512, 5, 2, rng);
     rows_bulk(8, 256, 4096, 3, 1, rng);
     rows_bulk(12, 256, 1024, 4, 2, rng);

@@ -25,6 +25,12 @@ use anyhow::{Result, bail};
 pub(super) struct GdnLayer {
     /// `[conv_dim + value_dim + 2 * nv, hidden]`: qkv | z | a | b.
     pub in_proj: DevMat,
+    /// Of a block-FP8 checkpoint, whose stack mixes FP8 (qkv, z) and BF16
+    /// (a, b) matrices, and so is bf16 in `in_proj`: qkv | z as stored, for
+    /// the decode step, which reads them with `in_proj`'s a | b rows as the
+    /// tail of one bulk GEMV (`dec_gemv_bulk_conv_fp8`): half the in
+    /// projection's bytes a token. Prompts and batched steps read `in_proj`.
+    pub in_proj_fp8: Option<DevMat>,
     pub conv: DBuf,
     pub a_log: DBuf,
     pub dt_bias: DBuf,
@@ -34,8 +40,14 @@ pub(super) struct GdnLayer {
 
 impl GdnLayer {
     pub fn upload(up: &Upload, g: &crate::weights::GdnWeights) -> Result<Self> {
+        let stack = [&g.in_proj_qkv, &g.in_proj_z, &g.in_proj_a, &g.in_proj_b];
+        let in_proj = up.cat(&stack)?;
+        let in_proj_fp8 = (in_proj.fp8().is_none() && up.keeps_fp8(&stack[..2]))
+            .then(|| up.cat(&stack[..2]))
+            .transpose()?;
         Ok(GdnLayer {
-            in_proj: up.cat(&[&g.in_proj_qkv, &g.in_proj_z, &g.in_proj_a, &g.in_proj_b])?,
+            in_proj,
+            in_proj_fp8,
             conv: up.f32s(&g.conv)?,
             a_log: up.f32s(&g.a_log)?,
             dt_bias: up.f32s(&g.dt_bias)?,
@@ -49,10 +61,12 @@ impl GdnLayer {
     pub fn synthetic(s: &mut Synth, cfg: &ModelConfig) -> Result<Self> {
         let h = cfg.hidden_size;
         let nv = cfg.linear_num_value_heads;
-        let rows = cfg.linear_conv_dim() + cfg.linear_value_dim() + 2 * nv;
+        let fp8_rows = cfg.linear_conv_dim() + cfg.linear_value_dim();
+        let (in_proj, in_proj_fp8) = s.mixed_stack(fp8_rows, fp8_rows + 2 * nv, h)?;
         let a_log = s.alog(nv)?;
         Ok(GdnLayer {
-            in_proj: s.dmat(rows, h)?,
+            in_proj,
+            in_proj_fp8,
             conv: s.f32s(cfg.linear_conv_dim() * cfg.linear_conv_kernel, 0.5, 0.0)?,
             a_log,
             dt_bias: s.f32s(nv, 0.5, 0.0)?,
@@ -312,6 +326,7 @@ impl GdnLayer {
     pub fn decode(&self, m: &GpuModel, dc: &Decode, input_norm: &DBuf, li: usize) -> Result<()> {
         let GdnLayer {
             in_proj,
+            in_proj_fp8,
             conv,
             a_log,
             dt_bias,
@@ -328,24 +343,28 @@ impl GdnLayer {
         let p = in_proj.rows;
         let k = c.linear_conv_kernel;
         // The conv in the in projection's epilogue where it can
-        // take it, else its own kernel.
+        // take it, else its own kernel. An FP8 checkpoint's qkv | z rows as
+        // stored, its a | b rows as the bf16 tail, where the bulk GEMV runs.
         let mut folded = false;
         if m.opts.dec_stage("in_proj") {
             let norm = input_norm.ptr();
-            folded = m.opts.conv_gdn
-                && in_proj.fp8().is_none()
-                && m.bulk_gemv(
-                    in_proj.weights(),
-                    x,
-                    proj,
-                    p,
-                    h,
-                    Some(norm),
-                    ssq,
-                    nssq,
-                    Some((conv.ptr(), cst.ptr(), k, conv_dim)),
-                )?;
-            if !folded {
+            let fold = m
+                .opts
+                .conv_gdn
+                .then_some((conv.ptr(), cst.ptr(), k, conv_dim));
+            let (w, rows, tail) = match in_proj_fp8 {
+                Some(q8) => {
+                    let tail = in_proj.buf.at(q8.rows * h * super::B);
+                    (q8.weights(), q8.rows, Some((tail, p - q8.rows)))
+                }
+                None => (in_proj.weights(), p, None),
+            };
+            let mut done = false;
+            if fold.is_some() || tail.is_some() {
+                done = m.bulk_gemv(w, x, proj, rows, h, Some(norm), ssq, nssq, fold, tail)?;
+                folded = done && fold.is_some();
+            }
+            if !done {
                 m.dec_norm_gemv_mat(dc, in_proj, norm, proj)?;
             }
         }

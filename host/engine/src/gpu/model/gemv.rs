@@ -97,9 +97,9 @@ impl BulkGemv {
         })
     }
 
-    /// The launch of `dec_gemv_bulk_conv` (the GDN in projection with the
-    /// conv of its first rows, `k` taps): the plain plan's ring (8 rows per
-    /// slot only, at most 2,048 columns) plus, after it, the most rows a
+    /// The launch of `dec_gemv_bulk_conv` or `dec_gemv_bulk_conv_fp8` (the
+    /// GDN in projection with the conv of its first rows, `k` taps): the
+    /// plain plan's ring (8 rows per slot only, at most 2,048 columns) plus, after it, the most rows a
     /// block takes with their `k` weights, `k - 1` history and projected
     /// value; `None` where that does not fit.
     pub(super) fn plan_conv(
@@ -112,14 +112,19 @@ impl BulkGemv {
         k: usize,
     ) -> Option<BulkPlan> {
         let plan = self.plan(w, rows, cols, max_smem, sms, None)?;
-        if plan.kernel != Kernel::dec_gemv_bulk1 || k == 0 {
+        let kernel = match plan.kernel {
+            Kernel::dec_gemv_bulk1 => Kernel::dec_gemv_bulk_conv,
+            Kernel::dec_gemv_bulk1_fp8 => Kernel::dec_gemv_bulk_conv_fp8,
+            _ => return None,
+        };
+        if k == 0 {
             return None;
         }
         // Block b takes slots [S b / G, S (b + 1) / G): at most ceil(S / G).
         let block_rows = 8 * rows.div_ceil(8).div_ceil(plan.grid);
         let smem = plan.smem + block_rows * 2 * k * F;
         (smem <= max_smem).then_some(BulkPlan {
-            kernel: Kernel::dec_gemv_bulk_conv,
+            kernel,
             smem,
             ..plan
         })
@@ -162,6 +167,7 @@ impl GpuModel {
             ssq,
             nssq,
             None,
+            None,
         )? {
             return Ok(());
         }
@@ -200,7 +206,18 @@ impl GpuModel {
         ssq: u64,
         nssq: usize,
     ) -> Result<()> {
-        if self.bulk_gemv(MatWeights::Bf16(w), x, y, rows, cols, None, ssq, nssq, None)? {
+        if self.bulk_gemv(
+            MatWeights::Bf16(w),
+            x,
+            y,
+            rows,
+            cols,
+            None,
+            ssq,
+            nssq,
+            None,
+            None,
+        )? {
             return Ok(());
         }
         let chunks = cols.div_ceil(GEMV_CHUNK);
@@ -242,7 +259,18 @@ impl GpuModel {
         let (ds, h, eps) = (dc.ds, self.cfg.hidden_size, self.cfg.rms_norm_eps);
         assert_eq!(w.cols, h);
         let (x, ssq, nssq) = (ds.x.ptr(), ds.ssq.ptr(), ds.nssq);
-        if self.bulk_gemv(w.weights(), x, y, w.rows, h, Some(norm), ssq, nssq, None)? {
+        if self.bulk_gemv(
+            w.weights(),
+            x,
+            y,
+            w.rows,
+            h,
+            Some(norm),
+            ssq,
+            nssq,
+            None,
+            None,
+        )? {
             return Ok(());
         }
         kernels::dec_norm_gemv_fp8(
@@ -279,7 +307,18 @@ impl GpuModel {
         let Some((q, s)) = w.fp8() else {
             return self.dec_gemv(w.buf.ptr(), x, y, w.rows, w.cols, ssq, nssq);
         };
-        if self.bulk_gemv(w.weights(), x, y, w.rows, w.cols, None, ssq, nssq, None)? {
+        if self.bulk_gemv(
+            w.weights(),
+            x,
+            y,
+            w.rows,
+            w.cols,
+            None,
+            ssq,
+            nssq,
+            None,
+            None,
+        )? {
             return Ok(());
         }
         kernels::dec_gemv_fp8(
@@ -306,6 +345,10 @@ impl GpuModel {
     /// history, taps and channels): `dec_gemv_bulk_conv`, the first
     /// `conv_dim` rows then convolved and SiLU'd as `dec_gdn_conv` does
     /// (`Ok(false)` also where its staging does not fit, see `plan_conv`).
+    /// With `tail` (norm mode, block-FP8 `w` of at most 2,048 columns: the
+    /// address and count of bf16 rows of the same columns), `y` also gets
+    /// the tail rows' products after the matrix's `rows`, in the same launch
+    /// (`Ok(false)` for other weights or widths).
     #[allow(clippy::too_many_arguments)]
     pub(super) fn bulk_gemv(
         &self,
@@ -318,6 +361,7 @@ impl GpuModel {
         ssq: u64,
         nssq: usize,
         conv: Option<(u64, u64, usize, usize)>,
+        tail: Option<(u64, usize)>,
     ) -> Result<bool> {
         let Some(b) = self.bulk_gemv else {
             return Ok(false);
@@ -337,6 +381,12 @@ impl GpuModel {
         let Some(plan) = plan else {
             return Ok(false);
         };
+        let tail_kernels = [Kernel::dec_gemv_bulk1_fp8, Kernel::dec_gemv_bulk_conv_fp8];
+        if tail.is_some() && (norm.is_none() || !tail_kernels.contains(&plan.kernel)) {
+            return Ok(false);
+        }
+        let (tail_w, tail_rows) = tail.unwrap_or((0, 0));
+        let (tail_w, tail_rows) = (dptr(tail_w), i(tail_rows));
         let (in_ssq, nw, accumulate, ssq_out) = match norm {
             Some(nw) => (ssq, nw, 0, 0),
             None => (0, 0, 1, ssq),
@@ -382,16 +432,45 @@ impl GpuModel {
                     d, l, w, x, in_ssq, nssq, nw, eps, y, rows, cols, acc, ssq_out, st,
                 )?;
             }
-            (None, MatWeights::Fp8 { q, s }) => {
-                let kernel = if plan.kernel == Kernel::dec_gemv_bulk2_fp8 {
-                    kernels::dec_gemv_bulk2_fp8
-                } else {
-                    kernels::dec_gemv_bulk1_fp8
-                };
-                let (q, s) = (dptr(q), dptr(s));
-                kernel(
-                    d, l, q, s, x, in_ssq, nssq, nw, eps, y, rows, cols, acc, ssq_out, st,
+            (Some((conv_w, hist, k, conv_dim)), MatWeights::Fp8 { q, s })
+                if plan.kernel == Kernel::dec_gemv_bulk_conv_fp8 =>
+            {
+                kernels::dec_gemv_bulk_conv_fp8(
+                    d,
+                    l,
+                    dptr(q),
+                    dptr(s),
+                    x,
+                    in_ssq,
+                    nssq,
+                    nw,
+                    eps,
+                    y,
+                    rows,
+                    cols,
+                    acc,
+                    ssq_out,
+                    st,
+                    dptr(conv_w),
+                    dptr(hist),
+                    i(k),
+                    i(conv_dim),
+                    tail_w,
+                    tail_rows,
                 )?;
+            }
+            (None, MatWeights::Fp8 { q, s }) => {
+                let (q, s) = (dptr(q), dptr(s));
+                if plan.kernel == Kernel::dec_gemv_bulk2_fp8 {
+                    kernels::dec_gemv_bulk2_fp8(
+                        d, l, q, s, x, in_ssq, nssq, nw, eps, y, rows, cols, acc, ssq_out, st,
+                    )?;
+                } else {
+                    kernels::dec_gemv_bulk1_fp8(
+                        d, l, q, s, x, in_ssq, nssq, nw, eps, y, rows, cols, acc, ssq_out, st,
+                        tail_w, tail_rows,
+                    )?;
+                }
             }
             _ => unreachable!("plan_conv plans the conv kernel exactly when there is a conv"),
         }
@@ -475,8 +554,15 @@ mod tests {
         // Not whole 128 x 128 blocks: the streaming FP8 GEMVs.
         assert_eq!(b.plan(FP8, 100, 2048, H200_SMEM, 132, None), None);
         assert_eq!(b.plan(FP8, 128, 2000, H200_SMEM, 132, None), None);
-        // The conv fold reads bf16 only.
-        assert_eq!(b.plan_conv(FP8, 12_288, 2048, H200_SMEM, 132, 4), None);
+        // The FP8 in projection (qkv | z of the 35B model) with its conv:
+        // the FP8 ring (8 slots of 16 KB) plus 12 slots' rows of conv staging.
+        let conv = b.plan_conv(FP8, 12_288, 2048, H200_SMEM, 132, 4).unwrap();
+        assert_eq!(
+            (conv.kernel.name(), conv.grid, conv.smem, conv.stages),
+            ("dec_gemv_bulk_conv_fp8", 132, 8 * 16384 + 96 * 8 * 4, 8)
+        );
+        // Wide rows: no conv kernel.
+        assert_eq!(b.plan_conv(FP8, 128, 4096, H200_SMEM, 132, 4), None);
     }
 
     #[test]

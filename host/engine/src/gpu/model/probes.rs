@@ -45,14 +45,22 @@ impl GpuModel {
             weights += 2 * h * F;
             weights += match &l.mixer {
                 LayerMixer::Gdn(GdnLayer {
-                    in_proj, out_proj, ..
+                    in_proj,
+                    in_proj_fp8,
+                    out_proj,
+                    ..
                 }) => {
                     state += 2
                         * c.linear_num_value_heads
                         * c.linear_key_head_dim
                         * c.linear_value_head_dim
                         * F;
-                    in_proj.device_bytes() + out_proj.device_bytes()
+                    // An FP8 checkpoint's step reads qkv | z as stored and the bf16 a | b rows.
+                    let in_bytes = match in_proj_fp8 {
+                        Some(q8) => q8.device_bytes() + (in_proj.rows - q8.rows) * in_proj.cols * B,
+                        None => in_proj.device_bytes(),
+                    };
+                    in_bytes + out_proj.device_bytes()
                 }
                 LayerMixer::Attn(AttnLayer { proj, o_proj, .. }) => {
                     kv += 2 * ctx * kv_row;
