@@ -270,31 +270,27 @@ QW_KERNEL void QW_BOUNDS(256) dec_moe_down(const bf16_t* __restrict__ Wd, const 
 // above), so after the wait only `act` and the dots remain. Block = 8 rows
 // (same ssq_out partials); a row's P partial dots meet in shared memory.
 #define DOWN_SPAN 9  // 16-byte loads per lane (the 35B model: 2 x 9 x 32 = its 576)
-QW_KERNEL void QW_BOUNDS_MIN(512, 2) dec_moe_down_rows(const bf16_t* __restrict__ Wd, const bf16_t* __restrict__ Wsd,
-                                               const float* __restrict__ act, const float* __restrict__ inp,
-                                               int E, int k, int I, int S, float* __restrict__ y, int H,
-                                               float* __restrict__ ssq_out, int span) {
-    QW_DYN_SMEM(float, xs);
-    __shared__ int sidx[MOE_MAXK];
-    __shared__ float sw[MOE_MAXK];
+// The body: `load(u, r, c, in, nR, n8I)` loads chunk c of row r (zeros
+// where `in` is false; the routed slot c / n8I of a chunk c < nR, else the
+// shared expert's chunk c - nR) into this lane's registers u, before the
+// grid wait; `w8(u)` gives their 8 weights as bf16 values.
+template <typename Load, typename W8>
+__device__ __forceinline__ void moe_down_rows(Load load, W8 w8, const float* __restrict__ act,
+                                              const float* __restrict__ inp, const int* sidx, const float* sw,
+                                              int E, int k, int I, int S, float* __restrict__ y, int H,
+                                              float* __restrict__ ssq_out, int span) {
+    QW_DYN_SMEM(float, dxs);
+    float* xs = dxs;
     float* as = xs + (size_t)k * I;
-    if (threadIdx.x < WARP) router_topk_warp(inp, E, k, sidx, sw);
-    __syncthreads();
     const int P = blockDim.x / (DEC_WARPS * WARP);
     const int w = threadIdx.x / WARP, lane = threadIdx.x % WARP;
     const int r = blockIdx.x * DEC_WARPS + w / P, p = w % P;
     const int n8I = I >> 3, nR = k * n8I, nv = nR + (S >> 3);
     const int c0 = p * span, c1 = min(nv, c0 + span);
-    uint4 v[DOWN_SPAN];
 #pragma unroll
     for (int u = 0; u < DOWN_SPAN; u++) {
         int c = c0 + lane + u * WARP;
-        v[u] = make_uint4(0u, 0u, 0u, 0u);
-        if (r < H && c < c1) {
-            int j = c / n8I;
-            v[u] = ld_stream(c < nR ? (const uint4*)(Wd + ((size_t)sidx[j] * H + r) * I) + (c - j * n8I)
-                                    : (const uint4*)(Wsd + (size_t)r * S) + (c - nR));
-        }
+        load(u, r, c, r < H && c < c1, nR, n8I);
     }
     QW_GRID_WAIT();
     QW_GRID_LAUNCH();
@@ -308,12 +304,67 @@ QW_KERNEL void QW_BOUNDS_MIN(512, 2) dec_moe_down_rows(const bf16_t* __restrict_
         int c = c0 + lane + u * WARP;
         if (c < min(nR, c1)) {
             int j = c / n8I;
-            acc += sw[j] * dot8(v[u], xs + (size_t)j * I + 8 * (c - j * n8I));
+            acc += sw[j] * dot8(w8(u), xs + (size_t)j * I + 8 * (c - j * n8I));
         } else if (c < c1) {
-            acc += sg * dot8(v[u], as + 8 * (c - nR));
+            acc += sg * dot8(w8(u), as + 8 * (c - nR));
         }
     }
     write_ssq(rows_epilogue(acc, r, H, P, true, y), ssq_out);
+}
+
+QW_KERNEL void QW_BOUNDS_MIN(512, 2) dec_moe_down_rows(const bf16_t* __restrict__ Wd, const bf16_t* __restrict__ Wsd,
+                                               const float* __restrict__ act, const float* __restrict__ inp,
+                                               int E, int k, int I, int S, float* __restrict__ y, int H,
+                                               float* __restrict__ ssq_out, int span) {
+    __shared__ int sidx[MOE_MAXK];
+    __shared__ float sw[MOE_MAXK];
+    if (threadIdx.x < WARP) router_topk_warp(inp, E, k, sidx, sw);
+    __syncthreads();
+    uint4 v[DOWN_SPAN];
+    auto load = [&](int u, int r, int c, bool in, int nR, int n8I) {
+        v[u] = make_uint4(0u, 0u, 0u, 0u);
+        if (in) {
+            int j = c / n8I;
+            v[u] = ld_stream(c < nR ? (const uint4*)(Wd + ((size_t)sidx[j] * H + r) * I) + (c - j * n8I)
+                                    : (const uint4*)(Wsd + (size_t)r * S) + (c - nR));
+        }
+    };
+    moe_down_rows(load, [&](int u) { return v[u]; }, act, inp, sidx, sw, E, k, I, S, y, H, ssq_out, span);
+}
+
+// dec_moe_down_rows on block-FP8 routed (Qd [E * H, I]) and shared (Qs [H,
+// S]) down weights, I and S multiples of 128: each chunk's 8 E4M3 bytes and
+// its block's scale loaded before the grid wait (half the bytes in flight),
+// widened to the bf16 values of the dequantized matrices, so the outputs
+// equal dec_moe_down_rows' on them, bit for bit.
+QW_KERNEL void QW_BOUNDS_MIN(512, 2)
+    dec_moe_down_rows_fp8(const unsigned char* __restrict__ Qd, const float* __restrict__ Sd,
+                          const unsigned char* __restrict__ Qs, const float* __restrict__ Ss,
+                          const float* __restrict__ act, const float* __restrict__ inp, int E, int k, int I, int S,
+                          float* __restrict__ y, int H, float* __restrict__ ssq_out, int span) {
+    __shared__ int sidx[MOE_MAXK];
+    __shared__ float sw[MOE_MAXK];
+    if (threadIdx.x < WARP) router_topk_warp(inp, E, k, sidx, sw);
+    __syncthreads();
+    uint2 q[DOWN_SPAN];
+    float sc[DOWN_SPAN];
+    auto load = [&](int u, int r, int c, bool in, int nR, int n8I) {
+        q[u] = make_uint2(0u, 0u);
+        sc[u] = 0.f;
+        if (in && c < nR) {
+            const int j = c / n8I;
+            const size_t row = (size_t)sidx[j] * H + r;
+            const int g = c - j * n8I;
+            q[u] = ld_stream8((const uint2*)(Qd + row * I) + g);
+            sc[u] = Sd[(row >> 7) * (size_t)(I >> 7) + (g >> 4)];
+        } else if (in) {
+            const int g = c - nR;
+            q[u] = ld_stream8((const uint2*)(Qs + (size_t)r * S) + g);
+            sc[u] = Ss[(size_t)(r >> 7) * (S >> 7) + (g >> 4)];
+        }
+    };
+    moe_down_rows(load, [&](int u) { return fp8x8_bf16(q[u], sc[u]); }, act, inp, sidx, sw, E, k, I, S, y, H,
+                  ssq_out, span);
 }
 
 // ---- Block-FP8 weights (decode_stream.h): dec_moe_gate_up and dec_moe_down

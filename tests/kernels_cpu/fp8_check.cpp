@@ -6,11 +6,13 @@
 // two-slab matrix with partial column blocks; only the routed slabs written.
 // The native FP8 decode kernels (kernels/decode.cu: dec_gemv_fp8,
 // dec_norm_gemv_fp8; kernels/decode_moe.cu: dec_moe_gate_up_fp8,
-// dec_moe_down_fp8), the bulk-copy ring GEMVs (kernels/gemv_bulk.cu:
-// dec_gemv_bulk1_fp8, dec_gemv_bulk2_fp8) and the few-row ring projections
-// (kernels/gemm_rows.cu: gemm_rows_bulk_fp8, gemm_rows_bulk16_fp8) against
-// the bf16 kernels on the dequantized weights: bit-identical outputs (same
-// values, same f32 order); the synthetic weights' encoder. Exit 1 on a
+// dec_moe_down_fp8, dec_moe_down_rows_fp8), the bulk-copy ring GEMVs
+// (kernels/gemv_bulk.cu: dec_gemv_bulk1_fp8, dec_gemv_bulk2_fp8, and
+// dec_gemv_bulk_conv_fp8 with its bf16 tail rows) and the few-row ring
+// projections (kernels/gemm_rows.cu: gemm_rows_bulk_fp8,
+// gemm_rows_bulk16_fp8) against the bf16 kernels on the dequantized
+// weights: bit-identical outputs (same values, same f32 order; the tail
+// rows within rounding); the synthetic weights' encoder. Exit 1 on a
 // mismatch.
 #include <cmath>
 #include <cstdio>
@@ -287,6 +289,25 @@ static void moe(int E, int k, int I, int H, int S, std::mt19937& rng) {
     });
     same("dec_moe_down_fp8 y", y2, y1);
     same("dec_moe_down_fp8 ssq", s2, s1);
+    // The split-row kernels (the host's shape: P warps a row, `span` chunks
+    // each): FP8 bit-identical to bf16, and bf16 the streaming kernel's sums
+    // in another order.
+    const int cols16 = (k * I + S) / 8, warps = (cols16 + 9 * 32 - 1) / (9 * 32);
+    const int span = ((cols16 + warps - 1) / warps + 31) / 32 * 32;
+    std::vector<float> y3 = y0, y4 = y0, s3(blocks), s4(blocks);
+    qw_cpu::launch({blocks, 1, 1}, {256u * warps, 1, 1}, [&] {
+        dec_moe_down_rows(wd.data(), wsd.data(), a1.data(), inp.data(), E, k, I, S, y3.data(), H, s3.data(), span);
+    });
+    qw_cpu::launch({blocks, 1, 1}, {256u * warps, 1, 1}, [&] {
+        dec_moe_down_rows_fp8(dn.q.data(), dn.s.data(), sd.q.data(), sd.s.data(), a1.data(), inp.data(), E, k, I, S,
+                              y4.data(), H, s4.data(), span);
+    });
+    same("dec_moe_down_rows_fp8 y", y4, y3);
+    same("dec_moe_down_rows_fp8 ssq", s4, s3);
+    double big = 0;
+    for (float v : y1) big = std::max(big, (double)std::fabs(v));
+    for (int r = 0; r < H; r++)
+        if (!(std::fabs(y3[r] - y1[r]) <= 1e-5 * big)) fail("dec_moe_down_rows vs dec_moe_down", r, y3[r], y1[r]);
 }
 
 // f32_e4m3_trunc (synthetic weights): the code of the largest E4M3 magnitude
@@ -325,6 +346,7 @@ int main() {
     rows_bulk(16, 384, 2048, 7, 3, rng);
     moe(8, 3, 128, 256, 128, rng);
     moe(6, 2, 256, 128, 256, rng);  // the virtual row over two chunks
+    moe(16, 8, 256, 256, 512, rng); // the split-row kernels with 2 warps a row
     if (failures) {
         std::printf("%d mismatches\n", failures);
         return 1;

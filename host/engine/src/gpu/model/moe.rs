@@ -318,14 +318,35 @@ impl MoeLayer {
             let (act, inp, y, ssq) = (dptr(ds.act.ptr()), dptr(proj), dptr(x), dptr(ssq));
             let (e, k, inter, sh, h) = (i(e), i(k), i(inter), i(sh), i(h));
             if let (Some((qd, sd)), Some((qs, ss))) = (down.fp8(), shared_down.fp8()) {
-                let l = Launch {
-                    block: (256, 1, 1),
-                    ..l
-                };
                 let (qd, sd, qs, ss) = (dptr(qd), dptr(sd), dptr(qs), dptr(ss));
-                kernels::dec_moe_down_fp8(
-                    d, l, qd, sd, qs, ss, act, inp, e, k, inter, sh, y, h, ssq,
-                )?;
+                if split {
+                    kernels::dec_moe_down_rows_fp8(
+                        d,
+                        l,
+                        qd,
+                        sd,
+                        qs,
+                        ss,
+                        act,
+                        inp,
+                        e,
+                        k,
+                        inter,
+                        sh,
+                        y,
+                        h,
+                        ssq,
+                        i(span),
+                    )?;
+                } else {
+                    let l = Launch {
+                        block: (256, 1, 1),
+                        ..l
+                    };
+                    kernels::dec_moe_down_fp8(
+                        d, l, qd, sd, qs, ss, act, inp, e, k, inter, sh, y, h, ssq,
+                    )?;
+                }
                 return Ok(());
             }
             let (wd, wsd) = (dptr(down.bf16()), dptr(shared_down.bf16()));
