@@ -120,6 +120,16 @@ PRESETS = {
         [Phase("speed", SPEED, rounds=4, logits=True)],
         tolerance=0.01,
     ),
+    "fp8": Preset(
+        "Issue 28's FP8 decode kernels: binary A (the base build) against binary B on the synthetic "
+        "FP8 model (qwen3.6-35b-a3b-fp8, weights kept FP8). Both pass `verify` (the fixtures; the FP8 "
+        "fixture kept against dequantized at upload, through decode and batched steps) and `verify "
+        "--synthetic qwen3.6-35b-a3b-fp8` (40 layers); then 512 and 8K decode tok/s and TTFT, A and B "
+        "alternating for 3 rounds, the round-1 logits of B compared with A's.",
+        lambda a: [Variant("A", "a"), Variant("B", "b")],
+        [Check("fixtures"), Check("synthetic", ["--synthetic", "qwen3.6-35b-a3b-fp8"])],
+        [Phase("speed", ["--synthetic", "qwen3.6-35b-a3b-fp8", *SPEED], rounds=3, logits=True)],
+    ),
     "env": Preset(
         "One binary (B) under environment settings (--env, repeatable) against its defaults, "
         "e.g. --env QWASI_MOE_BK64=32: fixtures per setting, then 512/8K speed alternating for "
@@ -281,8 +291,9 @@ class Runner:
         if c.kind == "fixtures":
             argv = [b, "verify", "--backend", "cuda", "--json", js, *c.args]
         elif c.kind == "synthetic":
-            flags = {"--prompt-len": "300", "--gen-tokens": "16", **dict(zip(c.args[::2], c.args[1::2]))}
-            argv = [b, "verify", "--backend", "cuda", "--no-fixtures", "--synthetic", SYNTHETIC, "--json", js,
+            flags = {"--synthetic": SYNTHETIC, "--prompt-len": "300", "--gen-tokens": "16",
+                     **dict(zip(c.args[::2], c.args[1::2]))}
+            argv = [b, "verify", "--backend", "cuda", "--no-fixtures", "--json", js,
                     *(x for kv in flags.items() for x in kv)]
         elif c.kind == "memcheck":
             if not shutil.which("compute-sanitizer"):

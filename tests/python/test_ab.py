@@ -181,6 +181,21 @@ class AbTest(unittest.TestCase):
         probes = [r["variant"] for r in rep["phases"]["probe"]["runs"]]
         self.assertEqual(sorted(probes), ["bulk", "rows"])
 
+    def test_fp8_checks_and_benches_the_fp8_model(self):
+        a = self.fake("qbase", FAKE_DECODE=300, FAKE_COMMIT="a")
+        b = self.fake("qwasi", FAKE_DECODE=330, FAKE_COMMIT="b")
+        rc, rep, _ = self.main("fp8", "--a", a, "--b", b)
+        self.assertEqual(rc, 0)
+        calls = self.calls_made()
+        synthetic = [c["argv"] for c in calls if "--synthetic" in c["argv"]]
+        # Both verify --synthetic runs and every bench, each naming the model once.
+        self.assertEqual(len(synthetic), 2 + 6)
+        for argv in synthetic:
+            self.assertEqual(argv.count("--synthetic"), 1)
+            self.assertEqual(argv[argv.index("--synthetic") + 1], "qwen3.6-35b-a3b-fp8")
+        row = rep["phases"]["speed"]["summary"]["8192"]
+        self.assertAlmostEqual(row["B"]["vs_A"]["decode_tok_per_s"]["change_pct"], 10.0, places=1)
+
     def test_every_preset_builds_its_variants(self):
         class A:
             a, b, env = "qa", "qb", ["QWASI_X=1"]
