@@ -95,18 +95,28 @@ fn half_sent_bodies_do_not_deny_service_to_others() {
     assert_eq!(chat.status, 200, "{chat:?}");
     assert_eq!(s.get("/health").status, 200);
 
-    // The attacker's own sockets beyond its 32 pending bodies were refused at once...
-    let refused = held
+    // Every socket of the attacker is answered: the 32 bodies it holds time
+    // out with 408, the others were refused with 429. Which 32 the server
+    // took depends on the order it read the 400 requests, not on the order
+    // they were sent (a loaded machine reads them in another order).
+    let answers = held
         .iter_mut()
-        .rev()
-        .take(10)
-        .map(|c| status_within(c, Duration::from_secs(5)).map(|r| r.0))
+        .map(|c| status_within(c, Duration::from_secs(10)))
         .collect::<Vec<_>>();
-    assert!(refused.iter().all(|r| *r == Some(429)), "{refused:?}");
-    // ... and the 32 it holds time out with 408.
-    let (status, text) = status_within(&mut held[0], Duration::from_secs(10)).expect("an answer");
-    assert_eq!(status, 408, "{text}");
-    assert!(text.contains("body_timeout"), "{text}");
+    let codes = answers
+        .iter()
+        .map(|a| a.as_ref().map(|a| a.0))
+        .collect::<Vec<_>>();
+    let count = |code| codes.iter().filter(|c| **c == Some(code)).count();
+    assert_eq!((count(408), count(429)), (32, 368), "{codes:?}");
+    for (status, text) in answers.iter().flatten() {
+        let code = if *status == 408 {
+            "body_timeout"
+        } else {
+            "too_many_pending_requests"
+        };
+        assert!(text.contains(code), "{text}");
+    }
     wait_until("pending bodies released", Duration::from_secs(10), || {
         s.get("/health").json()["pending_bodies"] == 0
     });

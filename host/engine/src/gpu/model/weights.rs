@@ -230,7 +230,7 @@ impl Synth<'_> {
     /// and whose other rows it keeps BF16 (the GDN in projection: qkv | z
     /// FP8, a | b BF16): the bf16 stack, and in an FP8 model also its FP8
     /// rows as stored, with the stack's first rows their dequantized values
-    /// (what an uploaded checkpoint holds, [`GdnLayer::upload`]).
+    /// (what an uploaded checkpoint holds: `GdnLayer::upload`).
     pub fn mixed_stack(
         &mut self,
         fp8_rows: usize,
