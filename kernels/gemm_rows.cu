@@ -271,15 +271,25 @@ struct RbFp8 {
 };
 
 // NT tiles of 8 activation rows (B <= 8 NT), KB k32 blocks per warp: warp w
-// owns columns [32 KB w, 32 KB (w + 1)), blockDim = K / KB. The activations
-// stay in registers (2 NT KB x 4 words a lane), hence fewer columns a warp
-// for 16 rows.
-template <int NT, int KB, typename WF>
+// owns columns [32 KB w, 32 KB (w + 1)) of the block's K slice, blockDim =
+// KS / KB. The activations stay in registers (2 NT KB x 4 words a lane),
+// hence fewer columns a warp for more rows. NACC accumulators a tile (4: k16
+// step x hi/lo; 2: hi/lo, where NT tiles already make independent chains
+// and the registers are short). SLICED: K is cut into gridDim.y slices of
+// KS = K / gridDim.y columns (slice blockIdx.y), each slot row a segment of
+// KS; with more than one slice the block writes its sums to
+// slices[slice][b][n] for gemm_rows_reduce to add in order (deterministic),
+// else to Y.
+template <int NT, int KB, int NACC, bool SLICED, typename WF>
 __device__ __forceinline__ void rows_bulk_impl(const float* __restrict__ X, const WF& wf, const void* __restrict__ W,
-                                               float* __restrict__ Y, int B, int N, int K, int accumulate,
-                                               int stages) {
+                                               float* __restrict__ Y, float* __restrict__ slices, int B, int N,
+                                               int K, int accumulate, int stages) {
+    static_assert(NACC == 4 || NACC == 2, "accumulators a tile");
     QW_DYN_SMEM(uint4, ring);
-    const int row16 = (K * WF::BYTES) >> 4, pitch = row16 + WF::PAD16, slot16 = RB_ROWS * pitch;
+    const int S = SLICED ? (int)gridDim.y : 1, sl = SLICED ? (int)blockIdx.y : 0;
+    const int KS = SLICED ? K / S : K, k0 = sl * KS;
+    const int rowK16 = (K * WF::BYTES) >> 4;  // a whole row's 16-byte units
+    const int row16 = (KS * WF::BYTES) >> 4, pitch = row16 + WF::PAD16, slot16 = RB_ROWS * pitch;
     const int nslots = (N + RB_ROWS - 1) / RB_ROWS;
     const int g0 = (int)((long long)nslots * blockIdx.x / gridDim.x);
     const int n = (int)((long long)nslots * (blockIdx.x + 1) / gridDim.x) - g0;
@@ -290,14 +300,15 @@ __device__ __forceinline__ void rows_bulk_impl(const float* __restrict__ X, cons
 #endif
     auto fill = [&](int it) {
         const int nr = slot_rows(it);
-        const uint4* from = W4 + (size_t)(g0 + it) * RB_ROWS * row16;
+        const uint4* from = W4 + (size_t)(g0 + it) * RB_ROWS * rowK16 + ((k0 * WF::BYTES) >> 4);
         uint4* dst = ring + (size_t)(it % stages) * slot16;
 #if defined(QW_BULK)
         mbar_expect(&full[it % stages], 16u * (unsigned)(nr * row16));
         for (int j = 0; j < nr; j++)
-            bulk_copy(dst + j * pitch, from + (size_t)j * row16, 16u * row16, &full[it % stages]);
+            bulk_copy(dst + j * pitch, from + (size_t)j * rowK16, 16u * row16, &full[it % stages]);
 #else
-        for (int i = threadIdx.x; i < nr * row16; i += blockDim.x) dst[(i / row16) * pitch + i % row16] = from[i];
+        for (int i = threadIdx.x; i < nr * row16; i += blockDim.x)
+            dst[(i / row16) * pitch + i % row16] = from[(size_t)(i / row16) * rowK16 + i % row16];
 #endif
     };
 #if defined(QW_BULK)
@@ -318,14 +329,14 @@ __device__ __forceinline__ void rows_bulk_impl(const float* __restrict__ X, cons
 #pragma unroll
         for (int t = 0; t < NT; t++) {
             const int b = t * 8 + g;
-            gr_split8(X + (size_t)(b < B ? b : 0) * K + (w * KB + i) * 32 + c * 8, b < B, hi[i][t], lo[i][t]);
+            gr_split8(X + (size_t)(b < B ? b : 0) * K + k0 + (w * KB + i) * 32 + c * 8, b < B, hi[i][t], lo[i][t]);
         }
     __shared__ float part[2][RB_MAX_WARPS * 64 * NT];
     for (int it = 0; it < n; it++) {
         const int s = it % stages, nr = slot_rows(it);
         typename WF::Lane lw[KB];  // fetched before the wait (the scales are constants)
 #pragma unroll
-        for (int i = 0; i < KB; i++) lw[i] = wf.lane((g0 + it) * RB_ROWS, w * KB + i);
+        for (int i = 0; i < KB; i++) lw[i] = wf.lane((g0 + it) * RB_ROWS, (k0 >> 5) + w * KB + i);
 #if defined(QW_BULK)
         mbar_wait(&full[s], (unsigned)(it / stages) & 1u);
 #else
@@ -333,9 +344,10 @@ __device__ __forceinline__ void rows_bulk_impl(const float* __restrict__ X, cons
         __syncthreads();
 #endif
         const uint4* sw = ring + (size_t)s * slot16 + g * pitch;
-        // Four accumulators a tile (k16 step x hi/lo): one chain of 32 dependent
-        // mma per slot made the kernel latency-bound (1.2-1.7 TB/s on the H200).
-        float acc[4][NT][4] = {};
+        // Four accumulators a tile (k16 step x hi/lo) for one or two tiles: one
+        // chain of 32 dependent mma per slot made the kernel latency-bound
+        // (1.2-1.7 TB/s on the H200).
+        float acc[NACC][NT][4] = {};
 #pragma unroll
         for (int i = 0; i < KB; i++) {
             const uint4 wv = g < nr ? wf.w8(sw, w * KB + i, c, lw[i]) : make_uint4(0u, 0u, 0u, 0u);
@@ -345,8 +357,8 @@ __device__ __forceinline__ void rows_bulk_impl(const float* __restrict__ X, cons
                 const unsigned a[4] = {w0[2 * st], 0u, w0[2 * st + 1], 0u};
 #pragma unroll
                 for (int t = 0; t < NT; t++) {
-                    mma_16816(acc[2 * st][t], a, hi[i][t][2 * st], hi[i][t][2 * st + 1]);
-                    mma_16816(acc[2 * st + 1][t], a, lo[i][t][2 * st], lo[i][t][2 * st + 1]);
+                    mma_16816(acc[NACC == 4 ? 2 * st : 0][t], a, hi[i][t][2 * st], hi[i][t][2 * st + 1]);
+                    mma_16816(acc[NACC == 4 ? 2 * st + 1 : 1][t], a, lo[i][t][2 * st], lo[i][t][2 * st + 1]);
                 }
             }
         }
@@ -354,8 +366,10 @@ __device__ __forceinline__ void rows_bulk_impl(const float* __restrict__ X, cons
 #pragma unroll
         for (int t = 0; t < NT; t++) {
             float* pt = part[it & 1] + (w * NT + t) * 64 + g * 8 + 2 * c;
-            pt[0] = (acc[0][t][0] + acc[1][t][0]) + (acc[2][t][0] + acc[3][t][0]);
-            pt[1] = (acc[0][t][1] + acc[1][t][1]) + (acc[2][t][1] + acc[3][t][1]);
+#pragma unroll
+            for (int j = 0; j < 2; j++)
+                pt[j] = NACC == 4 ? (acc[0][t][j] + acc[1][t][j]) + (acc[2][t][j] + acc[3][t][j])
+                                  : acc[0][t][j] + acc[1][t][j];
         }
         __syncthreads();  // the slot is read and the partials are in
 #if defined(QW_BULK)
@@ -367,17 +381,25 @@ __device__ __forceinline__ void rows_bulk_impl(const float* __restrict__ X, cons
                 float d = 0.f;
                 for (int q = 0; q < nw; q++) d += part[it & 1][(q * NT + t) * 64 + (o & 63)];
                 const size_t at = (size_t)b * N + (size_t)(g0 + it) * RB_ROWS + row;
-                Y[at] = accumulate ? Y[at] + d : d;
+                if (SLICED && S > 1)
+                    slices[(size_t)sl * B * N + at] = d;
+                else
+                    Y[at] = accumulate ? Y[at] + d : d;
             }
         }
     }
 }
-#define RB_BODY(NT, KB) rows_bulk_impl<NT, KB>(X, RbBf16{}, W, Y, B, N, K, accumulate, stages)
-#define RBF_BODY(NT, KB) rows_bulk_impl<NT, KB>(X, RbFp8{Sc, K >> 7}, Q, Y, B, N, K, accumulate, stages)
+#define RB_BODY(NT, KB) rows_bulk_impl<NT, KB, 4, false>(X, RbBf16{}, W, Y, nullptr, B, N, K, accumulate, stages)
+#define RBF_BODY(NT, KB) \
+    rows_bulk_impl<NT, KB, 4, false>(X, RbFp8{Sc, K >> 7}, Q, Y, nullptr, B, N, K, accumulate, stages)
+#define RBS_BODY rows_bulk_impl<4, 2, 2, true>(X, RbBf16{}, W, Y, part, B, N, K, accumulate, stages)
+#define RBSF_BODY rows_bulk_impl<4, 2, 2, true>(X, RbFp8{Sc, K >> 7}, Q, Y, part, B, N, K, accumulate, stages)
 #else
 // Not launched without tensor cores (ops.rs takes it on CUDA only).
 #define RB_BODY(NT, KB)
 #define RBF_BODY(NT, KB)
+#define RBS_BODY
+#define RBSF_BODY
 #endif
 
 // Y [B][N] (+)= X [B][K] . W [N][K]^T for B <= 8, K a multiple of 256 up to
@@ -412,6 +434,25 @@ QW_KERNEL void QW_BOUNDS(512) gemm_rows_bulk16_fp8(const float* __restrict__ X, 
                                                    const float* __restrict__ Sc, float* __restrict__ Y, int B, int N,
                                                    int K, int accumulate, int stages) {
     RBF_BODY(2, RB_KB / 2);
+}
+
+// 17-32 rows (four row tiles) through the ring, K cut into gridDim.y slices
+// of KS = K / gridDim.y columns (a multiple of 64, at most 1,024: blockDim
+// KS / 2, each warp 64 columns of the four tiles' split activations; FP8: KS
+// a multiple of 128), two accumulators a tile. One slice writes Y; more
+// write part [S][B][N] for gemm_rows_reduce. Dynamic shared memory stages *
+// RB_ROWS * (KS / 8 + 4) * 16 bytes (FP8: KS / 16 + 2).
+QW_KERNEL void QW_BOUNDS(512) gemm_rows_bulk32(const float* __restrict__ X, const bf16_t* __restrict__ W,
+                                               float* __restrict__ Y, float* __restrict__ part, int B, int N, int K,
+                                               int accumulate, int stages) {
+    RBS_BODY;
+}
+
+QW_KERNEL void QW_BOUNDS(512) gemm_rows_bulk32_fp8(const float* __restrict__ X, const unsigned char* __restrict__ Q,
+                                                   const float* __restrict__ Sc, float* __restrict__ Y,
+                                                   float* __restrict__ part, int B, int N, int K, int accumulate,
+                                                   int stages) {
+    RBSF_BODY;
 }
 
 // The routed experts of a batched decode step (or a short prompt): rows

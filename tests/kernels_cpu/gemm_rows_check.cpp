@@ -7,8 +7,9 @@
 // 256 split into 1, 2 and 4 slices; with and without accumulate. Y past the
 // B N outputs is a canary that must stay untouched. Then moe_rows8, the
 // routed experts' variant over moe_plan_tiles' table, and gemm_rows_bulk(16) (the
-// weights through a shared-memory ring, copied by the block here), then the
-// block-FP8 forms. Exit 1 on a mismatch.
+// weights through a shared-memory ring, copied by the block here) and
+// gemm_rows_bulk32 (17-32 rows, K slices summed by gemm_rows_reduce), then
+// the block-FP8 forms. Exit 1 on a mismatch.
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -191,6 +192,44 @@ int main() {
                                 two ? "16" : "", B, N, K, stages, blocks, accumulate, wrong);
                 }
             }
+    // gemm_rows_bulk32: 17-32 rows (four row tiles), K in 1, 2 or 4 slices of
+    // 64-512 columns (64 a warp), the slices summed by gemm_rows_reduce; N
+    // past the last slot, rings of 1-3 slots, one block to a block a slot.
+    turn = 0;
+    for (int B : {17, 24, 32})
+        for (int N : {13, 200})
+            for (int K : {64, 256, 512})
+                for (int S : {1, 2, 4}) {
+                    const int KS = K / S;
+                    if (KS % 64 != 0) continue;
+                    const int grids[] = {1, 3, 64};
+                    const int stages = 1 + turn % 3, accumulate = turn % 2;
+                    const int slots = (N + RB_ROWS - 1) / RB_ROWS, blocks = std::min(grids[turn / 3 % 3], slots);
+                    turn++;
+                    std::vector<float> X((size_t)B * K), Y((size_t)B * N + CANARY), part((size_t)S * B * N, NAN);
+                    std::vector<bf16_t> W((size_t)N * K);
+                    for (auto& v : X) v = nd(rng);
+                    for (auto& v : W) v = f2bf(nd(rng));
+                    for (auto& v : Y) v = nd(rng);
+                    const std::vector<float> Y0 = Y;
+                    qw_cpu::launch({(unsigned)blocks, (unsigned)S, 1}, {(unsigned)KS / 2, 1, 1}, [&] {
+                        gemm_rows_bulk32(X.data(), W.data(), Y.data(), part.data(), B, N, K, accumulate, stages);
+                    });
+                    if (S > 1) {
+                        const long long n = (long long)B * N;
+                        qw_cpu::launch({(unsigned)((n + 255) / 256), 1, 1}, {256, 1, 1},
+                                       [&] { gemm_rows_reduce(part.data(), Y.data(), n, S, accumulate); });
+                    }
+                    double worst = 0;
+                    const int wrong = rows_wrong(X, W, Y, Y0, B, N, K, accumulate, &worst);
+                    n_cases++;
+                    if (wrong) {
+                        bad++;
+                        std::printf("gemm_rows_bulk32 B %d N %3d K %3d S %d stages %d blocks %d acc %d: FAIL (%d "
+                                    "wrong)\n",
+                                    B, N, K, S, stages, blocks, accumulate, wrong);
+                    }
+                }
     // Block-FP8 weights (gemm_rows8_fp8, gemm_rows16_fp8, moe_rows8_fp8):
     // random E4M3 codes (never the NaN code) with a scale per 128x128 block,
     // against the same sums over their bf16 values (fp8_bf16, the

@@ -132,6 +132,9 @@ pub enum GemvPath {
 /// bulk-copy ring, and whether the few-row kernels run at all.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RowsPath {
+    /// As `Bulk`, and 17-32 rows through `gemm_rows_bulk32` (K slices)
+    /// instead of cuBLAS: not measured on the H200 yet, so not the default.
+    Bulk32,
     /// 2-8 rows through `gemm_rows_bulk`, 9-16 through `gemm_rows_bulk16`.
     Bulk,
     /// 2-8 rows through the ring, 9-16 on `gemm_rows16` (register loads).
@@ -151,6 +154,7 @@ impl RowsPath {
     /// The most rows that go through the bulk-copy ring (0: none).
     pub fn bulk_max(self) -> usize {
         match self {
+            RowsPath::Bulk32 => 32,
             RowsPath::Bulk => 16,
             RowsPath::Bulk8 => 8,
             RowsPath::Rows | RowsPath::Cublas => 0,
@@ -387,7 +391,11 @@ impl GpuOptions {
                  tc-ring, tc-ring2, tc-ring3, tc-ring4, ring, direct, keys, keys1"
             ),
         };
-        let rows = match pick("QWASI_GEMM_ROWS", &["bulk", "bulk8", "rows", "cublas"])? {
+        let rows = match pick(
+            "QWASI_GEMM_ROWS",
+            &["bulk", "bulk32", "bulk8", "rows", "cublas"],
+        )? {
+            "bulk32" => RowsPath::Bulk32,
             "bulk8" => RowsPath::Bulk8,
             "rows" => RowsPath::Rows,
             "cublas" => RowsPath::Cublas,
@@ -513,6 +521,11 @@ mod tests {
         assert_eq!(o.rows.bulk_max(), 16);
         let o8 = parse(&[("QWASI_GEMM_ROWS", "bulk8")]).unwrap();
         assert_eq!((o8.rows.few_row_kernels(), o8.rows.bulk_max()), (true, 8));
+        let o32 = parse(&[("QWASI_GEMM_ROWS", "bulk32")]).unwrap();
+        assert_eq!(
+            (o32.rows.few_row_kernels(), o32.rows.bulk_max()),
+            (true, 32)
+        );
         let cublas = parse(&[("QWASI_GEMM_ROWS", "cublas")]).unwrap();
         assert_eq!(
             (cublas.rows.few_row_kernels(), cublas.rows.bulk_max()),

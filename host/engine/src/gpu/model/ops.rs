@@ -17,6 +17,8 @@ use std::collections::HashMap;
 /// past 16 rows that traffic outweighs the weights' (H200, 64 rows: 13.1 ms
 /// per step against cuBLAS's 4.6): cuBLAS takes them.
 const GEMM_ROWS_MAX: usize = 16;
+/// Most rows the ring kernels take (`gemm_rows_bulk32`, `QWASI_GEMM_ROWS=bulk32`).
+const RING_ROWS_MAX: usize = 32;
 /// Most rows whose split projection runs as one cuBLAS GEMM over the
 /// stacked hi and lo halves (a batched decode step past `GEMM_ROWS_MAX`);
 /// longer prompts run the two halves as two GEMMs (no 2x work buffer).
@@ -27,20 +29,44 @@ const GEMM_ROWS_WARPS_PER_SM: usize = 16;
 const GEMM_ROWS_MIN_SLICE: usize = 256;
 
 /// The ring kernel of a few-row projection (`rows_bulk_plan`): 2-8 or 9-16
-/// rows, bf16 or block-FP8 weights (the same signature but for the scales).
+/// rows, or 17-32 in K slices; bf16 or block-FP8 weights (the same
+/// signatures but for the scales).
+#[derive(Clone, Copy)]
 enum RingKernel {
     Bf16(Typed<sig::gemm_rows_bulk>),
     Fp8(Typed<sig::gemm_rows_bulk_fp8>),
+    Bf16Sliced(Typed<sig::gemm_rows_bulk32>),
+    Fp8Sliced(Typed<sig::gemm_rows_bulk32_fp8>),
+}
+
+impl RingKernel {
+    fn kernel(self) -> kernels::Kernel {
+        match self {
+            RingKernel::Bf16(k) => k.kernel,
+            RingKernel::Fp8(k) => k.kernel,
+            RingKernel::Bf16Sliced(k) => k.kernel,
+            RingKernel::Fp8Sliced(k) => k.kernel,
+        }
+    }
 }
 
 /// A launch shape of the ring kernels (`rows_bulk_plan`).
 struct RowsBulk {
     kernel: RingKernel,
+    /// K slices (grid rows), summed by `gemm_rows_reduce` when more than one.
+    slices: usize,
     threads: u32,
     smem: u32,
     stages: usize,
     /// Blocks resident at once over the GPU.
     resident: u32,
+}
+
+/// The fewest K slices of `cols` columns, each a whole number of `unit`s
+/// (a warp's columns; FP8: scale blocks) and at most `max_slice` columns.
+fn ring_slices(cols: usize, unit: usize, max_slice: usize) -> Option<usize> {
+    (cols.div_ceil(max_slice)..=cols / unit)
+        .find(|&s| cols.is_multiple_of(s) && (cols / s).is_multiple_of(unit))
 }
 
 /// Work buffers, grown on demand and reused across passes.
@@ -101,7 +127,7 @@ impl GpuModel {
         accumulate: bool,
     ) -> Result<()> {
         if let wt @ MatWeights::Fp8 { .. } = w.weights()
-            && self.rows_kernel_fits(x, t, w.cols, GEMM_ROWS_MAX)
+            && self.few_rows(x, t, wt, w.rows, w.cols)
             && w.cols.is_multiple_of(128)
         {
             return self.gemm_rows(sc, x, t, wt, w.rows, w.cols, y, accumulate);
@@ -123,7 +149,7 @@ impl GpuModel {
         accumulate: bool,
     ) -> Result<()> {
         let d = &self.dev;
-        if self.rows_kernel_fits(x, t, cols, GEMM_ROWS_MAX) {
+        if self.few_rows(x, t, MatWeights::Bf16(w), rows, cols) {
             let wt = MatWeights::Bf16(w);
             return self.gemm_rows(sc, x, t, wt, rows, cols, y, accumulate);
         }
@@ -242,11 +268,22 @@ impl GpuModel {
             && x.is_multiple_of(16)
     }
 
-    /// `y = W x` over `t` (2..=16) rows with each weight read once
-    /// (kernels/gemm_rows.cu): up to 8 rows through the bulk-copy ring where
-    /// it applies (`rows_bulk_plan`), else the K dimension split into as many slices
-    /// (each of at least `GEMM_ROWS_MIN_SLICE` columns) as fill the GPU with
-    /// warps, summed in order by `gemm_rows_reduce`.
+    /// Whether `gemm_rows` takes this projection: 2-16 rows where the
+    /// few-row kernels fit, 17-32 only through the ring (`QWASI_GEMM_ROWS=bulk32`;
+    /// the register-load kernels lose to cuBLAS past 16 rows).
+    fn few_rows(&self, x: u64, t: usize, wt: MatWeights, rows: usize, cols: usize) -> bool {
+        self.rows_kernel_fits(x, t, cols, GEMM_ROWS_MAX)
+            || (t > GEMM_ROWS_MAX
+                && self.rows_kernel_fits(x, t, cols, RING_ROWS_MAX)
+                && self.rows_bulk_plan(t, wt, rows, cols).is_some())
+    }
+
+    /// `y = W x` over `t` (2..=32) rows with each weight read once
+    /// (kernels/gemm_rows.cu): through the bulk-copy ring where it applies
+    /// (`rows_bulk_plan`; past 16 rows only there), else the K dimension
+    /// split into as many slices (each of at least `GEMM_ROWS_MIN_SLICE`
+    /// columns) as fill the GPU with warps, summed in order by
+    /// `gemm_rows_reduce`.
     #[allow(clippy::too_many_arguments)]
     fn gemm_rows(
         &self,
@@ -261,19 +298,7 @@ impl GpuModel {
     ) -> Result<()> {
         let d = &self.dev;
         if let Some(p) = self.rows_bulk_plan(t, wt, rows, cols) {
-            let grid = (rows.div_ceil(8) as u32).min(p.resident);
-            let l = Launch::pdl((grid, 1, 1), (p.threads, 1, 1), p.smem);
-            let (x, y, t, n, k) = (dptr(x), dptr(y), i(t), i(rows), i(cols));
-            let (acc, st) = (i(accumulate as usize), i(p.stages));
-            return match (p.kernel, wt) {
-                (RingKernel::Bf16(kr), MatWeights::Bf16(w)) => {
-                    (kr.launch)(d, l, x, dptr(w), y, t, n, k, acc, st)
-                }
-                (RingKernel::Fp8(kr), MatWeights::Fp8 { q, s }) => {
-                    (kr.launch)(d, l, x, dptr(q), dptr(s), y, t, n, k, acc, st)
-                }
-                _ => unreachable!("rows_bulk_plan picks the kernel of the weights' format"),
-            };
+            return self.rows_ring(sc, &p, x, t, wt, rows, cols, y, accumulate);
         }
         let groups = rows.div_ceil(32);
         let target = d.sm_count as usize * GEMM_ROWS_WARPS_PER_SM;
@@ -357,17 +382,75 @@ impl GpuModel {
         Ok(())
     }
 
-    /// The ring of `gemm_rows_bulk` (2-8 rows) or `gemm_rows_bulk16` (9-16),
-    /// or their `_fp8` forms, for `t` rows of a `rows` x `cols` matrix:
+    /// One ring launch of `rows_bulk_plan`'s plan `p`, and with K slices
+    /// their ordered sum.
+    #[allow(clippy::too_many_arguments)]
+    fn rows_ring(
+        &self,
+        sc: &mut Scratch,
+        p: &RowsBulk,
+        x: u64,
+        t: usize,
+        wt: MatWeights,
+        rows: usize,
+        cols: usize,
+        y: u64,
+        accumulate: bool,
+    ) -> Result<()> {
+        let d = &self.dev;
+        let per_slice = (p.resident as usize / p.slices).max(1);
+        let grid = rows.div_ceil(8).min(per_slice) as u32;
+        let l = Launch::pdl((grid, p.slices as u32, 1), (p.threads, 1, 1), p.smem);
+        let part = if p.slices > 1 {
+            sc.get(d, "rows_part", p.slices * t * rows * F)?
+        } else {
+            0
+        };
+        let (x, yp, tt, n, k) = (dptr(x), dptr(y), i(t), i(rows), i(cols));
+        let (acc, st, pp) = (i(accumulate as usize), i(p.stages), dptr(part));
+        match (p.kernel, wt) {
+            (RingKernel::Bf16(kr), MatWeights::Bf16(w)) => {
+                return (kr.launch)(d, l, x, dptr(w), yp, tt, n, k, acc, st);
+            }
+            (RingKernel::Fp8(kr), MatWeights::Fp8 { q, s }) => {
+                return (kr.launch)(d, l, x, dptr(q), dptr(s), yp, tt, n, k, acc, st);
+            }
+            (RingKernel::Bf16Sliced(kr), MatWeights::Bf16(w)) => {
+                (kr.launch)(d, l, x, dptr(w), yp, pp, tt, n, k, acc, st)?
+            }
+            (RingKernel::Fp8Sliced(kr), MatWeights::Fp8 { q, s }) => {
+                (kr.launch)(d, l, x, dptr(q), dptr(s), yp, pp, tt, n, k, acc, st)?
+            }
+            _ => unreachable!("rows_bulk_plan picks the kernel of the weights' format"),
+        }
+        if p.slices > 1 {
+            let n = t * rows;
+            kernels::gemm_rows_reduce(
+                d,
+                Launch::pdl(((n as u32).div_ceil(256), 1, 1), (256, 1, 1), 0),
+                dptr(part),
+                dptr(y),
+                n as i64,
+                i(p.slices),
+                i(accumulate as usize),
+            )?;
+        }
+        Ok(())
+    }
+
+    /// The ring of `gemm_rows_bulk` (2-8 rows), `gemm_rows_bulk16` (9-16) or
+    /// `gemm_rows_bulk32` (17-32, with `QWASI_GEMM_ROWS=bulk32`), or their
+    /// `_fp8` forms, for `t` rows of a `rows` x `cols` matrix: K slices,
     /// slots, dynamic shared memory and how many blocks are resident at
     /// once; `None` where it does not apply: no bulk copies, more rows than
     /// `QWASI_GEMM_ROWS` takes through the ring, columns not whole warps'
     /// (256 a warp up to 4,096 columns; 128 up to 2,048 for 9-16 rows, whose
-    /// activations take twice the registers), unaligned weights, FP8 rows
-    /// not in whole 128-row blocks. Slots of 8 rows, `QWASI_BULK_STAGES` of
-    /// them as they fit beside the kernel's static shared memory (8.3 KB;
-    /// 16.3 KB for 9-16 rows); FP8 slots hold half the bytes, so twice as
-    /// many (at most 8): the same bytes in flight.
+    /// activations take twice the registers; 64 a warp for 17-32 rows, in
+    /// K slices of at most 1,024 columns), unaligned weights, FP8 rows not in
+    /// whole 128-row blocks. Slots of 8 rows, `QWASI_BULK_STAGES` of them as
+    /// they fit beside the kernel's static shared memory (8.3 KB; 16.3 KB for
+    /// 9-16 rows, 32.3 KB for 17-32); FP8 slots hold half the bytes, so twice
+    /// as many (at most 8): the same bytes in flight.
     fn rows_bulk_plan(
         &self,
         t: usize,
@@ -377,14 +460,21 @@ impl GpuModel {
     ) -> Option<RowsBulk> {
         let d = &self.dev;
         let fp8 = matches!(wt, MatWeights::Fp8 { .. });
-        let (kernel, warp_cols, max_cols, static_smem) = match (t, fp8) {
+        // (kernel, columns a warp, most columns a slice, static shared memory)
+        let (kernel, warp_cols, max_slice, static_smem) = match (t, fp8) {
             _ if t > self.opts.rows.bulk_max() => return None,
             (..=8, false) => (RingKernel::Bf16(typed::gemm_rows_bulk), 256, 4096, 9 << 10),
-            (_, false) => (
+            (..=16, false) => (
                 RingKernel::Bf16(typed::gemm_rows_bulk16),
                 128,
                 2048,
                 17 << 10,
+            ),
+            (_, false) => (
+                RingKernel::Bf16Sliced(typed::gemm_rows_bulk32),
+                64,
+                1024,
+                33 << 10,
             ),
             (..=8, true) => (
                 RingKernel::Fp8(typed::gemm_rows_bulk_fp8),
@@ -392,16 +482,29 @@ impl GpuModel {
                 4096,
                 9 << 10,
             ),
-            (_, true) => (
+            (..=16, true) => (
                 RingKernel::Fp8(typed::gemm_rows_bulk16_fp8),
                 128,
                 2048,
                 17 << 10,
             ),
+            (_, true) => (
+                RingKernel::Fp8Sliced(typed::gemm_rows_bulk32_fp8),
+                64,
+                1024,
+                33 << 10,
+            ),
         };
+        let sliced = matches!(kernel, RingKernel::Bf16Sliced(_) | RingKernel::Fp8Sliced(_));
+        let slices = if sliced {
+            ring_slices(cols, if fp8 { 128 } else { warp_cols }, max_slice)?
+        } else {
+            1
+        };
+        let ks = cols / slices;
         if !d.bulk_copies()
-            || !cols.is_multiple_of(warp_cols)
-            || cols > max_cols
+            || !ks.is_multiple_of(warp_cols)
+            || ks > max_slice
             || !wt.ptr().is_multiple_of(16)
             || (fp8 && !(rows.is_multiple_of(128) && cols.is_multiple_of(128)))
         {
@@ -410,27 +513,24 @@ impl GpuModel {
         // A slot row's bytes and padding (kernels/gemm_rows.cu: RbBf16, RbFp8).
         let (slot, max_stages) = if fp8 {
             (
-                8 * (cols + 32),
+                8 * (ks + 32),
                 (2 * self.opts.bulk_stages).min(BULK_MAX_STAGES),
             )
         } else {
-            (8 * (2 * cols + 64), self.opts.bulk_stages)
+            (8 * (2 * ks + 64), self.opts.bulk_stages)
         };
         let stages = max_stages.min(d.max_shared_per_block().saturating_sub(static_smem) / slot);
         if stages == 0 {
             return None;
         }
-        let (threads, smem) = ((cols * 32 / warp_cols) as u32, (stages * slot) as u32);
-        let k = match &kernel {
-            RingKernel::Bf16(k) => k.kernel,
-            RingKernel::Fp8(k) => k.kernel,
-        };
+        let (threads, smem) = ((ks * 32 / warp_cols) as u32, (stages * slot) as u32);
         Some(RowsBulk {
             kernel,
+            slices,
             threads,
             smem,
             stages,
-            resident: d.occupancy(k, threads, smem) * d.sm_count,
+            resident: d.occupancy(kernel.kernel(), threads, smem) * d.sm_count,
         })
     }
 
@@ -508,5 +608,26 @@ impl GpuModel {
             nel as i64,
         )?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ring_slices;
+
+    #[test]
+    fn ring_slices_are_whole_units_within_the_limit() {
+        // The 35B model's 2,048- and 4,096-column projections, and 512 (shared down).
+        assert_eq!(ring_slices(2048, 64, 1024), Some(2));
+        assert_eq!(ring_slices(4096, 64, 1024), Some(4));
+        assert_eq!(ring_slices(512, 64, 1024), Some(1));
+        assert_eq!(ring_slices(512, 128, 1024), Some(1));
+        // 1,536 = 2 x 768 (768 a multiple of 64 and of 128).
+        assert_eq!(ring_slices(1536, 64, 1024), Some(2));
+        // 1,088 = 17 x 64: no slice of at most 1,024 whole warps but 17 of 64.
+        assert_eq!(ring_slices(1088, 64, 1024), Some(17));
+        // Narrower than a unit, or no whole-unit split: none.
+        assert_eq!(ring_slices(32, 64, 1024), None);
+        assert_eq!(ring_slices(1088, 128, 1024), None);
     }
 }
