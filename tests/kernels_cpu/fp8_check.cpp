@@ -3,7 +3,8 @@
 // its fields in double, one f32 product with the scale, bf16 round to nearest
 // even, NaN as 0x7fc0), bit for bit: all 256 codes times scales that make
 // normals, subnormals, ties and overflow; the block-scale indexing of a
-// two-slab matrix with partial column blocks; only the routed slabs written.
+// two-slab matrix with partial column blocks; only the routed slabs written,
+// at their own places or packed.
 // The native FP8 decode kernels (kernels/decode.cu: dec_gemv_fp8,
 // dec_norm_gemv_fp8; kernels/decode_moe.cu: dec_moe_gate_up_fp8,
 // dec_moe_down_fp8, dec_moe_down_rows_fp8), the bulk-copy ring GEMVs
@@ -82,7 +83,7 @@ static void dequant_codes() {
         m.s = {sc, sc * 0.75f};
         std::vector<bf16_t> out(m.q.size(), 0x1234);
         qw_cpu::launch({3, 1, 1}, {256, 1, 1},
-                       [&] { fp8_dequant(m.q.data(), m.s.data(), nullptr, 128, 256, out.data()); });
+                       [&] { fp8_dequant(m.q.data(), m.s.data(), nullptr, 128, 256, 0, out.data()); });
         const auto want = m.bf16();
         for (size_t g = 0; g < out.size(); g++)
             if (out[g] != want[g]) fail("fp8_dequant code", g, out[g], want[g]);
@@ -93,15 +94,19 @@ static void dequant_slabs(std::mt19937& rng) {
     // 3 slabs of [256, 200] (column blocks 128 + 72), slabs 2 and 0 routed.
     Q8 m = random_q8(3 * 256, 200, rng);
     const int idx[2] = {2, 0};
-    std::vector<bf16_t> out(m.q.size(), 0x1234), all(m.q.size());
-    qw_cpu::launch({4, 2, 1}, {256, 1, 1}, [&] { fp8_dequant(m.q.data(), m.s.data(), idx, 256, 200, out.data()); });
-    qw_cpu::launch({5, 3, 1}, {256, 1, 1}, [&] { fp8_dequant(m.q.data(), m.s.data(), nullptr, 256, 200, all.data()); });
+    std::vector<bf16_t> out(m.q.size(), 0x1234), all(m.q.size()), packed(m.q.size(), 0x1234);
+    qw_cpu::launch({4, 2, 1}, {256, 1, 1}, [&] { fp8_dequant(m.q.data(), m.s.data(), idx, 256, 200, 0, out.data()); });
+    qw_cpu::launch({5, 3, 1}, {256, 1, 1}, [&] { fp8_dequant(m.q.data(), m.s.data(), nullptr, 256, 200, 0, all.data()); });
+    qw_cpu::launch({4, 2, 1}, {256, 1, 1}, [&] { fp8_dequant(m.q.data(), m.s.data(), idx, 256, 200, 1, packed.data()); });
     const auto want = m.bf16();
     const size_t slab = 256 * 200;
     for (size_t g = 0; g < out.size(); g++) {
         const bool routed = g / slab != 1;
         if (out[g] != (routed ? want[g] : 0x1234)) fail("fp8_dequant slabs", g, out[g], want[g]);
         if (all[g] != want[g]) fail("fp8_dequant all", g, all[g], want[g]);
+        // Packed: place 0 holds slab 2, place 1 slab 0, place 2 untouched.
+        const size_t place = g / slab, from = place < 2 ? (size_t)idx[place] * slab + g % slab : 0;
+        if (packed[g] != (place < 2 ? want[from] : 0x1234)) fail("fp8_dequant packed", g, packed[g], want[from]);
     }
 }
 

@@ -18,7 +18,13 @@
 // memory past the host's dynamic size must stay untouched. Every case runs
 // twice: split, and with alo == nullptr (`--prefill-precision bf16`: the
 // single-term path, Y = hi W_e^T; the lo array is NaN then, so a read of it
-// shows). Exit 1 on a mismatch.
+// shows). The *_fp8 kernels (block-FP8 experts: E4M3 codes, a scale per 128
+// x 128 block, different in every block) run the fp8 cases: their Y must be
+// bit-identical to the bf16 kernel's on the experts dequantized by an
+// independent restatement of host/engine/src/fp8.rs (which the double
+// reference then checks), N and K multiples of 128, K over up to three scale
+// blocks, a 256-column block half past N, a NaN expert past the last and the
+// same canaries. Exit 1 on a mismatch.
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -38,6 +44,21 @@ constexpr int MG_STAGES = 2;  // model.rs MG_STAGES (the kernels' NS)
 constexpr double TOL = 1e-5;
 
 using Kernel = void (*)(const bf16_t*, const bf16_t*, const bf16_t*, long long, const int*, float*, int, int);
+using KernelFp8 = void (*)(const bf16_t*, const bf16_t*, const unsigned char*, const float*, const int*, float*, int,
+                           int);
+
+// fp8.rs restated: the E4M3 value of the byte, times the scale in f32, to
+// bf16 (round to nearest even).
+static bf16_t ref_fp8_bf16(unsigned char b, float s) {
+    const int e = (b >> 3) & 15, m = b & 7;
+    double v = e == 0 ? std::ldexp((double)m / 8.0, -6) : std::ldexp(1.0 + m / 8.0, e - 7);
+    if (b & 0x80) v = -v;
+    const float p = (float)v * s;
+    unsigned u;
+    std::memcpy(&u, &p, 4);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (bf16_t)(u >> 16);
+}
 
 struct Case {
     int bm;
@@ -45,6 +66,7 @@ struct Case {
     int N, K;
     int wg = 0;  // 128 / 256: moe_gemm_split128_wg / _wg256 (bm 128), the warpgroup-MMA kernels, emulated
     bool k64 = false;  // moe_gemm_split_k64 (bm 64, k steps of 64)
+    bool fp8 = false;  // also the *_fp8 kernel on the experts as block-FP8
 };
 
 // moe_plan_tiles' table: the tile count, then (expert, first row, rows <= bm)
@@ -72,6 +94,11 @@ static bool run(const Case& c, unsigned seed, bool single) {
                     : c.wg        ? moe_gemm_split128_wg
                     : bm == 128   ? moe_gemm_split128
                                   : moe_gemm_split;
+    KernelFp8 kernel8 = c.k64       ? moe_gemm_split_k64_fp8
+                        : c.wg == 256 ? moe_gemm_split128_wg256_fp8
+                        : c.wg        ? moe_gemm_split128_wg_fp8
+                        : bm == 128   ? moe_gemm_split128_fp8
+                                      : moe_gemm_split_fp8;
     int nn = 0;
     for (int n : c.counts) nn += n;
     const std::vector<int> tiles = moe_tiles(c.counts, bm);
@@ -83,7 +110,23 @@ static bool run(const Case& c, unsigned seed, bool single) {
     const bf16_t bnan = 0x7fc0;
     const long long w_stride = (long long)N * K;
     std::vector<bf16_t> W((size_t)(E + 1) * w_stride, bnan);  // expert E: NaN, never read
-    for (size_t i = 0; i < (size_t)E * w_stride; i++) W[i] = f2bf(0.5f * nd(rng));
+    // fp8: codes (never the NaN ones) and block scales, W their bf16 values;
+    // expert E all NaN codes and NaN scales.
+    const int nb = N / 128, kb = K / 128;
+    std::vector<unsigned char> Q(c.fp8 ? W.size() : 0, 0x7f);
+    std::vector<float> S(c.fp8 ? (size_t)(E + 1) * nb * kb : 0, NAN);
+    if (c.fp8) {
+        std::uniform_int_distribution<int> code(0, 253);
+        for (size_t i = 0; i < (size_t)E * nb * kb; i++) S[i] = std::exp(nd(rng)) / 64.f;
+        for (size_t i = 0; i < (size_t)E * w_stride; i++) {
+            const int b = code(rng);
+            Q[i] = (unsigned char)(b >= 0x7f ? b + 1 : b);  // skips 0x7f (0xff is past 253 + 1)
+            const size_t e = i / w_stride, n = i % w_stride / K, k = i % K;
+            W[i] = ref_fp8_bf16(Q[i], S[(e * nb + n / 128) * kb + k / 128]);
+        }
+    } else {
+        for (size_t i = 0; i < (size_t)E * w_stride; i++) W[i] = f2bf(0.5f * nd(rng));
+    }
     std::vector<bf16_t> hi((size_t)(nn + PAD_ROWS) * K, bnan), lo(hi.size(), bnan);
     std::vector<double> x((size_t)nn * K);  // hi + lo, exactly
     std::vector<int> owner(nn);             // each row's expert
@@ -147,14 +190,32 @@ static bool run(const Case& c, unsigned seed, bool single) {
             worst_abs = std::isnan(err) ? INFINITY : std::max(worst_abs, err);
         }
 
+    // The FP8 kernel: the same bits as the bf16 kernel's on the dequantized experts.
+    long diff8 = 0;
+    bool smem8_ok = true;
+    if (c.fp8) {
+        const int ar = single ? 128 : 256, ns = single ? MG_WG_STAGES1 : MG_WG_STAGES, bk = c.k64 ? 64 : MG_BK;
+        const size_t smem8 = c.wg ? (size_t)ns * (ar * MG_BK * 2 + c.wg * MG_BK) + 2 * (size_t)c.wg * MG_BK * 2
+                                  : (size_t)MG_STAGES * (2 * bm * (bk + 8) * 2 + MG_BN * bk) + MG_BN * (bk + 8) * 2;
+        std::vector<float> Y8(Y.size(), NAN);
+        std::memset(qw_cpu::dyn_smem, 0xff, sizeof qw_cpu::dyn_smem);
+        qw_cpu::launch({gy, nt, 1}, {(unsigned)(2 * bm), 1, 1}, [&] {
+            kernel8(hi.data(), single ? nullptr : lo.data(), Q.data(), S.data(), tiles.data(), Y8.data(), N, K);
+        });
+        for (size_t i = smem8; i < sizeof qw_cpu::dyn_smem; i++) smem8_ok &= qw_cpu::dyn_smem[i] == 0xff;
+        for (size_t i = 0; i < Y.size(); i++) diff8 += std::memcmp(&Y[i], &Y8[i], sizeof(float)) != 0;
+    }
+
     std::string rows;
     for (size_t i = 3; i < tiles.size(); i += 3) rows += std::to_string(tiles[i]) + (i + 3 < tiles.size() ? "," : "");
-    const bool ok = bad == 0 && canary == 0 && smem_ok;
-    std::printf("%-23s %-6s N %3d K %3d counts", name, single ? "single" : "split", N, K);
+    const bool ok = bad == 0 && canary == 0 && smem_ok && diff8 == 0 && smem8_ok;
+    std::printf("%-23s%s %-6s N %3d K %3d counts", name, c.fp8 ? "+fp8" : "    ", single ? "single" : "split", N, K);
     for (int n : c.counts) std::printf(" %d", n);
-    std::printf(" | tiles %s | %ld bad, %ld canaries hit%s, max err %.2e abs, %.2e of sum|terms| (%.1f s)  %s\n",
-                rows.c_str(), bad, canary, smem_ok ? "" : ", smem past the dynamic size written", worst_abs, worst_rel,
-                secs, ok ? "ok" : "FAIL");
+    std::printf(" | tiles %s | %ld bad, %ld canaries hit%s, max err %.2e abs, %.2e of sum|terms| (%.1f s)", rows.c_str(),
+                bad, canary, smem_ok ? "" : ", smem past the dynamic size written", worst_abs, worst_rel, secs);
+    if (c.fp8)
+        std::printf(" | fp8: %ld outputs differ from bf16%s", diff8, smem8_ok ? "" : ", smem past the dynamic size written");
+    std::printf("  %s\n", ok ? "ok" : "FAIL");
     return ok;
 }
 
@@ -178,6 +239,13 @@ int main() {
         {64, {0, 1, 64, 65, 161}, 200, 192, 0, true},  // k steps of 64: three
         {64, {31, 32, 63, 80}, 256, 128, 0, true},     // an even number of steps over the 2-stage ring
         {64, {16, 97, 33}, 192, 64, 0, true},          // one k step
+        // Block-FP8 experts, every kernel: k over 1-3 scale blocks.
+        {64, {0, 1, 64, 65, 161}, 256, 128, 0, false, true},
+        {64, {31, 32, 63, 80}, 128, 384, 0, true, true},
+        {128, {0, 1, 128, 129, 289}, 256, 256, 0, false, true},
+        {128, {32, 64, 65, 97, 144}, 256, 384, 128, false, true},
+        {128, {31, 33, 63}, 384, 256, 256, false, true},  // the second 128 columns of a block past N
+        {128, {97, 128, 5}, 512, 128, 256, false, true},
     };
     int bad = 0, n = 0;
     unsigned seed = 7;

@@ -140,14 +140,15 @@ fn mlp_dims(cfg: &ModelConfig) -> (usize, usize, usize, usize) {
 }
 
 impl GpuModel {
+    /// The model over its uploaded weights, with the FP8 work buffers its
+    /// paths need (allocated here, once the GEMM path is known).
     fn assemble(
         dev: Device,
         cfg: ModelConfig,
         head: embed::EmbedHead,
         layers: Vec<DLayer>,
-        fp8_work: fp8::Fp8Work,
         opts: GpuOptions,
-    ) -> Self {
+    ) -> Result<Self> {
         let gemm = opts.gemm;
         // HIP: without hipBLAS, multi-token projections take the tiled kernel.
         #[cfg(all(feature = "hip", not(feature = "cuda")))]
@@ -159,13 +160,13 @@ impl GpuModel {
             _ => gemm,
         };
         let bulk_gemv = gemv::BulkGemv::new(&dev, &opts);
-        GpuModel {
+        let mut m = GpuModel {
             max_len: cfg.max_position_embeddings,
             dev,
             cfg,
             head,
             layers,
-            fp8_work,
+            fp8_work: fp8::Fp8Work::default(),
             scratch: Mutex::new(Scratch::default()),
             decode: Mutex::new(None),
             bulk_gemv,
@@ -173,7 +174,11 @@ impl GpuModel {
             kv_f32: opts.kv_f32,
             opts,
             state_budget: std::sync::OnceLock::new(),
-        }
+        };
+        let top_k = mlp_dims(&m.cfg).1;
+        m.fp8_work = fp8::Fp8Work::new(&m.dev, &m.layers, m.fp8_expert_work(), top_k)?;
+        m.dev.sync()?;
+        Ok(m)
     }
 
     pub fn device_name(&self) -> &str {

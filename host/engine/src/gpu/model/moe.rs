@@ -159,11 +159,10 @@ impl MoeLayer {
             )?;
         }
         if t == 1 {
-            // FP8: only the k chosen experts are dequantized.
-            let (wgu, wd) = (
-                m.bf16_weights(gate_up, Slot::GateUp, Some((idx, k, 2 * inter)))?,
-                m.bf16_weights(down, Slot::Down, Some((idx, k, h)))?,
-            );
+            // FP8: only the k chosen experts are dequantized, packed (read
+            // through the indices 0..k).
+            let (wgu, gu_idx) = m.bf16_expert_slabs(gate_up, Slot::GateUp, idx, k, 2 * inter)?;
+            let (wd, d_idx) = m.bf16_expert_slabs(down, Slot::Down, idx, k, h)?;
             let gu = sc.get(d, "gu", k * 2 * inter * F)?;
             kernels::moe_gemv_gate_up(
                 d,
@@ -174,7 +173,7 @@ impl MoeLayer {
                 ),
                 dptr(wgu),
                 dptr(n),
-                dptr(idx),
+                dptr(gu_idx),
                 dptr(gu),
                 i(2 * inter),
                 i(h),
@@ -196,7 +195,7 @@ impl MoeLayer {
                 Launch::new(((h as u32).div_ceil(8), 1, 1), (256, 1, 1), 0),
                 dptr(wd),
                 dptr(act),
-                dptr(idx),
+                dptr(d_idx),
                 dptr(wts),
                 dptr(x),
                 i(k),
@@ -204,9 +203,8 @@ impl MoeLayer {
                 i(inter),
             )?;
         } else if grouped {
-            // FP8: read as stored by the few-row kernel (batched steps, short
-            // prompts), else the whole layer's experts dequantized (a prompt
-            // routes to nearly all of them).
+            // FP8: read as stored (the few-row kernel for batched steps and
+            // short prompts, the grouped GEMMs for longer ones).
             let io = MoeIo {
                 n,
                 x,
@@ -222,8 +220,8 @@ impl MoeLayer {
             }
             return Ok(());
         } else {
-            let gate_up = m.bf16_weights(gate_up, Slot::GateUp, None)?;
-            let down = m.bf16_weights(down, Slot::Down, None)?;
+            let gate_up = m.bf16_weights(gate_up, Slot::GateUp)?;
+            let down = m.bf16_weights(down, Slot::Down)?;
             m.moe_grouped(sc, t, e, k, inter, n, x, idx, wts, gate_up, down)?;
         }
         match norms.next {

@@ -28,12 +28,32 @@ const MG_STAGES: usize = 2;
 const MG_WG_STAGES: usize = 4;
 const MG_WG_STAGES1: usize = 8;
 
-/// The grouped expert GEMM kernel for `bm`-row tiles over `k` columns: its
-/// name, dynamic shared memory (bytes) and columns per block. The
+/// A grouped expert GEMM kernel (kernels/moe_gemm.cu): on bf16 experts, or
+/// on block-FP8 experts as stored (`*_fp8`: the same grid and block).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum ExpertGemm {
+    Bf16(Typed<sig::moe_gemm_split>),
+    Fp8(Typed<sig::moe_gemm_split_fp8>),
+}
+
+impl ExpertGemm {
+    fn name(&self) -> &'static str {
+        match self {
+            ExpertGemm::Bf16(k) => k.name(),
+            ExpertGemm::Fp8(k) => k.name(),
+        }
+    }
+}
+
+/// The grouped expert GEMM kernel for `bm`-row tiles over `k` columns: the
+/// kernel, its dynamic shared memory (bytes) and columns per block. The
 /// warpgroup-MMA kernels (`wg_cols` 128 or 256, where the device has `wgmma`)
 /// take 128-row tiles only, their stages laid out for split or (`single`)
 /// hi-only activations; 64-row tiles take k steps of 64
-/// (`moe_gemm_split_k64`) where `k64` and `k` allows, else 32.
+/// (`moe_gemm_split_k64`) where `k64` and `k` allows, else 32. `fp8`: the
+/// same kernel on block-FP8 experts, whose stages hold the weights' bytes
+/// and which convert each step's tile into one (mma.sync) or one of two
+/// (warpgroup) bf16 tiles after them.
 fn moe_gemm_kernel(
     bm: usize,
     wgmma: bool,
@@ -41,29 +61,54 @@ fn moe_gemm_kernel(
     k64: bool,
     k: usize,
     single: bool,
-) -> (Typed<sig::moe_gemm_split>, usize, usize) {
+    fp8: bool,
+) -> (ExpertGemm, usize, usize) {
+    use ExpertGemm::{Bf16, Fp8};
     // Warpgroup kernels: stages of A rows (hi, lo unless single) and B rows.
     let (stages, a_rows) = if single {
         (MG_WG_STAGES1, 128)
     } else {
         (MG_WG_STAGES, 256)
     };
+    let wg_smem = |cols: usize| match fp8 {
+        false => stages * (a_rows + cols) * MG_BK * B,
+        true => stages * (a_rows * B + cols) * MG_BK + 2 * cols * MG_BK * B,
+    };
     // mma.sync kernels: k steps of `bk`, shared rows padded by 8 bf16.
-    let mma_smem = |bk: usize| MG_STAGES * (2 * bm + MG_BN) * (bk + 8) * B;
+    let mma_smem = |bk: usize| match fp8 {
+        false => MG_STAGES * (2 * bm + MG_BN) * (bk + 8) * B,
+        true => MG_STAGES * (2 * bm * (bk + 8) * B + MG_BN * bk) + MG_BN * (bk + 8) * B,
+    };
+    let pick = |bf16, fp8_kernel| if fp8 { Fp8(fp8_kernel) } else { Bf16(bf16) };
     match (bm, if wgmma { wg_cols } else { 0 }) {
-        (64, _) if k64 && k.is_multiple_of(64) => (typed::moe_gemm_split_k64, mma_smem(64), MG_BN),
+        (64, _) if k64 && k.is_multiple_of(64) => (
+            pick(typed::moe_gemm_split_k64, typed::moe_gemm_split_k64_fp8),
+            mma_smem(64),
+            MG_BN,
+        ),
         (128, 128) => (
-            typed::moe_gemm_split128_wg,
-            stages * (a_rows + 128) * MG_BK * B,
+            pick(typed::moe_gemm_split128_wg, typed::moe_gemm_split128_wg_fp8),
+            wg_smem(128),
             128,
         ),
         (128, 256) => (
-            typed::moe_gemm_split128_wg256,
-            stages * (a_rows + 256) * MG_BK * B,
+            pick(
+                typed::moe_gemm_split128_wg256,
+                typed::moe_gemm_split128_wg256_fp8,
+            ),
+            wg_smem(256),
             256,
         ),
-        (128, _) => (typed::moe_gemm_split128, mma_smem(MG_BK), MG_BN),
-        _ => (typed::moe_gemm_split, mma_smem(MG_BK), MG_BN),
+        (128, _) => (
+            pick(typed::moe_gemm_split128, typed::moe_gemm_split128_fp8),
+            mma_smem(MG_BK),
+            MG_BN,
+        ),
+        _ => (
+            pick(typed::moe_gemm_split, typed::moe_gemm_split_fp8),
+            mma_smem(MG_BK),
+            MG_BN,
+        ),
     }
 }
 
@@ -308,10 +353,14 @@ impl GpuModel {
             dptr(lo_term(lo)),
         )?;
         // y (f32, rows in plan order) = a (hi [+ lo]) W_e^T per expert. Block-FP8
-        // experts: read as stored by the few-row kernel, else the whole
-        // tensor dequantized into `slot`'s work buffer first.
+        // experts in whole scale blocks: read as stored by the few-row kernel
+        // and the grouped GEMMs, else the whole tensor dequantized into
+        // `slot`'s work buffer first.
         let experts = |a_hi: u64, a_lo: u64, wm: &DevMat, slot: Slot, y: u64| {
             let (rows, cols) = (wm.rows / e, wm.cols);
+            let fp8 = wm
+                .fp8()
+                .filter(|_| rows.is_multiple_of(128) && cols.is_multiple_of(128));
             if let MoePlan::Tiles { buf, most, bm } = &plan
                 && *bm == MOE_ROWS_BM
             {
@@ -321,47 +370,52 @@ impl GpuModel {
                     0,
                 );
                 let (a_hi, a_lo, buf, y) = (dptr(a_hi), dptr(a_lo), dptr(*buf), dptr(y));
-                return match wm.fp8() {
-                    Some((q, s)) if rows.is_multiple_of(128) && cols.is_multiple_of(128) => {
+                return match fp8 {
+                    Some((q, s)) => {
                         let (q, s) = (dptr(q), dptr(s));
                         kernels::moe_rows8_fp8(d, l, a_hi, a_lo, q, s, buf, y, i(rows), i(cols))
                     }
-                    _ => {
-                        let w = dptr(self.bf16_weights(wm, slot, None)?);
+                    None => {
+                        let w = dptr(self.bf16_weights(wm, slot)?);
                         let stride = (rows * cols) as i64;
                         kernels::moe_rows8(d, l, a_hi, a_lo, w, stride, buf, y, i(rows), i(cols))
                     }
                 };
             }
-            let w = self.bf16_weights(wm, slot, None)?;
             match &plan {
                 MoePlan::Tiles { buf, most, bm } => {
-                    let (name, smem, bn) = moe_gemm_kernel(
+                    let (kernel, smem, bn) = moe_gemm_kernel(
                         *bm,
                         d.wgmma(),
                         self.opts.moe_wg_cols,
                         self.opts.moe_k64,
                         cols,
                         a_lo == 0,
+                        fp8.is_some(),
                     );
-                    (name.launch)(
-                        d,
-                        Launch::new(
-                            (rows.div_ceil(bn) as u32, *most, 1),
-                            (2 * *bm as u32, 1, 1),
-                            smem as u32,
+                    let l = Launch::new(
+                        (rows.div_ceil(bn) as u32, *most, 1),
+                        (2 * *bm as u32, 1, 1),
+                        smem as u32,
+                    );
+                    let (a_hi, a_lo, buf, y) = (dptr(a_hi), dptr(a_lo), dptr(*buf), dptr(y));
+                    match (kernel, fp8) {
+                        (ExpertGemm::Fp8(k), Some((q, s))) => {
+                            (k.launch)(d, l, a_hi, a_lo, dptr(q), dptr(s), buf, y, i(rows), i(cols))
+                        }
+                        (ExpertGemm::Bf16(k), None) => {
+                            let w = dptr(self.bf16_weights(wm, slot)?);
+                            let stride = (rows * cols) as i64;
+                            (k.launch)(d, l, a_hi, a_lo, w, stride, buf, y, i(rows), i(cols))
+                        }
+                        (k, _) => unreachable!(
+                            "{}: moe_gemm_kernel picks by the weights' format",
+                            k.name()
                         ),
-                        dptr(a_hi),
-                        dptr(a_lo),
-                        dptr(w),
-                        (rows * cols) as i64,
-                        dptr(*buf),
-                        dptr(y),
-                        i(rows),
-                        i(cols),
-                    )
+                    }
                 }
                 MoePlan::Counts(hc) => {
+                    let w = self.bf16_weights(wm, slot)?;
                     let mut start = 0;
                     for (ex, &cnt) in hc.iter().enumerate() {
                         let cnt = cnt as usize;
@@ -565,30 +619,47 @@ mod tests {
                         (true, 96, false),
                         (true, 2048, true),
                     ] {
-                        let (kernel, smem, bn) = moe_gemm_kernel(bm, wgmma, cols, k64, k, single);
-                        let name = kernel.name();
-                        assert!(smem <= 227 * 1024, "{name}: {smem} bytes");
-                        let wg = bm == 128 && wgmma && cols != 0;
-                        assert_eq!(
-                            name.contains("_wg"),
-                            wg,
-                            "bm {bm} wgmma {wgmma} cols {cols}"
-                        );
-                        assert_eq!(bn, if wg { cols } else { MG_BN });
-                        let want_k64 = bm == 64 && k64 && k % 64 == 0;
-                        assert_eq!(name == "moe_gemm_split_k64", want_k64, "{name}");
+                        for fp8 in [false, true] {
+                            let (kernel, smem, bn) =
+                                moe_gemm_kernel(bm, wgmma, cols, k64, k, single, fp8);
+                            let name = kernel.name();
+                            assert!(smem <= 227 * 1024, "{name}: {smem} bytes");
+                            assert_eq!(name.ends_with("_fp8"), fp8, "{name}");
+                            assert_eq!(matches!(kernel, ExpertGemm::Fp8(_)), fp8, "{name}");
+                            let name = name.trim_end_matches("_fp8");
+                            let wg = bm == 128 && wgmma && cols != 0;
+                            assert_eq!(
+                                name.contains("_wg"),
+                                wg,
+                                "bm {bm} wgmma {wgmma} cols {cols}"
+                            );
+                            assert_eq!(bn, if wg { cols } else { MG_BN });
+                            let want_k64 = bm == 64 && k64 && k % 64 == 0;
+                            assert_eq!(name == "moe_gemm_split_k64", want_k64, "{name}");
+                        }
                     }
                 }
             }
         }
         // moe_gemm_split128_wg's sm_80 stand-in is the mma.sync kernel, so
         // its shared memory must hold that kernel's too.
-        let (_, wg, _) = moe_gemm_kernel(128, true, 128, true, 2048, false);
-        let (_, mma, _) = moe_gemm_kernel(128, false, 128, true, 2048, false);
-        assert!(wg >= mma, "{wg} < {mma}");
-        // Without the lo rows: 8 stages of 128 + 256 rows, 192 KB.
-        let (_, single, _) = moe_gemm_kernel(128, true, 256, true, 2048, true);
+        for fp8 in [false, true] {
+            for single in [false, true] {
+                let (_, wg, _) = moe_gemm_kernel(128, true, 128, true, 2048, single, fp8);
+                let (_, mma, _) = moe_gemm_kernel(128, false, 128, true, 2048, single, fp8);
+                assert!(wg >= mma, "{wg} < {mma}");
+            }
+        }
+        // Without the lo rows: 8 stages of 128 + 256 rows, 192 KB; FP8: the
+        // B rows in bytes, then two bf16 B tiles (160 KB).
+        let (_, single, _) = moe_gemm_kernel(128, true, 256, true, 2048, true, false);
         assert_eq!(single, 8 * (128 + 256) * MG_BK * B);
+        let (_, single, _) = moe_gemm_kernel(128, true, 256, true, 2048, true, true);
+        assert_eq!(single, 8 * (128 * B + 256) * MG_BK + 2 * 256 * MG_BK * B);
+        // The shared memory the CPU harness gives the FP8 kernels is this
+        // (tests/kernels_cpu/moe_gemm_check.cpp: smem8).
+        let (_, split, _) = moe_gemm_kernel(64, false, 0, false, 2048, false, true);
+        assert_eq!(split, 2 * (2 * 64 * 40 * 2 + 128 * 32) + 128 * 40 * 2);
     }
 
     #[test]

@@ -132,7 +132,7 @@ impl GpuModel {
         {
             return self.gemm_rows(sc, x, t, wt, w.rows, w.cols, y, accumulate);
         }
-        let wb = self.bf16_weights(w, super::fp8::Slot::Mat, None)?;
+        let wb = self.bf16_weights(w, super::fp8::Slot::Mat)?;
         self.linear_raw(sc, x, t, wb, w.rows, w.cols, y, accumulate)
     }
 

@@ -6,7 +6,6 @@
 
 use super::attention::AttnLayer;
 use super::embed::EmbedHead;
-use super::fp8::Fp8Work;
 use super::gdn::GdnLayer;
 use super::mlp::DenseLayer;
 use super::moe::MoeLayer;
@@ -256,6 +255,7 @@ impl Synth<'_> {
             dptr(0),
             fp8_rows as i32,
             cols as i32,
+            0,
             dptr(buf.ptr()),
         )?;
         let seed = self.next_seed();
@@ -427,9 +427,7 @@ impl GpuModel {
             }
         }
         let head = EmbedHead::upload(&up, w)?;
-        let fp8_work = Fp8Work::new(&dev, &layers)?;
-        dev.sync()?;
-        let m = Self::assemble(dev, cfg, head, layers, fp8_work, opts);
+        let m = Self::assemble(dev, cfg, head, layers, opts)?;
         let (weights, work) = m.weight_bytes();
         eprintln!(
             "[cuda] weights on the GPU in {:.1} s: {:.2} GB{}",
@@ -474,7 +472,6 @@ impl GpuModel {
             });
         }
         let head = EmbedHead::synthetic(&mut s, &cfg)?;
-        let fp8_work = Fp8Work::new(&dev, &layers)?;
         dev.sync()?;
         let (free, total) = dev.mem_info();
         eprintln!(
@@ -485,7 +482,7 @@ impl GpuModel {
             free as f64 / 1e9,
             total as f64 / 1e9
         );
-        let m = Self::assemble(dev, cfg, head, layers, fp8_work, opts);
+        let m = Self::assemble(dev, cfg, head, layers, opts)?;
         let (weights, work) = m.weight_bytes();
         eprintln!(
             "[cuda] {:.2} GB of weights{}",
