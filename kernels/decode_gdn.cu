@@ -91,11 +91,11 @@ __device__ __forceinline__ void gdn_head_step(float (&sr)[GS_ROWS], const float*
 // conv (q, k, v after conv and SiLU: dec_gdn_conv, or dec_gemv_bulk_conv's
 // epilogue), with the head's q/k L2 norms (each warp sums the squares
 // itself, so no block barrier is added) and gates (beta = sigmoid(b),
-// g = -exp(A_log) softplus(a + dt_bias); a at proj[a_off + hv], b at
-// proj[a_off + nv + hv]) taken here.
+// g = -exp(A_log) softplus(a + dt_bias); a at ab[hv], b at ab[nv + hv])
+// taken here.
 __device__ __forceinline__ void dec_gdn_step_impl(const float* __restrict__ proj, int nk, int nv, int dk, int dv,
                                                   const float* __restrict__ a_log, const float* __restrict__ dt_bias,
-                                                  int a_off, float q_scale, float* __restrict__ S,
+                                                  const float* __restrict__ ab, float q_scale, float* __restrict__ S,
                                                   const float* __restrict__ z, const float* __restrict__ nw, float eps,
                                                   float* __restrict__ out) {
     __shared__ float qs[GS_RG * GS_ROWS], ks[GS_RG * GS_ROWS];
@@ -112,8 +112,8 @@ __device__ __forceinline__ void dec_gdn_step_impl(const float* __restrict__ proj
         ks[i] = proj[key_dim + hk * dk + i];
     }
     float v = threadIdx.x < dv ? proj[2 * key_dim + hv * dv + threadIdx.x] : 0.f;
-    const float b = sigmoid_f(proj[a_off + nv + hv]);
-    const float decay = expf(-expf(al) * softplus_f(proj[a_off + hv] + db));
+    const float b = sigmoid_f(ab[nv + hv]);
+    const float decay = expf(-expf(al) * softplus_f(ab[hv] + db));
     __syncthreads();
     const int lane = tid % WARP;
     float sq = 0.f, sk = 0.f;
@@ -129,13 +129,15 @@ QW_KERNEL void QW_BOUNDS(512) dec_gdn_step(const float* __restrict__ proj, int n
                                           int a_off, float q_scale, float* __restrict__ S,
                                           const float* __restrict__ z, const float* __restrict__ nw, float eps,
                                           float* __restrict__ out) {
-    dec_gdn_step_impl(proj, nk, nv, dk, dv, a_log, dt_bias, a_off, q_scale, S, z, nw, eps, out);
+    dec_gdn_step_impl(proj, nk, nv, dk, dv, a_log, dt_bias, proj + a_off, q_scale, S, z, nw, eps, out);
 }
 
 // Batched decode (issue 23): one launch steps B sequences, row b of the
 // step's [B, stride] projections = blockIdx.y, its recurrent state at
 // tab[2 b + 1] (the layer's per-row table: conv window, state), z at
-// z_off in the row; out rows [B, out_stride]. The same arithmetic per row as
+// z_off in the row, its a | b at ab + b ab_stride (in the row, or rows of
+// their own where an FP8 in projection leaves them to a bf16 GEMM of their
+// own); out rows [B, out_stride]. The same arithmetic per row as
 // dec_gdn_step, and as there the state (and the table, the host's upload)
 // is read before the grid dependency wait. Two blocks per multiprocessor
 // (64 registers, a few spilled): with one (108 registers) the states of B =
@@ -143,14 +145,14 @@ QW_KERNEL void QW_BOUNDS(512) dec_gdn_step(const float* __restrict__ proj, int n
 // loads, arithmetic and stores one after the other.
 QW_KERNEL void QW_BOUNDS_MIN(512, 2) bat_gdn_step(const float* __restrict__ proj, int stride, int nk, int nv, int dk,
                                           int dv, const float* __restrict__ a_log,
-                                          const float* __restrict__ dt_bias, int a_off, float q_scale,
-                                          const unsigned long long* __restrict__ tab, int z_off,
-                                          const float* __restrict__ nw, float eps, float* __restrict__ out,
-                                          int out_stride) {
+                                          const float* __restrict__ dt_bias, const float* __restrict__ ab,
+                                          int ab_stride, float q_scale, const unsigned long long* __restrict__ tab,
+                                          int z_off, const float* __restrict__ nw, float eps,
+                                          float* __restrict__ out, int out_stride) {
     const int b = blockIdx.y;
     const float* row = proj + (size_t)b * stride;
-    dec_gdn_step_impl(row, nk, nv, dk, dv, a_log, dt_bias, a_off, q_scale, (float*)tab[2 * b + 1], row + z_off,
-                      nw, eps, out + (size_t)b * out_stride);
+    dec_gdn_step_impl(row, nk, nv, dk, dv, a_log, dt_bias, ab + (size_t)b * ab_stride, q_scale,
+                      (float*)tab[2 * b + 1], row + z_off, nw, eps, out + (size_t)b * out_stride);
 }
 
 // The step's causal conv (state [C][K-1], same arithmetic as `conv_silu` at

@@ -102,7 +102,8 @@ static void check(int nk, int nv, int dk, int dv, int K, std::mt19937& rng) {
 // The batched step (bat_gdn_step: one block per row and head) over B rows
 // with their own projections, z, states and outputs, each row exactly as
 // dec_gdn_step steps it alone (the same arithmetic per head). Rows sit
-// `stride` floats apart, outputs `out_stride`.
+// `stride` floats apart, outputs `out_stride`; a | b in the rows, or in rows
+// of their own.
 static void check_batched(int nk, int nv, int dk, int dv, int B, std::mt19937& rng) {
     std::normal_distribution<float> nd;
     const int key_dim = nk * dk, vdim = nv * dv, conv_dim = 2 * key_dim + vdim;
@@ -145,8 +146,23 @@ static void check_batched(int nk, int nv, int dk, int dv, int B, std::mt19937& r
     };
     run("bat_gdn_step", [&](const unsigned long long* tab, float* out) {
         qw_cpu::launch({(unsigned)nv, (unsigned)B, 1}, {bx, 4, 1}, [&] {
-            bat_gdn_step(proj.data(), stride, nk, nv, dk, dv, a_log.data(), dt_bias.data(), a_off, q_scale, tab,
-                         conv_dim, nw.data(), eps, out, out_stride);
+            bat_gdn_step(proj.data(), stride, nk, nv, dk, dv, a_log.data(), dt_bias.data(), proj.data() + a_off, stride,
+                         q_scale, tab, conv_dim, nw.data(), eps, out, out_stride);
+        });
+    });
+    // a | b in rows of their own (an FP8 in projection's bf16 tail GEMM):
+    // the rows' a | b columns copied out, the projection's poisoned.
+    const int ab_stride = 2 * nv + 1;
+    std::vector<float> ab((size_t)B * ab_stride, NAN), cut = proj;
+    for (int b = 0; b < B; b++)
+        for (int j = 0; j < 2 * nv; j++) {
+            ab[(size_t)b * ab_stride + j] = proj[(size_t)b * stride + a_off + j];
+            cut[(size_t)b * stride + a_off + j] = NAN;
+        }
+    run("bat_gdn_step, a | b apart", [&](const unsigned long long* tab, float* out) {
+        qw_cpu::launch({(unsigned)nv, (unsigned)B, 1}, {bx, 4, 1}, [&] {
+            bat_gdn_step(cut.data(), stride, nk, nv, dk, dv, a_log.data(), dt_bias.data(), ab.data(), ab_stride, q_scale,
+                         tab, conv_dim, nw.data(), eps, out, out_stride);
         });
     });
 }

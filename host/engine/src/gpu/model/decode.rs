@@ -68,7 +68,7 @@ impl GpuModel {
             .layers
             .iter()
             .map(|l| match &l.mixer {
-                LayerMixer::Gdn(g) => g.in_proj.rows,
+                LayerMixer::Gdn(g) => g.proj_width(),
                 LayerMixer::Attn(a) => a.proj.rows,
             })
             .chain(self.layers.iter().map(|l| match &l.mlp {

@@ -248,7 +248,7 @@ impl GpuModel {
             n += match &l.mixer {
                 LayerMixer::Gdn(g) => {
                     g.in_proj.device_bytes()
-                        + g.in_proj_fp8.as_ref().map_or(0, DevMat::device_bytes)
+                        + g.in_proj_ab.as_ref().map_or(0, DevMat::device_bytes)
                         + g.out_proj.device_bytes()
                         + [&g.conv, &g.a_log, &g.dt_bias, &g.norm]
                             .iter()

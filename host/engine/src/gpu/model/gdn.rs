@@ -23,14 +23,15 @@ use anyhow::{Result, bail};
 
 /// One GDN layer's weights on the device.
 pub(super) struct GdnLayer {
-    /// `[conv_dim + value_dim + 2 * nv, hidden]`: qkv | z | a | b.
+    /// `[conv_dim + value_dim + 2 * nv, hidden]`: qkv | z | a | b; of a
+    /// block-FP8 checkpoint, whose stack mixes FP8 (qkv, z) and BF16 (a, b)
+    /// matrices, qkv | z alone, as stored.
     pub in_proj: DevMat,
-    /// Of a block-FP8 checkpoint, whose stack mixes FP8 (qkv, z) and BF16
-    /// (a, b) matrices, and so is bf16 in `in_proj`: qkv | z as stored, for
-    /// the decode step, which reads them with `in_proj`'s a | b rows as the
-    /// tail of one bulk GEMV (`dec_gemv_bulk_conv_fp8`): half the in
-    /// projection's bytes a token. Prompts and batched steps read `in_proj`.
-    pub in_proj_fp8: Option<DevMat>,
+    /// The bf16 a | b rows where `in_proj` holds the FP8 qkv | z alone. The
+    /// decode step reads them as the tail of `in_proj`'s bulk GEMV
+    /// (`dec_gemv_bulk_conv_fp8`), into the same row; prompts and batched
+    /// steps project them into rows of their own ([`GdnProj`]).
+    pub in_proj_ab: Option<DevMat>,
     pub conv: DBuf,
     pub a_log: DBuf,
     pub dt_bias: DBuf,
@@ -38,16 +39,42 @@ pub(super) struct GdnLayer {
     pub out_proj: DevMat,
 }
 
+/// Where a pass's in projection rows are: `t` rows of `stride` floats at
+/// `main` (qkv | z, then a | b unless they are apart), and each row's a | b
+/// at `ab`, `ab_stride` floats apart.
+#[derive(Clone, Copy)]
+pub(super) struct GdnProj {
+    pub main: u64,
+    pub stride: usize,
+    pub ab: u64,
+    pub ab_stride: usize,
+}
+
+impl GdnProj {
+    /// The rows from row `off` on.
+    fn from(self, off: usize) -> Self {
+        GdnProj {
+            main: self.main + (off * self.stride * F) as u64,
+            ab: self.ab + (off * self.ab_stride * F) as u64,
+            ..self
+        }
+    }
+}
+
 impl GdnLayer {
     pub fn upload(up: &Upload, g: &crate::weights::GdnWeights) -> Result<Self> {
         let stack = [&g.in_proj_qkv, &g.in_proj_z, &g.in_proj_a, &g.in_proj_b];
-        let in_proj = up.cat(&stack)?;
-        let in_proj_fp8 = (in_proj.fp8().is_none() && up.keeps_fp8(&stack[..2]))
-            .then(|| up.cat(&stack[..2]))
-            .transpose()?;
+        // A stack mixing FP8 and BF16 matrices: the FP8 rows as stored, the
+        // BF16 ones apart (one bf16 copy of the whole stack was 1.5 GB on
+        // the 35B model).
+        let (in_proj, in_proj_ab) = if up.keeps_fp8(&stack[..2]) && !up.keeps_fp8(&stack) {
+            (up.cat(&stack[..2])?, Some(up.cat(&stack[2..])?))
+        } else {
+            (up.cat(&stack)?, None)
+        };
         Ok(GdnLayer {
             in_proj,
-            in_proj_fp8,
+            in_proj_ab,
             conv: up.f32s(&g.conv)?,
             a_log: up.f32s(&g.a_log)?,
             dt_bias: up.f32s(&g.dt_bias)?,
@@ -62,11 +89,11 @@ impl GdnLayer {
         let h = cfg.hidden_size;
         let nv = cfg.linear_num_value_heads;
         let fp8_rows = cfg.linear_conv_dim() + cfg.linear_value_dim();
-        let (in_proj, in_proj_fp8) = s.mixed_stack(fp8_rows, fp8_rows + 2 * nv, h)?;
+        let (in_proj, in_proj_ab) = s.mixed_stack(fp8_rows, fp8_rows + 2 * nv, h)?;
         let a_log = s.alog(nv)?;
         Ok(GdnLayer {
             in_proj,
-            in_proj_fp8,
+            in_proj_ab,
             conv: s.f32s(cfg.linear_conv_dim() * cfg.linear_conv_kernel, 0.5, 0.0)?,
             a_log,
             dt_bias: s.f32s(nv, 0.5, 0.0)?,
@@ -75,28 +102,58 @@ impl GdnLayer {
         })
     }
 
+    /// Floats of a token's whole in projection (qkv | z | a | b).
+    pub fn proj_width(&self) -> usize {
+        self.in_proj.rows + self.in_proj_ab.as_ref().map_or(0, |m| m.rows)
+    }
+
+    /// The in projections of `t` normed rows at `n`: one projection, or the
+    /// qkv | z rows and the a | b rows apart.
+    fn project(&self, m: &GpuModel, sc: &mut super::Scratch, n: u64, t: usize) -> Result<GdnProj> {
+        let d = &m.dev;
+        let p = self.in_proj.rows;
+        let main = sc.get(d, "proj", t * p * F)?;
+        m.linear(sc, n, t, &self.in_proj, main, false)?;
+        Ok(match &self.in_proj_ab {
+            None => {
+                let a_off = m.cfg.linear_conv_dim() + m.cfg.linear_value_dim();
+                GdnProj {
+                    main,
+                    stride: p,
+                    ab: main + (a_off * F) as u64,
+                    ab_stride: p,
+                }
+            }
+            Some(ab_w) => {
+                let ab = sc.get(d, "proj_ab", t * ab_w.rows * F)?;
+                m.linear(sc, n, t, ab_w, ab, false)?;
+                GdnProj {
+                    main,
+                    stride: p,
+                    ab,
+                    ab_stride: ab_w.rows,
+                }
+            }
+        })
+    }
+
     /// Reads the residual `pf.x` (`[t, hidden]`), adds the layer's output to it.
     pub fn prefill(&self, m: &GpuModel, pf: &mut Prefill, norms: Norms, li: usize) -> Result<()> {
-        let GdnLayer {
-            in_proj, out_proj, ..
-        } = self;
         let (cst, s) = pf.gdn(li)?;
         let (c, d) = (&m.cfg, &m.dev);
         let (t, x, n, mixed, fast) = (pf.t, pf.x, pf.n, pf.mixed, pf.fast);
         let sc = &mut *pf.sc;
         m.block_input(x, n, t, norms)?;
-        let p = in_proj.rows;
-        let proj = sc.get(d, "proj", t * p * F)?;
-        m.linear(sc, n, t, in_proj, proj, false)?;
+        let proj = self.project(m, sc, n, t)?;
         let o2 = sc.get(d, "gdn_o2", t * c.linear_value_dim() * F)?;
         let caps = (pf.captures, li);
-        self.mix_prompt(m, sc, (proj, p, t), (cst, s), o2, fast, caps)?;
-        m.linear(sc, o2, t, out_proj, mixed, false)?;
+        self.mix_prompt(m, sc, (proj, t), (cst, s), o2, fast, caps)?;
+        m.linear(sc, o2, t, &self.out_proj, mixed, false)?;
         m.block_output(x, mixed, n, t, norms)
     }
 
-    /// The token mixing of a prompt's `t` tokens whose in projections are the
-    /// rows of `proj` (stride `p`; the conv runs in place there on the
+    /// The token mixing of a prompt's `t` tokens whose in projections are
+    /// `pr`'s rows (the conv runs in place there on the
     /// reference path): conv, norms, gates and the delta rule over the
     /// sequence's conv window and state, the gated norm into `o2`
     /// (`[t, value_dim]`); the states at the captures' offsets into the
@@ -106,7 +163,7 @@ impl GdnLayer {
         &self,
         m: &GpuModel,
         sc: &mut super::Scratch,
-        (proj, p, t): (u64, usize, usize),
+        (pr, t): (GdnProj, usize),
         (cst, s): (Span, Span),
         o2: u64,
         fast: bool,
@@ -123,7 +180,7 @@ impl GdnLayer {
         let (nk, nv, dk, dv) = c.linear_heads();
         let conv_dim = c.linear_conv_dim();
         let key_dim = c.linear_key_dim();
-        let vdim = c.linear_value_dim();
+        let (proj, p) = (pr.main, pr.stride);
         // Captured conv windows: the projection rows before each offset, read
         // before the reference path's conv overwrites them.
         let mut cap_states = Vec::with_capacity(caps.len());
@@ -218,14 +275,13 @@ impl GdnLayer {
         )?;
         let g = sc.get(d, "g", t * nv * F)?;
         let beta = sc.get(d, "beta", t * nv * F)?;
-        let a_off = conv_dim + vdim;
         kernels::gdn_gates(
             d,
             Launch::new((((t * nv) as u32).div_ceil(256), 1, 1), (256, 1, 1), 0),
-            dptr(proj),
-            i(p),
-            i(a_off),
-            i(a_off + nv),
+            dptr(pr.ab),
+            i(pr.ab_stride),
+            0,
+            i(nv),
             dptr(a_log.ptr()),
             dptr(dt_bias.ptr()),
             dptr(g),
@@ -233,7 +289,7 @@ impl GdnLayer {
             i(t),
             i(nv),
         )?;
-        let o = sc.get(d, "gdn_o", t * vdim * F)?;
+        let o = sc.get(d, "gdn_o", t * c.linear_value_dim() * F)?;
         m.gdn_recurrence(sc, qkv, qkv_stride, g, beta, s.ptr(), o, t, &cap_states)?;
         kernels::gated_rmsnorm(
             d,
@@ -263,9 +319,8 @@ impl GdnLayer {
         let conv_dim = c.linear_conv_dim();
         let vdim = c.linear_value_dim();
         m.block_input(x, n, t, norms)?;
-        let p = self.in_proj.rows;
-        let proj = sc.get(d, "proj", t * p * F)?;
-        m.linear(sc, n, t, &self.in_proj, proj, false)?;
+        let pr = self.project(m, sc, n, t)?;
+        let (proj, p) = (pr.main, pr.stride);
         // Every row's gated-norm output ("gdn_o" is the prompt mixing's own).
         let o = sc.get(d, "bat_gdn_o", t * vdim * F)?;
         if b > 0 {
@@ -298,7 +353,8 @@ impl GdnLayer {
                 i(dv),
                 dptr(self.a_log.ptr()),
                 dptr(self.dt_bias.ptr()),
-                i(conv_dim + vdim),
+                dptr(pr.ab),
+                i(pr.ab_stride),
                 1.0 / (dk as f32).sqrt(),
                 dptr(tab),
                 i(conv_dim),
@@ -312,7 +368,7 @@ impl GdnLayer {
             let SeqLayer::Gdn { conv, s } = ch.layers[li] else {
                 bail!("layer state does not match the layer kind");
             };
-            let rows = (proj + (ch.off * p * F) as u64, p, ch.t);
+            let rows = (pr.from(ch.off), ch.t);
             let out = o + (ch.off * vdim * F) as u64;
             let caps = (&ch.captures[..], li);
             self.mix_prompt(m, sc, rows, (conv, s), out, fast, caps)?;
@@ -326,7 +382,7 @@ impl GdnLayer {
     pub fn decode(&self, m: &GpuModel, dc: &Decode, input_norm: &DBuf, li: usize) -> Result<()> {
         let GdnLayer {
             in_proj,
-            in_proj_fp8,
+            in_proj_ab,
             conv,
             a_log,
             dt_bias,
@@ -340,7 +396,6 @@ impl GdnLayer {
         let (nk, nv, dk, dv) = c.linear_heads();
         let conv_dim = c.linear_conv_dim();
         let vdim = c.linear_value_dim();
-        let p = in_proj.rows;
         let k = c.linear_conv_kernel;
         // The conv in the in projection's epilogue where it can
         // take it, else its own kernel. An FP8 checkpoint's qkv | z rows as
@@ -352,13 +407,8 @@ impl GdnLayer {
                 .opts
                 .conv_gdn
                 .then_some((conv.ptr(), cst.ptr(), k, conv_dim));
-            let (w, rows, tail) = match in_proj_fp8 {
-                Some(q8) => {
-                    let tail = in_proj.buf.at(q8.rows * h * super::B);
-                    (q8.weights(), q8.rows, Some((tail, p - q8.rows)))
-                }
-                None => (in_proj.weights(), p, None),
-            };
+            let tail = in_proj_ab.as_ref().map(|ab| (ab.buf.ptr(), ab.rows));
+            let (w, rows) = (in_proj.weights(), in_proj.rows);
             let mut done = false;
             if fold.is_some() || tail.is_some() {
                 done = m.bulk_gemv(w, x, proj, rows, h, Some(norm), ssq, nssq, fold, tail)?;
@@ -366,6 +416,9 @@ impl GdnLayer {
             }
             if !done {
                 m.dec_norm_gemv_mat(dc, in_proj, norm, proj)?;
+                if let Some(ab) = in_proj_ab {
+                    m.dec_norm_gemv_mat(dc, ab, norm, proj + (rows * F) as u64)?;
+                }
             }
         }
         if !folded && m.opts.dec_stage("gdn_prep") {

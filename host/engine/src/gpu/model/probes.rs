@@ -46,7 +46,7 @@ impl GpuModel {
             weights += match &l.mixer {
                 LayerMixer::Gdn(GdnLayer {
                     in_proj,
-                    in_proj_fp8,
+                    in_proj_ab,
                     out_proj,
                     ..
                 }) => {
@@ -56,11 +56,8 @@ impl GpuModel {
                         * c.linear_value_head_dim
                         * F;
                     // An FP8 checkpoint's step reads qkv | z as stored and the bf16 a | b rows.
-                    let in_bytes = match in_proj_fp8 {
-                        Some(q8) => q8.device_bytes() + (in_proj.rows - q8.rows) * in_proj.cols * B,
-                        None => in_proj.device_bytes(),
-                    };
-                    in_bytes + out_proj.device_bytes()
+                    let ab = in_proj_ab.as_ref().map_or(0, |m| m.device_bytes());
+                    in_proj.device_bytes() + ab + out_proj.device_bytes()
                 }
                 LayerMixer::Attn(AttnLayer { proj, o_proj, .. }) => {
                     kv += 2 * ctx * kv_row;

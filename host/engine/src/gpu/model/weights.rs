@@ -227,9 +227,9 @@ impl Synth<'_> {
 
     /// A stack whose first `fp8_rows` rows a block-FP8 checkpoint quantizes
     /// and whose other rows it keeps BF16 (the GDN in projection: qkv | z
-    /// FP8, a | b BF16): the bf16 stack, and in an FP8 model also its FP8
-    /// rows as stored, with the stack's first rows their dequantized values
-    /// (what an uploaded checkpoint holds: `GdnLayer::upload`).
+    /// FP8, a | b BF16): the bf16 stack; in an FP8 model its FP8 rows as
+    /// stored and its bf16 rows apart (what `GdnLayer::upload` holds). The
+    /// values are drawn in the same order either way.
     pub fn mixed_stack(
         &mut self,
         fp8_rows: usize,
@@ -240,42 +240,25 @@ impl Synth<'_> {
             return Ok((self.dmat(rows, cols)?, None));
         }
         let q8 = self.qmat(fp8_rows, cols, Some(true))?;
-        let (q, sc) = q8.fp8().expect("qmat with Some(true) is FP8");
-        let buf = self.dev.alloc(rows * cols * B)?;
-        let units = fp8_rows * cols / 8;
-        kernels::fp8_dequant(
-            self.dev,
-            Launch::new(
-                ((units.div_ceil(256).min(4 * 65_535)) as u32, 1, 1),
-                (256, 1, 1),
-                0,
-            ),
-            dptr(q),
-            dptr(sc),
-            dptr(0),
-            fp8_rows as i32,
-            cols as i32,
-            0,
-            dptr(buf.ptr()),
-        )?;
+        let tail_rows = rows - fp8_rows;
+        let buf = self.dev.alloc(tail_rows * cols * B)?;
         let seed = self.next_seed();
-        let tail = (rows - fp8_rows) * cols;
         fill_uniform(
             self.dev,
-            buf.at(fp8_rows * cols * B),
-            tail,
+            buf.ptr(),
+            tail_rows * cols,
             seed,
             Self::unif(cols),
             0.0,
             true,
         )?;
-        let stack = DevMat {
+        let tail = DevMat {
             buf,
-            rows,
+            rows: tail_rows,
             cols,
             scales: None,
         };
-        Ok((stack, Some(q8)))
+        Ok((q8, Some(tail)))
     }
 
     /// GDN decay logs (`fill_alog_f32`).
