@@ -19,6 +19,11 @@ use std::collections::HashMap;
 const GEMM_ROWS_MAX: usize = 16;
 /// Most rows the ring kernels take (`gemm_rows_bulk32`, `QWASI_GEMM_ROWS=bulk32`).
 const RING_ROWS_MAX: usize = 32;
+/// Most rows of a block-FP8 projection through the ring in launches of at
+/// most `RING_ROWS_MAX` rows (`QWASI_GEMM_ROWS=bulk32`): each reads the E4M3
+/// bytes once, where cuBLAS needs the matrix dequantized into bf16 first
+/// (written and read again: three times the FP8 bytes) for its one read.
+const RING_ROWS_MAX_FP8: usize = 64;
 /// Most rows whose split projection runs as one cuBLAS GEMM over the
 /// stacked hi and lo halves (a batched decode step past `GEMM_ROWS_MAX`);
 /// longer prompts run the two halves as two GEMMs (no 2x work buffer).
@@ -67,6 +72,13 @@ struct RowsBulk {
 fn ring_slices(cols: usize, unit: usize, max_slice: usize) -> Option<usize> {
     (cols.div_ceil(max_slice)..=cols / unit)
         .find(|&s| cols.is_multiple_of(s) && (cols / s).is_multiple_of(unit))
+}
+
+/// `t` rows cut into the fewest launches of at most `max` rows, as even as
+/// possible: (first row, rows) of each.
+fn ring_chunks(t: usize, max: usize) -> impl Iterator<Item = (usize, usize)> {
+    let n = t.div_ceil(max).max(1);
+    (0..n).map(move |c| (c * t / n, (c + 1) * t / n - c * t / n))
 }
 
 /// Work buffers, grown on demand and reused across passes.
@@ -272,10 +284,15 @@ impl GpuModel {
     /// few-row kernels fit, 17-32 only through the ring (`QWASI_GEMM_ROWS=bulk32`;
     /// the register-load kernels lose to cuBLAS past 16 rows).
     fn few_rows(&self, x: u64, t: usize, wt: MatWeights, rows: usize, cols: usize) -> bool {
+        let most = match wt {
+            MatWeights::Fp8 { .. } => RING_ROWS_MAX_FP8,
+            MatWeights::Bf16(_) => RING_ROWS_MAX,
+        };
         self.rows_kernel_fits(x, t, cols, GEMM_ROWS_MAX)
             || (t > GEMM_ROWS_MAX
-                && self.rows_kernel_fits(x, t, cols, RING_ROWS_MAX)
-                && self.rows_bulk_plan(t, wt, rows, cols).is_some())
+                && self.rows_kernel_fits(x, t, cols, most)
+                && ring_chunks(t, RING_ROWS_MAX)
+                    .all(|(_, n)| self.rows_bulk_plan(n, wt, rows, cols).is_some()))
     }
 
     /// `y = W x` over `t` (2..=32) rows with each weight read once
@@ -283,7 +300,9 @@ impl GpuModel {
     /// (`rows_bulk_plan`; past 16 rows only there), else the K dimension
     /// split into as many slices (each of at least `GEMM_ROWS_MIN_SLICE`
     /// columns) as fill the GPU with warps, summed in order by
-    /// `gemm_rows_reduce`.
+    /// `gemm_rows_reduce`. Block-FP8 weights take up to 64 rows through the
+    /// ring, in launches of at most 32 (`ring_chunks`), each row's sums as
+    /// in a launch of its chunk's size.
     #[allow(clippy::too_many_arguments)]
     fn gemm_rows(
         &self,
@@ -297,6 +316,13 @@ impl GpuModel {
         accumulate: bool,
     ) -> Result<()> {
         let d = &self.dev;
+        if t > RING_ROWS_MAX {
+            for (r0, n) in ring_chunks(t, RING_ROWS_MAX) {
+                let (x, y) = (x + (r0 * cols * F) as u64, y + (r0 * rows * F) as u64);
+                self.gemm_rows(sc, x, n, wt, rows, cols, y, accumulate)?;
+            }
+            return Ok(());
+        }
         if let Some(p) = self.rows_bulk_plan(t, wt, rows, cols) {
             return self.rows_ring(sc, &p, x, t, wt, rows, cols, y, accumulate);
         }
@@ -613,7 +639,25 @@ impl GpuModel {
 
 #[cfg(test)]
 mod tests {
-    use super::ring_slices;
+    use super::{ring_chunks, ring_slices};
+
+    #[test]
+    fn ring_chunks_cover_the_rows_evenly() {
+        let chunks = |t| ring_chunks(t, 32).collect::<Vec<_>>();
+        assert_eq!(chunks(20), [(0, 20)]);
+        assert_eq!(chunks(32), [(0, 32)]);
+        assert_eq!(chunks(33), [(0, 16), (16, 17)]);
+        assert_eq!(chunks(40), [(0, 20), (20, 20)]);
+        assert_eq!(chunks(64), [(0, 32), (32, 32)]);
+        for t in 2..=64 {
+            let c = chunks(t);
+            assert_eq!(c.iter().map(|&(_, n)| n).sum::<usize>(), t);
+            assert!(c.windows(2).all(|w| w[0].0 + w[0].1 == w[1].0));
+            assert!(c.iter().all(|&(_, n)| (1..=32).contains(&n)));
+            let (lo, hi) = (c.iter().map(|x| x.1).min(), c.iter().map(|x| x.1).max());
+            assert!(hi.unwrap() - lo.unwrap() <= 1, "{t}: {c:?}");
+        }
+    }
 
     #[test]
     fn ring_slices_are_whole_units_within_the_limit() {
