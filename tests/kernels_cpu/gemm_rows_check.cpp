@@ -87,6 +87,29 @@ static int moe_wrong(const std::vector<bf16_t>& hi, const std::vector<bf16_t>& l
     return wrong;
 }
 
+// A projection's operands: activations X [B][K], weights W [N][K] and Y
+// [B][N] drawn from nd (in that order), Y's first values kept as Y0 (for
+// accumulate), CANARY values past Y, NaN partials of S K slices.
+struct RowsData {
+    std::vector<float> X, Y, Y0, part;
+    std::vector<bf16_t> W;
+    RowsData(int B, int N, int K, int S, std::mt19937& rng, std::normal_distribution<float>& nd)
+        : X((size_t)B * K), Y((size_t)B * N + CANARY), part((size_t)S * B * N, NAN), W((size_t)N * K) {
+        for (auto& v : X) v = nd(rng);
+        for (auto& v : W) v = f2bf(nd(rng));
+        for (auto& v : Y) v = nd(rng);
+        Y0 = Y;
+    }
+};
+
+// gemm_rows_reduce over S > 1 slices of part into Y, as ops.rs launches it.
+static void reduce_slices(int B, int N, int S, int accumulate, std::vector<float>& part, std::vector<float>& Y) {
+    if (S <= 1) return;
+    const long long n = (long long)B * N;
+    qw_cpu::launch({(unsigned)((n + 255) / 256), 1, 1}, {256, 1, 1},
+                   [&] { gemm_rows_reduce(part.data(), Y.data(), n, S, accumulate); });
+}
+
 // launch() as ops.rs launches gemm_rows* (ceil(ceil(N / 32) S / 4) blocks of
 // 128), then gemm_rows_reduce when S > 1.
 template <typename Launch>
@@ -94,11 +117,7 @@ static void run_rows(int B, int N, int S, int accumulate, std::vector<float>& pa
                      Launch launch) {
     const int groups = (N + 31) / 32;
     qw_cpu::launch({(unsigned)((groups * S + 3) / 4), 1, 1}, {128, 1, 1}, launch);
-    if (S > 1) {
-        const long long n = (long long)B * N;
-        qw_cpu::launch({(unsigned)((n + 255) / 256), 1, 1}, {256, 1, 1},
-                       [&] { gemm_rows_reduce(part.data(), Y.data(), n, S, accumulate); });
-    }
+    reduce_slices(B, N, S, accumulate, part, Y);
 }
 
 int main() {
@@ -112,12 +131,8 @@ int main() {
                     if ((K / 32) % S != 0) continue;
                     for (int accumulate : {0, 1}) {
                         Kernel k = B <= 8 ? gemm_rows8 : B <= 16 ? gemm_rows16 : B <= 32 ? gemm_rows32 : gemm_rows64;
-                        std::vector<float> X((size_t)B * K), Y((size_t)B * N + CANARY), part((size_t)S * B * N, NAN);
-                        std::vector<bf16_t> W((size_t)N * K);
-                        for (auto& v : X) v = nd(rng);
-                        for (auto& v : W) v = f2bf(nd(rng));
-                        for (auto& v : Y) v = nd(rng);
-                        const std::vector<float> Y0 = Y;
+                        RowsData r(B, N, K, S, rng, nd);
+                        auto& [X, Y, Y0, part, W] = r;
                         run_rows(B, N, S, accumulate, part, Y, [&] {
                             k(X.data(), W.data(), Y.data(), part.data(), B, N, K, S, accumulate);
                         });
@@ -173,12 +188,8 @@ int main() {
                 const int stages = 1 + turn % 3, accumulate = turn % 2;
                 const int slots = (N + RB_ROWS - 1) / RB_ROWS, blocks = std::min(grids[turn / 3 % 3], slots);
                 turn++;
-                std::vector<float> X((size_t)B * K), Y((size_t)B * N + CANARY);
-                std::vector<bf16_t> W((size_t)N * K);
-                for (auto& v : X) v = nd(rng);
-                for (auto& v : W) v = f2bf(nd(rng));
-                for (auto& v : Y) v = nd(rng);
-                const std::vector<float> Y0 = Y;
+                RowsData r(B, N, K, 1, rng, nd);
+                [[maybe_unused]] auto& [X, Y, Y0, part, W] = r;
                 qw_cpu::launch({(unsigned)blocks, 1, 1}, {(unsigned)K / (two ? 4 : 8), 1, 1}, [&] {
                     (two ? gemm_rows_bulk16 : gemm_rows_bulk)(X.data(), W.data(), Y.data(), B, N, K, accumulate,
                                                               stages);
@@ -206,20 +217,12 @@ int main() {
                     const int stages = 1 + turn % 3, accumulate = turn % 2;
                     const int slots = (N + RB_ROWS - 1) / RB_ROWS, blocks = std::min(grids[turn / 3 % 3], slots);
                     turn++;
-                    std::vector<float> X((size_t)B * K), Y((size_t)B * N + CANARY), part((size_t)S * B * N, NAN);
-                    std::vector<bf16_t> W((size_t)N * K);
-                    for (auto& v : X) v = nd(rng);
-                    for (auto& v : W) v = f2bf(nd(rng));
-                    for (auto& v : Y) v = nd(rng);
-                    const std::vector<float> Y0 = Y;
+                    RowsData r(B, N, K, S, rng, nd);
+                    auto& [X, Y, Y0, part, W] = r;
                     qw_cpu::launch({(unsigned)blocks, (unsigned)S, 1}, {(unsigned)KS / 2, 1, 1}, [&] {
                         gemm_rows_bulk32(X.data(), W.data(), Y.data(), part.data(), B, N, K, accumulate, stages);
                     });
-                    if (S > 1) {
-                        const long long n = (long long)B * N;
-                        qw_cpu::launch({(unsigned)((n + 255) / 256), 1, 1}, {256, 1, 1},
-                                       [&] { gemm_rows_reduce(part.data(), Y.data(), n, S, accumulate); });
-                    }
+                    reduce_slices(B, N, S, accumulate, part, Y);
                     double worst = 0;
                     const int wrong = rows_wrong(X, W, Y, Y0, B, N, K, accumulate, &worst);
                     n_cases++;

@@ -35,9 +35,10 @@ pub(super) enum Slot {
 }
 
 /// How much of a layer's FP8 experts a pass may dequantize at once.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(super) enum ExpertWork {
     /// The whole tensors (prompt passes without the grouped kernels).
+    #[default]
     Whole,
     /// Only the `top_k` slabs a one-token pass routes to, of `experts`.
     Routed { experts: usize, top_k: usize },
@@ -74,10 +75,11 @@ impl ExpertWork {
     }
 }
 
-/// The bf16 work buffers (`None` for a slot no FP8 matrix uses), and the
-/// indices 0..top_k that read packed expert slabs.
+/// The bf16 work buffers (`None` for a slot no FP8 matrix uses), what the
+/// expert ones hold, and the indices 0..top_k that read packed expert slabs.
 #[derive(Default)]
 pub(super) struct Fp8Work {
+    experts: ExpertWork,
     mat: Option<DBuf>,
     gate_up: Option<DBuf>,
     down: Option<DBuf>,
@@ -122,6 +124,7 @@ impl Fp8Work {
             }
         };
         Ok(Fp8Work {
+            experts,
             mat: alloc(most[Slot::Mat as usize])?,
             gate_up: alloc(most[Slot::GateUp as usize])?,
             down: alloc(most[Slot::Down as usize])?,
@@ -150,7 +153,8 @@ impl Fp8Work {
 }
 
 impl GpuModel {
-    /// How much of a layer's FP8 experts a pass may need dequantized: only
+    /// How much of a layer's FP8 experts a pass may need dequantized (asked
+    /// once, when the work buffers are sized): only
     /// the routed slabs of one-token passes where every longer pass takes
     /// the grouped kernels, which read FP8 as stored (`moe_grouped_device`:
     /// split cuBLAS prompt GEMMs, the fast prompt path and grouped experts,
@@ -167,7 +171,7 @@ impl GpuModel {
     /// matrix a copy dequantized into `slot`'s work buffer.
     pub(super) fn bf16_weights(&self, w: &DevMat, slot: Slot) -> Result<u64> {
         if let (ExpertWork::Routed { .. }, Slot::GateUp | Slot::Down) =
-            (self.fp8_expert_work(), slot)
+            (self.fp8_work.experts, slot)
             && w.fp8().is_some()
         {
             anyhow::bail!(

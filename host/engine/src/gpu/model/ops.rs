@@ -486,40 +486,23 @@ impl GpuModel {
     ) -> Option<RowsBulk> {
         let d = &self.dev;
         let fp8 = matches!(wt, MatWeights::Fp8 { .. });
-        // (kernel, columns a warp, most columns a slice, static shared memory)
-        let (kernel, warp_cols, max_slice, static_smem) = match (t, fp8) {
-            _ if t > self.opts.rows.bulk_max() => return None,
-            (..=8, false) => (RingKernel::Bf16(typed::gemm_rows_bulk), 256, 4096, 9 << 10),
-            (..=16, false) => (
-                RingKernel::Bf16(typed::gemm_rows_bulk16),
-                128,
-                2048,
-                17 << 10,
-            ),
-            (_, false) => (
-                RingKernel::Bf16Sliced(typed::gemm_rows_bulk32),
-                64,
-                1024,
-                33 << 10,
-            ),
-            (..=8, true) => (
-                RingKernel::Fp8(typed::gemm_rows_bulk_fp8),
-                256,
-                4096,
-                9 << 10,
-            ),
-            (..=16, true) => (
-                RingKernel::Fp8(typed::gemm_rows_bulk16_fp8),
-                128,
-                2048,
-                17 << 10,
-            ),
-            (_, true) => (
-                RingKernel::Fp8Sliced(typed::gemm_rows_bulk32_fp8),
-                64,
-                1024,
-                33 << 10,
-            ),
+        if t > self.opts.rows.bulk_max() {
+            return None;
+        }
+        // By row count: columns a warp, most columns a slice, static shared
+        // memory; the kernel also by the weights' format.
+        let (warp_cols, max_slice, static_smem) = match t {
+            0..=8 => (256, 4096, 9 << 10),
+            9..=16 => (128, 2048, 17 << 10),
+            _ => (64, 1024, 33 << 10),
+        };
+        let kernel = match (t, fp8) {
+            (..=8, false) => RingKernel::Bf16(typed::gemm_rows_bulk),
+            (..=16, false) => RingKernel::Bf16(typed::gemm_rows_bulk16),
+            (_, false) => RingKernel::Bf16Sliced(typed::gemm_rows_bulk32),
+            (..=8, true) => RingKernel::Fp8(typed::gemm_rows_bulk_fp8),
+            (..=16, true) => RingKernel::Fp8(typed::gemm_rows_bulk16_fp8),
+            (_, true) => RingKernel::Fp8Sliced(typed::gemm_rows_bulk32_fp8),
         };
         let sliced = matches!(kernel, RingKernel::Bf16Sliced(_) | RingKernel::Fp8Sliced(_));
         let slices = if sliced {
