@@ -36,6 +36,31 @@ pub struct Cuda {
     /// Every launch and GEMM goes here. A blocking stream: the synchronous
     /// copies (legacy default stream) stay ordered with it.
     stream: sys::CUstream,
+    /// Physical page size of the virtual memory management calls, where the
+    /// device has them.
+    page: Option<usize>,
+}
+
+/// Device memory on GPU 0, as `cuMemCreate` and its granularity query take it.
+fn page_prop() -> sys::CUmemAllocationProp {
+    // SAFETY: a plain C struct; all zeroes is its documented default.
+    let mut p: sys::CUmemAllocationProp = unsafe { std::mem::zeroed() };
+    p.type_ = sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
+    p.location.type_ = sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
+    p.location.id = 0;
+    p
+}
+
+/// The minimum granularity of mapped pages, if the device manages virtual memory.
+fn page_size(vmm: bool) -> Option<usize> {
+    if !vmm {
+        return None;
+    }
+    let mut g = 0usize;
+    let prop = page_prop();
+    let flag = sys::CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_MINIMUM;
+    ck(unsafe { sys::cuMemGetAllocationGranularity(&mut g, &prop, flag) }).ok()?;
+    (g > 0).then_some(g)
 }
 
 /// An instantiated CUDA graph.
@@ -76,10 +101,11 @@ unsafe impl RawDevice for Cuda {
         let mut stream: sys::CUstream = std::ptr::null_mut();
         ck(unsafe { sys::cuStreamCreate(&mut stream, 0) })
             .map_err(|e| anyhow::anyhow!("creating a CUDA stream: {e}"))?;
-        let dev = Cuda {
+        let mut dev = Cuda {
             ctx,
             cublas,
             stream,
+            page: None,
         };
         unsafe { cbs::cublasSetStream_v2(cublas, stream as cbs::cudaStream_t) }
             .result()
@@ -96,6 +122,8 @@ unsafe impl RawDevice for Cuda {
         // Opt-in shared memory per block (227 KB on H100/H200, 163 KB on
         // A100, 99 KB on sm_86/89).
         let max_smem = attr(A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)?;
+        let vmm = attr(A::CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED)? != 0;
+        dev.page = page_size(vmm);
         let info = DeviceInfo {
             name,
             sm_count: sms.max(1) as u32,
@@ -156,6 +184,58 @@ unsafe impl RawDevice for Cuda {
 
     fn sync(&self) -> RawResult<()> {
         self.ctx.synchronize().map_err(err)
+    }
+
+    fn page_size(&self) -> Option<usize> {
+        self.page
+    }
+
+    fn va_reserve(&self, bytes: usize) -> RawResult<u64> {
+        let mut va = 0;
+        ck(unsafe { sys::cuMemAddressReserve(&mut va, bytes, 0, 0, 0) })?;
+        Ok(va)
+    }
+
+    unsafe fn va_free(&self, ptr: u64, bytes: usize) {
+        let _ = self.ctx.bind_to_thread();
+        let _ = unsafe { sys::cuMemAddressFree(ptr, bytes) };
+    }
+
+    fn page_create(&self) -> RawResult<u64> {
+        let bytes = self
+            .page
+            .ok_or_else(|| RawError("no virtual memory management".into()))?;
+        let mut h = 0;
+        ck(unsafe { sys::cuMemCreate(&mut h, bytes, &page_prop(), 0) })?;
+        Ok(h)
+    }
+
+    unsafe fn page_release(&self, page: u64) {
+        let _ = self.ctx.bind_to_thread();
+        let _ = unsafe { sys::cuMemRelease(page) };
+    }
+
+    unsafe fn map(&self, va: u64, page: u64) -> RawResult<()> {
+        let bytes = self
+            .page
+            .ok_or_else(|| RawError("no virtual memory management".into()))?;
+        ck(unsafe { sys::cuMemMap(va, bytes, 0, page, 0) })?;
+        let access = sys::CUmemAccessDesc {
+            location: page_prop().location,
+            flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+        };
+        if let Err(e) = ck(unsafe { sys::cuMemSetAccess(va, bytes, &access, 1) }) {
+            let _ = unsafe { sys::cuMemUnmap(va, bytes) };
+            return Err(e);
+        }
+        Ok(())
+    }
+
+    unsafe fn unmap(&self, va: u64) {
+        if let Some(bytes) = self.page {
+            let _ = self.ctx.bind_to_thread();
+            let _ = unsafe { sys::cuMemUnmap(va, bytes) };
+        }
     }
 
     fn load_module(&self, image: &[u8]) -> RawResult<sys::CUmodule> {

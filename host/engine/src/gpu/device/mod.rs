@@ -11,6 +11,9 @@
 //! from the kernel sources (`gpu::kernels`); [`Device::launch_raw`] is their
 //! untyped back end.
 
+#[cfg(test)]
+pub(crate) mod mock;
+pub mod pages;
 pub mod raw;
 #[cfg(test)]
 mod tests;

@@ -118,6 +118,44 @@ pub unsafe trait RawDevice: Send + Sync + Sized + 'static {
     fn event_elapsed(&self, start: Self::Event, end: Self::Event) -> f32;
     fn event_destroy(&self, e: Self::Event);
 
+    /// The size of a physical page of device memory that [`RawDevice::map`]
+    /// maps (CUDA's virtual memory management, 2 MB on the H200); `None`
+    /// where the driver cannot map pages into reserved addresses, and the
+    /// callers keep to [`RawDevice::malloc`].
+    fn page_size(&self) -> Option<usize> {
+        None
+    }
+    /// Reserves `bytes` (a multiple of the page size) of device address space, unbacked.
+    fn va_reserve(&self, _bytes: usize) -> RawResult<u64> {
+        Err(RawError("no virtual memory management".into()))
+    }
+    /// # Safety
+    /// The range came from [`RawDevice::va_reserve`], nothing is mapped in it,
+    /// and it is not used again.
+    unsafe fn va_free(&self, _ptr: u64, _bytes: usize) {}
+    /// A physical page of [`RawDevice::page_size`] bytes; its handle.
+    fn page_create(&self) -> RawResult<u64> {
+        Err(RawError("no virtual memory management".into()))
+    }
+    /// # Safety
+    /// The handle came from [`RawDevice::page_create`]; no mapping of it is
+    /// used again (a page released while mapped lives until unmapped).
+    unsafe fn page_release(&self, _page: u64) {}
+    /// Maps `page` at `va` (page-aligned, reserved, unmapped), readable and
+    /// writable by this device.
+    ///
+    /// # Safety
+    /// `va` lies in a reserved range of this device.
+    unsafe fn map(&self, _va: u64, _page: u64) -> RawResult<()> {
+        Err(RawError("no virtual memory management".into()))
+    }
+    /// Unmaps the page at `va`.
+    ///
+    /// # Safety
+    /// A page is mapped at `va`, the work that used it is complete, and none
+    /// queued later reads it.
+    unsafe fn unmap(&self, _va: u64) {}
+
     /// Starts recording this thread's launches on the stream into a graph.
     fn begin_capture(&self) -> RawResult<()>;
     /// Ends the capture and instantiates it.

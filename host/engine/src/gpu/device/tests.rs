@@ -1,237 +1,9 @@
-//! The vendor-neutral layer over a recording stand-in driver: what reaches
-//! the raw calls (and what does not) for buffers, launches, graphs, the
-//! profile and errors.
+//! The vendor-neutral layer over a recording stand-in driver
+//! ([`super::mock`]): what reaches the raw calls (and what does not) for
+//! buffers, launches, graphs, the profile, errors and mapped pages.
 
+use super::mock::*;
 use super::*;
-use std::cell::RefCell;
-use std::ffi::CStr;
-
-#[derive(Default)]
-struct Log {
-    mallocs: Vec<usize>,
-    frees: Vec<u64>,
-    memsets: Vec<(u64, usize)>,
-    copies: usize,
-    /// (function, launch, pdl, first argument read as u64)
-    launches: Vec<(usize, Launch, bool, u64)>,
-    smem_optins: Vec<(usize, u32)>,
-    syncs: usize,
-    events_live: i64,
-    graphs_live: i64,
-    gemms: usize,
-    dropped: bool,
-}
-
-#[derive(Clone, Default)]
-struct Config {
-    info: DeviceInfo,
-    missing: Option<&'static str>,
-    malloc_fails: bool,
-}
-
-thread_local! {
-    static CONFIG: RefCell<Config> = RefCell::default();
-    static LOG: RefCell<Option<Arc<Mutex<Log>>>> = const { RefCell::new(None) };
-}
-
-fn log() -> Arc<Mutex<Log>> {
-    LOG.with(|l| l.borrow().clone().unwrap())
-}
-
-struct Mock {
-    log: Arc<Mutex<Log>>,
-    cfg: Config,
-    next: Mutex<u64>,
-}
-
-impl Mock {
-    fn bump(&self) -> u64 {
-        let mut n = self.next.lock().unwrap();
-        *n += 1;
-        *n
-    }
-}
-
-impl Drop for Mock {
-    fn drop(&mut self) {
-        self.log.lock().unwrap().dropped = true;
-    }
-}
-
-const NAMES: &[&str] = &["k0", "k1", "k2"];
-
-unsafe impl RawDevice for Mock {
-    type Module = &'static str;
-    type Function = usize;
-    type Event = u64;
-    type Graph = u64;
-    const VENDOR: &'static str = "MOCK";
-    const GEMM_LABEL: &'static str = "mock_gemm";
-    const IMAGES: &'static [(&'static str, &'static [u8])] = &[("a", b"image a"), ("b", b"b")];
-
-    fn open() -> anyhow::Result<(Self, DeviceInfo)> {
-        let cfg = CONFIG.with(|c| c.borrow().clone());
-        let log = Arc::new(Mutex::new(Log::default()));
-        LOG.with(|l| *l.borrow_mut() = Some(log.clone()));
-        let info = cfg.info.clone();
-        Ok((
-            Mock {
-                log,
-                cfg,
-                next: Mutex::new(0x1000),
-            },
-            info,
-        ))
-    }
-    fn bind(&self) -> RawResult<()> {
-        Ok(())
-    }
-    fn mem_info(&self) -> RawResult<(usize, usize)> {
-        Err(RawError("no".into()))
-    }
-    fn malloc(&self, bytes: usize) -> RawResult<u64> {
-        if self.cfg.malloc_fails {
-            return Err(RawError("out of mock memory".into()));
-        }
-        self.log.lock().unwrap().mallocs.push(bytes);
-        Ok(self.bump() << 8)
-    }
-    unsafe fn free(&self, ptr: u64) {
-        self.log.lock().unwrap().frees.push(ptr);
-    }
-    fn host_malloc(&self, bytes: usize) -> RawResult<*mut u8> {
-        Ok(Box::into_raw(vec![0u8; bytes].into_boxed_slice()).cast())
-    }
-    unsafe fn host_free(&self, _ptr: *mut c_void) {}
-    unsafe fn memset_zero(&self, ptr: u64, bytes: usize) -> RawResult<()> {
-        self.log.lock().unwrap().memsets.push((ptr, bytes));
-        Ok(())
-    }
-    unsafe fn htod(&self, _dst: u64, _src: *const c_void, _bytes: usize) -> RawResult<()> {
-        self.log.lock().unwrap().copies += 1;
-        Ok(())
-    }
-    unsafe fn dtoh(&self, _dst: *mut c_void, _src: u64, _bytes: usize) -> RawResult<()> {
-        self.log.lock().unwrap().copies += 1;
-        Ok(())
-    }
-    unsafe fn dtod(&self, _dst: u64, _src: u64, _bytes: usize) -> RawResult<()> {
-        self.log.lock().unwrap().copies += 1;
-        Ok(())
-    }
-    fn sync(&self) -> RawResult<()> {
-        self.log.lock().unwrap().syncs += 1;
-        Ok(())
-    }
-    fn load_module(&self, image: &[u8]) -> RawResult<&'static str> {
-        // The layer hands over 8-byte aligned copies.
-        assert_eq!(image.as_ptr() as usize % 8, 0);
-        Ok(if image == b"image a" { "a" } else { "b" })
-    }
-    fn function(&self, _m: &&'static str, name: &CStr) -> RawResult<usize> {
-        let name = name.to_str().unwrap();
-        if self.cfg.missing == Some(name) {
-            return Err(RawError("NOT_FOUND".into()));
-        }
-        Ok(NAMES.iter().position(|n| *n == name).unwrap())
-    }
-    fn allow_smem(&self, f: usize, smem: u32) {
-        self.log.lock().unwrap().smem_optins.push((f, smem));
-    }
-    fn occupancy(&self, f: usize, _block: u32, _smem: u32) -> Option<u32> {
-        [Some(3), Some(0), None][f]
-    }
-    unsafe fn launch(
-        &self,
-        f: usize,
-        l: &Launch,
-        pdl: bool,
-        args: &[*const c_void],
-    ) -> RawResult<()> {
-        let first = unsafe { *(args[0] as *const u64) };
-        self.log.lock().unwrap().launches.push((f, *l, pdl, first));
-        Ok(())
-    }
-    fn event_create(&self) -> RawResult<u64> {
-        self.log.lock().unwrap().events_live += 1;
-        Ok(self.bump())
-    }
-    fn event_record(&self, _e: u64) {}
-    fn event_elapsed(&self, start: u64, end: u64) -> f32 {
-        (end - start) as f32
-    }
-    fn event_destroy(&self, _e: u64) {
-        self.log.lock().unwrap().events_live -= 1;
-    }
-    fn begin_capture(&self) -> RawResult<()> {
-        Ok(())
-    }
-    fn end_capture(&self) -> RawResult<u64> {
-        self.log.lock().unwrap().graphs_live += 1;
-        Ok(self.bump())
-    }
-    fn graph_launch(&self, _g: &u64) -> RawResult<()> {
-        Ok(())
-    }
-    fn graph_destroy(&self, _g: &mut u64) {
-        self.log.lock().unwrap().graphs_live -= 1;
-    }
-    unsafe fn gemm_bf16(
-        &self,
-        _: u64,
-        _: u64,
-        _: u64,
-        _: i32,
-        _: i32,
-        _: i32,
-        _: bool,
-    ) -> RawResult<()> {
-        self.log.lock().unwrap().gemms += 1;
-        Ok(())
-    }
-}
-
-const K: [Kernel; 3] = [
-    Kernel::new(0, "k0", "a"),
-    Kernel::new(1, "k1", "b"),
-    Kernel::new(2, "k2", "a"),
-];
-
-const OPTS: DeviceOptions = DeviceOptions {
-    debug: false,
-    profile: false,
-    pdl: true,
-};
-
-fn open(info: DeviceInfo, opts: DeviceOptions) -> Device<Mock> {
-    CONFIG.with(|c| {
-        *c.borrow_mut() = Config {
-            info,
-            ..Config::default()
-        }
-    });
-    Device::open(&K, opts).unwrap()
-}
-
-fn hopper() -> DeviceInfo {
-    DeviceInfo {
-        name: "mock".into(),
-        sm_count: 0,
-        max_smem: 100_000,
-        pdl: true,
-        ..DeviceInfo::default()
-    }
-}
-
-/// Launches `k` with one pointer and one int argument.
-fn go(d: &Device<Mock>, k: Kernel, l: Launch) -> Result<()> {
-    let (a, b) = (DevPtr(0xabc), 7i32);
-    let args = [
-        &a as *const DevPtr as *const c_void,
-        &b as *const i32 as *const c_void,
-    ];
-    unsafe { d.launch_raw(k, l, &args) }
-}
 
 #[test]
 fn buffers_are_freed_on_drop_and_keep_the_driver() {
@@ -418,4 +190,58 @@ fn errors_name_the_operation() {
         "{e}"
     );
     assert_eq!(log().lock().unwrap().gemms, 0);
+}
+
+#[test]
+fn mapped_pages_live_until_their_last_owner_and_mapping_go() {
+    let d = open_paged(Some(64));
+    let l = log();
+    assert_eq!(d.page_size(), Some(64));
+    let mut a = d.reserve_range(4).unwrap();
+    let mut b = d.reserve_range(2).unwrap();
+    assert_eq!(
+        (a.slots(), a.page_bytes(), l.lock().unwrap().vas_live),
+        (4, 64, 2)
+    );
+    let p = d.new_page().unwrap();
+    a.map(1, p.clone()).unwrap();
+    b.map(0, p.clone()).unwrap();
+    // The same bytes through both ranges.
+    d.htod(a.ptr() + 64 + 8, &[7u8, 9]).unwrap();
+    let mut got = [0u8; 2];
+    d.dtoh(&mut got, b.ptr() + 8).unwrap();
+    assert_eq!(got, [7, 9]);
+    assert!(a.map(1, d.new_page().unwrap()).is_err(), "a slot maps once");
+    assert!(a.map(4, p.clone()).is_err(), "past the reservation");
+    assert_eq!(a.page(1).unwrap().id(), p.id());
+    drop(p);
+    assert_eq!(l.lock().unwrap().pages_live, 1, "held by the ranges");
+    // Unmapping waits for the work queued so far, once for all slots.
+    let syncs = l.lock().unwrap().syncs;
+    unsafe { a.unmap(0..4) };
+    assert_eq!(l.lock().unwrap().syncs, syncs + 1);
+    assert_eq!(l.lock().unwrap().order[syncs..], ["sync", "unmap"]);
+    unsafe { a.unmap(0..4) };
+    assert_eq!(
+        l.lock().unwrap().syncs,
+        syncs + 1,
+        "nothing left to wait for"
+    );
+    assert!(a.page(1).is_none());
+    // b still reads the page a let go.
+    d.dtoh(&mut got, b.ptr() + 8).unwrap();
+    assert_eq!(got, [7, 9]);
+    drop(b);
+    drop(a);
+    let g = l.lock().unwrap();
+    assert_eq!((g.vas_live, g.pages_live, g.maps, g.unmaps), (0, 0, 2, 2));
+}
+
+#[test]
+fn without_page_mapping_nothing_is_reserved() {
+    let d = open_paged(None);
+    assert_eq!(d.page_size(), None);
+    let e = d.reserve_range(1).err().unwrap();
+    assert_eq!(format!("{e}"), "mock has no virtual memory management");
+    assert!(d.new_page().is_err());
 }

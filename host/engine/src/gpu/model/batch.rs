@@ -188,7 +188,7 @@ impl GpuModel {
         sc.batch_logits.clear();
         let (d, c) = (&self.dev, &self.cfg);
         let (b, nl) = (rows.len(), self.layers.len());
-        // States first: a grown KV slab moves a row's addresses.
+        // States first: a KV cache moved into a larger slab moves a row's addresses.
         for &r in rows.iter().chain(chunks) {
             let s = &mut *batch[r].seq;
             self.init_sequence(s)?;
@@ -309,7 +309,7 @@ impl GpuModel {
         for (part, &r) in parts.iter_mut().zip(chunks) {
             let caps = std::mem::take(&mut part.captures);
             if let (false, Some(kv)) = (caps.is_empty(), &batch[r].seq.kv) {
-                batch[r].snapshots.taken = self.captured(part.pos0, kv.slab(), caps);
+                batch[r].snapshots.taken = self.captured(part.pos0, kv.space(), caps);
             }
         }
         self.batch_readout(sc, batch, rows, chunks, head_rows.len(), masks)

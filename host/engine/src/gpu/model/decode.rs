@@ -148,7 +148,8 @@ impl GpuModel {
                 ds.graphs.push(hit);
             }
             None => {
-                // A grown KV slab makes the sequence's older graph stale.
+                // A new capacity plan (more key splits; a slab moved) makes the
+                // sequence's older graph stale.
                 ds.graphs.retain(|(k, _)| k.0 != seq.id);
                 self.decode_kernels(seq, ds)?;
                 if ds.graphs_ok {

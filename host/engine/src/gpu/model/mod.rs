@@ -17,7 +17,7 @@
 //! | [`ops`] | prefill projections, RMSNorm, residual add, work buffers |
 //! | [`decode`] | the decode step's buffers and graph; [`gemv`] its GEMVs |
 //! | [`weights`] | upload and seeded generation of the weights |
-//! | [`sequence`], [`seq_state`] | a sequence's GDN states and KV slab |
+//! | [`sequence`], [`seq_state`], [`kv_space`] | a sequence's GDN states and KV cache (paged or a slab) |
 //! | [`snapshot`] | prefix-cache snapshots, restore, host tier |
 //! | [`batch`] | the batched decode step: one token of each of B sequences ([`batch_readout`]: its rows' readouts) |
 //! | [`readout`] | what the `Backend` readouts copy back ([`weighted_rows`]: many rows' weighted readouts at once) |
@@ -38,6 +38,7 @@ mod fp8;
 mod gdn;
 mod gdn_prefill;
 mod gemv;
+mod kv_space;
 mod masks;
 mod mlp;
 mod moe;
@@ -289,9 +290,9 @@ impl GpuModel {
 
     /// Runs `tokens` (checked) in passes of at most [`PREFILL_CHUNK`]: bounded
     /// work buffers, and every grid's y dimension (tokens) stays under the
-    /// 65,535 launch limit. The KV slab is grown for all of them first: one
-    /// allocation instead of a doubling per pass, each of which copies the
-    /// rows so far and holds the old slab and the new one at once. Takes the
+    /// 65,535 launch limit. The KV cache is grown for all of them first (a
+    /// slab: one allocation instead of a doubling per pass, each of which
+    /// would copy the rows so far and hold two slabs at once). Takes the
     /// snapshots a row running alone asked for ([`Scratch::captures`]).
     fn run_passes(&self, seq: &mut GpuSequence, tokens: &[u32], sc: &mut Scratch) -> Result<u64> {
         self.init_sequence(seq)?;
@@ -307,7 +308,11 @@ impl GpuModel {
             };
             let caps = self.captures(pos0, chunk.len(), &asked.at);
             nf = self.run(seq, chunk, sc, &caps)?;
-            let kv = seq.kv.as_ref().expect("a pass reserves the KV slab").slab();
+            let kv = seq
+                .kv
+                .as_ref()
+                .expect("a pass reserves the KV cache")
+                .space();
             asked.taken.extend(self.captured(pos0, kv, caps));
             // A point where one pass ends and the next begins.
             if seq.pos < end

@@ -6,10 +6,10 @@
 //! saves it for the output phase), and the conv window at a position is the
 //! three projection rows before it, so a capture costs two small copies per
 //! layer. The attention layers' KV rows below the position are written by
-//! the same pass into the sequence's slab, which the snapshot shares
+//! the same pass into the sequence's KV space, which the snapshot shares
 //! ([`super::snapshot`]).
 
-use super::seq_state::KvSlab;
+use super::kv_space::KvSpace;
 use super::{DBuf, GpuModel, SeqLayer};
 use crate::backend::{SeqSnapshot, Taken};
 use anyhow::Result;
@@ -73,8 +73,8 @@ impl GpuModel {
     }
 
     /// The snapshots of a pass's captures, once the pass has run from `pos0`
-    /// over the sequence's KV slab `kv`.
-    pub(super) fn captured(&self, pos0: usize, kv: &Arc<KvSlab>, caps: Vec<Capture>) -> Taken {
+    /// over the sequence's KV space `kv`.
+    pub(super) fn captured(&self, pos0: usize, kv: &Arc<KvSpace>, caps: Vec<Capture>) -> Taken {
         caps.into_iter()
             .map(|c| {
                 let pos = pos0 + c.off;

@@ -1,22 +1,25 @@
 //! Where a sequence's device state lives: all GDN states in one allocation
 //! (one cuMemAlloc and one copy per snapshot or restore instead of two per
 //! layer: about 30 µs each), and all attention layers' K and V buffers in one
-//! KV slab shared with the sequence's snapshots.
+//! KV space ([`KvSpace`]) shared with the sequence's snapshots.
 //!
-//! A KV slab's rows `[0, pos)` are never written again once a snapshot at
-//! `pos` holds them, so snapshots share the slab instead of copying it. A
-//! sequence resumed from a snapshot adopts the slab itself, appending in
+//! A KV space's rows `[0, pos)` are never written again once a snapshot at
+//! `pos` holds them, so snapshots share the space instead of copying it. A
+//! sequence resumed from a snapshot adopts the space itself, appending in
 //! place, when nothing else can see the rows it will write: no live sequence
-//! writes the slab and no snapshot reads past `pos` ([`KvOwnership`]). That
+//! writes the space and no snapshot reads past `pos` ([`KvOwnership`]). That
 //! is the next turn of a conversation, resumed from the end of the previous
-//! one; it saves the copy of every KV row (5.4 GB at 131K tokens with the f32
-//! cache) and the slab's allocation. Otherwise it copies into a slab of its own.
+//! one; it saves every KV row's copy (5.4 GB at 131K tokens with the f32
+//! cache). Otherwise it fills a space of its own: the snapshot's full pages
+//! mapped, the rest copied ([`KvSpace::fill_from`]).
 
-use super::DBuf;
+use super::kv_space::KvSpace;
+use crate::gpu::Vendor;
+use crate::gpu::device::RawDevice;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
-/// Device allocations are aligned at least this much; spans inside a slab too.
+/// Device allocations are aligned at least this much; GDN spans too.
 const ALIGN: usize = 256;
 
 fn aligned(bytes: usize) -> usize {
@@ -24,13 +27,16 @@ fn aligned(bytes: usize) -> usize {
 }
 
 /// The start of a part of a device allocation owned elsewhere (the GDN
-/// state allocation or a KV slab).
+/// state allocation or a KV space).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(super) struct Span {
     ptr: u64,
 }
 
 impl Span {
+    pub fn at(ptr: u64) -> Self {
+        Span { ptr }
+    }
     pub fn ptr(&self) -> u64 {
         self.ptr
     }
@@ -66,8 +72,8 @@ impl GdnLayout {
     }
 }
 
-/// Who may append to a KV slab. Rows below `sealed` are read by a snapshot
-/// (the deepest one ever taken of the slab: the mark never goes down, so an
+/// Who may append to a KV space. Rows below `sealed` are read by a snapshot
+/// (the deepest one ever taken of the space: the mark never goes down, so an
 /// evicted snapshot only makes adoption rarer); at most one live sequence,
 /// the writer, appends past them.
 #[derive(Debug)]
@@ -77,12 +83,17 @@ pub(super) struct KvOwnership {
 }
 
 impl KvOwnership {
-    /// A new slab, written by the sequence that allocated it.
+    /// A new space, written by the sequence that made it.
     pub fn written() -> Self {
         KvOwnership {
             sealed: AtomicUsize::new(0),
             writer: AtomicBool::new(true),
         }
+    }
+
+    /// The deepest snapshot's position: rows below it are read by one.
+    pub fn sealed(&self) -> usize {
+        self.sealed.load(Ordering::Acquire)
     }
 
     /// A snapshot at `pos` reads rows `[0, pos)` from now on (called by the
@@ -92,7 +103,7 @@ impl KvOwnership {
     }
 
     /// Makes the caller the writer of a sequence resuming at `pos`: only when
-    /// no live sequence writes the slab and no snapshot reads past `pos`.
+    /// no live sequence writes the space and no snapshot reads past `pos`.
     pub fn try_adopt(&self, pos: usize) -> bool {
         if self
             .writer
@@ -109,84 +120,44 @@ impl KvOwnership {
         true
     }
 
-    /// The writer is gone (its sequence dropped, grown into another slab, or
+    /// The writer is gone (its sequence dropped, moved into another space, or
     /// it refused adoption).
     pub fn release(&self) {
         self.writer.store(false, Ordering::Release);
     }
 }
 
-/// K and V of every attention layer for `cap` tokens in one allocation:
-/// attention layer j's K at `2j`, its V at `2j + 1` (times the aligned
-/// per-buffer size), each `[cap][nkv][head_dim]` rows.
-pub(super) struct KvSlab {
-    buf: DBuf,
-    cap: usize,
-    layer_bytes: usize,
-    own: KvOwnership,
-}
+/// A live sequence's hold on the KV space it appends to; gives the writer
+/// role up when dropped, and with it the pages past the deepest snapshot's
+/// rows (no one reads them any more).
+pub(super) struct KvWriter<R: RawDevice = Vendor>(Arc<KvSpace<R>>);
 
-impl KvSlab {
-    /// Bytes to allocate for `layers` attention layers of `cap` rows of `row_bytes`.
-    pub fn bytes_for(layers: usize, cap: usize, row_bytes: usize) -> usize {
-        2 * layers * aligned(cap * row_bytes)
+impl<R: RawDevice> KvWriter<R> {
+    /// The writer of a space it just made.
+    pub fn fresh(space: KvSpace<R>) -> Self {
+        KvWriter(Arc::new(space))
     }
 
-    /// Wraps an allocation of [`KvSlab::bytes_for`] bytes, its allocator writing.
-    pub fn new(buf: DBuf, cap: usize, row_bytes: usize) -> Self {
-        KvSlab {
-            buf,
-            cap,
-            layer_bytes: aligned(cap * row_bytes),
-            own: KvOwnership::written(),
-        }
+    /// The writer of a snapshot's space, resuming at `pos`, if it may append in place.
+    pub fn adopt(space: &Arc<KvSpace<R>>, pos: usize) -> Option<Self> {
+        space
+            .ownership()
+            .try_adopt(pos)
+            .then(|| KvWriter(space.clone()))
     }
 
-    pub fn cap(&self) -> usize {
-        self.cap
-    }
-
-    /// Attention layer `j`'s (K, V) buffers.
-    pub fn spans(&self, j: usize) -> (Span, Span) {
-        let span = |n: usize| Span {
-            ptr: self.buf.at(n * self.layer_bytes),
-        };
-        (span(2 * j), span(2 * j + 1))
-    }
-
-    /// The whole allocation (the prefix cache counts it once, by address).
-    pub fn page(&self) -> (u64, usize) {
-        (self.buf.ptr(), self.buf.bytes())
-    }
-
-    pub fn ownership(&self) -> &KvOwnership {
-        &self.own
-    }
-}
-
-/// A live sequence's hold on the slab it appends to; gives the writer role
-/// up when dropped.
-pub(super) struct KvWriter(Arc<KvSlab>);
-
-impl KvWriter {
-    /// The writer of a slab it just allocated.
-    pub fn fresh(slab: KvSlab) -> Self {
-        KvWriter(Arc::new(slab))
-    }
-
-    /// The writer of a snapshot's slab, resuming at `pos`, if it may append in place.
-    pub fn adopt(slab: &Arc<KvSlab>, pos: usize) -> Option<Self> {
-        slab.own.try_adopt(pos).then(|| KvWriter(slab.clone()))
-    }
-
-    pub fn slab(&self) -> &Arc<KvSlab> {
+    pub fn space(&self) -> &Arc<KvSpace<R>> {
         &self.0
     }
 }
 
-impl Drop for KvWriter {
+impl<R: RawDevice> Drop for KvWriter<R> {
     fn drop(&mut self) {
-        self.0.own.release();
+        if Arc::strong_count(&self.0) > 1 {
+            // Still the writer: the mark cannot move under us.
+            self.0.trim(self.0.ownership().sealed());
+        }
+        self.0.ownership().release();
     }
 }
 
@@ -213,7 +184,7 @@ mod tests {
     }
 
     #[test]
-    fn the_writer_keeps_the_slab_until_it_lets_go() {
+    fn the_writer_keeps_the_space_until_it_lets_go() {
         let o = KvOwnership::written();
         o.seal(100);
         // The sequence that took the snapshot still appends: no adoption.

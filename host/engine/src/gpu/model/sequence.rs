@@ -1,16 +1,17 @@
 //! A sequence on the device: where each layer's state is (spans of one GDN
-//! state allocation and of a KV slab, [`super::seq_state`]), and how the KV
-//! slab grows.
+//! state allocation and of a KV space, [`super::seq_state`]), and how the KV
+//! cache grows.
 
-use super::seq_state::{GdnLayout, KvSlab, KvWriter, Span};
+use super::kv_space::{KvSpace, SLACK_ROWS, slab_bytes};
+use super::seq_state::{GdnLayout, KvWriter, Span};
 use super::{B, DBuf, F, GpuModel};
 use crate::config::LayerKind;
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, bail};
 
 /// A sequence's device state: the GDN layers' conv windows and f32 states in
-/// one allocation, the attention layers' KV caches in one slab grown on demand
-/// (doubling) up to `max_len` and shared with the sequence's snapshots
-/// ([`super::seq_state`]).
+/// one allocation, the attention layers' KV caches in one space grown on
+/// demand up to `max_len` and shared with the sequence's snapshots
+/// ([`super::seq_state`], [`super::kv_space`]).
 pub struct GpuSequence {
     /// Unique per sequence: a captured decode graph is valid for one sequence's buffers.
     pub(super) id: u64,
@@ -19,26 +20,31 @@ pub struct GpuSequence {
     pub(super) layers: Vec<SeqLayer>,
     pub(super) gdn: Option<DBuf>,
     pub(super) kv: Option<KvWriter>,
-    /// Resumed from a snapshot by adopting its KV slab (no copy).
+    /// The KV capacity the decode step plans for ([`kv_capacity`]'s
+    /// schedule; a slab's rows): its key splits follow it, and a captured
+    /// graph is kept while it stays. Paged spaces hold pages for the rows
+    /// written, not for this.
+    pub(super) kv_cap: usize,
+    /// Resumed from a snapshot by adopting its KV space (no copy).
     pub(super) adopted_kv: bool,
 }
 
 impl GpuSequence {
-    /// KV rows per layer: the slab's capacity (0 before the first pass).
+    /// KV rows per layer the decode step plans for (0 before the first pass).
     pub(super) fn cap(&self) -> usize {
-        self.kv.as_ref().map_or(0, |kv| kv.slab().cap())
+        self.kv_cap
     }
 }
 
 /// One layer's state: spans of the sequence's (or snapshot's) GDN allocation
-/// and KV slab.
+/// and KV space.
 #[derive(Clone, Copy)]
 pub(super) enum SeqLayer {
     Gdn {
         conv: Span,
         s: Span,
     },
-    /// Rows `[0, pos)` of a KV slab are never written again once a snapshot
+    /// Rows `[0, pos)` of a KV cache are never written again once a snapshot
     /// holds them (the cache only appends).
     Attn {
         k: Span,
@@ -46,10 +52,11 @@ pub(super) enum SeqLayer {
     },
 }
 
-/// KV rows to allocate for `need` tokens when `cur` are allocated: room for
-/// what usually follows (the next prompt pass, the reply; also more key
-/// splits for decode attention, whose count follows the capacity), at least
-/// doubling, at most `max_len` (unless `need` is more: the caller refuses it).
+/// KV rows to plan for `need` tokens when `cur` are planned: room for what
+/// usually follows (the next prompt pass, the reply; also more key splits for
+/// decode attention, whose count follows the capacity), at least doubling, at
+/// most `max_len` (unless `need` is more: the caller refuses it). A slab
+/// allocates all of it; a paged space only the pages its rows fill.
 pub(super) fn kv_capacity(need: usize, cur: usize, max_len: usize) -> usize {
     (need + 4096.max(need / 8))
         .max(cur * 2)
@@ -70,6 +77,7 @@ impl GpuModel {
             layers: Vec::new(),
             gdn: None,
             kv: None,
+            kv_cap: 0,
             adopted_kv: false,
         }
     }
@@ -82,6 +90,7 @@ impl GpuModel {
         seq.layers = self.seq_layers(gdn.ptr(), None);
         seq.gdn = Some(gdn);
         seq.kv = None;
+        seq.kv_cap = 0;
         Ok(())
     }
 
@@ -102,9 +111,9 @@ impl GpuModel {
         self.cfg.layer_kinds.iter().filter(|&&k| k == kind).count()
     }
 
-    /// Every layer's spans in a GDN state allocation at `gdn` and a KV slab
+    /// Every layer's spans in a GDN state allocation at `gdn` and a KV space
     /// (null spans without one: a sequence before its first [`Self::reserve`]).
-    pub(super) fn seq_layers(&self, gdn: u64, kv: Option<&KvSlab>) -> Vec<SeqLayer> {
+    pub(super) fn seq_layers(&self, gdn: u64, kv: Option<&KvSpace>) -> Vec<SeqLayer> {
         let layout = self.gdn_layout();
         let (mut li, mut ai) = (0, 0);
         let null = Span::default();
@@ -131,11 +140,15 @@ impl GpuModel {
     }
 
     /// Device bytes a sequence of `tokens` tokens holds: its GDN states and
-    /// the KV slab [`GpuModel::reserve`] grows to for that many.
+    /// the KV pages its rows fill, or the slab [`GpuModel::reserve`] grows to
+    /// for that many.
     pub(super) fn state_bytes(&self, tokens: usize) -> usize {
-        let cap = kv_capacity(tokens.max(1), 0, self.max_len);
-        self.gdn_layout().bytes()
-            + KvSlab::bytes_for(self.count_layers(LayerKind::Full), cap, self.kv_row_bytes())
+        let (buffers, row) = (self.kv_buffers(), self.kv_row_bytes());
+        let kv = match self.kv_page_size() {
+            Some(page) => buffers * ((tokens.max(1) + SLACK_ROWS) * row).div_ceil(page) * page,
+            None => slab_bytes(buffers, kv_capacity(tokens.max(1), 0, self.max_len), row),
+        };
+        self.gdn_layout().bytes() + kv
     }
 
     /// The sequences' share of the device memory the weights leave free:
@@ -147,53 +160,71 @@ impl GpuModel {
         (total.saturating_sub(used) / 4 * 3).saturating_sub(WORK_RESERVE)
     }
 
-    /// A KV slab of `cap` rows per attention layer, written by its allocator.
-    pub(super) fn alloc_kv(&self, cap: usize) -> Result<KvSlab> {
-        let row = self.kv_row_bytes();
-        let bytes = KvSlab::bytes_for(self.count_layers(LayerKind::Full), cap, row);
-        Ok(KvSlab::new(self.dev.alloc(bytes)?, cap, row))
+    /// K and V of every attention layer: the KV space's buffers.
+    fn kv_buffers(&self) -> usize {
+        2 * self.count_layers(LayerKind::Full)
     }
 
-    /// Points the sequence at `kv` (its attention layers' spans).
-    pub(super) fn set_kv(&self, seq: &mut GpuSequence, kv: KvWriter) {
-        let gdn = seq.gdn.as_ref().map_or(0, DBuf::ptr);
-        seq.layers = self.seq_layers(gdn, Some(kv.slab()));
-        seq.kv = Some(kv);
+    /// The page size of paged KV spaces, where they are in use.
+    pub(super) fn kv_page_size(&self) -> Option<usize> {
+        self.opts.kv_pages.then(|| self.dev.page_size()).flatten()
     }
 
-    /// Copies rows `[0, rows)` of every attention layer's K and V from the
-    /// spans of `from` to those of `to` (both in layer order).
-    pub(super) fn copy_kv_rows(
-        &self,
-        to: &[SeqLayer],
-        from: &[SeqLayer],
-        rows: usize,
-    ) -> Result<()> {
-        let bytes = rows * self.kv_row_bytes();
-        for (t, f) in to.iter().zip(from) {
-            if let (SeqLayer::Attn { k, v }, SeqLayer::Attn { k: fk, v: fv }) = (t, f) {
-                self.dev.dtod(k.ptr(), fk.ptr(), bytes)?;
-                self.dev.dtod(v.ptr(), fv.ptr(), bytes)?;
-            }
+    /// An empty KV space planned for `cap` rows: paged (addresses for
+    /// `max_len` rows, or `cap` if more; pages mapped by [`KvSpace::grow`])
+    /// where the device maps pages, otherwise a slab of `cap` rows.
+    pub(super) fn new_kv(&self, cap: usize) -> Result<KvSpace> {
+        let (buffers, row) = (self.kv_buffers(), self.kv_row_bytes());
+        if self.kv_page_size().is_some()
+            && let Some(space) = KvSpace::paged(&self.dev, buffers, self.max_len.max(cap), row)
+        {
+            return space;
         }
-        Ok(())
+        let buf = self.dev.alloc(slab_bytes(buffers, cap, row))?;
+        Ok(KvSpace::slab(buf, buffers, cap, row))
     }
 
-    /// Grows the sequence's KV slab to hold `need` tokens (a new slab, the
-    /// rows so far copied; snapshots keep the old one).
+    /// Points the sequence at `kv` (its attention layers' spans), planned for
+    /// `cap` rows.
+    pub(super) fn set_kv(&self, seq: &mut GpuSequence, kv: KvWriter, cap: usize) {
+        let gdn = seq.gdn.as_ref().map_or(0, DBuf::ptr);
+        seq.layers = self.seq_layers(gdn, Some(kv.space()));
+        seq.kv = Some(kv);
+        seq.kv_cap = cap;
+    }
+
+    /// Makes room for `need` tokens in the sequence's KV cache: pages mapped
+    /// in place (paged), or a larger slab with the rows so far copied
+    /// (snapshots keep the old one).
     pub(super) fn reserve(&self, seq: &mut GpuSequence, need: usize) -> Result<()> {
-        if need <= seq.cap() {
+        let cap = if need > seq.kv_cap {
+            kv_capacity(need, seq.kv_cap, self.max_len)
+        } else {
+            seq.kv_cap
+        };
+        if let Some(kv) = &seq.kv
+            && kv
+                .space()
+                .grow(&self.dev, need)
+                .context("growing the KV cache")?
+        {
+            seq.kv_cap = cap;
             return Ok(());
         }
-        let cap = kv_capacity(need, seq.cap(), self.max_len);
-        let slab = self.alloc_kv(cap).context("growing the KV cache")?;
-        let (old, old_kv) = (seq.layers.clone(), seq.kv.take());
-        self.set_kv(seq, KvWriter::fresh(slab));
-        if seq.pos > 0 {
-            self.copy_kv_rows(&seq.layers, &old, seq.pos)?;
+        let space = self.new_kv(cap).context("growing the KV cache")?;
+        match &seq.kv {
+            Some(old) => space.fill_from(&self.dev, old.space(), seq.pos, need)?,
+            None => {
+                if !space
+                    .grow(&self.dev, need)
+                    .context("growing the KV cache")?
+                {
+                    bail!("a new KV cache cannot hold {need} tokens");
+                }
+            }
         }
-        // The old slab (freed here unless a snapshot holds it) after the copies.
-        drop(old_kv);
+        // The old space (freed here unless a snapshot holds it) after the copies.
+        self.set_kv(seq, KvWriter::fresh(space), cap);
         Ok(())
     }
 }

@@ -1,8 +1,10 @@
 //! Sequence snapshots for the prefix cache: on the device (a copy of the GDN
-//! states, the KV slab shared), resumed by adopting or copying the slab, and
-//! demoted to host memory (page-locked where the driver grants it).
+//! states, the KV space shared), resumed by adopting the space or filling one
+//! of its own (full pages shared, the rest copied), and demoted to host
+//! memory (page-locked where the driver grants it).
 
-use super::seq_state::{KvSlab, KvWriter};
+use super::kv_space::KvSpace;
+use super::seq_state::KvWriter;
 use super::sequence::kv_capacity;
 use super::{DBuf, GpuModel, GpuSequence, HostBuf, SeqLayer};
 use crate::backend::{Backend, SeqSnapshot};
@@ -11,7 +13,7 @@ use std::sync::Arc;
 
 impl GpuModel {
     /// A device copy of the GDN states (66 MB for the 35B model, one
-    /// allocation) and a shared reference to the KV slab. `None` when the copy
+    /// allocation) and a shared reference to the KV space. `None` when the copy
     /// cannot be allocated.
     pub(super) fn snapshot_seq(&self, seq: &GpuSequence) -> Option<Box<dyn SeqSnapshot>> {
         let _guard = self.scratch.lock().unwrap();
@@ -26,12 +28,12 @@ impl GpuModel {
         };
         let copy = self.dev.alloc(gdn.bytes()).ok()?;
         self.dev.dtod(copy.ptr(), gdn.ptr(), gdn.bytes()).ok()?;
-        Some(Box::new(self.device_snapshot(seq.pos, copy, kv.slab())))
+        Some(Box::new(self.device_snapshot(seq.pos, copy, kv.space())))
     }
 
     /// The snapshot at `pos` made of the GDN state allocation `gdn` (its own)
-    /// and the KV slab `kv`, whose rows below `pos` no one writes from now on.
-    pub(super) fn device_snapshot(&self, pos: usize, gdn: DBuf, kv: &Arc<KvSlab>) -> GpuSnapshot {
+    /// and the KV space `kv`, whose rows below `pos` no one writes from now on.
+    pub(super) fn device_snapshot(&self, pos: usize, gdn: DBuf, kv: &Arc<KvSpace>) -> GpuSnapshot {
         kv.ownership().seal(pos);
         GpuSnapshot {
             pos,
@@ -42,12 +44,13 @@ impl GpuModel {
         }
     }
 
-    /// From a device snapshot: a copy of its GDN states, and its KV slab
+    /// From a device snapshot: a copy of its GDN states, and its KV space
     /// itself when no one else can see what the sequence appends
-    /// ([`super::seq_state::KvOwnership`]), otherwise a copy of its rows. From its
-    /// host copy ([`Backend::demote`]): uploads. A copied KV slab has room
-    /// for the turn that follows, so resuming does not begin by doubling and
-    /// copying the whole KV cache.
+    /// ([`super::seq_state::KvOwnership`]), otherwise a space of its own with
+    /// the snapshot's rows (full pages shared, [`KvSpace::fill_from`]). From
+    /// its host copy ([`Backend::demote`]): uploads. A new space is planned
+    /// with room for the turn that follows, so resuming does not begin by
+    /// growing the KV cache.
     pub(super) fn restore_seq(&self, snap: &dyn SeqSnapshot) -> Option<GpuSequence> {
         let any = snap.as_any();
         let (device, host) = (
@@ -78,7 +81,7 @@ impl GpuModel {
         self.dev.bind().ok()?;
         let d = &self.dev;
         let gdn = d.alloc(layout.bytes()).ok()?;
-        // Its layers' spans come with its KV slab (set_kv below).
+        // Its layers' spans come with its KV space (set_kv below).
         let mut seq = GpuSequence {
             gdn: Some(gdn),
             pos,
@@ -88,17 +91,25 @@ impl GpuModel {
         if let Some(s) = device {
             d.dtod(gdn, s.gdn.ptr(), layout.bytes()).ok()?;
             if let Some(kv) = KvWriter::adopt(&s.kv, pos) {
-                self.set_kv(&mut seq, kv);
+                let cap = if kv.space().is_paged() {
+                    kv_capacity(pos, 0, self.max_len)
+                } else {
+                    kv.space().rows()
+                };
+                self.set_kv(&mut seq, kv, cap);
                 seq.adopted_kv = true;
             } else {
-                let slab = self.alloc_kv(kv_capacity(pos, 0, self.max_len)).ok()?;
-                self.set_kv(&mut seq, KvWriter::fresh(slab));
-                self.copy_kv_rows(&seq.layers, &s.layers, pos).ok()?;
+                let cap = kv_capacity(pos, 0, self.max_len);
+                let space = self.new_kv(cap).ok()?;
+                space.fill_from(d, &s.kv, pos, pos).ok()?;
+                self.set_kv(&mut seq, KvWriter::fresh(space), cap);
             }
         } else if let Some(h) = host {
             d.htod(gdn, &h.gdn[..]).ok()?;
-            let slab = self.alloc_kv(kv_capacity(pos, 0, self.max_len)).ok()?;
-            self.set_kv(&mut seq, KvWriter::fresh(slab));
+            let cap = kv_capacity(pos, 0, self.max_len);
+            let space = self.new_kv(cap).ok()?;
+            space.grow(d, pos).ok()?.then_some(())?;
+            self.set_kv(&mut seq, KvWriter::fresh(space), cap);
             let attn = seq.layers.iter().filter_map(|l| match l {
                 SeqLayer::Attn { k, v } => Some((k, v)),
                 SeqLayer::Gdn { .. } => None,
@@ -132,7 +143,7 @@ impl GpuModel {
     }
 
     /// A host-memory copy of a device snapshot: the GDN states and the KV
-    /// rows it covers (not the slab's spare capacity).
+    /// rows it covers (not the space's spare capacity).
     pub(super) fn demote_snapshot(&self, snap: &dyn SeqSnapshot) -> Option<Box<dyn SeqSnapshot>> {
         let snap = snap.as_any().downcast_ref::<GpuSnapshot>()?;
         let _guard = self.scratch.lock().unwrap();
@@ -212,14 +223,14 @@ impl SeqSnapshot for GpuHostSnapshot {
 }
 
 /// A sequence at one position: a device copy of its GDN states and a shared
-/// reference to its KV slab (whose rows `[0, pos)` no one writes again).
+/// reference to its KV space (whose rows `[0, pos)` no one writes again).
 pub struct GpuSnapshot {
     pos: usize,
     kv_f32: bool,
     /// Spans of `gdn` and `kv`, per layer.
     layers: Vec<SeqLayer>,
     gdn: DBuf,
-    kv: Arc<KvSlab>,
+    kv: Arc<KvSpace>,
 }
 
 impl SeqSnapshot for GpuSnapshot {
@@ -229,10 +240,11 @@ impl SeqSnapshot for GpuSnapshot {
     fn private_bytes(&self) -> usize {
         self.gdn.bytes()
     }
-    /// The KV slab, one page (by device address: unique while alive), so the
-    /// prefix cache counts a slab shared by several snapshots once.
+    /// The KV pages holding its rows (a slab: the whole slab, by address),
+    /// each unique while alive, so the prefix cache counts a page shared by
+    /// several snapshots once.
     fn pages(&self) -> Vec<(u64, usize)> {
-        vec![self.kv.page()]
+        self.kv.pages(self.pos)
     }
     fn as_any(&self) -> &dyn std::any::Any {
         self

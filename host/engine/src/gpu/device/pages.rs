@@ -1,0 +1,146 @@
+//! Physical pages mapped into reserved device addresses (CUDA's virtual
+//! memory management): what paged KV caches are built from. A range of
+//! addresses can be reserved far larger than the memory behind it, pages are
+//! mapped into it as it fills, and one page can be mapped into several
+//! ranges at once, which is how sequences share the KV rows of a prefix
+//! without copying them while kernels still see one contiguous buffer.
+
+use super::{Device, RawDevice};
+use anyhow::{Result, anyhow, bail};
+use std::sync::Arc;
+
+/// One physical page of device memory ([`Device::page_size`] bytes),
+/// released when the last owner drops it (the memory itself lives until its
+/// last mapping is gone too).
+pub struct Page<R: RawDevice> {
+    handle: u64,
+    raw: Arc<R>,
+}
+
+impl<R: RawDevice> Page<R> {
+    /// Unique among live pages (the driver's handle): how the prefix cache
+    /// counts a page held by several snapshots once.
+    pub fn id(&self) -> u64 {
+        self.handle
+    }
+}
+
+impl<R: RawDevice> Drop for Page<R> {
+    fn drop(&mut self) {
+        // SAFETY: from `page_create`, released once, here.
+        unsafe { self.raw.page_release(self.handle) }
+    }
+}
+
+/// Reserved device addresses, cut into page-sized slots, with nothing behind
+/// a slot until a page is mapped there. Unmaps its pages (after the work
+/// queued so far) and gives the addresses back on drop.
+pub struct MappedRange<R: RawDevice> {
+    ptr: u64,
+    page: usize,
+    slots: Vec<Option<Arc<Page<R>>>>,
+    raw: Arc<R>,
+}
+
+impl<R: RawDevice> MappedRange<R> {
+    pub fn ptr(&self) -> u64 {
+        self.ptr
+    }
+    pub fn page_bytes(&self) -> usize {
+        self.page
+    }
+    pub fn slots(&self) -> usize {
+        self.slots.len()
+    }
+    /// The page mapped at slot `i`, if any.
+    pub fn page(&self, i: usize) -> Option<&Arc<Page<R>>> {
+        self.slots.get(i)?.as_ref()
+    }
+
+    /// Maps `page` at slot `i` (which must be empty).
+    pub fn map(&mut self, i: usize, page: Arc<Page<R>>) -> Result<()> {
+        let Some(slot) = self.slots.get_mut(i) else {
+            bail!("page slot {i} past the {} reserved", self.slots.len());
+        };
+        if slot.is_some() {
+            bail!("page slot {i} is already mapped");
+        }
+        let va = self.ptr + (i * self.page) as u64;
+        // SAFETY: a page-aligned, unmapped slot of the reserved range.
+        unsafe { self.raw.map(va, page.handle) }
+            .map_err(|e| anyhow!("mapping a {} page: {e}", R::VENDOR))?;
+        *slot = Some(page);
+        Ok(())
+    }
+
+    /// Unmaps the pages at `slots`, once the work queued so far is complete
+    /// (one wait for all of them).
+    ///
+    /// # Safety
+    /// No work queued later reads the addresses of those slots.
+    pub unsafe fn unmap(&mut self, slots: impl IntoIterator<Item = usize>) {
+        let gone: Vec<usize> = slots
+            .into_iter()
+            .filter(|&i| self.slots.get(i).is_some_and(Option::is_some))
+            .collect();
+        if gone.is_empty() {
+            return;
+        }
+        let _ = self.raw.sync();
+        for i in gone {
+            self.slots[i] = None;
+            // SAFETY: mapped here, and the work that used it is done.
+            unsafe { self.raw.unmap(self.ptr + (i * self.page) as u64) }
+        }
+    }
+}
+
+impl<R: RawDevice> Drop for MappedRange<R> {
+    fn drop(&mut self) {
+        // SAFETY: the range's owner is gone, so no later work reads it.
+        unsafe { self.unmap(0..self.slots.len()) };
+        // SAFETY: from `va_reserve`, nothing mapped in it any more.
+        unsafe { self.raw.va_free(self.ptr, self.slots.len() * self.page) }
+    }
+}
+
+impl<R: RawDevice> Device<R> {
+    /// The physical page size where the device maps pages into reserved
+    /// addresses; `None` where it does not (callers allocate whole buffers).
+    pub fn page_size(&self) -> Option<usize> {
+        self.raw.page_size()
+    }
+
+    /// `slots` pages' worth of device addresses, unbacked.
+    pub fn reserve_range(&self, slots: usize) -> Result<MappedRange<R>> {
+        let page = self
+            .page_size()
+            .ok_or_else(|| anyhow!("{} has no virtual memory management", self.name))?;
+        let bytes = slots.max(1) * page;
+        let ptr = self
+            .raw
+            .va_reserve(bytes)
+            .map_err(|e| anyhow!("reserving {bytes} bytes of {} addresses: {e}", R::VENDOR))?;
+        Ok(MappedRange {
+            ptr,
+            page,
+            slots: (0..slots.max(1)).map(|_| None).collect(),
+            raw: self.raw.clone(),
+        })
+    }
+
+    /// A new physical page (its contents undefined).
+    pub fn new_page(&self) -> Result<Arc<Page<R>>> {
+        let bytes = self.page_size().unwrap_or(0);
+        let handle = self.raw.page_create().map_err(|e| {
+            anyhow!(
+                "{} allocation of a {bytes}-byte page failed: {e}",
+                R::VENDOR
+            )
+        })?;
+        Ok(Arc::new(Page {
+            handle,
+            raw: self.raw.clone(),
+        }))
+    }
+}
