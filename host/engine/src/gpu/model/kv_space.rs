@@ -136,8 +136,11 @@ impl<R: RawDevice> KvSpace<R> {
         while m.mapped < need {
             let slot = m.mapped;
             for b in 0..self.buffers {
-                let page = dev.new_page()?;
-                m.range.map(b * slots + slot, page)?;
+                // A slot left half-mapped by a failed growth keeps what it has.
+                if m.range.page(b * slots + slot).is_none() {
+                    let page = dev.new_page()?;
+                    m.range.map(b * slots + slot, page)?;
+                }
             }
             m.mapped += 1;
         }
