@@ -219,16 +219,15 @@ unsafe impl RawDevice for Cuda {
         let bytes = self
             .page
             .ok_or_else(|| RawError("no virtual memory management".into()))?;
-        ck(unsafe { sys::cuMemMap(va, bytes, 0, page, 0) })?;
+        ck(unsafe { sys::cuMemMap(va, bytes, 0, page, 0) })
+    }
+
+    unsafe fn grant_access(&self, va: u64, bytes: usize) -> RawResult<()> {
         let access = sys::CUmemAccessDesc {
             location: page_prop().location,
             flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
         };
-        if let Err(e) = ck(unsafe { sys::cuMemSetAccess(va, bytes, &access, 1) }) {
-            let _ = unsafe { sys::cuMemUnmap(va, bytes) };
-            return Err(e);
-        }
-        Ok(())
+        ck(unsafe { sys::cuMemSetAccess(va, bytes, &access, 1) })
     }
 
     unsafe fn unmap(&self, va: u64) {

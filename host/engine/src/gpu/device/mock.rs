@@ -27,6 +27,7 @@ pub(crate) struct Log {
     pub vas_live: i64,
     pub pages_live: i64,
     pub maps: usize,
+    pub grants: usize,
     pub unmaps: usize,
     /// "sync" and "unmap", in the order they reached the driver.
     pub order: Vec<&'static str>,
@@ -67,6 +68,8 @@ struct Mem {
     /// Pages released by their owner, kept while still mapped.
     released: Vec<u64>,
     mapped: BTreeMap<u64, u64>,
+    /// Mapped addresses granted access.
+    accessible: std::collections::HashSet<u64>,
 }
 
 enum Region {
@@ -88,6 +91,10 @@ impl Mem {
         if let Some((&va, &h)) = self.mapped.range(..=addr).next_back()
             && addr < va + page as u64
         {
+            assert!(
+                self.accessible.contains(&va),
+                "device access to {addr:#x} before its access grant"
+            );
             return self.pages.get_mut(&h).map(|p| &mut p[(addr - va) as usize]);
         }
         let (&base, region) = self.regions.range_mut(..=addr).next_back()?;
@@ -306,12 +313,23 @@ unsafe impl RawDevice for Mock {
         self.log.lock().unwrap().maps += 1;
         Ok(())
     }
+    unsafe fn grant_access(&self, va: u64, bytes: usize) -> RawResult<()> {
+        let size = self.page();
+        let mut m = self.mem.lock().unwrap();
+        for at in (va..va + bytes as u64).step_by(size) {
+            assert!(m.mapped.contains_key(&at), "access to an unmapped page");
+            m.accessible.insert(at);
+        }
+        self.log.lock().unwrap().grants += 1;
+        Ok(())
+    }
     unsafe fn unmap(&self, va: u64) {
         if std::thread::panicking() {
             return; // a failed test's drops: its first panic tells
         }
         let mut m = self.mem.lock().unwrap();
         let h = m.mapped.remove(&va).expect("unmapping what is not mapped");
+        m.accessible.remove(&va);
         if m.released.contains(&h) && !m.mapped.values().any(|&x| x == h) {
             m.released.retain(|&x| x != h);
             m.pages.remove(&h);

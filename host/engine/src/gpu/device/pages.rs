@@ -57,19 +57,45 @@ impl<R: RawDevice> MappedRange<R> {
         self.slots.get(i)?.as_ref()
     }
 
-    /// Maps `page` at slot `i` (which must be empty).
-    pub fn map(&mut self, i: usize, page: Arc<Page<R>>) -> Result<()> {
-        let Some(slot) = self.slots.get_mut(i) else {
-            bail!("page slot {i} past the {} reserved", self.slots.len());
-        };
-        if slot.is_some() {
+    /// Maps `pages` at the empty slots `first..`, then makes them
+    /// accessible with one call for the whole run; all or nothing (a failure
+    /// unmaps what it mapped).
+    pub fn map_run(&mut self, first: usize, pages: Vec<Arc<Page<R>>>) -> Result<()> {
+        let end = first + pages.len();
+        if end > self.slots.len() {
+            bail!(
+                "page slots {first}..{end} past the {} reserved",
+                self.slots.len()
+            );
+        }
+        if let Some(i) = (first..end).find(|&i| self.slots[i].is_some()) {
             bail!("page slot {i} is already mapped");
         }
-        let va = self.ptr + (i * self.page) as u64;
-        // SAFETY: a page-aligned, unmapped slot of the reserved range.
-        unsafe { self.raw.map(va, page.handle) }
-            .map_err(|e| anyhow!("mapping a {} page: {e}", R::VENDOR))?;
-        *slot = Some(page);
+        let va = |i: usize| self.ptr + (i * self.page) as u64;
+        let mut mapped = 0;
+        let mut result = Ok(());
+        for (i, page) in (first..).zip(&pages) {
+            // SAFETY: a page-aligned, unmapped slot of the reserved range.
+            result = unsafe { self.raw.map(va(i), page.handle) };
+            if result.is_err() {
+                break;
+            }
+            mapped += 1;
+        }
+        if result.is_ok() && mapped > 0 {
+            // SAFETY: every page of the run was just mapped.
+            result = unsafe { self.raw.grant_access(va(first), mapped * self.page) };
+        }
+        if let Err(e) = result {
+            for i in first..first + mapped {
+                // SAFETY: mapped above and never accessible: nothing used it.
+                unsafe { self.raw.unmap(va(i)) }
+            }
+            bail!("mapping {} {} pages: {e}", pages.len(), R::VENDOR);
+        }
+        for (i, page) in (first..).zip(pages) {
+            self.slots[i] = Some(page);
+        }
         Ok(())
     }
 

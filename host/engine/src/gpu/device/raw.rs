@@ -141,12 +141,20 @@ pub unsafe trait RawDevice: Send + Sync + Sized + 'static {
     /// The handle came from [`RawDevice::page_create`]; no mapping of it is
     /// used again (a page released while mapped lives until unmapped).
     unsafe fn page_release(&self, _page: u64) {}
-    /// Maps `page` at `va` (page-aligned, reserved, unmapped), readable and
-    /// writable by this device.
+    /// Maps `page` at `va` (page-aligned, reserved, unmapped); no access
+    /// until [`RawDevice::grant_access`].
     ///
     /// # Safety
     /// `va` lies in a reserved range of this device.
     unsafe fn map(&self, _va: u64, _page: u64) -> RawResult<()> {
+        Err(RawError("no virtual memory management".into()))
+    }
+    /// Makes `bytes` at `va` (whole pages, all mapped, maybe several)
+    /// readable and writable by this device: one call for a run of pages.
+    ///
+    /// # Safety
+    /// Every page of the range is mapped.
+    unsafe fn grant_access(&self, _va: u64, _bytes: usize) -> RawResult<()> {
         Err(RawError("no virtual memory management".into()))
     }
     /// Unmaps the page at `va`.

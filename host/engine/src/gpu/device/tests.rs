@@ -204,23 +204,38 @@ fn mapped_pages_live_until_their_last_owner_and_mapping_go() {
         (4, 64, 2)
     );
     let p = d.new_page().unwrap();
-    a.map(1, p.clone()).unwrap();
-    b.map(0, p.clone()).unwrap();
+    a.map_run(1, vec![p.clone()]).unwrap();
+    b.map_run(0, vec![p.clone()]).unwrap();
     // The same bytes through both ranges.
     d.htod(a.ptr() + 64 + 8, &[7u8, 9]).unwrap();
     let mut got = [0u8; 2];
     d.dtoh(&mut got, b.ptr() + 8).unwrap();
     assert_eq!(got, [7, 9]);
-    assert!(a.map(1, d.new_page().unwrap()).is_err(), "a slot maps once");
-    assert!(a.map(4, p.clone()).is_err(), "past the reservation");
+    assert!(
+        a.map_run(1, vec![d.new_page().unwrap()]).is_err(),
+        "a slot maps once"
+    );
+    assert!(
+        a.map_run(3, vec![p.clone(); 2]).is_err(),
+        "past the reservation"
+    );
+    // A run is mapped, then made accessible with one call.
+    let grants = l.lock().unwrap().grants;
+    a.map_run(2, vec![d.new_page().unwrap(), d.new_page().unwrap()])
+        .unwrap();
+    assert_eq!(l.lock().unwrap().grants, grants + 1);
+    d.htod(a.ptr() + 2 * 64, &[1u8; 128]).unwrap();
     assert_eq!(a.page(1).unwrap().id(), p.id());
     drop(p);
-    assert_eq!(l.lock().unwrap().pages_live, 1, "held by the ranges");
+    assert_eq!(l.lock().unwrap().pages_live, 3, "held by the ranges");
     // Unmapping waits for the work queued so far, once for all slots.
     let syncs = l.lock().unwrap().syncs;
     unsafe { a.unmap(0..4) };
     assert_eq!(l.lock().unwrap().syncs, syncs + 1);
-    assert_eq!(l.lock().unwrap().order[syncs..], ["sync", "unmap"]);
+    assert_eq!(
+        l.lock().unwrap().order[syncs..],
+        ["sync", "unmap", "unmap", "unmap"]
+    );
     unsafe { a.unmap(0..4) };
     assert_eq!(
         l.lock().unwrap().syncs,
@@ -234,7 +249,7 @@ fn mapped_pages_live_until_their_last_owner_and_mapping_go() {
     drop(b);
     drop(a);
     let g = l.lock().unwrap();
-    assert_eq!((g.vas_live, g.pages_live, g.maps, g.unmaps), (0, 0, 2, 2));
+    assert_eq!((g.vas_live, g.pages_live, g.maps, g.unmaps), (0, 0, 4, 4));
 }
 
 #[test]

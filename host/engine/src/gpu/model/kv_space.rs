@@ -133,17 +133,21 @@ impl<R: RawDevice> KvSpace<R> {
         if need > *slots {
             return Ok(false);
         }
-        while m.mapped < need {
-            let slot = m.mapped;
-            for b in 0..self.buffers {
-                // A slot left half-mapped by a failed growth keeps what it has.
-                if m.range.page(b * slots + slot).is_none() {
-                    let page = dev.new_page()?;
-                    m.range.map(b * slots + slot, page)?;
-                }
-            }
-            m.mapped += 1;
+        if m.mapped >= need {
+            return Ok(true);
         }
+        for b in 0..self.buffers {
+            // Each buffer's new slots as one run; a buffer a failed growth
+            // already extended (runs are all or nothing) keeps its pages.
+            let first = (m.mapped..need)
+                .find(|&s| m.range.page(b * slots + s).is_none())
+                .unwrap_or(need);
+            let pages = (first..need)
+                .map(|_| dev.new_page())
+                .collect::<Result<Vec<_>>>()?;
+            m.range.map_run(b * slots + first, pages)?;
+        }
+        m.mapped = need;
         Ok(true)
     }
 
@@ -209,11 +213,11 @@ impl<R: RawDevice> KvSpace<R> {
                 }
                 let page = m.range.page_bytes();
                 let full = (pos * self.row_bytes / page).min(src.mapped);
-                for s in 0..full {
-                    for b in 0..self.buffers {
-                        let p = src.range.page(b * slots + s).expect("mapped").clone();
-                        m.range.map(b * slots + s, p)?;
-                    }
+                for b in 0..self.buffers {
+                    let run = (0..full)
+                        .map(|s| src.range.page(b * slots + s).expect("mapped").clone())
+                        .collect();
+                    m.range.map_run(b * slots, run)?;
                 }
                 m.mapped = full;
                 full * page
@@ -319,8 +323,14 @@ mod tests {
         let s = paged(&d, 1000);
         assert_eq!((s.rows(), l.lock().unwrap().pages_live), (0, 0));
         let k0 = s.spans(0).0.ptr();
+        let grants = l.lock().unwrap().grants;
         assert!(s.grow(&d, 10).unwrap());
         assert_eq!(l.lock().unwrap().pages_live, (BUFS * pages(10)) as i64);
+        assert_eq!(
+            l.lock().unwrap().grants,
+            grants + BUFS,
+            "one access grant a buffer"
+        );
         assert_eq!(s.rows(), pages(10) * PAGE / ROW - SLACK_ROWS);
         write_rows(&d, &s, 0..10, 1);
         assert!(s.grow(&d, 300).unwrap());
