@@ -173,6 +173,8 @@ pub struct Device<R: RawDevice> {
     /// for the device's lifetime.
     _modules: Vec<R::Module>,
     _images: Vec<Vec<u64>>,
+    /// Released physical pages kept for reuse ([`pages::PagePool`]).
+    pages: Arc<pages::PagePool<R>>,
 }
 
 // The raw handles are only used from one thread at a time (the model
@@ -232,6 +234,7 @@ impl<R: RawDevice> Device<R> {
             sm_count: info.sm_count.max(1),
             debug: opts.debug,
             profile: opts.profile.then(Default::default),
+            pages: pages::PagePool::new(raw.clone()),
             raw,
             funcs,
             info,

@@ -260,3 +260,36 @@ fn without_page_mapping_nothing_is_reserved() {
     assert_eq!(format!("{e}"), "mock has no virtual memory management");
     assert!(d.new_page().is_err());
 }
+
+#[test]
+fn released_pages_are_kept_for_reuse_up_to_the_limit() {
+    let d = open_paged(Some(64));
+    let l = log();
+    d.keep_pages(2 * 64);
+    let pages: Vec<_> = (0..3).map(|_| d.new_page().unwrap()).collect();
+    let ids: Vec<u64> = pages.iter().map(|p| p.id()).collect();
+    let mut r = d.reserve_range(1).unwrap();
+    r.map_run(0, vec![pages[0].clone()]).unwrap();
+    drop(pages);
+    // The two unmapped ones kept; the mapped one still r's.
+    assert_eq!(l.lock().unwrap().pages_live, 3);
+    drop(r);
+    // Past the limit: released once unmapped.
+    assert_eq!(l.lock().unwrap().pages_live, 2);
+    let again = [d.new_page().unwrap(), d.new_page().unwrap()];
+    assert!(
+        again.iter().all(|p| ids[1..].contains(&p.id())),
+        "reused, not created"
+    );
+    assert_eq!(l.lock().unwrap().pages_live, 2);
+    let fresh = d.new_page().unwrap();
+    assert!(!ids[1..].contains(&fresh.id()));
+    assert_eq!(l.lock().unwrap().pages_live, 3);
+    drop((again, fresh));
+    drop(d);
+    assert_eq!(
+        l.lock().unwrap().pages_live,
+        0,
+        "the pool releases what it kept"
+    );
+}

@@ -74,6 +74,11 @@ use sequence::SeqLayer;
 use std::sync::Mutex;
 use weights::CONV_TPT;
 
+/// Released KV pages the device keeps for reuse (1 GiB: 512 pages of 2 MB,
+/// the turnover of a dozen 1K-token sequences): memory outside the
+/// scheduler's count, taken from the passes' work reserve.
+const KEPT_KV_PAGES: usize = 1 << 30;
+
 /// A layer's token mixer.
 enum LayerMixer {
     Gdn(gdn::GdnLayer),
@@ -161,6 +166,10 @@ impl GpuModel {
             _ => gemm,
         };
         let bulk_gemv = gemv::BulkGemv::new(&dev, &opts);
+        if opts.kv_pages {
+            // Released KV pages reused instead of created anew (PagePool).
+            dev.keep_pages(KEPT_KV_PAGES);
+        }
         let mut m = GpuModel {
             max_len: cfg.max_position_embeddings,
             dev,
