@@ -27,7 +27,7 @@ use std::sync::Mutex;
 /// Rows mapped past those a pass needs: room for a kernel's masked reads of
 /// a tile that straddles the last row (their loads are predicated, so this
 /// is a margin, not a requirement).
-pub(super) const SLACK_ROWS: usize = 64;
+const SLACK_ROWS: usize = 64;
 
 /// Device allocations are aligned at least this much; buffers inside a slab too.
 const ALIGN: usize = 256;
@@ -46,11 +46,13 @@ enum Store<R: RawDevice> {
         cap: usize,
         stride: usize,
     },
-    /// One reserved range, `slots` pages per buffer; the first `mapped` slots
-    /// of every buffer have pages.
+    /// One reserved range at `base`, `slots` pages (`stride` bytes) per
+    /// buffer; the first `mapped` slots of every buffer have pages.
     Paged {
         range: Mutex<Mapped<R>>,
         slots: usize,
+        base: u64,
+        stride: usize,
     },
 }
 
@@ -69,6 +71,17 @@ fn pages_for(bytes: usize, page: usize) -> usize {
     bytes.div_ceil(page)
 }
 
+/// Pages a buffer maps to hold `rows` rows of `row_bytes` (and the slack).
+fn pages_to_hold(rows: usize, row_bytes: usize, page: usize) -> usize {
+    pages_for((rows + SLACK_ROWS) * row_bytes, page)
+}
+
+/// Bytes a paged space of `buffers` buffers maps for `rows` rows of
+/// `row_bytes` in `page`-byte pages (what the scheduler counts).
+pub(super) fn paged_bytes(buffers: usize, rows: usize, row_bytes: usize, page: usize) -> usize {
+    buffers * pages_to_hold(rows, row_bytes, page) * page
+}
+
 impl<R: RawDevice> KvSpace<R> {
     /// A paged space for `buffers` buffers of up to `max_rows` rows of
     /// `row_bytes`, nothing mapped yet; `None` where the device maps no pages.
@@ -79,9 +92,11 @@ impl<R: RawDevice> KvSpace<R> {
         row_bytes: usize,
     ) -> Option<Result<Self>> {
         let page = dev.page_size()?;
-        let slots = pages_for((max_rows + SLACK_ROWS) * row_bytes, page);
+        let slots = pages_to_hold(max_rows, row_bytes, page);
         Some(dev.reserve_range(buffers * slots).map(|range| KvSpace {
             store: Store::Paged {
+                base: range.ptr(),
+                stride: slots * page,
                 range: Mutex::new(Mapped { range, mapped: 0 }),
                 slots,
             },
@@ -125,11 +140,11 @@ impl<R: RawDevice> KvSpace<R> {
     /// small, or past the reserved addresses), and the caller moves the rows
     /// into a larger space.
     pub fn grow(&self, dev: &Device<R>, rows: usize) -> Result<bool> {
-        let Store::Paged { range, slots } = &self.store else {
+        let Store::Paged { range, slots, .. } = &self.store else {
             return Ok(rows <= self.rows());
         };
         let mut m = range.lock().unwrap();
-        let need = pages_for((rows + SLACK_ROWS) * self.row_bytes, m.range.page_bytes());
+        let need = pages_to_hold(rows, self.row_bytes, m.range.page_bytes());
         if need > *slots {
             return Ok(false);
         }
@@ -156,10 +171,7 @@ impl<R: RawDevice> KvSpace<R> {
         let at = |b: usize| -> u64 {
             match &self.store {
                 Store::Slab { buf, stride, .. } => buf.at(b * stride),
-                Store::Paged { range, slots } => {
-                    let m = range.lock().unwrap();
-                    m.range.ptr() + (b * slots * m.range.page_bytes()) as u64
-                }
+                Store::Paged { base, stride, .. } => base + (b * stride) as u64,
             }
         };
         (Span::at(at(2 * j)), Span::at(at(2 * j + 1)))
@@ -171,7 +183,7 @@ impl<R: RawDevice> KvSpace<R> {
     pub fn pages(&self, pos: usize) -> Vec<(u64, usize)> {
         match &self.store {
             Store::Slab { buf, .. } => vec![(buf.ptr(), buf.bytes())],
-            Store::Paged { range, slots } => {
+            Store::Paged { range, slots, .. } => {
                 let m = range.lock().unwrap();
                 let page = m.range.page_bytes();
                 let n = pages_for(pos * self.row_bytes, page).min(m.mapped);
@@ -200,10 +212,11 @@ impl<R: RawDevice> KvSpace<R> {
         }
         let shared = match (&self.store, &from.store) {
             (
-                Store::Paged { range, slots },
+                Store::Paged { range, slots, .. },
                 Store::Paged {
                     range: src,
                     slots: src_slots,
+                    ..
                 },
             ) if slots == src_slots => {
                 let src = src.lock().unwrap();
@@ -243,7 +256,7 @@ impl<R: RawDevice> KvSpace<R> {
     /// keeps its size): the writer's rows past the deepest snapshot once it
     /// is gone, which no one reads any more.
     pub fn trim(&self, rows: usize) {
-        if let Store::Paged { range, slots } = &self.store {
+        if let Store::Paged { range, slots, .. } = &self.store {
             let mut m = range.lock().unwrap();
             let keep = pages_for(rows * self.row_bytes, m.range.page_bytes());
             if keep >= m.mapped {
@@ -313,7 +326,7 @@ mod tests {
 
     /// Pages a buffer maps to hold `rows` rows.
     fn pages(rows: usize) -> usize {
-        ((rows + SLACK_ROWS) * ROW).div_ceil(PAGE)
+        pages_to_hold(rows, ROW, PAGE)
     }
 
     #[test]

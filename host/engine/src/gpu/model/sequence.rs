@@ -2,7 +2,7 @@
 //! state allocation and of a KV space, [`super::seq_state`]), and how the KV
 //! cache grows.
 
-use super::kv_space::{KvSpace, SLACK_ROWS, slab_bytes};
+use super::kv_space::{KvSpace, paged_bytes, slab_bytes};
 use super::seq_state::{GdnLayout, KvWriter, Span};
 use super::{B, DBuf, F, GpuModel};
 use crate::config::LayerKind;
@@ -145,7 +145,7 @@ impl GpuModel {
     pub(super) fn state_bytes(&self, tokens: usize) -> usize {
         let (buffers, row) = (self.kv_buffers(), self.kv_row_bytes());
         let kv = match self.kv_page_size() {
-            Some(page) => buffers * ((tokens.max(1) + SLACK_ROWS) * row).div_ceil(page) * page,
+            Some(page) => paged_bytes(buffers, tokens.max(1), row, page),
             None => slab_bytes(buffers, kv_capacity(tokens.max(1), 0, self.max_len), row),
         };
         self.gdn_layout().bytes() + kv
