@@ -177,6 +177,12 @@ pub struct Device<R: RawDevice> {
     pages: Arc<pages::PagePool<R>>,
 }
 
+impl<R: RawDevice> Drop for Device<R> {
+    fn drop(&mut self) {
+        self.pages.clear_parked();
+    }
+}
+
 // The raw handles are only used from one thread at a time (the model
 // serialises forward passes behind a mutex).
 unsafe impl<R: RawDevice> Send for Device<R> {}

@@ -9,22 +9,43 @@ use super::{Device, RawDevice};
 use anyhow::{Result, anyhow, bail};
 use std::sync::{Arc, Mutex};
 
-/// Physical pages their last owner let go, kept (up to `keep`) for the next
-/// page asked for: creating a page costs the driver tens of microseconds
-/// (the H200: an 8K prompt's 180 KV pages added ~8 ms to its 360 ms), taking
-/// one from here nothing. Kept pages stay allocated: `keep` is memory
+/// What the last owners of pages and ranges let go, kept (up to `keep`
+/// pages in all) for the next one asked for. Creating a page costs the
+/// driver tens of microseconds and mapping one ~29 µs (the H200: an 8K
+/// prompt's 180 KV pages added ~8 ms to its 360 ms when created, ~5 ms when
+/// only mapped); taking a kept page costs nothing, and a parked range hands
+/// its pages over still mapped. Kept pages stay allocated: `keep` is memory
 /// outside anyone's count (0 until [`Device::keep_pages`]).
 pub struct PagePool<R: RawDevice> {
     raw: Arc<R>,
-    free: Mutex<Vec<u64>>,
+    kept: Mutex<Kept<R>>,
     keep: std::sync::atomic::AtomicUsize,
+}
+
+struct Kept<R: RawDevice> {
+    /// Unmapped pages.
+    free: Vec<u64>,
+    /// Ranges with the pages only they held still mapped (oldest first).
+    parked: Vec<MappedRange<R>>,
+    /// Pages mapped in `parked`.
+    parked_pages: usize,
+}
+
+impl<R: RawDevice> Kept<R> {
+    fn pages(&self) -> usize {
+        self.free.len() + self.parked_pages
+    }
 }
 
 impl<R: RawDevice> PagePool<R> {
     pub(super) fn new(raw: Arc<R>) -> Arc<Self> {
         Arc::new(PagePool {
             raw,
-            free: Mutex::default(),
+            kept: Mutex::new(Kept {
+                free: Vec::new(),
+                parked: Vec::new(),
+                parked_pages: 0,
+            }),
             keep: Default::default(),
         })
     }
@@ -35,20 +56,69 @@ impl<R: RawDevice> PagePool<R> {
 
     /// Takes `handle` back: kept for reuse, or released past `keep`.
     fn put(&self, handle: u64) {
-        let mut free = self.free.lock().unwrap();
-        if free.len() < self.keep() {
-            free.push(handle);
+        let mut kept = self.kept.lock().unwrap();
+        if kept.pages() < self.keep() {
+            kept.free.push(handle);
         } else {
-            drop(free);
+            drop(kept);
             // SAFETY: from `page_create`, its last owner gone: released once, here.
             unsafe { self.raw.page_release(handle) }
         }
+    }
+
+    /// Keeps `range` (its `pool` already cleared) with its pages mapped if
+    /// they fit under `keep`; otherwise hands it back, for the caller to drop
+    /// outside the lock (dropping it puts its pages here).
+    fn park(&self, range: MappedRange<R>) -> Option<MappedRange<R>> {
+        let pages = range.mapped();
+        let mut kept = self.kept.lock().unwrap();
+        if pages == 0 || kept.pages() + pages > self.keep() {
+            return Some(range);
+        }
+        kept.parked_pages += pages;
+        kept.parked.push(range);
+        None
+    }
+
+    /// The parked range of `slots` slots best fit for `want` mapped pages:
+    /// the fewest at or above it, else the most below it.
+    fn unpark(&self, slots: usize, want: usize) -> Option<MappedRange<R>> {
+        let mut kept = self.kept.lock().unwrap();
+        let fit = |r: &MappedRange<R>| {
+            let n = r.mapped();
+            // Above `want`: fewer is better; below: more is better, and any
+            // above beats any below.
+            if n >= want {
+                (1, usize::MAX - n)
+            } else {
+                (0, n)
+            }
+        };
+        let i = (0..kept.parked.len())
+            .filter(|&i| kept.parked[i].slots() == slots)
+            .max_by_key(|&i| fit(&kept.parked[i]))?;
+        let range = kept.parked.remove(i);
+        kept.parked_pages -= range.mapped();
+        Some(range)
+    }
+
+    /// Keeps nothing from now on and drops the parked ranges: they hold
+    /// pages, which hold this pool, so the device breaks that cycle when it
+    /// goes (ranges still live then are given back when they go).
+    pub(super) fn clear_parked(&self) {
+        self.keep.store(0, std::sync::atomic::Ordering::Relaxed);
+        let parked = {
+            let mut kept = self.kept.lock().unwrap();
+            kept.parked_pages = 0;
+            std::mem::take(&mut kept.parked)
+        };
+        drop(parked);
     }
 }
 
 impl<R: RawDevice> Drop for PagePool<R> {
     fn drop(&mut self) {
-        for h in self.free.get_mut().unwrap().drain(..) {
+        for h in self.kept.get_mut().unwrap().free.drain(..) {
             // SAFETY: kept here, owned by no page any more.
             unsafe { self.raw.page_release(h) }
         }
@@ -78,13 +148,18 @@ impl<R: RawDevice> Drop for Page<R> {
 }
 
 /// Reserved device addresses, cut into page-sized slots, with nothing behind
-/// a slot until a page is mapped there. Unmaps its pages (after the work
-/// queued so far) and gives the addresses back on drop.
+/// a slot until a page is mapped there. On drop, parked in the device's pool
+/// with the pages no other range maps still mapped, where it has room
+/// (the next range of the same size is that one: [`Device::reserve_range`]);
+/// otherwise unmaps its pages (after the work queued so far) and gives the
+/// addresses back.
 pub struct MappedRange<R: RawDevice> {
     ptr: u64,
     page: usize,
     slots: Vec<Option<Arc<Page<R>>>>,
     raw: Arc<R>,
+    /// Where it parks on drop (`None` while parked).
+    pool: Option<Arc<PagePool<R>>>,
 }
 
 impl<R: RawDevice> MappedRange<R> {
@@ -100,6 +175,10 @@ impl<R: RawDevice> MappedRange<R> {
     /// The page mapped at slot `i`, if any.
     pub fn page(&self, i: usize) -> Option<&Arc<Page<R>>> {
         self.slots.get(i)?.as_ref()
+    }
+    /// How many slots have a page mapped.
+    pub fn mapped(&self) -> usize {
+        self.slots.iter().filter(|s| s.is_some()).count()
     }
 
     /// Maps `pages` at the empty slots `first..`, then makes them
@@ -169,6 +248,28 @@ impl<R: RawDevice> MappedRange<R> {
 
 impl<R: RawDevice> Drop for MappedRange<R> {
     fn drop(&mut self) {
+        if let Some(pool) = self.pool.take()
+            && pool.keep() > 0
+        {
+            // Pages other ranges map are theirs to read: the next owner of
+            // these addresses must not write them. The rest it may, after
+            // the work queued so far (the device runs it in order).
+            let shared = (0..self.slots.len())
+                .filter(|&i| self.page(i).is_some_and(|p| Arc::strong_count(p) > 1));
+            let shared: Vec<usize> = shared.collect();
+            // SAFETY: the range's owner is gone, so no later work reads it.
+            unsafe { self.unmap(shared) };
+            let parked = MappedRange {
+                ptr: self.ptr,
+                page: self.page,
+                slots: std::mem::take(&mut self.slots),
+                raw: self.raw.clone(),
+                pool: None,
+            };
+            // Refused (no room), it is dropped here, outside the pool's lock.
+            drop(pool.park(parked));
+            return;
+        }
         // SAFETY: the range's owner is gone, so no later work reads it.
         unsafe { self.unmap(0..self.slots.len()) };
         // SAFETY: from `va_reserve`, nothing mapped in it any more.
@@ -183,11 +284,18 @@ impl<R: RawDevice> Device<R> {
         self.raw.page_size()
     }
 
-    /// `slots` pages' worth of device addresses, unbacked.
-    pub fn reserve_range(&self, slots: usize) -> Result<MappedRange<R>> {
+    /// `slots` pages' worth of device addresses: a parked range of that size
+    /// if there is one (the one whose mapped pages best fit `want`; pages
+    /// still mapped at any of its slots, with contents undefined), otherwise
+    /// new addresses with nothing behind them.
+    pub fn reserve_range(&self, slots: usize, want: usize) -> Result<MappedRange<R>> {
         let page = self
             .page_size()
             .ok_or_else(|| anyhow!("{} has no virtual memory management", self.name))?;
+        if let Some(mut range) = self.pages.unpark(slots.max(1), want) {
+            range.pool = Some(self.pages.clone());
+            return Ok(range);
+        }
         let bytes = slots.max(1) * page;
         let ptr = self
             .raw
@@ -198,11 +306,12 @@ impl<R: RawDevice> Device<R> {
             page,
             slots: (0..slots.max(1)).map(|_| None).collect(),
             raw: self.raw.clone(),
+            pool: Some(self.pages.clone()),
         })
     }
 
-    /// Keeps up to `bytes` of released pages for reuse instead of giving
-    /// them back to the driver.
+    /// Keeps up to `bytes` of released pages and of parked ranges' pages
+    /// for reuse instead of giving them back to the driver.
     pub fn keep_pages(&self, bytes: usize) {
         let n = bytes / self.page_size().unwrap_or(usize::MAX).max(1);
         self.pages
@@ -213,7 +322,7 @@ impl<R: RawDevice> Device<R> {
     /// A physical page (its contents undefined: a kept one holds what its
     /// last owner wrote).
     pub fn new_page(&self) -> Result<Arc<Page<R>>> {
-        let kept = self.pages.free.lock().unwrap().pop();
+        let kept = self.pages.kept.lock().unwrap().free.pop();
         if let Some(handle) = kept {
             return Ok(Arc::new(Page {
                 handle,

@@ -197,8 +197,8 @@ fn mapped_pages_live_until_their_last_owner_and_mapping_go() {
     let d = open_paged(Some(64));
     let l = log();
     assert_eq!(d.page_size(), Some(64));
-    let mut a = d.reserve_range(4).unwrap();
-    let mut b = d.reserve_range(2).unwrap();
+    let mut a = d.reserve_range(4, 0).unwrap();
+    let mut b = d.reserve_range(2, 0).unwrap();
     assert_eq!(
         (a.slots(), a.page_bytes(), l.lock().unwrap().vas_live),
         (4, 64, 2)
@@ -256,7 +256,7 @@ fn mapped_pages_live_until_their_last_owner_and_mapping_go() {
 fn without_page_mapping_nothing_is_reserved() {
     let d = open_paged(None);
     assert_eq!(d.page_size(), None);
-    let e = d.reserve_range(1).err().unwrap();
+    let e = d.reserve_range(1, 0).err().unwrap();
     assert_eq!(format!("{e}"), "mock has no virtual memory management");
     assert!(d.new_page().is_err());
 }
@@ -268,7 +268,7 @@ fn released_pages_are_kept_for_reuse_up_to_the_limit() {
     d.keep_pages(2 * 64);
     let pages: Vec<_> = (0..3).map(|_| d.new_page().unwrap()).collect();
     let ids: Vec<u64> = pages.iter().map(|p| p.id()).collect();
-    let mut r = d.reserve_range(1).unwrap();
+    let mut r = d.reserve_range(1, 0).unwrap();
     r.map_run(0, vec![pages[0].clone()]).unwrap();
     drop(pages);
     // The two unmapped ones kept; the mapped one still r's.
@@ -291,5 +291,92 @@ fn released_pages_are_kept_for_reuse_up_to_the_limit() {
         l.lock().unwrap().pages_live,
         0,
         "the pool releases what it kept"
+    );
+}
+
+#[test]
+fn a_dropped_range_is_parked_with_the_pages_only_it_maps() {
+    let d = open_paged(Some(64));
+    let l = log();
+    d.keep_pages(8 * 64);
+    let mut a = d.reserve_range(4, 0).unwrap();
+    let pages: Vec<_> = (0..3).map(|_| d.new_page().unwrap()).collect();
+    let ids: Vec<u64> = pages.iter().map(|p| p.id()).collect();
+    a.map_run(0, pages).unwrap();
+    // b maps a's third page too.
+    let mut b = d.reserve_range(2, 0).unwrap();
+    b.map_run(0, vec![a.page(2).unwrap().clone()]).unwrap();
+    d.htod(a.ptr(), &[1u8, 2]).unwrap();
+    d.htod(a.ptr() + 2 * 64, &[5u8]).unwrap();
+    let ptr = a.ptr();
+    drop(a);
+    let (maps, unmaps) = {
+        let g = l.lock().unwrap();
+        assert_eq!((g.vas_live, g.pages_live), (2, 3), "nothing released");
+        assert_eq!(g.unmaps, 1, "only the page b reads is unmapped");
+        (g.maps, g.unmaps)
+    };
+    // Another size: new addresses.
+    let c = d.reserve_range(3, 0).unwrap();
+    assert_ne!(c.ptr(), ptr);
+    // The same size: a's addresses, its own pages still mapped, no driver call.
+    let a = d.reserve_range(4, 2).unwrap();
+    assert_eq!(a.ptr(), ptr);
+    assert_eq!(
+        (0..4)
+            .map(|i| a.page(i).map(|p| p.id()))
+            .collect::<Vec<_>>(),
+        [Some(ids[0]), Some(ids[1]), None, None]
+    );
+    let mut got = [0u8; 2];
+    d.dtoh(&mut got, a.ptr()).unwrap();
+    assert_eq!(got, [1, 2], "what the last owner left");
+    let g = l.lock().unwrap();
+    assert_eq!((g.maps, g.unmaps), (maps, unmaps), "no driver call");
+    drop(g);
+    d.dtoh(&mut got[..1], b.ptr()).unwrap();
+    assert_eq!(got[0], 5, "b still reads its page");
+    // Dropping the device gives back what is parked, then what is live.
+    drop((a, c));
+    assert_eq!(l.lock().unwrap().vas_live, 2, "a parked, c (no pages) not");
+    drop(d);
+    assert_eq!(l.lock().unwrap().vas_live, 1);
+    drop(b);
+    let g = l.lock().unwrap();
+    assert_eq!((g.vas_live, g.pages_live), (0, 0));
+}
+
+#[test]
+fn ranges_park_within_the_limit_and_are_taken_by_best_fit() {
+    let d = open_paged(Some(64));
+    let l = log();
+    d.keep_pages(4 * 64);
+    let mapped = |slots: usize, n: usize| {
+        let mut r = d.reserve_range(slots, n).unwrap();
+        r.map_run(0, (0..n).map(|_| d.new_page().unwrap()).collect())
+            .unwrap();
+        r
+    };
+    let (one, three) = (mapped(4, 1), mapped(4, 3));
+    let (p1, p3) = (one.ptr(), three.ptr());
+    drop((one, three));
+    assert_eq!(l.lock().unwrap().vas_live, 2, "4 pages: both parked");
+    // The fewest pages at or above the want, else the most below it.
+    let r = d.reserve_range(4, 2).unwrap();
+    assert_eq!((r.ptr(), r.mapped()), (p3, 3));
+    drop(r);
+    let r = d.reserve_range(4, 1).unwrap();
+    assert_eq!((r.ptr(), r.mapped()), (p1, 1));
+    let s = d.reserve_range(4, 4).unwrap();
+    assert_eq!((s.ptr(), s.mapped()), (p3, 3));
+    drop((r, s));
+    // Past the limit a range is not parked: its pages go back.
+    let five = mapped(8, 5);
+    drop(five);
+    let g = l.lock().unwrap();
+    assert_eq!(
+        (g.vas_live, g.pages_live),
+        (2, 4),
+        "the 5-page range gave its addresses and pages back"
     );
 }

@@ -47,7 +47,8 @@ enum Store<R: RawDevice> {
         stride: usize,
     },
     /// One reserved range at `base`, `slots` pages (`stride` bytes) per
-    /// buffer; the first `mapped` slots of every buffer have pages.
+    /// buffer; the first `mapped` slots of every buffer have pages (and
+    /// some past them may: a parked range's, [`KvSpace::paged`]).
     Paged {
         range: Mutex<Mapped<R>>,
         slots: usize,
@@ -76,6 +77,29 @@ fn pages_to_hold(rows: usize, row_bytes: usize, page: usize) -> usize {
     pages_for((rows + SLACK_ROWS) * row_bytes, page)
 }
 
+/// The slots of `range` in `within` with no page, as runs.
+fn empty_runs<R: RawDevice>(
+    range: &MappedRange<R>,
+    within: std::ops::Range<usize>,
+) -> Vec<std::ops::Range<usize>> {
+    let mut runs: Vec<std::ops::Range<usize>> = Vec::new();
+    for i in within.filter(|&i| range.page(i).is_none()) {
+        match runs.last_mut() {
+            Some(run) if run.end == i => run.end += 1,
+            _ => runs.push(i..i + 1),
+        }
+    }
+    runs
+}
+
+/// The slots of `range` in `within` with a page.
+fn mapped_slots<R: RawDevice>(
+    range: &MappedRange<R>,
+    within: std::ops::Range<usize>,
+) -> Vec<usize> {
+    within.filter(|&i| range.page(i).is_some()).collect()
+}
+
 /// Bytes a paged space of `buffers` buffers maps for `rows` rows of
 /// `row_bytes` in `page`-byte pages (what the scheduler counts).
 pub(super) fn paged_bytes(buffers: usize, rows: usize, row_bytes: usize, page: usize) -> usize {
@@ -84,16 +108,32 @@ pub(super) fn paged_bytes(buffers: usize, rows: usize, row_bytes: usize, page: u
 
 impl<R: RawDevice> KvSpace<R> {
     /// A paged space for `buffers` buffers of up to `max_rows` rows of
-    /// `row_bytes`, nothing mapped yet; `None` where the device maps no pages.
+    /// `row_bytes`, about to hold `rows` rows; `None` where the device maps
+    /// no pages. Nothing written yet: the addresses of a space dropped
+    /// earlier, if the device parked one (its pages mapped, for the rows it
+    /// held that no one else reads: no map calls for those), or fresh ones.
+    /// Either way it holds no pages past those `rows` need, which is what
+    /// the scheduler counts ([`paged_bytes`]).
     pub fn paged(
         dev: &Device<R>,
         buffers: usize,
         max_rows: usize,
         row_bytes: usize,
+        rows: usize,
     ) -> Option<Result<Self>> {
         let page = dev.page_size()?;
         let slots = pages_to_hold(max_rows, row_bytes, page);
-        Some(dev.reserve_range(buffers * slots).map(|range| KvSpace {
+        let need = pages_to_hold(rows, row_bytes, page).min(slots);
+        let mut range = match dev.reserve_range(buffers * slots, buffers * need) {
+            Ok(range) => range,
+            Err(e) => return Some(Err(e)),
+        };
+        let excess =
+            (0..buffers).flat_map(|b| mapped_slots(&range, b * slots + need..(b + 1) * slots));
+        let excess: Vec<usize> = excess.collect();
+        // SAFETY: a new space: no work reads its addresses yet.
+        unsafe { range.unmap(excess) };
+        let space = KvSpace {
             store: Store::Paged {
                 base: range.ptr(),
                 stride: slots * page,
@@ -103,7 +143,22 @@ impl<R: RawDevice> KvSpace<R> {
             buffers,
             row_bytes,
             own: KvOwnership::written(),
-        }))
+        };
+        space.refresh_mapped();
+        Some(Ok(space))
+    }
+
+    /// Sets `mapped` to the slots every buffer has a page at, from the first.
+    fn refresh_mapped(&self) {
+        if let Store::Paged { range, slots, .. } = &self.store {
+            let mut m = range.lock().unwrap();
+            let first_empty = |b: usize| {
+                (0..*slots)
+                    .find(|&s| m.range.page(b * slots + s).is_none())
+                    .unwrap_or(*slots)
+            };
+            m.mapped = (0..self.buffers).map(first_empty).min().unwrap_or(0);
+        }
     }
 
     /// A slab of `cap` rows per buffer in `buf` ([`slab_bytes`] bytes).
@@ -152,15 +207,16 @@ impl<R: RawDevice> KvSpace<R> {
             return Ok(true);
         }
         for b in 0..self.buffers {
-            // Each buffer's new slots as one run; a buffer a failed growth
-            // already extended (runs are all or nothing) keeps its pages.
-            let first = (m.mapped..need)
-                .find(|&s| m.range.page(b * slots + s).is_none())
-                .unwrap_or(need);
-            let pages = (first..need)
-                .map(|_| dev.new_page())
-                .collect::<Result<Vec<_>>>()?;
-            m.range.map_run(b * slots + first, pages)?;
+            // Each run of a buffer's empty slots mapped at once; pages
+            // already there (a parked range's, or a failed growth's: runs
+            // are all or nothing) stay.
+            for run in empty_runs(&m.range, b * slots + m.mapped..b * slots + need) {
+                let pages = run
+                    .clone()
+                    .map(|_| dev.new_page())
+                    .collect::<Result<Vec<_>>>()?;
+                m.range.map_run(run.start, pages)?;
+            }
         }
         m.mapped = need;
         Ok(true)
@@ -221,18 +277,22 @@ impl<R: RawDevice> KvSpace<R> {
             ) if slots == src_slots => {
                 let src = src.lock().unwrap();
                 let mut m = range.lock().unwrap();
-                if m.mapped != 0 {
-                    bail!("sharing pages into a KV space already written");
-                }
                 let page = m.range.page_bytes();
                 let full = (pos * self.row_bytes / page).min(src.mapped);
+                // A parked range's own pages where the shared ones go.
+                let mine = (0..self.buffers)
+                    .flat_map(|b| mapped_slots(&m.range, b * slots..b * slots + full));
+                let mine: Vec<usize> = mine.collect();
+                // SAFETY: nothing written here yet, so no work reads them.
+                unsafe { m.range.unmap(mine) };
                 for b in 0..self.buffers {
                     let run = (0..full)
                         .map(|s| src.range.page(b * slots + s).expect("mapped").clone())
                         .collect();
                     m.range.map_run(b * slots, run)?;
                 }
-                m.mapped = full;
+                drop(m);
+                self.refresh_mapped();
                 full * page
             }
             _ => 0,
@@ -259,15 +319,13 @@ impl<R: RawDevice> KvSpace<R> {
         if let Store::Paged { range, slots, .. } = &self.store {
             let mut m = range.lock().unwrap();
             let keep = pages_for(rows * self.row_bytes, m.range.page_bytes());
-            if keep >= m.mapped {
-                return;
-            }
-            let gone = (0..self.buffers).flat_map(|b| b * slots + keep..b * slots + m.mapped);
+            let gone = (0..self.buffers)
+                .flat_map(|b| mapped_slots(&m.range, b * slots + keep..(b + 1) * slots));
             let gone: Vec<usize> = gone.collect();
             // SAFETY: only the writer appends past the rows kept, and it is
             // gone; snapshots read below them.
             unsafe { m.range.unmap(gone) };
-            m.mapped = keep;
+            m.mapped = m.mapped.min(keep);
         }
     }
 
@@ -321,7 +379,7 @@ mod tests {
     fn paged(d: &Device<Mock>, max_rows: usize) -> KvSpace<Mock> {
         // SLACK_ROWS rows past any need are mapped too: scale the test's
         // rows by whole pages of them.
-        KvSpace::paged(d, BUFS, max_rows, ROW).unwrap().unwrap()
+        KvSpace::paged(d, BUFS, max_rows, ROW, 0).unwrap().unwrap()
     }
 
     /// Pages a buffer maps to hold `rows` rows.
@@ -417,10 +475,91 @@ mod tests {
         assert_eq!(l.lock().unwrap().pages_live, 0);
     }
 
+    /// Live mappings (maps less unmaps so far).
+    fn live_maps(l: &std::sync::Mutex<crate::gpu::device::mock::Log>) -> usize {
+        let g = l.lock().unwrap();
+        g.maps - g.unmaps
+    }
+
+    #[test]
+    fn a_new_space_takes_a_dropped_ones_pages_still_mapped() {
+        let d = open_paged(Some(PAGE));
+        let l = log();
+        d.keep_pages(1024 * PAGE);
+        let s = paged(&d, 1000);
+        s.grow(&d, 300).unwrap();
+        write_rows(&d, &s, 0..300, 1);
+        let base = s.spans(0).0.ptr();
+        drop(s);
+        let (maps, pages_live) = {
+            let g = l.lock().unwrap();
+            (g.maps, g.pages_live)
+        };
+        // For 10 rows: the same addresses, no more pages mapped than 10 need.
+        let s = KvSpace::paged(&d, BUFS, 1000, ROW, 10).unwrap().unwrap();
+        assert_eq!(s.spans(0).0.ptr(), base);
+        assert_eq!(live_maps(&l), BUFS * pages(10), "what the scheduler counts");
+        assert_eq!(s.rows(), pages(10) * PAGE / ROW - SLACK_ROWS);
+        assert!(s.grow(&d, 10).unwrap());
+        assert_eq!(l.lock().unwrap().maps, maps, "no map call");
+        // Growing further maps the pages the trim kept aside; none created.
+        assert!(s.grow(&d, 300).unwrap());
+        assert_eq!(l.lock().unwrap().pages_live, pages_live);
+        write_rows(&d, &s, 0..300, 2);
+        assert_rows(&d, &s, 0..300, 2);
+        drop(s);
+        drop(d);
+        assert_eq!(l.lock().unwrap().pages_live, 0);
+    }
+
+    #[test]
+    fn a_reused_space_never_writes_the_pages_it_shared() {
+        let d = open_paged(Some(PAGE));
+        let l = log();
+        d.keep_pages(1024 * PAGE);
+        let src = paged(&d, 1000);
+        let pos = 4 * 10 + 2;
+        src.grow(&d, pos).unwrap();
+        write_rows(&d, &src, 0..pos, 3);
+        // dst shares src's ten full pages, then is dropped: parked with
+        // only its own pages, the shared slots empty.
+        let dst = paged(&d, 1000);
+        dst.fill_from(&d, &src, pos, pos + 8).unwrap();
+        let base = dst.spans(0).0.ptr();
+        drop(dst);
+        let again = KvSpace::paged(&d, BUFS, 1000, ROW, pos + 8)
+            .unwrap()
+            .unwrap();
+        assert_eq!(again.spans(0).0.ptr(), base);
+        assert_eq!(again.rows(), 0, "its first slots are holes");
+        assert!(again.grow(&d, pos + 8).unwrap());
+        write_rows(&d, &again, 0..pos + 8, 9);
+        assert_rows(&d, &again, 0..pos + 8, 9);
+        assert_rows(&d, &src, 0..pos, 3);
+        drop(again);
+        // Filled from src again: its own pages where the shared ones go
+        // are unmapped first.
+        let again = KvSpace::paged(&d, BUFS, 1000, ROW, pos).unwrap().unwrap();
+        assert_eq!(again.spans(0).0.ptr(), base);
+        again.fill_from(&d, &src, pos, pos).unwrap();
+        assert_rows(&d, &again, 0..pos, 3);
+        let shared = src
+            .pages(pos)
+            .iter()
+            .filter(|p| again.pages(pos).contains(p))
+            .count();
+        assert_eq!(shared, BUFS * 10);
+        write_rows(&d, &again, pos..pos + 2, 4);
+        assert_rows(&d, &src, 0..pos, 3);
+        drop((again, src));
+        drop(d);
+        assert_eq!(l.lock().unwrap().pages_live, 0);
+    }
+
     #[test]
     fn without_page_mapping_a_slab_is_copied_whole() {
         let d = open_paged(None);
-        assert!(KvSpace::<Mock>::paged(&d, BUFS, 1000, ROW).is_none());
+        assert!(KvSpace::<Mock>::paged(&d, BUFS, 1000, ROW, 0).is_none());
         let new = |cap| {
             let buf = d.alloc(slab_bytes(BUFS, cap, ROW)).unwrap();
             KvSpace::slab(buf, BUFS, cap, ROW)

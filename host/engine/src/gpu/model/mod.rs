@@ -74,8 +74,9 @@ use sequence::SeqLayer;
 use std::sync::Mutex;
 use weights::CONV_TPT;
 
-/// Released KV pages the device keeps for reuse (1 GiB: 512 pages of 2 MB,
-/// the turnover of a dozen 1K-token sequences): memory outside the
+/// KV pages the device keeps for reuse, released or still mapped in a
+/// dropped sequence's parked space (1 GiB: 512 pages of 2 MB, the turnover
+/// of a dozen 1K-token sequences or two 8K ones): memory outside the
 /// scheduler's count, taken from the passes' work reserve.
 const KEPT_KV_PAGES: usize = 1 << 30;
 

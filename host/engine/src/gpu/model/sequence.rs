@@ -170,13 +170,15 @@ impl GpuModel {
         self.opts.kv_pages.then(|| self.dev.page_size()).flatten()
     }
 
-    /// An empty KV space planned for `cap` rows: paged (addresses for
-    /// `max_len` rows, or `cap` if more; pages mapped by [`KvSpace::grow`])
+    /// An empty KV space planned for `cap` rows, about to hold `rows`:
+    /// paged (addresses for `max_len` rows, or `cap` if more; pages mapped
+    /// by [`KvSpace::grow`], or still mapped in a parked space's addresses)
     /// where the device maps pages, otherwise a slab of `cap` rows.
-    pub(super) fn new_kv(&self, cap: usize) -> Result<KvSpace> {
+    pub(super) fn new_kv(&self, cap: usize, rows: usize) -> Result<KvSpace> {
         let (buffers, row) = (self.kv_buffers(), self.kv_row_bytes());
         if self.kv_page_size().is_some()
-            && let Some(space) = KvSpace::paged(&self.dev, buffers, self.max_len.max(cap), row)
+            && let Some(space) =
+                KvSpace::paged(&self.dev, buffers, self.max_len.max(cap), row, rows)
         {
             return space;
         }
@@ -211,7 +213,7 @@ impl GpuModel {
             seq.kv_cap = cap;
             return Ok(());
         }
-        let space = self.new_kv(cap).context("growing the KV cache")?;
+        let space = self.new_kv(cap, need).context("growing the KV cache")?;
         match &seq.kv {
             Some(old) => space.fill_from(&self.dev, old.space(), seq.pos, need)?,
             None => {

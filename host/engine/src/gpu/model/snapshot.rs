@@ -100,14 +100,14 @@ impl GpuModel {
                 seq.adopted_kv = true;
             } else {
                 let cap = kv_capacity(pos, 0, self.max_len);
-                let space = self.new_kv(cap).ok()?;
+                let space = self.new_kv(cap, pos).ok()?;
                 space.fill_from(d, &s.kv, pos, pos).ok()?;
                 self.set_kv(&mut seq, KvWriter::fresh(space), cap);
             }
         } else if let Some(h) = host {
             d.htod(gdn, &h.gdn[..]).ok()?;
             let cap = kv_capacity(pos, 0, self.max_len);
-            let space = self.new_kv(cap).ok()?;
+            let space = self.new_kv(cap, pos).ok()?;
             space.grow(d, pos).ok()?.then_some(())?;
             self.set_kv(&mut seq, KvWriter::fresh(space), cap);
             let attn = seq.layers.iter().filter_map(|l| match l {
