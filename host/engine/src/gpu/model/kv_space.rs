@@ -92,12 +92,13 @@ fn empty_runs<R: RawDevice>(
     runs
 }
 
-/// The slots of `range` in `within` with a page.
-fn mapped_slots<R: RawDevice>(
-    range: &MappedRange<R>,
-    within: std::ops::Range<usize>,
-) -> Vec<usize> {
-    within.filter(|&i| range.page(i).is_some()).collect()
+/// Slots `per` of each of `buffers` buffers of `slots` slots.
+fn in_each(
+    buffers: usize,
+    slots: usize,
+    per: std::ops::Range<usize>,
+) -> impl Iterator<Item = usize> {
+    (0..buffers).flat_map(move |b| b * slots + per.start..b * slots + per.end)
 }
 
 /// Bytes a paged space of `buffers` buffers maps for `rows` rows of
@@ -128,11 +129,8 @@ impl<R: RawDevice> KvSpace<R> {
             Ok(range) => range,
             Err(e) => return Some(Err(e)),
         };
-        let excess =
-            (0..buffers).flat_map(|b| mapped_slots(&range, b * slots + need..(b + 1) * slots));
-        let excess: Vec<usize> = excess.collect();
         // SAFETY: a new space: no work reads its addresses yet.
-        unsafe { range.unmap(excess) };
+        unsafe { range.unmap(in_each(buffers, slots, need..slots)) };
         let space = KvSpace {
             store: Store::Paged {
                 base: range.ptr(),
@@ -243,8 +241,7 @@ impl<R: RawDevice> KvSpace<R> {
                 let m = range.lock().unwrap();
                 let page = m.range.page_bytes();
                 let n = pages_for(pos * self.row_bytes, page).min(m.mapped);
-                (0..self.buffers)
-                    .flat_map(|b| (0..n).map(move |s| b * slots + s))
+                in_each(self.buffers, *slots, 0..n)
                     .filter_map(|i| m.range.page(i).map(|p| (p.id(), page)))
                     .collect()
             }
@@ -280,11 +277,8 @@ impl<R: RawDevice> KvSpace<R> {
                 let page = m.range.page_bytes();
                 let full = (pos * self.row_bytes / page).min(src.mapped);
                 // A parked range's own pages where the shared ones go.
-                let mine = (0..self.buffers)
-                    .flat_map(|b| mapped_slots(&m.range, b * slots..b * slots + full));
-                let mine: Vec<usize> = mine.collect();
                 // SAFETY: nothing written here yet, so no work reads them.
-                unsafe { m.range.unmap(mine) };
+                unsafe { m.range.unmap(in_each(self.buffers, *slots, 0..full)) };
                 for b in 0..self.buffers {
                     let run = (0..full)
                         .map(|s| src.range.page(b * slots + s).expect("mapped").clone())
@@ -319,12 +313,9 @@ impl<R: RawDevice> KvSpace<R> {
         if let Store::Paged { range, slots, .. } = &self.store {
             let mut m = range.lock().unwrap();
             let keep = pages_for(rows * self.row_bytes, m.range.page_bytes());
-            let gone = (0..self.buffers)
-                .flat_map(|b| mapped_slots(&m.range, b * slots + keep..(b + 1) * slots));
-            let gone: Vec<usize> = gone.collect();
             // SAFETY: only the writer appends past the rows kept, and it is
             // gone; snapshots read below them.
-            unsafe { m.range.unmap(gone) };
+            unsafe { m.range.unmap(in_each(self.buffers, *slots, keep..*slots)) };
             m.mapped = m.mapped.min(keep);
         }
     }
