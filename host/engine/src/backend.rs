@@ -288,6 +288,12 @@ pub trait Backend: Send + Sync {
     fn demote(&self, _snap: &dyn SeqSnapshot) -> Option<Box<dyn SeqSnapshot>> {
         None
     }
+
+    /// `seq` is about to read up to `tokens` of context (the prompt the
+    /// scheduler admitted it with, which it already reserves whole), maybe
+    /// over several steps: a backend may size its state for them at the
+    /// first step instead of growing it step by step. The default ignores it.
+    fn plan(&self, _seq: &mut Self::Sequence, _tokens: usize) {}
 }
 
 /// A shared backend (several services or threads over one loaded model):
@@ -348,6 +354,9 @@ impl<B: Backend> Backend for std::sync::Arc<B> {
     fn demote(&self, snap: &dyn SeqSnapshot) -> Option<Box<dyn SeqSnapshot>> {
         (**self).demote(snap)
     }
+    fn plan(&self, seq: &mut B::Sequence, tokens: usize) {
+        (**self).plan(seq, tokens)
+    }
     fn step(&self, batch: &mut [BatchItem<'_, B::Sequence>]) -> Vec<Result<StepOut>> {
         (**self).step(batch)
     }
@@ -403,18 +412,20 @@ mod tests {
         }
         struct Probe(ModelConfig);
         impl Backend for Probe {
-            type Sequence = ();
+            type Sequence = usize;
             fn name(&self) -> &'static str {
                 "probe"
             }
             fn config(&self) -> &ModelConfig {
                 &self.0
             }
-            fn new_sequence(&self) {}
-            fn position(&self, _: &()) -> usize {
+            fn new_sequence(&self) -> usize {
                 0
             }
-            fn forward(&self, _: &mut (), _: &[u32]) -> Result<Vec<f32>> {
+            fn position(&self, seq: &usize) -> usize {
+                *seq
+            }
+            fn forward(&self, _: &mut usize, _: &[u32]) -> Result<Vec<f32>> {
                 Ok(vec![0.0, 2.0, 1.0])
             }
             fn demote(&self, _: &dyn SeqSnapshot) -> Option<Box<dyn SeqSnapshot>> {
@@ -423,11 +434,14 @@ mod tests {
             fn logits_on_device(&self) -> bool {
                 true
             }
-            fn resumed_in_place(&self, _: &()) -> bool {
+            fn resumed_in_place(&self, _: &usize) -> bool {
                 true
             }
-            fn last_logits(&self, _: &()) -> Option<Vec<f32>> {
+            fn last_logits(&self, _: &usize) -> Option<Vec<f32>> {
                 Some(vec![4.0])
+            }
+            fn plan(&self, seq: &mut usize, tokens: usize) {
+                *seq = tokens;
             }
         }
         fn check<B: Backend>(b: B) {
@@ -437,6 +451,8 @@ mod tests {
             assert!(b.resumed_in_place(&seq));
             assert_eq!(b.last_logits(&seq), Some(vec![4.0]));
             assert_eq!(b.forward_greedy(&mut seq, &[1]).unwrap().token, 1);
+            b.plan(&mut seq, 7);
+            assert_eq!(b.position(&seq), 7);
         }
         check(Scripted::wrap(Probe(crate::demo::config()), None, None).unwrap());
         check(std::sync::Arc::new(Probe(crate::demo::config())));

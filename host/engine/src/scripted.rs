@@ -227,6 +227,12 @@ impl<B: Backend> Backend for Scripted<B> {
         }
     }
 
+    fn plan(&self, seq: &mut Self::Sequence, tokens: usize) {
+        if let (Scripted::Real(b), ScriptedSeq::Real(s)) = (self, seq) {
+            b.plan(s, tokens);
+        }
+    }
+
     fn restore(&self, snap: &dyn SeqSnapshot) -> Option<Self::Sequence> {
         match self {
             Scripted::Real(b) => b.restore(snap).map(ScriptedSeq::Real),

@@ -17,7 +17,7 @@ use qwasi_engine::service::{
 };
 use qwasi_engine::weights::Weights;
 use std::ops::ControlFlow;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 const EOS: u32 = 299;
@@ -507,6 +507,75 @@ async fn preempted_requests_resume_with_the_tokens_they_get_alone() {
         ..cfg
     };
     preemption_case(&m, budget, start(cpu(None), operator)).await;
+}
+
+/// The CPU model recording what the scheduler plans each sequence for.
+struct Planning {
+    model: Arc<CpuModel>,
+    plans: Arc<Mutex<Vec<usize>>>,
+}
+
+impl Backend for Planning {
+    type Sequence = CpuSequence;
+    fn name(&self) -> &'static str {
+        "planning"
+    }
+    fn config(&self) -> &ModelConfig {
+        self.model.config()
+    }
+    fn new_sequence(&self) -> CpuSequence {
+        self.model.new_sequence()
+    }
+    fn position(&self, seq: &CpuSequence) -> usize {
+        self.model.position(seq)
+    }
+    fn forward(&self, seq: &mut CpuSequence, tokens: &[u32]) -> Result<Vec<f32>> {
+        self.model.forward(seq, tokens)
+    }
+    fn step(&self, batch: &mut [BatchItem<'_, CpuSequence>]) -> Vec<Result<StepOut>> {
+        self.model.step(batch)
+    }
+    fn sequence_bytes(&self, tokens: usize) -> usize {
+        self.model.sequence_bytes(tokens)
+    }
+    fn kv_capacity(&self) -> Option<usize> {
+        self.model.kv_capacity()
+    }
+    fn plan(&self, _seq: &mut CpuSequence, tokens: usize) {
+        self.plans.lock().unwrap().push(tokens);
+    }
+}
+
+/// Each sequence is planned for its whole context before its first chunk
+/// (the prompt when admitted; prompt and tokens so far when it resumes
+/// after a preemption), so a backend can size its state once.
+#[tokio::test]
+async fn sequences_are_planned_for_their_whole_context() {
+    let m = cpu(None);
+    let budget = m.sequence_bytes(128) * 2 + m.sequence_bytes(0);
+    let plans = Arc::new(Mutex::new(Vec::new()));
+    let backend = Planning {
+        model: Arc::new(cpu(Some(budget))),
+        plans: plans.clone(),
+    };
+    let cfg = ServiceConfig {
+        max_num_seqs: 4,
+        max_num_batched_tokens: 16,
+        ..ServiceConfig::default()
+    };
+    preemption_case(&m, budget, start(backend, cfg)).await;
+    let plans = plans.lock().unwrap().clone();
+    for p in 50..54 {
+        assert!(
+            plans.contains(&p),
+            "no plan for a {p}-token prompt: {plans:?}"
+        );
+    }
+    // Resumed after a preemption: its prompt and the tokens it had.
+    assert!(
+        plans.iter().any(|&p| p > 53 && p < 53 + 70),
+        "no resume planned: {plans:?}"
+    );
 }
 
 async fn preemption_case(m: &CpuModel, budget: usize, svc: EngineService) {

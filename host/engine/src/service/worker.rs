@@ -139,7 +139,19 @@ impl<B: Backend> Worker<B> {
     /// fewer than the prompt, so the prefill yields fresh logits. Without a
     /// cache, or on a miss: a fresh sequence. `count`: recorded in the
     /// metrics (a request's first lookup; not its resumes after preemption).
+    /// The sequence is planned for the whole prompt ([`Backend::plan`]).
     pub fn lookup_prefix(
+        &self,
+        prompt: &[u32],
+        salt: Option<&str>,
+        count: bool,
+    ) -> PrefixMatch<B::Sequence> {
+        let mut found = self.find_prefix(prompt, salt, count);
+        self.backend.plan(&mut found.seq, prompt.len());
+        found
+    }
+
+    fn find_prefix(
         &self,
         prompt: &[u32],
         salt: Option<&str>,

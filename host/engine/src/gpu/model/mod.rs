@@ -445,6 +445,10 @@ impl Backend for GpuModel {
         self.demote_snapshot(snap)
     }
 
+    fn plan(&self, seq: &mut GpuSequence, tokens: usize) {
+        seq.planned = tokens;
+    }
+
     fn step(&self, batch: &mut [BatchItem<'_, GpuSequence>]) -> Vec<Result<StepOut>> {
         self.step_rows(batch)
     }
