@@ -13,13 +13,17 @@
 #   5. with BUDGET2 set, a second server with --max-num-batched-tokens
 #      $BUDGET2 at concurrency 8 and 16 (serving-budget$BUDGET2.json);
 #   6. with BF16_CONC set (e.g. 8,64), a server with --prefill-precision
-#      bf16 at those concurrencies (serving-bf16.json).
+#      bf16 at those concurrencies (serving-bf16.json);
+#   7. for each N of CAPS (e.g. 256,512), a server with
+#      --prefill-while-decoding N: step 4 again (serving-long-capN.json,
+#      long-capN.json) and 16 streams of 1K prompts (serving-capN.json).
 # Env: QWASI_BIN (.dev/qwasi), MODEL (/dev/shm/m40), GEN, TOKENIZER, CONC
-#      (1,8,16,32,64), TOKENS (256). Output: $OUT/{verify,serving,serving-long,long}.json.
+#      (1,8,16,32,64), TOKENS (256), CAPS (none). Output: $OUT/{verify,serving,serving-long,long}.json.
 set -uo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 CONC=${CONC:-1,8,16,32,64}
 TOKENS=${TOKENS:-256}
+CAPS=${CAPS:-}
 qw_verify verify
 qw_checkpoint
 qw_serve "$OUT/serve.log"
@@ -27,15 +31,20 @@ trap 'kill $SRV 2>/dev/null; wait $SRV 2>/dev/null' EXIT
 echo "== serving at $CONC"
 "$BIN" bench --workload serving --url $URL --concurrency "$CONC" --prompt-tokens 1024 \
   --output-tokens "$TOKENS" --out "$OUT/serving.json" 2>&1 | grep -v "^\[bench\] request" | tail -12 || rc=1
-echo "== a 32K prompt arriving while 16 streams decode"
-"$BIN" bench --workload serving --url $URL --concurrency 16 --num-prompts 16 --prompt-tokens 1024 \
-  --output-tokens 1024 --out "$OUT/serving-long.json" > "$OUT/serving-long.log" 2>&1 &
-BG=$!
-sleep 5
-"$BIN" bench --workload serving --url $URL --concurrency 1 --num-prompts 1 --prompt-tokens 32768 \
-  --output-tokens 16 --out "$OUT/long.json" 2>&1 | tail -3 || rc=1
-wait $BG || rc=1
-tail -4 "$OUT/serving-long.log"
+# A 32K prompt arriving while 16 streams decode: serving-long$1.json (the
+# streams), long$1.json (the long request).
+long_arrival() {
+  echo "== a 32K prompt arriving while 16 streams decode $2"
+  "$BIN" bench --workload serving --url $URL --concurrency 16 --num-prompts 16 --prompt-tokens 1024 \
+    --output-tokens 1024 --out "$OUT/serving-long$1.json" > "$OUT/serving-long$1.log" 2>&1 &
+  BG=$!
+  sleep 5
+  "$BIN" bench --workload serving --url $URL --concurrency 1 --num-prompts 1 --prompt-tokens 32768 \
+    --output-tokens 16 --out "$OUT/long$1.json" 2>&1 | tail -3 || rc=1
+  wait $BG || rc=1
+  tail -4 "$OUT/serving-long$1.log"
+}
+long_arrival "" ""
 curl -s $URL/metrics | grep -E "^qwasi_(sequences|kv_cache|preemptions)" | tee "$OUT/metrics-after.txt"
 if [ -n "${BUDGET2:-}" ]; then
   echo "== --max-num-batched-tokens $BUDGET2 at 8,16"
@@ -54,4 +63,11 @@ if [ -n "${BF16_CONC:-}" ]; then
   "$BIN" bench --workload serving --url $URL --concurrency "$BF16_CONC" --prompt-tokens 1024 \
     --output-tokens "$TOKENS" --out "$OUT/serving-bf16.json" 2>&1 | grep "^\[bench\] c=" || rc=1
 fi
+for cap in ${CAPS//,/ }; do
+  kill $SRV; wait $SRV 2>/dev/null
+  qw_serve "$OUT/serve-cap$cap.log" --prefill-while-decoding "$cap"
+  long_arrival "-cap$cap" "(--prefill-while-decoding $cap)"
+  "$BIN" bench --workload serving --url $URL --concurrency 16 --prompt-tokens 1024 \
+    --output-tokens "$TOKENS" --out "$OUT/serving-cap$cap.json" 2>&1 | grep "^\[bench\] c=" || rc=1
+done
 exit $rc

@@ -448,6 +448,50 @@ async fn batched_device_readouts_give_the_tokens_alone() {
     assert!(metric(&svc, "qwasi_batch_size_sum") > metric(&svc, "qwasi_batch_size_count"));
 }
 
+/// While a request decodes, another's prompt is read at most
+/// `prefill_while_decoding` tokens a step (the first one's prompt, read
+/// alone, is not cut), and it still gets the tokens it gets alone.
+#[tokio::test]
+async fn prompts_read_beside_decoding_streams_keep_to_their_cap() {
+    let m = cpu(None);
+    let slow = Slow {
+        model: Arc::new(cpu(None)),
+        delay: Duration::from_millis(2),
+    };
+    let svc = start(
+        slow,
+        ServiceConfig {
+            max_num_seqs: 4,
+            max_num_batched_tokens: 64,
+            prefill_while_decoding: 16,
+            ..ServiceConfig::default()
+        },
+    );
+    let a = svc
+        .submit(
+            req(&prompt(40, 1), 3000, SamplingParams::default()),
+            SubmitOptions::default(),
+        )
+        .await
+        .unwrap();
+    a.wait().await;
+    let r = GenerateRequest {
+        ignore_eos: true,
+        ..req(&prompt(200, 2), 5, seeded(3))
+    };
+    let mut b = svc
+        .submit(r.clone(), SubmitOptions::default())
+        .await
+        .unwrap();
+    assert_eq!(got(&collect(&mut b).await), expected(&m, &r));
+    drop(a);
+    until("idle", || svc.stats().running == 0).await;
+    let steps = metric(&svc, "qwasi_step_prefill_tokens_count");
+    let small = metric(&svc, "qwasi_step_prefill_tokens_bucket{le=\"16\"}");
+    assert_eq!(small, steps - 1.0, "steps past the cap besides the first");
+    assert!(metric(&svc, "qwasi_step_prefill_tokens_sum") >= 240.0);
+}
+
 /// A cancelled request's slot goes to a waiting one at the next step.
 #[tokio::test]
 async fn a_cancelled_request_frees_its_slot_at_the_next_step() {

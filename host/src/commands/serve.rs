@@ -131,6 +131,12 @@ pub struct Args {
     /// then chunks of the prompts being read (at least --max-num-seqs).
     #[arg(long, default_value_t = qwasi_engine::service::DEFAULT_MAX_NUM_BATCHED_TOKENS)]
     pub max_num_batched_tokens: usize,
+    /// Prompt tokens one engine step may read while other requests are
+    /// generating: lower keeps their inter-token latency down while a long
+    /// prompt is read, at the cost of that prompt's time to first token
+    /// (0 = up to --max-num-batched-tokens).
+    #[arg(long, default_value_t = 0)]
+    pub prefill_while_decoding: usize,
     /// Memory the running requests' states (KV cache, recurrent state) may
     /// hold together, in MiB (0 = the backend's: on cuda/hip three quarters
     /// of the device memory the weights leave free, less a work reserve; not
@@ -515,6 +521,7 @@ fn load(a: &Args) -> Result<(Runtime, String)> {
         snapshot_interval: a.snapshot_interval,
         max_num_seqs: a.max_num_seqs,
         max_num_batched_tokens: a.max_num_batched_tokens,
+        prefill_while_decoding: a.prefill_while_decoding,
         kv_cache_bytes: a.kv_cache_mib << 20,
     };
     let StartedEngine {

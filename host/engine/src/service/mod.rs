@@ -83,6 +83,11 @@ pub struct ServiceConfig {
     /// token, then prompt chunks up to it (at least `max_num_seqs`); 0 =
     /// [`DEFAULT_MAX_NUM_BATCHED_TOKENS`].
     pub max_num_batched_tokens: usize,
+    /// Prompt tokens one engine step may read while running requests
+    /// decode, so a long prompt's chunks do not stall their streams for
+    /// long; 0 = up to `max_num_batched_tokens`. A request running alone
+    /// still reads its whole prompt in one pass.
+    pub prefill_while_decoding: usize,
     /// Bytes the running sequences' states may hold together (0 = the
     /// backend's [`Backend::kv_capacity`]); below the backend's, it caps
     /// admission and preemption (`--kv-cache-mib`).
@@ -111,6 +116,7 @@ impl Default for ServiceConfig {
             snapshot_interval: DEFAULT_SNAPSHOT_INTERVAL,
             max_num_seqs: 0,
             max_num_batched_tokens: 0,
+            prefill_while_decoding: 0,
             kv_cache_bytes: 0,
         }
     }
@@ -316,13 +322,18 @@ impl EngineService {
             n => n,
         }
         .max(1);
+        let max_num_batched_tokens = match cfg.max_num_batched_tokens {
+            0 => DEFAULT_MAX_NUM_BATCHED_TOKENS,
+            n => n,
+        }
+        .max(max_num_seqs);
         let limits = scheduler::Limits {
             max_num_seqs,
-            max_num_batched_tokens: match cfg.max_num_batched_tokens {
-                0 => DEFAULT_MAX_NUM_BATCHED_TOKENS,
-                n => n,
-            }
-            .max(max_num_seqs),
+            max_num_batched_tokens,
+            prefill_while_decoding: match cfg.prefill_while_decoding {
+                0 => max_num_batched_tokens,
+                n => n.min(max_num_batched_tokens),
+            },
             kv_capacity: kv_capacity(backend.kv_capacity(), cfg.kv_cache_bytes),
         };
         let memory_limit = memory_limit(&backend, limits.kv_capacity, context_limit);

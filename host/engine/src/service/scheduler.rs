@@ -9,7 +9,8 @@
 //!    now and free their slot and memory.
 //! 2. **Budget** (`max_num_batched_tokens`): every running request that
 //!    decodes gets its one token first; the rest of the budget goes to prompt
-//!    chunks, oldest request first (a chunk also ends at a prefix-cache
+//!    chunks (at most `prefill_while_decoding` tokens while any request
+//!    decodes), oldest request first (a chunk also ends at a prefix-cache
 //!    snapshot point its pass cannot stage inside, and one the budget cuts
 //!    stays on [`Backend::pass_snapshot_stride`] while points lie beyond
 //!    it). A request running alone gets its whole prompt at
@@ -43,6 +44,9 @@ use std::time::Instant;
 pub(super) struct Limits {
     pub max_num_seqs: usize,
     pub max_num_batched_tokens: usize,
+    /// Prompt tokens a step may read while running requests decode (at
+    /// most `max_num_batched_tokens`).
+    pub prefill_while_decoding: usize,
     /// [`Backend::kv_capacity`].
     pub kv_capacity: Option<usize>,
 }
@@ -142,18 +146,25 @@ impl<B: Backend> Scheduler<B> {
     /// what memory cannot hold and admitting what it can.
     fn schedule(&mut self, w: &Worker<B>) -> Vec<usize> {
         let l = self.limits;
-        let mut budget = l.max_num_batched_tokens;
         // Decode tokens first, so running streams keep flowing.
         let mut grants: Vec<usize> = self
             .running
             .iter()
             .map(|r| usize::from(r.wants() == 1))
             .collect();
-        budget = budget.saturating_sub(grants.iter().sum());
+        let decoding: usize = grants.iter().sum();
+        let budget = l.max_num_batched_tokens.saturating_sub(decoding);
+        // The rest for prompts: fewer while streams decode (a step's time
+        // is theirs to wait for).
+        let mut prompt_left = if decoding > 0 {
+            budget.min(l.prefill_while_decoding)
+        } else {
+            budget
+        };
         for (r, g) in self.running.iter().zip(grants.iter_mut()) {
             if *g == 0 {
-                *g = r.grant(budget);
-                budget -= *g;
+                *g = r.grant(prompt_left);
+                prompt_left -= *g;
             }
         }
         // Memory: preempt the newest while the reservations exceed it.
@@ -163,8 +174,7 @@ impl<B: Backend> Scheduler<B> {
         if let Some(cap) = l.kv_capacity {
             while reserved > cap && self.running.len() > 1 {
                 let mut r = self.running.pop().expect("more than one");
-                let g = grants.pop().expect("one grant per request");
-                budget += g;
+                grants.pop().expect("one grant per request");
                 reserved -= reserve(&r);
                 r.preempt();
                 w.metrics.record_preemption();
@@ -174,7 +184,7 @@ impl<B: Backend> Scheduler<B> {
             }
         }
         // Admission: the preempted first, then the queue (FIFO).
-        while !preempted_now && self.running.len() < l.max_num_seqs && budget > 0 {
+        while !preempted_now && self.running.len() < l.max_num_seqs && prompt_left > 0 {
             let fits = |tokens: usize| {
                 l.kv_capacity
                     .is_none_or(|cap| reserved + Self::bytes(w, tokens) <= cap)
@@ -212,8 +222,8 @@ impl<B: Backend> Scheduler<B> {
                 }
             };
             reserved += reserve(&r);
-            let g = r.grant(budget);
-            budget -= g;
+            let g = r.grant(prompt_left);
+            prompt_left -= g;
             grants.push(g);
             self.running.push(r);
         }
