@@ -9,12 +9,15 @@
 #      against the default, one JSON per run merged into $OUT/batch-ab.json;
 #   4. with PROFILE=1: per-kernel times at $PROFILE_BATCHES, $OUT/profile.json;
 #   5. with SOAK=1: scripts/soak on the GPU backend (demo model) under memory
-#      pressure (--kv-cache-mib $SOAK_KV_MIB, default 17: two of the demo
-#      model's short sequences, 8.5 MiB each on the GPU with their 4,096 rows
-#      of KV headroom, fit until they grow; --max-tokens 300,
-#      --expect-preemptions), $OUT/soak.json.
+#      pressure (--kv-cache-mib $SOAK_KV_MIB, default 17: two demo-model
+#      sequences of one 2 MB KV page a buffer fit; --max-tokens 4500, so
+#      some cross 4,032 tokens and grow a page; --expect-preemptions),
+#      $OUT/soak-<entry>.json. With QWASI_KV_PAGES=0 in SOAK_ENVS (slabs of
+#      8.5 MiB with 4,096 rows of headroom) 300-token requests already
+#      preempt: SOAK_MAX_TOKENS=300 makes that run shorter.
 # Env: QWASI_BIN (.dev/qwasi), BATCHES (1,8,16,32,64), AB_BATCHES (8,64),
-#      AB ("QWASI_MOE_PLAN=fused QWASI_GEMM_STACK=off"), SOAK_S (90), SOAK_EXTRA.
+#      AB ("QWASI_MOE_PLAN=fused QWASI_GEMM_STACK=off"), SOAK_S (90), SOAK_EXTRA,
+#      SOAK_ENVS, SOAK_KV_MIB, SOAK_MAX_TOKENS.
 set -uo pipefail
 OUT=${OUT:-/tmp/qwasi-out}
 mkdir -p "$OUT"
@@ -64,7 +67,7 @@ if [ "${SOAK:-0}" = 1 ]; then
     echo "== GPU soak ($sw), ${SOAK_S:-90} s, --kv-cache-mib ${SOAK_KV_MIB:-17}"
     env "${envs[@]}" python3 scripts/soak --bin "$BIN" --duration "${SOAK_S:-90}" --report "$OUT/soak-$sw.json" \
       --serve-arg=--backend --serve-arg=cuda --serve-arg=--kv-cache-mib --serve-arg="${SOAK_KV_MIB:-17}" \
-      --max-tokens 300 --expect-preemptions ${SOAK_EXTRA:-} > /tmp/soak.log 2>&1 || rc=1
+      --max-tokens "${SOAK_MAX_TOKENS:-4500}" --expect-preemptions ${SOAK_EXTRA:-} > /tmp/soak.log 2>&1 || rc=1
     grep -E "soak FAILED|RSS:|^  [a-z\"]" /tmp/soak.log | grep -v "^  \"qwasi_guest" | tail -8
     python3 -c "import json,sys; d=json.load(open(sys.argv[1])); m=d['metrics_after']; print('outcomes', d['outcomes']); print('preemptions', m.get('qwasi_preemptions_total'), 'failed', m.get('qwasi_requests_finished_total{reason=\"failed\"}'))" "$OUT/soak-$sw.json"
   done

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# On the GPU machine, from the repository root: the paged KV cache
-# (QWASI_KV_PAGES=1, docs/GPU.md "Sequences and the prefix cache") checked
-# before it becomes the default, each step under its own timeout ($STEP_S,
-# default 120 s):
+# On the GPU machine, from the repository root: the paged KV cache (the
+# default on CUDA; QWASI_KV_PAGES=1 is set here, docs/GPU.md "Sequences and
+# the prefix cache") checked, and against slabs, each step under its own
+# timeout ($STEP_S, default 120 s):
 #   1. `qwasi verify --backend cuda` on every fixture with pages (snapshots
 #      restored while their writer lives: pages shared + the last copied;
 #      from host memory; adopted after the writer is gone, which gave back

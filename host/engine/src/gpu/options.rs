@@ -247,10 +247,10 @@ pub struct GpuOptions {
     /// length) or bf16 (`QWASI_KV=bf16`: half the memory and bandwidth; measured
     /// KL 1.2e-2 vs transformers f32 on a one-token prompt at full width).
     pub kv_f32: bool,
-    /// KV caches in pages mapped as they fill where the driver can
-    /// (`QWASI_KV_PAGES=1`, `gpu/model/kv_space.rs`); otherwise one slab per
-    /// sequence with room for what follows, grown by copying. Opt-in until
-    /// an H200 run of `qwasi verify` passes with it.
+    /// KV caches in pages mapped as they fill where the driver can (the
+    /// default, `gpu/model/kv_space.rs`), or (`QWASI_KV_PAGES=0`, and where
+    /// the driver cannot map pages) one slab per sequence with room for what
+    /// follows, grown by copying.
     pub kv_pages: bool,
     /// Block-FP8 checkpoints keep their quantized matrices on the device as
     /// E4M3 bytes + block scales (the default, half the weight memory) or
@@ -448,7 +448,7 @@ impl GpuOptions {
             wg_attention: attn != "mma",
             wg_split: flag("QWASI_ATTN_SPLIT", true)?,
             kv_f32: pick("QWASI_KV", &["f32", "bf16"])? == "f32",
-            kv_pages: flag("QWASI_KV_PAGES", false)?,
+            kv_pages: flag("QWASI_KV_PAGES", true)?,
             fp8_resident: pick("QWASI_FP8", &["resident", "dequantize"])? == "resident",
             dec_attn,
             gemv,
@@ -522,7 +522,7 @@ mod tests {
         assert!(o.fp8_resident);
         assert!(o.moe_k64 && o.wg_attention && o.wg_split && o.conv_gdn);
         assert_eq!(o.moe_plan, MoePlanPath::Auto);
-        assert!(o.pinned_host_tier && o.graphs && !o.kv_pages);
+        assert!(o.pinned_host_tier && o.graphs && o.kv_pages);
         assert_eq!(o.rows, RowsPath::Bulk);
         assert_eq!(o.rows.bulk_max(), 16);
         let o8 = parse(&[("QWASI_GEMM_ROWS", "bulk8")]).unwrap();
@@ -566,7 +566,7 @@ mod tests {
             ("QWASI_ATTN", "cuda-cores"),
             ("QWASI_ATTN_SPLIT", "0"),
             ("QWASI_KV", "bf16"),
-            ("QWASI_KV_PAGES", "1"),
+            ("QWASI_KV_PAGES", "0"),
             ("QWASI_FP8", "dequantize"),
             ("QWASI_DEC_ATTN", "tc-ring3"),
             ("QWASI_GEMV", "stream"),
@@ -593,7 +593,7 @@ mod tests {
         assert_eq!(o.dec_attn, DecAttnPath::Tensor { ring: 3 });
         assert_eq!(o.gemv, GemvPath::Stream);
         assert_eq!((o.bulk_stages, o.bulk_blocks, o.moe_pairs), (2, 2, 4));
-        assert!(!o.conv_gdn && !o.pinned_host_tier && !o.graphs && o.kv_pages);
+        assert!(!o.conv_gdn && !o.pinned_host_tier && !o.graphs && !o.kv_pages);
         assert_eq!(o.gemm_stack, GemmStack::Off);
         assert_eq!(
             parse(&[("QWASI_GEMM_STACK", "on")]).unwrap().gemm_stack,
