@@ -167,10 +167,22 @@ fn a_batched_step_is_bit_exact_with_each_sequence_alone() {
     assert_eq!((m.position(&a), m.position(&b)), (2, 6));
 }
 
-/// The CPU model slowed down per engine step (to observe steps from outside).
+/// The CPU model slowed down per engine step (to observe steps from
+/// outside), recording what the scheduler plans each sequence for.
 struct Slow {
     model: Arc<CpuModel>,
     delay: Duration,
+    plans: Arc<Mutex<Vec<usize>>>,
+}
+
+impl Slow {
+    fn new(model: Arc<CpuModel>, delay: Duration) -> Slow {
+        Slow {
+            model,
+            delay,
+            plans: Arc::default(),
+        }
+    }
 }
 
 impl Backend for Slow {
@@ -205,6 +217,9 @@ impl Backend for Slow {
     }
     fn restore(&self, snap: &dyn SeqSnapshot) -> Option<CpuSequence> {
         self.model.restore(snap)
+    }
+    fn plan(&self, _seq: &mut CpuSequence, tokens: usize) {
+        self.plans.lock().unwrap().push(tokens);
     }
 }
 
@@ -454,10 +469,7 @@ async fn batched_device_readouts_give_the_tokens_alone() {
 #[tokio::test]
 async fn prompts_read_beside_decoding_streams_keep_to_their_cap() {
     let m = cpu(None);
-    let slow = Slow {
-        model: Arc::new(cpu(None)),
-        delay: Duration::from_millis(2),
-    };
+    let slow = Slow::new(Arc::new(cpu(None)), Duration::from_millis(2));
     let svc = start(
         slow,
         ServiceConfig {
@@ -495,10 +507,7 @@ async fn prompts_read_beside_decoding_streams_keep_to_their_cap() {
 /// A cancelled request's slot goes to a waiting one at the next step.
 #[tokio::test]
 async fn a_cancelled_request_frees_its_slot_at_the_next_step() {
-    let slow = Slow {
-        model: Arc::new(cpu(None)),
-        delay: Duration::from_millis(25),
-    };
+    let slow = Slow::new(Arc::new(cpu(None)), Duration::from_millis(25));
     let svc = start(
         slow,
         ServiceConfig {
@@ -553,43 +562,6 @@ async fn preempted_requests_resume_with_the_tokens_they_get_alone() {
     preemption_case(&m, budget, start(cpu(None), operator)).await;
 }
 
-/// The CPU model recording what the scheduler plans each sequence for.
-struct Planning {
-    model: Arc<CpuModel>,
-    plans: Arc<Mutex<Vec<usize>>>,
-}
-
-impl Backend for Planning {
-    type Sequence = CpuSequence;
-    fn name(&self) -> &'static str {
-        "planning"
-    }
-    fn config(&self) -> &ModelConfig {
-        self.model.config()
-    }
-    fn new_sequence(&self) -> CpuSequence {
-        self.model.new_sequence()
-    }
-    fn position(&self, seq: &CpuSequence) -> usize {
-        self.model.position(seq)
-    }
-    fn forward(&self, seq: &mut CpuSequence, tokens: &[u32]) -> Result<Vec<f32>> {
-        self.model.forward(seq, tokens)
-    }
-    fn step(&self, batch: &mut [BatchItem<'_, CpuSequence>]) -> Vec<Result<StepOut>> {
-        self.model.step(batch)
-    }
-    fn sequence_bytes(&self, tokens: usize) -> usize {
-        self.model.sequence_bytes(tokens)
-    }
-    fn kv_capacity(&self) -> Option<usize> {
-        self.model.kv_capacity()
-    }
-    fn plan(&self, _seq: &mut CpuSequence, tokens: usize) {
-        self.plans.lock().unwrap().push(tokens);
-    }
-}
-
 /// Each sequence is planned for its whole context before its first chunk
 /// (the prompt when admitted; prompt and tokens so far when it resumes
 /// after a preemption), so a backend can size its state once.
@@ -597,11 +569,8 @@ impl Backend for Planning {
 async fn sequences_are_planned_for_their_whole_context() {
     let m = cpu(None);
     let budget = m.sequence_bytes(128) * 2 + m.sequence_bytes(0);
-    let plans = Arc::new(Mutex::new(Vec::new()));
-    let backend = Planning {
-        model: Arc::new(cpu(Some(budget))),
-        plans: plans.clone(),
-    };
+    let backend = Slow::new(Arc::new(cpu(Some(budget))), Duration::ZERO);
+    let plans = backend.plans.clone();
     let cfg = ServiceConfig {
         max_num_seqs: 4,
         max_num_batched_tokens: 16,
@@ -724,10 +693,7 @@ async fn a_stress_run_leaves_nothing_behind() {
     let m = Arc::new(cpu(None));
     let budget = m.sequence_bytes(192) * 3;
     let model = Arc::new(cpu(Some(budget)));
-    let slow = Slow {
-        model: model.clone(),
-        delay: Duration::from_millis(2),
-    };
+    let slow = Slow::new(model.clone(), Duration::from_millis(2));
     let svc = start(
         slow,
         ServiceConfig {
