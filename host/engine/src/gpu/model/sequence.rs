@@ -27,9 +27,10 @@ pub struct GpuSequence {
     pub(super) kv_cap: usize,
     /// Resumed from a snapshot by adopting its KV space (no copy).
     pub(super) adopted_kv: bool,
-    /// The context it was admitted to read ([`crate::backend::Backend::plan`]): its KV space
-    /// is sized for it at the first pass, not grown (a slab copied, a parked
-    /// space's pages unmapped and mapped again) as a chunked prompt comes.
+    /// The context it was admitted to read
+    /// ([`crate::backend::Backend::plan`]): its KV space is sized for it at
+    /// the first pass, not grown (a slab copied, a parked space's pages
+    /// unmapped and mapped again) as a chunked prompt comes.
     pub(super) planned: usize,
 }
 
@@ -201,9 +202,8 @@ impl GpuModel {
     }
 
     /// Makes room for `need` tokens (or the planned context, if more) in the
-    /// sequence's KV cache: pages mapped
-    /// in place (paged), or a larger slab with the rows so far copied
-    /// (snapshots keep the old one).
+    /// sequence's KV cache: pages mapped in place (paged), or a larger slab
+    /// with the rows so far copied (snapshots keep the old one).
     pub(super) fn reserve(&self, seq: &mut GpuSequence, need: usize) -> Result<()> {
         let need = need.max(seq.planned.min(self.max_len));
         let cap = if need > seq.kv_cap {
