@@ -17,8 +17,13 @@
 #   7. for each N of CAPS (e.g. 256,512), a server with
 #      --prefill-while-decoding N: step 4 again (serving-long-capN.json,
 #      long-capN.json) and 16 streams of 1K prompts (serving-capN.json).
+# Steps 3b and 3c run on the first server, after step 3: with CONC_8K set
+# (e.g. 1,8,16), 8K-token prompts at those concurrencies (serving-8k.json);
+# with RATES set (e.g. 2,4,8), 1K prompts arriving as a Poisson process at
+# those requests per second (serving-rate.json).
 # Env: QWASI_BIN (.dev/qwasi), MODEL (/dev/shm/m40), GEN, TOKENIZER, CONC
-#      (1,8,16,32,64), TOKENS (256), CAPS (none). Output: $OUT/{verify,serving,serving-long,long}.json.
+#      (1,8,16,32,64), TOKENS (256), CAPS (none), CONC_8K (none), RATES
+#      (none). Output: $OUT/{verify,serving,serving-long,long}.json.
 set -uo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 CONC=${CONC:-1,8,16,32,64}
@@ -31,6 +36,17 @@ trap 'kill $SRV 2>/dev/null; wait $SRV 2>/dev/null' EXIT
 echo "== serving at $CONC"
 "$BIN" bench --workload serving --url $URL --concurrency "$CONC" --prompt-tokens 1024 \
   --output-tokens "$TOKENS" --out "$OUT/serving.json" 2>&1 | grep -v "^\[bench\] request" | tail -12 || rc=1
+if [ -n "${CONC_8K:-}" ]; then
+  echo "== 8K prompts at $CONC_8K"
+  "$BIN" bench --workload serving --url $URL --concurrency "$CONC_8K" --prompt-tokens 8192 \
+    --output-tokens "$TOKENS" --out "$OUT/serving-8k.json" 2>&1 | grep "^\[bench\] c=" || rc=1
+fi
+if [ -n "${RATES:-}" ]; then
+  echo "== Poisson arrivals at $RATES requests/s"
+  "$BIN" bench --workload serving --url $URL --request-rate "$RATES" \
+    --prompt-tokens 1024 --output-tokens "$TOKENS" --out "$OUT/serving-rate.json" 2>&1 \
+    | grep -v "^\[bench\] request" | tail -6 || rc=1
+fi
 # A 32K prompt arriving while 16 streams decode: serving-long$1.json (the
 # streams), long$1.json (the long request).
 long_arrival() {

@@ -39,9 +39,10 @@ pub struct ServingArgs {
     /// split at white space), e.g. "--backend cuda".
     #[arg(long, default_value = "", allow_hyphen_values = true)]
     serve_args: String,
-    /// Fixed concurrency levels.
-    #[arg(long, value_delimiter = ',', default_value = "1,8,16,32,64")]
-    concurrency: Vec<usize>,
+    /// Fixed concurrency levels (default 1,8,16,32,64; none when only
+    /// --request-rate is given).
+    #[arg(long, value_delimiter = ',')]
+    concurrency: Option<Vec<usize>>,
     /// Poisson arrival rates (requests per second), run after the fixed levels.
     #[arg(long, value_delimiter = ',')]
     request_rate: Vec<f64>,
@@ -111,6 +112,22 @@ enum Level {
     Rate(f64),
 }
 
+/// The levels to run: the fixed concurrencies, then the Poisson rates. With
+/// neither given, the default concurrencies; with rates alone, only those.
+fn plan(a: &ServingArgs) -> Vec<Level> {
+    let fixed = match &a.concurrency {
+        Some(c) => c.clone(),
+        None if a.request_rate.is_empty() => vec![1, 8, 16, 32, 64],
+        None => Vec::new(),
+    };
+    let rates = a.request_rate.iter().map(|&r| Level::Rate(r));
+    fixed
+        .into_iter()
+        .map(Level::Concurrency)
+        .chain(rates)
+        .collect()
+}
+
 async fn load(a: &ServingArgs, base: &str) -> Result<Vec<Value>> {
     let model = served_model(base).await?;
     let mut levels = Vec::new();
@@ -121,12 +138,7 @@ async fn load(a: &ServingArgs, base: &str) -> Result<Vec<Value>> {
         if let Some(e) = warm.error {
             bail!("the warm-up request failed: {e}");
         }
-        let plan = a
-            .concurrency
-            .iter()
-            .map(|&c| Level::Concurrency(c))
-            .chain(a.request_rate.iter().map(|&r| Level::Rate(r)));
-        for (n_level, level) in plan.enumerate() {
+        for (n_level, level) in plan(a).into_iter().enumerate() {
             let n = a.num_prompts.unwrap_or(match level {
                 Level::Concurrency(c) => (4 * c).max(8),
                 Level::Rate(r) => ((4.0 * r) as usize).max(8),
@@ -540,5 +552,33 @@ mod tests {
         assert!(a.iter().all(|&t| (100..100_000).contains(&t)));
         let mut r2 = SplitMix(1);
         assert_eq!(prompt(&mut r2, 16, 7), a, "seeded prompts repeat");
+    }
+
+    /// The levels a command line asks for, as `c=N` and `r=R`.
+    fn levels(args: &[&str]) -> Vec<String> {
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            a: ServingArgs,
+        }
+        let cli =
+            <Cli as clap::Parser>::parse_from(std::iter::once("bench").chain(args.iter().copied()));
+        plan(&cli.a)
+            .into_iter()
+            .map(|l| match l {
+                Level::Concurrency(c) => format!("c={c}"),
+                Level::Rate(r) => format!("r={r}"),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn rates_alone_run_without_the_default_concurrencies() {
+        assert_eq!(levels(&[]), ["c=1", "c=8", "c=16", "c=32", "c=64"]);
+        assert_eq!(levels(&["--request-rate", "2,4.5"]), ["r=2", "r=4.5"]);
+        assert_eq!(
+            levels(&["--concurrency", "8", "--request-rate", "2"]),
+            ["c=8", "r=2"]
+        );
     }
 }
