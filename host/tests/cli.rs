@@ -234,6 +234,29 @@ fn tokenize_bench_reports_and_checks_ids() {
 /// `--prefill-precision` is a GPU mode: the cpu backend (the f32 reference)
 /// refuses `bf16` before loading anything, accepts the default `split`, and
 /// an unknown value says what the flag takes.
+/// `serve --synthetic` makes its weights on the GPU: the cpu backend refuses
+/// it in one line, and it excludes --model; --layers needs it.
+#[test]
+fn serve_synthetic_needs_a_gpu_backend() {
+    let out = qwasi(&["serve", "--synthetic", "qwen3.6-35b-a3b", "--port", "0"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains("--synthetic needs --backend"), "{err}");
+    let out = qwasi(&["serve", "--synthetic", "no-such-preset", "--port", "0"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("no-such-preset"),
+        "{err}"
+    );
+    for args in [
+        &["serve", "--synthetic", "qwen3.6-35b-a3b", "--model", "."][..],
+        &["serve", "--layers", "4"][..],
+    ] {
+        let out = qwasi(args);
+        assert!(!out.status.success(), "{args:?}");
+    }
+}
+
 #[test]
 fn the_cpu_backend_refuses_bf16_prompt_precision() {
     for cmd in ["generate", "serve"] {

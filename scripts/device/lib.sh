@@ -3,7 +3,11 @@
 #   source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 # Sets OUT (/tmp/qwasi-out, created), BIN ($QWASI_BIN, .dev/qwasi), MODEL
 # (/dev/shm/m40), PORT, URL and rc=0 (the script's exit status: helpers set
-# it to 1 on a failure they do not stop at).
+# it to 1 on a failure they do not stop at). With SYNTHETIC=PRESET (e.g.
+# qwen3.6-35b-a3b) the server serves that preset's seeded random weights made
+# on the GPU (`serve --synthetic`) and no checkpoint is written: for A/B runs
+# where the GPU cannot hold transformers' copy of the 40-layer model (an
+# H100); the user's path (the checkpoint) stays the default.
 OUT=${OUT:-/tmp/qwasi-out}
 mkdir -p "$OUT"
 BIN=${QWASI_BIN:-.dev/qwasi}
@@ -11,6 +15,7 @@ MODEL=${MODEL:-/dev/shm/m40}
 PORT=8321
 URL=http://127.0.0.1:$PORT
 rc=0
+if [ -n "${SYNTHETIC:-}" ]; then MODEL_ARGS=(--synthetic "$SYNTHETIC"); else MODEL_ARGS=(--model "$MODEL"); fi
 
 # `qwasi verify --backend cuda` on the fixtures into $OUT/verify.{json,log}
 # (rc=1 when it fails), then "$1: " and the log's last line.
@@ -21,22 +26,23 @@ qw_verify() {
 
 # The 40-layer checkpoint written by transformers into $MODEL (GEN: the path
 # of gen_hf_checkpoint.py; TOKENIZER), skipped when $MODEL/config.json
-# exists. Ends the script when it fails.
+# exists or SYNTHETIC is set. Ends the script when it fails.
 qw_checkpoint() {
-  if [ ! -e "$MODEL/config.json" ]; then
+  if [ -z "${SYNTHETIC:-}" ] && [ ! -e "$MODEL/config.json" ]; then
     python3 "${GEN:-.dev/gen_hf_checkpoint.py}" --layers 40 --out "$MODEL" \
       ${TOKENIZER:+--tokenizer "$TOKENIZER"} > "$OUT/gen.log" 2>&1 || { echo "checkpoint: failed"; tail "$OUT/gen.log"; exit 1; }
   fi
 }
 
-# `qwasi serve --backend cuda --model $MODEL --port $PORT` with the further
+# `qwasi serve --backend cuda --model $MODEL --port $PORT` (--synthetic
+# $SYNTHETIC instead of --model where set) with the further
 # arguments, its output in the log file $1, in the background (SRV: its pid);
 # returns once it answers /ready (or after 5 minutes), ends the script when
 # it exits first.
 qw_serve() {
   local log=$1
   shift
-  "$BIN" serve --backend cuda --model "$MODEL" --port $PORT "$@" > "$log" 2>&1 &
+  "$BIN" serve --backend cuda "${MODEL_ARGS[@]}" --port $PORT "$@" > "$log" 2>&1 &
   SRV=$!
   for _ in $(seq 1 600); do
     curl -sf $URL/ready > /dev/null && break

@@ -21,7 +21,7 @@
 # (e.g. 1,8,16), 8K-token prompts at those concurrencies (serving-8k.json);
 # with RATES set (e.g. 2,4,8), 1K prompts arriving as a Poisson process at
 # those requests per second (serving-rate.json).
-# Env: QWASI_BIN (.dev/qwasi), MODEL (/dev/shm/m40), GEN, TOKENIZER, CONC
+# Env: QWASI_BIN (.dev/qwasi), MODEL (/dev/shm/m40) or SYNTHETIC (lib.sh), GEN, TOKENIZER, CONC
 #      (1,8,16,32,64), TOKENS (256), CAPS (none), CONC_8K (none), RATES
 #      (none). Output: $OUT/{verify,serving,serving-long,long}.json.
 set -uo pipefail
@@ -65,7 +65,7 @@ curl -s $URL/metrics | grep -E "^qwasi_(sequences|kv_cache|preemptions)" | tee "
 if [ -n "${BUDGET2:-}" ]; then
   echo "== --max-num-batched-tokens $BUDGET2 at 8,16"
   kill $SRV; wait $SRV 2>/dev/null
-  "$BIN" serve --backend cuda --model "$MODEL" --port $PORT --max-num-batched-tokens "$BUDGET2" \
+  "$BIN" serve --backend cuda "${MODEL_ARGS[@]}" --port $PORT --max-num-batched-tokens "$BUDGET2" \
     > "$OUT/serve2.log" 2>&1 &
   SRV=$!
   for _ in $(seq 1 600); do curl -sf $URL/ready > /dev/null && break; sleep 0.5; done

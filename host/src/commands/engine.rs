@@ -3,10 +3,13 @@
 
 use super::serving::ServingArgs;
 use crate::runtime::{self, Shared};
-use anyhow::Result;
+use anyhow::{Result, bail};
+use qwasi_engine::config::ModelConfig;
 use qwasi_engine::cpu::CpuModel;
 use qwasi_engine::model::LoadedModel;
 use qwasi_engine::service::{EngineService, ServiceConfig};
+use qwasi_engine::tokenizer::Tokenizer;
+use qwasi_engine::weights::Weights;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -22,6 +25,10 @@ pub struct StartedEngine {
 /// The prefix-cache budget of the cpu backend without `--prefix-cache-mib`.
 pub const CPU_PREFIX_CACHE_MIB: usize = 1024;
 
+/// Seed of `--synthetic` weights: those `qwasi verify --synthetic` checks.
+#[cfg(any(feature = "cuda", feature = "hip"))]
+const SYNTHETIC_SEED: u64 = qwasi_engine::gpu::verify::SYNTHETIC_SEED;
+
 /// The device-memory prefix-cache budget without `--prefix-cache-mib`: a
 /// quarter of what the weights leave free, the rest for KV caches and work
 /// buffers (an H200 with the 35B model: ~20 GB, a 131K-token prefix is 5.4 GB).
@@ -35,12 +42,67 @@ fn gpu_prefix_cache(gpu: &qwasi_engine::gpu::model::GpuModel, config: &mut Servi
     );
 }
 
+/// Where the engine's weights come from.
+#[derive(Clone, Copy)]
+pub enum ModelSource<'a> {
+    /// A model directory, or the embedded demo model (`None`).
+    Dir(Option<&'a Path>),
+    /// Seeded random weights of a built-in geometry (its first `layers`
+    /// layers when given), generated on the GPU: served benchmarks without a
+    /// checkpoint to write and load (as vLLM's `--load-format dummy`).
+    Synthetic {
+        preset: &'a str,
+        layers: Option<usize>,
+    },
+}
+
+/// What `start_engine` loads before the backend: the model's description
+/// and its weights (`None`: synthetic, made on the GPU).
+struct Model {
+    id: String,
+    config: ModelConfig,
+    weights: Option<Weights>,
+    tokenizer: Option<Tokenizer>,
+    chat_template: Option<String>,
+    is_demo: bool,
+}
+
+fn load_model(source: ModelSource<'_>) -> Result<Model> {
+    match source {
+        ModelSource::Dir(dir) => {
+            let m = LoadedModel::load(dir)?;
+            Ok(Model {
+                id: m.id,
+                config: m.config,
+                weights: Some(m.weights),
+                tokenizer: m.tokenizer,
+                chat_template: m.chat_template,
+                is_demo: m.is_demo,
+            })
+        }
+        ModelSource::Synthetic { preset, layers } => {
+            let mut config = qwasi_engine::presets::by_name(preset)?;
+            if let Some(n) = layers {
+                config = qwasi_engine::presets::with_layers(config, n)?;
+            }
+            Ok(Model {
+                id: preset.to_owned(),
+                config,
+                weights: None,
+                tokenizer: Tokenizer::qwen36().ok(),
+                chat_template: None,
+                is_demo: false,
+            })
+        }
+    }
+}
+
 /// Loads the model on `backend` and starts the engine service (blocking;
 /// `serve` and `run` share it). `service_config`
 /// carries the prefix-cache budget; with `gpu_budget_auto` a GPU backend sizes
 /// it from its free device memory instead.
 pub fn start_engine(
-    model: Option<&Path>,
+    model: ModelSource<'_>,
     backend: &str,
     service_config: ServiceConfig,
     gpu_budget_auto: bool,
@@ -54,15 +116,14 @@ pub fn start_engine(
     let max_prompt_tokens = service_config.max_prompt_tokens as u32;
     let max_completion_tokens = service_config.max_completion_tokens as u32;
     serving.apply(String::new(), None)?; // bad options fail before the weights load
-    let model = LoadedModel::load(model)?;
-    let LoadedModel {
+    let Model {
         id,
         config,
         weights,
         tokenizer,
         chat_template,
         is_demo,
-    } = model;
+    } = load_model(model)?;
     let serving = serving.apply(id, chat_template)?;
     let (id, chat_template) = (serving.id, serving.chat_template);
     let vocab_size = config.vocab_size as u32;
@@ -70,14 +131,27 @@ pub fn start_engine(
     let service = match backend {
         #[cfg(any(feature = "cuda", feature = "hip"))]
         b if b == super::GPU_BACKEND => {
-            let gpu = qwasi_engine::gpu::model::GpuModel::new(config, &weights)?;
-            drop(weights);
+            let gpu = match weights {
+                Some(w) => qwasi_engine::gpu::model::GpuModel::new(config, &w)?,
+                None => {
+                    eprintln!(
+                        "note: synthetic {id}: seeded random weights (its text is meaningless)"
+                    );
+                    qwasi_engine::gpu::model::GpuModel::synthetic(config, SYNTHETIC_SEED)?
+                }
+            };
             if gpu_budget_auto {
                 gpu_prefix_cache(&gpu, &mut service_config);
             }
             start_service(gpu, scripted_turns, &tokenizer, &id, service_config)?
         }
         _ => {
+            let Some(weights) = weights else {
+                bail!(
+                    "--synthetic needs --backend {}: its weights are generated on the GPU",
+                    super::GPU_BACKEND
+                );
+            };
             if service_config.prefix_cache_host_bytes > 0 {
                 eprintln!(
                     "[cpu] --prefix-cache-host-mib has no effect: cpu snapshots already live in host memory (--prefix-cache-mib)"

@@ -142,7 +142,7 @@ pub fn run(a: Args) -> Result<i32> {
     let StartedEngine {
         shared, is_demo, ..
     } = engine::start_engine(
-        a.model.model.as_deref(),
+        engine::ModelSource::Dir(a.model.model.as_deref()),
         &a.backend,
         service_config,
         a.prefix_cache_mib.is_none(),

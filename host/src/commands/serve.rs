@@ -1,7 +1,7 @@
 //! `qwasi serve`: the HTTP server in the foreground.
 
 use super::ModelArgs;
-use super::engine::{CPU_PREFIX_CACHE_MIB, StartedEngine, start_engine};
+use super::engine::{CPU_PREFIX_CACHE_MIB, ModelSource, StartedEngine, start_engine};
 use super::limits::LimitArgs;
 use super::platform::StopRequests;
 use super::serving::ServingArgs;
@@ -23,6 +23,15 @@ pub const API_KEY_ENV: &str = "QWASI_API_KEY";
 pub struct Args {
     #[command(flatten)]
     pub model: ModelArgs,
+    /// Serve seeded random weights of a built-in geometry generated on the
+    /// GPU (qwen3.6-35b-a3b, or qwen3.6-35b-a3b-fp8) instead of --model: for
+    /// benchmarks, with no checkpoint to write or load (the text is
+    /// meaningless). Needs --backend cuda (or hip).
+    #[arg(long, value_name = "PRESET", conflicts_with = "model")]
+    pub synthetic: Option<String>,
+    /// With --synthetic: only the first N layers.
+    #[arg(long, requires = "synthetic")]
+    pub layers: Option<usize>,
     #[command(flatten)]
     pub serving: ServingArgs,
     /// Address to listen on.
@@ -530,7 +539,13 @@ fn load(a: &Args) -> Result<(Runtime, String)> {
         is_demo,
         load_s,
     } = start_engine(
-        a.model.model.as_deref(),
+        match &a.synthetic {
+            Some(preset) => ModelSource::Synthetic {
+                preset,
+                layers: a.layers,
+            },
+            None => ModelSource::Dir(a.model.model.as_deref()),
+        },
         &a.backend,
         service_config,
         a.prefix_cache_mib.is_none(),
