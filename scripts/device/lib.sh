@@ -7,7 +7,9 @@
 # qwen3.6-35b-a3b) the server serves that preset's seeded random weights made
 # on the GPU (`serve --synthetic`) and no checkpoint is written: for A/B runs
 # where the GPU cannot hold transformers' copy of the 40-layer model (an
-# H100); the user's path (the checkpoint) stays the default.
+# H100, where the weights leave ~15 GB: SERVE_ARGS="--kv-cache-mib 6000
+# --prefix-cache-mib 1024"); the user's path (the checkpoint) stays the
+# default.
 OUT=${OUT:-/tmp/qwasi-out}
 mkdir -p "$OUT"
 BIN=${QWASI_BIN:-.dev/qwasi}
@@ -35,14 +37,14 @@ qw_checkpoint() {
 }
 
 # `qwasi serve --backend cuda --model $MODEL --port $PORT` (--synthetic
-# $SYNTHETIC instead of --model where set) with the further
+# $SYNTHETIC instead of --model where set), $SERVE_ARGS and the further
 # arguments, its output in the log file $1, in the background (SRV: its pid);
 # returns once it answers /ready (or after 5 minutes), ends the script when
 # it exits first.
 qw_serve() {
   local log=$1
   shift
-  "$BIN" serve --backend cuda "${MODEL_ARGS[@]}" --port $PORT "$@" > "$log" 2>&1 &
+  "$BIN" serve --backend cuda "${MODEL_ARGS[@]}" --port $PORT ${SERVE_ARGS:-} "$@" > "$log" 2>&1 &
   SRV=$!
   for _ in $(seq 1 600); do
     curl -sf $URL/ready > /dev/null && break

@@ -65,7 +65,7 @@ curl -s $URL/metrics | grep -E "^qwasi_(sequences|kv_cache|preemptions)" | tee "
 if [ -n "${BUDGET2:-}" ]; then
   echo "== --max-num-batched-tokens $BUDGET2 at 8,16"
   kill $SRV; wait $SRV 2>/dev/null
-  "$BIN" serve --backend cuda "${MODEL_ARGS[@]}" --port $PORT --max-num-batched-tokens "$BUDGET2" \
+  "$BIN" serve --backend cuda "${MODEL_ARGS[@]}" --port $PORT ${SERVE_ARGS:-} --max-num-batched-tokens "$BUDGET2" \
     > "$OUT/serve2.log" 2>&1 &
   SRV=$!
   for _ in $(seq 1 600); do curl -sf $URL/ready > /dev/null && break; sleep 0.5; done

@@ -350,9 +350,10 @@ async fn serve(a: Args) -> Result<()> {
         .await
         .with_context(|| format!("cannot listen on {addr_text}"))?;
     let local: SocketAddr = listener.local_addr()?;
-    let model_label = match &a.model.model {
-        Some(d) => d.display().to_string(),
-        None => qwasi_engine::demo::DEMO_MODEL_ID.to_string(),
+    let model_label = match (&a.model.model, &a.synthetic) {
+        (Some(d), _) => d.display().to_string(),
+        (None, Some(preset)) => format!("synthetic {preset}"),
+        (None, None) => qwasi_engine::demo::DEMO_MODEL_ID.to_string(),
     };
     let limits = a.limits.server_limits()?;
     let state = AppState::new(
