@@ -215,6 +215,27 @@ async fn sequences_are_planned_for_their_whole_context() {
     );
 }
 
+/// A KV budget that holds no sequence (the 35B model in bf16 on an 80 GB
+/// card) refuses every request up front, naming the operator's setting, not
+/// the request's length.
+#[tokio::test]
+async fn a_budget_that_holds_no_sequence_refuses_every_request() {
+    let m = cpu(None);
+    let backend = cpu(Some(m.sequence_bytes(0) - 1));
+    let svc = start(backend, ServiceConfig::default());
+    let err = svc
+        .submit(
+            req(&prompt(3, 1), 1, SamplingParams::default()),
+            SubmitOptions::default(),
+        )
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, SubmitError::ContextLengthExceeded(m) if m.contains("holds no sequence") && m.contains("--kv-cache-mib")),
+        "{err:?}"
+    );
+}
+
 async fn preemption_case(m: &CpuModel, budget: usize, svc: EngineService) {
     let reqs: Vec<GenerateRequest> = (0..4)
         .map(|i| {

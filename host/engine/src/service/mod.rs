@@ -337,6 +337,9 @@ impl EngineService {
             kv_capacity: kv_capacity(backend.kv_capacity(), cfg.kv_cache_bytes),
         };
         let memory_limit = memory_limit(&backend, limits.kv_capacity, context_limit);
+        if let Some(w) = budget_warning(memory_limit, context_limit, limits.kv_capacity) {
+            eprintln!("[engine] {w}");
+        }
         let queue = Arc::new(Queue::new(max_num_seqs));
         let metrics = Arc::new(Metrics::new());
         let cache = (cfg.prefix_cache_bytes > 0).then(|| {
@@ -448,6 +451,13 @@ impl EngineService {
                 req.prompt.len(),
                 req.max_tokens
             )));
+        }
+        if self.inner.memory_limit == 0 {
+            return Err(SubmitError::ContextLengthExceeded(
+                "this server's KV memory budget holds no sequence of this model, so it \
+                 refuses every request; its operator can raise --kv-cache-mib"
+                    .into(),
+            ));
         }
         if total > self.inner.memory_limit {
             return Err(SubmitError::ContextLengthExceeded(format!(
@@ -599,6 +609,27 @@ fn memory_limit<B: Backend>(backend: &B, cap: Option<usize>, limit: usize) -> us
         }
     }
     lo
+}
+
+/// What to say at startup when the KV memory budget (`cap` bytes) holds one
+/// sequence of at most `fits` tokens, fewer than the `context` a request may
+/// ask for: such requests are refused (every one where nothing fits, as with
+/// the 35B model in bf16 on an 80 GB card, whose weights leave ~15 GB).
+fn budget_warning(fits: usize, context: usize, cap: Option<usize>) -> Option<String> {
+    let mib = cap? >> 20;
+    if fits == 0 {
+        Some(format!(
+            "warning: the KV memory budget ({mib} MiB) holds no sequence of this model: \
+             every request will be refused (set --kv-cache-mib, or free device memory)"
+        ))
+    } else if fits < context {
+        Some(format!(
+            "one sequence fits at most {fits} of the {context} tokens of context in the \
+             KV memory budget ({mib} MiB; --kv-cache-mib sets it): longer requests are refused"
+        ))
+    } else {
+        None
+    }
 }
 
 /// Takes a not-yet-started request out of the queue when `submit` is dropped.
