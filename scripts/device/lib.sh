@@ -27,13 +27,19 @@ qw_verify() {
 }
 
 # The 40-layer checkpoint written by transformers into $MODEL (GEN: the path
-# of gen_hf_checkpoint.py; TOKENIZER), skipped when $MODEL/config.json
-# exists or SYNTHETIC is set. Ends the script when it fails.
+# of gen_hf_checkpoint.py), skipped when $MODEL/config.json exists or
+# SYNTHETIC is set, with TOKENIZER (.dev/tokenizer.json, the embedded Qwen3.6
+# vocabulary: zstd -d host/engine/assets/qwen36_tokenizer.json.zst) copied in
+# (the bench times chunks carrying text). Ends the script when it fails.
 qw_checkpoint() {
-  if [ -z "${SYNTHETIC:-}" ] && [ ! -e "$MODEL/config.json" ]; then
+  [ -n "${SYNTHETIC:-}" ] && return
+  local tok=${TOKENIZER:-.dev/tokenizer.json}
+  [ -e "$tok" ] || { echo "checkpoint: no $tok (zstd -d host/engine/assets/qwen36_tokenizer.json.zst -o $tok, carried): without one the server streams no text and the bench times nothing"; exit 1; }
+  if [ ! -e "$MODEL/config.json" ]; then
     python3 "${GEN:-.dev/gen_hf_checkpoint.py}" --layers 40 --out "$MODEL" \
-      ${TOKENIZER:+--tokenizer "$TOKENIZER"} > "$OUT/gen.log" 2>&1 || { echo "checkpoint: failed"; tail "$OUT/gen.log"; exit 1; }
+      --tokenizer "$tok" > "$OUT/gen.log" 2>&1 || { echo "checkpoint: failed"; tail "$OUT/gen.log"; exit 1; }
   fi
+  [ -e "$MODEL/tokenizer.json" ] || cp "$tok" "$MODEL/tokenizer.json"
 }
 
 # `qwasi serve --backend cuda --model $MODEL --port $PORT` (--synthetic

@@ -138,6 +138,7 @@ async fn load(a: &ServingArgs, base: &str) -> Result<Vec<Value>> {
         if let Some(e) = warm.error {
             bail!("the warm-up request failed: {e}");
         }
+        timed(&warm)?;
         for (n_level, level) in plan(a).into_iter().enumerate() {
             let n = a.num_prompts.unwrap_or(match level {
                 Level::Concurrency(c) => (4 * c).max(8),
@@ -164,6 +165,19 @@ struct Outcome {
     gaps: Vec<Duration>,
     tokens: usize,
     error: Option<String>,
+}
+
+/// Latencies are timed at chunks carrying text: a model without a tokenizer
+/// streams none, and every TTFT and ITL would be missing, so the bench stops.
+fn timed(o: &Outcome) -> Result<()> {
+    if o.tokens > 0 && o.first.is_none() {
+        bail!(
+            "the server streamed {} tokens without text (does the model directory have a \
+             tokenizer.json?): TTFT and inter-token latency cannot be timed",
+            o.tokens
+        );
+    }
+    Ok(())
 }
 
 async fn run_level(
@@ -570,6 +584,22 @@ mod tests {
                 Level::Rate(r) => format!("r={r}"),
             })
             .collect()
+    }
+
+    #[test]
+    fn a_stream_without_text_stops_the_bench() {
+        let mut o = Outcome {
+            start: Instant::now(),
+            first: None,
+            end: Duration::ZERO,
+            gaps: Vec::new(),
+            tokens: 8,
+            error: None,
+        };
+        let e = timed(&o).unwrap_err().to_string();
+        assert!(e.contains("tokenizer.json"), "{e}");
+        o.first = Some(Duration::from_millis(5));
+        timed(&o).unwrap();
     }
 
     #[test]
