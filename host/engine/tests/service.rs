@@ -705,6 +705,28 @@ async fn metrics_text_has_every_family_with_sane_values() {
         let sum = sample(&text, &format!("{h}_sum"));
         assert!(sum > 0.0 && sum < 60.0, "{h}_sum = {sum}");
     }
+    // Engine steps by phase: each request's prompt in one step, then one
+    // decode step per further token (the 6 inter-token gaps), each forward
+    // sleeping 2 ms; the two series are rendered as one family.
+    assert!(text.contains("# TYPE qwasi_step_duration_seconds histogram\n"));
+    let step = |phase: &str, what: &str| {
+        sample(
+            &text,
+            &format!("qwasi_step_duration_seconds_{what}{{phase=\"{phase}\"}}"),
+        )
+    };
+    for (phase, steps) in [("prompt", 2.0), ("decode", 6.0)] {
+        assert_eq!(step(phase, "count"), steps, "{phase}");
+        let sum = step(phase, "sum");
+        assert!(sum >= 0.002 * steps && sum < 60.0, "{phase}: {sum}");
+        assert_eq!(
+            sample(
+                &text,
+                &format!("qwasi_step_duration_seconds_bucket{{phase=\"{phase}\",le=\"+Inf\"}}")
+            ),
+            steps
+        );
+    }
     // Each forward sleeps 2 ms, so no inter-token latency is below 1 ms.
     assert_eq!(
         sample(

@@ -24,6 +24,11 @@ const PREFILL_BUCKETS: &[f64] = &[
     0.0, 1.0, 16.0, 64.0, 256.0, 1024.0, 2048.0, 4096.0, 8192.0, 32768.0, 131072.0,
 ];
 
+/// The engine step histogram's name and its `phase` labels, in the order
+/// of `Metrics::step_duration` (`qwasi bench --workload serving` reads them).
+pub const STEP_DURATION: &str = "qwasi_step_duration_seconds";
+pub const STEP_PHASES: [&str; 2] = ["decode", "prompt"];
+
 /// A cumulative histogram over fixed buckets.
 struct Histogram {
     bounds: &'static [f64],
@@ -66,20 +71,32 @@ impl Histogram {
 
     fn render(&self, out: &mut String, name: &str, help: &str) {
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
+        self.render_series(out, name, "");
+    }
+
+    /// The buckets, sum and count, each with `labels` (`key="value",`, or
+    /// empty) before the bucket's bound.
+    fn render_series(&self, out: &mut String, name: &str, labels: &str) {
         let mut cum = 0u64;
         for (i, c) in self.counts.iter().enumerate() {
             cum += c.load(Relaxed);
             match self.bounds.get(i) {
                 Some(b) => {
-                    let _ = writeln!(out, "{name}_bucket{{le=\"{b}\"}} {cum}");
+                    let _ = writeln!(out, "{name}_bucket{{{labels}le=\"{b}\"}} {cum}");
                 }
                 None => {
-                    let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {cum}");
+                    let _ = writeln!(out, "{name}_bucket{{{labels}le=\"+Inf\"}} {cum}");
                 }
             }
         }
         let sum = self.sum.load(Relaxed) as f64 * self.unit;
-        let _ = writeln!(out, "{name}_sum {sum}\n{name}_count {cum}");
+        let labels = labels.trim_end_matches(',');
+        let braces = if labels.is_empty() {
+            String::new()
+        } else {
+            format!("{{{labels}}}")
+        };
+        let _ = writeln!(out, "{name}_sum{braces} {sum}\n{name}_count{braces} {cum}");
     }
 }
 
@@ -157,6 +174,9 @@ pub(super) struct Metrics {
     preemptions: AtomicU64,
     batch_size: Histogram,
     step_prefill_tokens: Histogram,
+    /// Engine steps' wall time: [0] steps of decode rows only, [1] steps
+    /// carrying prompt tokens.
+    step_duration: [Histogram; 2],
 }
 
 impl Metrics {
@@ -190,6 +210,10 @@ impl Metrics {
             preemptions: AtomicU64::new(0),
             batch_size: Histogram::with_unit(BATCH_BUCKETS, 1.0),
             step_prefill_tokens: Histogram::with_unit(PREFILL_BUCKETS, 1.0),
+            step_duration: [
+                Histogram::new(LATENCY_BUCKETS),
+                Histogram::new(LATENCY_BUCKETS),
+            ],
         }
     }
 
@@ -208,12 +232,14 @@ impl Metrics {
             .store(kv_capacity.unwrap_or(0) as u64, Relaxed);
     }
 
-    /// One engine step: the sequences it ran and its prompt tokens (prompt
-    /// chunks and recomputes after preemption; not decode tokens).
-    pub fn record_step(&self, sequences: usize, prefill_tokens: usize) {
+    /// One engine step: the sequences it ran, its prompt tokens (prompt
+    /// chunks and recomputes after preemption; not decode tokens) and how
+    /// long the backend took.
+    pub fn record_step(&self, sequences: usize, prefill_tokens: usize, took: Duration) {
         self.batch_size.observe_units(sequences as u64);
         self.step_prefill_tokens
             .observe_units(prefill_tokens as u64);
+        self.step_duration[usize::from(prefill_tokens > 0)].observe(took);
     }
 
     pub fn record_preemption(&self) {
@@ -414,6 +440,15 @@ impl Metrics {
             "qwasi_step_prefill_tokens",
             "Prompt tokens per engine step (prompt chunks and recomputes; decode tokens not counted).",
         );
+        let name = STEP_DURATION;
+        let _ = writeln!(
+            o,
+            "# HELP {name} Engine steps' wall time: steps of decode rows only (phase=\"decode\") and steps carrying prompt tokens (phase=\"prompt\").\n\
+             # TYPE {name} histogram"
+        );
+        for (h, phase) in self.step_duration.iter().zip(STEP_PHASES) {
+            h.render_series(o, name, &format!("phase=\"{phase}\","));
+        }
 
         let _ = writeln!(
             o,

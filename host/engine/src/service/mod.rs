@@ -35,7 +35,7 @@ mod sequence;
 mod worker;
 
 pub use handle::GenerationHandle;
-pub use metrics::Phase;
+pub use metrics::{Phase, STEP_DURATION, STEP_PHASES};
 
 use crate::backend::Backend;
 use crate::config::ModelConfig;

@@ -264,7 +264,7 @@ impl<B: Backend> Scheduler<B> {
         };
         taken.reverse();
         let took = t0.elapsed();
-        w.metrics.record_step(rows, prefill);
+        w.metrics.record_step(rows, prefill, took);
         let total: usize = grants.iter().sum();
         let mut outs: Vec<Result<StepOut, String>> = match outs {
             Ok(v) if v.len() == rows => v

@@ -24,6 +24,7 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::Request;
 use hyper_util::rt::TokioIo;
+use qwasi_engine::service::{STEP_DURATION, STEP_PHASES};
 use serde_json::{Value, json};
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -144,11 +145,10 @@ async fn load(a: &ServingArgs, base: &str) -> Result<Vec<Value>> {
                 Level::Concurrency(c) => (4 * c).max(8),
                 Level::Rate(r) => ((4.0 * r) as usize).max(8),
             });
-            let before = preemptions(base).await;
+            let before = Counters::read(base).await;
             let r = run_level(base, &model, level, len, n, a.output_tokens, n_level as u64).await?;
-            let after = preemptions(base).await;
-            let pre = before.zip(after).map(|(b, a)| a - b);
-            let row = summarize(level, len, &r, pre);
+            let after = Counters::read(base).await;
+            let row = summarize(level, len, &r, &after.since(&before));
             eprintln!("[bench] {}", line(&row));
             levels.push(row);
         }
@@ -357,19 +357,77 @@ async fn served_model(base: &str) -> Result<String> {
         .context("the server lists no model")
 }
 
-/// `qwasi_preemptions_total` from `/metrics`, `None` where the server has no such counter.
-async fn preemptions(base: &str) -> Option<f64> {
-    let text = get_text(base, "/metrics").await.ok()?;
-    text.lines()
-        .find(|l| l.starts_with("qwasi_preemptions_total"))
-        .and_then(|l| l.split_whitespace().last()?.parse().ok())
+/// What the server counted on `/metrics` (each `None` where it has no such
+/// series): preemptions, and the engine steps' count and seconds by phase
+/// ([`STEP_PHASES`]: decode rows only, carrying prompt tokens).
+#[derive(Default)]
+struct Counters {
+    preemptions: Option<f64>,
+    steps: [Option<(f64, f64)>; 2],
+}
+
+impl Counters {
+    async fn read(base: &str) -> Counters {
+        match get_text(base, "/metrics").await {
+            Ok(text) => Counters::parse(&text),
+            Err(_) => Counters::default(),
+        }
+    }
+
+    fn parse(text: &str) -> Counters {
+        let value = |name: &str| {
+            text.lines()
+                .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+        };
+        let step = |phase: &str| {
+            let at = |what: &str| value(&format!("{STEP_DURATION}_{what}{{phase=\"{phase}\"}}"));
+            at("count").zip(at("sum"))
+        };
+        Counters {
+            preemptions: value("qwasi_preemptions_total"),
+            steps: STEP_PHASES.map(step),
+        }
+    }
+
+    /// The counts from `before` to `self`.
+    fn since(&self, before: &Counters) -> Counters {
+        let d = |a: Option<f64>, b: Option<f64>| Some(a? - b?);
+        let mut steps = [None; 2];
+        for (i, s) in steps.iter_mut().enumerate() {
+            if let (Some(a), Some(b)) = (self.steps[i], before.steps[i]) {
+                *s = Some((a.0 - b.0, a.1 - b.1));
+            }
+        }
+        Counters {
+            preemptions: d(self.preemptions, before.preemptions),
+            steps,
+        }
+    }
+
+    /// Per phase the steps and their mean milliseconds, and `busy`: the
+    /// fraction of `wall` the engine spent in steps (the rest is the
+    /// server's own time between steps, or waiting for requests).
+    fn steps_json(&self, wall: Duration) -> Value {
+        let mut o = serde_json::Map::new();
+        let mut busy = 0.0;
+        for (phase, s) in STEP_PHASES.iter().zip(self.steps) {
+            let Some((n, secs)) = s else {
+                return Value::Null;
+            };
+            busy += secs;
+            let mean = if n > 0.0 { secs * 1e3 / n } else { 0.0 };
+            o.insert(phase.to_string(), json!({"steps": n, "mean_ms": mean}));
+        }
+        o.insert("busy".into(), json!(busy / wall.as_secs_f64()));
+        Value::Object(o)
+    }
 }
 
 fn summarize(
     level: Level,
     len: usize,
     (wall, os): &(Duration, Vec<Outcome>),
-    pre: Option<f64>,
+    server: &Counters,
 ) -> Value {
     let ok: Vec<&Outcome> = os.iter().filter(|o| o.error.is_none()).collect();
     let errors: Vec<&str> = os
@@ -402,7 +460,8 @@ fn summarize(
         "ttft_ms": pct(&ttft),
         "itl_ms": pct(&itl),
         "tpot_ms": pct(&tpot),
-        "preemptions": pre,
+        "preemptions": server.preemptions,
+        "engine_steps": server.steps_json(*wall),
     })
 }
 
@@ -424,8 +483,20 @@ fn line(r: &Value) -> String {
         .or_else(|| r.get("request_rate").map(|x| format!("rate={x}/s")))
         .unwrap_or_default();
     let g = |p: &str| r.pointer(p).and_then(Value::as_f64).unwrap_or(f64::NAN);
+    let steps = if r["engine_steps"].is_object() {
+        format!(
+            ", steps: decode {} x {:.2} ms, prompt {} x {:.2} ms, busy {:.0}%",
+            g("/engine_steps/decode/steps"),
+            g("/engine_steps/decode/mean_ms"),
+            g("/engine_steps/prompt/steps"),
+            g("/engine_steps/prompt/mean_ms"),
+            g("/engine_steps/busy") * 100.0,
+        )
+    } else {
+        String::new()
+    };
     format!(
-        "{level} prompt {}: {:.1} tok/s, TTFT p50 {:.1} / p99 {:.1} ms, ITL p50 {:.2} / p99 {:.2} ms, {} failed",
+        "{level} prompt {}: {:.1} tok/s, TTFT p50 {:.1} / p99 {:.1} ms, ITL p50 {:.2} / p99 {:.2} ms, {} failed{steps}",
         r["prompt_tokens"],
         g("/output_tok_per_s"),
         g("/ttft_ms/p50"),
@@ -600,6 +671,38 @@ mod tests {
         assert!(e.contains("tokenizer.json"), "{e}");
         o.first = Some(Duration::from_millis(5));
         timed(&o).unwrap();
+    }
+
+    #[test]
+    fn server_counters_are_read_and_differenced() {
+        let at = |pre: f64, decode: (f64, f64), prompt: (f64, f64)| {
+            format!(
+                "qwasi_preemptions_total_x 9\nqwasi_preemptions_total {pre}\n\
+                 qwasi_step_duration_seconds_bucket{{phase=\"decode\",le=\"+Inf\"}} {}\n\
+                 qwasi_step_duration_seconds_sum{{phase=\"decode\"}} {}\n\
+                 qwasi_step_duration_seconds_count{{phase=\"decode\"}} {}\n\
+                 qwasi_step_duration_seconds_sum{{phase=\"prompt\"}} {}\n\
+                 qwasi_step_duration_seconds_count{{phase=\"prompt\"}} {}\n",
+                decode.0, decode.1, decode.0, prompt.1, prompt.0
+            )
+        };
+        let before = Counters::parse(&at(1.0, (10.0, 0.1), (2.0, 0.1)));
+        let after = Counters::parse(&at(3.0, (110.0, 1.1), (12.0, 0.6)));
+        let d = after.since(&before);
+        assert_eq!(d.preemptions, Some(2.0));
+        let v = d.steps_json(Duration::from_secs(2));
+        assert_eq!(v["decode"]["steps"], json!(100.0));
+        assert!((v["decode"]["mean_ms"].as_f64().unwrap() - 10.0).abs() < 1e-9);
+        assert_eq!(v["prompt"]["steps"], json!(10.0));
+        assert!((v["prompt"]["mean_ms"].as_f64().unwrap() - 50.0).abs() < 1e-9);
+        assert!((v["busy"].as_f64().unwrap() - 0.75).abs() < 1e-9);
+        // A server without the series (another engine): nothing reported.
+        let none = Counters::parse("up 1\n");
+        assert_eq!(none.since(&none).preemptions, None);
+        assert_eq!(
+            none.since(&none).steps_json(Duration::from_secs(1)),
+            Value::Null
+        );
     }
 
     #[test]
