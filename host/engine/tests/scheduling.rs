@@ -234,6 +234,19 @@ async fn a_budget_that_holds_no_sequence_refuses_every_request() {
         matches!(&err, SubmitError::ContextLengthExceeded(m) if m.contains("holds no sequence") && m.contains("--kv-cache-mib")),
         "{err:?}"
     );
+    // The operator's budget replaces the backend's, larger too (an 80 GB
+    // card whose measured budget is 0): the same request is served.
+    let cfg = ServiceConfig {
+        kv_cache_bytes: m.sequence_bytes(64),
+        ..ServiceConfig::default()
+    };
+    let svc = start(cpu(Some(m.sequence_bytes(0) - 1)), cfg);
+    let r = req(&prompt(3, 1), 4, SamplingParams::default());
+    let mut h = svc
+        .submit(r.clone(), SubmitOptions::default())
+        .await
+        .unwrap();
+    assert_eq!(got(&collect(&mut h).await), expected(&m, &r));
 }
 
 async fn preemption_case(m: &CpuModel, budget: usize, svc: EngineService) {

@@ -89,8 +89,10 @@ pub struct ServiceConfig {
     /// still reads its whole prompt in one pass.
     pub prefill_while_decoding: usize,
     /// Bytes the running sequences' states may hold together (0 = the
-    /// backend's [`Backend::kv_capacity`]); below the backend's, it caps
-    /// admission and preemption (`--kv-cache-mib`).
+    /// backend's [`Backend::kv_capacity`]): it replaces the backend's
+    /// budget, smaller or larger (`--kv-cache-mib`; larger than the
+    /// backend's is said at startup, since the passes' work buffers may
+    /// then not fit).
     pub kv_cache_bytes: usize,
 }
 
@@ -327,6 +329,7 @@ impl EngineService {
             n => n,
         }
         .max(max_num_seqs);
+        let measured = backend.kv_capacity();
         let limits = scheduler::Limits {
             max_num_seqs,
             max_num_batched_tokens,
@@ -334,8 +337,11 @@ impl EngineService {
                 0 => max_num_batched_tokens,
                 n => n.min(max_num_batched_tokens),
             },
-            kv_capacity: kv_capacity(backend.kv_capacity(), cfg.kv_cache_bytes),
+            kv_capacity: kv_capacity(measured, cfg.kv_cache_bytes),
         };
+        if let Some(w) = over_budget_warning(measured, cfg.kv_cache_bytes) {
+            eprintln!("[engine] {w}");
+        }
         let memory_limit = memory_limit(&backend, limits.kv_capacity, context_limit);
         if let Some(w) = budget_warning(memory_limit, context_limit, limits.kv_capacity) {
             eprintln!("[engine] {w}");
@@ -455,7 +461,7 @@ impl EngineService {
         if self.inner.memory_limit == 0 {
             return Err(SubmitError::ContextLengthExceeded(
                 "this server's KV memory budget holds no sequence of this model, so it \
-                 refuses every request; its operator can raise --kv-cache-mib"
+                 refuses every request; its operator can set a larger one with --kv-cache-mib"
                     .into(),
             ));
         }
@@ -582,14 +588,26 @@ impl EngineService {
     }
 }
 
-/// The sequences' memory budget: the backend's, or the operator's where
-/// that is set and smaller (0: not set).
+/// The sequences' memory budget: the operator's where set (0: not set),
+/// else the backend's.
 fn kv_capacity(backend: Option<usize>, operator: usize) -> Option<usize> {
-    match (backend, operator) {
-        (b, 0) => b,
-        (Some(b), o) => Some(b.min(o)),
-        (None, o) => Some(o),
+    match operator {
+        0 => backend,
+        o => Some(o),
     }
+}
+
+/// What to say at startup when the operator's budget is above the one the
+/// backend measured (which keeps room for the passes' work buffers).
+fn over_budget_warning(backend: Option<usize>, operator: usize) -> Option<String> {
+    let b = backend?;
+    (operator > b).then(|| {
+        format!(
+            "warning: --kv-cache-mib {} is above the {} MiB this device leaves the sequences              after the weights and the passes' work reserve: a long prompt's pass may run out              of device memory and fail its request",
+            operator >> 20,
+            b >> 20
+        )
+    })
 }
 
 /// The longest context (up to `limit`) whose [`Backend::sequence_bytes`]
@@ -620,7 +638,7 @@ fn budget_warning(fits: usize, context: usize, cap: Option<usize>) -> Option<Str
     if fits == 0 {
         Some(format!(
             "warning: the KV memory budget ({mib} MiB) holds no sequence of this model: \
-             every request will be refused (set --kv-cache-mib, or free device memory)"
+             every request will be refused (set a larger one with --kv-cache-mib, or free device memory)"
         ))
     } else if fits < context {
         Some(format!(
@@ -651,5 +669,26 @@ impl Drop for Abandon<'_> {
             // will hold its handle, so it stops at its first token.
             self.job.cancel();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_operators_budget_replaces_the_backends() {
+        let gib = 1usize << 30;
+        assert_eq!(kv_capacity(Some(4 * gib), 0), Some(4 * gib));
+        assert_eq!(kv_capacity(None, 0), None);
+        assert_eq!(kv_capacity(Some(4 * gib), gib), Some(gib));
+        assert_eq!(kv_capacity(Some(0), 6 * gib), Some(6 * gib));
+        assert_eq!(kv_capacity(None, gib), Some(gib));
+        // Only a budget above the measured one is warned about.
+        assert_eq!(over_budget_warning(Some(4 * gib), gib), None);
+        assert_eq!(over_budget_warning(None, gib), None);
+        assert_eq!(over_budget_warning(Some(4 * gib), 0), None);
+        let w = over_budget_warning(Some(0), 6000 << 20).unwrap();
+        assert!(w.contains("--kv-cache-mib 6000 is above the 0 MiB"), "{w}");
     }
 }
