@@ -16,19 +16,23 @@
 #      bf16 at those concurrencies (serving-bf16.json);
 #   7. for each N of CAPS (e.g. 256,512), a server with
 #      --prefill-while-decoding N: step 4 again (serving-long-capN.json,
-#      long-capN.json) and 16 streams of 1K prompts (serving-capN.json).
+#      long-capN.json) and 16 streams of 1K prompts (serving-capN.json);
+#   8. the same for each N of LONG_CHUNKS (e.g. 0,256) with
+#      --long-prompt-chunk N (serving-long-chunkN.json, long-chunkN.json,
+#      serving-chunkN.json); the first server has the default.
 # Steps 3b and 3c run on the first server, after step 3: with CONC_8K set
 # (e.g. 1,8,16), 8K-token prompts at those concurrencies (serving-8k.json);
 # with RATES set (e.g. 2,4,8), 1K prompts arriving as a Poisson process at
 # those requests per second (serving-rate.json).
 # Env: QWASI_BIN (.dev/qwasi), MODEL (/dev/shm/m40) or SYNTHETIC (lib.sh), GEN, TOKENIZER, CONC
-#      (1,8,16,32,64), TOKENS (256), CAPS (none), CONC_8K (none), RATES
-#      (none). Output: $OUT/{verify,serving,serving-long,long}.json.
+#      (1,8,16,32,64), TOKENS (256), CAPS (none), LONG_CHUNKS (none), CONC_8K
+#      (none), RATES (none). Output: $OUT/{verify,serving,serving-long,long}.json.
 set -uo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 CONC=${CONC:-1,8,16,32,64}
 TOKENS=${TOKENS:-256}
 CAPS=${CAPS:-}
+LONG_CHUNKS=${LONG_CHUNKS:-}
 qw_verify verify
 qw_checkpoint
 qw_serve "$OUT/serve.log"
@@ -79,11 +83,14 @@ if [ -n "${BF16_CONC:-}" ]; then
   "$BIN" bench --workload serving --url $URL --concurrency "$BF16_CONC" --prompt-tokens 1024 \
     --output-tokens "$TOKENS" --out "$OUT/serving-bf16.json" 2>&1 | grep "^\[bench\] c=" || rc=1
 fi
-for cap in ${CAPS//,/ }; do
+# A server with "$2 $3" (tag $1): step 4 again and 16 streams of 1K prompts.
+variant() {
   kill $SRV; wait $SRV 2>/dev/null
-  qw_serve "$OUT/serve-cap$cap.log" --prefill-while-decoding "$cap"
-  long_arrival "-cap$cap" "(--prefill-while-decoding $cap)"
+  qw_serve "$OUT/serve-$1.log" "$2" "$3"
+  long_arrival "-$1" "($2 $3)"
   "$BIN" bench --workload serving --url $URL --concurrency 16 --prompt-tokens 1024 \
-    --output-tokens "$TOKENS" --out "$OUT/serving-cap$cap.json" 2>&1 | grep "^\[bench\] c=" || rc=1
-done
+    --output-tokens "$TOKENS" --out "$OUT/serving-$1.json" 2>&1 | grep "^\[bench\] c=" || rc=1
+}
+for cap in ${CAPS//,/ }; do variant "cap$cap" --prefill-while-decoding "$cap"; done
+for n in ${LONG_CHUNKS//,/ }; do variant "chunk$n" --long-prompt-chunk "$n"; done
 exit $rc

@@ -128,6 +128,50 @@ async fn prompts_read_beside_decoding_streams_keep_to_their_cap() {
     assert!(metric(&svc, "qwasi_step_prefill_tokens_sum") >= 240.0);
 }
 
+/// While a request decodes, a prompt longer than the step budget is read at
+/// most `long_prompt_chunk` tokens a step, a shorter one whole, and both get
+/// the tokens they get alone.
+#[tokio::test]
+async fn only_prompts_longer_than_the_budget_are_cut_beside_decoding_streams() {
+    let m = cpu(None);
+    let slow = Slow::new(Arc::new(cpu(None)), Duration::from_millis(2));
+    let svc = start(
+        slow,
+        ServiceConfig {
+            max_num_seqs: 4,
+            max_num_batched_tokens: 64,
+            long_prompt_chunk: 16,
+            ..ServiceConfig::default()
+        },
+    );
+    let a = svc
+        .submit(
+            req(&prompt(40, 1), 3000, SamplingParams::default()),
+            SubmitOptions::default(),
+        )
+        .await
+        .unwrap();
+    a.wait().await;
+    for (len, seed) in [(200, 2), (40, 3)] {
+        let r = GenerateRequest {
+            ignore_eos: true,
+            ..req(&prompt(len, seed), 5, seeded(seed as u64))
+        };
+        let mut h = svc
+            .submit(r.clone(), SubmitOptions::default())
+            .await
+            .unwrap();
+        assert_eq!(got(&collect(&mut h).await), expected(&m, &r), "{len}");
+    }
+    drop(a);
+    until("idle", || svc.stats().running == 0).await;
+    let steps = metric(&svc, "qwasi_step_prefill_tokens_count");
+    let small = metric(&svc, "qwasi_step_prefill_tokens_bucket{le=\"16\"}");
+    // The first prompt (alone) and the short one: one step each past 16.
+    assert_eq!(small, steps - 2.0, "steps past the cap");
+    assert!(metric(&svc, "qwasi_step_prefill_tokens_sum") >= 280.0);
+}
+
 /// A cancelled request's slot goes to a waiting one at the next step.
 #[tokio::test]
 async fn a_cancelled_request_frees_its_slot_at_the_next_step() {

@@ -146,6 +146,12 @@ pub struct Args {
     /// (0 = up to --max-num-batched-tokens).
     #[arg(long, default_value_t = 0)]
     pub prefill_while_decoding: usize,
+    /// Prompt tokens one engine step may read of a prompt longer than
+    /// --max-num-batched-tokens while other requests are generating, so
+    /// their streams keep flowing while it is read (shorter prompts are not
+    /// cut; 0 = no limit).
+    #[arg(long, default_value_t = qwasi_engine::service::DEFAULT_LONG_PROMPT_CHUNK)]
+    pub long_prompt_chunk: usize,
     /// Memory the running requests' states (KV cache, recurrent state) may
     /// hold together, in MiB (0 = the backend's: on cuda/hip three quarters
     /// of the device memory the weights leave free, less a work reserve; not
@@ -532,6 +538,7 @@ fn load(a: &Args) -> Result<(Runtime, String)> {
         max_num_seqs: a.max_num_seqs,
         max_num_batched_tokens: a.max_num_batched_tokens,
         prefill_while_decoding: a.prefill_while_decoding,
+        long_prompt_chunk: a.long_prompt_chunk,
         kv_cache_bytes: a.kv_cache_mib << 20,
     };
     let StartedEngine {

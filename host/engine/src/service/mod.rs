@@ -88,6 +88,13 @@ pub struct ServiceConfig {
     /// long; 0 = up to `max_num_batched_tokens`. A request running alone
     /// still reads its whole prompt in one pass.
     pub prefill_while_decoding: usize,
+    /// Prompt tokens one engine step may read of a request whose context is
+    /// longer than `max_num_batched_tokens` (a prompt read in several steps
+    /// anyway) while other requests decode, so such a prompt does not stall
+    /// their streams for a whole budget's pass at each of its chunks; shorter
+    /// prompts are not cut. 0 = no limit;
+    /// default [`DEFAULT_LONG_PROMPT_CHUNK`].
+    pub long_prompt_chunk: usize,
     /// Bytes the running sequences' states may hold together (0 = the
     /// backend's [`Backend::kv_capacity`]): it replaces the backend's
     /// budget, smaller or larger (`--kv-cache-mib`; larger than the
@@ -100,6 +107,10 @@ pub struct ServiceConfig {
 /// this size keeps the running streams' inter-token latency within a few
 /// decode steps while long prompts still run in large passes.
 pub const DEFAULT_MAX_NUM_BATCHED_TOKENS: usize = 2048;
+
+/// Default [`ServiceConfig::long_prompt_chunk`] (docs/SCHEDULER.md says
+/// what it was chosen on).
+pub const DEFAULT_LONG_PROMPT_CHUNK: usize = 512;
 
 /// Default [`ServiceConfig::snapshot_interval`], chosen by measurement on
 /// the demo model (docs/PREFIX_CACHE.md).
@@ -119,6 +130,7 @@ impl Default for ServiceConfig {
             max_num_seqs: 0,
             max_num_batched_tokens: 0,
             prefill_while_decoding: 0,
+            long_prompt_chunk: DEFAULT_LONG_PROMPT_CHUNK,
             kv_cache_bytes: 0,
         }
     }
@@ -336,6 +348,10 @@ impl EngineService {
             prefill_while_decoding: match cfg.prefill_while_decoding {
                 0 => max_num_batched_tokens,
                 n => n.min(max_num_batched_tokens),
+            },
+            long_prompt_chunk: match cfg.long_prompt_chunk {
+                0 => usize::MAX,
+                n => n,
             },
             kv_capacity: kv_capacity(measured, cfg.kv_cache_bytes),
         };

@@ -10,7 +10,8 @@
 //! 2. **Budget** (`max_num_batched_tokens`): every running request that
 //!    decodes gets its one token first; the rest of the budget goes to prompt
 //!    chunks (at most `prefill_while_decoding` tokens while any request
-//!    decodes), oldest request first (a chunk also ends at a prefix-cache
+//!    decodes, and at most `long_prompt_chunk` of one request whose context
+//!    is longer than the budget), oldest request first (a chunk also ends at a prefix-cache
 //!    snapshot point its pass cannot stage inside, and one the budget cuts
 //!    stays on [`Backend::pass_snapshot_stride`] while points lie beyond
 //!    it). A request running alone gets its whole prompt at
@@ -47,6 +48,10 @@ pub(super) struct Limits {
     /// Prompt tokens a step may read while running requests decode (at
     /// most `max_num_batched_tokens`).
     pub prefill_while_decoding: usize,
+    /// Prompt tokens a step may read of one request whose context is longer
+    /// than `max_num_batched_tokens` while running requests decode
+    /// (`usize::MAX`: no limit).
+    pub long_prompt_chunk: usize,
     /// [`Backend::kv_capacity`].
     pub kv_capacity: Option<usize>,
 }
@@ -161,9 +166,18 @@ impl<B: Backend> Scheduler<B> {
         } else {
             budget
         };
+        // A prompt longer than a step's budget is read in steps anyway:
+        // beside decoding streams, in small ones.
+        let room = |r: &Running<B>, left: usize| {
+            if decoding > 0 && r.context.len() > l.max_num_batched_tokens {
+                left.min(l.long_prompt_chunk)
+            } else {
+                left
+            }
+        };
         for (r, g) in self.running.iter().zip(grants.iter_mut()) {
             if *g == 0 {
-                *g = r.grant(prompt_left);
+                *g = r.grant(room(r, prompt_left));
                 prompt_left -= *g;
             }
         }
@@ -222,7 +236,7 @@ impl<B: Backend> Scheduler<B> {
                 }
             };
             reserved += reserve(&r);
-            let g = r.grant(prompt_left);
+            let g = r.grant(room(&r, prompt_left));
             prompt_left -= g;
             grants.push(g);
             self.running.push(r);
