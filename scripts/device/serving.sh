@@ -16,7 +16,8 @@
 #      bf16 at those concurrencies (serving-bf16.json);
 #   7. for each N of CAPS (e.g. 256,512), a server with
 #      --prefill-while-decoding N: step 4 again (serving-long-capN.json,
-#      long-capN.json) and 16 streams of 1K prompts (serving-capN.json);
+#      long-capN.json), 16 streams of 1K prompts (serving-capN.json) and
+#      with CONC_8K 8K prompts (serving-8k-capN.json);
 #   8. the same for each N of LONG_CHUNKS (e.g. 0,256) with
 #      --long-prompt-chunk N (serving-long-chunkN.json, long-chunkN.json,
 #      serving-chunkN.json); the first server has the default.
@@ -83,13 +84,18 @@ if [ -n "${BF16_CONC:-}" ]; then
   "$BIN" bench --workload serving --url $URL --concurrency "$BF16_CONC" --prompt-tokens 1024 \
     --output-tokens "$TOKENS" --out "$OUT/serving-bf16.json" 2>&1 | grep "^\[bench\] c=" || rc=1
 fi
-# A server with "$2 $3" (tag $1): step 4 again and 16 streams of 1K prompts.
+# A server with "$2 $3" (tag $1): step 4 again, 16 streams of 1K prompts
+# and, with CONC_8K set, 8K prompts at those concurrencies (serving-8k-$1.json).
 variant() {
   kill $SRV; wait $SRV 2>/dev/null
   qw_serve "$OUT/serve-$1.log" "$2" "$3"
   long_arrival "-$1" "($2 $3)"
   "$BIN" bench --workload serving --url $URL --concurrency 16 --prompt-tokens 1024 \
     --output-tokens "$TOKENS" --out "$OUT/serving-$1.json" 2>&1 | grep "^\[bench\] c=" || rc=1
+  if [ -n "${CONC_8K:-}" ]; then
+    "$BIN" bench --workload serving --url $URL --concurrency "$CONC_8K" --prompt-tokens 8192 \
+      --output-tokens "$TOKENS" --out "$OUT/serving-8k-$1.json" 2>&1 | grep "^\[bench\] c=" || rc=1
+  fi
 }
 for cap in ${CAPS//,/ }; do variant "cap$cap" --prefill-while-decoding "$cap"; done
 for n in ${LONG_CHUNKS//,/ }; do variant "chunk$n" --long-prompt-chunk "$n"; done
