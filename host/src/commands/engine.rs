@@ -30,14 +30,14 @@ pub const CPU_PREFIX_CACHE_MIB: usize = 1024;
 const SYNTHETIC_SEED: u64 = qwasi_engine::gpu::verify::SYNTHETIC_SEED;
 
 /// The device-memory prefix-cache budget without `--prefix-cache-mib`: a
-/// quarter of what the weights leave free, the rest for KV caches and work
-/// buffers (an H200 with the 35B model: ~20 GB, a 131K-token prefix is 5.4 GB).
+/// quarter of what the weights and the work reserve leave free, the rest
+/// for the running sequences (an H200 with the 35B model: ~17 GB, a
+/// 131K-token prefix is 5.4 GB; an 80 GB card: ~1.5 GB).
 #[cfg(any(feature = "cuda", feature = "hip"))]
 fn gpu_prefix_cache(gpu: &qwasi_engine::gpu::model::GpuModel, config: &mut ServiceConfig) {
-    let (used, total) = gpu.memory_used();
-    config.prefix_cache_bytes = (total.saturating_sub(used) / 4) & !((1 << 20) - 1);
+    config.prefix_cache_bytes = (gpu.free_past_work_reserve() / 4) & !((1 << 20) - 1);
     eprintln!(
-        "[gpu] prefix cache: {} MiB of device memory (a quarter of the free memory; --prefix-cache-mib sets it)",
+        "[gpu] prefix cache: {} MiB of device memory (a quarter of the free memory past the work reserve; --prefix-cache-mib sets it)",
         config.prefix_cache_bytes >> 20
     );
 }

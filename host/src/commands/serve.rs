@@ -119,7 +119,7 @@ pub struct Args {
     pub state_dir: Option<PathBuf>,
     /// Prefix-cache budget in MiB (0 = off): host memory on the cpu backend
     /// (default 1024), device memory on cuda/hip (default: a quarter of what
-    /// the weights leave free), where a snapshot is a full copy of the KV
+    /// the weights and the work reserve leave free), where a snapshot is a full copy of the KV
     /// prefix (~40 KiB per token of the 35B-A3B model with the f32 KV cache).
     #[arg(long)]
     pub prefix_cache_mib: Option<usize>,
@@ -154,9 +154,11 @@ pub struct Args {
     pub long_prompt_chunk: usize,
     /// Memory the running requests' states (KV cache, recurrent state) may
     /// hold together, in MiB (0 = the backend's: on cuda/hip three quarters
-    /// of the device memory the weights leave free, less a work reserve; not
+    /// of the device memory the weights leave free past a work reserve; not
     /// limited on cpu). Requests are admitted by it and the newest is
-    /// preempted (and resumed later) when running ones outgrow it.
+    /// preempted (and resumed later) when running ones outgrow it. It
+    /// replaces the backend's budget: above it, a long prompt's pass may
+    /// run out of device memory.
     #[arg(long, default_value_t = 0)]
     pub kv_cache_mib: usize,
     /// Testing: force the model's output to the turns of a JSON file, one per request.

@@ -158,12 +158,17 @@ impl GpuModel {
     }
 
     /// The sequences' share of the device memory the weights leave free:
-    /// three quarters (the prefix cache's default budget is the other
-    /// quarter, `qwasi serve`) less [`WORK_RESERVE`] for the passes' work
-    /// buffers, the decode step's buffers and graphs.
+    /// three quarters of what is left past [`WORK_RESERVE`] (the prefix
+    /// cache's default budget is the other quarter, `qwasi serve`).
     pub(super) fn measure_state_budget(&self) -> usize {
+        self.free_past_work_reserve() / 4 * 3
+    }
+
+    /// Device memory free now, less [`WORK_RESERVE`]: what the sequences
+    /// and the prefix cache may share.
+    pub fn free_past_work_reserve(&self) -> usize {
         let (used, total) = self.memory_used();
-        (total.saturating_sub(used) / 4 * 3).saturating_sub(WORK_RESERVE)
+        total.saturating_sub(used).saturating_sub(WORK_RESERVE)
     }
 
     /// K and V of every attention layer: the KV space's buffers.
@@ -238,9 +243,12 @@ impl GpuModel {
     }
 }
 
-/// Device memory kept out of the sequences' budget for work buffers (a
-/// 16K-token prefill pass of the 35B geometry takes about 10 GB).
-const WORK_RESERVE: usize = 12 << 30;
+/// Device memory kept out of the sequences' and the prefix cache's budgets:
+/// the work buffers of a [`super::PREFILL_CHUNK`]-token pass (7.1-7.7 GB for
+/// the 35B geometry: the speed bench's peak at 32K against 512 tokens, less
+/// the 32K tokens' KV), the up to 1 GiB of KV pages kept for reuse, and the
+/// decode steps' buffers and graphs.
+const WORK_RESERVE: usize = 9 << 30;
 
 #[cfg(test)]
 mod tests {
