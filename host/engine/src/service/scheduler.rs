@@ -11,11 +11,12 @@
 //!    decodes gets its one token first; the rest of the budget goes to prompt
 //!    chunks (at most `prefill_while_decoding` tokens while any request
 //!    decodes, and at most `long_prompt_chunk` of one request whose context
-//!    is longer than the budget), oldest request first (a chunk also ends at a prefix-cache
-//!    snapshot point its pass cannot stage inside, and one the budget cuts
-//!    stays on [`Backend::pass_snapshot_stride`] while points lie beyond
-//!    it). A request running alone gets its whole prompt at
-//!    once (nothing else waits on its chunks: its TTFT is as before batching).
+//!    is longer than the budget), oldest request first (a chunk also ends
+//!    at a prefix-cache snapshot point its pass cannot stage inside, and one
+//!    the budget cuts stays on [`Backend::pass_snapshot_stride`] while
+//!    points lie beyond it). A request running alone gets its whole prompt
+//!    at once (nothing else waits on its chunks: its TTFT is as before
+//!    batching).
 //! 3. **Memory** (where the backend reports a [`Backend::kv_capacity`]):
 //!    each running request reserves [`Backend::sequence_bytes`] of its whole
 //!    context (prompt and tokens so far). While the reservations exceed the
