@@ -150,7 +150,7 @@ pub struct Args {
     /// --max-num-batched-tokens while other requests are generating, so
     /// their streams keep flowing while it is read (shorter prompts are not
     /// cut; 0 = no limit).
-    #[arg(long, default_value_t = qwasi_engine::service::DEFAULT_LONG_PROMPT_CHUNK)]
+    #[arg(long, default_value_t = 0)]
     pub long_prompt_chunk: usize,
     /// Memory the running requests' states (KV cache, recurrent state) may
     /// hold together, in MiB (0 = the backend's: on cuda/hip three quarters

@@ -92,8 +92,8 @@ pub struct ServiceConfig {
     /// longer than `max_num_batched_tokens` (a prompt read in several steps
     /// anyway) while other requests decode, so such a prompt does not stall
     /// their streams for a whole budget's pass at each of its chunks; shorter
-    /// prompts are not cut. 0 = no limit;
-    /// default [`DEFAULT_LONG_PROMPT_CHUNK`].
+    /// prompts are not cut. 0 (the default) = no limit: docs/SCHEDULER.md
+    /// says what it costs and why it is off.
     pub long_prompt_chunk: usize,
     /// Bytes the running sequences' states may hold together (0 = the
     /// backend's [`Backend::kv_capacity`]): it replaces the backend's
@@ -107,10 +107,6 @@ pub struct ServiceConfig {
 /// this size keeps the running streams' inter-token latency within a few
 /// decode steps while long prompts still run in large passes.
 pub const DEFAULT_MAX_NUM_BATCHED_TOKENS: usize = 2048;
-
-/// Default [`ServiceConfig::long_prompt_chunk`] (docs/SCHEDULER.md says
-/// what it was chosen on).
-pub const DEFAULT_LONG_PROMPT_CHUNK: usize = 512;
 
 /// Default [`ServiceConfig::snapshot_interval`], chosen by measurement on
 /// the demo model (docs/PREFIX_CACHE.md).
@@ -130,7 +126,7 @@ impl Default for ServiceConfig {
             max_num_seqs: 0,
             max_num_batched_tokens: 0,
             prefill_while_decoding: 0,
-            long_prompt_chunk: DEFAULT_LONG_PROMPT_CHUNK,
+            long_prompt_chunk: 0,
             kv_cache_bytes: 0,
         }
     }
