@@ -87,63 +87,19 @@ async fn until(what: &str, mut cond: impl FnMut() -> bool) {
     }
 }
 
-/// While a request decodes, another's prompt is read at most
-/// `prefill_while_decoding` tokens a step (the first one's prompt, read
-/// alone, is not cut), and it still gets the tokens it gets alone.
-#[tokio::test]
-async fn prompts_read_beside_decoding_streams_keep_to_their_cap() {
+/// Prompts of `lens` tokens read one after another while a request streams
+/// (its own 40-token prompt read alone first), on a service with a 64-token
+/// step budget and `caps`' limits; each gets the tokens it gets alone.
+/// Returns, once idle: steps, steps of at most 16 prompt tokens, prompt tokens.
+async fn beside_a_stream(caps: ServiceConfig, lens: &[usize]) -> (f64, f64, f64) {
     let m = cpu(None);
     let slow = Slow::new(Arc::new(cpu(None)), Duration::from_millis(2));
-    let svc = start(
-        slow,
-        ServiceConfig {
-            max_num_seqs: 4,
-            max_num_batched_tokens: 64,
-            prefill_while_decoding: 16,
-            ..ServiceConfig::default()
-        },
-    );
-    let a = svc
-        .submit(
-            req(&prompt(40, 1), 3000, SamplingParams::default()),
-            SubmitOptions::default(),
-        )
-        .await
-        .unwrap();
-    a.wait().await;
-    let r = GenerateRequest {
-        ignore_eos: true,
-        ..req(&prompt(200, 2), 5, seeded(3))
+    let cfg = ServiceConfig {
+        max_num_seqs: 4,
+        max_num_batched_tokens: 64,
+        ..caps
     };
-    let mut b = svc
-        .submit(r.clone(), SubmitOptions::default())
-        .await
-        .unwrap();
-    assert_eq!(got(&collect(&mut b).await), expected(&m, &r));
-    drop(a);
-    until("idle", || svc.stats().running == 0).await;
-    let steps = metric(&svc, "qwasi_step_prefill_tokens_count");
-    let small = metric(&svc, "qwasi_step_prefill_tokens_bucket{le=\"16\"}");
-    assert_eq!(small, steps - 1.0, "steps past the cap besides the first");
-    assert!(metric(&svc, "qwasi_step_prefill_tokens_sum") >= 240.0);
-}
-
-/// While a request decodes, a prompt longer than the step budget is read at
-/// most `long_prompt_chunk` tokens a step, a shorter one whole, and both get
-/// the tokens they get alone.
-#[tokio::test]
-async fn only_prompts_longer_than_the_budget_are_cut_beside_decoding_streams() {
-    let m = cpu(None);
-    let slow = Slow::new(Arc::new(cpu(None)), Duration::from_millis(2));
-    let svc = start(
-        slow,
-        ServiceConfig {
-            max_num_seqs: 4,
-            max_num_batched_tokens: 64,
-            long_prompt_chunk: 16,
-            ..ServiceConfig::default()
-        },
-    );
+    let svc = start(slow, cfg);
     let a = svc
         .submit(
             req(&prompt(40, 1), 3000, SamplingParams::default()),
@@ -152,10 +108,10 @@ async fn only_prompts_longer_than_the_budget_are_cut_beside_decoding_streams() {
         .await
         .unwrap();
     a.wait().await;
-    for (len, seed) in [(200, 2), (40, 3)] {
+    for (i, &len) in lens.iter().enumerate() {
         let r = GenerateRequest {
             ignore_eos: true,
-            ..req(&prompt(len, seed), 5, seeded(seed as u64))
+            ..req(&prompt(len, 2 + i as u32), 5, seeded(3 + i as u64))
         };
         let mut h = svc
             .submit(r.clone(), SubmitOptions::default())
@@ -165,11 +121,39 @@ async fn only_prompts_longer_than_the_budget_are_cut_beside_decoding_streams() {
     }
     drop(a);
     until("idle", || svc.stats().running == 0).await;
-    let steps = metric(&svc, "qwasi_step_prefill_tokens_count");
-    let small = metric(&svc, "qwasi_step_prefill_tokens_bucket{le=\"16\"}");
+    (
+        metric(&svc, "qwasi_step_prefill_tokens_count"),
+        metric(&svc, "qwasi_step_prefill_tokens_bucket{le=\"16\"}"),
+        metric(&svc, "qwasi_step_prefill_tokens_sum"),
+    )
+}
+
+/// While a request decodes, another's prompt is read at most
+/// `prefill_while_decoding` tokens a step (the first one's prompt, read
+/// alone, is not cut).
+#[tokio::test]
+async fn prompts_read_beside_decoding_streams_keep_to_their_cap() {
+    let caps = ServiceConfig {
+        prefill_while_decoding: 16,
+        ..ServiceConfig::default()
+    };
+    let (steps, small, tokens) = beside_a_stream(caps, &[200]).await;
+    assert_eq!(small, steps - 1.0, "steps past the cap besides the first");
+    assert!(tokens >= 240.0);
+}
+
+/// While a request decodes, a prompt longer than the step budget is read at
+/// most `long_prompt_chunk` tokens a step, a shorter one whole.
+#[tokio::test]
+async fn only_prompts_longer_than_the_budget_are_cut_beside_decoding_streams() {
+    let caps = ServiceConfig {
+        long_prompt_chunk: 16,
+        ..ServiceConfig::default()
+    };
+    let (steps, small, tokens) = beside_a_stream(caps, &[200, 40]).await;
     // The first prompt (alone) and the short one: one step each past 16.
     assert_eq!(small, steps - 2.0, "steps past the cap");
-    assert!(metric(&svc, "qwasi_step_prefill_tokens_sum") >= 280.0);
+    assert!(tokens >= 280.0);
 }
 
 /// A cancelled request's slot goes to a waiting one at the next step.
