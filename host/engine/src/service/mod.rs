@@ -615,7 +615,9 @@ fn over_budget_warning(backend: Option<usize>, operator: usize) -> Option<String
     let b = backend?;
     (operator > b).then(|| {
         format!(
-            "warning: --kv-cache-mib {} is above the {} MiB this device leaves the sequences              after the weights and the passes' work reserve: a long prompt's pass may run out              of device memory and fail its request",
+            "warning: --kv-cache-mib {} is above the {} MiB this device leaves the sequences \
+             after the weights and the passes' work reserve: a long prompt's pass may run out \
+             of device memory and fail its request",
             operator >> 20,
             b >> 20
         )
@@ -702,5 +704,6 @@ mod tests {
         assert_eq!(over_budget_warning(Some(4 * gib), 0), None);
         let w = over_budget_warning(Some(0), 6000 << 20).unwrap();
         assert!(w.contains("--kv-cache-mib 6000 is above the 0 MiB"), "{w}");
+        assert!(w.contains("sequences after the weights"), "{w}");
     }
 }
