@@ -244,10 +244,11 @@ impl GpuModel {
 }
 
 /// Device memory kept out of the sequences' and the prefix cache's budgets:
-/// the work buffers of a [`super::PREFILL_CHUNK`]-token pass (7.1-7.7 GB for
-/// the 35B geometry: the speed bench's peak at 32K against 512 tokens, less
-/// the 32K tokens' KV), the up to 1 GiB of KV pages kept for reuse, and the
-/// decode steps' buffers and graphs.
+/// the work buffers of a [`super::PREFILL_CHUNK`]-token pass (about 7.6 GB
+/// for the 35B geometry: the speed bench's device peak at a 32K-token prompt,
+/// `benchmarks/speed-h200-a7b33d3.json`, less the weights and the prompt's
+/// KV), the up to 1 GiB of KV pages kept for reuse, and the decode steps'
+/// buffers and graphs.
 const WORK_RESERVE: usize = 9 << 30;
 
 #[cfg(test)]
