@@ -354,6 +354,13 @@ impl EngineService {
         if let Some(w) = over_budget_warning(measured, cfg.kv_cache_bytes) {
             eprintln!("[engine] {w}");
         }
+        if let Some(l) = budget_line(
+            limits.kv_capacity,
+            cfg.kv_cache_bytes > 0,
+            backend.sequence_bytes(BUDGET_LINE_TOKENS),
+        ) {
+            eprintln!("[engine] {l}");
+        }
         let memory_limit = memory_limit(&backend, limits.kv_capacity, context_limit);
         if let Some(w) = budget_warning(memory_limit, context_limit, limits.kv_capacity) {
             eprintln!("[engine] {w}");
@@ -643,10 +650,31 @@ fn memory_limit<B: Backend>(backend: &B, cap: Option<usize>, limit: usize) -> us
     lo
 }
 
+/// The sequence length [`budget_line`] counts the budget in.
+const BUDGET_LINE_TOKENS: usize = 4096;
+
+/// The startup line that says the sequences' memory budget (`cap` bytes,
+/// set by the operator or measured) and how many sequences of
+/// [`BUDGET_LINE_TOKENS`] tokens (`per_seq` bytes each) it holds; none
+/// where nothing limits them.
+fn budget_line(cap: Option<usize>, operator: bool, per_seq: usize) -> Option<String> {
+    let cap = cap?;
+    let from = if operator {
+        "set by --kv-cache-mib"
+    } else {
+        "measured; --kv-cache-mib sets it"
+    };
+    Some(format!(
+        "KV memory budget: {} MiB ({from}), {} sequences of {BUDGET_LINE_TOKENS} tokens",
+        cap >> 20,
+        cap / per_seq.max(1)
+    ))
+}
+
 /// What to say at startup when the KV memory budget (`cap` bytes) holds one
 /// sequence of at most `fits` tokens, fewer than the `context` a request may
-/// ask for: such requests are refused (every one where nothing fits, as with
-/// the 35B model in bf16 on an 80 GB card, whose weights leave ~15 GB).
+/// ask for: such requests are refused (every one where nothing fits: a
+/// budget set too small, or a device the weights leave too little of).
 fn budget_warning(fits: usize, context: usize, cap: Option<usize>) -> Option<String> {
     let mib = cap? >> 20;
     if fits == 0 {
@@ -702,6 +730,18 @@ mod tests {
         assert_eq!(over_budget_warning(Some(4 * gib), gib), None);
         assert_eq!(over_budget_warning(None, gib), None);
         assert_eq!(over_budget_warning(Some(4 * gib), 0), None);
+        // The startup line: the budget, where it comes from, what it holds.
+        assert_eq!(budget_line(None, false, 1), None);
+        let l = budget_line(Some(3793 << 20), false, 100 << 20).unwrap();
+        assert_eq!(
+            l,
+            "KV memory budget: 3793 MiB (measured; --kv-cache-mib sets it), 37 sequences of 4096 tokens"
+        );
+        assert!(
+            budget_line(Some(gib), true, 0)
+                .unwrap()
+                .contains("set by --kv-cache-mib")
+        );
         let w = over_budget_warning(Some(0), 6000 << 20).unwrap();
         assert!(w.contains("--kv-cache-mib 6000 is above the 0 MiB"), "{w}");
         assert!(w.contains("sequences after the weights"), "{w}");
