@@ -27,6 +27,7 @@
 //! async side uses tokio's runtime-agnostic `sync` primitives plus
 //! `tokio::time::timeout` (the caller's runtime must have its time driver on).
 
+mod budget;
 mod handle;
 mod metrics;
 mod queue;
@@ -338,6 +339,7 @@ impl EngineService {
         }
         .max(max_num_seqs);
         let measured = backend.kv_capacity();
+        let kv_capacity = budget::kv_capacity(measured, cfg.kv_cache_bytes);
         let limits = scheduler::Limits {
             max_num_seqs,
             max_num_batched_tokens,
@@ -349,21 +351,18 @@ impl EngineService {
                 0 => usize::MAX,
                 n => n,
             },
-            kv_capacity: kv_capacity(measured, cfg.kv_cache_bytes),
+            kv_capacity,
         };
-        if let Some(w) = over_budget_warning(measured, cfg.kv_cache_bytes) {
-            eprintln!("[engine] {w}");
-        }
-        if let Some(l) = budget_line(
-            limits.kv_capacity,
-            cfg.kv_cache_bytes > 0,
-            backend.sequence_bytes(BUDGET_LINE_TOKENS),
+        let memory_limit = budget::memory_limit(&backend, kv_capacity, context_limit);
+        for line in budget::startup_lines(
+            &backend,
+            measured,
+            cfg.kv_cache_bytes,
+            kv_capacity,
+            memory_limit,
+            context_limit,
         ) {
-            eprintln!("[engine] {l}");
-        }
-        let memory_limit = memory_limit(&backend, limits.kv_capacity, context_limit);
-        if let Some(w) = budget_warning(memory_limit, context_limit, limits.kv_capacity) {
-            eprintln!("[engine] {w}");
+            eprintln!("[engine] {line}");
         }
         let queue = Arc::new(Queue::new(max_num_seqs));
         let metrics = Arc::new(Metrics::new());
@@ -607,91 +606,6 @@ impl EngineService {
     }
 }
 
-/// The sequences' memory budget: the operator's where set (0: not set),
-/// else the backend's.
-fn kv_capacity(backend: Option<usize>, operator: usize) -> Option<usize> {
-    match operator {
-        0 => backend,
-        o => Some(o),
-    }
-}
-
-/// What to say at startup when the operator's budget is above the one the
-/// backend measured (which keeps room for the passes' work buffers).
-fn over_budget_warning(backend: Option<usize>, operator: usize) -> Option<String> {
-    let b = backend?;
-    (operator > b).then(|| {
-        format!(
-            "warning: --kv-cache-mib {} is above the {} MiB this device leaves the sequences \
-             after the weights and the passes' work reserve: a long prompt's pass may run out \
-             of device memory and fail its request",
-            operator >> 20,
-            b >> 20
-        )
-    })
-}
-
-/// The longest context (up to `limit`) whose [`Backend::sequence_bytes`]
-/// fit the budget `cap`: `usize::MAX` without one.
-fn memory_limit<B: Backend>(backend: &B, cap: Option<usize>, limit: usize) -> usize {
-    let Some(cap) = cap else {
-        return usize::MAX;
-    };
-    // sequence_bytes grows with the tokens: the last n that fits.
-    let (mut lo, mut hi) = (0, limit);
-    while lo < hi {
-        let mid = lo + (hi - lo).div_ceil(2);
-        if backend.sequence_bytes(mid) <= cap {
-            lo = mid;
-        } else {
-            hi = mid - 1;
-        }
-    }
-    lo
-}
-
-/// The sequence length [`budget_line`] counts the budget in.
-const BUDGET_LINE_TOKENS: usize = 4096;
-
-/// The startup line that says the sequences' memory budget (`cap` bytes,
-/// set by the operator or measured) and how many sequences of
-/// [`BUDGET_LINE_TOKENS`] tokens (`per_seq` bytes each) it holds; none
-/// where nothing limits them.
-fn budget_line(cap: Option<usize>, operator: bool, per_seq: usize) -> Option<String> {
-    let cap = cap?;
-    let from = if operator {
-        "set by --kv-cache-mib"
-    } else {
-        "measured; --kv-cache-mib sets it"
-    };
-    Some(format!(
-        "KV memory budget: {} MiB ({from}), {} sequences of {BUDGET_LINE_TOKENS} tokens",
-        cap >> 20,
-        cap / per_seq.max(1)
-    ))
-}
-
-/// What to say at startup when the KV memory budget (`cap` bytes) holds one
-/// sequence of at most `fits` tokens, fewer than the `context` a request may
-/// ask for: such requests are refused (every one where nothing fits: a
-/// budget set too small, or a device the weights leave too little of).
-fn budget_warning(fits: usize, context: usize, cap: Option<usize>) -> Option<String> {
-    let mib = cap? >> 20;
-    if fits == 0 {
-        Some(format!(
-            "warning: the KV memory budget ({mib} MiB) holds no sequence of this model: \
-             every request will be refused (set a larger one with --kv-cache-mib, or free device memory)"
-        ))
-    } else if fits < context {
-        Some(format!(
-            "one sequence fits at most {fits} of the {context} tokens of context in the \
-             KV memory budget ({mib} MiB; --kv-cache-mib sets it): longer requests are refused"
-        ))
-    } else {
-        None
-    }
-}
-
 /// Takes a not-yet-started request out of the queue when `submit` is dropped.
 struct Abandon<'a> {
     queue: &'a Queue,
@@ -711,39 +625,5 @@ impl Drop for Abandon<'_> {
             // will hold its handle, so it stops at its first token.
             self.job.cancel();
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_operators_budget_replaces_the_backends() {
-        let gib = 1usize << 30;
-        assert_eq!(kv_capacity(Some(4 * gib), 0), Some(4 * gib));
-        assert_eq!(kv_capacity(None, 0), None);
-        assert_eq!(kv_capacity(Some(4 * gib), gib), Some(gib));
-        assert_eq!(kv_capacity(Some(0), 6 * gib), Some(6 * gib));
-        assert_eq!(kv_capacity(None, gib), Some(gib));
-        // Only a budget above the measured one is warned about.
-        assert_eq!(over_budget_warning(Some(4 * gib), gib), None);
-        assert_eq!(over_budget_warning(None, gib), None);
-        assert_eq!(over_budget_warning(Some(4 * gib), 0), None);
-        // The startup line: the budget, where it comes from, what it holds.
-        assert_eq!(budget_line(None, false, 1), None);
-        let l = budget_line(Some(3793 << 20), false, 100 << 20).unwrap();
-        assert_eq!(
-            l,
-            "KV memory budget: 3793 MiB (measured; --kv-cache-mib sets it), 37 sequences of 4096 tokens"
-        );
-        assert!(
-            budget_line(Some(gib), true, 0)
-                .unwrap()
-                .contains("set by --kv-cache-mib")
-        );
-        let w = over_budget_warning(Some(0), 6000 << 20).unwrap();
-        assert!(w.contains("--kv-cache-mib 6000 is above the 0 MiB"), "{w}");
-        assert!(w.contains("sequences after the weights"), "{w}");
     }
 }
