@@ -315,7 +315,6 @@ impl GdnLayer {
         let (c, d) = (&m.cfg, &m.dev);
         let (t, x, n, mixed, fast) = (pf.t, pf.x, pf.n, pf.mixed, pf.fast);
         let sc = &mut *pf.sc;
-        let (nk, nv, dk, dv) = c.linear_heads();
         let conv_dim = c.linear_conv_dim();
         let vdim = c.linear_value_dim();
         m.block_input(x, n, t, norms)?;
@@ -338,31 +337,7 @@ impl GdnLayer {
                 i(c.linear_conv_kernel),
                 i(conv_dim),
             )?;
-            kernels::bat_gdn_step(
-                d,
-                Launch::pdl(
-                    (nv as u32, b as u32, 1),
-                    ((32 * dv.div_ceil(32)) as u32, 4, 1),
-                    0,
-                ),
-                dptr(proj),
-                i(p),
-                i(nk),
-                i(nv),
-                i(dk),
-                i(dv),
-                dptr(self.a_log.ptr()),
-                dptr(self.dt_bias.ptr()),
-                dptr(pr.ab),
-                i(pr.ab_stride),
-                1.0 / (dk as f32).sqrt(),
-                dptr(tab),
-                i(conv_dim),
-                dptr(self.norm.ptr()),
-                c.rms_norm_eps,
-                dptr(o),
-                i(vdim),
-            )?;
+            self.batch_step(m, &pr, b, tab, o)?;
         }
         for ch in chunks {
             let SeqLayer::Gdn { conv, s } = ch.layers[li] else {
@@ -375,6 +350,69 @@ impl GdnLayer {
         }
         m.linear(sc, o, t, &self.out_proj, mixed, false)?;
         m.block_output(x, mixed, n, t, norms)
+    }
+
+    /// The delta-rule step of a batched step's `b` decode rows (their
+    /// projections `pr`, states at the layer's table `tab`) into `o`:
+    /// through the ring of states (`bat_gdn_step_ring`, one block per
+    /// multiprocessor) where the GPU has bulk copies and `QWASI_GDN_RING`
+    /// slots of a head's state fit, else a block per row and head.
+    fn batch_step(&self, m: &GpuModel, pr: &GdnProj, b: usize, tab: u64, o: u64) -> Result<()> {
+        let (c, d) = (&m.cfg, &m.dev);
+        let (nk, nv, dk, dv) = c.linear_heads();
+        let block = ((32 * dv.div_ceil(32)) as u32, 4, 1);
+        let head = dk * dv * F;
+        let stages = m.opts.gdn_ring.min(d.max_shared_per_block() / head);
+        if stages > 0 && d.bulk_copies() && head.is_multiple_of(16) {
+            let smem = (stages * head) as u32;
+            let k = kernels::typed::bat_gdn_step_ring;
+            let resident = d.occupancy(k.kernel, block.0 * block.1, smem) * d.sm_count;
+            let grid = resident.min((b * nv) as u32);
+            return kernels::bat_gdn_step_ring(
+                d,
+                Launch::pdl((grid, 1, 1), block, smem),
+                dptr(pr.main),
+                i(pr.stride),
+                i(nk),
+                i(nv),
+                i(dk),
+                i(dv),
+                dptr(self.a_log.ptr()),
+                dptr(self.dt_bias.ptr()),
+                dptr(pr.ab),
+                i(pr.ab_stride),
+                1.0 / (dk as f32).sqrt(),
+                dptr(tab),
+                i(c.linear_conv_dim()),
+                dptr(self.norm.ptr()),
+                c.rms_norm_eps,
+                dptr(o),
+                i(c.linear_value_dim()),
+                i(b),
+                i(stages),
+            );
+        }
+        kernels::bat_gdn_step(
+            d,
+            Launch::pdl((nv as u32, b as u32, 1), block, 0),
+            dptr(pr.main),
+            i(pr.stride),
+            i(nk),
+            i(nv),
+            i(dk),
+            i(dv),
+            dptr(self.a_log.ptr()),
+            dptr(self.dt_bias.ptr()),
+            dptr(pr.ab),
+            i(pr.ab_stride),
+            1.0 / (dk as f32).sqrt(),
+            dptr(tab),
+            i(c.linear_conv_dim()),
+            dptr(self.norm.ptr()),
+            c.rms_norm_eps,
+            dptr(o),
+            i(c.linear_value_dim()),
+        )
     }
 
     /// Reads the step's residual row, adds the layer's output to it (and
