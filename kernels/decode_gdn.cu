@@ -177,12 +177,12 @@ QW_KERNEL void QW_BOUNDS_MIN(512, 2) bat_gdn_step(const float* __restrict__ proj
 // its slot itself. Grid: at most B nv blocks; dynamic shared memory stages
 // dk dv floats.
 #define GDN_RING_MAX_STAGES 3
-QW_KERNEL void QW_BOUNDS(512)
-    bat_gdn_step_ring(const float* __restrict__ proj, int stride, int nk, int nv, int dk, int dv,
-                      const float* __restrict__ a_log, const float* __restrict__ dt_bias,
-                      const float* __restrict__ ab, int ab_stride, float q_scale,
-                      const unsigned long long* __restrict__ tab, int z_off, const float* __restrict__ nw, float eps,
-                      float* __restrict__ out, int out_stride, int rows, int stages) {
+__device__ __forceinline__ void gdn_ring_impl(const float* __restrict__ proj, int stride, int nk, int nv, int dk,
+                                              int dv, const float* __restrict__ a_log,
+                                              const float* __restrict__ dt_bias, const float* __restrict__ ab,
+                                              int ab_stride, float q_scale, const unsigned long long* __restrict__ tab,
+                                              int z_off, const float* __restrict__ nw, float eps,
+                                              float* __restrict__ out, int out_stride, int rows, int stages) {
     QW_DYN_SMEM(float, ring);
     __shared__ float qs[GS_RG * GS_ROWS], ks[GS_RG * GS_ROWS];
     const int items = rows * nv, head = dk * dv, key_dim = nk * dk;
@@ -251,6 +251,22 @@ QW_KERNEL void QW_BOUNDS(512)
         cur = next;
     }
 }
+
+// MINB blocks a multiprocessor: 1 (up to 128 registers, up to three slots)
+// or 2 (64 registers, one slot each: one block's arithmetic beside the
+// other's; QWASI_GDN_RING_BLOCKS=2).
+#define GDN_RING(NAME, MINB)                                                                                      \
+    QW_KERNEL void QW_BOUNDS_MIN(512, MINB)                                                                       \
+        NAME(const float* __restrict__ proj, int stride, int nk, int nv, int dk, int dv,                          \
+             const float* __restrict__ a_log, const float* __restrict__ dt_bias, const float* __restrict__ ab,    \
+             int ab_stride, float q_scale, const unsigned long long* __restrict__ tab, int z_off,                 \
+             const float* __restrict__ nw, float eps, float* __restrict__ out, int out_stride, int rows,          \
+             int stages) {                                                                                        \
+        gdn_ring_impl(proj, stride, nk, nv, dk, dv, a_log, dt_bias, ab, ab_stride, q_scale, tab, z_off, nw, eps, \
+                      out, out_stride, rows, stages);                                                             \
+    }
+GDN_RING(bat_gdn_step_ring, 1)
+GDN_RING(bat_gdn_step_ring2, 2)
 
 // The step's causal conv (state [C][K-1], same arithmetic as `conv_silu` at
 // T = 1) + SiLU on every channel, in place on the projection row, where the

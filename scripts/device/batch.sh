@@ -5,8 +5,9 @@
 #      batched against alone) and `--synthetic` at 40 layers (the batched
 #      check at full geometry);
 #   2. `qwasi bench --workload batch` at $BATCHES (1K prompts), $OUT/batch.json;
-#   3. A/B at $AB_BATCHES: each switch of $AB (VAR=value, space-separated)
-#      against the default, one JSON per run merged into $OUT/batch-ab.json;
+#   3. A/B at $AB_BATCHES: each switch of $AB (VAR=value, space-separated;
+#      several variables of one switch joined by commas) against the
+#      default, one JSON per run merged into $OUT/batch-ab.json;
 #   4. with PROFILE=1: per-kernel times at $PROFILE_BATCHES, $OUT/profile.json;
 #   5. with SOAK=1: scripts/soak on the GPU backend (demo model) under memory
 #      pressure (--kv-cache-mib $SOAK_KV_MIB, default 17: two demo-model
@@ -34,7 +35,7 @@ echo "== batch at ${BATCHES:-1,8,16,32,64}"
   | grep -E "^\[bench\] [0-9]+ prompt" || rc=1
 mkdir -p /tmp/ab
 for sw in default ${AB:-QWASI_MOE_PLAN=fused QWASI_GEMM_STACK=off}; do
-  if [ "$sw" = default ]; then envs=(); else envs=("$sw"); fi
+  if [ "$sw" = default ]; then envs=(); else envs=(${sw//,/ }); fi
   env "${envs[@]}" "$BIN" bench --workload batch $SYN --batches "${AB_BATCHES:-8,64}" \
     --out "/tmp/ab/$sw.json" > "/tmp/ab/$sw.log" 2>&1 || rc=1
 done

@@ -180,6 +180,12 @@ static void check_batched(int nk, int nv, int dk, int dv, int B, std::mt19937& r
                 });
             });
         }
+    run("bat_gdn_step_ring2 1 slot", [&](const unsigned long long* tab, float* out) {
+        qw_cpu::launch({(unsigned)std::max(1, items / 2), 1, 1}, {bx, 4, 1}, [&] {
+            bat_gdn_step_ring2(cut.data(), stride, nk, nv, dk, dv, a_log.data(), dt_bias.data(), ab.data(), ab_stride,
+                               q_scale, tab, conv_dim, nw.data(), eps, out, out_stride, B, 1);
+        });
+    });
 }
 
 int main() {

@@ -21,6 +21,9 @@ use crate::gpu::kernels::{self, Launch};
 use crate::gpu::{dptr, i};
 use anyhow::{Result, bail};
 
+/// Most state slots a block of `bat_gdn_step_ring` holds (kernels/decode_gdn.cu).
+const GDN_RING_MAX_STAGES: usize = 3;
+
 /// One GDN layer's weights on the device.
 pub(super) struct GdnLayer {
     /// `[conv_dim + value_dim + 2 * nv, hidden]`: qkv | z | a | b; of a
@@ -362,13 +365,21 @@ impl GdnLayer {
         let (nk, nv, dk, dv) = c.linear_heads();
         let block = ((32 * dv.div_ceil(32)) as u32, 4, 1);
         let head = dk * dv * F;
-        let stages = m.opts.gdn_ring.min(d.max_shared_per_block() / head);
+        // Two blocks a multiprocessor hold one slot each.
+        let (k, most) = match m.opts.gdn_ring_blocks {
+            2 => (kernels::typed::bat_gdn_step_ring2, 1),
+            _ => (kernels::typed::bat_gdn_step_ring, GDN_RING_MAX_STAGES),
+        };
+        let stages = m
+            .opts
+            .gdn_ring
+            .min(most)
+            .min(d.max_shared_per_block() / head);
         if stages > 0 && d.bulk_copies() && head.is_multiple_of(16) {
             let smem = (stages * head) as u32;
-            let k = kernels::typed::bat_gdn_step_ring;
             let resident = d.occupancy(k.kernel, block.0 * block.1, smem) * d.sm_count;
             let grid = resident.min((b * nv) as u32);
-            return kernels::bat_gdn_step_ring(
+            return (k.launch)(
                 d,
                 Launch::pdl((grid, 1, 1), block, smem),
                 dptr(pr.main),
