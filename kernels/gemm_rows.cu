@@ -394,12 +394,17 @@ __device__ __forceinline__ void rows_bulk_impl(const float* __restrict__ X, cons
     rows_bulk_impl<NT, KB, 4, false>(X, RbFp8{Sc, K >> 7}, Q, Y, nullptr, B, N, K, accumulate, stages)
 #define RBS_BODY rows_bulk_impl<4, 2, 2, true>(X, RbBf16{}, W, Y, part, B, N, K, accumulate, stages)
 #define RBSF_BODY rows_bulk_impl<4, 2, 2, true>(X, RbFp8{Sc, K >> 7}, Q, Y, part, B, N, K, accumulate, stages)
+#define RBS16_BODY rows_bulk_impl<2, RB_KB / 2, 4, true>(X, RbBf16{}, W, Y, part, B, N, K, accumulate, stages)
+#define RBS16F_BODY \
+    rows_bulk_impl<2, RB_KB / 2, 4, true>(X, RbFp8{Sc, K >> 7}, Q, Y, part, B, N, K, accumulate, stages)
 #else
 // Not launched without tensor cores (ops.rs takes it on CUDA only).
 #define RB_BODY(NT, KB)
 #define RBF_BODY(NT, KB)
 #define RBS_BODY
 #define RBSF_BODY
+#define RBS16_BODY
+#define RBS16F_BODY
 #endif
 
 // Y [B][N] (+)= X [B][K] . W [N][K]^T for B <= 8, K a multiple of 256 up to
@@ -434,6 +439,25 @@ QW_KERNEL void QW_BOUNDS(512) gemm_rows_bulk16_fp8(const float* __restrict__ X, 
                                                    const float* __restrict__ Sc, float* __restrict__ Y, int B, int N,
                                                    int K, int accumulate, int stages) {
     RBF_BODY(2, RB_KB / 2);
+}
+
+// gemm_rows_bulk16 past 2,048 columns (the 4,096-column out projections,
+// which gemm_rows_bulk16's registers cannot hold whole): K cut into
+// gridDim.y slices of KS = K / gridDim.y columns (a multiple of 128, at most
+// 2,048: blockDim KS / 4), one slice writing Y, more writing part [S][B][N]
+// for gemm_rows_reduce (as gemm_rows_bulk32). Dynamic shared memory as
+// gemm_rows_bulk16's for KS columns. The _fp8 form: KS a multiple of 128.
+QW_KERNEL void QW_BOUNDS(512) gemm_rows_bulk16s(const float* __restrict__ X, const bf16_t* __restrict__ W,
+                                                float* __restrict__ Y, float* __restrict__ part, int B, int N, int K,
+                                                int accumulate, int stages) {
+    RBS16_BODY;
+}
+
+QW_KERNEL void QW_BOUNDS(512) gemm_rows_bulk16s_fp8(const float* __restrict__ X, const unsigned char* __restrict__ Q,
+                                                    const float* __restrict__ Sc, float* __restrict__ Y,
+                                                    float* __restrict__ part, int B, int N, int K, int accumulate,
+                                                    int stages) {
+    RBS16F_BODY;
 }
 
 // 17-32 rows (four row tiles) through the ring, K cut into gridDim.y slices

@@ -135,8 +135,13 @@ pub enum RowsPath {
     /// As `Bulk`, and 17-32 rows through `gemm_rows_bulk32` (K slices)
     /// instead of cuBLAS: not measured on the H200 yet, so not the default.
     Bulk32,
-    /// 2-8 rows through `gemm_rows_bulk`, 9-16 through `gemm_rows_bulk16`.
+    /// 2-8 rows through `gemm_rows_bulk`, 9-16 through `gemm_rows_bulk16`
+    /// (up to 2,048 columns; `gemm_rows16` past that).
     Bulk,
+    /// As `Bulk`, and 9-16 rows of more than 2,048 columns (the 4,096-column
+    /// out projections) through the ring too, in K slices
+    /// (`gemm_rows_bulk16s`): not measured on a GPU yet, so not the default.
+    Bulk16s,
     /// 2-8 rows through the ring, 9-16 on `gemm_rows16` (register loads).
     Bulk8,
     /// No ring: `gemm_rows8` / `gemm_rows16`.
@@ -155,10 +160,18 @@ impl RowsPath {
     pub fn bulk_max(self) -> usize {
         match self {
             RowsPath::Bulk32 => 32,
-            RowsPath::Bulk => 16,
+            RowsPath::Bulk | RowsPath::Bulk16s => 16,
             RowsPath::Bulk8 => 8,
             RowsPath::Rows | RowsPath::Cublas => 0,
         }
+    }
+}
+
+impl RowsPath {
+    /// Whether 9-16 rows of more than 2,048 columns go through the ring in
+    /// K slices (`gemm_rows_bulk16s`).
+    pub fn sliced16(self) -> bool {
+        self == RowsPath::Bulk16s
     }
 }
 
@@ -406,9 +419,10 @@ impl GpuOptions {
         };
         let rows = match pick(
             "QWASI_GEMM_ROWS",
-            &["bulk", "bulk32", "bulk8", "rows", "cublas"],
+            &["bulk", "bulk32", "bulk16s", "bulk8", "rows", "cublas"],
         )? {
             "bulk32" => RowsPath::Bulk32,
+            "bulk16s" => RowsPath::Bulk16s,
             "bulk8" => RowsPath::Bulk8,
             "rows" => RowsPath::Rows,
             "cublas" => RowsPath::Cublas,
@@ -535,6 +549,9 @@ mod tests {
         assert!(o.pinned_host_tier && o.graphs && o.kv_pages);
         assert_eq!(o.rows, RowsPath::Bulk);
         assert_eq!(o.rows.bulk_max(), 16);
+        assert!(!o.rows.sliced16());
+        let o16 = parse(&[("QWASI_GEMM_ROWS", "bulk16s")]).unwrap();
+        assert_eq!((o16.rows.bulk_max(), o16.rows.sliced16()), (16, true));
         let o8 = parse(&[("QWASI_GEMM_ROWS", "bulk8")]).unwrap();
         assert_eq!((o8.rows.few_row_kernels(), o8.rows.bulk_max()), (true, 8));
         let o32 = parse(&[("QWASI_GEMM_ROWS", "bulk32")]).unwrap();
