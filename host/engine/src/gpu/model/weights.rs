@@ -337,15 +337,15 @@ fn check_supported(cfg: &ModelConfig) -> Result<()> {
     }
     // The decode step's delta rule (kernels/decode_gdn.cu: dec_gdn_step) keeps a
     // key head's state rows in 4 x 32 threads and a value head's columns in
-    // one block.
+    // one block of at most 512 threads: 128 columns (its `red` rows hold 128).
     let (dk, dv) = (cfg.linear_key_head_dim, cfg.linear_value_head_dim);
     let heads_ok = cfg.linear_num_key_heads > 0
         && cfg
             .linear_num_value_heads
             .is_multiple_of(cfg.linear_num_key_heads);
-    if cfg.layer_kinds.contains(&LayerKind::Linear) && (dk > 128 || dv > 256 || !heads_ok) {
+    if cfg.layer_kinds.contains(&LayerKind::Linear) && (dk > 128 || dv > 128 || !heads_ok) {
         bail!(
-            "the GPU backend handles GDN key heads of up to 128 and value heads of up to 256, \
+            "the GPU backend handles GDN key and value heads of up to 128, \
              a whole number of value heads per key head; this model has {dk} and {dv}, \
              {} value heads for {} key heads (use --backend cpu)",
             cfg.linear_num_value_heads,
@@ -492,10 +492,12 @@ mod tests {
         }
         cfg.linear_conv_kernel = 8;
         assert!(check_supported(&cfg).is_ok());
-        // dec_gdn_step: key heads up to 128, value heads up to 256, whole
-        // value heads per key head.
+        // dec_gdn_step: key and value heads up to 128, whole value heads
+        // per key head.
         for (dk, dv, nv, ok) in [
-            (128, 256, 32, true),
+            (128, 128, 32, true),
+            (64, 96, 32, true),
+            (128, 256, 32, false),
             (256, 128, 32, false),
             (128, 512, 32, false),
             (128, 128, 24, false),
@@ -506,7 +508,11 @@ mod tests {
             let got = check_supported(&c);
             assert_eq!(got.is_ok(), ok, "{dk} {dv} {nv}: {got:?}");
             if let Err(e) = got {
-                assert!(e.to_string().contains("GDN key heads of up to 128"), "{e}");
+                assert!(
+                    e.to_string()
+                        .contains("GDN key and value heads of up to 128"),
+                    "{e}"
+                );
             }
         }
         cfg.mlp = MlpConfig::Moe {
