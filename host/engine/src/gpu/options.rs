@@ -285,6 +285,12 @@ pub struct GpuOptions {
     /// (`dec_gemv_bulk_conv`) where the bulk GEMV applies; `false` with
     /// `QWASI_GDN_CONV=kernel` (its own kernel, `dec_gdn_conv`).
     pub conv_gdn: bool,
+    /// The GDN decode step's threads (`QWASI_GDN_STEP`): `rows` (the
+    /// default until measured), a warp per 32 columns of one row group,
+    /// the row groups met in shared memory; `lanes` (`dec_gdn_step_lanes`,
+    /// `bat_gdn_step_lanes`), a column's row groups in neighbouring lanes,
+    /// met by shuffles: two block barriers a head fewer, the same bits.
+    pub gdn_lanes: bool,
     /// State slots of 64 KB per block of the batched GDN step's ring
     /// (`bat_gdn_step_ring`, `QWASI_GDN_RING`, 1..=3) where the GPU has bulk
     /// copies; 0 (the default until measured): one block per row and head
@@ -477,6 +483,7 @@ impl GpuOptions {
             bulk_stages: count("QWASI_BULK_STAGES", 4, 1..=BULK_MAX_STAGES)?,
             bulk_blocks: count("QWASI_BULK_BLOCKS", 1, 1..=64)?,
             conv_gdn: pick("QWASI_GDN_CONV", &["fold", "kernel"])? == "fold",
+            gdn_lanes: pick("QWASI_GDN_STEP", &["rows", "lanes"])? == "lanes",
             gdn_ring: count("QWASI_GDN_RING", 0, 0..=3)?,
             gdn_ring_blocks: count("QWASI_GDN_RING_BLOCKS", 1, 1..=2)?,
             pinned_host_tier: pick("QWASI_HOST_TIER", &["pinned", "pageable"])? == "pinned",
@@ -572,6 +579,7 @@ mod tests {
             (o.bulk_stages, o.bulk_blocks, o.gdn_ring, o.gdn_ring_blocks),
             (4, 1, 0, 1)
         );
+        assert!(!o.gdn_lanes);
         assert_eq!((o.dec_attn, o.gemv), (DecAttnPath::Auto, GemvPath::Bulk));
         assert!(o.device.pdl && !o.device.debug && !o.device.profile);
         // An empty value is the default too.
@@ -603,6 +611,7 @@ mod tests {
             ("QWASI_BULK_STAGES", "2"),
             ("QWASI_BULK_BLOCKS", "2"),
             ("QWASI_GDN_CONV", "kernel"),
+            ("QWASI_GDN_STEP", "lanes"),
             ("QWASI_GDN_RING", "2"),
             ("QWASI_GDN_RING_BLOCKS", "2"),
             ("QWASI_HOST_TIER", "pageable"),
@@ -626,7 +635,7 @@ mod tests {
         assert_eq!(o.gemv, GemvPath::Stream);
         assert_eq!((o.bulk_stages, o.bulk_blocks, o.moe_pairs), (2, 2, 4));
         assert!(!o.conv_gdn && !o.pinned_host_tier && !o.graphs && !o.kv_pages);
-        assert_eq!((o.gdn_ring, o.gdn_ring_blocks), (2, 2));
+        assert_eq!((o.gdn_ring, o.gdn_ring_blocks, o.gdn_lanes), (2, 2, true));
         assert_eq!(o.gemm_stack, GemmStack::Off);
         assert_eq!(
             parse(&[("QWASI_GEMM_STACK", "on")]).unwrap().gemm_stack,

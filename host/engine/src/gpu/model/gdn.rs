@@ -17,12 +17,29 @@ use super::seq_state::Span;
 use super::weights::{DevMat, Synth, Upload};
 use super::{CONV_TPT, DBuf, F, GpuModel, SeqLayer};
 use crate::config::ModelConfig;
-use crate::gpu::kernels::{self, Launch};
+use crate::gpu::kernels::{self, Launch, Typed, typed};
 use crate::gpu::{dptr, i};
 use anyhow::{Result, bail};
 
 /// Most state slots a block of `bat_gdn_step_ring` holds (kernels/decode_gdn.cu).
 const GDN_RING_MAX_STAGES: usize = 3;
+
+/// The GDN decode step's kernel (`rows`, or with `lanes` its Lanes form,
+/// kernels/decode_gdn.cu) and block for value heads of `dv`: 32 ceil(dv /
+/// 32) columns of 4 row groups, as (columns, 4) or 4 x columns threads.
+fn step_kernel<S>(
+    lanes: bool,
+    dv: usize,
+    rows: Typed<S>,
+    lanes_k: Typed<S>,
+) -> (Typed<S>, (u32, u32, u32)) {
+    let cols = (32 * dv.div_ceil(32)) as u32;
+    if lanes {
+        (lanes_k, (4 * cols, 1, 1))
+    } else {
+        (rows, (cols, 4, 1))
+    }
+}
 
 /// One GDN layer's weights on the device.
 pub(super) struct GdnLayer {
@@ -359,16 +376,16 @@ impl GdnLayer {
     /// projections `pr`, states at the layer's table `tab`) into `o`:
     /// through the ring of states (`bat_gdn_step_ring`, one block per
     /// multiprocessor) where the GPU has bulk copies and `QWASI_GDN_RING`
-    /// slots of a head's state fit, else a block per row and head.
+    /// slots of a head's state fit, else a block per row and head
+    /// (`QWASI_GDN_STEP` picks its layout).
     fn batch_step(&self, m: &GpuModel, pr: &GdnProj, b: usize, tab: u64, o: u64) -> Result<()> {
         let (c, d) = (&m.cfg, &m.dev);
         let (nk, nv, dk, dv) = c.linear_heads();
-        let block = ((32 * dv.div_ceil(32)) as u32, 4, 1);
         let head = dk * dv * F;
         // Two blocks a multiprocessor hold one slot each.
         let (k, most) = match m.opts.gdn_ring_blocks {
-            2 => (kernels::typed::bat_gdn_step_ring2, 1),
-            _ => (kernels::typed::bat_gdn_step_ring, GDN_RING_MAX_STAGES),
+            2 => (typed::bat_gdn_step_ring2, 1),
+            _ => (typed::bat_gdn_step_ring, GDN_RING_MAX_STAGES),
         };
         let stages = m
             .opts
@@ -376,6 +393,8 @@ impl GdnLayer {
             .min(most)
             .min(d.max_shared_per_block() / head);
         if stages > 0 && d.bulk_copies() && head.is_multiple_of(16) {
+            // The ring's blocks are in the Rows layout.
+            let (_, block) = step_kernel(false, dv, k, k);
             let smem = (stages * head) as u32;
             let resident = d.occupancy(k.kernel, block.0 * block.1, smem) * d.sm_count;
             let grid = resident.min((b * nv) as u32);
@@ -403,7 +422,13 @@ impl GdnLayer {
                 i(stages),
             );
         }
-        kernels::bat_gdn_step(
+        let (k, block) = step_kernel(
+            m.opts.gdn_lanes,
+            dv,
+            typed::bat_gdn_step,
+            typed::bat_gdn_step_lanes,
+        );
+        (k.launch)(
             d,
             Launch::pdl((nv as u32, b as u32, 1), block, 0),
             dptr(pr.main),
@@ -482,9 +507,15 @@ impl GdnLayer {
             )?;
         }
         if m.opts.dec_stage("gdn_step") {
-            kernels::dec_gdn_step(
+            let (k, block) = step_kernel(
+                m.opts.gdn_lanes,
+                dv,
+                typed::dec_gdn_step,
+                typed::dec_gdn_step_lanes,
+            );
+            (k.launch)(
                 d,
-                Launch::pdl((nv as u32, 1, 1), ((32 * dv.div_ceil(32)) as u32, 4, 1), 0),
+                Launch::pdl((nv as u32, 1, 1), block, 0),
                 dptr(proj),
                 i(nk),
                 i(nv),
