@@ -46,29 +46,21 @@ __device__ __forceinline__ void gdn_load_state(const float* __restrict__ S, int 
     }
 }
 
-__device__ __forceinline__ void gdn_head_step(float (&sr)[GS_ROWS], const float* qs, const float* ks, float qinv,
-                                              float kinv, float v, float decay, float b, int hv, int dk, int dv,
-                                              float* __restrict__ S,
-                                              const float* __restrict__ z, const float* __restrict__ nw, float eps,
-                                              float* __restrict__ out) {
-    __shared__ float red[GS_RG][128];
-    __shared__ float wsum[32];
-    int c = threadIdx.x, ty = threadIdx.y;
-    bool valid = c < dv;
-    float* Sh = S + (size_t)hv * dk * dv;
+// Thread (c, ty)'s part of k . S[:, c] over its rows.
+__device__ __forceinline__ float gdn_rows_dot(const float (&sr)[GS_ROWS], const float* ks, int ty, int dk) {
     float p = 0.f;
 #pragma unroll
     for (int j = 0; j < GS_ROWS; j++) {
         int i = ty + GS_RG * j;
         if (i < dk) p += ks[i] * sr[j];
     }
-    red[ty][c] = p;
-    __syncthreads();
-    float kv = 0.f;
-    for (int r = 0; r < GS_RG; r++) kv += red[r][c];
-    kv *= kinv * decay;
-    const float kd = b * (v - kv) * kinv;  // the update along the normalised k
-    __syncthreads();
+    return p;
+}
+
+// The delta-rule update of thread (c, ty)'s rows, S = decay S + k kd^T,
+// returning its part of q . S[:, c] after it.
+__device__ __forceinline__ float gdn_rows_update(float (&sr)[GS_ROWS], const float* qs, const float* ks, float decay,
+                                                 float kd, int ty, int dk) {
     float o = 0.f;
 #pragma unroll
     for (int j = 0; j < GS_ROWS; j++) {
@@ -79,12 +71,38 @@ __device__ __forceinline__ void gdn_head_step(float (&sr)[GS_ROWS], const float*
             o += qs[i] * sv;
         }
     }
-    red[ty][c] = o;
+    return o;
+}
+
+// Thread (c, ty)'s rows back into the head's state Sh.
+__device__ __forceinline__ void gdn_rows_store(const float (&sr)[GS_ROWS], float* __restrict__ Sh, int c, int ty,
+                                               int dk, int dv) {
 #pragma unroll
     for (int j = 0; j < GS_ROWS; j++) {
         int i = ty + GS_RG * j;
-        if (valid && i < dk) Sh[(size_t)i * dv + c] = sr[j];
+        if (c < dv && i < dk) Sh[(size_t)i * dv + c] = sr[j];
     }
+}
+
+__device__ __forceinline__ void gdn_head_step(float (&sr)[GS_ROWS], const float* qs, const float* ks, float qinv,
+                                              float kinv, float v, float decay, float b, int hv, int dk, int dv,
+                                              float* __restrict__ S,
+                                              const float* __restrict__ z, const float* __restrict__ nw, float eps,
+                                              float* __restrict__ out) {
+    __shared__ float red[GS_RG][128];
+    __shared__ float wsum[32];
+    int c = threadIdx.x, ty = threadIdx.y;
+    bool valid = c < dv;
+    float* Sh = S + (size_t)hv * dk * dv;
+    red[ty][c] = gdn_rows_dot(sr, ks, ty, dk);
+    __syncthreads();
+    float kv = 0.f;
+    for (int r = 0; r < GS_RG; r++) kv += red[r][c];
+    kv *= kinv * decay;
+    const float kd = b * (v - kv) * kinv;  // the update along the normalised k
+    __syncthreads();
+    red[ty][c] = gdn_rows_update(sr, qs, ks, decay, kd, ty, dk);
+    gdn_rows_store(sr, Sh, c, ty, dk, dv);
     __syncthreads();
     // Row ty == 0 (warps 0 .. blockDim.x / 32) finishes: o, the head's norm, the gate.
     if (ty == 0) {
@@ -135,30 +153,11 @@ __device__ __forceinline__ void gdn_head_step_lanes(float (&sr)[GS_ROWS], const 
     const int c = gdn_col<true>(), ty = gdn_rgrp<true>();
     const bool valid = c < dv;
     float* Sh = S + (size_t)hv * dk * dv;
-    float p = 0.f;
-#pragma unroll
-    for (int j = 0; j < GS_ROWS; j++) {
-        int i = ty + GS_RG * j;
-        if (i < dk) p += ks[i] * sr[j];
-    }
-    float kv = gdn_rgrp_sum(p);
+    float kv = gdn_rgrp_sum(gdn_rows_dot(sr, ks, ty, dk));
     kv *= kinv * decay;
     const float kd = b * (v - kv) * kinv;  // the update along the normalised k
-    float o = 0.f;
-#pragma unroll
-    for (int j = 0; j < GS_ROWS; j++) {
-        int i = ty + GS_RG * j;
-        if (i < dk) {
-            float sv = sr[j] * decay + ks[i] * kd;
-            sr[j] = sv;
-            o += qs[i] * sv;
-        }
-    }
-#pragma unroll
-    for (int j = 0; j < GS_ROWS; j++) {
-        int i = ty + GS_RG * j;
-        if (valid && i < dk) Sh[(size_t)i * dv + c] = sr[j];
-    }
+    const float o = gdn_rows_update(sr, qs, ks, decay, kd, ty, dk);
+    gdn_rows_store(sr, Sh, c, ty, dk, dv);
     const float oc = gdn_rgrp_sum(o) * qinv;
     if (ty == 0) ocs[c] = oc;
     __syncthreads();
