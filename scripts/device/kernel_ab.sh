@@ -12,7 +12,8 @@
 #      and QWASI_GDN_STEP=lanes, alternating for two rounds.
 # Variants ($VARIANTS, space-separated; several variables of one joined by
 # commas): QWASI_GDN_STEP=lanes, QWASI_GDN_RING=3,
-# QWASI_GDN_RING=1,QWASI_GDN_RING_BLOCKS=2, QWASI_GEMM_ROWS=bulk16s.
+# QWASI_GDN_RING=1,QWASI_GDN_RING_BLOCKS=2, QWASI_GEMM_ROWS=bulk16s,
+# QWASI_MOE_FOLD=both, QWASI_MOE_FOLD=gather.
 # Output: $OUT/kernel-ab.json (each variant's verify result and batch rows,
 # the batch-1 runs) and $OUT/kernel-ab-logs.tgz (every log and report).
 # Env: QWASI_BIN (.dev/qwasi), BATCHES (8,12,16,64), VARIANTS, SPEED (1).
@@ -23,7 +24,7 @@ rm -rf "$LOGS"
 mkdir -p "$LOGS" "$OUT"
 BIN=$(readlink -f "${QWASI_BIN:-.dev/qwasi}")
 BATCHES=${BATCHES:-8,12,16,64}
-VARIANTS=${VARIANTS:-QWASI_GDN_STEP=lanes QWASI_GDN_RING=3 QWASI_GDN_RING=1,QWASI_GDN_RING_BLOCKS=2 QWASI_GEMM_ROWS=bulk16s}
+VARIANTS=${VARIANTS:-QWASI_GDN_STEP=lanes QWASI_GDN_RING=3 QWASI_GDN_RING=1,QWASI_GDN_RING_BLOCKS=2 QWASI_GEMM_ROWS=bulk16s QWASI_MOE_FOLD=both QWASI_MOE_FOLD=gather}
 SYN="--backend cuda --synthetic qwen3.6-35b-a3b --layers 40 --fixtures /nonexistent"
 rc=0
 # The settings of variant $1 as env arguments ("default": none).

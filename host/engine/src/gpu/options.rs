@@ -245,6 +245,14 @@ pub struct GpuOptions {
     /// (`moe_route_plan`, `model::moe_grouped::moe_route_fused`) instead of
     /// the router and `moe_plan_count`, `_place`, `_tiles` (`QWASI_MOE_PLAN`).
     pub moe_plan: MoePlanPath,
+    /// The few-row expert kernels read their activations as the launch
+    /// before them would have written them (`moe_rows8_gather`: the token
+    /// rows gathered and split in the gate/up projection, no
+    /// `gather_split_bf16`; `moe_rows8_silu`: SiLU and split in the down
+    /// projection, no `silu_mul_split`): the same bits, a launch fewer each.
+    /// `QWASI_MOE_FOLD=none|gather|silu|both`; none until measured.
+    pub moe_fold_gather: bool,
+    pub moe_fold_silu: bool,
     /// `false` with `QWASI_ATTN=cuda-cores` (and in HIP builds): prompt
     /// attention without tensor cores (`attn_flash_*`).
     pub tc_attention: bool,
@@ -446,6 +454,7 @@ impl GpuOptions {
                  `--features experiments`"
             );
         }
+        let moe_fold = pick("QWASI_MOE_FOLD", &["none", "gather", "silu", "both"])?;
         Ok(GpuOptions {
             gemm,
             prefill,
@@ -472,6 +481,8 @@ impl GpuOptions {
                 "fused" => MoePlanPath::Fused,
                 _ => MoePlanPath::Auto,
             },
+            moe_fold_gather: matches!(moe_fold, "gather" | "both"),
+            moe_fold_silu: matches!(moe_fold, "silu" | "both"),
             tc_attention: cfg!(feature = "cuda") && attn != "cuda-cores",
             wg_attention: attn != "mma",
             wg_split: flag("QWASI_ATTN_SPLIT", true)?,
@@ -553,6 +564,7 @@ mod tests {
         assert!(o.fp8_resident);
         assert!(o.moe_k64 && o.wg_attention && o.wg_split && o.conv_gdn);
         assert_eq!(o.moe_plan, MoePlanPath::Auto);
+        assert!(!o.moe_fold_gather && !o.moe_fold_silu);
         assert!(o.pinned_host_tier && o.graphs && o.kv_pages);
         assert_eq!(o.rows, RowsPath::Bulk);
         assert_eq!(o.rows.bulk_max(), 16);
@@ -601,6 +613,7 @@ mod tests {
             ("QWASI_MOE_GEMM", "mma"),
             ("QWASI_MOE_BK64", "32"),
             ("QWASI_MOE_PLAN", "fused"),
+            ("QWASI_MOE_FOLD", "both"),
             ("QWASI_ATTN", "cuda-cores"),
             ("QWASI_ATTN_SPLIT", "0"),
             ("QWASI_KV", "bf16"),
@@ -630,6 +643,7 @@ mod tests {
             (o.moe_wg_cols, o.moe_k64, o.moe_plan),
             (0, false, MoePlanPath::Fused)
         );
+        assert!(o.moe_fold_gather && o.moe_fold_silu);
         assert!(!o.tc_attention && !o.wg_split && !o.kv_f32 && !o.fp8_resident);
         assert_eq!(o.dec_attn, DecAttnPath::Tensor { ring: 3 });
         assert_eq!(o.gemv, GemvPath::Stream);

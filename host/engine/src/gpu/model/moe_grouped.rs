@@ -167,6 +167,17 @@ enum MoePlan {
     Counts(Vec<i32>),
 }
 
+/// What an expert projection reads as its activations (device addresses):
+/// rows already split into bf16 hi and lo in plan order (lo 0: hi alone),
+/// or, on the few-row kernel only, the f32 token rows `src` with each plan
+/// row's token in `rows` (`moe_rows8_gather`), or the gate/up output whose
+/// SiLU it takes (`moe_rows8_silu`).
+enum ExpertAct {
+    Split(u64, u64),
+    Gather { src: u64, rows: u64 },
+    Silu(u64),
+}
+
 impl GpuModel {
     /// The row tile of the grouped expert kernels for `t` tokens' `t * k`
     /// rows, `None` where they do not fit the shapes (per-expert cuBLAS
@@ -337,26 +348,36 @@ impl GpuModel {
         let single =
             self.single_bf16(sc) && !matches!(plan, MoePlan::Tiles { bm, .. } if bm == MOE_ROWS_BM);
         let lo_term = |lo: u64| if single { 0 } else { lo };
+        // The few-row kernel may read the token rows and the SiLU's inputs
+        // as they are (`QWASI_MOE_FOLD`: the launches that would split them
+        // left out, the same bits).
+        let few = matches!(plan, MoePlan::Tiles { bm, .. } if bm == MOE_ROWS_BM);
+        let (fold_gather, fold_silu) = (
+            few && self.opts.moe_fold_gather,
+            few && self.opts.moe_fold_silu,
+        );
         // hi | lo bf16 halves of the gathered rows (single: hi alone); reused
         // for the f32 expert outputs.
         let xs = sc.get(d, "moe_xs", nn * h * F)?;
         let (hi, lo) = (xs, xs + (nn * h * B) as u64);
-        kernels::gather_split_bf16(
-            d,
-            Launch::pdl((nn as u32, 1, 1), (256, 1, 1), 0),
-            dptr(n),
-            i(h),
-            dptr(pr),
-            nn as i64,
-            i(h),
-            dptr(hi),
-            dptr(lo_term(lo)),
-        )?;
+        if !fold_gather {
+            kernels::gather_split_bf16(
+                d,
+                Launch::pdl((nn as u32, 1, 1), (256, 1, 1), 0),
+                dptr(n),
+                i(h),
+                dptr(pr),
+                nn as i64,
+                i(h),
+                dptr(hi),
+                dptr(lo_term(lo)),
+            )?;
+        }
         // y (f32, rows in plan order) = a (hi [+ lo]) W_e^T per expert. Block-FP8
         // experts in whole scale blocks: read as stored by the few-row kernel
         // and the grouped GEMMs, else the whole tensor dequantized into
         // `slot`'s work buffer first.
-        let experts = |a_hi: u64, a_lo: u64, wm: &DevMat, slot: Slot, y: u64| {
+        let experts = |act: ExpertAct, wm: &DevMat, slot: Slot, y: u64| {
             let (rows, cols) = (wm.rows / e, wm.cols);
             let fp8 = wm
                 .fp8()
@@ -369,19 +390,65 @@ impl GpuModel {
                     (128, 1, 1),
                     0,
                 );
-                let (a_hi, a_lo, buf, y) = (dptr(a_hi), dptr(a_lo), dptr(*buf), dptr(y));
-                return match fp8 {
-                    Some((q, s)) => {
-                        let (q, s) = (dptr(q), dptr(s));
-                        kernels::moe_rows8_fp8(d, l, a_hi, a_lo, q, s, buf, y, i(rows), i(cols))
+                let (buf, y, n, k) = (dptr(*buf), dptr(y), i(rows), i(cols));
+                return match (act, fp8) {
+                    (ExpertAct::Split(a_hi, a_lo), Some((q, s))) => kernels::moe_rows8_fp8(
+                        d,
+                        l,
+                        dptr(a_hi),
+                        dptr(a_lo),
+                        dptr(q),
+                        dptr(s),
+                        buf,
+                        y,
+                        n,
+                        k,
+                    ),
+                    (ExpertAct::Gather { src, rows }, Some((q, s))) => {
+                        let (src, rows, q, s) = (dptr(src), dptr(rows), dptr(q), dptr(s));
+                        kernels::moe_rows8_gather_fp8(d, l, src, rows, q, s, buf, y, n, k)
                     }
-                    None => {
+                    (ExpertAct::Silu(gu), Some((q, s))) => {
+                        kernels::moe_rows8_silu_fp8(d, l, dptr(gu), dptr(q), dptr(s), buf, y, n, k)
+                    }
+                    (act, None) => {
                         let w = dptr(self.bf16_weights(wm, slot)?);
                         let stride = (rows * cols) as i64;
-                        kernels::moe_rows8(d, l, a_hi, a_lo, w, stride, buf, y, i(rows), i(cols))
+                        match act {
+                            ExpertAct::Split(a_hi, a_lo) => kernels::moe_rows8(
+                                d,
+                                l,
+                                dptr(a_hi),
+                                dptr(a_lo),
+                                w,
+                                stride,
+                                buf,
+                                y,
+                                n,
+                                k,
+                            ),
+                            ExpertAct::Gather { src, rows } => kernels::moe_rows8_gather(
+                                d,
+                                l,
+                                dptr(src),
+                                dptr(rows),
+                                w,
+                                stride,
+                                buf,
+                                y,
+                                n,
+                                k,
+                            ),
+                            ExpertAct::Silu(gu) => {
+                                kernels::moe_rows8_silu(d, l, dptr(gu), w, stride, buf, y, n, k)
+                            }
+                        }
                     }
                 };
             }
+            let ExpertAct::Split(a_hi, a_lo) = act else {
+                unreachable!("activations are folded in only on the few-row kernel")
+            };
             match &plan {
                 MoePlan::Tiles { buf, most, bm } => {
                     let (kernel, smem, bn) = moe_gemm_kernel(
@@ -452,20 +519,29 @@ impl GpuModel {
         };
         let gu = sc.get(d, "gu", nn * 2 * inter * F)?;
         // A null lo operand: one product per tile or expert.
-        experts(hi, lo_term(lo), gate_up, Slot::GateUp, gu)?;
-        let ah = sc.get(d, "moe_act", nn * inter * 2 * B)?;
-        let al = ah + (nn * inter * B) as u64;
-        kernels::silu_mul_split(
-            d,
-            Launch::pdl((nn as u32, 1, 1), (256, 1, 1), 0),
-            dptr(gu),
-            nn as i64,
-            i(inter),
-            dptr(ah),
-            dptr(lo_term(al)),
-        )?;
+        let act = match fold_gather {
+            true => ExpertAct::Gather { src: n, rows: pr },
+            false => ExpertAct::Split(hi, lo_term(lo)),
+        };
+        experts(act, gate_up, Slot::GateUp, gu)?;
+        let act = if fold_silu {
+            ExpertAct::Silu(gu)
+        } else {
+            let ah = sc.get(d, "moe_act", nn * inter * 2 * B)?;
+            let al = ah + (nn * inter * B) as u64;
+            kernels::silu_mul_split(
+                d,
+                Launch::pdl((nn as u32, 1, 1), (256, 1, 1), 0),
+                dptr(gu),
+                nn as i64,
+                i(inter),
+                dptr(ah),
+                dptr(lo_term(al)),
+            )?;
+            ExpertAct::Split(ah, lo_term(al))
+        };
         let ye = xs;
-        experts(ah, lo_term(al), down, Slot::Down, ye)?;
+        experts(act, down, Slot::Down, ye)?;
         kernels::moe_combine(
             d,
             Launch::pdl((t as u32, 1, 1), (256, 1, 1), 0),
