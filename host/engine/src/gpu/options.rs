@@ -165,9 +165,7 @@ impl RowsPath {
             RowsPath::Rows | RowsPath::Cublas => 0,
         }
     }
-}
 
-impl RowsPath {
     /// Whether 9-16 rows of more than 2,048 columns go through the ring in
     /// K slices (`gemm_rows_bulk16s`).
     pub fn sliced16(self) -> bool {
