@@ -17,6 +17,7 @@
 #include <random>
 #include <vector>
 #include "gemm_rows.cu"
+#include "plan_tiles.h"
 
 // f32 accumulation of 2K exact bf16 products (see moe_gemm_check.cpp).
 constexpr double TOL = 1e-5;
@@ -49,20 +50,6 @@ static int rows_wrong(const std::vector<float>& X, const std::vector<bf16_t>& W,
         }
     for (int i = 0; i < CANARY; i++) wrong += std::memcmp(&Y[(size_t)B * N + i], &Y0[(size_t)B * N + i], 4) != 0;
     return wrong;
-}
-
-// moe_plan_tiles' table for experts with these row counts (tiles of at most
-// 8 rows, in plan order); *rows gets the total.
-static std::vector<int> plan_tiles(const std::vector<int>& counts, int* rows) {
-    std::vector<int> tiles = {0};
-    *rows = 0;
-    for (int e = 0; e < (int)counts.size(); e++)
-        if (counts[e] > 0) {
-            tiles.insert(tiles.end(), {e, *rows, counts[e]});
-            tiles[0]++;
-            *rows += counts[e];
-        }
-    return tiles;
 }
 
 // Expert outputs Y [rows][N] off (hi + lo) W_e^T over the tile table, and

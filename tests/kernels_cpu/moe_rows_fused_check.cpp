@@ -14,23 +14,10 @@
 #include <random>
 #include <vector>
 #include "gemm_rows.cu"
+#include "plan_tiles.h"
 #include "moe.cu"
 
 constexpr int CANARY = 5;
-
-// moe_plan_tiles' table for experts with these row counts (tiles of at most
-// 8 rows, in plan order); *rows gets the total.
-static std::vector<int> plan_tiles(const std::vector<int>& counts, int* rows) {
-    std::vector<int> tiles = {0};
-    *rows = 0;
-    for (int e = 0; e < (int)counts.size(); e++)
-        if (counts[e] > 0) {
-            tiles.insert(tiles.end(), {e, *rows, counts[e]});
-            tiles[0]++;
-            *rows += counts[e];
-        }
-    return tiles;
-}
 
 // One expert launch as moe_grouped.rs makes it: grid (blocks of four warps
 // over N, the table's tiles + 1), into a fresh Y of NaN with canaries.
