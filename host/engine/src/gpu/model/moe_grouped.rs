@@ -519,9 +519,10 @@ impl GpuModel {
         };
         let gu = sc.get(d, "gu", nn * 2 * inter * F)?;
         // A null lo operand: one product per tile or expert.
-        let act = match fold_gather {
-            true => ExpertAct::Gather { src: n, rows: pr },
-            false => ExpertAct::Split(hi, lo_term(lo)),
+        let act = if fold_gather {
+            ExpertAct::Gather { src: n, rows: pr }
+        } else {
+            ExpertAct::Split(hi, lo_term(lo))
         };
         experts(act, gate_up, Slot::GateUp, gu)?;
         let act = if fold_silu {
