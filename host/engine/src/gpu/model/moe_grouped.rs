@@ -7,6 +7,7 @@
 //! per-expert GEMMs over rows gathered on a plan copied back to the host.
 
 use super::fp8::Slot;
+use super::moe_rows::{self, ExpertAct, RowsWeights};
 use super::weights::DevMat;
 use super::{B, F, GpuModel, Scratch};
 use crate::gpu::kernels::{self, Launch, Typed, sig, typed};
@@ -165,17 +166,6 @@ pub(super) struct MoeIo {
 enum MoePlan {
     Tiles { buf: u64, most: u32, bm: usize },
     Counts(Vec<i32>),
-}
-
-/// What an expert projection reads as its activations (device addresses):
-/// rows already split into bf16 hi and lo in plan order (lo 0: hi alone),
-/// or, on the few-row kernel only, the f32 token rows `src` with each plan
-/// row's token in `rows` (`moe_rows8_gather`), or the gate/up output whose
-/// SiLU it takes (`moe_rows8_silu`).
-enum ExpertAct {
-    Split(u64, u64),
-    Gather { src: u64, rows: u64 },
-    Silu(u64),
 }
 
 impl GpuModel {
@@ -345,13 +335,12 @@ impl GpuModel {
         };
         // `--prefill-precision bf16`: the hi terms alone (one product per tile
         // or expert), except on the few-row kernel, which stays split.
-        let single =
-            self.single_bf16(sc) && !matches!(plan, MoePlan::Tiles { bm, .. } if bm == MOE_ROWS_BM);
+        let few = matches!(plan, MoePlan::Tiles { bm, .. } if bm == MOE_ROWS_BM);
+        let single = self.single_bf16(sc) && !few;
         let lo_term = |lo: u64| if single { 0 } else { lo };
         // The few-row kernel may read the token rows and the SiLU's inputs
         // as they are (`QWASI_MOE_FOLD`: the launches that would split them
         // left out, the same bits).
-        let few = matches!(plan, MoePlan::Tiles { bm, .. } if bm == MOE_ROWS_BM);
         let (fold_gather, fold_silu) = (
             few && self.opts.moe_fold_gather,
             few && self.opts.moe_fold_silu,
@@ -382,69 +371,15 @@ impl GpuModel {
             let fp8 = wm
                 .fp8()
                 .filter(|_| rows.is_multiple_of(128) && cols.is_multiple_of(128));
-            if let MoePlan::Tiles { buf, most, bm } = &plan
-                && *bm == MOE_ROWS_BM
-            {
-                let l = Launch::pdl(
-                    (rows.div_ceil(32).div_ceil(4) as u32, *most, 1),
-                    (128, 1, 1),
-                    0,
-                );
-                let (buf, y, n, k) = (dptr(*buf), dptr(y), i(rows), i(cols));
-                return match (act, fp8) {
-                    (ExpertAct::Split(a_hi, a_lo), Some((q, s))) => kernels::moe_rows8_fp8(
-                        d,
-                        l,
-                        dptr(a_hi),
-                        dptr(a_lo),
-                        dptr(q),
-                        dptr(s),
-                        buf,
-                        y,
-                        n,
-                        k,
-                    ),
-                    (ExpertAct::Gather { src, rows }, Some((q, s))) => {
-                        let (src, rows, q, s) = (dptr(src), dptr(rows), dptr(q), dptr(s));
-                        kernels::moe_rows8_gather_fp8(d, l, src, rows, q, s, buf, y, n, k)
-                    }
-                    (ExpertAct::Silu(gu), Some((q, s))) => {
-                        kernels::moe_rows8_silu_fp8(d, l, dptr(gu), dptr(q), dptr(s), buf, y, n, k)
-                    }
-                    (act, None) => {
-                        let w = dptr(self.bf16_weights(wm, slot)?);
-                        let stride = (rows * cols) as i64;
-                        match act {
-                            ExpertAct::Split(a_hi, a_lo) => kernels::moe_rows8(
-                                d,
-                                l,
-                                dptr(a_hi),
-                                dptr(a_lo),
-                                w,
-                                stride,
-                                buf,
-                                y,
-                                n,
-                                k,
-                            ),
-                            ExpertAct::Gather { src, rows } => kernels::moe_rows8_gather(
-                                d,
-                                l,
-                                dptr(src),
-                                dptr(rows),
-                                w,
-                                stride,
-                                buf,
-                                y,
-                                n,
-                                k,
-                            ),
-                            ExpertAct::Silu(gu) => {
-                                kernels::moe_rows8_silu(d, l, dptr(gu), w, stride, buf, y, n, k)
-                            }
-                        }
-                    }
+            if few && let MoePlan::Tiles { buf, most, .. } = &plan {
+                let w = match fp8 {
+                    Some((q, s)) => RowsWeights::Fp8 { q, s },
+                    None => RowsWeights::Bf16 {
+                        w: self.bf16_weights(wm, slot)?,
+                        stride: (rows * cols) as i64,
+                    },
                 };
+                return moe_rows::launch(d, act, w, *buf, *most, y, rows, cols);
             }
             let ExpertAct::Split(a_hi, a_lo) = act else {
                 unreachable!("activations are folded in only on the few-row kernel")
