@@ -16,10 +16,12 @@
 # QWASI_MOE_FOLD=both, QWASI_MOE_FOLD=gather.
 # Output: $OUT/kernel-ab.json (each variant's verify result and batch rows,
 # the batch-1 runs) and $OUT/kernel-ab-logs.tgz (every log and report).
-# Env: QWASI_BIN (.dev/qwasi), BATCHES (8,12,16,64), VARIANTS, SPEED (1).
+# Env: QWASI_BIN (.dev/qwasi), BATCHES (8,12,16,64), VARIANTS, SPEED (1),
+# LOGS (/tmp/kernel-ab-logs; under $OUT, the logs come back even when the
+# call runs out of time).
 set -uo pipefail
 OUT=${OUT:-/tmp/qwasi-out}
-LOGS=/tmp/kernel-ab-logs
+LOGS=${LOGS:-/tmp/kernel-ab-logs}
 rm -rf "$LOGS"
 mkdir -p "$LOGS" "$OUT"
 BIN=$(readlink -f "${QWASI_BIN:-.dev/qwasi}")
@@ -81,5 +83,5 @@ for name, rows in report["batch"].items():
         + (f" ({100 * (r['aggregate_tok_per_s'] / base[r['batch']] - 1):+.1f}%)" if r["batch"] in base else "")
         for r in rows))
 EOF
-tar czf "$OUT/kernel-ab-logs.tgz" -C /tmp kernel-ab-logs
+tar czf "$OUT/kernel-ab-logs.tgz" -C "$(dirname "$LOGS")" "$(basename "$LOGS")"
 exit $rc
