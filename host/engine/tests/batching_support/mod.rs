@@ -65,22 +65,12 @@ pub fn expected(m: &CpuModel, r: &GenerateRequest) -> Vec<(u32, Option<f32>)> {
         .collect()
 }
 
+#[path = "../common/drain.rs"]
+mod drain;
+
+/// Drains a handle to its terminal event (120 s at most).
 pub async fn collect(h: &mut GenerationHandle) -> Vec<Event> {
-    let all = async {
-        let mut all = Vec::new();
-        loop {
-            h.wait().await;
-            let evs = h.try_next();
-            let done = evs.iter().any(Event::is_terminal);
-            all.extend(evs);
-            if done {
-                return all;
-            }
-        }
-    };
-    tokio::time::timeout(Duration::from_secs(120), all)
-        .await
-        .expect("request did not finish")
+    drain::drain(h, Duration::from_secs(120)).await
 }
 
 pub fn got(events: &[Event]) -> Vec<(u32, Option<f32>)> {

@@ -162,24 +162,12 @@ pub fn req(prompt: &[u32], max_tokens: usize) -> GenerateRequest {
     }
 }
 
-/// Drains a handle to its terminal event (with a safety timeout).
+#[path = "../common/drain.rs"]
+mod drain;
+
+/// Drains a handle to its terminal event (60 s at most).
 pub async fn collect(h: &mut GenerationHandle) -> Vec<Event> {
-    let all = async {
-        let mut all = Vec::new();
-        loop {
-            h.wait().await;
-            let evs = h.try_next();
-            assert!(!evs.is_empty(), "wait() resolved with nothing to take");
-            let done = evs.iter().any(Event::is_terminal);
-            all.extend(evs);
-            if done {
-                return all;
-            }
-        }
-    };
-    tokio::time::timeout(Duration::from_secs(60), all)
-        .await
-        .expect("request did not finish")
+    drain::drain(h, Duration::from_secs(60)).await
 }
 
 pub fn tokens(events: &[Event]) -> Vec<u32> {
