@@ -15,29 +15,12 @@
 #define GS_RG 4
 #define GS_ROWS 32
 
-// Where thread (column c, row group ty) sits in its block. Rows (LANES
-// false): block (32 ceil(dv / 32), GS_RG), c = threadIdx.x, ty =
-// threadIdx.y, a warp 32 columns of one row group, the row groups' partial
-// sums meeting in shared memory (gdn_head_step). Lanes: block GS_RG 32
-// ceil(dv / 32), c = threadIdx.x / 4, ty = threadIdx.x % 4, a column's four
-// row groups in neighbouring lanes of one warp, their sums met by shuffles
-// (gdn_head_step_lanes: two block barriers a head fewer).
-template <bool LANES>
-__device__ __forceinline__ int gdn_col() {
-    return LANES ? (int)threadIdx.x / GS_RG : (int)threadIdx.x;
-}
-template <bool LANES>
-__device__ __forceinline__ int gdn_rgrp() {
-    return LANES ? (int)threadIdx.x % GS_RG : (int)threadIdx.y;
-}
-
 // The state rows of thread (c, ty) of value head hv. The state is this
 // layer's own, last written by this kernel one token earlier, so it is read
 // before the grid dependency wait, while the in projection still streams.
-template <bool LANES = false>
 __device__ __forceinline__ void gdn_load_state(const float* __restrict__ S, int hv, int dk, int dv,
                                                float (&sr)[GS_ROWS]) {
-    const int c = gdn_col<LANES>(), ty = gdn_rgrp<LANES>();
+    const int c = threadIdx.x, ty = threadIdx.y;
     const float* Sh = S + (size_t)hv * dk * dv;
 #pragma unroll
     for (int j = 0; j < GS_ROWS; j++) {
@@ -122,61 +105,6 @@ __device__ __forceinline__ void gdn_head_step(float (&sr)[GS_ROWS], const float*
     }
 }
 
-// The sum of column c's four row groups' partial sums p (lanes 4c .. 4c +
-// 3 of the warp), added from 0.f in row-group order as gdn_head_step adds
-// its red rows, so both layouts give the same bits. The masks are uniform:
-// lane l's group q lies at mask (l % 4) ^ q.
-__device__ __forceinline__ float gdn_rgrp_sum(float p) {
-    const float t1 = SHFL_XOR(p, 1), t2 = SHFL_XOR(p, 2), t3 = SHFL_XOR(p, 3);
-    const int r = (int)threadIdx.x % GS_RG;
-    float s = 0.f;
-#pragma unroll
-    for (int q = 0; q < GS_RG; q++) {
-        const int m = r ^ q;
-        s += m == 0 ? p : m == 1 ? t1 : m == 2 ? t2 : t3;
-    }
-    return s;
-}
-
-// gdn_head_step in the Lanes layout: the same products and sums in the same
-// order, the row groups met by shuffles, and the head's norm over its
-// columns by the Rows layout's warps (32 columns each, warp_sum, then the
-// warps' sums in order) through shared memory: two block barriers where
-// gdn_head_step has four.
-__device__ __forceinline__ void gdn_head_step_lanes(float (&sr)[GS_ROWS], const float* qs, const float* ks,
-                                                    float qinv, float kinv, float v, float decay, float b, int hv,
-                                                    int dk, int dv, float* __restrict__ S,
-                                                    const float* __restrict__ z, const float* __restrict__ nw,
-                                                    float eps, float* __restrict__ out) {
-    __shared__ float ocs[128];
-    __shared__ float wsum[128 / WARP];
-    const int c = gdn_col<true>(), ty = gdn_rgrp<true>();
-    const bool valid = c < dv;
-    float* Sh = S + (size_t)hv * dk * dv;
-    float kv = gdn_rgrp_sum(gdn_rows_dot(sr, ks, ty, dk));
-    kv *= kinv * decay;
-    const float kd = b * (v - kv) * kinv;  // the update along the normalised k
-    const float o = gdn_rows_update(sr, qs, ks, decay, kd, ty, dk);
-    gdn_rows_store(sr, Sh, c, ty, dk, dv);
-    const float oc = gdn_rgrp_sum(o) * qinv;
-    if (ty == 0) ocs[c] = oc;
-    __syncthreads();
-    const int w = (int)threadIdx.x / WARP, nwc = (dv + WARP - 1) / WARP;
-    if (w < nwc) {
-        const int cc = w * WARP + (int)threadIdx.x % WARP;
-        const float x = ocs[cc];
-        const float sq = warp_sum(cc < dv ? x * x : 0.f);
-        if (threadIdx.x % WARP == 0) wsum[w] = sq;
-    }
-    __syncthreads();
-    if (ty == 0 && valid) {
-        float ss = 0.f;
-        for (int i = 0; i < nwc; i++) ss += wsum[i];
-        float inv = rsqrtf(ss / dv + eps);
-        out[(size_t)hv * dv + c] = oc * inv * nw[c] * silu_f(z[(size_t)hv * dv + c]);
-    }
-}
-
 // The inverses of the head's q and k L2 norms (q's times q_scale), each
 // warp summing the squares of qs and ks (in shared memory, ready) itself.
 __device__ __forceinline__ void gdn_qk_inv(const float* qs, const float* ks, int dk, float q_scale, float& qinv,
@@ -196,7 +124,6 @@ __device__ __forceinline__ void gdn_qk_inv(const float* qs, const float* ks, int
 // itself, so no block barrier is added) and gates (beta = sigmoid(b),
 // g = -exp(A_log) softplus(a + dt_bias); a at ab[hv], b at ab[nv + hv])
 // taken here.
-template <bool LANES = false>
 __device__ __forceinline__ void dec_gdn_step_impl(const float* __restrict__ proj, int nk, int nv, int dk, int dv,
                                                   const float* __restrict__ a_log, const float* __restrict__ dt_bias,
                                                   const float* __restrict__ ab, float q_scale, float* __restrict__ S,
@@ -205,7 +132,7 @@ __device__ __forceinline__ void dec_gdn_step_impl(const float* __restrict__ proj
     __shared__ float qs[GS_RG * GS_ROWS], ks[GS_RG * GS_ROWS];
     int hv = blockIdx.x;
     float sr[GS_ROWS];
-    gdn_load_state<LANES>(S, hv, dk, dv, sr);
+    gdn_load_state(S, hv, dk, dv, sr);
     const float al = a_log[hv], db = dt_bias[hv];
     QW_GRID_WAIT();
     QW_GRID_LAUNCH();
@@ -215,17 +142,14 @@ __device__ __forceinline__ void dec_gdn_step_impl(const float* __restrict__ proj
         qs[i] = proj[hk * dk + i];
         ks[i] = proj[key_dim + hk * dk + i];
     }
-    const int c = gdn_col<LANES>();
+    const int c = threadIdx.x;
     float v = c < dv ? proj[2 * key_dim + hv * dv + c] : 0.f;
     const float b = sigmoid_f(ab[nv + hv]);
     const float decay = expf(-expf(al) * softplus_f(ab[hv] + db));
     __syncthreads();
     float qinv, kinv;
     gdn_qk_inv(qs, ks, dk, q_scale, qinv, kinv);
-    if constexpr (LANES)
-        gdn_head_step_lanes(sr, qs, ks, qinv, kinv, v, decay, b, hv, dk, dv, S, z, nw, eps, out);
-    else
-        gdn_head_step(sr, qs, ks, qinv, kinv, v, decay, b, hv, dk, dv, S, z, nw, eps, out);
+    gdn_head_step(sr, qs, ks, qinv, kinv, v, decay, b, hv, dk, dv, S, z, nw, eps, out);
 }
 QW_KERNEL void QW_BOUNDS(512) dec_gdn_step(const float* __restrict__ proj, int nk, int nv, int dk, int dv,
                                           const float* __restrict__ a_log, const float* __restrict__ dt_bias,
@@ -256,27 +180,6 @@ QW_KERNEL void QW_BOUNDS_MIN(512, 2) bat_gdn_step(const float* __restrict__ proj
     const float* row = proj + (size_t)b * stride;
     dec_gdn_step_impl(row, nk, nv, dk, dv, a_log, dt_bias, ab + (size_t)b * ab_stride, q_scale,
                       (float*)tab[2 * b + 1], row + z_off, nw, eps, out + (size_t)b * out_stride);
-}
-
-// dec_gdn_step and bat_gdn_step in the Lanes layout (QWASI_GDN_STEP=lanes):
-// block GS_RG 32 ceil(dv / 32) threads, the same bits.
-QW_KERNEL void QW_BOUNDS(512) dec_gdn_step_lanes(const float* __restrict__ proj, int nk, int nv, int dk, int dv,
-                                                const float* __restrict__ a_log, const float* __restrict__ dt_bias,
-                                                int a_off, float q_scale, float* __restrict__ S,
-                                                const float* __restrict__ z, const float* __restrict__ nw,
-                                                float eps, float* __restrict__ out) {
-    dec_gdn_step_impl<true>(proj, nk, nv, dk, dv, a_log, dt_bias, proj + a_off, q_scale, S, z, nw, eps, out);
-}
-QW_KERNEL void QW_BOUNDS_MIN(512, 2)
-    bat_gdn_step_lanes(const float* __restrict__ proj, int stride, int nk, int nv, int dk, int dv,
-                       const float* __restrict__ a_log, const float* __restrict__ dt_bias,
-                       const float* __restrict__ ab, int ab_stride, float q_scale,
-                       const unsigned long long* __restrict__ tab, int z_off, const float* __restrict__ nw, float eps,
-                       float* __restrict__ out, int out_stride) {
-    const int b = blockIdx.y;
-    const float* row = proj + (size_t)b * stride;
-    dec_gdn_step_impl<true>(row, nk, nv, dk, dv, a_log, dt_bias, ab + (size_t)b * ab_stride, q_scale,
-                            (float*)tab[2 * b + 1], row + z_off, nw, eps, out + (size_t)b * out_stride);
 }
 
 // bat_gdn_step through a ring of states (bulk copies, sm_90): each block

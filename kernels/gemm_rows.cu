@@ -21,17 +21,7 @@
 #define GR_WARPS 4
 
 #if defined(QW_CUDA) || defined(QW_CPU)
-// 8 floats as hi and lo bf16 pairs: hi[j], lo[j] hold elements 2j, 2j + 1.
-__device__ __forceinline__ void gr_split8v(const float (&v)[8], unsigned (&hi)[4], unsigned (&lo)[4]) {
-#pragma unroll
-    for (int j = 0; j < 4; j++) {
-        const bf16_t h0 = f2bf(v[2 * j]), h1 = f2bf(v[2 * j + 1]);
-        hi[j] = h0 | ((unsigned)h1 << 16);
-        lo[j] = f2bf(v[2 * j] - bf2f(h0)) | ((unsigned)f2bf(v[2 * j + 1] - bf2f(h1)) << 16);
-    }
-}
-
-// The 8 floats at p (zeros where !valid) as gr_split8v's pairs.
+// The 8 floats at p as hi and lo bf16 pairs: hi[j], lo[j] hold elements 2j, 2j + 1.
 __device__ __forceinline__ void gr_split8(const float* p, bool valid, unsigned (&hi)[4], unsigned (&lo)[4]) {
     float v[8];
     if (valid) {
@@ -41,7 +31,12 @@ __device__ __forceinline__ void gr_split8(const float* p, bool valid, unsigned (
 #pragma unroll
         for (int j = 0; j < 8; j++) v[j] = 0.f;
     }
-    gr_split8v(v, hi, lo);
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        const bf16_t h0 = f2bf(v[2 * j]), h1 = f2bf(v[2 * j + 1]);
+        hi[j] = h0 | ((unsigned)h1 << 16);
+        lo[j] = f2bf(v[2 * j] - bf2f(h0)) | ((unsigned)f2bf(v[2 * j + 1] - bf2f(h1)) << 16);
+    }
 }
 
 // The weight formats gr_core reads. A lane loads PACK runs of 8 consecutive
@@ -399,17 +394,12 @@ __device__ __forceinline__ void rows_bulk_impl(const float* __restrict__ X, cons
     rows_bulk_impl<NT, KB, 4, false>(X, RbFp8{Sc, K >> 7}, Q, Y, nullptr, B, N, K, accumulate, stages)
 #define RBS_BODY rows_bulk_impl<4, 2, 2, true>(X, RbBf16{}, W, Y, part, B, N, K, accumulate, stages)
 #define RBSF_BODY rows_bulk_impl<4, 2, 2, true>(X, RbFp8{Sc, K >> 7}, Q, Y, part, B, N, K, accumulate, stages)
-#define RBS16_BODY rows_bulk_impl<2, RB_KB / 2, 4, true>(X, RbBf16{}, W, Y, part, B, N, K, accumulate, stages)
-#define RBS16F_BODY \
-    rows_bulk_impl<2, RB_KB / 2, 4, true>(X, RbFp8{Sc, K >> 7}, Q, Y, part, B, N, K, accumulate, stages)
 #else
 // Not launched without tensor cores (ops.rs takes it on CUDA only).
 #define RB_BODY(NT, KB)
 #define RBF_BODY(NT, KB)
 #define RBS_BODY
 #define RBSF_BODY
-#define RBS16_BODY
-#define RBS16F_BODY
 #endif
 
 // Y [B][N] (+)= X [B][K] . W [N][K]^T for B <= 8, K a multiple of 256 up to
@@ -446,25 +436,6 @@ QW_KERNEL void QW_BOUNDS(512) gemm_rows_bulk16_fp8(const float* __restrict__ X, 
     RBF_BODY(2, RB_KB / 2);
 }
 
-// gemm_rows_bulk16 past 2,048 columns (the 4,096-column out projections,
-// which gemm_rows_bulk16's registers cannot hold whole): K cut into
-// gridDim.y slices of KS = K / gridDim.y columns (a multiple of 128, at most
-// 2,048: blockDim KS / 4), one slice writing Y, more writing part [S][B][N]
-// for gemm_rows_reduce (as gemm_rows_bulk32). Dynamic shared memory as
-// gemm_rows_bulk16's for KS columns. The _fp8 form: KS a multiple of 128.
-QW_KERNEL void QW_BOUNDS(512) gemm_rows_bulk16s(const float* __restrict__ X, const bf16_t* __restrict__ W,
-                                                float* __restrict__ Y, float* __restrict__ part, int B, int N, int K,
-                                                int accumulate, int stages) {
-    RBS16_BODY;
-}
-
-QW_KERNEL void QW_BOUNDS(512) gemm_rows_bulk16s_fp8(const float* __restrict__ X, const unsigned char* __restrict__ Q,
-                                                    const float* __restrict__ Sc, float* __restrict__ Y,
-                                                    float* __restrict__ part, int B, int N, int K, int accumulate,
-                                                    int stages) {
-    RBS16F_BODY;
-}
-
 // 17-32 rows (four row tiles) through the ring, K cut into gridDim.y slices
 // of KS = K / gridDim.y columns (a multiple of 64, at most 1,024: blockDim
 // KS / 2, each warp 64 columns of the four tiles' split activations; FP8: KS
@@ -484,80 +455,17 @@ QW_KERNEL void QW_BOUNDS(512) gemm_rows_bulk32_fp8(const float* __restrict__ X, 
     RBSF_BODY;
 }
 
-// The routed experts of a batched decode step (or a short prompt): moe_plan_tiles'
-// table of (expert, first row, rows <= 8) tiles over the rows in plan order;
-// expert e's weights at W + e w_stride ([N][K]). Y [rows][N]. Grid
-// (ceil(ceil(N / (16 MT)) / GR_WARPS), the most tiles); blocks past the
-// table's count return. The activations, as a lane's row of them (row(r) for
-// plan row r, whose load(k, valid, hi, lo) gives its hi and lo pairs at k ..
-// k + 8), come in one of three forms:
-//  - MoeActSplit: already split, in plan order (ahi, alo [rows][K] bf16, from
-//    gather_split_bf16 or silu_mul_split);
-//  - MoeActGather: gather_split_bf16 folded in: plan row r is src row
-//    rows[r] (f32, [.][K]), split here;
-//  - MoeActSilu: silu_mul_split folded in: plan row r of gu (f32 [rows][2K],
-//    gate then up), silu(gate) * up rounded as silu_mul_split rounds it,
-//    split here.
-// The folded forms feed the tensor cores the same bits (one launch a
-// projection fewer; the CPU harness compares them bit for bit).
+// The routed experts of a batched decode step (or a short prompt): rows
+// gathered by expert in plan order, already split (ahi, alo [rows][K] bf16),
+// moe_plan_tiles' table of (expert, first row, rows <= 8) tiles; expert e's
+// weights at W + e w_stride ([N][K]). Y [rows][N]. Grid (ceil(ceil(N / (16
+// MT)) / GR_WARPS), the most tiles); blocks past the table's count return.
 #if defined(QW_CUDA) || defined(QW_CPU)
-struct MoeActSplit {
-    const bf16_t* __restrict__ hi;
-    const bf16_t* __restrict__ lo;
-    int K;
-    struct Row {
-        const bf16_t* h;
-        const bf16_t* l;
-        __device__ __forceinline__ void load(int k, bool v, unsigned (&hi)[4], unsigned (&lo)[4]) const {
-            const uint4 a = v ? *(const uint4*)(h + k) : make_uint4(0u, 0u, 0u, 0u);
-            const uint4 b = v ? *(const uint4*)(l + k) : make_uint4(0u, 0u, 0u, 0u);
-            hi[0] = a.x, hi[1] = a.y, hi[2] = a.z, hi[3] = a.w;
-            lo[0] = b.x, lo[1] = b.y, lo[2] = b.z, lo[3] = b.w;
-        }
-    };
-    __device__ __forceinline__ Row row(int r) const { return {hi + (size_t)r * K, lo + (size_t)r * K}; }
-};
-struct MoeActGather {
-    const float* __restrict__ src;
-    const int* __restrict__ rows;
-    int K;
-    struct Row {
-        const float* x;
-        __device__ __forceinline__ void load(int k, bool v, unsigned (&hi)[4], unsigned (&lo)[4]) const {
-            gr_split8(x + k, v, hi, lo);
-        }
-    };
-    __device__ __forceinline__ Row row(int r) const { return {src + (size_t)rows[r] * K}; }
-};
-struct MoeActSilu {
-    const float* __restrict__ gu;
-    int K;
-    struct Row {
-        const float* g;
-        int K;
-        __device__ __forceinline__ void load(int k, bool v, unsigned (&hi)[4], unsigned (&lo)[4]) const {
-            float a[8];
-            if (v) {
-                const float4 g0 = ((const float4*)(g + k))[0], g1 = ((const float4*)(g + k))[1];
-                const float4 u0 = ((const float4*)(g + K + k))[0], u1 = ((const float4*)(g + K + k))[1];
-                const float gs[8] = {g0.x, g0.y, g0.z, g0.w, g1.x, g1.y, g1.z, g1.w};
-                const float us[8] = {u0.x, u0.y, u0.z, u0.w, u1.x, u1.y, u1.z, u1.w};
-#pragma unroll
-                for (int j = 0; j < 8; j++) a[j] = __fmul_rn(silu_f(gs[j]), us[j]);
-            } else {
-#pragma unroll
-                for (int j = 0; j < 8; j++) a[j] = 0.f;
-            }
-            gr_split8v(a, hi, lo);
-        }
-    };
-    __device__ __forceinline__ Row row(int r) const { return {gu + (size_t)r * 2 * K, K}; }
-};
-
-// expert(e): expert e's weights in a gr_core format; act: one of the MoeAct forms.
-template <int MT, int PF, typename Act, typename Expert>
-__device__ __forceinline__ void moe_rows_impl(const Act& act, Expert expert, const int* __restrict__ tiles,
-                                              float* __restrict__ Y, int N, int K) {
+// expert(e): expert e's weights in a gr_core format.
+template <int MT, int PF, typename Expert>
+__device__ __forceinline__ void moe_rows_impl(const bf16_t* __restrict__ ahi, const bf16_t* __restrict__ alo,
+                                              Expert expert, const int* __restrict__ tiles, float* __restrict__ Y,
+                                              int N, int K) {
     QW_GRID_WAIT();  // the tile table is the predecessor's
     QW_GRID_LAUNCH();
     if ((int)blockIdx.y >= tiles[0]) return;
@@ -566,11 +474,17 @@ __device__ __forceinline__ void moe_rows_impl(const Act& act, Expert expert, con
     const int warp = blockIdx.x * GR_WARPS + threadIdx.x / WARP;
     if (warp * 16 * MT >= N) return;
     const int n0 = warp * 16 * MT;
-    const bool v = g < rows;
-    const auto x = act.row(r0 + (v ? g : 0));
     float acc[MT][1][4];
     gr_core<MT, 1, PF>(expert(e), N, K, n0, 0, K,
-                       [&](int, int k, unsigned (&hi)[4], unsigned (&lo)[4]) { x.load(k, v, hi, lo); }, acc);
+                       [&](int, int k, unsigned (&hi)[4], unsigned (&lo)[4]) {
+                           const bool v = g < rows;
+                           const size_t at = (size_t)(r0 + (v ? g : 0)) * K + k;
+                           const uint4 h = v ? *(const uint4*)(ahi + at) : make_uint4(0u, 0u, 0u, 0u);
+                           const uint4 l = v ? *(const uint4*)(alo + at) : make_uint4(0u, 0u, 0u, 0u);
+                           hi[0] = h.x, hi[1] = h.y, hi[2] = h.z, hi[3] = h.w;
+                           lo[0] = l.x, lo[1] = l.y, lo[2] = l.z, lo[3] = l.w;
+                       },
+                       acc);
 #pragma unroll
     for (int m = 0; m < MT; m++)
 #pragma unroll
@@ -579,52 +493,31 @@ __device__ __forceinline__ void moe_rows_impl(const Act& act, Expert expert, con
             if (n < N && b < rows) Y[(size_t)(r0 + b) * N + n] = acc[m][0][j];
         }
 }
-#define MR_BF16 [&](int e) { return GrBf16{W + (size_t)e * w_stride}; }
-#define MR_FP8 [&](int e) { return GrFp8{Q + (size_t)e * N * K, Sc + (size_t)e * (N >> 7) * (K >> 7)}; }
-#define MR_BODY(ACT, EXPERT) moe_rows_impl<GR_MT, 4>(ACT, EXPERT, tiles, Y, N, K)
+#define MR_BODY(MT, PF) \
+    moe_rows_impl<MT, PF>(ahi, alo, [&](int e) { return GrBf16{W + (size_t)e * w_stride}; }, tiles, Y, N, K)
+#define MRF_BODY(MT, PF)                                                                                           \
+    moe_rows_impl<MT, PF>(                                                                                         \
+        ahi, alo, [&](int e) { return GrFp8{Q + (size_t)e * N * K, Sc + (size_t)e * (N >> 7) * (K >> 7)}; }, tiles, \
+        Y, N, K)
 #else
 // Not launched without tensor cores (ops.rs takes it on CUDA only).
-#define MR_BODY(ACT, EXPERT)
+#define MR_BODY(MT, PF)
+#define MRF_BODY(MT, PF)
 #endif
-QW_KERNEL void QW_BOUNDS(128) moe_rows8(const bf16_t* __restrict__ ahi, const bf16_t* __restrict__ alo,
-                                        const bf16_t* __restrict__ W, long long w_stride,
-                                        const int* __restrict__ tiles, float* __restrict__ Y, int N, int K) {
-    MR_BODY((MoeActSplit{ahi, alo, K}), MR_BF16);
-}
+#define MOE_ROWS(NAME, MT, PF)                                                                                \
+    QW_KERNEL void QW_BOUNDS(128) NAME(const bf16_t* __restrict__ ahi, const bf16_t* __restrict__ alo,        \
+                                       const bf16_t* __restrict__ W, long long w_stride,                     \
+                                       const int* __restrict__ tiles, float* __restrict__ Y, int N, int K) { \
+        MR_BODY(MT, PF);                                                                                      \
+    }
+MOE_ROWS(moe_rows8, GR_MT, 4)
 
 // moe_rows8 for block-FP8 experts: expert e's E4M3 weights at Q + e N K,
 // its scales at Sc + e (N / 128) (K / 128).
 QW_KERNEL void QW_BOUNDS(128) moe_rows8_fp8(const bf16_t* __restrict__ ahi, const bf16_t* __restrict__ alo,
                                             const unsigned char* __restrict__ Q, const float* __restrict__ Sc,
                                             const int* __restrict__ tiles, float* __restrict__ Y, int N, int K) {
-    MR_BODY((MoeActSplit{ahi, alo, K}), MR_FP8);
-}
-
-// The gate/up projection with the gather folded in (MoeActGather).
-QW_KERNEL void QW_BOUNDS(128) moe_rows8_gather(const float* __restrict__ src, const int* __restrict__ rows,
-                                               const bf16_t* __restrict__ W, long long w_stride,
-                                               const int* __restrict__ tiles, float* __restrict__ Y, int N, int K) {
-    MR_BODY((MoeActGather{src, rows, K}), MR_BF16);
-}
-
-QW_KERNEL void QW_BOUNDS(128) moe_rows8_gather_fp8(const float* __restrict__ src, const int* __restrict__ rows,
-                                                   const unsigned char* __restrict__ Q, const float* __restrict__ Sc,
-                                                   const int* __restrict__ tiles, float* __restrict__ Y, int N,
-                                                   int K) {
-    MR_BODY((MoeActGather{src, rows, K}), MR_FP8);
-}
-
-// The down projection with the SiLU folded in (MoeActSilu): gu [rows][2K].
-QW_KERNEL void QW_BOUNDS(128) moe_rows8_silu(const float* __restrict__ gu, const bf16_t* __restrict__ W,
-                                             long long w_stride, const int* __restrict__ tiles,
-                                             float* __restrict__ Y, int N, int K) {
-    MR_BODY((MoeActSilu{gu, K}), MR_BF16);
-}
-
-QW_KERNEL void QW_BOUNDS(128) moe_rows8_silu_fp8(const float* __restrict__ gu, const unsigned char* __restrict__ Q,
-                                                 const float* __restrict__ Sc, const int* __restrict__ tiles,
-                                                 float* __restrict__ Y, int N, int K) {
-    MR_BODY((MoeActSilu{gu, K}), MR_FP8);
+    MRF_BODY(GR_MT, 4);
 }
 
 // Y[i] = (accumulate ? Y[i] : 0) + sum over s of part[s][i], s ascending; i < n = B N.

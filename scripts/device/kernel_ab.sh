@@ -9,16 +9,17 @@
 #      weights, 1K prompts) at $BATCHES, the default first and again last
 #      (the lease's drift);
 #   3. batch 1: `qwasi bench --workload speed` at 512 and 8K for the default
-#      and QWASI_GDN_STEP=lanes, alternating for two rounds.
+#      and each variant of $SPEED_VARIANTS that passed, alternating for two
+#      rounds (none without SPEED_VARIANTS).
 # Variants ($VARIANTS, space-separated; several variables of one joined by
-# commas): QWASI_GDN_STEP=lanes, QWASI_GDN_RING=3,
-# QWASI_GDN_RING=1,QWASI_GDN_RING_BLOCKS=2, QWASI_GEMM_ROWS=bulk16s,
-# QWASI_MOE_FOLD=both, QWASI_MOE_FOLD=gather.
+# commas): the off-by-default forms still to measure, QWASI_GDN_RING=3 and
+# QWASI_GDN_RING=2 (the ring of GDN states, one block a multiprocessor).
+# Files are named by variant with '=' and ',' as '_'.
 # Output: $OUT/kernel-ab.json (each variant's verify result and batch rows,
 # the batch-1 runs) and $OUT/kernel-ab-logs.tgz (every log and report).
-# Env: QWASI_BIN (.dev/qwasi), BATCHES (8,12,16,64), VARIANTS, SPEED (1),
-# LOGS (/tmp/kernel-ab-logs; under $OUT, the logs come back even when the
-# call runs out of time).
+# Env: QWASI_BIN (.dev/qwasi), BATCHES (8,12,16,64), VARIANTS,
+# SPEED_VARIANTS, LOGS (/tmp/kernel-ab-logs; under $OUT, the logs come back
+# even when the call runs out of time).
 set -uo pipefail
 OUT=${OUT:-/tmp/qwasi-out}
 LOGS=${LOGS:-/tmp/kernel-ab-logs}
@@ -26,36 +27,39 @@ rm -rf "$LOGS"
 mkdir -p "$LOGS" "$OUT"
 BIN=$(readlink -f "${QWASI_BIN:-.dev/qwasi}")
 BATCHES=${BATCHES:-8,12,16,64}
-VARIANTS=${VARIANTS:-QWASI_GDN_STEP=lanes QWASI_GDN_RING=3 QWASI_GDN_RING=1,QWASI_GDN_RING_BLOCKS=2 QWASI_GEMM_ROWS=bulk16s QWASI_MOE_FOLD=both QWASI_MOE_FOLD=gather}
+VARIANTS=${VARIANTS:-QWASI_GDN_RING=3 QWASI_GDN_RING=2}
 SYN="--backend cuda --synthetic qwen3.6-35b-a3b --layers 40 --fixtures /nonexistent"
 rc=0
 # The settings of variant $1 as env arguments ("default": none).
 settings() { [ "$1" = default ] || echo "${1//,/ }"; }
+# Variant $1 as a file name.
+slug() { echo "$1" | tr '=,' '__'; }
 passed=(default)
 "$BIN" verify --backend cuda > "$LOGS/verify-default.log" 2>&1 || { rc=1; passed=(); }
 echo "verify default: $(tail -1 "$LOGS/verify-default.log")"
 for v in $VARIANTS; do
-  if env $(settings "$v") "$BIN" verify --backend cuda > "$LOGS/verify-$v.log" 2>&1; then
+  if env $(settings "$v") "$BIN" verify --backend cuda > "$LOGS/verify-$(slug "$v").log" 2>&1; then
     passed+=("$v")
   else
     rc=1
   fi
-  echo "verify $v: $(tail -1 "$LOGS/verify-$v.log")"
+  echo "verify $v: $(tail -1 "$LOGS/verify-$(slug "$v").log")"
 done
 for v in "${passed[@]}" default; do
-  name=$v
-  [ -e "$LOGS/batch-$v.json" ] && name=$v-again
+  name=$(slug "$v")
+  [ -e "$LOGS/batch-$name.json" ] && name=$name-again
   env $(settings "$v") "$BIN" bench --workload batch $SYN --lens 1024 --decode-tokens 16 --batches "$BATCHES" \
     --out "$LOGS/batch-$name.json" > "$LOGS/batch-$name.log" 2>&1 || rc=1
   echo "batch $name: $(grep -E '^\[bench\] [0-9]+ prompt' "$LOGS/batch-$name.log" | tr '\n' ' ' | cut -c1-300)"
 done
-if [ "${SPEED:-1}" = 1 ]; then
+if [ -n "${SPEED_VARIANTS:-}" ]; then
   for round in 1 2; do
-    for v in default QWASI_GDN_STEP=lanes; do
+    for v in default $SPEED_VARIANTS; do
       [[ " ${passed[*]} " == *" $v "* ]] || continue
+      f="$LOGS/speed-$(slug "$v")-r$round"
       env $(settings "$v") "$BIN" bench --workload speed $SYN --lens 512,8192 --decode-tokens 128 --runs 3 \
-        --warmups 1 --out "$LOGS/speed-$v-r$round.json" > "$LOGS/speed-$v-r$round.log" 2>&1 || rc=1
-      echo "speed $v round $round: $(grep -E 'tok/s' "$LOGS/speed-$v-r$round.log" | tail -2 | tr '\n' ' ' | cut -c1-300)"
+        --warmups 1 --out "$f.json" > "$f.log" 2>&1 || rc=1
+      echo "speed $v round $round: $(grep -E 'tok/s' "$f.log" | tail -2 | tr '\n' ' ' | cut -c1-300)"
     done
   done
 fi

@@ -11,7 +11,7 @@
 // (kernels/gemv_bulk.cu: dec_gemv_bulk1_fp8, dec_gemv_bulk2_fp8, and
 // dec_gemv_bulk_conv_fp8 with its bf16 tail rows) and the few-row ring
 // projections (kernels/gemm_rows.cu: gemm_rows_bulk_fp8,
-// gemm_rows_bulk16_fp8, gemm_rows_bulk16s_fp8, gemm_rows_bulk32_fp8) against the bf16 kernels on the dequantized
+// gemm_rows_bulk16_fp8, gemm_rows_bulk32_fp8) against the bf16 kernels on the dequantized
 // weights: bit-identical outputs (same values, same f32 order; the tail
 // rows within rounding); the synthetic weights' encoder. Exit 1 on a
 // mismatch.
@@ -263,31 +263,27 @@ static void rows_bulk(int B, int N, int K, unsigned grid, int stages, std::mt199
     }
 }
 
-// gemm_rows_bulk32 (17-32 rows, K in S slices summed by gemm_rows_reduce),
-// or with B <= 16 gemm_rows_bulk16s (9-16 rows in slices), against its bf16
-// form.
+// gemm_rows_bulk32 (17-32 rows, K in S slices summed by gemm_rows_reduce)
+// against its bf16 form.
 static void rows_bulk32(int B, int N, int K, int S, unsigned grid, int stages, std::mt19937& rng) {
     Q8 m = random_q8(N, K, rng);
     const auto w = m.bf16();
     const auto x = randn((size_t)B * K, rng), y0 = randn((size_t)B * N, rng);
-    const bool two = B <= 16;  // gemm_rows_bulk16s: 128 columns a warp
-    const unsigned threads = (unsigned)(K / S / (two ? 4 : 2));
+    const unsigned threads = (unsigned)(K / S / 2);
     const long long n = (long long)B * N;
     for (int acc : {0, 1}) {
         std::vector<float> y1 = y0, y2 = y0, p1((size_t)S * n), p2((size_t)S * n);
         qw_cpu::launch({grid, (unsigned)S, 1}, {threads, 1, 1}, [&] {
-            (two ? gemm_rows_bulk16s : gemm_rows_bulk32)(x.data(), w.data(), y1.data(), p1.data(), B, N, K, acc,
-                                                         stages);
+            gemm_rows_bulk32(x.data(), w.data(), y1.data(), p1.data(), B, N, K, acc, stages);
         });
         qw_cpu::launch({grid, (unsigned)S, 1}, {threads, 1, 1}, [&] {
-            (two ? gemm_rows_bulk16s_fp8 : gemm_rows_bulk32_fp8)(x.data(), m.q.data(), m.s.data(), y2.data(),
-                                                                 p2.data(), B, N, K, acc, 2 * stages);
+            gemm_rows_bulk32_fp8(x.data(), m.q.data(), m.s.data(), y2.data(), p2.data(), B, N, K, acc, 2 * stages);
         });
         if (S > 1)
             for (auto [p, y] : {std::pair{&p1, &y1}, std::pair{&p2, &y2}})
                 qw_cpu::launch({(unsigned)((n + 255) / 256), 1, 1}, {256, 1, 1},
                                [&] { gemm_rows_reduce(p->data(), y->data(), n, S, acc); });
-        same(two ? "gemm_rows_bulk16s_fp8" : "gemm_rows_bulk32_fp8", y2, y1);
+        same("gemm_rows_bulk32_fp8", y2, y1);
     }
 }
 
@@ -376,8 +372,6 @@ int main() {
     rows_bulk32(17, 256, 2048, 2, 5, 2, rng);  // two slices of 1,024 (the 35B model's)
     rows_bulk32(32, 384, 512, 4, 3, 1, rng);   // slices of one FP8 block
     rows_bulk32(24, 128, 1024, 1, 2, 3, rng);  // one slice: Y directly
-    rows_bulk32(16, 256, 4096, 2, 5, 2, rng);  // 9-16 rows, two slices of 2,048 (the out projections)
-    rows_bulk32(9, 128, 512, 4, 3, 1, rng);    // slices of one FP8 block
     rows_bulk(3, 384, 512, 5, 2, rng);
     rows_bulk(8, 256, 4096, 3, 1, rng);
     rows_bulk(12, 256, 1024, 4, 2, rng);

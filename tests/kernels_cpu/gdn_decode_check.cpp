@@ -7,8 +7,7 @@
 // value heads of 128, conv of 4) and the fixtures' small ones (head dims 16
 // and 24, one and three value heads per key head, conv of 2). Then the
 // batched steps (bat_gdn_step, bat_gdn_step_ring), each row equal to
-// dec_gdn_step's alone (check_batched). The Lanes layout's kernels
-// (dec_gdn_step_lanes, bat_gdn_step_lanes) give the same bits.
+// dec_gdn_step's alone (check_batched).
 // Exit 1 on a mismatch.
 #include <cstdio>
 #include <cstring>
@@ -41,18 +40,6 @@ static void check(int nk, int nv, int dk, int dv, int K, std::mt19937& rng) {
         dec_gdn_step(p.data(), nk, nv, dk, dv, a_log.data(), dt_bias.data(), a_off, q_scale, S1.data(),
                      p.data() + conv_dim, nw.data(), eps, out.data());
     });
-    // The Lanes layout: the same bits as the Rows layout.
-    std::vector<float> S2 = S, out2(vdim, NAN);
-    qw_cpu::launch({(unsigned)nv, 1, 1}, {4 * bx, 1, 1}, [&] {
-        dec_gdn_step_lanes(p.data(), nk, nv, dk, dv, a_log.data(), dt_bias.data(), a_off, q_scale, S2.data(),
-                           p.data() + conv_dim, nw.data(), eps, out2.data());
-    });
-    const bool lanes_same = std::memcmp(S2.data(), S1.data(), S1.size() * 4) == 0 &&
-                            std::memcmp(out2.data(), out.data(), out.size() * 4) == 0;
-    if (!lanes_same) {
-        std::printf("nk %d nv %d dk %d dv %d: dec_gdn_step_lanes differs from dec_gdn_step\n", nk, nv, dk, dv);
-        failures++;
-    }
 
     // The reference.
     auto silu = [](double x) { return x / (1 + std::exp(-x)); };
@@ -162,12 +149,6 @@ static void check_batched(int nk, int nv, int dk, int dv, int B, std::mt19937& r
         qw_cpu::launch({(unsigned)nv, (unsigned)B, 1}, {bx, 4, 1}, [&] {
             bat_gdn_step(proj.data(), stride, nk, nv, dk, dv, a_log.data(), dt_bias.data(), proj.data() + a_off, stride,
                          q_scale, tab, conv_dim, nw.data(), eps, out, out_stride);
-        });
-    });
-    run("bat_gdn_step_lanes", [&](const unsigned long long* tab, float* out) {
-        qw_cpu::launch({(unsigned)nv, (unsigned)B, 1}, {4 * bx, 1, 1}, [&] {
-            bat_gdn_step_lanes(proj.data(), stride, nk, nv, dk, dv, a_log.data(), dt_bias.data(), proj.data() + a_off,
-                               stride, q_scale, tab, conv_dim, nw.data(), eps, out, out_stride);
         });
     });
     // a | b in rows of their own (an FP8 in projection's bf16 tail GEMM):

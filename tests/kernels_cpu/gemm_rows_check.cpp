@@ -8,8 +8,7 @@
 // B N outputs is a canary that must stay untouched. Then moe_rows8, the
 // routed experts' variant over moe_plan_tiles' table, and gemm_rows_bulk(16) (the
 // weights through a shared-memory ring, copied by the block here) and
-// gemm_rows_bulk32 (17-32 rows, K slices summed by gemm_rows_reduce) and
-// gemm_rows_bulk16s (9-16 rows in K slices), then
+// gemm_rows_bulk32 (17-32 rows, K slices summed by gemm_rows_reduce), then
 // the block-FP8 forms. Exit 1 on a mismatch.
 #include <cmath>
 #include <cstdio>
@@ -194,25 +193,21 @@ int main() {
     // gemm_rows_bulk32: 17-32 rows (four row tiles), K in 1, 2 or 4 slices of
     // 64-512 columns (64 a warp), the slices summed by gemm_rows_reduce; N
     // past the last slot, rings of 1-3 slots, one block to a block a slot.
-    // gemm_rows_bulk16s: 9-16 rows the same way in slices of 128 columns a
-    // warp.
     turn = 0;
-    for (int B : {9, 16, 17, 24, 32})
+    for (int B : {17, 24, 32})
         for (int N : {13, 200})
             for (int K : {64, 256, 512})
                 for (int S : {1, 2, 4}) {
-                    const bool two = B <= 16;  // gemm_rows_bulk16s
                     const int KS = K / S;
-                    if (KS % (two ? 128 : 64) != 0) continue;
+                    if (KS % 64 != 0) continue;
                     const int grids[] = {1, 3, 64};
                     const int stages = 1 + turn % 3, accumulate = turn % 2;
                     const int slots = (N + RB_ROWS - 1) / RB_ROWS, blocks = std::min(grids[turn / 3 % 3], slots);
                     turn++;
                     RowsData r(B, N, K, S, rng, nd);
                     auto& [X, Y, Y0, part, W] = r;
-                    qw_cpu::launch({(unsigned)blocks, (unsigned)S, 1}, {(unsigned)KS / (two ? 4 : 2), 1, 1}, [&] {
-                        (two ? gemm_rows_bulk16s : gemm_rows_bulk32)(X.data(), W.data(), Y.data(), part.data(), B, N,
-                                                                     K, accumulate, stages);
+                    qw_cpu::launch({(unsigned)blocks, (unsigned)S, 1}, {(unsigned)KS / 2, 1, 1}, [&] {
+                        gemm_rows_bulk32(X.data(), W.data(), Y.data(), part.data(), B, N, K, accumulate, stages);
                     });
                     reduce_slices(B, N, S, accumulate, part, Y);
                     double worst = 0;
@@ -220,9 +215,9 @@ int main() {
                     n_cases++;
                     if (wrong) {
                         bad++;
-                        std::printf("gemm_rows_bulk%s B %d N %3d K %3d S %d stages %d blocks %d acc %d: FAIL (%d "
+                        std::printf("gemm_rows_bulk32 B %d N %3d K %3d S %d stages %d blocks %d acc %d: FAIL (%d "
                                     "wrong)\n",
-                                    two ? "16s" : "32", B, N, K, S, stages, blocks, accumulate, wrong);
+                                    B, N, K, S, stages, blocks, accumulate, wrong);
                     }
                 }
     // Block-FP8 weights (gemm_rows8_fp8, gemm_rows16_fp8, moe_rows8_fp8):

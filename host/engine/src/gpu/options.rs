@@ -138,10 +138,6 @@ pub enum RowsPath {
     /// 2-8 rows through `gemm_rows_bulk`, 9-16 through `gemm_rows_bulk16`
     /// (up to 2,048 columns; `gemm_rows16` past that).
     Bulk,
-    /// As `Bulk`, and 9-16 rows of more than 2,048 columns (the 4,096-column
-    /// out projections) through the ring too, in K slices
-    /// (`gemm_rows_bulk16s`): not measured on a GPU yet, so not the default.
-    Bulk16s,
     /// 2-8 rows through the ring, 9-16 on `gemm_rows16` (register loads).
     Bulk8,
     /// No ring: `gemm_rows8` / `gemm_rows16`.
@@ -160,16 +156,10 @@ impl RowsPath {
     pub fn bulk_max(self) -> usize {
         match self {
             RowsPath::Bulk32 => 32,
-            RowsPath::Bulk | RowsPath::Bulk16s => 16,
+            RowsPath::Bulk => 16,
             RowsPath::Bulk8 => 8,
             RowsPath::Rows | RowsPath::Cublas => 0,
         }
-    }
-
-    /// Whether 9-16 rows of more than 2,048 columns go through the ring in
-    /// K slices (`gemm_rows_bulk16s`).
-    pub fn sliced16(self) -> bool {
-        self == RowsPath::Bulk16s
     }
 }
 
@@ -243,14 +233,6 @@ pub struct GpuOptions {
     /// (`moe_route_plan`, `model::moe_grouped::moe_route_fused`) instead of
     /// the router and `moe_plan_count`, `_place`, `_tiles` (`QWASI_MOE_PLAN`).
     pub moe_plan: MoePlanPath,
-    /// The few-row expert kernels read their activations as the launch
-    /// before them would have written them (`moe_rows8_gather`: the token
-    /// rows gathered and split in the gate/up projection, no
-    /// `gather_split_bf16`; `moe_rows8_silu`: SiLU and split in the down
-    /// projection, no `silu_mul_split`): the same bits, a launch fewer each.
-    /// `QWASI_MOE_FOLD=none|gather|silu|both`; none until measured.
-    pub moe_fold_gather: bool,
-    pub moe_fold_silu: bool,
     /// `false` with `QWASI_ATTN=cuda-cores` (and in HIP builds): prompt
     /// attention without tensor cores (`attn_flash_*`).
     pub tc_attention: bool,
@@ -291,12 +273,6 @@ pub struct GpuOptions {
     /// (`dec_gemv_bulk_conv`) where the bulk GEMV applies; `false` with
     /// `QWASI_GDN_CONV=kernel` (its own kernel, `dec_gdn_conv`).
     pub conv_gdn: bool,
-    /// The GDN decode step's threads (`QWASI_GDN_STEP`): `rows` (the
-    /// default until measured), a warp per 32 columns of one row group,
-    /// the row groups met in shared memory; `lanes` (`dec_gdn_step_lanes`,
-    /// `bat_gdn_step_lanes`), a column's row groups in neighbouring lanes,
-    /// met by shuffles: two block barriers a head fewer, the same bits.
-    pub gdn_lanes: bool,
     /// State slots of 64 KB per block of the batched GDN step's ring
     /// (`bat_gdn_step_ring`, `QWASI_GDN_RING`, 1..=3) where the GPU has bulk
     /// copies; 0 (the default until measured): one block per row and head
@@ -431,10 +407,9 @@ impl GpuOptions {
         };
         let rows = match pick(
             "QWASI_GEMM_ROWS",
-            &["bulk", "bulk32", "bulk16s", "bulk8", "rows", "cublas"],
+            &["bulk", "bulk32", "bulk8", "rows", "cublas"],
         )? {
             "bulk32" => RowsPath::Bulk32,
-            "bulk16s" => RowsPath::Bulk16s,
             "bulk8" => RowsPath::Bulk8,
             "rows" => RowsPath::Rows,
             "cublas" => RowsPath::Cublas,
@@ -452,7 +427,6 @@ impl GpuOptions {
                  `--features experiments`"
             );
         }
-        let moe_fold = pick("QWASI_MOE_FOLD", &["none", "gather", "silu", "both"])?;
         Ok(GpuOptions {
             gemm,
             prefill,
@@ -479,8 +453,6 @@ impl GpuOptions {
                 "fused" => MoePlanPath::Fused,
                 _ => MoePlanPath::Auto,
             },
-            moe_fold_gather: matches!(moe_fold, "gather" | "both"),
-            moe_fold_silu: matches!(moe_fold, "silu" | "both"),
             tc_attention: cfg!(feature = "cuda") && attn != "cuda-cores",
             wg_attention: attn != "mma",
             wg_split: flag("QWASI_ATTN_SPLIT", true)?,
@@ -492,7 +464,6 @@ impl GpuOptions {
             bulk_stages: count("QWASI_BULK_STAGES", 4, 1..=BULK_MAX_STAGES)?,
             bulk_blocks: count("QWASI_BULK_BLOCKS", 1, 1..=64)?,
             conv_gdn: pick("QWASI_GDN_CONV", &["fold", "kernel"])? == "fold",
-            gdn_lanes: pick("QWASI_GDN_STEP", &["rows", "lanes"])? == "lanes",
             gdn_ring: count("QWASI_GDN_RING", 0, 0..=3)?,
             gdn_ring_blocks: count("QWASI_GDN_RING_BLOCKS", 1, 1..=2)?,
             pinned_host_tier: pick("QWASI_HOST_TIER", &["pinned", "pageable"])? == "pinned",
@@ -562,13 +533,9 @@ mod tests {
         assert!(o.fp8_resident);
         assert!(o.moe_k64 && o.wg_attention && o.wg_split && o.conv_gdn);
         assert_eq!(o.moe_plan, MoePlanPath::Auto);
-        assert!(!o.moe_fold_gather && !o.moe_fold_silu);
         assert!(o.pinned_host_tier && o.graphs && o.kv_pages);
         assert_eq!(o.rows, RowsPath::Bulk);
         assert_eq!(o.rows.bulk_max(), 16);
-        assert!(!o.rows.sliced16());
-        let o16 = parse(&[("QWASI_GEMM_ROWS", "bulk16s")]).unwrap();
-        assert_eq!((o16.rows.bulk_max(), o16.rows.sliced16()), (16, true));
         let o8 = parse(&[("QWASI_GEMM_ROWS", "bulk8")]).unwrap();
         assert_eq!((o8.rows.few_row_kernels(), o8.rows.bulk_max()), (true, 8));
         let o32 = parse(&[("QWASI_GEMM_ROWS", "bulk32")]).unwrap();
@@ -589,7 +556,6 @@ mod tests {
             (o.bulk_stages, o.bulk_blocks, o.gdn_ring, o.gdn_ring_blocks),
             (4, 1, 0, 1)
         );
-        assert!(!o.gdn_lanes);
         assert_eq!((o.dec_attn, o.gemv), (DecAttnPath::Auto, GemvPath::Bulk));
         assert!(o.device.pdl && !o.device.debug && !o.device.profile);
         // An empty value is the default too.
@@ -611,7 +577,6 @@ mod tests {
             ("QWASI_MOE_GEMM", "mma"),
             ("QWASI_MOE_BK64", "32"),
             ("QWASI_MOE_PLAN", "fused"),
-            ("QWASI_MOE_FOLD", "both"),
             ("QWASI_ATTN", "cuda-cores"),
             ("QWASI_ATTN_SPLIT", "0"),
             ("QWASI_KV", "bf16"),
@@ -622,7 +587,6 @@ mod tests {
             ("QWASI_BULK_STAGES", "2"),
             ("QWASI_BULK_BLOCKS", "2"),
             ("QWASI_GDN_CONV", "kernel"),
-            ("QWASI_GDN_STEP", "lanes"),
             ("QWASI_GDN_RING", "2"),
             ("QWASI_GDN_RING_BLOCKS", "2"),
             ("QWASI_HOST_TIER", "pageable"),
@@ -641,13 +605,12 @@ mod tests {
             (o.moe_wg_cols, o.moe_k64, o.moe_plan),
             (0, false, MoePlanPath::Fused)
         );
-        assert!(o.moe_fold_gather && o.moe_fold_silu);
         assert!(!o.tc_attention && !o.wg_split && !o.kv_f32 && !o.fp8_resident);
         assert_eq!(o.dec_attn, DecAttnPath::Tensor { ring: 3 });
         assert_eq!(o.gemv, GemvPath::Stream);
         assert_eq!((o.bulk_stages, o.bulk_blocks, o.moe_pairs), (2, 2, 4));
         assert!(!o.conv_gdn && !o.pinned_host_tier && !o.graphs && !o.kv_pages);
-        assert_eq!((o.gdn_ring, o.gdn_ring_blocks, o.gdn_lanes), (2, 2, true));
+        assert_eq!((o.gdn_ring, o.gdn_ring_blocks), (2, 2));
         assert_eq!(o.gemm_stack, GemmStack::Off);
         assert_eq!(
             parse(&[("QWASI_GEMM_STACK", "on")]).unwrap().gemm_stack,

@@ -17,28 +17,17 @@ use super::seq_state::Span;
 use super::weights::{DevMat, Synth, Upload};
 use super::{CONV_TPT, DBuf, F, GpuModel, SeqLayer};
 use crate::config::ModelConfig;
-use crate::gpu::kernels::{self, Launch, Typed, typed};
+use crate::gpu::kernels::{self, Launch, typed};
 use crate::gpu::{dptr, i};
 use anyhow::{Result, bail};
 
 /// Most state slots a block of `bat_gdn_step_ring` holds (kernels/decode_gdn.cu).
 const GDN_RING_MAX_STAGES: usize = 3;
 
-/// The GDN decode step's kernel (`rows`, or with `lanes` its Lanes form,
-/// kernels/decode_gdn.cu) and block for value heads of `dv`: 32 ceil(dv /
-/// 32) columns of 4 row groups, as (columns, 4) or 4 x columns threads.
-fn step_kernel<S>(
-    lanes: bool,
-    dv: usize,
-    rows: Typed<S>,
-    lanes_k: Typed<S>,
-) -> (Typed<S>, (u32, u32, u32)) {
-    let cols = (32 * dv.div_ceil(32)) as u32;
-    if lanes {
-        (lanes_k, (4 * cols, 1, 1))
-    } else {
-        (rows, (cols, 4, 1))
-    }
+/// The GDN decode step's block for value heads of `dv`
+/// (kernels/decode_gdn.cu): 32 ceil(dv / 32) columns of 4 row groups.
+fn step_block(dv: usize) -> (u32, u32, u32) {
+    ((32 * dv.div_ceil(32)) as u32, 4, 1)
 }
 
 /// One GDN layer's weights on the device.
@@ -376,8 +365,7 @@ impl GdnLayer {
     /// projections `pr`, states at the layer's table `tab`) into `o`:
     /// through the ring of states (`bat_gdn_step_ring`, one block per
     /// multiprocessor) where the GPU has bulk copies and `QWASI_GDN_RING`
-    /// slots of a head's state fit, else a block per row and head
-    /// (`QWASI_GDN_STEP` picks its layout).
+    /// slots of a head's state fit, else a block per row and head.
     fn batch_step(&self, m: &GpuModel, pr: &GdnProj, b: usize, tab: u64, o: u64) -> Result<()> {
         let (c, d) = (&m.cfg, &m.dev);
         let (nk, nv, dk, dv) = c.linear_heads();
@@ -393,8 +381,7 @@ impl GdnLayer {
             .min(most)
             .min(d.max_shared_per_block() / head);
         if stages > 0 && d.bulk_copies() && head.is_multiple_of(16) {
-            // The ring's blocks are in the Rows layout.
-            let (_, block) = step_kernel(false, dv, k, k);
+            let block = step_block(dv);
             let smem = (stages * head) as u32;
             let resident = d.occupancy(k.kernel, block.0 * block.1, smem) * d.sm_count;
             let grid = resident.min((b * nv) as u32);
@@ -422,15 +409,9 @@ impl GdnLayer {
                 i(stages),
             );
         }
-        let (k, block) = step_kernel(
-            m.opts.gdn_lanes,
-            dv,
-            typed::bat_gdn_step,
-            typed::bat_gdn_step_lanes,
-        );
-        (k.launch)(
+        kernels::bat_gdn_step(
             d,
-            Launch::pdl((nv as u32, b as u32, 1), block, 0),
+            Launch::pdl((nv as u32, b as u32, 1), step_block(dv), 0),
             dptr(pr.main),
             i(pr.stride),
             i(nk),
@@ -507,15 +488,9 @@ impl GdnLayer {
             )?;
         }
         if m.opts.dec_stage("gdn_step") {
-            let (k, block) = step_kernel(
-                m.opts.gdn_lanes,
-                dv,
-                typed::dec_gdn_step,
-                typed::dec_gdn_step_lanes,
-            );
-            (k.launch)(
+            kernels::dec_gdn_step(
                 d,
-                Launch::pdl((nv as u32, 1, 1), block, 0),
+                Launch::pdl((nv as u32, 1, 1), step_block(dv), 0),
                 dptr(proj),
                 i(nk),
                 i(nv),

@@ -7,7 +7,7 @@
 //! per-expert GEMMs over rows gathered on a plan copied back to the host.
 
 use super::fp8::Slot;
-use super::moe_rows::{self, ExpertAct, RowsWeights};
+use super::moe_rows::{self, RowsWeights};
 use super::weights::DevMat;
 use super::{B, F, GpuModel, Scratch};
 use crate::gpu::kernels::{self, Launch, Typed, sig, typed};
@@ -338,35 +338,26 @@ impl GpuModel {
         let few = matches!(plan, MoePlan::Tiles { bm, .. } if bm == MOE_ROWS_BM);
         let single = self.single_bf16(sc) && !few;
         let lo_term = |lo: u64| if single { 0 } else { lo };
-        // The few-row kernel may read the token rows and the SiLU's inputs
-        // as they are (`QWASI_MOE_FOLD`: the launches that would split them
-        // left out, the same bits).
-        let (fold_gather, fold_silu) = (
-            few && self.opts.moe_fold_gather,
-            few && self.opts.moe_fold_silu,
-        );
         // hi | lo bf16 halves of the gathered rows (single: hi alone); reused
         // for the f32 expert outputs.
         let xs = sc.get(d, "moe_xs", nn * h * F)?;
         let (hi, lo) = (xs, xs + (nn * h * B) as u64);
-        if !fold_gather {
-            kernels::gather_split_bf16(
-                d,
-                Launch::pdl((nn as u32, 1, 1), (256, 1, 1), 0),
-                dptr(n),
-                i(h),
-                dptr(pr),
-                nn as i64,
-                i(h),
-                dptr(hi),
-                dptr(lo_term(lo)),
-            )?;
-        }
+        kernels::gather_split_bf16(
+            d,
+            Launch::pdl((nn as u32, 1, 1), (256, 1, 1), 0),
+            dptr(n),
+            i(h),
+            dptr(pr),
+            nn as i64,
+            i(h),
+            dptr(hi),
+            dptr(lo_term(lo)),
+        )?;
         // y (f32, rows in plan order) = a (hi [+ lo]) W_e^T per expert. Block-FP8
         // experts in whole scale blocks: read as stored by the few-row kernel
         // and the grouped GEMMs, else the whole tensor dequantized into
         // `slot`'s work buffer first.
-        let experts = |act: ExpertAct, wm: &DevMat, slot: Slot, y: u64| {
+        let experts = |a_hi: u64, a_lo: u64, wm: &DevMat, slot: Slot, y: u64| {
             let (rows, cols) = (wm.rows / e, wm.cols);
             let fp8 = wm
                 .fp8()
@@ -379,11 +370,8 @@ impl GpuModel {
                         stride: (rows * cols) as i64,
                     },
                 };
-                return moe_rows::launch(d, act, w, *buf, *most, y, rows, cols);
+                return moe_rows::launch(d, (a_hi, a_lo), w, *buf, *most, y, rows, cols);
             }
-            let ExpertAct::Split(a_hi, a_lo) = act else {
-                unreachable!("activations are folded in only on the few-row kernel")
-            };
             match &plan {
                 MoePlan::Tiles { buf, most, bm } => {
                     let (kernel, smem, bn) = moe_gemm_kernel(
@@ -454,30 +442,20 @@ impl GpuModel {
         };
         let gu = sc.get(d, "gu", nn * 2 * inter * F)?;
         // A null lo operand: one product per tile or expert.
-        let act = if fold_gather {
-            ExpertAct::Gather { src: n, rows: pr }
-        } else {
-            ExpertAct::Split(hi, lo_term(lo))
-        };
-        experts(act, gate_up, Slot::GateUp, gu)?;
-        let act = if fold_silu {
-            ExpertAct::Silu(gu)
-        } else {
-            let ah = sc.get(d, "moe_act", nn * inter * 2 * B)?;
-            let al = ah + (nn * inter * B) as u64;
-            kernels::silu_mul_split(
-                d,
-                Launch::pdl((nn as u32, 1, 1), (256, 1, 1), 0),
-                dptr(gu),
-                nn as i64,
-                i(inter),
-                dptr(ah),
-                dptr(lo_term(al)),
-            )?;
-            ExpertAct::Split(ah, lo_term(al))
-        };
+        experts(hi, lo_term(lo), gate_up, Slot::GateUp, gu)?;
+        let ah = sc.get(d, "moe_act", nn * inter * 2 * B)?;
+        let al = ah + (nn * inter * B) as u64;
+        kernels::silu_mul_split(
+            d,
+            Launch::pdl((nn as u32, 1, 1), (256, 1, 1), 0),
+            dptr(gu),
+            nn as i64,
+            i(inter),
+            dptr(ah),
+            dptr(lo_term(al)),
+        )?;
         let ye = xs;
-        experts(act, down, Slot::Down, ye)?;
+        experts(ah, lo_term(al), down, Slot::Down, ye)?;
         kernels::moe_combine(
             d,
             Launch::pdl((t as u32, 1, 1), (256, 1, 1), 0),

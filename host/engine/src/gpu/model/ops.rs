@@ -496,15 +496,11 @@ impl GpuModel {
             9..=16 => (128, 2048, 17 << 10),
             _ => (64, 1024, 33 << 10),
         };
-        // 9-16 rows past a slice's columns: in K slices (QWASI_GEMM_ROWS=bulk16s).
-        let sliced16 = (9..=16).contains(&t) && cols > max_slice && self.opts.rows.sliced16();
         let kernel = match (t, fp8) {
             (..=8, false) => RingKernel::Bf16(typed::gemm_rows_bulk),
-            (..=16, false) if sliced16 => RingKernel::Bf16Sliced(typed::gemm_rows_bulk16s),
             (..=16, false) => RingKernel::Bf16(typed::gemm_rows_bulk16),
             (_, false) => RingKernel::Bf16Sliced(typed::gemm_rows_bulk32),
             (..=8, true) => RingKernel::Fp8(typed::gemm_rows_bulk_fp8),
-            (..=16, true) if sliced16 => RingKernel::Fp8Sliced(typed::gemm_rows_bulk16s_fp8),
             (..=16, true) => RingKernel::Fp8(typed::gemm_rows_bulk16_fp8),
             (_, true) => RingKernel::Fp8Sliced(typed::gemm_rows_bulk32_fp8),
         };
