@@ -1,7 +1,7 @@
 // The decode step's Gated DeltaNet (batch 1 and batched, issue 23): the
 // causal conv + SiLU of the projection row and the delta-rule step with the
 // head's gated RMSNorm (kernels/decode.cu describes the fused decode step).
-#include "bulk_copy.h"
+#include "compat.h"
 
 // The delta-rule step (T = 1) of value head hv with the state in registers
 // (thread (c, ty) holds S[ty + RG j][c]), then the head's gated RMSNorm:
@@ -181,111 +181,6 @@ QW_KERNEL void QW_BOUNDS_MIN(512, 2) bat_gdn_step(const float* __restrict__ proj
     dec_gdn_step_impl(row, nk, nv, dk, dv, a_log, dt_bias, ab + (size_t)b * ab_stride, q_scale,
                       (float*)tab[2 * b + 1], row + z_off, nw, eps, out + (size_t)b * out_stride);
 }
-
-// bat_gdn_step through a ring of states (bulk copies, sm_90): each block
-// (one per multiprocessor, 512 threads, up to 128 registers) steps a
-// contiguous run of the B nv (row, value head) items one after another,
-// the next `stages` items' states (64 KB each at the 35B's heads) on their
-// way into shared memory while it steps the current one, and the next
-// item's q, k, v and gates on their way into registers. With one block per
-// (row, head) and two blocks a multiprocessor, each block's state read,
-// arithmetic and stores ran one after the other (1.29 TB/s in and out at B
-// = 64 on the H200, ncu). The first states are requested before the grid
-// dependency wait, as there. The same arithmetic per item as dec_gdn_step,
-// bit for bit. Elsewhere (the CPU harness) the block copies each state into
-// its slot itself. Grid: at most B nv blocks; dynamic shared memory stages
-// dk dv floats.
-#define GDN_RING_MAX_STAGES 3
-__device__ __forceinline__ void gdn_ring_impl(const float* __restrict__ proj, int stride, int nk, int nv, int dk,
-                                              int dv, const float* __restrict__ a_log,
-                                              const float* __restrict__ dt_bias, const float* __restrict__ ab,
-                                              int ab_stride, float q_scale, const unsigned long long* __restrict__ tab,
-                                              int z_off, const float* __restrict__ nw, float eps,
-                                              float* __restrict__ out, int out_stride, int rows, int stages) {
-    QW_DYN_SMEM(float, ring);
-    __shared__ float qs[GS_RG * GS_ROWS], ks[GS_RG * GS_ROWS];
-    const int items = rows * nv, head = dk * dv, key_dim = nk * dk;
-    const int g0 = (int)((long long)items * blockIdx.x / gridDim.x);
-    const int n = (int)((long long)items * (blockIdx.x + 1) / gridDim.x) - g0;
-    const int tid = threadIdx.y * blockDim.x + threadIdx.x;
-    auto state = [&](int it) {
-        const int item = g0 + it;
-        return (const float*)tab[2 * (item / nv) + 1] + (size_t)(item % nv) * head;
-    };
-#if defined(QW_BULK)
-    __shared__ unsigned long long full[GDN_RING_MAX_STAGES];
-    auto fill = [&](int it) {
-        unsigned long long* bar = &full[it % stages];
-        mbar_expect(bar, 4u * (unsigned)head);
-        bulk_copy(ring + (size_t)(it % stages) * head, state(it), 4u * (unsigned)head, bar);
-    };
-    if (tid == 0) {
-        for (int s = 0; s < stages; s++) mbar_init(&full[s], 1);
-        mbar_fence_init();
-        for (int it = 0; it < min(stages, n); it++) fill(it);
-    }
-    __syncthreads();
-#endif
-    QW_GRID_WAIT();
-    QW_GRID_LAUNCH();
-    // What thread tid reads of item it's projection row besides the state:
-    // q and k (tid < dk), v (column threadIdx.x), the gates' inputs.
-    struct In {
-        float q, k, v, a, b, al, db;
-    };
-    auto load = [&](int it) {
-        In r{0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-        if (it >= n) return r;
-        const int item = g0 + it, b = item / nv, hv = item % nv, hk = hv / (nv / nk);
-        const float* row = proj + (size_t)b * stride;
-        if (tid < dk) r.q = row[hk * dk + tid], r.k = row[key_dim + hk * dk + tid];
-        if ((int)threadIdx.x < dv) r.v = row[2 * key_dim + hv * dv + threadIdx.x];
-        r.a = ab[(size_t)b * ab_stride + hv], r.b = ab[(size_t)b * ab_stride + nv + hv];
-        r.al = a_log[hv], r.db = dt_bias[hv];
-        return r;
-    };
-    In cur = load(0);
-    for (int it = 0; it < n; it++) {
-        const int s = it % stages, item = g0 + it, b = item / nv, hv = item % nv;
-        const In next = load(it + 1);
-        if (tid < dk) qs[tid] = cur.q, ks[tid] = cur.k;
-#if defined(QW_BULK)
-        mbar_wait(&full[s], (unsigned)(it / stages) & 1u);
-#else
-        for (int i = tid; i < head; i += (int)(blockDim.x * blockDim.y)) ring[(size_t)s * head + i] = state(it)[i];
-        __syncthreads();
-#endif
-        float sr[GS_ROWS];
-        gdn_load_state(ring + (size_t)s * head, 0, dk, dv, sr);
-        __syncthreads();  // q and k in, the slot read, the previous item's step done
-#if defined(QW_BULK)
-        if (tid == 0 && it + stages < n) fill(it + stages);
-#endif
-        const float bg = sigmoid_f(cur.b);
-        const float decay = expf(-expf(cur.al) * softplus_f(cur.a + cur.db));
-        float qinv, kinv;
-        gdn_qk_inv(qs, ks, dk, q_scale, qinv, kinv);
-        gdn_head_step(sr, qs, ks, qinv, kinv, cur.v, decay, bg, hv, dk, dv, (float*)tab[2 * b + 1],
-                      proj + (size_t)b * stride + z_off, nw, eps, out + (size_t)b * out_stride);
-        cur = next;
-    }
-}
-
-// MINB blocks a multiprocessor: 1 (up to 128 registers, up to three slots)
-// or 2 (64 registers, one slot each: one block's arithmetic beside the
-// other's; QWASI_GDN_RING_BLOCKS=2).
-#define GDN_RING(NAME, MINB)                                                                                      \
-    QW_KERNEL void QW_BOUNDS_MIN(512, MINB)                                                                       \
-        NAME(const float* __restrict__ proj, int stride, int nk, int nv, int dk, int dv,                          \
-             const float* __restrict__ a_log, const float* __restrict__ dt_bias, const float* __restrict__ ab,    \
-             int ab_stride, float q_scale, const unsigned long long* __restrict__ tab, int z_off,                 \
-             const float* __restrict__ nw, float eps, float* __restrict__ out, int out_stride, int rows,          \
-             int stages) {                                                                                        \
-        gdn_ring_impl(proj, stride, nk, nv, dk, dv, a_log, dt_bias, ab, ab_stride, q_scale, tab, z_off, nw, eps, \
-                      out, out_stride, rows, stages);                                                             \
-    }
-GDN_RING(bat_gdn_step_ring, 1)
-GDN_RING(bat_gdn_step_ring2, 2)
 
 // The step's causal conv (state [C][K-1], same arithmetic as `conv_silu` at
 // T = 1) + SiLU on every channel, in place on the projection row, where the

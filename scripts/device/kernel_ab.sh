@@ -11,9 +11,9 @@
 #   3. batch 1: `qwasi bench --workload speed` at 512 and 8K for the default
 #      and each variant of $SPEED_VARIANTS that passed, alternating for two
 #      rounds (none without SPEED_VARIANTS).
-# Variants ($VARIANTS, space-separated; several variables of one joined by
-# commas): the off-by-default forms still to measure, QWASI_GDN_RING=3 and
-# QWASI_GDN_RING=2 (the ring of GDN states, one block a multiprocessor).
+# Variants ($VARIANTS, required, space-separated; several variables of one
+# joined by commas, e.g. "QWASI_GEMM_ROWS=bulk8 QWASI_MOE_PLAN=kernels"): the
+# settings (docs/GPU.md "Options") to time against the default.
 # Files are named by variant with '=' and ',' as '_'.
 # Output: $OUT/kernel-ab.json (each variant's verify result and batch rows,
 # the batch-1 runs) and $OUT/kernel-ab-logs.tgz (every log and report).
@@ -27,7 +27,7 @@ rm -rf "$LOGS"
 mkdir -p "$LOGS" "$OUT"
 BIN=$(readlink -f "${QWASI_BIN:-.dev/qwasi}")
 BATCHES=${BATCHES:-8,12,16,64}
-VARIANTS=${VARIANTS:-QWASI_GDN_RING=3 QWASI_GDN_RING=2}
+VARIANTS=${VARIANTS:?set VARIANTS: the settings to time against the default}
 SYN="--backend cuda --synthetic qwen3.6-35b-a3b --layers 40 --fixtures /nonexistent"
 rc=0
 # The settings of variant $1 as env arguments ("default": none).

@@ -6,7 +6,7 @@
 // moves values). Shapes: the 35B model's (16 key heads, 32
 // value heads of 128, conv of 4) and the fixtures' small ones (head dims 16
 // and 24, one and three value heads per key head, conv of 2). Then the
-// batched steps (bat_gdn_step, bat_gdn_step_ring), each row equal to
+// batched step (bat_gdn_step, a | b in the row or apart), each row equal to
 // dec_gdn_step's alone (check_batched).
 // Exit 1 on a mismatch.
 #include <cstdio>
@@ -164,26 +164,6 @@ static void check_batched(int nk, int nv, int dk, int dv, int B, std::mt19937& r
         qw_cpu::launch({(unsigned)nv, (unsigned)B, 1}, {bx, 4, 1}, [&] {
             bat_gdn_step(cut.data(), stride, nk, nv, dk, dv, a_log.data(), dt_bias.data(), ab.data(), ab_stride, q_scale,
                          tab, conv_dim, nw.data(), eps, out, out_stride);
-        });
-    });
-    // bat_gdn_step_ring: blocks taking runs of (row, head) items through 1-3
-    // slots, from one block for all of them to one block each; a | b apart.
-    const int items = B * nv;
-    for (int stages = 1; stages <= GDN_RING_MAX_STAGES; stages++)
-        for (int blocks : {1, std::max(1, items / 3), items}) {
-            char what[64];
-            std::snprintf(what, sizeof what, "bat_gdn_step_ring %d x %d slots", blocks, stages);
-            run(what, [&](const unsigned long long* tab, float* out) {
-                qw_cpu::launch({(unsigned)blocks, 1, 1}, {bx, 4, 1}, [&] {
-                    bat_gdn_step_ring(cut.data(), stride, nk, nv, dk, dv, a_log.data(), dt_bias.data(), ab.data(),
-                                      ab_stride, q_scale, tab, conv_dim, nw.data(), eps, out, out_stride, B, stages);
-                });
-            });
-        }
-    run("bat_gdn_step_ring2 1 slot", [&](const unsigned long long* tab, float* out) {
-        qw_cpu::launch({(unsigned)std::max(1, items / 2), 1, 1}, {bx, 4, 1}, [&] {
-            bat_gdn_step_ring2(cut.data(), stride, nk, nv, dk, dv, a_log.data(), dt_bias.data(), ab.data(), ab_stride,
-                               q_scale, tab, conv_dim, nw.data(), eps, out, out_stride, B, 1);
         });
     });
 }

@@ -273,14 +273,6 @@ pub struct GpuOptions {
     /// (`dec_gemv_bulk_conv`) where the bulk GEMV applies; `false` with
     /// `QWASI_GDN_CONV=kernel` (its own kernel, `dec_gdn_conv`).
     pub conv_gdn: bool,
-    /// State slots of 64 KB per block of the batched GDN step's ring
-    /// (`bat_gdn_step_ring`, `QWASI_GDN_RING`, 1..=3) where the GPU has bulk
-    /// copies; 0 (the default until measured): one block per row and head
-    /// (`bat_gdn_step`).
-    pub gdn_ring: usize,
-    /// Blocks per multiprocessor of that ring (`QWASI_GDN_RING_BLOCKS`, 1 or
-    /// 2): two (`bat_gdn_step_ring2`, 64 registers) hold one slot each.
-    pub gdn_ring_blocks: usize,
     /// Prefix-cache host copies in page-locked memory (`false` with
     /// `QWASI_HOST_TIER=pageable`).
     pub pinned_host_tier: bool,
@@ -464,8 +456,6 @@ impl GpuOptions {
             bulk_stages: count("QWASI_BULK_STAGES", 4, 1..=BULK_MAX_STAGES)?,
             bulk_blocks: count("QWASI_BULK_BLOCKS", 1, 1..=64)?,
             conv_gdn: pick("QWASI_GDN_CONV", &["fold", "kernel"])? == "fold",
-            gdn_ring: count("QWASI_GDN_RING", 0, 0..=3)?,
-            gdn_ring_blocks: count("QWASI_GDN_RING_BLOCKS", 1, 1..=2)?,
             pinned_host_tier: pick("QWASI_HOST_TIER", &["pinned", "pageable"])? == "pinned",
             graphs: flag("QWASI_GRAPHS", true)?,
             moe_pairs: count("QWASI_MOE_PAIRS", 2, 1..=64)?,
@@ -552,10 +542,7 @@ mod tests {
         assert_eq!(o.grouped_moe, cfg!(feature = "cuda"));
         assert_eq!(o.tc_attention, cfg!(feature = "cuda"));
         assert_eq!((o.moe_wg_cols, o.moe_pairs), (256, 2));
-        assert_eq!(
-            (o.bulk_stages, o.bulk_blocks, o.gdn_ring, o.gdn_ring_blocks),
-            (4, 1, 0, 1)
-        );
+        assert_eq!((o.bulk_stages, o.bulk_blocks), (4, 1));
         assert_eq!((o.dec_attn, o.gemv), (DecAttnPath::Auto, GemvPath::Bulk));
         assert!(o.device.pdl && !o.device.debug && !o.device.profile);
         // An empty value is the default too.
@@ -587,8 +574,6 @@ mod tests {
             ("QWASI_BULK_STAGES", "2"),
             ("QWASI_BULK_BLOCKS", "2"),
             ("QWASI_GDN_CONV", "kernel"),
-            ("QWASI_GDN_RING", "2"),
-            ("QWASI_GDN_RING_BLOCKS", "2"),
             ("QWASI_HOST_TIER", "pageable"),
             ("QWASI_GRAPHS", "0"),
             ("QWASI_MOE_PAIRS", "4"),
@@ -610,7 +595,6 @@ mod tests {
         assert_eq!(o.gemv, GemvPath::Stream);
         assert_eq!((o.bulk_stages, o.bulk_blocks, o.moe_pairs), (2, 2, 4));
         assert!(!o.conv_gdn && !o.pinned_host_tier && !o.graphs && !o.kv_pages);
-        assert_eq!((o.gdn_ring, o.gdn_ring_blocks), (2, 2));
         assert_eq!(o.gemm_stack, GemmStack::Off);
         assert_eq!(
             parse(&[("QWASI_GEMM_STACK", "on")]).unwrap().gemm_stack,

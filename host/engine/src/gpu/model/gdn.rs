@@ -17,12 +17,9 @@ use super::seq_state::Span;
 use super::weights::{DevMat, Synth, Upload};
 use super::{CONV_TPT, DBuf, F, GpuModel, SeqLayer};
 use crate::config::ModelConfig;
-use crate::gpu::kernels::{self, Launch, typed};
+use crate::gpu::kernels::{self, Launch};
 use crate::gpu::{dptr, i};
 use anyhow::{Result, bail};
-
-/// Most state slots a block of `bat_gdn_step_ring` holds (kernels/decode_gdn.cu).
-const GDN_RING_MAX_STAGES: usize = 3;
 
 /// The GDN decode step's block for value heads of `dv`
 /// (kernels/decode_gdn.cu): 32 ceil(dv / 32) columns of 4 row groups.
@@ -362,53 +359,11 @@ impl GdnLayer {
     }
 
     /// The delta-rule step of a batched step's `b` decode rows (their
-    /// projections `pr`, states at the layer's table `tab`) into `o`:
-    /// through the ring of states (`bat_gdn_step_ring`, one block per
-    /// multiprocessor) where the GPU has bulk copies and `QWASI_GDN_RING`
-    /// slots of a head's state fit, else a block per row and head.
+    /// projections `pr`, states at the layer's table `tab`) into `o`: a
+    /// block per row and head.
     fn batch_step(&self, m: &GpuModel, pr: &GdnProj, b: usize, tab: u64, o: u64) -> Result<()> {
         let (c, d) = (&m.cfg, &m.dev);
         let (nk, nv, dk, dv) = c.linear_heads();
-        let head = dk * dv * F;
-        // Two blocks a multiprocessor hold one slot each.
-        let (k, most) = match m.opts.gdn_ring_blocks {
-            2 => (typed::bat_gdn_step_ring2, 1),
-            _ => (typed::bat_gdn_step_ring, GDN_RING_MAX_STAGES),
-        };
-        let stages = m
-            .opts
-            .gdn_ring
-            .min(most)
-            .min(d.max_shared_per_block() / head);
-        if stages > 0 && d.bulk_copies() && head.is_multiple_of(16) {
-            let block = step_block(dv);
-            let smem = (stages * head) as u32;
-            let resident = d.occupancy(k.kernel, block.0 * block.1, smem) * d.sm_count;
-            let grid = resident.min((b * nv) as u32);
-            return (k.launch)(
-                d,
-                Launch::pdl((grid, 1, 1), block, smem),
-                dptr(pr.main),
-                i(pr.stride),
-                i(nk),
-                i(nv),
-                i(dk),
-                i(dv),
-                dptr(self.a_log.ptr()),
-                dptr(self.dt_bias.ptr()),
-                dptr(pr.ab),
-                i(pr.ab_stride),
-                1.0 / (dk as f32).sqrt(),
-                dptr(tab),
-                i(c.linear_conv_dim()),
-                dptr(self.norm.ptr()),
-                c.rms_norm_eps,
-                dptr(o),
-                i(c.linear_value_dim()),
-                i(b),
-                i(stages),
-            );
-        }
         kernels::bat_gdn_step(
             d,
             Launch::pdl((nv as u32, b as u32, 1), step_block(dv), 0),
