@@ -43,7 +43,6 @@ mod masks;
 mod mlp;
 mod moe;
 mod moe_grouped;
-mod moe_rows;
 mod ops;
 mod pass;
 mod pass_snapshots;

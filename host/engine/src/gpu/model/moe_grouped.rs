@@ -7,7 +7,6 @@
 //! per-expert GEMMs over rows gathered on a plan copied back to the host.
 
 use super::fp8::Slot;
-use super::moe_rows::{self, RowsWeights};
 use super::weights::DevMat;
 use super::{B, F, GpuModel, Scratch};
 use crate::gpu::kernels::{self, Launch, Typed, sig, typed};
@@ -362,15 +361,25 @@ impl GpuModel {
             let fp8 = wm
                 .fp8()
                 .filter(|_| rows.is_multiple_of(128) && cols.is_multiple_of(128));
+            // The few-row kernel (`moe_rows8`) over the plan's 8-row tiles.
             if few && let MoePlan::Tiles { buf, most, .. } = &plan {
-                let w = match fp8 {
-                    Some((q, s)) => RowsWeights::Fp8 { q, s },
-                    None => RowsWeights::Bf16 {
-                        w: self.bf16_weights(wm, slot)?,
-                        stride: (rows * cols) as i64,
-                    },
+                let l = Launch::pdl(
+                    (rows.div_ceil(32).div_ceil(4) as u32, *most, 1),
+                    (128, 1, 1),
+                    0,
+                );
+                let (a_hi, a_lo, buf, y) = (dptr(a_hi), dptr(a_lo), dptr(*buf), dptr(y));
+                let (n, k) = (i(rows), i(cols));
+                return match fp8 {
+                    Some((q, s)) => {
+                        kernels::moe_rows8_fp8(d, l, a_hi, a_lo, dptr(q), dptr(s), buf, y, n, k)
+                    }
+                    None => {
+                        let w = dptr(self.bf16_weights(wm, slot)?);
+                        let stride = (rows * cols) as i64;
+                        kernels::moe_rows8(d, l, a_hi, a_lo, w, stride, buf, y, n, k)
+                    }
                 };
-                return moe_rows::launch(d, (a_hi, a_lo), w, *buf, *most, y, rows, cols);
             }
             match &plan {
                 MoePlan::Tiles { buf, most, bm } => {
