@@ -66,3 +66,20 @@ __device__ __forceinline__ unsigned char f32_e4m3_trunc(float v) {
     const float f = frexpf(a, &e);  // a = f 2^e, f in [0.5, 1): (1 + m/8) 2^(e-1)
     return (unsigned char)(s | ((unsigned)(e + 6) << 3) | (unsigned)((f * 2.f - 1.f) * 8.f));
 }
+
+// The E4M3 byte nearest to v (ties to the even code), finite values past 448
+// as +-448 and NaN as NaN: PTX `cvt.rn.satfinite.e4m3x2.f32`, restated for
+// the GPUs without it and the CPU harness.
+__device__ __forceinline__ unsigned char f32_e4m3_rn(float v) {
+    const unsigned s = (__float_as_uint(v) >> 24) & 0x80u;
+    const float a = fabsf(v);
+    if (a != a) return (unsigned char)(s | 0x7fu);
+    if (a >= 448.f) return (unsigned char)(s | 0x7eu);
+    // Subnormals step by 2^-9; 8 of them is the first normal's code (0x08).
+    if (a < 0.015625f) return (unsigned char)(s | (unsigned)rintf(a * 512.f));
+    int e;
+    frexpf(a, &e);                                    // a in [2^(e-1), 2^e): 3 mantissa bits step by 2^(e-4)
+    const float r = ldexpf(rintf(ldexpf(a, 4 - e)), e - 4);  // may carry into the next binade
+    const float f = frexpf(r, &e);
+    return (unsigned char)(s | ((unsigned)(e + 6) << 3) | (unsigned)((f * 2.f - 1.f) * 8.f));
+}

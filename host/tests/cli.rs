@@ -232,7 +232,7 @@ fn tokenize_bench_reports_and_checks_ids() {
 }
 
 /// `--prefill-precision` is a GPU mode: the cpu backend (the f32 reference)
-/// refuses `bf16` before loading anything, accepts the default `split`, and
+/// refuses `bf16` and `fp8` before loading anything, accepts the default `split`, and
 /// an unknown value says what the flag takes.
 /// `serve --synthetic` makes its weights on the GPU: the cpu backend refuses
 /// it in one line, and it excludes --model; --layers needs it.
@@ -259,8 +259,8 @@ fn serve_synthetic_needs_a_gpu_backend() {
 
 #[test]
 fn the_cpu_backend_refuses_bf16_prompt_precision() {
-    for cmd in ["generate", "serve"] {
-        let mut args = vec![cmd, "--prefill-precision", "bf16"];
+    for (cmd, mode) in [("generate", "bf16"), ("serve", "bf16"), ("generate", "fp8")] {
+        let mut args = vec![cmd, "--prefill-precision", mode];
         if cmd == "generate" {
             args.extend(["--prompt", "hi"]);
         }
@@ -289,7 +289,7 @@ fn the_cpu_backend_refuses_bf16_prompt_precision() {
     let out = qwasi(&["generate", "--prefill-precision", "fp16", "--prompt", "hi"]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
-        !out.status.success() && err.contains("split, bf16"),
+        !out.status.success() && err.contains("split, bf16, fp8"),
         "{err}"
     );
     let out = qwasi(&[

@@ -13,7 +13,20 @@ from_pretrained(dtype=torch.bfloat16) builds it; the RoPE inverse frequencies
 stay float32 as they are computed) on the same prompts: last-token logits
 only, the yardstick of what bf16 inference loses against float32.
 
-    python3 scripts/device/compare_transformers.py OUTDIR [--layers 8] [--lens 1,1024,8192] [--gen 64] [--dtype f32|both]
+With --fp8, OUTDIR/model is instead a block-FP8 checkpoint of those bf16
+weights in the published layout (as scripts/device/fp8_checkpoint.py writes
+one, through scripts/fp8_quant.py: routed experts per expert, every Linear
+weight not in modules_to_not_convert as E4M3 with an f32 weight_scale_inv per
+128x128 block, quantized on the GPU by transformers' Fp8Quantize, and the
+quantization_config in config.json), and both references run on the
+dequantized weights, bf16(f32(e4m3) * f32(scale)) as the engine computes them
+(docs/FP8.md), i.e. on the engine's own bf16 weights: what the comparison
+then measures is the FP8-activation prompt mode, not the weights' rounding.
+ref.json says "fp8": true. Then transformers also runs OUTDIR/model as the FP8
+checkpoint it is (FP8 activations, its own FP8 GEMMs, bf16 otherwise):
+logits_fp8_<len>.f32, the yardstick of `--prefill-precision fp8`.
+
+    python3 scripts/device/compare_transformers.py OUTDIR [--layers 8] [--lens 1,1024,8192] [--gen 64] [--dtype f32|both] [--fp8]
 
 Then: qwasi verify --backend cuda --compare OUTDIR [--prefill-precision bf16].
 Writes OUTDIR/model/{config.json,model.safetensors} and OUTDIR/ref.json,
@@ -24,6 +37,7 @@ OUTDIR/logits_<len>.f32 (raw little-endian float32, vocab entries) and, with
 import argparse
 import json
 import math
+import sys
 import time
 from pathlib import Path
 
@@ -99,6 +113,69 @@ def init_value(name, shape, gen, hidden):
     raise ValueError(f"no init rule for {name} {shape}")
 
 
+def dequantize(q, scale):
+    """The engine's dequantization (docs/FP8.md): per 128x128 block (scale
+    [row // 128, col // 128]), the E4M3 value widened to f32 times the f32 scale,
+    one f32 multiply, the product rounded once to bf16 (nearest even)."""
+    r, c = q.shape
+    prod = q.to(torch.float32).reshape(r // 128, 128, c // 128, 128) * scale.to(torch.float32)[:, None, :, None]
+    return prod.reshape(r, c).to(torch.bfloat16)
+
+
+def block_rel_err(d, w):
+    """max over 128x128 blocks of max |d - w| / max |w|: at most about
+    16 / 448 (E4M3's half step at the top of its range, scale amax / 448) plus
+    2^-8 (the product's bf16 rounding), 0.040."""
+    r, c = w.shape
+    amax = lambda x: x.abs().reshape(r // 128, 128, c // 128, 128).amax(dim=(1, 3))  # noqa: E731
+    return float((amax(d.float() - w.float()) / amax(w.float()).clamp_min(1e-30)).max())
+
+
+def fp8_checkpoint(model, tensors, layer_types, inter):
+    """--fp8: the bf16 checkpoint `tensors` (CPU) as the block-FP8 checkpoint of
+    scripts/device/fp8_checkpoint.py, quantized on the GPU from the model's
+    parameters (which hold those bf16 values), and every quantized weight of the
+    model replaced by its dequantized value, so the references compute with the
+    engine's weights. Returns (the FP8 checkpoint's tensors on the CPU,
+    quantization_config)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    import fp8_quant as fq  # here, not at the top: the plain run stays as it was
+
+    t0 = time.time()
+    # The script's checkpoint is text-only: its names are model.layers.N..., model.embed_tokens, lm_head.
+    qcfg = fq.quantization_config(layer_types, prefix="model.")
+    skip = qcfg["modules_to_not_convert"]
+    params = dict(model.named_parameters())
+    out, n_fp8, worst = {}, 0, 0.0
+    for name in list(tensors):
+        v = tensors.pop(name)  # popped as it goes, so host memory holds about one checkpoint
+        fused = name.endswith(("mlp.experts.gate_up_proj", "mlp.experts.down_proj"))
+        if not fused and not (v.ndim == 2 and fq.is_quantized(name, skip)):
+            out[name] = v  # embeddings, lm_head, router, norms, conv, A_log / dt_bias: as they were
+            continue
+        p = params[name]
+        parts = dict(fq.unfuse_experts(name, p.detach().to(torch.bfloat16), inter))  # exact: p is bf16-valued
+        q, n = fq.quantize(parts, qcfg)  # on the GPU, since the parts are
+        assert n == len(parts), f"{name}: {n} of {len(parts)} parts quantized"
+        for key, w in parts.items():
+            d = dequantize(q[key], q[key[: -len(".weight")] + ".weight_scale_inv"])
+            worst = max(worst, block_rel_err(d, w))
+            # Where the part sits in the parameter: unfuse_experts gives expert e's
+            # gate rows [:inter], up rows [inter:] of gate_up_proj and all of down_proj.
+            if key == name:
+                p.copy_(d)
+            else:
+                e, proj = key[len(name.rsplit(".", 1)[0]) + 1:].split(".")[:2]
+                rows = {"gate_proj": slice(0, inter), "up_proj": slice(inter, None), "down_proj": slice(None)}[proj]
+                p[int(e), rows].copy_(d)
+        out.update({k: t.cpu() for k, t in q.items()})
+        n_fp8 += n
+    print(f"[ref] fp8: {n_fp8} tensors quantized (E4M3, 128x128 blocks) in {time.time() - t0:.1f} s; "
+          f"the references run on their dequantized values; max |dequantized - bf16| / block max |bf16| "
+          f"= {worst:.4f} (E4M3 and bf16 rounding: 0.040 at most)", flush=True)
+    return out, qcfg
+
+
 def chunked_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
     """Causal GQA attention in float32 over blocks of queries.
 
@@ -143,6 +220,11 @@ def main():
         choices=["f32", "both"],
         help="f32: the float32 reference; both: then the bfloat16 model's last-token logits too",
     )
+    ap.add_argument(
+        "--fp8",
+        action="store_true",
+        help="write a block-FP8 checkpoint and run the references on its dequantized weights",
+    )
     a = ap.parse_args()
     if a.attn == "chunked":
         AttentionInterface.register("chunked", chunked_attention)
@@ -169,11 +251,16 @@ def main():
                 v = v.to(torch.float32)
             p.copy_(v)
     print(f"[ref] model built in {time.time() - t0:.1f} s", flush=True)
+    if a.fp8:
+        with torch.no_grad():
+            tensors, qcfg = fp8_checkpoint(model, tensors, cfg.layer_types, cfg.moe_intermediate_size)
     t0 = time.time()
     save_file(tensors, str(out / "model" / "model.safetensors"), metadata={"format": "pt"})
     del tensors
     cd = text_config(a.layers)
     cd.update({"architectures": ["Qwen3_5MoeForCausalLM"], "model_type": "qwen3_5_moe_text", "dtype": "bfloat16"})
+    if a.fp8:
+        cd["quantization_config"] = qcfg
     (out / "model" / "config.json").write_text(json.dumps(cd, indent=2) + "\n")
     print(f"[ref] saved in {time.time() - t0:.1f} s", flush=True)
 
@@ -203,9 +290,16 @@ def main():
               f"first tokens {toks[:8]}", flush=True)
         cases.append({"len": L, "prompt": ids[0].tolist(), "generated": toks, "margins": margins})
         torch.cuda.empty_cache()
-    (out / "ref.json").write_text(json.dumps({"layers": a.layers, "cases": cases}))
+    ref = {"layers": a.layers, "cases": cases}
+    if a.fp8:
+        ref["fp8"] = True
+    (out / "ref.json").write_text(json.dumps(ref))
     if a.dtype == "both":
         bf16_reference(model, cfg, a.attn, prompts, out)
+    if a.fp8:
+        del model
+        torch.cuda.empty_cache()
+        fp8_reference(a.attn, prompts, out)
 
 
 def bf16_reference(model32, cfg, attn, prompts, out):
@@ -232,6 +326,31 @@ def bf16_reference(model32, cfg, attn, prompts, out):
         logits.numpy().astype("<f4").tofile(out / f"logits_bf16_{L}.f32")
         print(f"[ref bf16] len {L}: forward {time.time() - t0:.1f} s, top-1 {int(logits.argmax())}", flush=True)
         torch.cuda.empty_cache()
+
+
+def fp8_reference(attn, prompts, out):
+    """--fp8: transformers running OUTDIR/model as an FP8 checkpoint
+    (`from_pretrained` with its quantization_config, bf16 otherwise: FP8Linear,
+    activations quantized per token and 128 columns): last-token logits of each
+    prompt as logits_fp8_<len>.f32, the yardstick of what FP8 inference itself
+    loses. Where this transformers cannot run it, ref_fp8_error.txt says why."""
+    t0 = time.time()
+    try:
+        model = Qwen3_5MoeForCausalLM.from_pretrained(
+            out / "model", dtype=torch.bfloat16, device_map="cuda", attn_implementation=attn,
+            experts_implementation="eager",
+        ).eval()
+        kinds = sorted({str(p.dtype) for p in model.parameters()})
+        print(f"[ref fp8] model loaded in {time.time() - t0:.1f} s (parameters {kinds})", flush=True)
+        for L, ids in prompts:
+            t0 = time.time()
+            with torch.no_grad():
+                logits = model(input_ids=ids.cuda(), logits_to_keep=1, use_cache=False).logits[0, -1].float().cpu()
+            logits.numpy().astype("<f4").tofile(out / f"logits_fp8_{L}.f32")
+            print(f"[ref fp8] len {L}: forward {time.time() - t0:.1f} s, top-1 {int(logits.argmax())}", flush=True)
+    except Exception as e:  # noqa: BLE001 - recorded, the other references stand
+        (out / "ref_fp8_error.txt").write_text(repr(e)[:2000] + "\n")
+        print(f"[ref fp8] not run: {e!r}"[:600], flush=True)
 
 
 if __name__ == "__main__":

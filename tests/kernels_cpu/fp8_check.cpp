@@ -14,7 +14,8 @@
 // gemm_rows_bulk16_fp8, gemm_rows_bulk32_fp8) against the bf16 kernels on the dequantized
 // weights: bit-identical outputs (same values, same f32 order; the tail
 // rows within rounding); the synthetic weights' encoder. Exit 1 on a
-// mismatch.
+// mismatch. fp8_quant_rows (the FP8 prompt GEMMs' activations) against the
+// nearest code found by search, its scales exactly.
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -71,6 +72,65 @@ static Q8 random_q8(int rows, int cols, std::mt19937& rng) {
     m.s.resize((size_t)(rows / 128) * m.cb());
     for (auto& v : m.s) v = sc(rng);
     return m;
+}
+
+
+// The value of a non-negative E4M3 code, from its fields in double.
+static double ref_value(int c) {
+    const int e = (c >> 3) & 15, m = c & 7;
+    return e == 0 ? std::ldexp((double)m / 8.0, -6) : std::ldexp(1.0 + m / 8.0, e - 7);
+}
+
+// The E4M3 byte nearest to v by search over every finite code's value (ties
+// to the even code, past 448 to 448): independent of f32_e4m3_rn's arithmetic.
+static unsigned char nearest_e4m3(float v) {
+    const double a = std::fabs((double)v);
+    int best = 0;
+    for (int c = 1; c < 0x7f; c++) {
+        const double d = std::fabs(ref_value(c) - a), db = std::fabs(ref_value(best) - a);
+        if (d < db || (d == db && (c & 1) == 0)) best = c;
+    }
+    return (unsigned char)(best | (std::signbit(v) ? 0x80 : 0));
+}
+
+// fp8_quant_rows: per row and 128 columns, scale = amax / 448 (a zero group a
+// tiny one), bytes the nearest codes of x / scale; scales column-group-major.
+static void quant_rows(int t, int t_pad, int cols, std::mt19937& rng) {
+    std::vector<float> x((size_t)t * cols);
+    std::normal_distribution<float> nd(0.f, 1.f);
+    std::uniform_int_distribution<int> pick(0, 9);
+    for (size_t g = 0; g < x.size(); g++) {
+        const int p = pick(rng);
+        // Mixed magnitudes so groups hold subnormal codes, exact 448s and ties.
+        x[g] = p == 0 ? 0.f : p == 1 ? nd(rng) * 1e-4f : p == 2 ? std::ldexp(1.f + 0.0625f * (g % 16), (int)(g % 7) - 3)
+                                                                 : nd(rng) * 3.f;
+    }
+    for (int c = 0; c < 128 && t > 1; c++) x[(size_t)cols + c] = 0.f;  // row 1, group 0: all zeros
+    // Row 0, group 0: amax 448 makes the scale exactly 1, so these are ties
+    // between two codes (normal and subnormal) and must go to the even one.
+    const float ties[] = {448.f, 1.0625f, 1.1875f, -3.375f, 0.0029296875f, 0.0048828125f, 232.f, 0.0146484375f, 0.0166015625f};
+    for (int c = 0; c < 9; c++) x[c] = ties[c];
+    std::vector<unsigned char> q((size_t)t_pad * cols, 0x55);
+    std::vector<float> s((size_t)t_pad * (cols / 128), -1.f);
+    const unsigned warps = (unsigned)(t_pad * (cols / 128)), blocks = (warps * 32 + 255) / 256;
+    qw_cpu::launch({blocks, 1, 1}, {256, 1, 1}, [&] { fp8_quant_rows(x.data(), t, t_pad, cols, q.data(), s.data()); });
+    for (size_t at = (size_t)t * cols; at < q.size(); at++)
+        if (q[at] != 0) fail("fp8_quant_rows padding code", at, q[at], 0);
+    for (int r = t; r < t_pad; r++)
+        for (int g = 0; g < cols / 128; g++)
+            if (!(s[(size_t)g * t_pad + r] > 0.f)) fail("fp8_quant_rows padding scale", r, s[(size_t)g * t_pad + r], 1);
+    for (int r = 0; r < t; r++)
+        for (int g = 0; g < cols / 128; g++) {
+            float amax = 0.f;
+            for (int c = 0; c < 128; c++) amax = std::fmax(amax, std::fabs(x[(size_t)r * cols + g * 128 + c]));
+            const float sc = std::fmax(amax, 1e-30f) / 448.f, got = s[(size_t)g * t_pad + r];
+            if (got != sc) fail("fp8_quant_rows scale", (size_t)g * t_pad + r, got, sc);
+            for (int c = 0; c < 128; c++) {
+                const size_t at = (size_t)r * cols + g * 128 + c;
+                const unsigned char want = nearest_e4m3(x[at] / sc);
+                if (q[at] != want) fail("fp8_quant_rows code", at, q[at], want);
+            }
+        }
 }
 
 static void dequant_codes() {
@@ -379,10 +439,14 @@ int main() {
     moe(8, 3, 128, 256, 128, rng);
     moe(6, 2, 256, 128, 256, rng);  // the virtual row over two chunks
     moe(16, 8, 256, 256, 512, rng); // the split-row kernels with 2 warps a row
+    quant_rows(5, 16, 384, rng);  // padded to 16 rows
+    quant_rows(1, 1, 128, rng);
+    quant_rows(33, 48, 2048, rng);
+    quant_rows(32, 32, 256, rng);
     if (failures) {
         std::printf("%d mismatches\n", failures);
         return 1;
     }
-    std::printf("fp8: dequantization and FP8 decode kernels match\n");
+    std::printf("fp8: dequantization, activation quantization and FP8 decode kernels match\n");
     return 0;
 }

@@ -104,10 +104,11 @@ mod gpu {
     use anyhow::Result;
     use qwasi_engine::gpu::verify::{
         ATTN_TOL, BATCH_LOGPROB_TOL, BatchReport, Comparison, ConstrainedReport, DRAW_LOGPROB_TOL,
-        FP8_LOGIT_TOL, LSE_TOL, MARGIN_TOL, MASK_LOGPROB_TOL, SmokeReport, Tolerances,
-        WeightedReport, attention_check, batch_check, batch_check_every, constrained_check,
-        fp8_resident_check, pass_snapshots_check, smoke, synthetic_model, verify_fixture,
-        verify_fixture_batch, verify_fixture_constrained, verify_fixture_weighted, weighted_check,
+        FP8_GEMM_TOL, FP8_LOGIT_TOL, LSE_TOL, MARGIN_TOL, MASK_LOGPROB_TOL, SmokeReport,
+        Tolerances, WeightedReport, attention_check, batch_check, batch_check_every,
+        constrained_check, fp8_resident_check, pass_snapshots_check, smoke, synthetic_model,
+        verify_fixture, verify_fixture_batch, verify_fixture_constrained, verify_fixture_weighted,
+        weighted_check,
     };
     use std::path::{Path, PathBuf};
 
@@ -190,6 +191,26 @@ mod gpu {
                     gb(r.dequantized_bytes),
                     verdict(r.pass)
                 );
+                for line in r.gemm.iter().flat_map(|g| &g.per_shape) {
+                    println!("{:<12}   FP8 activations {line}", r.fixture);
+                }
+                match &r.gemm {
+                    Some(g) => println!(
+                        "{:<12} FP8 activations (--prefill-precision fp8): {} shapes, codes {} / \
+                         scales {} off the host's quantization, max rel. error {:.2e} vs the f64 \
+                         product (tolerance {FP8_GEMM_TOL})  {}",
+                        r.fixture,
+                        g.shapes,
+                        g.code_mismatches,
+                        g.scale_mismatches,
+                        g.max_rel_err,
+                        verdict(g.pass)
+                    ),
+                    None => println!(
+                        "{:<12} FP8 activations: not checked (no block-scaled FP8 GEMMs on this device)",
+                        r.fixture
+                    ),
+                }
                 all_pass &= r.pass;
                 fp8.push(r);
             }
@@ -484,6 +505,15 @@ mod gpu {
                 r.greedy_diverged_margin,
                 verdict(r.pass)
             );
+            if r.kl_ref_fp8ref.is_some() {
+                println!(
+                    "[compare] len {:>6}: KL(hf-fp8||gpu) {}, FP8 yardstick KL(hf32||hf-fp8) {} \
+                     (transformers running the checkpoint as FP8)",
+                    r.prompt_len,
+                    sci(r.kl_fp8ref_gpu),
+                    sci(r.kl_ref_fp8ref)
+                );
+            }
             all &= r.pass;
             reports.push(r);
         }

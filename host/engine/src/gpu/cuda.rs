@@ -3,12 +3,13 @@
 //! stream, programmatic dependent launch (`cuLaunchKernelEx`), CUDA graphs,
 //! and cuBLAS `GemmEx` for the bf16 GEMMs.
 
+use super::cuda_fp8_gemm::Fp8Gemm;
 use super::device::{DeviceInfo, Launch, RawDevice, RawError, RawResult};
 use anyhow::{Result, bail};
 use cudarc::cublas::sys as cbs;
 use cudarc::driver::{CudaContext, result, sys};
 use std::ffi::{CStr, c_void};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 mod images {
     include!(concat!(env!("OUT_DIR"), "/kernel_images_cuda.rs"));
@@ -39,6 +40,8 @@ pub struct Cuda {
     /// Physical page size of the virtual memory management calls, where the
     /// device has them.
     page: Option<usize>,
+    /// cuBLASLt's block-scaled FP8 GEMMs, made at the first one.
+    fp8_gemm: Mutex<Option<Fp8Gemm>>,
 }
 
 /// Device memory on GPU 0, as `cuMemCreate` and its granularity query take it.
@@ -106,6 +109,7 @@ unsafe impl RawDevice for Cuda {
             cublas,
             stream,
             page: None,
+            fp8_gemm: Mutex::new(None),
         };
         unsafe { cbs::cublasSetStream_v2(cublas, stream as cbs::cudaStream_t) }
             .result()
@@ -132,6 +136,7 @@ unsafe impl RawDevice for Cuda {
             bulk_copies: major >= 9,
             // The kernels' sm_90a code runs on 9.x only.
             wgmma: major == 9,
+            fp8_gemm: major == 9,
             graphs: true,
             blas_error: None,
         };
@@ -411,11 +416,37 @@ unsafe impl RawDevice for Cuda {
         }
         .map_err(err)
     }
+
+    unsafe fn gemm_fp8_blocks(
+        &self,
+        x: u64,
+        xs: u64,
+        w: u64,
+        ws: u64,
+        y: u64,
+        shape: (i32, i32, i32),
+        accumulate: bool,
+    ) -> RawResult<()> {
+        let mut g = self.fp8_gemm.lock().unwrap_or_else(|e| e.into_inner());
+        if g.is_none() {
+            *g = Some(Fp8Gemm::new()?);
+        }
+        let g = g.as_mut().expect("made above");
+        // SAFETY: the caller's buffers, on this device's stream.
+        unsafe { g.run(self.stream, (x, xs), (w, ws), y, shape, accumulate) }
+    }
 }
 
 impl Drop for Cuda {
     fn drop(&mut self) {
         let _ = self.ctx.bind_to_thread();
+        // Its workspace is freed while the context is still bound.
+        drop(
+            self.fp8_gemm
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .take(),
+        );
         unsafe {
             let _ = cudarc::cublas::result::destroy_handle(self.cublas);
             sys::cuStreamDestroy_v2(self.stream);

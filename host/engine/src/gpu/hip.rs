@@ -422,6 +422,7 @@ unsafe impl RawDevice for Hip {
             pdl: false,
             bulk_copies: false,
             wgmma: false,
+            fp8_gemm: false,
             graphs: api.capture.is_some(),
             blas_error: blas.as_ref().err().cloned(),
         };

@@ -13,6 +13,8 @@
 
 #[cfg(feature = "cuda")]
 pub mod cuda;
+#[cfg(feature = "cuda")]
+mod cuda_fp8_gemm;
 #[cfg(any(feature = "cuda", feature = "hip", test))]
 pub mod device;
 #[cfg(feature = "hip")]
@@ -39,6 +41,8 @@ mod verify_compare;
 mod verify_constrained;
 #[cfg(any(feature = "cuda", feature = "hip"))]
 mod verify_fp8;
+#[cfg(any(feature = "cuda", feature = "hip"))]
+mod verify_fp8_gemm;
 #[cfg(any(feature = "cuda", feature = "hip"))]
 mod verify_pass_snapshots;
 #[cfg(any(feature = "cuda", feature = "hip"))]

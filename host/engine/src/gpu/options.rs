@@ -35,17 +35,23 @@ pub enum PrefillPrecision {
     /// projections, the grouped expert GEMM tiles and the warpgroup prompt
     /// attention (the inference precision of peers that run bf16).
     Bf16,
+    /// As `Bf16`, and the multi-token projections of block-FP8 weights kept
+    /// on the device take FP8 activations (a scale per row and 128 columns)
+    /// on FP8 tensor cores through cuBLASLt, as FP8 serving engines run such
+    /// checkpoints (sm_90; elsewhere, and for bf16 weights, as `Bf16`).
+    Fp8,
 }
 
 impl PrefillPrecision {
     /// The values `--prefill-precision` and `QWASI_PREFILL_PRECISION` take
     /// (the default first).
-    pub const VALUES: [&'static str; 2] = ["split", "bf16"];
+    pub const VALUES: [&'static str; 3] = ["split", "bf16", "fp8"];
 
     pub fn name(self) -> &'static str {
         match self {
             PrefillPrecision::Split => "split",
             PrefillPrecision::Bf16 => "bf16",
+            PrefillPrecision::Fp8 => "fp8",
         }
     }
 
@@ -54,6 +60,7 @@ impl PrefillPrecision {
         match v {
             "split" => Ok(PrefillPrecision::Split),
             "bf16" => Ok(PrefillPrecision::Bf16),
+            "fp8" => Ok(PrefillPrecision::Fp8),
             _ => bail!(
                 "{what}={v} is not a known value; {what} takes {}",
                 Self::VALUES.join(", ")
@@ -614,6 +621,10 @@ mod tests {
             parse(&[("QWASI_MOE_GEMM", "wg128")]).unwrap().moe_wg_cols,
             128
         );
+        assert_eq!(
+            parse(&[("QWASI_PREFILL_PRECISION", "fp8")]).unwrap().prefill,
+            PrefillPrecision::Fp8
+        );
     }
 
     #[test]
@@ -622,8 +633,8 @@ mod tests {
             ("QWASI_GEMM", "fast", "QWASI_GEMM takes split, bf16, tiled"),
             (
                 "QWASI_PREFILL_PRECISION",
-                "fp8",
-                "QWASI_PREFILL_PRECISION takes split, bf16",
+                "fp16",
+                "QWASI_PREFILL_PRECISION takes split, bf16, fp8",
             ),
             ("QWASI_KV", "fp8", "QWASI_KV takes f32, bf16"),
             ("QWASI_DEC_ATTN", "tc-ring9", "QWASI_DEC_ATTN takes auto"),

@@ -14,6 +14,7 @@ pub use super::verify_constrained::{
     ConstrainedReport, MASK_LOGPROB_TOL, constrained_check, verify_fixture_constrained,
 };
 pub use super::verify_fp8::{FP8_LOGIT_TOL, Fp8Report, fp8_resident_check};
+pub use super::verify_fp8_gemm::{FP8_GEMM_TOL, Fp8GemmReport};
 pub use super::verify_pass_snapshots::{PassSnapshotReport, pass_snapshots_check};
 pub use super::verify_weighted::{DRAW_LOGPROB_TOL, LSE_TOL, WeightedReport, weighted_check};
 use crate::backend::Backend;

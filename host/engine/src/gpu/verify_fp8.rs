@@ -6,10 +6,13 @@
 //! native FP8 GEMVs), single tokens through the prompt kernels
 //! (`QWASI_DECODE=unfused`: only the routed experts dequantized) and batched
 //! decode steps (the few-row kernels). Both models' device bytes of weights
-//! are reported.
+//! are reported, and where the device has them the FP8-activation
+//! projections of `--prefill-precision fp8` are checked on their own
+//! (`verify_fp8_gemm.rs`).
 
 use super::model::{GpuModel, GpuSequence};
 use super::options::GpuOptions;
+use super::verify_fp8_gemm::{Fp8GemmReport, fp8_gemm_check};
 use crate::backend::{Backend, BatchItem, StepOut, Want};
 use crate::model::LoadedModel;
 use crate::sampling::argmax;
@@ -43,6 +46,9 @@ pub struct Fp8Report {
     pub tokens_equal: bool,
     /// Batched decode: max |logprob difference| of the greedy tokens.
     pub batched_max_dlogprob: f32,
+    /// The FP8-activation projection against its f64 reference (`None`: the
+    /// device has no block-scaled FP8 GEMMs).
+    pub gemm: Option<Fp8GemmReport>,
     pub pass: bool,
 }
 
@@ -79,6 +85,7 @@ pub fn fp8_resident_check(dir: &Path) -> Result<Option<Fp8Report>> {
         max_dlogit: 0.0,
         tokens_equal: true,
         batched_max_dlogprob: 0.0,
+        gemm: None,
         pass: false,
     };
     for fused in [true, false] {
@@ -113,10 +120,13 @@ pub fn fp8_resident_check(dir: &Path) -> Result<Option<Fp8Report>> {
         }
         if fused {
             batched(&mut r, &a, &b, &cases)?;
+            r.gemm = fp8_gemm_check(&a)?;
         }
     }
-    r.pass =
-        r.tokens_equal && r.max_dlogit <= FP8_LOGIT_TOL && r.batched_max_dlogprob <= FP8_LOGIT_TOL;
+    r.pass = r.tokens_equal
+        && r.max_dlogit <= FP8_LOGIT_TOL
+        && r.batched_max_dlogprob <= FP8_LOGIT_TOL
+        && r.gemm.as_ref().is_none_or(|g| g.pass);
     Ok(Some(r))
 }
 

@@ -179,7 +179,8 @@ pub fn fixture_check(dir: &Path) -> Result<Value> {
     if !dir.is_dir() {
         return Ok(json!({"fixtures": "skipped: directory not found"}));
     }
-    let bf16 = GpuOptions::from_env()?.prefill == PrefillPrecision::Bf16;
+    let prefill = GpuOptions::from_env()?.prefill;
+    let bf16 = prefill != PrefillPrecision::Split;
     let tol = Tolerances::default();
     let mut pass = true;
     let mut max_kl = 0f64;
@@ -195,14 +196,15 @@ pub fn fixture_check(dir: &Path) -> Result<Value> {
     if bf16 {
         eprintln!(
             "[bench] fixtures: {cases} cases, {verdict} by the split mode's tolerances (not a gate \
-             under --prefill-precision bf16), max KL(cpu||gpu) {max_kl:.2e}"
+             under --prefill-precision {}), max KL(cpu||gpu) {max_kl:.2e}",
+            prefill.name()
         );
         return Ok(json!({
             "fixtures": dir,
             "cases": cases,
             "pass_split_tolerances": pass,
             "max_kl_cpu_gpu": max_kl,
-            "prefill_precision": "bf16: the fixtures' tolerances are the split mode's; this mode's check is verify --compare",
+            "prefill_precision": format!("{}: the fixtures' tolerances are the split mode's; this mode's check is verify --compare", prefill.name()),
         }));
     }
     eprintln!("[bench] fixtures: {cases} cases, {verdict}, max KL(cpu||gpu) {max_kl:.2e}");

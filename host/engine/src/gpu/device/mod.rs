@@ -270,6 +270,11 @@ impl<R: RawDevice> Device<R> {
         self.info.wgmma
     }
 
+    /// Whether block-scaled FP8 GEMMs ([`Self::gemm_fp8_blocks`]) run here.
+    pub fn fp8_gemm(&self) -> bool {
+        self.info.fp8_gemm
+    }
+
     /// Whether this runtime has stream capture and graphs.
     pub fn graphs_supported(&self) -> bool {
         self.info.graphs
@@ -453,6 +458,32 @@ impl<R: RawDevice> Device<R> {
             })?;
         }
         Ok(())
+    }
+
+    /// `Y[T, R] = X[T, C] . W[R, C]^T` (`+=` with `accumulate`) with block-FP8
+    /// X (a scale per row and 128 columns, column-group-major) and W (one per
+    /// 128x128 block), f32 Y: see [`RawDevice::gemm_fp8_blocks`].
+    #[allow(clippy::too_many_arguments)]
+    pub fn gemm_fp8_blocks(
+        &self,
+        (x, xs): (u64, u64),
+        (w, ws): (u64, u64),
+        y: u64,
+        t: usize,
+        r: usize,
+        c: usize,
+        accumulate: bool,
+    ) -> Result<()> {
+        const LABEL: &str = "cublaslt_gemm_fp8";
+        let dim = |v: usize| {
+            i32::try_from(v).map_err(|_| anyhow!("{LABEL} {t}x{r}x{c}: dimension {v} exceeds i32"))
+        };
+        let shape = (dim(t)?, dim(r)?, dim(c)?);
+        self.profiled(LABEL, || {
+            // SAFETY: the caller's buffers of these shapes.
+            unsafe { self.raw.gemm_fp8_blocks(x, xs, w, ws, y, shape, accumulate) }
+                .map_err(|e| anyhow!("{LABEL} {t}x{r}x{c}: {e}"))
+        })
     }
 
     /// `Y[T, R] = X[T, C] . W[R, C]^T` (`+=` with `accumulate`) with bf16 X

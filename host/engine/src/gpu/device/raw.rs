@@ -31,6 +31,9 @@ pub struct DeviceInfo {
     pub bulk_copies: bool,
     /// The sm_90a warpgroup-MMA kernels run here.
     pub wgmma: bool,
+    /// Block-scaled FP8 GEMMs run here ([`RawDevice::gemm_fp8_blocks`]:
+    /// cuBLASLt's 1x128 / 128x128 scale modes exist on sm_90 only).
+    pub fp8_gemm: bool,
     /// Stream capture and graphs are available.
     pub graphs: bool,
     /// Why the vendor BLAS is unavailable, if it is.
@@ -191,4 +194,28 @@ pub unsafe trait RawDevice: Send + Sync + Sized + 'static {
         c: i32,
         accumulate: bool,
     ) -> RawResult<()>;
+
+    /// `Y[T, R] (+)= (X[T, C] . W[R, C]^T)` on FP8 tensor cores: E4M3 X
+    /// with an f32 scale per row and 128 columns (`xs[(c / 128) * T + t]`),
+    /// E4M3 W with one per 128x128 block (`ws[(r / 128) * C / 128 + c /
+    /// 128]`), f32 Y and accumulation. Only where `DeviceInfo::fp8_gemm`.
+    ///
+    /// # Safety
+    /// The pointers are device memory of the stated shapes.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn gemm_fp8_blocks(
+        &self,
+        _x: u64,
+        _xs: u64,
+        _w: u64,
+        _ws: u64,
+        _y: u64,
+        _shape: (i32, i32, i32),
+        _accumulate: bool,
+    ) -> RawResult<()> {
+        Err(RawError(format!(
+            "{}: no block-scaled FP8 GEMMs on this device",
+            Self::VENDOR
+        )))
+    }
 }

@@ -1,6 +1,7 @@
 //! The prefill building blocks every layer kind uses: projections (GEMV at
 //! T = 1, the few-row tensor-core kernel up to 16 rows, cuBLAS or the tiled
-//! kernel otherwise, per `GemmPath` and `PrefillPrecision`), the (1+w)
+//! kernel otherwise, per `GemmPath` and `PrefillPrecision`; cuBLASLt's FP8
+//! GEMM for block-FP8 weights under `--prefill-precision fp8`), the (1+w)
 //! RMSNorm, the residual add, and the pass's work buffers.
 
 use super::pass::Norms;
@@ -24,6 +25,11 @@ const RING_ROWS_MAX: usize = 32;
 /// bytes once, where cuBLAS needs the matrix dequantized into bf16 first
 /// (written and read again: three times the FP8 bytes) for its one read.
 const RING_ROWS_MAX_FP8: usize = 64;
+/// The FP8-activation projections' rows run in multiples of this
+/// (`linear_fp8`).
+pub(super) const FP8_ROWS: usize = 16;
+/// Their columns come in multiples of this (`fp8_activations`).
+pub(super) const FP8_COLS: usize = 512;
 /// Most rows whose split projection runs as one cuBLAS GEMM over the
 /// stacked hi and lo halves (a batched decode step past `GEMM_ROWS_MAX`);
 /// longer prompts run the two halves as two GEMMs (no 2x work buffer).
@@ -144,6 +150,11 @@ impl GpuModel {
         {
             return self.gemm_rows(sc, x, t, wt, w.rows, w.cols, y, accumulate);
         }
+        if let MatWeights::Fp8 { q, s } = w.weights()
+            && self.fp8_activations(sc, x, t, w.rows, w.cols)
+        {
+            return self.linear_fp8(sc, x, t, (q, s), w.rows, w.cols, y, accumulate);
+        }
         let wb = self.bf16_weights(w, super::fp8::Slot::Mat)?;
         self.linear_raw(sc, x, t, wb, w.rows, w.cols, y, accumulate)
     }
@@ -259,13 +270,79 @@ impl GpuModel {
         }
     }
 
+    /// Whether a projection of `t` rows of `cols` at `x` onto `rows` block-FP8
+    /// rows takes FP8 activations (`--prefill-precision fp8`): where
+    /// `single_bf16` applies, past the few-row kernels, on a device with
+    /// cuBLASLt's block-scaled GEMMs, with whole scale blocks and 16-byte
+    /// aligned rows. cuBLASLt reads W's scale rows at a 16-byte aligned
+    /// stride, so it takes the checkpoint's `[rows / 128, cols / 128]` scales
+    /// as stored only where `cols / 128` is a multiple of 4 (every FP8 matrix
+    /// of the Qwen3.5/3.6 MoE models: 512, 2048 and 4096 columns); others,
+    /// measured wrong by `verify` at 256-768 columns, keep the bf16 path.
+    fn fp8_activations(&self, sc: &Scratch, x: u64, t: usize, rows: usize, cols: usize) -> bool {
+        self.opts.prefill == PrefillPrecision::Fp8
+            && self.single_bf16(sc)
+            && self.gemm == GemmPath::CublasSplit
+            && self.dev.fp8_gemm()
+            && t > 1
+            && cols.is_multiple_of(FP8_COLS)
+            && rows.is_multiple_of(128)
+            && x.is_multiple_of(16)
+    }
+
+    /// `y (+)= W x` with x quantized to E4M3 per row and 128 columns
+    /// (`fp8_quant_rows`) and W's block-FP8 bytes as stored, on FP8 tensor
+    /// cores (`Device::gemm_fp8_blocks`): no bf16 copy of W, one product.
+    /// cuBLASLt takes the activations' scale columns 16-byte aligned and has
+    /// no algorithm for some row counts (37, 70 on the H100), so the rows run
+    /// padded with zeros to a multiple of `FP8_ROWS`, into a work buffer
+    /// where that adds rows.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn linear_fp8(
+        &self,
+        sc: &mut Scratch,
+        x: u64,
+        t: usize,
+        w: (u64, u64),
+        rows: usize,
+        cols: usize,
+        y: u64,
+        accumulate: bool,
+    ) -> Result<()> {
+        let d = &self.dev;
+        let tp = t.next_multiple_of(FP8_ROWS);
+        let groups = tp * (cols / 128);
+        // The bytes, then the scales (16-byte aligned: cols is a multiple of 128).
+        let xq = sc.get(d, "x_fp8", tp * cols + groups * F)?;
+        let xs = xq + (tp * cols) as u64;
+        kernels::fp8_quant_rows(
+            d,
+            Launch::pdl(((groups as u32).div_ceil(8), 1, 1), (256, 1, 1), 0),
+            dptr(x),
+            i(t),
+            i(tp),
+            i(cols),
+            dptr(xq),
+            dptr(xs),
+        )?;
+        if tp == t {
+            return d.gemm_fp8_blocks((xq, xs), w, y, t, rows, cols, accumulate);
+        }
+        let out = sc.get(d, "y_fp8", tp * rows * F)?;
+        if accumulate {
+            d.dtod(out, y, t * rows * F)?;
+        }
+        d.gemm_fp8_blocks((xq, xs), w, out, tp, rows, cols, accumulate)?;
+        d.dtod(y, out, t * rows * F)
+    }
+
     /// Whether this pass's multi-token products run on activations rounded
     /// to one bf16 term (`--prefill-precision bf16`): prompt passes and
     /// batched steps that carry a prompt chunk (their decode rows too);
     /// decode-only batched steps keep split activations, as do the few-row
     /// kernels and the decode step's GEMVs, which never ask.
     pub(super) fn single_bf16(&self, sc: &Scratch) -> bool {
-        self.opts.prefill == PrefillPrecision::Bf16 && !sc.decode_rows
+        self.opts.prefill != PrefillPrecision::Split && !sc.decode_rows
     }
 
     /// Whether the few-row kernels take `t` rows (at most `max`) of `cols`

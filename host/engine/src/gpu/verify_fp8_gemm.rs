@@ -1,0 +1,162 @@
+//! `--prefill-precision fp8`'s projection checked where its result is
+//! defined: on seeded operands, the device's E4M3 activations and scales
+//! must be exactly the host's (scale = amax / 448, each byte the E4M3 value
+//! nearest x / scale, found by search over the codes), and its output the
+//! f64 product of the quantized operands, widened as stored, within
+//! [`FP8_GEMM_TOL`]. Shapes cover padded and whole row counts, several scale
+//! blocks both ways and the accumulating form. Runs where the device has the
+//! block-scaled FP8 GEMMs (sm_90).
+
+use super::model::GpuModel;
+use crate::fp8::e4m3_to_f32;
+use anyhow::Result;
+use serde::Serialize;
+
+/// Largest |y - f64 reference| over the largest |reference|. The operands
+/// are the same; what separates them is the tensor cores' accumulation of
+/// FP8 products (cuBLASLt promotes to f32 per 128-deep block; within one it
+/// keeps fewer bits than f32: 2e-4 measured through torch on the H100 at
+/// K = 512-4096). A misplaced scale or tile is off by O(1).
+pub const FP8_GEMM_TOL: f64 = 2e-3;
+
+/// (tokens, rows, columns, accumulate): row counts that are a multiple of 16
+/// (straight into y) and not (padded, through a work buffer), with and
+/// without `+=`, columns of 4 to 32 scale blocks (the path takes multiples of
+/// 4: `ops.rs` `fp8_activations`).
+const SHAPES: [(usize, usize, usize, bool); 6] = [
+    (37, 384, 512, false),
+    (48, 256, 1024, false),
+    (300, 384, 2048, false),
+    (64, 1024, 512, true),
+    (17, 256, 4096, true),
+    (2, 128, 512, true),
+];
+
+#[derive(Serialize, Clone, Debug)]
+pub struct Fp8GemmReport {
+    /// Activation bytes and scales that differ from the host's quantization.
+    pub code_mismatches: usize,
+    pub scale_mismatches: usize,
+    /// Largest relative output error over the shapes.
+    pub max_rel_err: f64,
+    pub shapes: usize,
+    /// Each shape's error, and against what it would be if the device had
+    /// read the weight scales transposed or not written y (a diagnosis).
+    pub per_shape: Vec<String>,
+    pub pass: bool,
+}
+
+/// SplitMix64: seeded operands without a dependency.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+    /// Uniform in [-1, 1).
+    fn unit(&mut self) -> f32 {
+        (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+    }
+}
+
+/// The E4M3 byte nearest to v (ties to the even code, past 448 to 448), by
+/// search over the finite codes.
+fn nearest_e4m3(v: f32) -> u8 {
+    let a = v.abs() as f64;
+    let mut best = 0u8;
+    for c in 1..0x7fu8 {
+        let (d, db) = (
+            (e4m3_to_f32(c) as f64 - a).abs(),
+            (e4m3_to_f32(best) as f64 - a).abs(),
+        );
+        if d < db || (d == db && c & 1 == 0) {
+            best = c;
+        }
+    }
+    best | if v.is_sign_negative() { 0x80 } else { 0 }
+}
+
+/// `None` where the device has no block-scaled FP8 GEMMs.
+pub fn fp8_gemm_check(model: &GpuModel) -> Result<Option<Fp8GemmReport>> {
+    if !model.fp8_gemm_available() {
+        return Ok(None);
+    }
+    let mut rng = Rng(0x5157_4153_4938);
+    let mut r = Fp8GemmReport {
+        code_mismatches: 0,
+        scale_mismatches: 0,
+        max_rel_err: 0.0,
+        shapes: SHAPES.len(),
+        per_shape: Vec::new(),
+        pass: false,
+    };
+    for (t, rows, cols, acc) in SHAPES {
+        // Magnitudes spread over groups (one all zero) so codes include
+        // subnormals and the group maxima map to 448.
+        let mut x: Vec<f32> = (0..t * cols)
+            .map(|i| rng.unit() * 2f32.powi((i / 128 % 9) as i32 - 4))
+            .collect();
+        x[..128].fill(0.0);
+        // Any code but NaN.
+        let wq: Vec<u8> = (0..rows * cols)
+            .map(|_| rng.next() as u8)
+            .map(|b| if b & 0x7f == 0x7f { b & 0xfe } else { b })
+            .collect();
+        let (rb, cb) = (rows / 128, cols / 128);
+        let ws: Vec<f32> = (0..rb * cb).map(|_| 1e-3 * (1.5 + rng.unit())).collect();
+        let y0: Option<Vec<f32>> = acc.then(|| (0..t * rows).map(|_| rng.unit()).collect());
+        let got = model.fp8_gemm_run(&x, t, (&wq, &ws), rows, cols, y0.as_deref())?;
+        // The host's quantization of x.
+        let mut xq = vec![0f64; t * cols];
+        for row in 0..t {
+            for g in 0..cb {
+                let at = row * cols + g * 128;
+                let amax = x[at..at + 128].iter().fold(0f32, |m, v| m.max(v.abs()));
+                let s = amax.max(1e-30) / 448.0;
+                if got.xs[g * t + row] != s {
+                    r.scale_mismatches += 1;
+                }
+                for c in at..at + 128 {
+                    let q = nearest_e4m3(x[c] / s);
+                    r.code_mismatches += (got.xq[c] != q) as usize;
+                    xq[c] = e4m3_to_f32(q) as f64 * s as f64;
+                }
+            }
+        }
+        // Where a shape fails, what it matches instead: the weight scales
+        // read transposed ([cols / 128, rows / 128]), or y left as it was.
+        let mut errs = [0f64; 3];
+        let mut big = 0f64;
+        for row in 0..t {
+            for n in 0..rows {
+                let (mut dot, mut dot_t) = (0f64, 0f64);
+                for c in 0..cols {
+                    let (q, xv) = (e4m3_to_f32(wq[n * cols + c]) as f64, xq[row * cols + c]);
+                    dot += xv * q * ws[(n / 128) * cb + c / 128] as f64;
+                    dot_t += xv * q * ws[((c / 128) * rb + n / 128) % (rb * cb)] as f64;
+                }
+                let base = y0.as_ref().map_or(0.0, |v| v[row * rows + n] as f64);
+                let g = got.y[row * rows + n] as f64;
+                for (e, want) in errs.iter_mut().zip([base + dot, base + dot_t, base]) {
+                    *e = e.max((g - want).abs());
+                }
+                big = big.max(dot.abs());
+            }
+        }
+        let rel = errs.map(|e| e / big.max(f64::MIN_POSITIVE));
+        r.per_shape.push(format!(
+            "{t}x{rows}x{cols}{}: {:.2e} (weight scales transposed: {:.2e}, y unchanged: {:.2e})",
+            if acc { " +=" } else { "" },
+            rel[0],
+            rel[1],
+            rel[2]
+        ));
+        r.max_rel_err = r.max_rel_err.max(rel[0]);
+    }
+    r.pass = r.code_mismatches == 0 && r.scale_mismatches == 0 && r.max_rel_err <= FP8_GEMM_TOL;
+    Ok(Some(r))
+}
