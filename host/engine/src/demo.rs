@@ -65,10 +65,11 @@ impl Default for RandomWeights {
     }
 }
 
-/// splitmix64: tiny, fast, and stable across platforms and crate versions.
-struct Rng(u64);
+/// splitmix64: tiny, fast, and stable across platforms and crate versions
+/// (also the GPU checks' seeded operands).
+pub(crate) struct Rng(pub(crate) u64);
 impl Rng {
-    fn next(&mut self) -> u64 {
+    pub(crate) fn next(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
         let mut z = self.0;
         z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
@@ -76,7 +77,7 @@ impl Rng {
         z ^ (z >> 31)
     }
     /// Uniform in [-1, 1).
-    fn uniform(&mut self) -> f32 {
+    pub(crate) fn uniform(&mut self) -> f32 {
         (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
     }
 }

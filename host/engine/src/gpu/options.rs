@@ -622,7 +622,9 @@ mod tests {
             128
         );
         assert_eq!(
-            parse(&[("QWASI_PREFILL_PRECISION", "fp8")]).unwrap().prefill,
+            parse(&[("QWASI_PREFILL_PRECISION", "fp8")])
+                .unwrap()
+                .prefill,
             PrefillPrecision::Fp8
         );
     }

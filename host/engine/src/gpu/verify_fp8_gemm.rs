@@ -8,6 +8,7 @@
 //! block-scaled FP8 GEMMs (sm_90).
 
 use super::model::GpuModel;
+use crate::demo::Rng;
 use crate::fp8::e4m3_to_f32;
 use anyhow::Result;
 use serde::Serialize;
@@ -46,23 +47,6 @@ pub struct Fp8GemmReport {
     pub pass: bool,
 }
 
-/// SplitMix64: seeded operands without a dependency.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-    /// Uniform in [-1, 1).
-    fn unit(&mut self) -> f32 {
-        (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-    }
-}
-
 /// The E4M3 byte nearest to v (ties to the even code, past 448 to 448), by
 /// search over the finite codes.
 fn nearest_e4m3(v: f32) -> u8 {
@@ -98,7 +82,7 @@ pub fn fp8_gemm_check(model: &GpuModel) -> Result<Option<Fp8GemmReport>> {
         // Magnitudes spread over groups (one all zero) so codes include
         // subnormals and the group maxima map to 448.
         let mut x: Vec<f32> = (0..t * cols)
-            .map(|i| rng.unit() * 2f32.powi((i / 128 % 9) as i32 - 4))
+            .map(|i| rng.uniform() * 2f32.powi((i / 128 % 9) as i32 - 4))
             .collect();
         x[..128].fill(0.0);
         // Any code but NaN.
@@ -107,8 +91,8 @@ pub fn fp8_gemm_check(model: &GpuModel) -> Result<Option<Fp8GemmReport>> {
             .map(|b| if b & 0x7f == 0x7f { b & 0xfe } else { b })
             .collect();
         let (rb, cb) = (rows / 128, cols / 128);
-        let ws: Vec<f32> = (0..rb * cb).map(|_| 1e-3 * (1.5 + rng.unit())).collect();
-        let y0: Option<Vec<f32>> = acc.then(|| (0..t * rows).map(|_| rng.unit()).collect());
+        let ws: Vec<f32> = (0..rb * cb).map(|_| 1e-3 * (1.5 + rng.uniform())).collect();
+        let y0: Option<Vec<f32>> = acc.then(|| (0..t * rows).map(|_| rng.uniform()).collect());
         let got = model.fp8_gemm_run(&x, t, (&wq, &ws), rows, cols, y0.as_deref())?;
         // The host's quantization of x.
         let mut xq = vec![0f64; t * cols];

@@ -474,15 +474,9 @@ impl<R: RawDevice> Device<R> {
         c: usize,
         accumulate: bool,
     ) -> Result<()> {
-        const LABEL: &str = "cublaslt_gemm_fp8";
-        let dim = |v: usize| {
-            i32::try_from(v).map_err(|_| anyhow!("{LABEL} {t}x{r}x{c}: dimension {v} exceeds i32"))
-        };
-        let shape = (dim(t)?, dim(r)?, dim(c)?);
-        self.profiled(LABEL, || {
+        self.blas_call("cublaslt_gemm_fp8", (t, r, c), |shape| {
             // SAFETY: the caller's buffers of these shapes.
             unsafe { self.raw.gemm_fp8_blocks(x, xs, w, ws, y, shape, accumulate) }
-                .map_err(|e| anyhow!("{LABEL} {t}x{r}x{c}: {e}"))
         })
     }
 
@@ -499,15 +493,26 @@ impl<R: RawDevice> Device<R> {
         c: usize,
         accumulate: bool,
     ) -> Result<()> {
-        let dim = |v: usize| {
-            i32::try_from(v)
-                .map_err(|_| anyhow!("{} {t}x{r}x{c}: dimension {v} exceeds i32", R::GEMM_LABEL))
-        };
-        let (ti, ri, ci) = (dim(t)?, dim(r)?, dim(c)?);
-        self.profiled(R::GEMM_LABEL, || {
+        self.blas_call(R::GEMM_LABEL, (t, r, c), |(t, r, c)| {
             // SAFETY: the caller's buffers of these shapes.
-            unsafe { self.raw.gemm_bf16(x_bf16, w, y, ti, ri, ci, accumulate) }
-                .map_err(|e| anyhow!("{} {t}x{r}x{c}: {e}", R::GEMM_LABEL))
+            unsafe { self.raw.gemm_bf16(x_bf16, w, y, t, r, c, accumulate) }
+        })
+    }
+
+    /// One vendor-library GEMM of `(t, r, c)` as `call` takes them (i32),
+    /// profiled under `label`; errors name the call and its shape.
+    fn blas_call(
+        &self,
+        label: &'static str,
+        (t, r, c): (usize, usize, usize),
+        call: impl FnOnce((i32, i32, i32)) -> RawResult<()>,
+    ) -> Result<()> {
+        let dim = |v: usize| {
+            i32::try_from(v).map_err(|_| anyhow!("{label} {t}x{r}x{c}: dimension {v} exceeds i32"))
+        };
+        let shape = (dim(t)?, dim(r)?, dim(c)?);
+        self.profiled(label, || {
+            call(shape).map_err(|e| anyhow!("{label} {t}x{r}x{c}: {e}"))
         })
     }
 
