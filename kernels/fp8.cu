@@ -33,15 +33,18 @@ QW_KERNEL void QW_BOUNDS(256) fp8_dequant(const unsigned char* __restrict__ q, c
 }
 
 // Activations for the FP8 tensor-core prompt GEMMs (`--prefill-precision
-// fp8`): x [t, cols] f32 (cols a multiple of 128) as E4M3 q [t_pad, cols] with
+// fp8`): rows x[idx[r] * x_stride ..] (idx null: r), cols f32 each (a
+// multiple of 128; the grouped experts gather their plan's rows this way), as
+// E4M3 q [t_pad, cols] with
 // one f32 scale per row and 128 columns, s[g * t_pad + r] (column-group-major,
 // the layout cuBLASLt's VEC128_32F scales take; rows t..t_pad, padding that
 // keeps those columns 16-byte aligned, are zeros). As transformers' FP8Linear and
 // the FP8 serving engines quantize them: scale = amax / 448, q = x / scale
 // rounded to nearest (an all-zero group takes a tiny scale instead of 0, so
 // it quantizes to zeros, not NaN). One warp per row and group, 4 values a lane.
-QW_KERNEL void QW_BOUNDS(256) fp8_quant_rows(const float* __restrict__ x, int t, int t_pad, int cols,
-                                              unsigned char* __restrict__ q, float* __restrict__ s) {
+QW_KERNEL void QW_BOUNDS(256) fp8_quant_rows(const float* __restrict__ x, int x_stride, const int* __restrict__ idx,
+                                              int t, int t_pad, int cols, unsigned char* __restrict__ q,
+                                              float* __restrict__ s) {
     QW_GRID_WAIT();
     QW_GRID_LAUNCH();
     const int lane = threadIdx.x % WARP, groups = cols / 128;
@@ -49,7 +52,8 @@ QW_KERNEL void QW_BOUNDS(256) fp8_quant_rows(const float* __restrict__ x, int t,
     if (w >= (long long)t_pad * groups) return;
     const int r = (int)(w / groups), g = (int)(w - (long long)r * groups);
     const long long at = (long long)r * cols + g * 128 + lane * 4;
-    const float4 v = r < t ? *(const float4*)(x + at) : make_float4(0.f, 0.f, 0.f, 0.f);
+    const float4 v = r < t ? *(const float4*)(x + (long long)(idx ? idx[r] : r) * x_stride + g * 128 + lane * 4)
+                           : make_float4(0.f, 0.f, 0.f, 0.f);
     float m = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
     for (int o = WARP / 2; o > 0; o /= 2) m = fmaxf(m, SHFL_XOR(m, o));
     const float sc = fmaxf(m, 1e-30f) / 448.f;

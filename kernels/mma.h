@@ -6,6 +6,7 @@
 // c2,c3 = C[g+8][2c..].
 #pragma once
 #include "compat.h"
+#include "fp8.h"
 
 #if defined(QW_CUDA)
 
@@ -240,6 +241,16 @@ __device__ __forceinline__ void wgmma_m64n256k16_rs(float* d, const unsigned* a,
                  : QW_ACC64(d, 0), QW_ACC64(d, 64)
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
 }
+// D (64 x 128 f32) += A (64 x 32) B^T (128 x 32), E4M3 operands K-major in
+// shared memory: a k32 step is 32 bytes of a row, as a bf16 k16 step is, so
+// the same descriptors serve (FP8 wgmma has no transpose operands).
+__device__ __forceinline__ void wgmma_m64n128k32_e4m3(float* d, unsigned long long da, unsigned long long db) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\nwgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 {" QW_R64
+        "}, %64, %65, p, 1, 1;\n}\n"
+        : QW_ACC64(d, 0)
+        : "l"(da), "l"(db));
+}
 #elif defined(QW_CPU)
 // The descriptors (below) hold the operand's offset into the harness's dynamic
 // shared memory; the product reads the operands through the layout the
@@ -318,6 +329,30 @@ __device__ __forceinline__ void wgmma_m64n32k16_rs(float* d, const unsigned* a, 
 }
 __device__ __forceinline__ void wgmma_m64n256k16_rs(float* d, const unsigned* a, unsigned long long db) {
     wgmma_rs_cpu<256>(d, a, db);
+}
+// E4M3 operands: byte (row, k) at the same byte address a bf16 element (row,
+// k / 2) would start at, decoded exactly (kernels/fp8.h).
+__device__ __forceinline__ float wg_elem8(unsigned long long desc, int row, int k) {
+    const unsigned addr = (unsigned)(desc & 0x3fff) << 4, lbo = (unsigned)(desc >> 16 & 0x3fff) << 4,
+                   sbo = (unsigned)(desc >> 32 & 0x3fff) << 4, layout = (unsigned)(desc >> 62);
+    unsigned a;
+    if (layout == 2) {
+        a = addr + (row / 8) * sbo + (row % 8) * 64 + k;
+        a ^= ((a >> 7) & 3) << 4;
+    } else {
+        a = addr + (k / 16) * lbo + (row / 8) * sbo + (row % 8) * 16 + k % 16;
+    }
+    return e4m3_f32(qw_cpu::dyn_smem[a]);
+}
+__device__ __forceinline__ void wgmma_m64n128k32_e4m3(float* d, unsigned long long da, unsigned long long db) {
+    const unsigned t = qw_cpu::tid % 128, w = t / 32, g = (t % 32) / 4, c = t % 4;
+    for (int j = 0; j < 16; j++)
+        for (int e = 0; e < 4; e++) {
+            const int row = 16 * w + g + 8 * (e / 2), col = 8 * j + 2 * c + e % 2;
+            float acc = d[4 * j + e];
+            for (int k = 0; k < 32; k++) acc += wg_elem8(da, row, k) * wg_elem8(db, col, k);
+            d[4 * j + e] = acc;
+        }
 }
 #endif
 #if defined(QW_WGMMA) || defined(QW_CPU)

@@ -429,6 +429,127 @@ QW_KERNEL void QW_BOUNDS(256) moe_gemm_split128_wg256_fp8(const bf16_t* __restri
     __trap();
 #endif
 }
+
+// FP8 activations on FP8 tensor cores (`--prefill-precision fp8`, sm_90a): the
+// 128-row tiles of the warpgroup kernels, 128 columns a block, on E4M3 rows
+// quantized per 128 columns (aq [rows][K] bytes, their scales ascale[kb * as_stride
+// + row], kernels/fp8.cu fp8_quant_rows) and block-FP8 experts as stored (Q,
+// Sc as the *_fp8 kernels take them). A stage holds 128 A rows and 128 B rows
+// of MQ_BK = 64 bytes in the 64-byte swizzle (byte for byte the bf16
+// kernels' stage rows), two k32 wgmma a stage. The products of each 128-deep
+// scale block accumulate on their own (tmp) and are then added to acc times
+// the row's and the column block's scales: the FP8 tensor cores keep fewer
+// than f32's bits within a block, and each block has its own scales. Y[r][n]
+// = sum_kb ascale[kb][r] Sc[n / 128][kb] sum_{k in kb} aq[r][k] Q[n][k].
+#define MQ_BK 64
+#define MQ_STAGES 8
+#if defined(QW_WGMMA) || defined(QW_CPU)
+__device__ __forceinline__ void moe_gemm_wg_q8_impl(const unsigned char* __restrict__ aq, const float* __restrict__ ascale,
+                                                    int as_stride, const unsigned char* __restrict__ Q,
+                                                    const float* __restrict__ Sc, const int* __restrict__ tiles,
+                                                    float* __restrict__ Y, int N, int K) {
+    constexpr int NS = MQ_STAGES, STAGE = 256 * MQ_BK;  // bytes: A 128 rows, then B 128 rows
+    __align__(1024) QW_DYN_SMEM(unsigned char, q8_smem);
+    if ((int)blockIdx.y >= tiles[0]) return;  // past the plan's tiles (the grid is their upper bound)
+    const int e = tiles[1 + 3 * blockIdx.y], r0 = tiles[2 + 3 * blockIdx.y], rows = tiles[3 + 3 * blockIdx.y];
+    const int n0 = blockIdx.x * 128;
+    const unsigned char* Qb = Q + (size_t)e * N * K;
+    const float* Sb = Sc + ((size_t)e * (N >> 7) + (n0 >> 7)) * (K >> 7);
+    const int tid = threadIdx.x, h = tid / 128;
+    // This thread's two accumulator rows (a row past the tile reads row 0's scale).
+    const int t = tid % 128, w = t / 32, g = (t % 32) / 4, c = t % 4;
+    const int ra = 64 * h + 16 * w + g, rb = ra + 8;
+    const float* as0 = ascale + r0 + (ra < rows ? ra : 0);
+    const float* as1 = ascale + r0 + (rb < rows ? rb : 0);
+
+    auto load = [&](int stage, int k0) {
+        for (int i = tid; i < 256 * 4; i += 256) {
+            const int r = i / 4, ch = i % 4;
+            unsigned char* dst = q8_smem + stage * STAGE + r * MQ_BK + ((ch ^ ((r >> 1) & 3)) * 16);
+            if (r < 128) {
+                const bool v = r < rows;
+                cp_async16(dst, aq + (size_t)(r0 + (v ? r : 0)) * K + k0 + 16 * ch, v);
+            } else {
+                const int n = n0 + r - 128;
+                const bool v = n < N;
+                cp_async16(dst, Qb + (size_t)(v ? n : 0) * K + k0 + 16 * ch, v);
+            }
+        }
+        cp_async_commit();
+    };
+
+    float acc[64], tmp[64];
+#pragma unroll
+    for (int i = 0; i < 64; i++) acc[i] = 0.f;
+    const int nk = K / MQ_BK;  // even: K is a multiple of 128
+#pragma unroll
+    for (int st = 0; st < NS - 2; st++) {
+        if (st < nk) load(st, st * MQ_BK);
+        else cp_async_commit();
+    }
+    // Step kt's tile landed and visible to the tensor cores, the copy of
+    // step kt + NS - 2 issued (into the stage the products of step kt - 2
+    // read: done, each block ends waiting for its products).
+    auto next = [&](int kt) {
+        cp_async_wait<NS - 3>();
+        fence_proxy_async();
+        __syncthreads();
+        if (kt + NS - 2 < nk) load((kt + NS - 2) % NS, (kt + NS - 2) * MQ_BK);
+        else cp_async_commit();
+    };
+    auto products = [&](int kt) {
+        const unsigned char* st = q8_smem + (kt % NS) * STAGE;
+        wgmma_fence();
+        wgmma_fence_operands(tmp, 64);
+#pragma unroll
+        for (int kc = 0; kc < MQ_BK / 32; kc++) {  // 8-row groups 512 bytes apart
+            const unsigned long long da = wg_desc_sw64(st + 64 * h * MQ_BK + 32 * kc, 512);
+            const unsigned long long db = wg_desc_sw64(st + 128 * MQ_BK + 32 * kc, 512);
+            wgmma_m64n128k32_e4m3(tmp, da, db);
+        }
+        wgmma_commit();
+    };
+    // One scale block (two stages) an iteration, in straight-line code: a
+    // wgmma on a branch of its own makes ptxas serialise them all, so a
+    // warpgroup whose rows lie past the tile multiplies its zero rows too
+    // (never stored).
+    for (int kb = 0; kb < nk / 2; kb++) {
+        next(2 * kb);
+        // The block's scales, read under its products.
+        const float f0 = as0[(size_t)kb * as_stride] * Sb[kb], f1 = as1[(size_t)kb * as_stride] * Sb[kb];
+#pragma unroll
+        for (int i = 0; i < 64; i++) tmp[i] = 0.f;
+        products(2 * kb);
+        next(2 * kb + 1);
+        products(2 * kb + 1);
+        wgmma_wait0();
+        wgmma_fence_operands(tmp, 64);
+#pragma unroll
+        for (int i = 0; i < 64; i++) acc[i] += tmp[i] * ((i & 2) ? f1 : f0);
+    }
+#pragma unroll
+    for (int j = 0; j < 16; j++) {
+        const int col = n0 + 8 * j + 2 * c;
+        if (col >= N) continue;  // N is a multiple of 128
+#pragma unroll
+        for (int hh = 0; hh < 2; hh++) {
+            const int row = 64 * h + 16 * w + g + 8 * hh;
+            if (row < rows)
+                *(float2*)(Y + (size_t)(r0 + row) * N + col) = make_float2(acc[4 * j + 2 * hh], acc[4 * j + 2 * hh + 1]);
+        }
+    }
+}
+#endif
+QW_KERNEL void QW_BOUNDS(256) moe_gemm_wg_q8(const unsigned char* __restrict__ aq, const float* __restrict__ ascale,
+                                             int as_stride, const unsigned char* __restrict__ Q,
+                                             const float* __restrict__ Sc, const int* __restrict__ tiles,
+                                             float* __restrict__ Y, int N, int K) {
+#if defined(QW_WGMMA) || defined(QW_CPU)
+    moe_gemm_wg_q8_impl(aq, ascale, as_stride, Q, Sc, tiles, Y, N, K);
+#else
+    __trap();  // the host launches it on 9.x only
+#endif
+}
 #else
 // No mma.sync on HIP: the same contract in plain FMAs (the HIP host keeps the
 // per-expert hipBLAS path; this keeps the module's kernel list identical).
@@ -494,4 +615,10 @@ MG_FP8(moe_gemm_split_k64_fp8, 128, 2, 2, 64)
 MG_FP8(moe_gemm_split128_fp8, 256, 4, 2, 32)
 MG_FP8(moe_gemm_split128_wg_fp8, 256, 4, 2, 32)
 MG_FP8(moe_gemm_split128_wg256_fp8, 256, 4, 2, 32)
+QW_KERNEL void QW_BOUNDS(256) moe_gemm_wg_q8(const unsigned char* __restrict__ aq, const float* __restrict__ ascale,
+                                             int as_stride, const unsigned char* __restrict__ Q,
+                                             const float* __restrict__ Sc, const int* __restrict__ tiles,
+                                             float* __restrict__ Y, int N, int K) {
+    __builtin_trap();  // no FP8 tensor cores here; the host never launches it
+}
 #endif

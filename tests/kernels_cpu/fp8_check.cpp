@@ -14,8 +14,9 @@
 // gemm_rows_bulk16_fp8, gemm_rows_bulk32_fp8) against the bf16 kernels on the dequantized
 // weights: bit-identical outputs (same values, same f32 order; the tail
 // rows within rounding); the synthetic weights' encoder. Exit 1 on a
-// mismatch. fp8_quant_rows (the FP8 prompt GEMMs' activations) against the
-// nearest code found by search, its scales exactly.
+// mismatch. fp8_quant_rows (the FP8 prompt GEMMs' activations, also gathered
+// through a row index) against the nearest code found by search, its scales
+// exactly.
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -95,7 +96,7 @@ static unsigned char nearest_e4m3(float v) {
 
 // fp8_quant_rows: per row and 128 columns, scale = amax / 448 (a zero group a
 // tiny one), bytes the nearest codes of x / scale; scales column-group-major.
-static void quant_rows(int t, int t_pad, int cols, std::mt19937& rng) {
+static void quant_rows(int t, int t_pad, int cols, std::mt19937& rng, bool gather = false) {
     std::vector<float> x((size_t)t * cols);
     std::normal_distribution<float> nd(0.f, 1.f);
     std::uniform_int_distribution<int> pick(0, 9);
@@ -113,7 +114,18 @@ static void quant_rows(int t, int t_pad, int cols, std::mt19937& rng) {
     std::vector<unsigned char> q((size_t)t_pad * cols, 0x55);
     std::vector<float> s((size_t)t_pad * (cols / 128), -1.f);
     const unsigned warps = (unsigned)(t_pad * (cols / 128)), blocks = (warps * 32 + 255) / 256;
-    qw_cpu::launch({blocks, 1, 1}, {256, 1, 1}, [&] { fp8_quant_rows(x.data(), t, t_pad, cols, q.data(), s.data()); });
+    // gather: the rows read through an index from a wider matrix, last first.
+    const int stride = gather ? cols + 128 : cols;
+    std::vector<float> src(gather ? (size_t)t * stride : 0, NAN);
+    std::vector<int> idx(t);
+    for (int r = 0; r < t && gather; r++) {
+        idx[r] = t - 1 - r;
+        std::memcpy(&src[(size_t)idx[r] * stride], &x[(size_t)r * cols], cols * sizeof(float));
+    }
+    qw_cpu::launch({blocks, 1, 1}, {256, 1, 1}, [&] {
+        fp8_quant_rows(gather ? src.data() : x.data(), stride, gather ? idx.data() : nullptr, t, t_pad, cols,
+                       q.data(), s.data());
+    });
     for (size_t at = (size_t)t * cols; at < q.size(); at++)
         if (q[at] != 0) fail("fp8_quant_rows padding code", at, q[at], 0);
     for (int r = t; r < t_pad; r++)
@@ -443,6 +455,7 @@ int main() {
     quant_rows(1, 1, 128, rng);
     quant_rows(33, 48, 2048, rng);
     quant_rows(32, 32, 256, rng);
+    quant_rows(21, 32, 384, rng, true);  // rows gathered through an index
     if (failures) {
         std::printf("%d mismatches\n", failures);
         return 1;

@@ -4,8 +4,9 @@
 //! nearest x / scale, found by search over the codes), and its output the
 //! f64 product of the quantized operands, widened as stored, within
 //! [`FP8_GEMM_TOL`]. Shapes cover padded and whole row counts, several scale
-//! blocks both ways and the accumulating form. Runs where the device has the
-//! block-scaled FP8 GEMMs (sm_90).
+//! blocks both ways and the accumulating form. The fp8 mode's grouped expert
+//! kernel (`moe_gemm_wg_q8`) is held to the same bound on seeded tile
+//! tables. Runs where the device has the block-scaled FP8 GEMMs (sm_90).
 
 use super::model::GpuModel;
 use crate::demo::Rng;
@@ -41,6 +42,10 @@ pub struct Fp8GemmReport {
     /// Largest relative output error over the shapes.
     pub max_rel_err: f64,
     pub shapes: usize,
+    /// The grouped expert kernel of the fp8 mode (`moe_gemm_wg_q8`) on the
+    /// same footing: largest relative error, outputs written past its tiles.
+    pub expert_max_rel_err: f64,
+    pub expert_stray_writes: usize,
     /// Each shape's error, and against what it would be if the device had
     /// read the weight scales transposed or not written y (a diagnosis).
     pub per_shape: Vec<String>,
@@ -76,6 +81,8 @@ pub fn fp8_gemm_check(model: &GpuModel) -> Result<Option<Fp8GemmReport>> {
         max_rel_err: 0.0,
         shapes: SHAPES.len(),
         per_shape: Vec::new(),
+        expert_max_rel_err: 0.0,
+        expert_stray_writes: 0,
         pass: false,
     };
     for (t, rows, cols, acc) in SHAPES {
@@ -141,6 +148,88 @@ pub fn fp8_gemm_check(model: &GpuModel) -> Result<Option<Fp8GemmReport>> {
         ));
         r.max_rel_err = r.max_rel_err.max(rel[0]);
     }
-    r.pass = r.code_mismatches == 0 && r.scale_mismatches == 0 && r.max_rel_err <= FP8_GEMM_TOL;
+    for (counts, n, k) in EXPERT_CASES {
+        let (err, stray) = expert_case(model, &mut rng, counts, n, k)?;
+        r.per_shape.push(format!(
+            "experts {counts:?} x {n}x{k} (moe_gemm_wg_q8): {err:.2e}, {stray} writes outside the tiles"
+        ));
+        r.expert_max_rel_err = r.expert_max_rel_err.max(err);
+        r.expert_stray_writes += stray;
+    }
+    r.pass = r.code_mismatches == 0
+        && r.scale_mismatches == 0
+        && r.max_rel_err <= FP8_GEMM_TOL
+        && r.expert_max_rel_err <= FP8_GEMM_TOL
+        && r.expert_stray_writes == 0;
     Ok(Some(r))
+}
+
+/// The grouped expert kernel's cases: rows per expert (tiles of 1 to 128
+/// rows, an empty expert), rows and columns of an expert.
+const EXPERT_CASES: [(&[usize], usize, usize); 2] =
+    [(&[37, 0, 128, 65], 256, 512), (&[1, 64, 130], 128, 2048)];
+
+/// One `moe_gemm_wg_q8` run on seeded E4M3 operands and its tile table
+/// against the f64 sum over scale blocks of the scaled products: (largest
+/// error over the largest |reference|, outputs written outside the tiles).
+fn expert_case(
+    model: &GpuModel,
+    rng: &mut Rng,
+    counts: &[usize],
+    n: usize,
+    k: usize,
+) -> Result<(f64, usize)> {
+    let (e, kb, r) = (counts.len(), k / 128, counts.iter().sum::<usize>());
+    let stride = r.next_multiple_of(16);
+    let mut code = || {
+        let b = rng.next() as u8;
+        if b & 0x7f == 0x7f { b & 0xfe } else { b }
+    };
+    let aq: Vec<u8> = (0..r * k).map(|_| code()).collect();
+    let q: Vec<u8> = (0..e * n * k).map(|_| code()).collect();
+    let ascale: Vec<f32> = (0..kb * stride)
+        .map(|_| 1e-2 * (1.5 + rng.uniform()))
+        .collect();
+    let s: Vec<f32> = (0..e * (n / 128) * kb)
+        .map(|_| 1e-3 * (1.5 + rng.uniform()))
+        .collect();
+    // moe_plan_tiles' table over 128-row tiles.
+    let mut tiles = vec![0i32];
+    let mut start = 0;
+    for (ex, &c) in counts.iter().enumerate() {
+        for r0 in (0..c).step_by(128) {
+            tiles.extend([ex, start + r0, (c - r0).min(128)].map(|v| v as i32));
+        }
+        start += c;
+    }
+    tiles[0] = (tiles.len() as i32 - 1) / 3;
+    // Three rows past the tiles' stay NaN unless the kernel strays.
+    let y = model.fp8_expert_run((&aq, &ascale, stride), (&q, &s), &tiles, (r + 3, n, k))?;
+    let stray = y[r * n..].iter().filter(|v| !v.is_nan()).count();
+    let (mut err, mut big, mut start) = (0f64, 0f64, 0);
+    for (ex, &c) in counts.iter().enumerate() {
+        for row in start..start + c {
+            for col in 0..n {
+                let mut want = 0f64;
+                for b in 0..kb {
+                    let dot: f64 = (128 * b..128 * b + 128)
+                        .map(|i| {
+                            e4m3_to_f32(aq[row * k + i]) as f64
+                                * e4m3_to_f32(q[(ex * n + col) * k + i]) as f64
+                        })
+                        .sum();
+                    let f = ascale[b * stride + row] as f64
+                        * s[(ex * (n / 128) + col / 128) * kb + b] as f64;
+                    want += dot * f;
+                }
+                err = err.max((y[row * n + col] as f64 - want).abs());
+                big = big.max(want.abs());
+            }
+        }
+        start += c;
+    }
+    // Every row before them belongs to a tile, so a NaN there (a missed
+    // tile) fails through the error.
+    let missed = y[..r * n].iter().filter(|v| v.is_nan()).count();
+    Ok((if missed > 0 { f64::INFINITY } else { err / big }, stray))
 }

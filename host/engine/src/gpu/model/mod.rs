@@ -44,6 +44,7 @@ mod masks;
 mod mlp;
 mod moe;
 mod moe_grouped;
+mod moe_q8;
 mod ops;
 mod pass;
 mod pass_snapshots;

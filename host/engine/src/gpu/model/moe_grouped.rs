@@ -337,134 +337,151 @@ impl GpuModel {
         let few = matches!(plan, MoePlan::Tiles { bm, .. } if bm == MOE_ROWS_BM);
         let single = self.single_bf16(sc) && !few;
         let lo_term = |lo: u64| if single { 0 } else { lo };
-        // hi | lo bf16 halves of the gathered rows (single: hi alone); reused
-        // for the f32 expert outputs.
+        // The f32 expert outputs (and in the bf16 paths first the gathered
+        // rows' hi | lo halves, single: hi alone).
         let xs = sc.get(d, "moe_xs", nn * h * F)?;
-        let (hi, lo) = (xs, xs + (nn * h * B) as u64);
-        kernels::gather_split_bf16(
-            d,
-            Launch::pdl((nn as u32, 1, 1), (256, 1, 1), 0),
-            dptr(n),
-            i(h),
-            dptr(pr),
-            nn as i64,
-            i(h),
-            dptr(hi),
-            dptr(lo_term(lo)),
-        )?;
-        // y (f32, rows in plan order) = a (hi [+ lo]) W_e^T per expert. Block-FP8
-        // experts in whole scale blocks: read as stored by the few-row kernel
-        // and the grouped GEMMs, else the whole tensor dequantized into
-        // `slot`'s work buffer first.
-        let experts = |a_hi: u64, a_lo: u64, wm: &DevMat, slot: Slot, y: u64| {
-            let (rows, cols) = (wm.rows / e, wm.cols);
-            let fp8 = wm
-                .fp8()
-                .filter(|_| rows.is_multiple_of(128) && cols.is_multiple_of(128));
-            // The few-row kernel (`moe_rows8`) over the plan's 8-row tiles.
-            if few && let MoePlan::Tiles { buf, most, .. } = &plan {
-                let l = Launch::pdl(
-                    (rows.div_ceil(32).div_ceil(4) as u32, *most, 1),
-                    (128, 1, 1),
-                    0,
-                );
-                let (a_hi, a_lo, buf, y) = (dptr(a_hi), dptr(a_lo), dptr(*buf), dptr(y));
-                let (n, k) = (i(rows), i(cols));
-                return match fp8 {
-                    Some((q, s)) => {
-                        kernels::moe_rows8_fp8(d, l, a_hi, a_lo, dptr(q), dptr(s), buf, y, n, k)
-                    }
-                    None => {
-                        let w = dptr(self.bf16_weights(wm, slot)?);
-                        let stride = (rows * cols) as i64;
-                        kernels::moe_rows8(d, l, a_hi, a_lo, w, stride, buf, y, n, k)
-                    }
-                };
-            }
-            match &plan {
-                MoePlan::Tiles { buf, most, bm } => {
-                    let (kernel, smem, bn) = moe_gemm_kernel(
-                        *bm,
-                        d.wgmma(),
-                        self.opts.moe_wg_cols,
-                        self.opts.moe_k64,
-                        cols,
-                        a_lo == 0,
-                        fp8.is_some(),
-                    );
-                    let l = Launch::new(
-                        (rows.div_ceil(bn) as u32, *most, 1),
-                        (2 * *bm as u32, 1, 1),
-                        smem as u32,
+        let ye = xs;
+        if let MoePlan::Tiles { buf, most, bm } = &plan
+            && !few
+            && self.moe_q8(sc, *bm, gate_up, down, e)
+        {
+            let rows = (n, pr, nn);
+            self.moe_experts_q8(sc, rows, (*buf, *most), (gate_up, down, e), inter, ye)?;
+        } else {
+            let (hi, lo) = (xs, xs + (nn * h * B) as u64);
+            kernels::gather_split_bf16(
+                d,
+                Launch::pdl((nn as u32, 1, 1), (256, 1, 1), 0),
+                dptr(n),
+                i(h),
+                dptr(pr),
+                nn as i64,
+                i(h),
+                dptr(hi),
+                dptr(lo_term(lo)),
+            )?;
+            // y (f32, rows in plan order) = a (hi [+ lo]) W_e^T per expert. Block-FP8
+            // experts in whole scale blocks: read as stored by the few-row kernel
+            // and the grouped GEMMs, else the whole tensor dequantized into
+            // `slot`'s work buffer first.
+            let experts = |a_hi: u64, a_lo: u64, wm: &DevMat, slot: Slot, y: u64| {
+                let (rows, cols) = (wm.rows / e, wm.cols);
+                let fp8 = wm
+                    .fp8()
+                    .filter(|_| rows.is_multiple_of(128) && cols.is_multiple_of(128));
+                // The few-row kernel (`moe_rows8`) over the plan's 8-row tiles.
+                if few && let MoePlan::Tiles { buf, most, .. } = &plan {
+                    let l = Launch::pdl(
+                        (rows.div_ceil(32).div_ceil(4) as u32, *most, 1),
+                        (128, 1, 1),
+                        0,
                     );
                     let (a_hi, a_lo, buf, y) = (dptr(a_hi), dptr(a_lo), dptr(*buf), dptr(y));
-                    match (kernel, fp8) {
-                        (ExpertGemm::Fp8(k), Some((q, s))) => {
-                            (k.launch)(d, l, a_hi, a_lo, dptr(q), dptr(s), buf, y, i(rows), i(cols))
+                    let (n, k) = (i(rows), i(cols));
+                    return match fp8 {
+                        Some((q, s)) => {
+                            kernels::moe_rows8_fp8(d, l, a_hi, a_lo, dptr(q), dptr(s), buf, y, n, k)
                         }
-                        (ExpertGemm::Bf16(k), None) => {
+                        None => {
                             let w = dptr(self.bf16_weights(wm, slot)?);
                             let stride = (rows * cols) as i64;
-                            (k.launch)(d, l, a_hi, a_lo, w, stride, buf, y, i(rows), i(cols))
+                            kernels::moe_rows8(d, l, a_hi, a_lo, w, stride, buf, y, n, k)
                         }
-                        (k, _) => unreachable!(
-                            "{}: moe_gemm_kernel picks by the weights' format",
-                            k.name()
-                        ),
-                    }
+                    };
                 }
-                MoePlan::Counts(hc) => {
-                    let w = self.bf16_weights(wm, slot)?;
-                    let mut start = 0;
-                    for (ex, &cnt) in hc.iter().enumerate() {
-                        let cnt = cnt as usize;
-                        if cnt == 0 {
-                            continue;
-                        }
-                        let w = w + (ex * rows * cols * B) as u64;
-                        let y = y + (start * rows * F) as u64;
-                        d.gemm_bf16(
-                            a_hi + (start * cols * B) as u64,
-                            w,
-                            y,
-                            cnt,
-                            rows,
+                match &plan {
+                    MoePlan::Tiles { buf, most, bm } => {
+                        let (kernel, smem, bn) = moe_gemm_kernel(
+                            *bm,
+                            d.wgmma(),
+                            self.opts.moe_wg_cols,
+                            self.opts.moe_k64,
                             cols,
-                            false,
-                        )?;
-                        if a_lo != 0 {
+                            a_lo == 0,
+                            fp8.is_some(),
+                        );
+                        let l = Launch::new(
+                            (rows.div_ceil(bn) as u32, *most, 1),
+                            (2 * *bm as u32, 1, 1),
+                            smem as u32,
+                        );
+                        let (a_hi, a_lo, buf, y) = (dptr(a_hi), dptr(a_lo), dptr(*buf), dptr(y));
+                        match (kernel, fp8) {
+                            (ExpertGemm::Fp8(k), Some((q, s))) => (k.launch)(
+                                d,
+                                l,
+                                a_hi,
+                                a_lo,
+                                dptr(q),
+                                dptr(s),
+                                buf,
+                                y,
+                                i(rows),
+                                i(cols),
+                            ),
+                            (ExpertGemm::Bf16(k), None) => {
+                                let w = dptr(self.bf16_weights(wm, slot)?);
+                                let stride = (rows * cols) as i64;
+                                (k.launch)(d, l, a_hi, a_lo, w, stride, buf, y, i(rows), i(cols))
+                            }
+                            (k, _) => unreachable!(
+                                "{}: moe_gemm_kernel picks by the weights' format",
+                                k.name()
+                            ),
+                        }
+                    }
+                    MoePlan::Counts(hc) => {
+                        let w = self.bf16_weights(wm, slot)?;
+                        let mut start = 0;
+                        for (ex, &cnt) in hc.iter().enumerate() {
+                            let cnt = cnt as usize;
+                            if cnt == 0 {
+                                continue;
+                            }
+                            let w = w + (ex * rows * cols * B) as u64;
+                            let y = y + (start * rows * F) as u64;
                             d.gemm_bf16(
-                                a_lo + (start * cols * B) as u64,
+                                a_hi + (start * cols * B) as u64,
                                 w,
                                 y,
                                 cnt,
                                 rows,
                                 cols,
-                                true,
+                                false,
                             )?;
+                            if a_lo != 0 {
+                                d.gemm_bf16(
+                                    a_lo + (start * cols * B) as u64,
+                                    w,
+                                    y,
+                                    cnt,
+                                    rows,
+                                    cols,
+                                    true,
+                                )?;
+                            }
+                            start += cnt;
                         }
-                        start += cnt;
+                        Ok(())
                     }
-                    Ok(())
                 }
-            }
-        };
-        let gu = sc.get(d, "gu", nn * 2 * inter * F)?;
-        // A null lo operand: one product per tile or expert.
-        experts(hi, lo_term(lo), gate_up, Slot::GateUp, gu)?;
-        let ah = sc.get(d, "moe_act", nn * inter * 2 * B)?;
-        let al = ah + (nn * inter * B) as u64;
-        kernels::silu_mul_split(
-            d,
-            Launch::pdl((nn as u32, 1, 1), (256, 1, 1), 0),
-            dptr(gu),
-            nn as i64,
-            i(inter),
-            dptr(ah),
-            dptr(lo_term(al)),
-        )?;
-        let ye = xs;
-        experts(ah, lo_term(al), down, Slot::Down, ye)?;
+            };
+            let gu = sc.get(d, "gu", nn * 2 * inter * F)?;
+            // A null lo operand: one product per tile or expert.
+            experts(hi, lo_term(lo), gate_up, Slot::GateUp, gu)?;
+            let ah = sc.get(d, "moe_act", nn * inter * 2 * B)?;
+            let al = ah + (nn * inter * B) as u64;
+            kernels::silu_mul_split(
+                d,
+                Launch::pdl((nn as u32, 1, 1), (256, 1, 1), 0),
+                dptr(gu),
+                nn as i64,
+                i(inter),
+                dptr(ah),
+                dptr(lo_term(al)),
+            )?;
+            experts(ah, lo_term(al), down, Slot::Down, ye)?;
+        }
         kernels::moe_combine(
             d,
             Launch::pdl((t as u32, 1, 1), (256, 1, 1), 0),

@@ -319,6 +319,8 @@ impl GpuModel {
             d,
             Launch::pdl(((groups as u32).div_ceil(8), 1, 1), (256, 1, 1), 0),
             dptr(x),
+            i(cols),
+            dptr(0),
             i(t),
             i(tp),
             i(cols),
