@@ -3,8 +3,8 @@
 # (issue 28; docs/FP8.md "FP8 activations"), correctness and speed of one
 # binary (QWASI_BIN, default .dev/qwasi):
 #   1. `qwasi verify --backend cuda`: the fixtures in the default mode, and
-#      on the FP8 fixture the FP8-activation projection against the f64
-#      product of its quantized operands;
+#      on the FP8 fixture the FP8-activation projection and expert kernel
+#      against the f64 products of their quantized operands;
 #   2. with COMPARE=1: scripts/device/compare_transformers.py --fp8 --dtype
 #      both (a full-width block-FP8 model of $LAYERS layers, transformers in
 #      f32 and bf16 on its dequantized weights, prompts of $LENS tokens),

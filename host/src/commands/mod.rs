@@ -39,8 +39,8 @@ pub struct PrecisionArgs {
     /// Prompt passes on cuda/hip: `split` (activations as two bf16 terms,
     /// ~f32 accuracy, the default), `bf16` (one bf16 term per product: a
     /// faster prefill at the accuracy of bf16 inference) or `fp8` (as bf16,
-    /// and an FP8 checkpoint's projections on FP8 tensor cores with FP8
-    /// activations, sm_90); decode keeps f32 activations. Overrides
+    /// and an FP8 checkpoint's projections and routed experts on FP8 tensor
+    /// cores with FP8 activations, sm_90); decode keeps f32 activations. Overrides
     /// QWASI_PREFILL_PRECISION. The cpu backend (the f32 reference) refuses
     /// all but `split`.
     #[arg(long, value_name = "MODE", value_parser = ["split", "bf16", "fp8"])]
