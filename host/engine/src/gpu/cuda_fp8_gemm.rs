@@ -3,8 +3,9 @@
 //! (`VEC128_32F`) times E4M3 weights with one per 128x128 block
 //! (`BLK128x128_32F`, the checkpoint's own `weight_scale_inv`), f32 out.
 //! cuBLASLt has these scale modes on sm_90 only (CUDA 12.9+); it is NVIDIA's
-//! maintained kernel for exactly this product, so we use it rather than
-//! write an FP8 warpgroup GEMM of our own. The handle, a workspace and one
+//! maintained kernel for exactly this product, so the dense projections use
+//! it rather than a GEMM of our own (the grouped experts, which it does not
+//! cover without a host-side plan, have `moe_gemm_wg_q8`). The handle, a workspace and one
 //! plan (descriptors and the heuristic's algorithm) per shape are made on
 //! first use and kept.
 
@@ -39,7 +40,7 @@ struct Plan {
 
 impl Drop for Plan {
     fn drop(&mut self) {
-        // SAFETY: made by `Plan::new`, destroyed once.
+        // SAFETY: made by `Fp8Gemm::plan` (null where it stopped early), destroyed once.
         unsafe {
             for l in self.layouts {
                 lt::cublasLtMatrixLayoutDestroy(l);

@@ -217,7 +217,8 @@ impl GpuModel {
     /// table (nothing comes back to the host: the grid is the most tiles the
     /// plan can need, and the out-of-range count lands in `io.bad`), one
     /// SiLU*up + split, and `moe_combine` adding each token's `k` outputs in
-    /// ascending expert order (as `moe_grouped`'s per-expert scatter-adds do).
+    /// ascending expert order (as `moe_grouped`'s per-expert scatter-adds do);
+    /// with FP8 activations and experts (`moe_q8`), `moe_experts_q8` instead.
     /// Where the grouped kernels do not fit the shapes, per-expert cuBLAS
     /// calls on the counts copied back. With `io.router` (`moe_route_fused`),
     /// one `moe_route_plan` routes and plans instead of the four launches.
@@ -337,170 +338,168 @@ impl GpuModel {
         let few = matches!(plan, MoePlan::Tiles { bm, .. } if bm == MOE_ROWS_BM);
         let single = self.single_bf16(sc) && !few;
         let lo_term = |lo: u64| if single { 0 } else { lo };
-        // The f32 expert outputs (and in the bf16 paths first the gathered
-        // rows' hi | lo halves, single: hi alone).
+        // hi | lo bf16 halves of the gathered rows (single: hi alone); reused
+        // for the f32 expert outputs.
         let xs = sc.get(d, "moe_xs", nn * h * F)?;
-        let ye = xs;
+        // Each token's k outputs `ye` (rows in plan order) added in ascending
+        // expert order (as `moe_grouped`'s per-expert scatter-adds do), with
+        // the shared expert, into the residual and the next norm.
+        let combine = |ye: u64| {
+            kernels::moe_combine(
+                d,
+                Launch::pdl((t as u32, 1, 1), (256, 1, 1), 0),
+                dptr(ye),
+                dptr(idx),
+                dptr(wts),
+                dptr(slot),
+                i(t),
+                i(k),
+                i(e),
+                i(h),
+                dptr(x),
+                dptr(shared.0),
+                dptr(shared.1),
+                i(shared.2),
+                dptr(next.unwrap_or(0)),
+                dptr(n),
+                self.cfg.rms_norm_eps,
+            )
+        };
         if let MoePlan::Tiles { buf, most, bm } = &plan
             && !few
             && self.moe_q8(sc, *bm, gate_up, down, e)
         {
             let rows = (n, pr, nn);
-            self.moe_experts_q8(sc, rows, (*buf, *most), (gate_up, down, e), inter, ye)?;
-        } else {
-            let (hi, lo) = (xs, xs + (nn * h * B) as u64);
-            kernels::gather_split_bf16(
-                d,
-                Launch::pdl((nn as u32, 1, 1), (256, 1, 1), 0),
-                dptr(n),
-                i(h),
-                dptr(pr),
-                nn as i64,
-                i(h),
-                dptr(hi),
-                dptr(lo_term(lo)),
-            )?;
-            // y (f32, rows in plan order) = a (hi [+ lo]) W_e^T per expert. Block-FP8
-            // experts in whole scale blocks: read as stored by the few-row kernel
-            // and the grouped GEMMs, else the whole tensor dequantized into
-            // `slot`'s work buffer first.
-            let experts = |a_hi: u64, a_lo: u64, wm: &DevMat, slot: Slot, y: u64| {
-                let (rows, cols) = (wm.rows / e, wm.cols);
-                let fp8 = wm
-                    .fp8()
-                    .filter(|_| rows.is_multiple_of(128) && cols.is_multiple_of(128));
-                // The few-row kernel (`moe_rows8`) over the plan's 8-row tiles.
-                if few && let MoePlan::Tiles { buf, most, .. } = &plan {
-                    let l = Launch::pdl(
-                        (rows.div_ceil(32).div_ceil(4) as u32, *most, 1),
-                        (128, 1, 1),
-                        0,
+            self.moe_experts_q8(sc, rows, (*buf, *most), (gate_up, down, e), inter, xs)?;
+            combine(xs)?;
+            return Ok(true);
+        }
+        let (hi, lo) = (xs, xs + (nn * h * B) as u64);
+        kernels::gather_split_bf16(
+            d,
+            Launch::pdl((nn as u32, 1, 1), (256, 1, 1), 0),
+            dptr(n),
+            i(h),
+            dptr(pr),
+            nn as i64,
+            i(h),
+            dptr(hi),
+            dptr(lo_term(lo)),
+        )?;
+        // y (f32, rows in plan order) = a (hi [+ lo]) W_e^T per expert. Block-FP8
+        // experts in whole scale blocks: read as stored by the few-row kernel
+        // and the grouped GEMMs, else the whole tensor dequantized into
+        // `slot`'s work buffer first.
+        let experts = |a_hi: u64, a_lo: u64, wm: &DevMat, slot: Slot, y: u64| {
+            let (rows, cols) = (wm.rows / e, wm.cols);
+            let fp8 = wm
+                .fp8()
+                .filter(|_| rows.is_multiple_of(128) && cols.is_multiple_of(128));
+            // The few-row kernel (`moe_rows8`) over the plan's 8-row tiles.
+            if few && let MoePlan::Tiles { buf, most, .. } = &plan {
+                let l = Launch::pdl(
+                    (rows.div_ceil(32).div_ceil(4) as u32, *most, 1),
+                    (128, 1, 1),
+                    0,
+                );
+                let (a_hi, a_lo, buf, y) = (dptr(a_hi), dptr(a_lo), dptr(*buf), dptr(y));
+                let (n, k) = (i(rows), i(cols));
+                return match fp8 {
+                    Some((q, s)) => {
+                        kernels::moe_rows8_fp8(d, l, a_hi, a_lo, dptr(q), dptr(s), buf, y, n, k)
+                    }
+                    None => {
+                        let w = dptr(self.bf16_weights(wm, slot)?);
+                        let stride = (rows * cols) as i64;
+                        kernels::moe_rows8(d, l, a_hi, a_lo, w, stride, buf, y, n, k)
+                    }
+                };
+            }
+            match &plan {
+                MoePlan::Tiles { buf, most, bm } => {
+                    let (kernel, smem, bn) = moe_gemm_kernel(
+                        *bm,
+                        d.wgmma(),
+                        self.opts.moe_wg_cols,
+                        self.opts.moe_k64,
+                        cols,
+                        a_lo == 0,
+                        fp8.is_some(),
+                    );
+                    let l = Launch::new(
+                        (rows.div_ceil(bn) as u32, *most, 1),
+                        (2 * *bm as u32, 1, 1),
+                        smem as u32,
                     );
                     let (a_hi, a_lo, buf, y) = (dptr(a_hi), dptr(a_lo), dptr(*buf), dptr(y));
-                    let (n, k) = (i(rows), i(cols));
-                    return match fp8 {
-                        Some((q, s)) => {
-                            kernels::moe_rows8_fp8(d, l, a_hi, a_lo, dptr(q), dptr(s), buf, y, n, k)
+                    match (kernel, fp8) {
+                        (ExpertGemm::Fp8(k), Some((q, s))) => {
+                            (k.launch)(d, l, a_hi, a_lo, dptr(q), dptr(s), buf, y, i(rows), i(cols))
                         }
-                        None => {
+                        (ExpertGemm::Bf16(k), None) => {
                             let w = dptr(self.bf16_weights(wm, slot)?);
                             let stride = (rows * cols) as i64;
-                            kernels::moe_rows8(d, l, a_hi, a_lo, w, stride, buf, y, n, k)
+                            (k.launch)(d, l, a_hi, a_lo, w, stride, buf, y, i(rows), i(cols))
                         }
-                    };
-                }
-                match &plan {
-                    MoePlan::Tiles { buf, most, bm } => {
-                        let (kernel, smem, bn) = moe_gemm_kernel(
-                            *bm,
-                            d.wgmma(),
-                            self.opts.moe_wg_cols,
-                            self.opts.moe_k64,
-                            cols,
-                            a_lo == 0,
-                            fp8.is_some(),
-                        );
-                        let l = Launch::new(
-                            (rows.div_ceil(bn) as u32, *most, 1),
-                            (2 * *bm as u32, 1, 1),
-                            smem as u32,
-                        );
-                        let (a_hi, a_lo, buf, y) = (dptr(a_hi), dptr(a_lo), dptr(*buf), dptr(y));
-                        match (kernel, fp8) {
-                            (ExpertGemm::Fp8(k), Some((q, s))) => (k.launch)(
-                                d,
-                                l,
-                                a_hi,
-                                a_lo,
-                                dptr(q),
-                                dptr(s),
-                                buf,
-                                y,
-                                i(rows),
-                                i(cols),
-                            ),
-                            (ExpertGemm::Bf16(k), None) => {
-                                let w = dptr(self.bf16_weights(wm, slot)?);
-                                let stride = (rows * cols) as i64;
-                                (k.launch)(d, l, a_hi, a_lo, w, stride, buf, y, i(rows), i(cols))
-                            }
-                            (k, _) => unreachable!(
-                                "{}: moe_gemm_kernel picks by the weights' format",
-                                k.name()
-                            ),
-                        }
+                        (k, _) => unreachable!(
+                            "{}: moe_gemm_kernel picks by the weights' format",
+                            k.name()
+                        ),
                     }
-                    MoePlan::Counts(hc) => {
-                        let w = self.bf16_weights(wm, slot)?;
-                        let mut start = 0;
-                        for (ex, &cnt) in hc.iter().enumerate() {
-                            let cnt = cnt as usize;
-                            if cnt == 0 {
-                                continue;
-                            }
-                            let w = w + (ex * rows * cols * B) as u64;
-                            let y = y + (start * rows * F) as u64;
+                }
+                MoePlan::Counts(hc) => {
+                    let w = self.bf16_weights(wm, slot)?;
+                    let mut start = 0;
+                    for (ex, &cnt) in hc.iter().enumerate() {
+                        let cnt = cnt as usize;
+                        if cnt == 0 {
+                            continue;
+                        }
+                        let w = w + (ex * rows * cols * B) as u64;
+                        let y = y + (start * rows * F) as u64;
+                        d.gemm_bf16(
+                            a_hi + (start * cols * B) as u64,
+                            w,
+                            y,
+                            cnt,
+                            rows,
+                            cols,
+                            false,
+                        )?;
+                        if a_lo != 0 {
                             d.gemm_bf16(
-                                a_hi + (start * cols * B) as u64,
+                                a_lo + (start * cols * B) as u64,
                                 w,
                                 y,
                                 cnt,
                                 rows,
                                 cols,
-                                false,
+                                true,
                             )?;
-                            if a_lo != 0 {
-                                d.gemm_bf16(
-                                    a_lo + (start * cols * B) as u64,
-                                    w,
-                                    y,
-                                    cnt,
-                                    rows,
-                                    cols,
-                                    true,
-                                )?;
-                            }
-                            start += cnt;
                         }
-                        Ok(())
+                        start += cnt;
                     }
+                    Ok(())
                 }
-            };
-            let gu = sc.get(d, "gu", nn * 2 * inter * F)?;
-            // A null lo operand: one product per tile or expert.
-            experts(hi, lo_term(lo), gate_up, Slot::GateUp, gu)?;
-            let ah = sc.get(d, "moe_act", nn * inter * 2 * B)?;
-            let al = ah + (nn * inter * B) as u64;
-            kernels::silu_mul_split(
-                d,
-                Launch::pdl((nn as u32, 1, 1), (256, 1, 1), 0),
-                dptr(gu),
-                nn as i64,
-                i(inter),
-                dptr(ah),
-                dptr(lo_term(al)),
-            )?;
-            experts(ah, lo_term(al), down, Slot::Down, ye)?;
-        }
-        kernels::moe_combine(
+            }
+        };
+        let gu = sc.get(d, "gu", nn * 2 * inter * F)?;
+        // A null lo operand: one product per tile or expert.
+        experts(hi, lo_term(lo), gate_up, Slot::GateUp, gu)?;
+        let ah = sc.get(d, "moe_act", nn * inter * 2 * B)?;
+        let al = ah + (nn * inter * B) as u64;
+        kernels::silu_mul_split(
             d,
-            Launch::pdl((t as u32, 1, 1), (256, 1, 1), 0),
-            dptr(ye),
-            dptr(idx),
-            dptr(wts),
-            dptr(slot),
-            i(t),
-            i(k),
-            i(e),
-            i(h),
-            dptr(x),
-            dptr(shared.0),
-            dptr(shared.1),
-            i(shared.2),
-            dptr(next.unwrap_or(0)),
-            dptr(n),
-            self.cfg.rms_norm_eps,
+            Launch::pdl((nn as u32, 1, 1), (256, 1, 1), 0),
+            dptr(gu),
+            nn as i64,
+            i(inter),
+            dptr(ah),
+            dptr(lo_term(al)),
         )?;
+        let ye = xs;
+        experts(ah, lo_term(al), down, Slot::Down, ye)?;
+        combine(ye)?;
         Ok(matches!(plan, MoePlan::Tiles { .. }))
     }
 

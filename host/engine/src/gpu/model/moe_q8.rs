@@ -18,12 +18,13 @@ use anyhow::Result;
 const MQ_STAGES: usize = 8;
 const MQ_BK: usize = 64;
 
-/// The plan rows' activations for `moe_gemm_wg_q8`.
-struct Q8Rows {
-    bytes: u64,
-    scales: u64,
-    /// The scales' column stride: the rows padded to `FP8_ROWS`.
-    stride: usize,
+/// Activations quantized per row and 128 columns (`q8_rows`): E4M3 bytes
+/// [stride, cols] and f32 scales [cols / 128, stride].
+pub(super) struct Q8Rows {
+    pub bytes: u64,
+    pub scales: u64,
+    /// The rows padded to `FP8_ROWS` (the scales' column stride).
+    pub stride: usize,
 }
 
 impl GpuModel {
@@ -94,9 +95,10 @@ impl GpuModel {
     }
 
     /// `rows` rows of `cols` f32 at `src` (stride `stride`; through the row
-    /// index `idx` unless 0) quantized into the work buffer `name`.
+    /// index `idx` unless 0) quantized into the work buffer `name`
+    /// (`fp8_quant_rows`; padding rows are zeros).
     #[allow(clippy::too_many_arguments)]
-    fn q8_rows(
+    pub(super) fn q8_rows(
         &self,
         sc: &mut Scratch,
         name: &'static str,

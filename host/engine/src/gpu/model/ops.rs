@@ -310,23 +310,8 @@ impl GpuModel {
         accumulate: bool,
     ) -> Result<()> {
         let d = &self.dev;
-        let tp = t.next_multiple_of(FP8_ROWS);
-        let groups = tp * (cols / 128);
-        // The bytes, then the scales (16-byte aligned: cols is a multiple of 128).
-        let xq = sc.get(d, "x_fp8", tp * cols + groups * F)?;
-        let xs = xq + (tp * cols) as u64;
-        kernels::fp8_quant_rows(
-            d,
-            Launch::pdl(((groups as u32).div_ceil(8), 1, 1), (256, 1, 1), 0),
-            dptr(x),
-            i(cols),
-            dptr(0),
-            i(t),
-            i(tp),
-            i(cols),
-            dptr(xq),
-            dptr(xs),
-        )?;
+        let a = self.q8_rows(sc, "x_fp8", x, cols, 0, t, cols)?;
+        let (xq, xs, tp) = (a.bytes, a.scales, a.stride);
         if tp == t {
             return d.gemm_fp8_blocks((xq, xs), w, y, t, rows, cols, accumulate);
         }
@@ -339,7 +324,8 @@ impl GpuModel {
     }
 
     /// Whether this pass's multi-token products run on activations rounded
-    /// to one bf16 term (`--prefill-precision bf16`): prompt passes and
+    /// to one bf16 term (`--prefill-precision bf16`, and `fp8`'s products that
+    /// do not take FP8 activations): prompt passes and
     /// batched steps that carry a prompt chunk (their decode rows too);
     /// decode-only batched steps keep split activations, as do the few-row
     /// kernels and the decode step's GEMVs, which never ask.
