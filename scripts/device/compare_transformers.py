@@ -319,12 +319,17 @@ def bf16_reference(model32, cfg, attn, prompts, out):
                 b.data = buffers[name].clone()  # RoPE inverse frequencies: float32 as computed
     kinds = sorted({str(b.dtype) for _, b in model.named_buffers()})
     print(f"[ref bf16] model built in {time.time() - t0:.1f} s (buffers {kinds})", flush=True)
+    last_logits(model, prompts, out, "bf16")
+
+
+def last_logits(model, prompts, out, tag):
+    """Each prompt's last-token logits as out/logits_<tag>_<len>.f32."""
     for L, ids in prompts:
         t0 = time.time()
         with torch.no_grad():
             logits = model(input_ids=ids.cuda(), logits_to_keep=1, use_cache=False).logits[0, -1].float().cpu()
-        logits.numpy().astype("<f4").tofile(out / f"logits_bf16_{L}.f32")
-        print(f"[ref bf16] len {L}: forward {time.time() - t0:.1f} s, top-1 {int(logits.argmax())}", flush=True)
+        logits.numpy().astype("<f4").tofile(out / f"logits_{tag}_{L}.f32")
+        print(f"[ref {tag}] len {L}: forward {time.time() - t0:.1f} s, top-1 {int(logits.argmax())}", flush=True)
         torch.cuda.empty_cache()
 
 
@@ -342,12 +347,7 @@ def fp8_reference(attn, prompts, out):
         ).eval()
         kinds = sorted({str(p.dtype) for p in model.parameters()})
         print(f"[ref fp8] model loaded in {time.time() - t0:.1f} s (parameters {kinds})", flush=True)
-        for L, ids in prompts:
-            t0 = time.time()
-            with torch.no_grad():
-                logits = model(input_ids=ids.cuda(), logits_to_keep=1, use_cache=False).logits[0, -1].float().cpu()
-            logits.numpy().astype("<f4").tofile(out / f"logits_fp8_{L}.f32")
-            print(f"[ref fp8] len {L}: forward {time.time() - t0:.1f} s, top-1 {int(logits.argmax())}", flush=True)
+        last_logits(model, prompts, out, "fp8")
     except Exception as e:  # noqa: BLE001 - recorded, the other references stand
         (out / "ref_fp8_error.txt").write_text(repr(e)[:2000] + "\n")
         print(f"[ref fp8] not run: {e!r}"[:600], flush=True)
