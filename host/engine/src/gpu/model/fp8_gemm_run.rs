@@ -1,8 +1,10 @@
-//! One FP8-activation projection (`--prefill-precision fp8`'s path) on
-//! given operands, for `verify`'s check of it against the f64 product of
-//! its quantized operands (`gpu/verify_fp8_gemm.rs`).
+//! `--prefill-precision fp8`'s kernels on given operands: one projection
+//! through its own path, and the grouped expert kernel over a given tile
+//! table, for `verify`'s checks of them against the f64 products of their
+//! quantized operands (`gpu/verify_fp8_gemm.rs`).
 
 use super::GpuModel;
+use super::moe_q8::Q8Rows;
 use super::ops::{FP8_ROWS, Scratch};
 use anyhow::Result;
 
@@ -60,6 +62,47 @@ impl GpuModel {
             out.xs[g * t..(g + 1) * t].copy_from_slice(&xs[g * tp..g * tp + t]);
         }
         d.dtoh(&mut out.y, y)?;
+        Ok(out)
+    }
+
+    /// `verify`'s run of `moe_gemm_wg_q8` on given operands: E4M3 rows `aq`
+    /// [r, cols] with scales `ascale` [cols / 128, stride], experts `q` [e *
+    /// rows, cols] with scales `s`, the plan's tile table `tiles`; returns Y
+    /// [r, rows] (NaN where no tile wrote; `r` may pass the tiles' rows).
+    #[allow(clippy::too_many_arguments)]
+    pub fn fp8_expert_run(
+        &self,
+        (aq, ascale, stride): (&[u8], &[f32], usize),
+        (q, s): (&[u8], &[f32]),
+        tiles: &[i32],
+        (r, rows, cols): (usize, usize, usize),
+    ) -> Result<Vec<f32>> {
+        let d = &self.dev;
+        d.bind()?;
+        let (aqd, asd, qd, sd, td) = (
+            d.upload(aq)?,
+            d.upload(ascale)?,
+            d.upload(q)?,
+            d.upload(s)?,
+            d.upload(tiles)?,
+        );
+        let y = vec![f32::NAN; r * rows];
+        let yd = d.upload(&y)?;
+        let a = Q8Rows {
+            bytes: aqd.ptr(),
+            scales: asd.ptr(),
+            stride,
+        };
+        let most = tiles[0] as u32 + 2; // two block rows past the tiles, which must return
+        self.q8_launch(
+            &a,
+            (qd.ptr(), sd.ptr(), rows, cols),
+            (td.ptr(), most),
+            yd.ptr(),
+        )?;
+        d.sync()?;
+        let mut out = y;
+        d.dtoh(&mut out, yd.ptr())?;
         Ok(out)
     }
 }

@@ -141,7 +141,7 @@ impl GpuModel {
 
     /// `moe_gemm_wg_q8` over experts of `rows` x `cols` E4M3 at `q` (scales
     /// `s`) and the tile table `tiles` (its grid height `most`).
-    fn q8_launch(
+    pub(super) fn q8_launch(
         &self,
         a: &Q8Rows,
         (q, s, rows, cols): (u64, u64, usize, usize),
@@ -165,46 +165,5 @@ impl GpuModel {
             i(rows),
             i(cols),
         )
-    }
-
-    /// `verify`'s run of `moe_gemm_wg_q8` on given operands: E4M3 rows `aq`
-    /// [r, cols] with scales `ascale` [cols / 128, stride], experts `q` [e *
-    /// rows, cols] with scales `s`, the plan's tile table `tiles`; returns Y
-    /// [r, rows] (NaN where no tile wrote; `r` may pass the tiles' rows).
-    #[allow(clippy::too_many_arguments)]
-    pub fn fp8_expert_run(
-        &self,
-        (aq, ascale, stride): (&[u8], &[f32], usize),
-        (q, s): (&[u8], &[f32]),
-        tiles: &[i32],
-        (r, rows, cols): (usize, usize, usize),
-    ) -> Result<Vec<f32>> {
-        let d = &self.dev;
-        d.bind()?;
-        let (aqd, asd, qd, sd, td) = (
-            d.upload(aq)?,
-            d.upload(ascale)?,
-            d.upload(q)?,
-            d.upload(s)?,
-            d.upload(tiles)?,
-        );
-        let y = vec![f32::NAN; r * rows];
-        let yd = d.upload(&y)?;
-        let a = Q8Rows {
-            bytes: aqd.ptr(),
-            scales: asd.ptr(),
-            stride,
-        };
-        let most = tiles[0] as u32 + 2; // two block rows past the tiles, which must return
-        self.q8_launch(
-            &a,
-            (qd.ptr(), sd.ptr(), rows, cols),
-            (td.ptr(), most),
-            yd.ptr(),
-        )?;
-        d.sync()?;
-        let mut out = y;
-        d.dtoh(&mut out, yd.ptr())?;
-        Ok(out)
     }
 }
