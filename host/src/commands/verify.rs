@@ -198,12 +198,15 @@ mod gpu {
                     Some(g) => println!(
                         "{:<12} FP8 activations (--prefill-precision fp8): {} shapes, codes {} / \
                          scales {} off the host's quantization, max rel. error {:.2e} vs the f64 \
-                         product (tolerance {FP8_GEMM_TOL})  {}",
+                         product; experts {:.2e}, {} writes past their tiles (tolerance \
+                         {FP8_GEMM_TOL})  {}",
                         r.fixture,
                         g.shapes,
                         g.code_mismatches,
                         g.scale_mismatches,
                         g.max_rel_err,
+                        g.expert_max_rel_err,
+                        g.expert_stray_writes,
                         verdict(g.pass)
                     ),
                     None => println!(

@@ -35,10 +35,11 @@ pub enum PrefillPrecision {
     /// projections, the grouped expert GEMM tiles and the warpgroup prompt
     /// attention (the inference precision of peers that run bf16).
     Bf16,
-    /// As `Bf16`, and the multi-token projections of block-FP8 weights kept
-    /// on the device take FP8 activations (a scale per row and 128 columns)
-    /// on FP8 tensor cores through cuBLASLt, as FP8 serving engines run such
-    /// checkpoints (sm_90; elsewhere, and for bf16 weights, as `Bf16`).
+    /// As `Bf16`, and the multi-token projections (cuBLASLt) and routed
+    /// experts (`moe_gemm_wg_q8`) of block-FP8 weights kept on the device
+    /// take FP8 activations (a scale per row and 128 columns) on FP8 tensor
+    /// cores, as FP8 serving engines run such checkpoints (sm_90; elsewhere,
+    /// and for bf16 weights, as `Bf16`).
     Fp8,
 }
 

@@ -169,7 +169,7 @@ pub const SEED: u64 = 0x5157_4153_4931;
 
 /// Correctness of this build: every reference fixture under `dir` (`pass`
 /// absent when the directory is missing: skipped). Their tolerances are the
-/// split prompt precision's: with `--prefill-precision bf16` the result is
+/// split prompt precision's: with `--prefill-precision bf16` or `fp8` the result is
 /// recorded as `pass_split_tolerances` and does not gate the run (that mode
 /// is held to `verify --compare`, docs/GPU.md "Prompt precision").
 #[cfg(any(feature = "cuda", feature = "hip"))]
@@ -180,7 +180,7 @@ pub fn fixture_check(dir: &Path) -> Result<Value> {
         return Ok(json!({"fixtures": "skipped: directory not found"}));
     }
     let prefill = GpuOptions::from_env()?.prefill;
-    let bf16 = prefill != PrefillPrecision::Split;
+    let single = prefill != PrefillPrecision::Split;
     let tol = Tolerances::default();
     let mut pass = true;
     let mut max_kl = 0f64;
@@ -193,7 +193,7 @@ pub fn fixture_check(dir: &Path) -> Result<Value> {
         }
     }
     let verdict = if pass { "PASS" } else { "FAIL" };
-    if bf16 {
+    if single {
         eprintln!(
             "[bench] fixtures: {cases} cases, {verdict} by the split mode's tolerances (not a gate \
              under --prefill-precision {}), max KL(cpu||gpu) {max_kl:.2e}",
