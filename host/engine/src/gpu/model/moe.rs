@@ -305,6 +305,7 @@ impl MoeLayer {
                         dptr(pf_down),
                         dptr(pf_shared),
                         i(sh),
+                        i(m.opts.l2_prefetch),
                     )?
                 }
             }
