@@ -283,7 +283,7 @@ impl MoeLayer {
                 None => {
                     // The down weights to ask L2 for (null: none).
                     let (pf_down, pf_shared) = match (down.fp8(), shared_down.fp8()) {
-                        (None, None) if m.opts.l2_prefetch > 0 => (down.bf16(), shared_down.bf16()),
+                        (None, None) if m.opts.l2_prefetch => (down.bf16(), shared_down.bf16()),
                         _ => (0, 0),
                     };
                     kernels::dec_moe_gate_up(
