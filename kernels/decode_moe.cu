@@ -117,7 +117,7 @@ QW_KERNEL void QW_BOUNDS(256) dec_moe_gate_up(const bf16_t* __restrict__ Wgu, co
                                              float eps, const float* __restrict__ inp, int E, int k,
                                              float* __restrict__ act, int I, int H, int pairs,
                                              const bf16_t* __restrict__ pf_down, const bf16_t* __restrict__ pf_shared,
-                                             int S, int pf_mode) {
+                                             int S) {
     QW_DYN_SMEM(float, xs);  // [H]
     __shared__ int sidx[MOE_MAXK];
     __shared__ float sw[MOE_MAXK];
@@ -133,20 +133,16 @@ QW_KERNEL void QW_BOUNDS(256) dec_moe_gate_up(const bf16_t* __restrict__ Wgu, co
     }
     __syncthreads();
     int j = blockIdx.y;
-    const unsigned long long pol = stream_policy(pf_down != nullptr && (pf_mode == 1 || pf_mode == 4));
-    auto prefetch = [&] {
-        if (pf_down && threadIdx.x == 0) {
-            const size_t bytes = (size_t)H * I * sizeof(bf16_t);
-            l2_prefetch_part(pf_down + (size_t)sidx[j] * H * I, bytes, blockIdx.x, gridDim.x);
-            if (pf_shared)
-                l2_prefetch_part(pf_shared, (size_t)H * S * sizeof(bf16_t), j * gridDim.x + blockIdx.x,
-                                 gridDim.x * gridDim.y);
-        }
-    };
-    if (pf_mode == 1 || pf_mode == 2) prefetch();
+    const unsigned long long pol = stream_policy(pf_down != nullptr);
+    if (pf_down && threadIdx.x == 0) {
+        const size_t bytes = (size_t)H * I * sizeof(bf16_t);
+        l2_prefetch_part(pf_down + (size_t)sidx[j] * H * I, bytes, blockIdx.x, gridDim.x);
+        if (pf_shared)
+            l2_prefetch_part(pf_shared, (size_t)H * S * sizeof(bf16_t), j * gridDim.x + blockIdx.x,
+                             gridDim.x * gridDim.y);
+    }
     for (int p = 0; p < pairs; p++) {
         const int i = (blockIdx.x * DEC_WARPS + w) * pairs + p;
-        if (p == pairs - 1 && (pf_mode == 3 || pf_mode == 4)) prefetch();
         if (i >= I) return;
         const bf16_t* gr = Wgu + ((size_t)sidx[j] * 2 * I + i) * H;
         const bf16_t* ur = gr + (size_t)I * H;

@@ -305,7 +305,6 @@ impl MoeLayer {
                         dptr(pf_down),
                         dptr(pf_shared),
                         i(sh),
-                        i(m.opts.l2_prefetch),
                     )?
                 }
             }
