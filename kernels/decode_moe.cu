@@ -107,17 +107,10 @@ __device__ void router_topk_warp(const float* __restrict__ logits, int E, int k,
 // are resident at once (two blocks per SM at this kernel's registers) instead
 // of running in two waves, each repeating the routing and the norm. Router
 // logits are the first E entries of `inp`.
-// With pf_down set (the routed down matrices [E, H, I]; pf_shared the shared
-// expert's [H, S], may be null), the blocks ask L2 for the down weights of
-// their experts once the routing is known, and stream their own weights as
-// evict-first, so the down kernel, whose blocks cannot start beside these
-// (registers), finds its weights in L2.
 QW_KERNEL void QW_BOUNDS(256) dec_moe_gate_up(const bf16_t* __restrict__ Wgu, const float* __restrict__ x,
                                              const float* __restrict__ ssq, int nssq, const float* __restrict__ nw,
                                              float eps, const float* __restrict__ inp, int E, int k,
-                                             float* __restrict__ act, int I, int H, int pairs,
-                                             const bf16_t* __restrict__ pf_down, const bf16_t* __restrict__ pf_shared,
-                                             int S) {
+                                             float* __restrict__ act, int I, int H, int pairs) {
     QW_DYN_SMEM(float, xs);  // [H]
     __shared__ int sidx[MOE_MAXK];
     __shared__ float sw[MOE_MAXK];
@@ -133,14 +126,6 @@ QW_KERNEL void QW_BOUNDS(256) dec_moe_gate_up(const bf16_t* __restrict__ Wgu, co
     }
     __syncthreads();
     int j = blockIdx.y;
-    const unsigned long long pol = stream_policy(pf_down != nullptr);
-    if (pf_down && threadIdx.x == 0) {
-        const size_t bytes = (size_t)H * I * sizeof(bf16_t);
-        l2_prefetch_part(pf_down + (size_t)sidx[j] * H * I, bytes, blockIdx.x, gridDim.x);
-        if (pf_shared)
-            l2_prefetch_part(pf_shared, (size_t)H * S * sizeof(bf16_t), j * gridDim.x + blockIdx.x,
-                             gridDim.x * gridDim.y);
-    }
     for (int p = 0; p < pairs; p++) {
         const int i = (blockIdx.x * DEC_WARPS + w) * pairs + p;
         if (i >= I) return;
@@ -151,8 +136,8 @@ QW_KERNEL void QW_BOUNDS(256) dec_moe_gate_up(const bf16_t* __restrict__ Wgu, co
             int n8 = H >> 3;
             for (int base = 0; base < n8; base += CH * WARP) {
                 uint4 a[CH], b[CH];
-                load_chunk(gr, 0, 1, H, base, lane, a, &pol);
-                load_chunk(ur, 0, 1, H, base, lane, b, &pol);
+                load_chunk(gr, 0, 1, H, base, lane, a);
+                load_chunk(ur, 0, 1, H, base, lane, b);
 #pragma unroll
                 for (int u = 0; u < CH; u++) {
                     int c = base + lane + u * WARP;

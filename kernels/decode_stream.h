@@ -20,53 +20,6 @@ __device__ __forceinline__ uint4 ld_stream(const uint4* p) {
 #endif
 }
 
-// L2 policy of a weight stream (sm_80 and later): `first` marks its lines
-// to be evicted before others (each weight is read once a token), so that a
-// range prefetched for the next kernel (l2_prefetch_part) outlives them.
-__device__ __forceinline__ unsigned long long stream_policy(bool first) {
-    unsigned long long pol = 0ull;
-#if defined(QW_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    if (first)
-        asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
-    else
-        asm volatile("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;" : "=l"(pol));
-#else
-    (void)first;
-#endif
-    return pol;
-}
-
-// ld_stream under an L2 policy from stream_policy.
-__device__ __forceinline__ uint4 ld_stream(const uint4* p, unsigned long long pol) {
-#if defined(QW_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    uint4 v;
-    asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "l"(p), "l"(pol));
-    return v;
-#else
-    (void)pol;
-    return ld_stream(p);
-#endif
-}
-
-// Asks L2 for part `part` of `parts` of the `bytes` at p (16-byte aligned),
-// so that a later kernel finds them there: one bulk prefetch per 64 KB from
-// the calling thread (sm_90 and later; a hint, nothing elsewhere).
-__device__ __forceinline__ void l2_prefetch_part(const void* p, unsigned long long bytes, unsigned part,
-                                                 unsigned parts) {
-#if defined(QW_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    const unsigned long long per = ((bytes + parts - 1) / parts + 15) & ~15ull;
-    const unsigned long long lo = per * part, hi = min(bytes & ~15ull, lo + per);
-    for (unsigned long long o = lo; o < hi; o += 65536ull) {
-        const unsigned n = (unsigned)min(65536ull, hi - o);
-        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"((const char*)p + o), "r"(n) : "memory");
-    }
-#else
-    (void)p, (void)bytes, (void)part, (void)parts;
-#endif
-}
-
 // 8 bf16 weights . 8 f32 activations (xs 16-byte aligned).
 __device__ __forceinline__ float dot8(uint4 w, const float* xs) {
     float4 a = *(const float4*)xs, b = *(const float4*)(xs + 4);
@@ -104,15 +57,15 @@ __device__ __forceinline__ float row_dot(const bf16_t* __restrict__ w, const flo
 #define CH 8         // 16-byte loads per lane per chunk (a chunk = 2048 columns)
 
 // Chunk `base` (in 16-byte units, lane offset added here) of row r, or zeros
-// past the matrix; with `pol`, loaded under that L2 policy (stream_policy).
+// past the matrix.
 __device__ __forceinline__ void load_chunk(const bf16_t* __restrict__ W, int r, int rows, int cols, int base,
-                                           int lane, uint4 (&v)[CH], const unsigned long long* pol = nullptr) {
+                                           int lane, uint4 (&v)[CH]) {
     const uint4* w4 = (const uint4*)(W + (size_t)r * cols);
     int n8 = cols >> 3;
 #pragma unroll
     for (int u = 0; u < CH; u++) {
         int c = base + lane + u * WARP;
-        v[u] = (r < rows && c < n8) ? (pol ? ld_stream(w4 + c, *pol) : ld_stream(w4 + c)) : make_uint4(0u, 0u, 0u, 0u);
+        v[u] = (r < rows && c < n8) ? ld_stream(w4 + c) : make_uint4(0u, 0u, 0u, 0u);
     }
 }
 

@@ -371,7 +371,7 @@ static void moe(int E, int k, int I, int H, int S, std::mt19937& rng) {
     std::vector<float> a1(k * I), a2(k * I);
     qw_cpu::launch(grid, {256, 1, 1}, [&] {
         dec_moe_gate_up(wgu.data(), x.data(), ssq.data(), nssq, nw.data(), 1e-6f, inp.data(), E, k, a1.data(), I, H,
-                        pairs, nullptr, nullptr, S);
+                        pairs);
     });
     qw_cpu::launch(grid, {256, 1, 1}, [&] {
         dec_moe_gate_up_fp8(gu.q.data(), gu.s.data(), x.data(), ssq.data(), nssq, nw.data(), 1e-6f, inp.data(), E,

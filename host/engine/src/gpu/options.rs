@@ -303,11 +303,6 @@ pub struct GpuOptions {
     /// default 2: on the H200 512/8K decode 333.0/302.5 tok/s against
     /// 320.5/289.4 with 1 and 320.0/289.9 with 4).
     pub moe_pairs: usize,
-    /// `QWASI_L2_PREFETCH=1`: the decode step's routed gate/up kernel asks
-    /// L2 for the down weights of its experts (and the shared expert's) and
-    /// streams its own weights evict-first, so the down kernel, which cannot
-    /// start beside it, reads from L2 (`dec_moe_gate_up`).
-    pub l2_prefetch: bool,
     /// `QWASI_DEC_SKIP=stage,...`, measurement only (builds with the
     /// `experiments` feature): the decode step leaves these stages out (wrong
     /// tokens), so a benchmark shows what each costs inside the graph:
@@ -472,7 +467,6 @@ impl GpuOptions {
             pinned_host_tier: pick("QWASI_HOST_TIER", &["pinned", "pageable"])? == "pinned",
             graphs: flag("QWASI_GRAPHS", true)?,
             moe_pairs: count("QWASI_MOE_PAIRS", 2, 1..=64)?,
-            l2_prefetch: flag("QWASI_L2_PREFETCH", false)?,
             #[cfg(feature = "experiments")]
             dec_skip: match var("QWASI_DEC_SKIP") {
                 None => Vec::new(),
@@ -556,7 +550,6 @@ mod tests {
         assert_eq!(o.grouped_moe, cfg!(feature = "cuda"));
         assert_eq!(o.tc_attention, cfg!(feature = "cuda"));
         assert_eq!((o.moe_wg_cols, o.moe_pairs), (256, 2));
-        assert!(!o.l2_prefetch);
         assert_eq!((o.bulk_stages, o.bulk_blocks), (4, 1));
         assert_eq!((o.dec_attn, o.gemv), (DecAttnPath::Auto, GemvPath::Bulk));
         assert!(o.device.pdl && !o.device.debug && !o.device.profile);
@@ -592,7 +585,6 @@ mod tests {
             ("QWASI_HOST_TIER", "pageable"),
             ("QWASI_GRAPHS", "0"),
             ("QWASI_MOE_PAIRS", "4"),
-            ("QWASI_L2_PREFETCH", "1"),
             ("QWASI_GEMM_STACK", "off"),
             ("QWASI_PDL", "0"),
             ("QWASI_GPU_DEBUG", "1"),
@@ -610,7 +602,6 @@ mod tests {
         assert_eq!(o.dec_attn, DecAttnPath::Tensor { ring: 3 });
         assert_eq!(o.gemv, GemvPath::Stream);
         assert_eq!((o.bulk_stages, o.bulk_blocks, o.moe_pairs), (2, 2, 4));
-        assert!(o.l2_prefetch);
         assert!(!o.conv_gdn && !o.pinned_host_tier && !o.graphs && !o.kv_pages);
         assert_eq!(o.gemm_stack, GemmStack::Off);
         assert_eq!(

@@ -280,33 +280,23 @@ impl MoeLayer {
                     h,
                     pairs,
                 )?,
-                None => {
-                    // The down weights to ask L2 for (null: none).
-                    let (pf_down, pf_shared) = match (down.fp8(), shared_down.fp8()) {
-                        (None, None) if m.opts.l2_prefetch => (down.bf16(), shared_down.bf16()),
-                        _ => (0, 0),
-                    };
-                    kernels::dec_moe_gate_up(
-                        d,
-                        l,
-                        dptr(gate_up.bf16()),
-                        x,
-                        ssq,
-                        nssq,
-                        nw,
-                        eps,
-                        proj,
-                        e,
-                        k,
-                        act,
-                        inter,
-                        h,
-                        pairs,
-                        dptr(pf_down),
-                        dptr(pf_shared),
-                        i(sh),
-                    )?
-                }
+                None => kernels::dec_moe_gate_up(
+                    d,
+                    l,
+                    dptr(gate_up.bf16()),
+                    x,
+                    ssq,
+                    nssq,
+                    nw,
+                    eps,
+                    proj,
+                    e,
+                    k,
+                    act,
+                    inter,
+                    h,
+                    pairs,
+                )?,
             }
         }
         // The virtual row (k routed rows + the shared one) in
