@@ -6,13 +6,16 @@
 #     in-pass snapshot check times the prompt with and without the prefix
 #     cache's snapshots); the tokenizer bench.
 #   PART=serve: the 40-layer checkpoint written by transformers into tmpfs
-#     (GEN, skipped when $MODEL exists), `qwasi serve --backend cuda` with
-#     its default configuration and again with --snapshot-interval 0, each
-#     measured by `qwasi bench --workload serving` at concurrency 1 over
-#     $N distinct $PROMPT-token prompts (client-side TTFT).
+#     (GEN, skipped when $MODEL exists), `qwasi serve --backend cuda` once
+#     per mode of $MODES, each measured by `qwasi bench --workload serving`
+#     at concurrency 1 over $N distinct $PROMPT-token prompts (client-side
+#     TTFT). Modes: default (the shipped configuration), interval0
+#     (--snapshot-interval 0), bf16 and fp8 (--prefill-precision; fp8 takes
+#     FP8 tensor cores only on a block-FP8 checkpoint: MODEL=/dev/shm/m40-fp8
+#     from serving_fp8.sh).
 # Env: QWASI_BIN (.dev/qwasi), MODEL (/dev/shm/m40), GEN, TOKENIZER,
-#      SMOKE_PROMPT (8192), PROMPT (8192), N (6).
-# Output: $OUT/{verify,smoke,tokenize,ttft-default,ttft-interval0}.json.
+#      SMOKE_PROMPT (8192), PROMPT (8192), N (6), MODES ("default interval0").
+# Output: $OUT/{verify,smoke,tokenize}.json, $OUT/ttft-MODE.json per mode.
 set -uo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 PROMPT=${PROMPT:-8192}
@@ -28,9 +31,13 @@ verify)
   ;;
 serve)
   qw_checkpoint
-  for mode in default interval0; do
-    extra=""
-    [ "$mode" = interval0 ] && extra="--snapshot-interval 0"
+  for mode in ${MODES:-default interval0}; do
+    case "$mode" in
+      default) extra="" ;;
+      interval0) extra="--snapshot-interval 0" ;;
+      bf16 | fp8) extra="--prefill-precision $mode" ;;
+      *) echo "unknown mode $mode"; exit 1 ;;
+    esac
     # shellcheck disable=SC2086
     qw_serve "$OUT/serve-$mode.log" $extra
     echo "== $mode: $N prompts of $PROMPT tokens, one at a time"
