@@ -440,6 +440,12 @@ mod gpu {
             b.last_logits_match,
             verdict(b.pass)
         );
+        for d in b.diverged.iter().filter(|d| d.margin > d.allowed) {
+            println!(
+                "  row {} ({}-token prompt) first differs at token {}: alone margin {:.3}, allowed {:.3}",
+                d.row, d.prompt_len, d.at, d.margin, d.allowed
+            );
+        }
     }
 
     fn print_smoke(preset: &str, r: &SmokeReport) {

@@ -56,7 +56,24 @@ pub struct BatchReport {
     /// token, and for greedy rows its log-softmax there the token's
     /// logprob (within 1e-4).
     pub last_logits_match: bool,
+    /// Each row whose tokens differ from its alone run: where, and whether
+    /// that was a near tie (says which row a FAIL comes from).
+    pub diverged: Vec<Divergence>,
     pub pass: bool,
+}
+
+/// A batched row's first token that differs from its alone run.
+#[derive(Serialize, Clone, Debug)]
+pub struct Divergence {
+    pub row: usize,
+    pub prompt_len: usize,
+    /// Index of the first differing token.
+    pub at: usize,
+    /// The alone run's top-1 margin (logits) there.
+    pub margin: f32,
+    /// The near-tie margin the row is allowed (`MARGIN_TOL` or twice its
+    /// prompt's prompt-vs-decode difference).
+    pub allowed: f32,
 }
 
 /// A sequence alone: its greedy tokens, their log-probabilities and each
@@ -198,6 +215,7 @@ pub fn batch_check_every(
     let (mut rows_equal, mut near_ties) = (0, 0);
     let mut max_dlogprob = 0f32;
     let mut diverged_margin: Option<f32> = None;
+    let mut diverged = Vec::new();
     for (r, row) in rows.iter().enumerate() {
         let a = &refs[r % prompts.len()];
         let same = row
@@ -213,8 +231,16 @@ pub fn batch_check_every(
             rows_equal += 1;
         } else {
             let m = a.margins[same];
-            near_ties += (m <= MARGIN_TOL.max(2.0 * pvd[r % prompts.len()])) as usize;
+            let allowed = MARGIN_TOL.max(2.0 * pvd[r % prompts.len()]);
+            near_ties += (m <= allowed) as usize;
             diverged_margin = Some(diverged_margin.map_or(m, |d| d.max(m)));
+            diverged.push(Divergence {
+                row: r,
+                prompt_len: row.prompt.len(),
+                at: same,
+                margin: m,
+                allowed,
+            });
         }
     }
     Ok(BatchReport {
@@ -227,6 +253,7 @@ pub fn batch_check_every(
         max_dlogprob,
         prompt_vs_decode_dlogprob: prompt_vs_decode,
         last_logits_match: last_match,
+        diverged,
         pass: last_match
             && rows_equal + near_ties == rows.len()
             && max_dlogprob <= BATCH_LOGPROB_TOL.max(2.0 * prompt_vs_decode)
