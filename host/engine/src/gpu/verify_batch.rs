@@ -56,8 +56,8 @@ pub struct BatchReport {
     /// token, and for greedy rows its log-softmax there the token's
     /// logprob (within 1e-4).
     pub last_logits_match: bool,
-    /// Each row whose tokens differ from its alone run: where, and whether
-    /// that was a near tie (says which row a FAIL comes from).
+    /// Each row whose tokens differ from its alone run: where, at what
+    /// margin, and the margin it is allowed (says which row a FAIL comes from).
     pub diverged: Vec<Divergence>,
     pub pass: bool,
 }
@@ -212,9 +212,7 @@ pub fn batch_check_every(
     // compared there, the contexts being the same); a difference counts
     // only where the alone run's top two logits lay within its near-tie
     // margin (MARGIN_TOL, or twice its prompt's prompt-vs-decode difference).
-    let (mut rows_equal, mut near_ties) = (0, 0);
     let mut max_dlogprob = 0f32;
-    let mut diverged_margin: Option<f32> = None;
     let mut diverged = Vec::new();
     for (r, row) in rows.iter().enumerate() {
         let a = &refs[r % prompts.len()];
@@ -227,22 +225,19 @@ pub fn batch_check_every(
         for i in 0..(same + 1).min(n) {
             max_dlogprob = max_dlogprob.max((row.lps[i] - a.lps[i]).abs());
         }
-        if same == n {
-            rows_equal += 1;
-        } else {
-            let m = a.margins[same];
-            let allowed = MARGIN_TOL.max(2.0 * pvd[r % prompts.len()]);
-            near_ties += (m <= allowed) as usize;
-            diverged_margin = Some(diverged_margin.map_or(m, |d| d.max(m)));
+        if same < n {
             diverged.push(Divergence {
                 row: r,
                 prompt_len: row.prompt.len(),
                 at: same,
-                margin: m,
-                allowed,
+                margin: a.margins[same],
+                allowed: MARGIN_TOL.max(2.0 * pvd[r % prompts.len()]),
             });
         }
     }
+    let rows_equal = rows.len() - diverged.len();
+    let near_ties = diverged.iter().filter(|d| d.margin <= d.allowed).count();
+    let diverged_margin = diverged.iter().map(|d| d.margin).reduce(f32::max);
     Ok(BatchReport {
         rows: rows.len(),
         tokens: n,
